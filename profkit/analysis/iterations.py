@@ -1,0 +1,149 @@
+"""Iteration windows on the CPU timeline (DESIGN.md "Iteration").
+
+An iteration is one scheduler step, marked by a CPU event whose name matches the marker regex.
+Its window is [marker start, next marker start); the last ends at its marker's end. The default
+marker is the first of a chain that matches: SGLang's `scheduler.run_batch`, SGLang's `step[...]`
+spans, vLLM's `execute_...` spans, `ProfilerStep#N`; else the whole trace is one window (warned).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass
+
+import polars as pl
+
+from profkit.errors import NothingToAnalyze
+from profkit.ingest import Trace
+
+MARKER_CHAIN: tuple[tuple[str, str], ...] = (
+    ("SGLang scheduler.run_batch", r"^scheduler\.run_batch$"),
+    ("SGLang step[...]", r"^step\[(DECODE|EXTEND|VERIFY|MIXED)\b"),
+    ("vLLM execute_...", r"^execute_"),
+    ("ProfilerStep#N", r"^ProfilerStep#\d+$"),
+)
+WHOLE_TRACE = "<whole trace>"
+
+_STEP = re.compile(r"^step\[([A-Z_]+)(?:[^\]]*?\bbs=(\d+))?")
+_VLLM = re.compile(r"^execute_(?:\d+_)?context_(\d+)\(.*?\)_generation_(\d+)\(")
+_KIND = {"DECODE": "decode", "VERIFY": "verify", "TARGET_VERIFY": "verify", "EXTEND": "extend", "MIXED": "extend",
+         "SPLIT_PREFILL": "extend", "PREFILL": "extend"}
+_PRIORITY = {"verify": 0, "decode": 1, "extend": 2}
+
+ITERATIONS_SCHEMA = {
+    "iteration": pl.Int64, "cpu_start_ns": pl.Int64, "cpu_end_ns": pl.Int64, "marker": pl.String,
+    "kind": pl.String, "batch_size": pl.Int64,
+}
+
+
+@dataclass(frozen=True)
+class Iterations:
+    frame: pl.DataFrame  # ITERATIONS_SCHEMA, sorted by cpu_start_ns, iteration = 0..n-1
+    marker: str  # the regex used (or WHOLE_TRACE)
+    warnings: tuple[str, ...] = ()
+
+
+def _markers(cpu: pl.DataFrame, regex: str) -> pl.DataFrame:
+    return cpu.filter(pl.col("cat").is_in(("user_annotation", "cpu_op")) & pl.col("name").str.contains(regex)).sort(
+        "ts_ns", "end_ns"
+    )
+
+
+def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
+    """The iteration windows of one trace.
+
+    `marker` (a regex) overrides the default chain; if it matches nothing, NothingToAnalyze.
+    """
+    warnings: list[str] = []
+    cpu = trace.cpu
+    if marker is not None:
+        try:
+            re.compile(marker)
+        except re.error as e:
+            from profkit.errors import UsageError
+
+            raise UsageError(f"--marker {marker!r} is not a valid regex ({e})") from None
+        found = _markers(cpu, marker)
+        if found.height == 0:
+            raise NothingToAnalyze(
+                f"{trace.path}: no CPU event matches the iteration marker {marker!r}",
+                hint="list span names with `profkit analyze --marker` omitted, or check the regex",
+            )
+        used = marker
+    else:
+        found, used = pl.DataFrame(), WHOLE_TRACE
+        for _, regex in MARKER_CHAIN:
+            found = _markers(cpu, regex)
+            if found.height:
+                used = regex
+                break
+    if used == WHOLE_TRACE:
+        starts = [f["ts_ns"].min() for f in (trace.cpu, trace.calls, trace.gpu_ops) if f.height]
+        ends = [f["end_ns"].max() for f in (trace.cpu, trace.calls, trace.gpu_ops) if f.height]
+        s, e = (min(starts), max(ends)) if starts else (0, 0)
+        warnings.append(
+            "no iteration marker found (scheduler.run_batch, step[...], execute_..., ProfilerStep#N): the whole trace is one window"
+        )
+        frame = pl.DataFrame(
+            {"iteration": [0], "cpu_start_ns": [s], "cpu_end_ns": [e], "marker": [WHOLE_TRACE], "kind": ["unknown"], "batch_size": [None]},
+            schema=ITERATIONS_SCHEMA,
+        )
+        return Iterations(frame, used, tuple(warnings))
+
+    pids = found["pid"].unique()
+    if pids.len() > 1:
+        warnings.append(
+            f"iteration markers on {pids.len()} processes in one file (a merged multi-rank trace?); pass one file per rank for per-rank figures"
+        )
+    starts = found["ts_ns"].to_list()
+    ends = found["end_ns"].to_list()
+    names = found["name"].to_list()
+    cpu_end = starts[1:] + [ends[-1]]
+    kinds, sizes = _kinds(cpu, names, starts, cpu_end)
+    frame = pl.DataFrame(
+        {
+            "iteration": list(range(len(starts))), "cpu_start_ns": starts, "cpu_end_ns": cpu_end, "marker": names,
+            "kind": kinds, "batch_size": sizes,
+        },
+        schema=ITERATIONS_SCHEMA,
+    )
+    return Iterations(frame, used, tuple(warnings))
+
+
+def parse_kind(name: str) -> tuple[str | None, int | None]:
+    """(kind, batch size) from an SGLang `step[...]` or vLLM `execute_...` span name."""
+    m = _STEP.match(name)
+    if m:
+        return _KIND.get(m.group(1)), int(m.group(2)) if m.group(2) else None
+    m = _VLLM.match(name)
+    if m:
+        ctx, gen = int(m.group(1)), int(m.group(2))
+        return ("decode" if ctx == 0 else "extend"), ctx + gen
+    return None, None
+
+
+def _kinds(cpu: pl.DataFrame, marker_names: list[str], starts: list[int], ends: list[int]) -> tuple[list[str], list[int | None]]:
+    """Kind and batch size per window: from the marker itself or the step spans that start inside it."""
+    steps = cpu.filter(
+        pl.col("cat").is_in(("user_annotation", "cpu_op")) & pl.col("name").str.contains(r"^(step\[|execute_)")
+    ).select("ts_ns", "name")
+    step_ts = steps["ts_ns"].to_list()
+    step_names = steps["name"].to_list()
+    kinds: list[str] = []
+    sizes: list[int | None] = []
+    for name, s, e in zip(marker_names, starts, ends):
+        best: tuple[str, int | None] | None = None
+        k, b = parse_kind(name)
+        if k is not None:
+            best = (k, b)
+        else:
+            lo = bisect.bisect_left(step_ts, s)
+            hi = bisect.bisect_left(step_ts, e)
+            for nm in step_names[lo:hi]:
+                k, b = parse_kind(nm)
+                if k is not None and (best is None or _PRIORITY[k] < _PRIORITY[best[0]]):
+                    best = (k, b)
+        kinds.append(best[0] if best else "unknown")
+        sizes.append(best[1] if best else None)
+    return kinds, sizes

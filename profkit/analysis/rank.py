@@ -1,0 +1,353 @@
+"""One rank's trace -> per-iteration metrics (DESIGN.md "Definitions"), all times integer ns.
+
+Ownership: a GPU op belongs to the iteration whose CPU window holds the start of its launch call
+(same correlation id; kernels replayed from a CUDA graph share the cudaGraphLaunch's id).
+GPU window of iteration i: from its first owned op's start to the next iteration's first owned op
+start (the last: to its last owned op's end); starts are made monotone so the windows tile the
+GPU timeline. busy = union of owned ops clipped to the window; idle = window - busy;
+overlap = sum(category) - busy. So window = busy + idle and sum(category) - overlap = busy, exactly.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from profkit.apis import (
+    ASYNC_COPY_APIS,
+    BLOCKING_COPY_APIS,
+    GRAPH_LAUNCH_APIS,
+    KERNEL_LAUNCH_APIS,
+    LAUNCH_APIS,
+    SYNC_APIS,
+)
+from profkit.analysis.iterations import WHOLE_TRACE, find_iterations
+from profkit.analysis.spans import exclusive_top, innermost_enclosing
+from profkit.ingest import Trace
+
+CAUSES = ("sync", "launch", "iteration_boundary", "gpu_wait")
+DIRECTIONS = ("h2d", "d2h", "d2d", "other")
+# A blocking call that returns within this long before the GPU went idle still counts as the
+# gap's cause: CUPTI's host and device timestamps come from different clocks (~1 µs apart).
+SYNC_SLACK_NS = 2_000
+
+
+@dataclass
+class RankAnalysis:
+    """Everything `analyze` knows about one rank. Frames use integer ns; see `summary` for µs."""
+
+    rank: int
+    device: str | None
+    path: Path
+    marker: str
+    catalog: str
+    t0_ns: int
+    iterations: pl.DataFrame  # one row per iteration: windows, scalar metrics
+    categories: pl.DataFrame  # iteration, category, dur_ns
+    launch_calls: pl.DataFrame  # iteration, api, n, dur_ns
+    ops: pl.DataFrame  # owned GPU ops with iteration, category, owner, launch_api, launch_ts_ns
+    bubbles: pl.DataFrame  # iteration, start_ns, dur_ns, cause, cpu_ops
+    syncs: pl.DataFrame  # iteration, api, kind (sync|sync_copy), direction, ts_ns, blocked_ns, trigger, stack
+    warnings: list[str] = field(default_factory=list)
+
+
+def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Any = None) -> RankAnalysis:
+    """Analyze one rank. `catalog`: a profkit.catalog.Catalog, or None to auto-pick by kernel names."""
+    from profkit.catalog import auto_catalog
+
+    warnings = list(trace.warnings)
+    its = find_iterations(trace, marker=marker)
+    warnings.extend(its.warnings)
+    win = its.frame
+    if its.marker == WHOLE_TRACE:
+        win = win.with_columns(pl.col("cpu_end_ns") + 1)
+
+    calls = _own_calls(trace.calls, win)
+    ops = _own_ops(trace.gpu_ops, calls)
+    owned = ops.filter(pl.col("iteration").is_not_null())
+    if catalog is None:
+        catalog = auto_catalog(owned["name"].unique().to_list() if owned.height else [])
+    owned = _classify(owned, calls, trace, catalog)
+
+    windows = _gpu_windows(win, owned)
+    owned = owned.join(windows.select("iteration", "gpu_start_ns", "gpu_end_ns"), on="iteration", how="left")
+    busy = _busy(owned)
+    syncs = _syncs(trace, calls, ops)
+    bubbles = _bubbles(trace, ops, calls, windows, syncs, int(round(min_bubble_us * 1000)))
+
+    per = _per_iteration(win, windows, busy, owned, calls, syncs, bubbles)
+    categories = owned.group_by("iteration", "category").agg(pl.col("dur_ns").sum()).sort("iteration", "category")
+    launch_calls = (
+        calls.filter(pl.col("iteration").is_not_null() & pl.col("api").is_in(LAUNCH_APIS))
+        .group_by("iteration", "api")
+        .agg(pl.len().cast(pl.Int64).alias("n"), pl.col("dur_ns").sum())
+        .sort("iteration", "api")
+    )
+    if owned.height == 0:
+        warnings.append("no GPU ops launched inside the iterations (a CPU-only trace?): GPU figures are 0")
+    return RankAnalysis(
+        rank=trace.rank, device=trace.device, path=trace.path, marker=its.marker, catalog=getattr(catalog, "name", str(catalog)),
+        t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls, ops=owned,
+        bubbles=bubbles, syncs=syncs, warnings=warnings,
+    )
+
+
+def _own_calls(calls: pl.DataFrame, win: pl.DataFrame) -> pl.DataFrame:
+    w = win.select("iteration", "cpu_start_ns", "cpu_end_ns").sort("cpu_start_ns")
+    out = calls.sort("ts_ns").join_asof(w, left_on="ts_ns", right_on="cpu_start_ns", strategy="backward")
+    return out.with_columns(
+        pl.when(pl.col("ts_ns") < pl.col("cpu_end_ns")).then(pl.col("iteration")).otherwise(None).alias("iteration")
+    ).drop("cpu_start_ns", "cpu_end_ns")
+
+
+def _own_ops(gpu_ops: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+    launches = (
+        calls.filter(pl.col("correlation").is_not_null())
+        .unique(subset="correlation", keep="first", maintain_order=True)
+        .select(
+            "correlation", "iteration", pl.col("api").alias("launch_api"), pl.col("ts_ns").alias("launch_ts_ns"),
+            pl.col("tid").alias("launch_tid"),
+        )
+    )
+    return gpu_ops.join(launches, on="correlation", how="left").sort("ts_ns")
+
+
+def _classify(owned: pl.DataFrame, calls: pl.DataFrame, trace: Trace, catalog: Any) -> pl.DataFrame:
+    if owned.height == 0:
+        return owned.with_columns(pl.lit(None, pl.String).alias("category"), pl.lit(None, pl.String).alias("owner"),
+                                  pl.lit(None, pl.String).alias("annotation"))
+    ann: list[str | None] = [None] * owned.height
+    if getattr(catalog, "uses_annotations", False):
+        spans = trace.cpu.filter(pl.col("cat") == "user_annotation")
+        pts = owned.select(pl.col("launch_ts_ns").alias("ts_ns"), pl.col("launch_ts_ns").alias("end_ns"), pl.col("launch_tid").alias("tid"))
+        idx = innermost_enclosing(pts, spans)
+        names = spans["name"].to_list()
+        ann = [names[i] if i is not None else None for i in idx]
+    owned = owned.with_columns(pl.Series("annotation", ann, dtype=pl.String))
+    return catalog.classify_frame(owned)
+
+
+def _gpu_windows(win: pl.DataFrame, owned: pl.DataFrame) -> pl.DataFrame:
+    first = owned.group_by("iteration").agg(pl.col("ts_ns").min().alias("s"), pl.col("end_ns").max().alias("e"))
+    rows = win.select("iteration").join(first, on="iteration", how="left").sort("iteration")
+    its, ss, es = rows["iteration"].to_list(), rows["s"].to_list(), rows["e"].to_list()
+    starts: list[int | None] = []
+    running: int | None = None
+    for s in ss:
+        if s is None:
+            starts.append(None)
+            continue
+        running = s if running is None else max(running, s)
+        starts.append(running)
+    ends: list[int | None] = [None] * len(its)
+    nxt: int | None = None
+    last_seen = True
+    for i in range(len(its) - 1, -1, -1):
+        if starts[i] is None:
+            continue
+        if last_seen:
+            ends[i] = max(starts[i], es[i])
+            last_seen = False
+        else:
+            ends[i] = nxt
+        nxt = starts[i]
+    return pl.DataFrame(
+        {"iteration": its, "first_op_ns": ss, "gpu_start_ns": starts, "gpu_end_ns": ends},
+        schema={"iteration": pl.Int64, "first_op_ns": pl.Int64, "gpu_start_ns": pl.Int64, "gpu_end_ns": pl.Int64},
+    )
+
+
+def _busy(owned: pl.DataFrame) -> pl.DataFrame:
+    """Union length of each iteration's owned ops, clipped to its GPU window."""
+    clipped = (
+        owned.select(
+            "iteration",
+            pl.max_horizontal("ts_ns", "gpu_start_ns").alias("a"),
+            pl.min_horizontal("end_ns", "gpu_end_ns").alias("b"),
+        )
+        .filter(pl.col("b") > pl.col("a"))
+        .sort("iteration", "a")
+    )
+    return (
+        clipped.with_columns(pl.col("b").cum_max().shift(1).over("iteration").alias("prev"))
+        .with_columns((pl.col("b") - pl.max_horizontal("a", pl.col("prev").fill_null(pl.col("a")))).clip(lower_bound=0).alias("add"))
+        .group_by("iteration")
+        .agg(pl.col("add").sum().alias("gpu_busy_ns"))
+    )
+
+
+def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """Host-blocking calls: synchronize calls (kind sync) and blocking copies (kind sync_copy)."""
+    op_info = (
+        ops.filter(pl.col("cat") == "gpu_memcpy")
+        .unique(subset="correlation", keep="first")
+        .select("correlation", pl.col("direction").alias("op_direction"), "pageable")
+    )
+    c = calls.join(op_info, on="correlation", how="left")
+    copies = c.filter(pl.col("api").is_in(ASYNC_COPY_APIS | BLOCKING_COPY_APIS))
+    blocking = c.filter(
+        pl.col("api").is_in(SYNC_APIS)
+        | pl.col("api").is_in(BLOCKING_COPY_APIS)
+        | (pl.col("api").is_in(ASYNC_COPY_APIS) & pl.col("pageable").fill_null(False))
+    ).with_columns(pl.when(pl.col("api").is_in(SYNC_APIS)).then(pl.lit("sync")).otherwise(pl.lit("sync_copy")).alias("kind"))
+    schema = {
+        "iteration": pl.Int64, "api": pl.String, "kind": pl.String, "direction": pl.String, "ts_ns": pl.Int64,
+        "end_ns": pl.Int64, "blocked_ns": pl.Int64, "tid": pl.String, "trigger": pl.String, "stack": pl.String,
+    }
+    if blocking.height == 0:
+        return pl.DataFrame(schema=schema)
+    cpu_ops = trace.cpu.filter(pl.col("cat") == "cpu_op")
+    anns = trace.cpu.filter(pl.col("cat") == "user_annotation")
+    pyf = trace.cpu.filter(pl.col("cat") == "python_function")
+    pts = blocking.select("ts_ns", "end_ns", "tid")
+    trig_idx = innermost_enclosing(pts, cpu_ops)
+    ann_idx = innermost_enclosing(pts, anns)
+    py_idx = innermost_enclosing(pts, pyf)
+    op_names, op_ts = cpu_ops["name"].to_list(), cpu_ops["ts_ns"].to_list()
+    ann_names, py_names = anns["name"].to_list(), pyf["name"].to_list()
+    # For a sync call: the direction of the latest copy on its thread inside the same trigger op.
+    copy_rows = list(zip(copies["tid"].to_list(), copies["ts_ns"].to_list(), copies["op_direction"].to_list()))
+    copies_by_tid: dict[str, list[tuple[int, str | None]]] = defaultdict(list)
+    for tid, ts, d in copy_rows:
+        copies_by_tid[tid].append((ts, d))
+    directions, triggers, stacks = [], [], []
+    for k, (kind, tid, ts, opd) in enumerate(
+        zip(blocking["kind"].to_list(), blocking["tid"].to_list(), blocking["ts_ns"].to_list(), blocking["op_direction"].to_list())
+    ):
+        ti = trig_idx[k]
+        triggers.append(op_names[ti] if ti is not None else (ann_names[ann_idx[k]] if ann_idx[k] is not None else None))
+        stacks.append(py_names[py_idx[k]] if py_idx[k] is not None else None)
+        if kind == "sync_copy":
+            directions.append(opd or "none")
+            continue
+        lo = op_ts[ti] if ti is not None else None
+        d = "none"
+        if lo is not None:
+            for cts, cd in reversed(copies_by_tid.get(tid, [])):
+                if lo <= cts <= ts:
+                    d = cd or "none"
+                    break
+        directions.append(d)
+    return blocking.select(
+        "iteration", "api", "kind",
+        pl.Series("direction", directions, dtype=pl.String), "ts_ns", "end_ns", pl.col("dur_ns").alias("blocked_ns"), "tid",
+        pl.Series("trigger", triggers, dtype=pl.String), pl.Series("stack", stacks, dtype=pl.String),
+    ).sort("ts_ns")
+
+
+def _bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.DataFrame, syncs: pl.DataFrame,
+             min_ns: int) -> pl.DataFrame:
+    schema = {"iteration": pl.Int64, "start_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String, "cpu_ops": pl.List(pl.String)}
+    w = windows.filter(pl.col("gpu_start_ns").is_not_null()).sort("gpu_start_ns")
+    if w.height == 0 or ops.height == 0:
+        return pl.DataFrame(schema=schema)
+    lo, hi = w["gpu_start_ns"].min(), w["gpu_end_ns"].max()
+    gaps = (
+        ops.sort("ts_ns", "end_ns")
+        .with_columns(pl.col("end_ns").cum_max().shift(1).alias("g0"))
+        .filter(pl.col("g0").is_not_null() & (pl.col("ts_ns") - pl.col("g0") >= max(min_ns, 1)))
+        .filter((pl.col("g0") >= lo) & (pl.col("ts_ns") <= hi))
+        .select(
+            pl.col("g0"), pl.col("ts_ns").alias("g1"), pl.col("iteration").alias("next_iteration"),
+            "launch_ts_ns", "launch_tid",
+        )
+    )
+    if gaps.height == 0:
+        return pl.DataFrame(schema=schema)
+    gaps = gaps.join_asof(w.select("iteration", "gpu_start_ns", "first_op_ns"), left_on="g0", right_on="gpu_start_ns", strategy="backward")
+    firsts = set(windows.filter(pl.col("first_op_ns").is_not_null())["first_op_ns"].to_list())
+    first_iteration = w["iteration"].min()
+    blocking: dict[str | None, list[tuple[int, int]]] = defaultdict(list)
+    for tid, ts, end in zip(syncs["tid"].to_list(), syncs["ts_ns"].to_list(), syncs["end_ns"].to_list()):
+        blocking[tid].append((ts, end))
+        blocking[None].append((ts, end))
+    main_tid = calls.filter(pl.col("api").is_in(LAUNCH_APIS))["tid"].mode().to_list() if calls.height else []
+    default_tid = main_tid[0] if main_tid else None
+    cpu_by_tid: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    for frame in (trace.cpu, trace.calls):
+        for ts, end, tid, name in zip(frame["ts_ns"].to_list(), frame["end_ns"].to_list(), frame["tid"].to_list(), frame["name"].to_list()):
+            cpu_by_tid[tid].append((ts, end, name))
+    starts_by_tid: dict[str, list[int]] = {}
+    for tid, evs in cpu_by_tid.items():
+        evs.sort()
+        starts_by_tid[tid] = [e[0] for e in evs]
+    import bisect
+
+    causes, cpu_lists = [], []
+    for g0, g1, nxt_it, lts, ltid in zip(
+        gaps["g0"].to_list(), gaps["g1"].to_list(), gaps["next_iteration"].to_list(), gaps["launch_ts_ns"].to_list(), gaps["launch_tid"].to_list()
+    ):
+        key = ltid if ltid is not None else None
+        if any(ts <= g0 and g0 - SYNC_SLACK_NS <= end <= g1 for ts, end in blocking.get(key, ())):
+            cause = "sync"
+        elif nxt_it is not None and nxt_it != first_iteration and g1 in firsts:
+            cause = "iteration_boundary"
+        elif lts is not None and lts > g0:
+            cause = "launch"
+        else:
+            cause = "gpu_wait"
+        causes.append(cause)
+        tid = ltid if ltid is not None else default_tid
+        evs = cpu_by_tid.get(tid, [])
+        # events starting before g1; enclosing spans can start long before, so scan back over the
+        # ones that still cover g0 (a thread's nesting depth is small)
+        j = bisect.bisect_left(starts_by_tid.get(tid, []), g1)
+        window = [e for e in evs[max(0, j - 4000):j] if e[1] > g0]
+        cpu_lists.append(exclusive_top(window, g0, g1))
+    return gaps.select(
+        "iteration", pl.col("g0").alias("start_ns"), (pl.col("g1") - pl.col("g0")).alias("dur_ns"),
+        pl.Series("cause", causes, dtype=pl.String), pl.Series("cpu_ops", cpu_lists, dtype=pl.List(pl.String)),
+    )
+
+
+def _per_iteration(win, windows, busy, owned, calls, syncs, bubbles) -> pl.DataFrame:
+    it = win.join(windows, on="iteration", how="left").join(busy, on="iteration", how="left")
+    it = it.with_columns(
+        pl.when(pl.col("gpu_start_ns").is_not_null()).then(pl.col("gpu_end_ns") - pl.col("gpu_start_ns")).otherwise(0).alias("gpu_window_ns"),
+        pl.col("gpu_busy_ns").fill_null(0),
+        (pl.col("cpu_end_ns") - pl.col("cpu_start_ns")).alias("wall_ns"),
+    ).with_columns((pl.col("gpu_window_ns") - pl.col("gpu_busy_ns")).alias("gpu_idle_ns"))
+
+    o = owned.group_by("iteration").agg(
+        pl.col("dur_ns").sum().alias("category_sum_ns"),
+        (pl.col("cat") == "kernel").sum().cast(pl.Int64).alias("gpu_kernels"),
+        *[((pl.col("cat") == "gpu_memcpy") & (pl.col("direction") == d)).sum().cast(pl.Int64).alias(f"memcpy_{d}") for d in DIRECTIONS],
+        (pl.col("cat") == "gpu_memset").sum().cast(pl.Int64).alias("memset"),
+    )
+    lat = (
+        owned.filter(pl.col("launch_api").is_in(LAUNCH_APIS))
+        .group_by("iteration", "correlation")
+        .agg((pl.col("ts_ns").min() - pl.col("launch_ts_ns").first()).alias("lat"))
+        .group_by("iteration")
+        .agg(pl.col("lat").median().alias("launch_latency_ns_p50"))
+    )
+    owned_calls = calls.filter(pl.col("iteration").is_not_null())
+    cl = owned_calls.group_by("iteration").agg(
+        pl.col("api").is_in(KERNEL_LAUNCH_APIS).sum().cast(pl.Int64).alias("kernel_launches"),
+        pl.col("api").is_in(GRAPH_LAUNCH_APIS).sum().cast(pl.Int64).alias("graph_launches"),
+        pl.col("dur_ns").filter(pl.col("api").is_in(LAUNCH_APIS)).sum().alias("launch_ns"),
+    )
+    sy = syncs.filter(pl.col("iteration").is_not_null()).group_by("iteration").agg(
+        (pl.col("kind") == "sync").sum().cast(pl.Int64).alias("syncs"),
+        pl.col("blocked_ns").filter(pl.col("kind") == "sync").sum().alias("sync_ns"),
+        (pl.col("kind") == "sync_copy").sum().cast(pl.Int64).alias("sync_copies"),
+        pl.col("blocked_ns").filter(pl.col("kind") == "sync_copy").sum().alias("sync_copy_ns"),
+    )
+    bb = bubbles.filter(pl.col("iteration").is_not_null()).group_by("iteration").agg(
+        pl.len().cast(pl.Int64).alias("bubble_count"),
+        pl.col("dur_ns").sum().alias("bubble_ns"),
+        *[pl.col("dur_ns").filter(pl.col("cause") == c).sum().alias(f"bubble_{c}_ns") for c in CAUSES],
+    )
+    for f in (o, lat, cl, sy, bb):
+        it = it.join(f, on="iteration", how="left")
+    ints = [
+        "category_sum_ns", "gpu_kernels", *[f"memcpy_{d}" for d in DIRECTIONS], "memset", "kernel_launches", "graph_launches",
+        "launch_ns", "syncs", "sync_ns", "sync_copies", "sync_copy_ns", "bubble_count", "bubble_ns", *[f"bubble_{c}_ns" for c in CAUSES],
+    ]
+    it = it.with_columns([pl.col(c).fill_null(0).cast(pl.Int64) for c in ints])
+    it = it.with_columns((pl.col("category_sum_ns") - pl.col("gpu_busy_ns")).alias("overlap_ns"))
+    return it.sort("iteration")

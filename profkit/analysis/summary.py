@@ -1,0 +1,164 @@
+"""RankAnalysis frames -> summary.json schema v1 (DESIGN.md), times in µs relative to the trace start."""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from profkit import __version__
+from profkit.analysis.rank import CAUSES, DIRECTIONS, RankAnalysis
+
+SCHEMA_VERSION = 1
+
+
+def _us(ns: int | float | None) -> float | None:
+    return None if ns is None else ns / 1000.0
+
+
+def iteration_records(a: RankAnalysis) -> list[dict[str, Any]]:
+    """One dict per iteration with every summary.json v1 field."""
+    cats: dict[int, dict[str, float]] = {}
+    for it, cat, dur in a.categories.select("iteration", "category", "dur_ns").iter_rows():
+        cats.setdefault(it, {})[cat] = _us(dur)
+    lcalls: dict[int, dict[str, int]] = {}
+    for it, api, n in a.launch_calls.select("iteration", "api", "n").iter_rows():
+        lcalls.setdefault(it, {})[api] = n
+    out = []
+    for r in a.iterations.iter_rows(named=True):
+        i = r["iteration"]
+        out.append(
+            {
+                "index": i,
+                "kind": r["kind"],
+                "batch_size": r["batch_size"],
+                "start_us": _us(r["cpu_start_ns"] - a.t0_ns),
+                "gpu_start_us": _us(r["gpu_start_ns"] - a.t0_ns) if r["gpu_start_ns"] is not None else None,
+                "wall_us": _us(r["wall_ns"]),
+                "gpu_window_us": _us(r["gpu_window_ns"]),
+                "gpu_busy_us": _us(r["gpu_busy_ns"]),
+                "gpu_idle_us": _us(r["gpu_idle_ns"]),
+                "overlap_us": _us(r["overlap_ns"]),
+                "gpu_kernels": r["gpu_kernels"],
+                "memcpy": {d: r[f"memcpy_{d}"] for d in DIRECTIONS},
+                "memset": r["memset"],
+                "kernel_launches": r["kernel_launches"],
+                "graph_launches": r["graph_launches"],
+                "launch_calls": dict(sorted(lcalls.get(i, {}).items())),
+                "launch_us": _us(r["launch_ns"]),
+                "launch_latency_us_p50": _us(r["launch_latency_ns_p50"]),
+                "syncs": r["syncs"],
+                "sync_us": _us(r["sync_ns"]),
+                "sync_copies": r["sync_copies"],
+                "sync_copy_us": _us(r["sync_copy_ns"]),
+                "bubble_count": r["bubble_count"],
+                "bubble_us": _us(r["bubble_ns"]),
+                "bubble_us_by_cause": {c: _us(r[f"bubble_{c}_ns"]) for c in CAUSES},
+                "category_us": dict(sorted(cats.get(i, {}).items())),
+            }
+        )
+    return out
+
+
+_SKIP = {"index", "kind", "batch_size", "start_us", "gpu_start_us"}
+
+
+def medians(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median over iterations of every numeric field; nested maps per key (a missing key counts as 0)."""
+    if not records:
+        return {}
+    out: dict[str, Any] = {}
+    for key, first in records[0].items():
+        if key in _SKIP:
+            continue
+        if isinstance(first, dict):
+            keys = sorted({k for r in records for k in r[key]})
+            out[key] = {k: statistics.median([r[key].get(k) or 0 for r in records]) for k in keys}
+        else:
+            vals = [r[key] for r in records if r[key] is not None]
+            out[key] = statistics.median(vals) if vals else None
+    return out
+
+
+def rank_summary(a: RankAnalysis) -> dict[str, Any]:
+    records = iteration_records(a)
+    syncs = [
+        {
+            "iteration": r["iteration"], "api": r["api"], "kind": r["kind"], "direction": r["direction"],
+            "start_us": _us(r["ts_ns"] - a.t0_ns), "blocked_us": _us(r["blocked_ns"]), "trigger": r["trigger"], "stack": r["stack"],
+        }
+        for r in a.syncs.filter(pl.col("iteration").is_not_null()).iter_rows(named=True)
+    ]
+    bubbles = [
+        {"iteration": r["iteration"], "start_us": _us(r["start_ns"] - a.t0_ns), "dur_us": _us(r["dur_ns"]), "cause": r["cause"],
+         "cpu_ops": r["cpu_ops"]}
+        for r in a.bubbles.iter_rows(named=True)
+    ]
+    kernels = (
+        a.ops.group_by("name", "category").agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("total_ns"))
+        .sort("total_ns", "name", descending=[True, False])
+    )
+    return {
+        "rank": a.rank,
+        "device": a.device,
+        "path": str(a.path),
+        "marker": a.marker,
+        "catalog": a.catalog,
+        "iterations": records,
+        "median": medians(records),
+        "syncs": syncs,
+        "bubbles": bubbles,
+        "kernels": [{"name": n, "category": c, "count": k, "total_us": _us(t)} for n, c, k, t in kernels.iter_rows()],
+        "warnings": list(a.warnings),
+    }
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def build_summary(analyses: list[RankAnalysis], *, marker: str | None = None) -> dict[str, Any]:
+    """summary.json v1 for one run (one entry per rank)."""
+    markers = sorted({a.marker for a in analyses})
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "profkit_version": __version__,
+        "inputs": [{"path": str(a.path), "sha256": sha256(a.path), "rank": a.rank} for a in analyses],
+        "marker": marker if marker is not None else (markers[0] if len(markers) == 1 else markers),
+        "ranks": [rank_summary(a) for a in analyses],
+    }
+
+
+def timeline_frame(analyses: list[RankAnalysis]) -> pl.DataFrame:
+    """One row per owned GPU op: iteration, rank, stream, name, category, start and duration (µs)
+    relative to the iteration's GPU window, launch API and launch latency."""
+    frames = []
+    for a in analyses:
+        if a.ops.height == 0:
+            continue
+        frames.append(
+            a.ops.select(
+                pl.col("iteration"),
+                pl.lit(a.rank, pl.Int64).alias("rank"),
+                pl.col("stream"),
+                pl.col("name"),
+                pl.col("category"),
+                pl.col("cat").alias("kind"),
+                ((pl.col("ts_ns") - pl.col("gpu_start_ns")) / 1000.0).alias("start_us"),
+                (pl.col("dur_ns") / 1000.0).alias("dur_us"),
+                pl.col("launch_api"),
+                ((pl.col("ts_ns") - pl.col("launch_ts_ns")) / 1000.0).alias("launch_latency_us"),
+            ).sort("iteration", "start_us")
+        )
+    if not frames:
+        return pl.DataFrame(schema={"iteration": pl.Int64, "rank": pl.Int64, "stream": pl.Int64, "name": pl.String, "category": pl.String,
+                                    "kind": pl.String, "start_us": pl.Float64, "dur_us": pl.Float64, "launch_api": pl.String,
+                                    "launch_latency_us": pl.Float64})
+    return pl.concat(frames)

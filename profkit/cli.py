@@ -1,0 +1,127 @@
+"""The command line: thin Typer commands over the library; the one place that prints and sets exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from profkit import __version__
+from profkit.errors import EXIT_INTERRUPTED, ProfkitError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Profile LLM serving engines: per-iteration GPU bubbles, host syncs, launches and per-optimization attribution.",
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+_state = {"debug": False}
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Map expected errors to one line and an exit code; tracebacks only with --debug."""
+    try:
+        yield
+    except ProfkitError as e:
+        if _state["debug"]:
+            traceback.print_exc()
+        err.print(f"[bold red]error:[/] {escape(str(e))}")
+        if e.hint:
+            err.print(f"[dim]hint:[/] {escape(e.hint)}")
+        raise typer.Exit(code=e.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]")
+        raise typer.Exit(code=EXIT_INTERRUPTED) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"profkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = None,
+) -> None:
+    _state["debug"] = debug
+
+
+@app.command()
+def analyze(
+    paths: Annotated[list[Path], typer.Argument(help="Trace files (*.trace.json.gz, *.pt.trace.json) or run folders; one file per rank.")],
+    marker: Annotated[Optional[str], typer.Option("--marker", help="Regex for the CPU span that opens one iteration (default: scheduler.run_batch, step[...], execute_..., ProfilerStep#N).")] = None,
+    min_bubble_us: Annotated[float, typer.Option("--min-bubble-us", min=0.0, help="Shortest GPU idle gap counted as a bubble.")] = 2.0,
+    catalog: Annotated[Optional[str], typer.Option("--catalog", help="Kernel catalog: a name in kernels/ (generic, sglang-glm52, proxy) or a .toml path; default: picked from the kernel names.")] = None,
+    json_out: Annotated[Optional[str], typer.Option("--json", help="Write summary.json (schema v1) to FILE, or '-' for stdout.")] = None,
+    timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Write the per-iteration kernel timeline (.parquet or .csv).")] = None,
+    top: Annotated[int, typer.Option("--top", help="How many kernels to list.")] = 10,
+) -> None:
+    """Analyze traces: per-iteration wall, GPU busy/idle, bubbles by cause, syncs, launches, time by category.
+
+    Example:
+
+        profkit analyze traces/sample/eager_sync.pt.trace.json.gz --json summary.json
+    """
+    from profkit.analysis import analyze_trace
+    from profkit.analysis.summary import build_summary, timeline_frame
+    from profkit.catalog import load_catalog
+    from profkit.ingest import load_traces
+    from profkit.report.console import render_summary
+    from profkit.store import write_bytes_atomic, write_json_atomic
+
+    with user_errors():
+        if timeline is not None and timeline.suffix not in (".parquet", ".csv"):
+            raise ProfkitError(f"--timeline {timeline}: use a .parquet or .csv file name", hint="e.g. --timeline timeline.parquet")
+        cat = load_catalog(catalog) if catalog else None
+        traces = load_traces(paths)
+        analyses = [analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=cat) for t in traces]
+        summary = build_summary(analyses, marker=marker)
+        to_stdout = json_out == "-"
+        render_summary(summary, err if to_stdout else out, top=top)
+        if json_out:
+            if to_stdout:
+                sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+            else:
+                write_json_atomic(Path(json_out), summary)
+                err.print(f"wrote {escape(json_out)}")
+        if timeline is not None:
+            frame = timeline_frame(analyses)
+            import io
+
+            buf = io.BytesIO()
+            if timeline.suffix == ".parquet":
+                frame.write_parquet(buf)
+            else:
+                frame.write_csv(buf)
+            write_bytes_atomic(timeline, buf.getvalue())
+            err.print(f"wrote {escape(str(timeline))} ({frame.height} GPU ops)")
+
+
+def main() -> None:
+    """Console-script entry point: run the app; unexpected errors are one line unless --debug."""
+    try:
+        app()
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]")
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as e:  # a bug: say so in one line; --debug shows the traceback
+        if _state["debug"] or "--debug" in sys.argv:
+            traceback.print_exc()
+        else:
+            err.print(f"[bold red]internal error:[/] {escape(type(e).__name__)}: {escape(str(e))} (run with --debug for the traceback)")
+        sys.exit(1)

@@ -1,0 +1,244 @@
+"""Bytes of a Kineto (Chrome-trace JSON) file -> typed event records, with clear errors.
+
+Decoding is typed (msgspec Structs): no per-event dicts, unknown keys skipped by the decoder. Three
+tiers, fastest first: strict types; lax types (numbers written as strings, integral floats for ids:
+a schema variant, reported as one warning); an untyped fallback that coerces event by event and
+skips what it cannot read (also reported). A file that is not a Kineto trace at all raises
+TraceInputError with one line naming the file, the problem and what to try.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from profkit.errors import TraceInputError
+
+
+class Args(msgspec.Struct):
+    correlation: int | None = None
+    external_id: int | None = msgspec.field(name="External id", default=None)
+    stream: int | None = None
+    device: int | None = None
+    bytes: int | str | None = None  # ROCm runtime calls write it as a string
+
+
+class Event(msgspec.Struct):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    ts: float | None = None
+    dur: float | None = None
+    pid: int | str = 0
+    tid: int | str = 0
+    args: Args | None = None
+
+
+class DeviceProp(msgspec.Struct):
+    name: str = ""
+
+
+class DistInfo(msgspec.Struct):
+    rank: int | None = None
+    world_size: int | None = None
+
+
+class TraceDoc(msgspec.Struct):
+    traceEvents: list[Event]
+    deviceProperties: list[DeviceProp] | None = None
+    distributedInfo: DistInfo | None = None
+    baseTimeNanoseconds: int | None = None
+
+
+class _LooseDoc(msgspec.Struct):
+    traceEvents: list[Any]
+    deviceProperties: list[Any] | None = None
+    distributedInfo: Any = None
+
+
+_STRICT = msgspec.json.Decoder(TraceDoc)
+_LAX = msgspec.json.Decoder(TraceDoc, strict=False)
+_STRICT_LIST = msgspec.json.Decoder(list[Event])
+_LAX_LIST = msgspec.json.Decoder(list[Event], strict=False)
+
+_HINT_KINETO = "profkit reads PyTorch-profiler (Kineto) Chrome-trace JSON, plain or gzipped (*.trace.json.gz, *.pt.trace.json)"
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's JSON bytes, gunzipped when the content is gzip (decided by magic bytes, not suffix)."""
+    if not path.exists():
+        raise TraceInputError(f"{path}: no such file", hint="check the path")
+    if path.is_dir():
+        raise TraceInputError(f"{path}: is a directory with no trace files", hint=_HINT_KINETO)
+    try:
+        raw = path.read_bytes()
+    except PermissionError:
+        raise TraceInputError(f"{path}: permission denied", hint="check the file's permissions (chmod +r)") from None
+    except OSError as e:
+        raise TraceInputError(f"{path}: cannot read ({e.strerror})", hint="check the file") from None
+    if not raw:
+        raise TraceInputError(f"{path}: empty file", hint="the profiler may still be writing it, or it failed; record again")
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise TraceInputError(
+                f"{path}: truncated or corrupt gzip ({e})",
+                hint="the file was cut short (copy interrupted, or the profiler still writing); copy or record it again",
+            ) from None
+        if not raw:
+            raise TraceInputError(f"{path}: gzip of an empty file", hint="record the trace again")
+    return raw
+
+
+def _sniff_not_json(path: Path, data: bytes) -> None:
+    head = data[:64].lstrip()
+    if head[:1] in (b"{", b"["):
+        return
+    name = path.name.lower()
+    if name.endswith(".nsys-rep") or name.endswith(".qdrep") or name.endswith(".sqlite"):
+        what = "an Nsight Systems report"
+        hint = "profkit reads Kineto JSON; capture with torch.profiler (SGLang: POST /start_profile), not nsys"
+    elif name.endswith((".pftrace", ".perfetto-trace", ".pb", ".proto")) or data[:1] in (b"\x0a", b"\x08"):
+        what = "binary (a Perfetto protobuf trace?)"
+        hint = "export the trace as Chrome JSON (torch: prof.export_chrome_trace('x.json.gz'))"
+    elif path.suffix == ".gz":
+        what = "not gzip and not JSON"
+        hint = _HINT_KINETO
+    else:
+        what = "not JSON"
+        hint = _HINT_KINETO
+    raise TraceInputError(f"{path}: {what}", hint=hint)
+
+
+def decode_events(path: Path, data: bytes) -> tuple[list[Event], dict[str, Any], list[str]]:
+    """Typed events, the document's metadata (device names, rank) and warnings."""
+    _sniff_not_json(path, data)
+    warnings: list[str] = []
+    is_list = data.lstrip()[:1] == b"["
+    try:
+        if is_list:
+            return _STRICT_LIST.decode(data), {}, warnings
+        doc = _STRICT.decode(data)
+        return doc.traceEvents, _meta(doc), warnings
+    except msgspec.ValidationError:
+        pass
+    except msgspec.DecodeError as e:
+        raise TraceInputError(f"{path}: not valid JSON ({_short(e)})", hint="the file is truncated or corrupt; record or copy it again") from None
+    try:
+        if is_list:
+            events = _LAX_LIST.decode(data)
+            meta: dict[str, Any] = {}
+        else:
+            doc = _LAX.decode(data)
+            events, meta = doc.traceEvents, _meta(doc)
+        warnings.append("some event fields had non-standard types (numbers written as strings, float ids); converted")
+        return events, meta, warnings
+    except msgspec.ValidationError:
+        pass
+    return _decode_loose(path, data, is_list, warnings)
+
+
+def _meta(doc: TraceDoc) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    if doc.deviceProperties:
+        meta["devices"] = [d.name for d in doc.deviceProperties]
+    if doc.distributedInfo is not None:
+        meta["rank"] = doc.distributedInfo.rank
+        meta["world_size"] = doc.distributedInfo.world_size
+    return meta
+
+
+def _short(e: Exception) -> str:
+    s = str(e)
+    return s if len(s) < 120 else s[:117] + "..."
+
+
+def _decode_loose(path: Path, data: bytes, is_list: bool, warnings: list[str]) -> tuple[list[Event], dict[str, Any], list[str]]:
+    try:
+        obj = msgspec.json.decode(data)
+    except msgspec.DecodeError as e:
+        raise TraceInputError(f"{path}: not valid JSON ({_short(e)})", hint="the file is truncated or corrupt") from None
+    meta: dict[str, Any] = {}
+    if is_list:
+        items = obj
+    elif isinstance(obj, dict) and isinstance(obj.get("traceEvents"), list):
+        items = obj["traceEvents"]
+        dist = obj.get("distributedInfo")
+        if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
+            meta["rank"] = dist["rank"]
+        props = obj.get("deviceProperties")
+        if isinstance(props, list):
+            meta["devices"] = [str(p.get("name", "")) for p in props if isinstance(p, dict)]
+    elif isinstance(obj, dict):
+        raise TraceInputError(f"{path}: JSON object without a 'traceEvents' list", hint=_HINT_KINETO)
+    else:
+        raise TraceInputError(f"{path}: JSON of the wrong shape (a {type(obj).__name__}, not a trace)", hint=_HINT_KINETO)
+    if not isinstance(items, list):
+        raise TraceInputError(f"{path}: JSON of the wrong shape", hint=_HINT_KINETO)
+    events: list[Event] = []
+    bad = 0
+    for item in items:
+        ev = _coerce(item)
+        if ev is None:
+            bad += 1
+        else:
+            events.append(ev)
+    if is_list and items and not events:
+        raise TraceInputError(f"{path}: JSON array holds no trace events", hint=_HINT_KINETO)
+    if bad:
+        warnings.append(f"skipped {bad} unreadable events (not objects, or fields of the wrong type)")
+    else:
+        warnings.append("some event fields had non-standard types; converted")
+    return events, meta, warnings
+
+
+def _num(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return None
+
+
+def _int(v: Any) -> int | None:
+    f = _num(v)
+    if f is None or f != f or f in (float("inf"), float("-inf")):
+        return None
+    return int(f)
+
+
+def _coerce(item: Any) -> Event | None:
+    if not isinstance(item, dict):
+        return None
+    ph, name, cat = item.get("ph", ""), item.get("name", ""), item.get("cat", "")
+    if not isinstance(ph, str):
+        return None
+    if not isinstance(name, str):
+        name = str(name)
+    if not isinstance(cat, str):
+        cat = str(cat)
+    pid = item.get("pid", 0)
+    tid = item.get("tid", 0)
+    pid = pid if isinstance(pid, (int, str)) and not isinstance(pid, bool) else str(pid)
+    tid = tid if isinstance(tid, (int, str)) and not isinstance(tid, bool) else str(tid)
+    a = item.get("args")
+    args = None
+    if isinstance(a, dict):
+        args = Args(
+            correlation=_int(a.get("correlation")),
+            external_id=_int(a.get("External id")),
+            stream=_int(a.get("stream")),
+            device=_int(a.get("device")),
+            bytes=_int(a.get("bytes")),
+        )
+    return Event(ph=ph, cat=cat, name=name, ts=_num(item.get("ts")), dur=_num(item.get("dur")), pid=pid, tid=tid, args=args)

@@ -1,0 +1,171 @@
+"""Typed events -> the polars tables the analysis reads, with integer nanosecond times.
+
+Kineto writes microsecond floats carrying nanosecond fractions; they are converted once, here
+(`round(us * 1000)`), and never compared as floats afterwards.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from profkit.apis import canonical_api
+from profkit.ingest.decode import Event
+
+# Kineto category spellings across torch versions -> one name.
+CAT_ALIASES: dict[str, str] = {
+    "kernel": "kernel",
+    "memcpy": "gpu_memcpy",
+    "gpu_memcpy": "gpu_memcpy",
+    "memset": "gpu_memset",
+    "gpu_memset": "gpu_memset",
+    "runtime": "cuda_runtime",
+    "cuda_runtime": "cuda_runtime",
+    "driver": "cuda_driver",
+    "cuda_driver": "cuda_driver",
+    "operator": "cpu_op",
+    "cpu_op": "cpu_op",
+    "user_annotation": "user_annotation",
+    "gpu_user_annotation": "gpu_user_annotation",
+    "python_function": "python_function",
+}
+GPU_OP_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+CALL_CATS = ("cuda_runtime", "cuda_driver")
+CPU_CATS = ("cpu_op", "user_annotation", "python_function")
+
+GPU_OPS_SCHEMA = {
+    "name": pl.String, "cat": pl.String, "ts_ns": pl.Int64, "dur_ns": pl.Int64, "end_ns": pl.Int64,
+    "device": pl.Int64, "stream": pl.Int64, "correlation": pl.Int64, "bytes": pl.Int64,
+    "direction": pl.String, "pageable": pl.Boolean,
+}
+CALLS_SCHEMA = {
+    "name": pl.String, "api": pl.String, "ts_ns": pl.Int64, "dur_ns": pl.Int64, "end_ns": pl.Int64,
+    "pid": pl.String, "tid": pl.String, "correlation": pl.Int64, "external_id": pl.Int64,
+}
+CPU_SCHEMA = {
+    "name": pl.String, "cat": pl.String, "ts_ns": pl.Int64, "dur_ns": pl.Int64, "end_ns": pl.Int64,
+    "pid": pl.String, "tid": pl.String, "external_id": pl.Int64,
+}
+
+
+@dataclass
+class Trace:
+    """One rank's trace file, ingested.
+
+    gpu_ops: kernels, memcpys, memsets on the device timeline (GPU_OPS_SCHEMA); `direction` is
+    h2d/d2h/d2d/other for memcpys (null otherwise), `pageable` marks copies from/to pageable memory.
+    calls: CUDA/HIP runtime and driver calls (CALLS_SCHEMA); `api` is the canonical CUDA spelling.
+    cpu: cpu_op, user_annotation and python_function events (CPU_SCHEMA).
+    gpu_annotations: gpu_user_annotation ranges (CPU_SCHEMA; pid/tid are device/stream).
+    """
+
+    path: Path
+    rank: int
+    device: str | None
+    gpu_ops: pl.DataFrame
+    calls: pl.DataFrame
+    cpu: pl.DataFrame
+    gpu_annotations: pl.DataFrame
+    t0_ns: int
+    n_events: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+_DIRECTION = re.compile(r"\b(HtoD|DtoH|DtoD|PtoP|HtoH)\b")
+_DIR_MAP = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d", "PtoP": "d2d", "HtoH": "other"}
+
+
+def _bytes(a: object) -> int | None:
+    b = getattr(a, "bytes", None)
+    if isinstance(b, str):
+        return int(b) if b.isdigit() else None
+    return b
+
+
+def events_frame(events: list[Event], warnings: list[str]) -> tuple[pl.DataFrame, int]:
+    """All complete ('X') events as one frame: name, cat, ts_ns, dur_ns, pid, tid and the args profkit uses.
+
+    Returns the frame and t0_ns (the earliest timestamp of any event, the origin of reported times).
+    Events with no timestamp, no duration, or a negative duration are dropped with a warning.
+    """
+    xs = [e for e in events if e.ph == "X"]
+    ts_all = [e.ts for e in events if e.ts is not None]
+    t0 = round(min(ts_all) * 1000) if ts_all else 0
+    args = [e.args for e in xs]
+    df = pl.DataFrame(
+        {
+            "name": [e.name for e in xs],
+            "cat": [e.cat for e in xs],
+            "ts": [e.ts for e in xs],
+            "dur": [e.dur for e in xs],
+            "pid": [str(e.pid) for e in xs],
+            "tid": [str(e.tid) for e in xs],
+            "correlation": [a.correlation if a is not None else None for a in args],
+            "external_id": [a.external_id if a is not None else None for a in args],
+            "stream": [a.stream if a is not None else None for a in args],
+            "device": [a.device if a is not None else None for a in args],
+            "bytes": [_bytes(a) for a in args],
+        },
+        schema={
+            "name": pl.String, "cat": pl.String, "ts": pl.Float64, "dur": pl.Float64, "pid": pl.String,
+            "tid": pl.String, "correlation": pl.Int64, "external_id": pl.Int64, "stream": pl.Int64,
+            "device": pl.Int64, "bytes": pl.Int64,
+        },
+    )
+    df = df.with_columns(
+        pl.col("cat").str.to_lowercase().replace_strict(CAT_ALIASES, default=pl.col("cat").str.to_lowercase()),
+        (pl.col("ts") * 1000).round().cast(pl.Int64).alias("ts_ns"),
+        (pl.col("dur") * 1000).round().cast(pl.Int64).alias("dur_ns"),
+    ).drop("ts", "dur")
+    bad_ts = df.filter(pl.col("ts_ns").is_null()).height
+    no_dur = df.filter(pl.col("dur_ns").is_null() & pl.col("ts_ns").is_not_null()).height
+    neg = df.filter(pl.col("dur_ns") < 0).height
+    if bad_ts:
+        warnings.append(f"skipped {bad_ts} events without a timestamp")
+    if no_dur:
+        warnings.append(f"skipped {no_dur} complete events without a duration ('dur')")
+    if neg:
+        warnings.append(f"skipped {neg} events with a negative duration")
+    df = df.filter(pl.col("ts_ns").is_not_null() & (pl.col("dur_ns") >= 0))
+    df = df.with_columns((pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"))
+    return df, t0
+
+
+def _dedupe(df: pl.DataFrame, what: str, keys: list[str], warnings: list[str]) -> pl.DataFrame:
+    if df.height == 0:
+        return df
+    out = df.unique(subset=keys, keep="first", maintain_order=True)
+    if out.height != df.height:
+        warnings.append(f"dropped {df.height - out.height} duplicated {what} events")
+    return out
+
+
+def split_tables(df: pl.DataFrame, warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """(gpu_ops, calls, cpu, gpu_annotations) from the events frame."""
+    gpu = df.filter(pl.col("cat").is_in(GPU_OP_CATS))
+    gpu = gpu.with_columns(
+        pl.col("stream").fill_null(pl.col("tid").cast(pl.Int64, strict=False)),
+        pl.col("device").fill_null(pl.col("pid").cast(pl.Int64, strict=False)),
+        pl.when(pl.col("cat") == "gpu_memcpy")
+        .then(pl.col("name").str.extract(_DIRECTION.pattern, 1).replace_strict(_DIR_MAP, default="other"))
+        .alias("direction"),
+        ((pl.col("cat") == "gpu_memcpy") & pl.col("name").str.contains("Pageable")).alias("pageable"),
+    ).select(list(GPU_OPS_SCHEMA))
+    gpu = _dedupe(gpu, "GPU op", ["name", "ts_ns", "dur_ns", "stream", "correlation"], warnings).sort("ts_ns")
+
+    calls = df.filter(pl.col("cat").is_in(CALL_CATS))
+    names = calls["name"].unique().to_list()
+    calls = calls.with_columns(
+        pl.col("name").replace_strict({n: canonical_api(n) for n in names}, return_dtype=pl.String).alias("api")
+    )
+    calls = calls.select(list(CALLS_SCHEMA))
+    calls = _dedupe(calls, "runtime call", ["name", "ts_ns", "dur_ns", "tid", "correlation"], warnings).sort("ts_ns")
+
+    cpu = df.filter(pl.col("cat").is_in(CPU_CATS)).select(list(CPU_SCHEMA)).sort("ts_ns")
+    ann = df.filter(pl.col("cat") == "gpu_user_annotation").select(list(CPU_SCHEMA)).sort("ts_ns")
+    return gpu, calls, cpu, ann

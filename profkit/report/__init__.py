@@ -1,0 +1,1 @@
+"""Renderers: terminal tables now; Markdown, HTML and Perfetto later."""

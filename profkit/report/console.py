@@ -1,0 +1,89 @@
+"""summary.json v1 -> rich tables for the terminal (human output goes to stderr or stdout as the CLI decides)."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+
+def _f(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def render_summary(summary: dict[str, Any], console: Console, *, top: int = 10) -> None:
+    for r in summary["ranks"]:
+        its = r["iterations"]
+        kinds = Counter(f"{i['kind']}" + (f" bs={i['batch_size']}" if i["batch_size"] is not None else "") for i in its)
+        console.print(
+            f"[bold]rank {r['rank']}[/] {escape(r['device'] or '')}  [dim]{escape(r['path'])}[/]\n"
+            f"  {len(its)} iterations ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r['marker']))}[/]; catalog {escape(r['catalog'])}"
+        )
+        m = r["median"]
+        if not m:
+            continue
+        t = Table(title="per iteration", title_justify="left", box=None)
+        for c in ("metric", "median", "min", "max"):
+            t.add_column(c, justify="left" if c == "metric" else "right")
+        rows = (
+            ("wall µs", "wall_us", 1), ("GPU window µs", "gpu_window_us", 1), ("GPU busy µs", "gpu_busy_us", 1),
+            ("GPU idle µs", "gpu_idle_us", 1), ("overlap µs", "overlap_us", 1), ("GPU kernels", "gpu_kernels", 0),
+            ("kernel launches", "kernel_launches", 0), ("graph launches", "graph_launches", 0), ("launch host µs", "launch_us", 1),
+            ("launch latency p50 µs", "launch_latency_us_p50", 1), ("syncs", "syncs", 0), ("sync µs", "sync_us", 1),
+            ("sync copies", "sync_copies", 0), ("bubbles", "bubble_count", 0), ("bubble µs", "bubble_us", 1),
+        )
+        for label, key, d in rows:
+            vals = [i[key] for i in its if i[key] is not None]
+            t.add_row(label, _f(m[key], d), _f(min(vals), d) if vals else "-", _f(max(vals), d) if vals else "-")
+        for d in ("h2d", "d2h", "d2d"):
+            vals = [i["memcpy"][d] for i in its]
+            if any(vals):
+                t.add_row(f"memcpy {d}", _f(m["memcpy"][d], 0), _f(min(vals), 0), _f(max(vals), 0))
+        console.print(t)
+        cat = m.get("category_us") or {}
+        total = sum(cat.values()) or 1.0
+        if cat:
+            t = Table(title="time by category (median µs per iteration)", title_justify="left", box=None)
+            t.add_column("category")
+            t.add_column("µs", justify="right")
+            t.add_column("share", justify="right")
+            for k, v in sorted(cat.items(), key=lambda kv: -kv[1]):
+                t.add_row(escape(k), _f(v), f"{100 * v / total:.1f}%")
+            console.print(t)
+        by_cause = m.get("bubble_us_by_cause") or {}
+        if r["bubbles"]:
+            n_cause = Counter(b["cause"] for b in r["bubbles"])
+            ops: dict[str, Counter[str]] = defaultdict(Counter)
+            for b in r["bubbles"]:
+                for op in b["cpu_ops"][:1]:
+                    ops[b["cause"]][op] += 1
+            t = Table(title="bubbles by cause (median µs per iteration; count over all iterations)", title_justify="left", box=None)
+            for c in ("cause", "µs", "count", "CPU was in"):
+                t.add_column(c, justify="right" if c in ("µs", "count") else "left")
+            for c, v in sorted(by_cause.items(), key=lambda kv: -kv[1]):
+                top_ops = escape(", ".join(o for o, _ in ops[c].most_common(2)))
+                t.add_row(c, _f(v), str(n_cause.get(c, 0)), top_ops)
+            console.print(t)
+        if r["syncs"]:
+            groups: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
+            for s in r["syncs"]:
+                groups[(s["kind"], s["api"], s["direction"], s["trigger"] or "?")].append(s["blocked_us"])
+            t = Table(title="host syncs and blocking copies (all iterations)", title_justify="left", box=None)
+            for c in ("kind", "api", "dir", "trigger", "count", "blocked µs"):
+                t.add_column(c, justify="right" if c in ("count", "blocked µs") else "left")
+            for (kind, api, d, trig), v in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
+                t.add_row(kind, escape(api), d, escape(trig), str(len(v)), _f(sum(v)))
+            console.print(t)
+        if r["kernels"]:
+            n_it = max(len(its), 1)
+            t = Table(title=f"top kernels (of {len(r['kernels'])})", title_justify="left", box=None)
+            for c in ("total µs", "per iter", "category", "name"):
+                t.add_column(c, justify="right" if c in ("per iter", "total µs") else "left", overflow="ellipsis", no_wrap=c == "name")
+            for k in r["kernels"][:top]:
+                t.add_row(_f(k["total_us"]), _f(k["count"] / n_it, 1), escape(k["category"] or "-"), escape(k["name"]))
+            console.print(t)
+        for w in r["warnings"]:
+            console.print(f"[yellow]warning:[/] {escape(w)}")

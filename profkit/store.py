@@ -1,0 +1,35 @@
+"""Writing artifacts atomically: a temporary file in the same folder, then rename."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from profkit.errors import ProfkitError
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a reader never sees a half-written file."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise ProfkitError(f"{path}: cannot write ({e.strerror})", hint="check the folder exists, is writable and has space") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise ProfkitError(f"{path}: cannot write ({e.strerror})", hint="check free space and permissions") from None
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, indent=1, allow_nan=False) + "\n").encode())
