@@ -96,6 +96,16 @@ class Catalog:
         # Per-instance cache: traces repeat a few thousand names millions of times.
         object.__setattr__(self, "_cached", lru_cache(maxsize=_CLASSIFY_CACHE_SIZE)(self._classify_uncached))
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The per-instance cache wraps a bound method and does not pickle; rebuild it on load.
+        state = dict(self.__dict__)
+        state.pop("_cached", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
     @property
     def categories(self) -> tuple[str, ...]:
         """Every category this catalog can assign, in rule order, the default last."""
@@ -329,4 +339,5 @@ def _compile(value: Any, where: str) -> re.Pattern[str] | None:
     try:
         return re.compile(value)
     except re.error as e:
-        raise _err(f"{where}: bad regex {value!r}: {e}", hint="patterns are Python `re` syntax, searched anywhere in the name") from None
+        hint = "patterns are Python `re` syntax, searched anywhere in the string"
+        raise _err(f"{where}: bad regex {value!r}: {e}", hint=hint) from None

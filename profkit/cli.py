@@ -36,9 +36,9 @@ def user_errors() -> Iterator[None]:
     except ProfkitError as e:
         if _state["debug"]:
             traceback.print_exc()
-        err.print(f"[bold red]error:[/] {escape(str(e))}")
+        err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
         if e.hint:
-            err.print(f"[dim]hint:[/] {escape(e.hint)}")
+            err.print(f"[dim]hint:[/] {escape(e.hint)}", soft_wrap=True)
         raise typer.Exit(code=e.exit_code) from None
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]")
@@ -123,5 +123,5 @@ def main() -> None:
         if _state["debug"] or "--debug" in sys.argv:
             traceback.print_exc()
         else:
-            err.print(f"[bold red]internal error:[/] {escape(type(e).__name__)}: {escape(str(e))} (run with --debug for the traceback)")
+            err.print(f"[bold red]internal error:[/] {escape(type(e).__name__)}: {escape(str(e))} (run with --debug for the traceback)", soft_wrap=True)
         sys.exit(1)

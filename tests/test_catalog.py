@@ -451,3 +451,12 @@ def test_top_kernels_of_public_traces_get_sensible_generic_categories(public_ker
 @needs_public
 def test_auto_catalog_picks_generic_for_the_public_traces(public_kernel_times):
     assert auto_catalog(name for name, _ in public_kernel_times).name == "generic"
+
+
+def test_catalog_pickles_for_worker_processes():
+    import pickle
+
+    c = load_catalog("sglang-glm52")
+    c2 = pickle.loads(pickle.dumps(c))
+    assert c2 == c
+    assert c2.classify("void sglang::topk_main_kernel<true, 0>(...)") == ("topk", "topk_v2")

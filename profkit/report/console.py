@@ -86,4 +86,4 @@ def render_summary(summary: dict[str, Any], console: Console, *, top: int = 10) 
                 t.add_row(_f(k["total_us"]), _f(k["count"] / n_it, 1), escape(k["category"] or "-"), escape(k["name"]))
             console.print(t)
         for w in r["warnings"]:
-            console.print(f"[yellow]warning:[/] {escape(w)}")
+            console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)

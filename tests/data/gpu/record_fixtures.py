@@ -355,12 +355,12 @@ class Model:
                 self.keep = torch.tensor([v, 1, 2, 3], device=self.dev)  # H2D (pageable) + sync
                 spin(spin_after_sync)
 
-    def op_sequence(self, with_sync: bool = False) -> list:
+    def op_sequence(self, with_sync: bool = False, with_spin: bool = True) -> list:
         seq = []
         for l in range(self.layers):
             seq += [f"mm(x,W{l},out=h)", f"h.add_(b{l})", "tanh(h,out=g)", "mul(g,h,out=x)"]
             if l == TINY_AFTER_LAYER:
-                seq += ["tok.add_(1) [tiny int64]", f"<host spin {SPIN_LAUNCH_US:g} us>"]
+                seq += ["tok.add_(1) [tiny int64]"] + ([f"<host spin {SPIN_LAUNCH_US:g} us>"] if with_spin else [])
             if with_sync and l == SYNC_AFTER_LAYER:
                 seq += ["tok[0].item() [D2H + sync]", f"<host spin {SPIN_AFTER_SYNC_US:g} us>",
                         "torch.tensor([v,1,2,3], device='cuda') [H2D + sync]",
@@ -580,15 +580,21 @@ def main() -> int:
     calib["tiny_add"] = calibrate_single_kernel(dev, m.tiny)
     for k, v in calib.items():
         print(f"calib {k}: {v}")
+    # Construction counts come from the per-op calibration (expected: exactly 1 kernel, 0 other
+    # GPU ops each); a deviation is reported as a SURPRISE and the counts are adjusted, so a
+    # multi-kernel GEMM on some GPU does not waste the recording.
+    def ops_of(k):
+        return calib[k]["kernels"] + calib[k]["memcpy"] + calib[k]["memset"]
     if dev == "cuda":
         for k, v in calib.items():
-            ck.eq("calib", f"{k}: kernels, other GPU ops", (v["kernels"], v["memcpy"] + v["memset"]), (1, 0))
-        if ck.failed:
-            print(ck.table())
-            print("op calibration failed: some op is not exactly one kernel on this GPU", file=sys.stderr)
-            return 1
-    K = LAYERS * 4 + 1
-    TINY_POS = (TINY_AFTER_LAYER + 1) * 4      # index (launch order) of the tiny kernel
+            ck.eq("calib", f"{k}: kernels, other GPU ops", (v["kernels"], v["memcpy"] + v["memset"]), (1, 0),
+                  hard=False)
+    layer_keys = ("mm", "add_bias", "tanh_out", "mul_out")
+    K = LAYERS * sum(calib[k]["kernels"] for k in layer_keys) + calib["tiny_add"]["kernels"]
+    MEMSET = LAYERS * sum(calib[k]["memset"] for k in layer_keys) + calib["tiny_add"]["memset"]
+    # index (launch order, all GPU ops) of the tiny kernel: its last GPU op
+    TINY_POS = (TINY_AFTER_LAYER + 1) * sum(ops_of(k) for k in layer_keys) + ops_of("tiny_add") - 1
+    print(f"construction: K={K} kernels/iteration, memset={MEMSET}, tiny kernel at GPU-op index {TINY_POS}")
 
     results, expected = {}, {"environment": env, "calibration_single_op": calib}
     spins = {"launch": SPIN_LAUNCH_US, "boundary": SPIN_BOUNDARY_US, "after_sync": SPIN_AFTER_SYNC_US}
@@ -611,88 +617,114 @@ def main() -> int:
             print(f"{name}: attempt {attempt}: only the timing-based gap check failed; retrying with "
                   f"spins x{2 * scale}: {sub.failed}")
 
-    common = {"iterations": ITERS, "memset": 0}
+    common = {"iterations": ITERS, "memset": MEMSET if dev == "cuda" else 0}
 
-    # (a) eager_decode
-    if dev == "cuda":
-        want = dict(common, gpu_kernels=K, kernel_launches=K, graph_launches=0, memcpy_h2d=0,
-                    memcpy_d2h=0, memcpy_d2d=0, syncs=0)
-    else:
-        want = dict(common, gpu_kernels=0, kernel_launches=0, graph_launches=0, syncs=0)
-    design = {"launch": 1, "iteration_boundary": 1} if dev == "cuda" else {}
-    a, path, scale, att = attempt_loop(
-        "eager_decode", lambda s: (lambda: m.eager_step(SPIN_LAUNCH_US * s)), "boundary", want, design)
-    results["eager_decode"] = (a, path, scale, att, want, design)
+    def guarded(name, fn):
+        try:
+            fn()
+        except Exception:  # keep recording the other fixtures; fail at the end
+            import traceback
+            tb = traceback.format_exc()
+            print(tb, file=sys.stderr)
+            ck.failed.append(f"{name}: exception: {tb.strip().splitlines()[-1]}")
+            ck.rows.append((name, "recorded without exception", "true", tb.strip().splitlines()[-1], "FAIL"))
 
-    # (b) graph_decode
-    if dev == "cuda":
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                m.graph_body()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            m.graph_body()
-        torch.cuda.synchronize()
-        graph.replay()
-        torch.cuda.synchronize()
-        want = dict(common, gpu_kernels=K, graph_kernels=K, kernel_launches=0, graph_launches=1,
-                    memcpy_h2d=0, memcpy_d2h=0, memcpy_d2d=0, syncs=0)
-        design = {"launch": 0, "iteration_boundary": 1}
+    def fx_eager_decode():
+        # (a) eager_decode
+        if dev == "cuda":
+            want = dict(common, gpu_kernels=K, kernel_launches=K, graph_launches=0, memcpy_h2d=0,
+                        memcpy_d2h=0, memcpy_d2d=0, syncs=0)
+        else:
+            want = dict(common, gpu_kernels=0, kernel_launches=0, graph_launches=0, syncs=0)
+        design = {"launch": 1, "iteration_boundary": 1} if dev == "cuda" else {}
         a, path, scale, att = attempt_loop(
-            "graph_decode", lambda s: graph.replay, "boundary", want, design,
-            soft=("kernel_launches",), tiny=None)
-        results["graph_decode"] = (a, path, scale, att, want, design)
+            "eager_decode", lambda s: (lambda: m.eager_step(SPIN_LAUNCH_US * s)), "boundary", want, design)
+        results["eager_decode"] = (a, path, scale, att, want, design)
 
-    # (c) eager_sync
-    if dev == "cuda":
-        want = dict(common, gpu_kernels=K, kernel_launches=K, graph_launches=0, memcpy_h2d=1,
-                    memcpy_d2h=1, memcpy_d2d=0, syncs=2)
-        design = {"launch": 1, "sync": 2, "iteration_boundary": 1}
-    else:
-        want = dict(common, gpu_kernels=0, kernel_launches=0, syncs=0)
-        design = {}
-    a, path, scale, att = attempt_loop(
-        "eager_sync", lambda s: (lambda: m.sync_step(SPIN_LAUNCH_US * s, SPIN_AFTER_SYNC_US * s)),
-        "boundary", want, design, soft=("syncs",))
-    results["eager_sync"] = (a, path, scale, att, want, design)
+    guarded("eager_decode", fx_eager_decode)
 
-    # (d) two_streams
-    if dev == "cuda":
-        A = torch.randn(GEMM2_N, GEMM2_N, device=dev, dtype=dtype)
-        B = torch.randn(GEMM2_N, GEMM2_N, device=dev, dtype=dtype) / GEMM2_N ** 0.5
-        C = torch.empty_like(A)
-        s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
-        main_s = torch.cuda.current_stream()
-        c2 = calibrate_single_kernel(dev, lambda: torch.mm(A, B, out=C))
-        c3 = calibrate_single_kernel(dev, lambda: torch.cuda._sleep(SLEEP_CYCLES))
-        calib["two_streams_gemm"], calib["two_streams_sleep"] = c2, c3
-        print(f"calib two_streams_gemm: {c2}\ncalib two_streams_sleep: {c3}")
-        ck.eq("calib", "two_streams gemm: kernels, other GPU ops", (c2["kernels"], c2["memcpy"] + c2["memset"]), (1, 0))
-        ck.eq("calib", "two_streams sleep: kernels, other GPU ops", (c3["kernels"], c3["memcpy"] + c3["memset"]), (1, 0))
+    def fx_graph_decode():
+        # (b) graph_decode
+        if dev == "cuda":
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    m.graph_body()
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                m.graph_body()
+            torch.cuda.synchronize()
+            graph.replay()
+            torch.cuda.synchronize()
+            want = dict(common, gpu_kernels=K, graph_kernels=K, kernel_launches=0, graph_launches=1,
+                        memcpy_h2d=0, memcpy_d2h=0, memcpy_d2d=0, syncs=0)
+            design = {"launch": 0, "iteration_boundary": 1}
+            a, path, scale, att = attempt_loop(
+                "graph_decode", lambda s: graph.replay, "boundary", want, design,
+                soft=("kernel_launches", "gpu_kernels"), tiny=None)
+            results["graph_decode"] = (a, path, scale, att, want, design)
 
-        def two_stream_body():
-            s1.wait_stream(main_s)
-            s2.wait_stream(main_s)
-            with torch.cuda.stream(s1):
-                torch.cuda._sleep(SLEEP_CYCLES)
-            with torch.cuda.stream(s2):
-                torch.mm(A, B, out=C)
-            main_s.wait_stream(s1)
-            main_s.wait_stream(s2)
-            m.tiny()                                  # on the main stream, after the join
+    guarded("graph_decode", fx_graph_decode)
 
-        spins["boundary_2s"] = SPIN_BOUNDARY_2S_US
-        want = dict(common, gpu_kernels=3, kernel_launches=3, graph_launches=0, memcpy_h2d=0,
-                    memcpy_d2h=0, memcpy_d2d=0, syncs=0)
-        design = {"launch": 0, "iteration_boundary": 1}
-        a, path, scale, att = attempt_loop("two_streams", lambda s: two_stream_body, "boundary_2s",
-                                           want, design, overlap=True, tiny=None)
-        ck.eq("two_streams", "distinct streams/iter", len(a["iterations"][0].get("streams", [])), 3)
-        results["two_streams"] = (a, path, scale, att, want, design)
+    def fx_eager_sync():
+        # (c) eager_sync
+        if dev == "cuda":
+            want = dict(common, gpu_kernels=K, kernel_launches=K, graph_launches=0, memcpy_h2d=1,
+                        memcpy_d2h=1, memcpy_d2d=0, syncs=2)
+            design = {"launch": 1, "sync": 2, "iteration_boundary": 1}
+        else:
+            want = dict(common, gpu_kernels=0, kernel_launches=0, syncs=0)
+            design = {}
+        a, path, scale, att = attempt_loop(
+            "eager_sync", lambda s: (lambda: m.sync_step(SPIN_LAUNCH_US * s, SPIN_AFTER_SYNC_US * s)),
+            "boundary", want, design, soft=("syncs",))
+        results["eager_sync"] = (a, path, scale, att, want, design)
+
+    guarded("eager_sync", fx_eager_sync)
+
+    def fx_two_streams():
+        # (d) two_streams
+        if dev == "cuda":
+            A = torch.randn(GEMM2_N, GEMM2_N, device=dev, dtype=dtype)
+            B = torch.randn(GEMM2_N, GEMM2_N, device=dev, dtype=dtype) / GEMM2_N ** 0.5
+            C = torch.empty_like(A)
+            s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+            main_s = torch.cuda.current_stream()
+            c2 = calibrate_single_kernel(dev, lambda: torch.mm(A, B, out=C))
+            c3 = calibrate_single_kernel(dev, lambda: torch.cuda._sleep(SLEEP_CYCLES))
+            calib["two_streams_gemm"], calib["two_streams_sleep"] = c2, c3
+            print(f"calib two_streams_gemm: {c2}\ncalib two_streams_sleep: {c3}")
+            ck.eq("calib", "two_streams gemm: kernels, other GPU ops", (c2["kernels"], c2["memcpy"] + c2["memset"]), (1, 0),
+                  hard=False)
+            ck.eq("calib", "two_streams sleep: kernels, other GPU ops", (c3["kernels"], c3["memcpy"] + c3["memset"]), (1, 0),
+                  hard=False)
+            K2 = c2["kernels"] + c3["kernels"] + calib["tiny_add"]["kernels"]
+            M2 = c2["memset"] + c3["memset"] + calib["tiny_add"]["memset"]
+
+            def two_stream_body():
+                s1.wait_stream(main_s)
+                s2.wait_stream(main_s)
+                with torch.cuda.stream(s1):
+                    torch.cuda._sleep(SLEEP_CYCLES)
+                with torch.cuda.stream(s2):
+                    torch.mm(A, B, out=C)
+                main_s.wait_stream(s1)
+                main_s.wait_stream(s2)
+                m.tiny()                                  # on the main stream, after the join
+
+            spins["boundary_2s"] = SPIN_BOUNDARY_2S_US
+            want = dict(common, memset=M2, gpu_kernels=K2, kernel_launches=K2, graph_launches=0, memcpy_h2d=0,
+                        memcpy_d2h=0, memcpy_d2d=0, syncs=0)
+            design = {"launch": 0, "iteration_boundary": 1}
+            a, path, scale, att = attempt_loop("two_streams", lambda s: two_stream_body, "boundary_2s",
+                                               want, design, overlap=True, tiny=None)
+            ck.eq("two_streams", "distinct streams/iter", len(a["iterations"][0].get("streams", [])), 3)
+            results["two_streams"] = (a, path, scale, att, want, design)
+
+    guarded("two_streams", fx_two_streams)
 
     # --- expected.json
     notes = {
@@ -728,12 +760,24 @@ def main() -> int:
     all_ok = not ck.failed
     for name, (a, path, scale, att, want, design) in results.items():
         its = a["iterations"]
-        per_it = {k: v for k, v in want.items() if k != "iterations"}
-        # record what the trace shows for the soft ones
-        per_it["kernel_launches"] = its[0]["kernel_launches"] if its else 0
-        per_it["syncs"] = its[0]["syncs"] if its else 0
-        per_it["cudaMemcpyAsync"] = its[0]["launch_calls"].get("cudaMemcpyAsync", 0) if its else 0
-        per_it["sync_copies_pageable"] = sum(1 for n in (its[0]["memcpy_names"] if its else []) if "Pageable" in n)
+        # What the trace shows (hard-checked keys equal the construction; soft ones are as observed).
+        def obs(f):
+            vals = [f(it) for it in its]
+            return vals[0] if vals and uniform(vals) else vals
+        per_it = {
+            "gpu_kernels": obs(lambda it: it["gpu_kernels"]),
+            "graph_kernels": obs(lambda it: it["graph_kernels"]),
+            "kernel_launches": obs(lambda it: it["kernel_launches"]),
+            "graph_launches": obs(lambda it: it["graph_launches"]),
+            "memcpy_h2d": obs(lambda it: it["memcpy"].get("h2d", 0)),
+            "memcpy_d2h": obs(lambda it: it["memcpy"].get("d2h", 0)),
+            "memcpy_d2d": obs(lambda it: it["memcpy"].get("d2d", 0)),
+            "memset": obs(lambda it: it["memset"]),
+            "syncs": obs(lambda it: it["syncs"]),
+        }
+        per_it["construction_expected"] = {k: v for k, v in want.items() if k != "iterations"}
+        per_it["cudaMemcpyAsync"] = obs(lambda it: it["launch_calls"].get("cudaMemcpyAsync", 0))
+        per_it["memcpy_from_or_to_pageable"] = obs(lambda it: sum(1 for n in it["memcpy_names"] if "Pageable" in n))
         bubbles_by_it = [bubble_counts(it, CHECK_MIN_GAP_US) for it in its]
         expected[name] = {
             "file": os.path.basename(path),
@@ -752,7 +796,7 @@ def main() -> int:
             "record_attempt": att, "spin_scale": scale,
             "construction": {
                 "spins_us": {k: v * (scale if k != "after_sync" or name == "eager_sync" else 1) for k, v in spins.items()},
-                "op_sequence": m.op_sequence(with_sync=(name == "eager_sync")) if name != "two_streams" else
+                "op_sequence": m.op_sequence(with_sync=(name == "eager_sync"), with_spin=(name != "graph_decode")) if name != "two_streams" else
                 ["s1.wait_stream(main)", "s2.wait_stream(main)", f"[s1] torch.cuda._sleep({SLEEP_CYCLES})",
                  f"[s2] mm({GEMM2_N}x{GEMM2_N} bf16)", "main.wait_stream(s1)", "main.wait_stream(s2)",
                  "[main] tok.add_(1)"],

@@ -1,0 +1,214 @@
+"""Exact answers on a hand-built trace whose every number is fixed by construction (times in µs)."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from factories import TraceBuilder
+from profkit.analysis import analyze_trace
+from profkit.analysis.summary import build_summary
+from profkit.catalog import load_catalog
+from profkit.ingest import load_trace
+
+US = 1000
+
+
+def build() -> TraceBuilder:
+    b = TraceBuilder()
+    for i, (s, d) in enumerate(((0, 100), (200, 100), (400, 100))):
+        b.cpu("scheduler.run_batch", s * US, d * US)
+        b.cpu(f"step[DECODE bs={i + 1}]", (s + 1) * US, (d - 2) * US)
+    # iteration 0: two back-to-back kernels, then a launch-bound gap, then an iteration-boundary gap
+    b.kernel("k1", 10 * US, 20 * US, 10 * US)
+    b.kernel("k2", 13 * US, 30 * US, 20 * US)
+    b.kernel("k3", 80 * US, 85 * US, 10 * US)
+    # iteration 1: .item() = pageable D2H copy + stream sync inside aten::_local_scalar_dense
+    b.kernel("k4", 210 * US, 215 * US, 15 * US)
+    b.cpu("aten::item", 217 * US, 34 * US, cat="cpu_op")
+    b.cpu("aten::_local_scalar_dense", 218 * US, 32 * US, cat="cpu_op")
+    b.memcpy("DtoH", 220 * US, 25 * US, 235 * US, 5 * US)
+    b.call("cudaStreamSynchronize", 246 * US, 1 * US)
+    b.kernel("k5", 260 * US, 265 * US, 5 * US)
+    b.kernel("k6", 267 * US, 290 * US, 10 * US)  # launched before the GPU went idle at 270: gpu_wait
+    b.kernel("x_late", 395 * US, 445 * US, 15 * US, stream=8)  # launched in it1, runs in it2's window
+    # iteration 2: one graph launch replaying two kernels (same correlation)
+    corr = b.call("cudaGraphLaunch", 410 * US, 5 * US)
+    b.op("g1", 420 * US, 10 * US, corr)
+    b.op("g2", 430 * US, 10 * US, corr)
+    return b
+
+
+@pytest.fixture
+def analysis(tmp_path):
+    trace = load_trace(build().write(tmp_path / "t.pt.trace.json.gz"))
+    return analyze_trace(trace, catalog=load_catalog("generic"))
+
+
+def col(a, name):
+    return a.iterations[name].to_list()
+
+
+def test_windows_busy_idle_exact(analysis):
+    assert col(analysis, "wall_ns") == [200 * US, 200 * US, 100 * US]
+    assert col(analysis, "gpu_window_ns") == [195 * US, 205 * US, 20 * US]
+    assert col(analysis, "gpu_busy_ns") == [40 * US, 35 * US, 20 * US]
+    assert col(analysis, "gpu_idle_ns") == [155 * US, 170 * US, 0]
+    assert col(analysis, "overlap_ns") == [0, 15 * US, 0]
+
+
+def test_identities_hold_exactly(analysis):
+    it = analysis.iterations
+    assert (it["gpu_window_ns"] == it["gpu_busy_ns"] + it["gpu_idle_ns"]).all()
+    cats = analysis.categories.group_by("iteration").agg(pl.col("dur_ns").sum()).sort("iteration")
+    assert (cats["dur_ns"] - it["overlap_ns"] == it["gpu_busy_ns"]).all()
+    assert (it["bubble_ns"] <= it["gpu_idle_ns"]).all()
+
+
+def test_ownership_follows_launch_not_clock(analysis):
+    late = analysis.ops.filter(pl.col("name") == "x_late")
+    assert late["iteration"].to_list() == [1]
+    graph = analysis.ops.filter(pl.col("name").is_in(["g1", "g2"]))
+    assert graph["iteration"].to_list() == [2, 2]
+    assert graph["launch_api"].to_list() == ["cudaGraphLaunch"] * 2
+
+
+def test_counts(analysis):
+    assert col(analysis, "gpu_kernels") == [3, 4, 2]
+    assert col(analysis, "kernel_launches") == [3, 4, 0]
+    assert col(analysis, "graph_launches") == [0, 0, 1]
+    assert col(analysis, "memcpy_d2h") == [0, 1, 0]
+    assert col(analysis, "syncs") == [0, 1, 0]
+    assert col(analysis, "sync_copies") == [0, 1, 0]
+    assert col(analysis, "kind") == ["decode"] * 3
+    assert col(analysis, "batch_size") == [1, 2, 3]
+
+
+def test_bubble_causes(analysis):
+    got = [(r["iteration"], r["start_ns"] // US, r["dur_ns"] // US, r["cause"]) for r in analysis.bubbles.iter_rows(named=True)]
+    assert got == [
+        (0, 50, 35, "launch"),
+        (0, 95, 120, "iteration_boundary"),
+        (1, 230, 5, "gpu_wait"),
+        (1, 240, 25, "sync"),
+        (1, 270, 20, "gpu_wait"),
+        (1, 300, 120, "iteration_boundary"),
+    ]
+    sync_bubble = analysis.bubbles.filter(pl.col("cause") == "sync").row(0, named=True)
+    assert "cudaMemcpyAsync" in sync_bubble["cpu_ops"] or "aten::_local_scalar_dense" in sync_bubble["cpu_ops"]
+
+
+def test_min_bubble_threshold(tmp_path):
+    trace = load_trace(build().write(tmp_path / "t.json"))
+    a = analyze_trace(trace, min_bubble_us=10.0, catalog=load_catalog("generic"))
+    assert sorted(a.bubbles["dur_ns"].to_list()) == [20 * US, 25 * US, 35 * US, 120 * US, 120 * US]
+
+
+def test_sync_direction_and_trigger(analysis):
+    rows = analysis.syncs.select("api", "kind", "direction", "trigger", "blocked_ns").rows()
+    assert rows == [
+        ("cudaMemcpyAsync", "sync_copy", "d2h", "aten::_local_scalar_dense", 25 * US),
+        ("cudaStreamSynchronize", "sync", "d2h", "aten::_local_scalar_dense", 1 * US),
+    ]
+
+
+def test_summary_json_fields(analysis):
+    s = build_summary([analysis])
+    assert s["schema_version"] == 1
+    r = s["ranks"][0]
+    it1 = r["iterations"][1]
+    assert it1["bubble_us_by_cause"] == {"sync": 25.0, "launch": 0.0, "iteration_boundary": 120.0, "gpu_wait": 25.0}
+    assert it1["launch_calls"] == {"cudaLaunchKernel": 4, "cudaMemcpyAsync": 1}
+    assert it1["memcpy"] == {"h2d": 0, "d2h": 1, "d2d": 0, "other": 0}
+    for it in r["iterations"]:
+        assert it["gpu_window_us"] == pytest.approx(it["gpu_busy_us"] + it["gpu_idle_us"], abs=5e-4)
+    assert r["median"]["gpu_kernels"] == 3
+    assert {k["name"] for k in r["kernels"]} == {"k1", "k2", "k3", "k4", "k5", "k6", "x_late", "g1", "g2", "Memcpy DtoH (Device -> Pageable)"}
+    assert [x["trigger"] for x in r["syncs"]] == ["aten::_local_scalar_dense"] * 2
+    assert r["warnings"] == []
+
+
+def test_hip_names_count_as_cuda_twins(tmp_path):
+    b = TraceBuilder()
+    b.cpu("scheduler.run_batch", 0, 100 * US)
+    b.kernel("a", 1 * US, 5 * US, 2 * US, api="hipLaunchKernel")
+    b.kernel("b", 2 * US, 8 * US, 2 * US, api="hipExtModuleLaunchKernel")
+    corr = b.call("hipGraphLaunch", 3 * US, 1 * US)
+    b.op("c", 12 * US, 2 * US, corr)
+    b.call("hipStreamSynchronize", 20 * US, 2 * US)
+    a = analyze_trace(load_trace(b.write(tmp_path / "rocm.json")), catalog=load_catalog("generic"))
+    assert col(a, "kernel_launches") == [2]
+    assert col(a, "graph_launches") == [1]
+    assert col(a, "syncs") == [1]
+    assert col(a, "gpu_kernels") == [3]
+
+
+def test_marker_fallbacks(tmp_path):
+    b = TraceBuilder()
+    b.cpu("ProfilerStep#3", 0, 50 * US)
+    b.cpu("ProfilerStep#4", 50 * US, 50 * US)
+    b.kernel("a", 1 * US, 5 * US, 2 * US)
+    b.kernel("b", 51 * US, 55 * US, 2 * US)
+    a = analyze_trace(load_trace(b.write(tmp_path / "p.json")), catalog=load_catalog("generic"))
+    assert a.marker == r"^ProfilerStep#\d+$"
+    assert col(a, "gpu_kernels") == [1, 1]
+    assert a.warnings == []
+
+    b = TraceBuilder()
+    b.kernel("a", 1 * US, 5 * US, 2 * US)
+    a = analyze_trace(load_trace(b.write(tmp_path / "none.json")), catalog=load_catalog("generic"))
+    assert col(a, "gpu_kernels") == [1]
+    assert any("whole trace" in w for w in a.warnings)
+
+
+def test_marker_that_matches_nothing_is_exit_1(tmp_path):
+    from profkit.errors import NothingToAnalyze
+
+    trace = load_trace(build().write(tmp_path / "t.json"))
+    with pytest.raises(NothingToAnalyze) as e:
+        analyze_trace(trace, marker="^nope$")
+    assert e.value.exit_code == 1
+
+
+def test_user_marker(tmp_path):
+    trace = load_trace(build().write(tmp_path / "t.json"))
+    a = analyze_trace(trace, marker=r"^step\[", catalog=load_catalog("generic"))
+    assert a.iterations.height == 3
+    # step spans start 1 µs later: the windows shift but ownership is unchanged
+    assert col(a, "gpu_kernels") == [3, 4, 2]
+
+
+def test_schema_variants_warn_not_crash(tmp_path):
+    b = build()
+    for ev in b.events[:5]:
+        ev["ts"] = str(ev["ts"])
+    for ev in b.events:
+        if "correlation" in ev.get("args", {}):
+            ev["args"]["correlation"] = float(ev["args"]["correlation"])
+    trace = load_trace(b.write(tmp_path / "v.json"))
+    assert any("non-standard types" in w for w in trace.warnings)
+    a = analyze_trace(trace, catalog=load_catalog("generic"))
+    assert col(a, "gpu_kernels") == [3, 4, 2]
+
+
+def test_rank_from_distributed_info_then_name_then_order(tmp_path):
+    from profkit.ingest import load_traces
+
+    b = build()
+    b.extra["distributedInfo"] = {"rank": 5, "world_size": 8}
+    p1 = b.write(tmp_path / "a.json")
+    p2 = build().write(tmp_path / "run-TP-3.trace.json.gz")
+    p3 = build().write(tmp_path / "zzz.json")
+    ts = load_traces([p1, p2, p3])
+    assert sorted(t.rank for t in ts) == [2, 3, 5]
+
+
+def test_cpu_only_trace(tmp_path):
+    b = TraceBuilder()
+    b.cpu("scheduler.run_batch", 0, 10 * US)
+    b.cpu("aten::mm", 1 * US, 5 * US, cat="cpu_op")
+    b.cpu("scheduler.run_batch", 20 * US, 10 * US)
+    a = analyze_trace(load_trace(b.write(tmp_path / "cpu.json")), catalog=load_catalog("generic"))
+    assert col(a, "gpu_window_ns") == [0, 0]
+    assert col(a, "wall_ns") == [20 * US, 10 * US]
+    assert any("CPU-only" in w for w in a.warnings)
