@@ -460,3 +460,26 @@ def test_catalog_pickles_for_worker_processes():
     c2 = pickle.loads(pickle.dumps(c))
     assert c2 == c
     assert c2.classify("void sglang::topk_main_kernel<true, 0>(...)") == ("topk", "topk_v2")
+
+
+def test_installed_layout_finds_the_packaged_copy(tmp_path):
+    """A wheel has no top-level kernels/; pyproject force-includes it as profkit/_kernels."""
+    import shutil
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "site" / "profkit"
+    pkg.mkdir(parents=True)
+    for f in ("__init__.py", "errors.py", "catalog.py"):
+        shutil.copy(REPO / "profkit" / f, pkg / f)
+    shutil.copytree(REPO / "kernels", pkg / "_kernels")
+    code = (
+        "from profkit.catalog import catalog_dir, catalog_names, load_catalog\n"
+        "print(catalog_dir()); print(catalog_names()); print(load_catalog('generic').name)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    out = run.stdout.split("\n")
+    assert out[0] == str(pkg / "_kernels")
+    assert out[1] == "['generic', 'proxy', 'sglang-glm52']"
+    assert out[2] == "generic"
