@@ -107,6 +107,11 @@ class Catalog:
         self.__post_init__()
 
     @property
+    def uses_annotations(self) -> bool:
+        """Whether any rule looks at the enclosing range, i.e. callers should supply ``annotation``."""
+        return any(r.annotation is not None for r in self.rules)
+
+    @property
     def categories(self) -> tuple[str, ...]:
         """Every category this catalog can assign, in rule order, the default last."""
         seen = dict.fromkeys(r.category for r in self.rules)

@@ -11,6 +11,7 @@ import polars as pl
 
 from profkit import __version__
 from profkit.analysis.rank import CAUSES, DIRECTIONS, RankAnalysis
+from profkit.analysis.timeline import representative_timeline
 
 SCHEMA_VERSION = 1
 
@@ -113,6 +114,8 @@ def rank_summary(a: RankAnalysis) -> dict[str, Any]:
         "bubbles": bubbles,
         "kernels": [{"name": n, "category": c, "count": k, "total_us": _us(t)} for n, c, k, t in kernels.iter_rows()],
         "warnings": list(a.warnings),
+        # Added after v1 shipped (a new key; readers must treat it as optional): see analysis/timeline.py.
+        "timeline": representative_timeline(a),
     }
 
 

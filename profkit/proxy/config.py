@@ -135,12 +135,15 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--opts", default="all",
                    help=f"switches ON (all others OFF): all (default), none, or a comma list of "
                    f"{','.join(SWITCHES)}")
+    g.add_argument("--cpu-threads", type=int, default=1,
+                   help="torch intra-op threads (the tiny CPU model is fastest on 1; 0 = torch's "
+                   "default)")
     g.add_argument("--page-size", type=int, default=16)
     g.add_argument("--num-pages", type=int, default=None,
                    help="KV pool pages (default 4096 on CPU, 65536 on CUDA)")
     g.add_argument("--max-running-requests", type=int, default=16)
     g.add_argument("--chunked-prefill-size", type=int, default=None,
-                   help="max prefill tokens per iteration (default 512 on CPU, 2048 on CUDA)")
+                   help="max prefill tokens per iteration (default 512 on CPU, 1024 on CUDA)")
     g.add_argument("--speculative-num-steps", type=int, default=5,
                    help="MTP draft tokens per verify; 0 disables speculative decoding")
     g.add_argument("--simulate-acc-len", type=float, default=None,
@@ -171,6 +174,6 @@ def config_from_args(ns: argparse.Namespace, cuda_available: bool) -> ProxyConfi
         size=size, device=device, dtype=dtype, seed=ns.seed, page_size=ns.page_size,
         num_pages=ns.num_pages or (65536 if on_cuda else 4096),
         max_running_requests=ns.max_running_requests,
-        chunked_prefill_size=ns.chunked_prefill_size or (2048 if on_cuda else 512),
+        chunked_prefill_size=ns.chunked_prefill_size or (1024 if on_cuda else 512),
         speculative_num_steps=steps, simulate_acc_len=acc, switches=parse_opts(ns.opts),
     )

@@ -1,0 +1,563 @@
+"""Two summaries (summary.json v1) -> diff.json v1: what changed per iteration, and why (DESIGN.md "Attribution").
+
+Pure: dicts in, a dict out; no files, no printing.
+
+Rules:
+
+* Like with like: only iterations of one shape (kind, batch size) are compared, the shape present on
+  both sides with the most iterations. Each rank's last iteration is left out when it has others:
+  its GPU window ends at its last op's end instead of the next iteration's start, so it lacks the
+  boundary idle time that every other window has.
+* The change in the MEAN per-iteration ``gpu_window_us`` splits exactly into per-category changes,
+  minus the change in overlap, plus the change in idle time split by bubble cause (and
+  ``short_gaps``: idle time in gaps shorter than the bubble threshold). Every per-iteration figure is
+  taken back to integer nanoseconds (summary.json writes ns / 1000) and the means are exact
+  rationals, so ``residual_us`` is 0 whenever each iteration satisfies ``window = busy + idle`` and
+  ``sum(category) - overlap = busy``, which the analysis guarantees.
+* Counts (kernels, launches, syncs, copies, bubbles) are per-iteration medians: medians do not add
+  up, but they are what a reader means by "per iteration".
+* Kernels are matched by normalized name (template arguments, ``(anonymous namespace)`` and
+  argument lists folded), so a re-instantiated template is not "added" and "removed".
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+from profkit import __version__
+from profkit.errors import UsageError
+
+DIFF_SCHEMA_VERSION = 1
+CAUSES = ("sync", "launch", "iteration_boundary", "gpu_wait")
+IDLE_KEYS = (*CAUSES, "short_gaps")
+COUNT_KEYS = ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h", "memcpy_h2d", "bubble_count")
+TIMING_KEYS = ("launch_us", "launch_latency_us_p50", "sync_us", "sync_copy_us", "bubble_us")
+# Without repeats a change outside the optimization's categories is flagged above both of these.
+REL_THRESHOLD = 0.05
+ABS_THRESHOLD_NS = 1_000
+TOP_MOVERS = 20
+MAX_KERNEL_LIST = 200
+
+Shape = tuple[str, "int | None"]
+
+
+# ---------------------------------------------------------------------------------------------
+# kernel names
+
+
+def _fold(s: str, open_: str, close: str, *, attached_only: bool = False) -> str:
+    """Replace every outermost ``open_ ... close`` group by ``open_ + close``.
+
+    ``attached_only``: only groups that follow an identifier character, ``>`` or ``]`` directly
+    (an argument list), so ``Memcpy DtoH (Device -> Pageable)`` keeps its parentheses.
+    Unbalanced input is returned unchanged.
+    """
+    out: list[str] = []
+    depth = 0
+    for i, ch in enumerate(s):
+        if ch == open_ and (depth > 0 or not attached_only or (i > 0 and (s[i - 1].isalnum() or s[i - 1] in "_>]"))):
+            if depth == 0:
+                out.append(ch)
+            depth += 1
+        elif ch == close and depth > 0:
+            depth -= 1
+            if depth == 0:
+                out.append(ch)
+        elif depth == 0:
+            out.append(ch)
+    return s if depth else "".join(out)
+
+
+_WS = re.compile(r"\s+")
+
+
+def normalize_kernel_name(name: str) -> str:
+    """Fold the parts of a kernel name that change with instantiation, not with what the kernel is.
+
+    >>> normalize_kernel_name("void at::native::(anonymous namespace)::k<float, 4>(int, float*)")
+    'void at::native::k<>()'
+    """
+    s = name.replace("(anonymous namespace)::", "").replace("(anonymous namespace)", "")
+    # "operator<" / "->" style tokens are rare in kernel names; an unbalanced fold is a no-op anyway.
+    s = _fold(s, "<", ">")
+    s = _fold(s, "(", ")", attached_only=True)
+    return _WS.sub(" ", s).strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _ns(us: float | int | None) -> int:
+    """summary.json µs (ns / 1000 as a float) -> the integer ns it came from."""
+    return 0 if us is None else int(round(float(us) * 1000))
+
+
+def _us(ns: Fraction | int | float | None) -> float | None:
+    return None if ns is None else float(Fraction(ns) / 1000)
+
+
+def shape_of(it: Mapping[str, Any]) -> Shape:
+    return (str(it.get("kind") or "unknown"), it.get("batch_size"))
+
+
+def shape_label(shape: Shape) -> str:
+    kind, bs = shape
+    return kind if bs is None else f"{kind} bs={bs}"
+
+
+def pick_rank(summary: Mapping[str, Any], rank: int, side: str) -> dict[str, Any]:
+    ranks = summary.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise UsageError(f"{side}: the summary has no ranks", hint="is it a summary.json written by `profkit analyze --json`?")
+    for r in ranks:
+        if r.get("rank") == rank:
+            return r
+    have = ", ".join(str(r.get("rank")) for r in ranks)
+    raise UsageError(f"{side}: no rank {rank} in the summary (ranks: {have})", hint="pass --rank with one of those")
+
+
+def _steady(rank: Mapping[str, Any]) -> list[dict[str, Any]]:
+    its = list(rank.get("iterations") or [])
+    return its[:-1] if len(its) > 1 else its
+
+
+def select_shape(base_its: Sequence[Mapping[str, Any]], cand_its: Sequence[Mapping[str, Any]]) -> tuple[Shape | None, list[str]]:
+    """The shape to compare: present on both sides, most iterations in total (ties: more on the
+    smaller side, then name). None when the sides share no shape."""
+    cb, cc = Counter(shape_of(i) for i in base_its), Counter(shape_of(i) for i in cand_its)
+    warnings: list[str] = []
+    common = set(cb) & set(cc)
+    if not common:
+        return None, warnings
+    shape = max(common, key=lambda s: (cb[s] + cc[s], min(cb[s], cc[s]), shape_label(s)))
+    if set(cb) != set(cc):
+        warnings.append(
+            f"the sides hold different iteration shapes (baseline: {_shapes_text(cb)}; candidate: {_shapes_text(cc)}); "
+            f"comparing {shape_label(shape)} only"
+        )
+    elif len(cb) > 1:
+        warnings.append(f"several iteration shapes ({_shapes_text(cb)}); comparing {shape_label(shape)} only")
+    return shape, warnings
+
+
+def _shapes_text(c: Counter[Shape]) -> str:
+    return ", ".join(f"{n}× {shape_label(s)}" for s, n in sorted(c.items(), key=lambda kv: (-kv[1], shape_label(kv[0]))))
+
+
+def _select(rank: Mapping[str, Any], shape: Shape | None) -> list[dict[str, Any]]:
+    its = _steady(rank)
+    return its if shape is None else [i for i in its if shape_of(i) == shape]
+
+
+def _components(it: Mapping[str, Any]) -> dict[str, Any]:
+    """One iteration's decomposition terms, integer ns."""
+    cats = {k: _ns(v) for k, v in (it.get("category_us") or {}).items()}
+    idle = _ns(it.get("gpu_idle_us"))
+    by_cause = {c: _ns((it.get("bubble_us_by_cause") or {}).get(c)) for c in CAUSES}
+    by_cause["short_gaps"] = idle - sum(by_cause.values())
+    return {
+        "window": _ns(it.get("gpu_window_us")), "busy": _ns(it.get("gpu_busy_us")), "wall": _ns(it.get("wall_us")),
+        "overlap": _ns(it.get("overlap_us")), "idle": idle, "cats": cats, "idle_by": by_cause,
+    }
+
+
+def _means(its: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Exact means (Fractions, ns) of every decomposition term over iterations; a missing category is 0."""
+    n = len(its)
+    comps = [_components(i) for i in its]
+    if n == 0:
+        zero = Fraction(0)
+        return {"n": 0, "window": zero, "busy": zero, "wall": zero, "overlap": zero, "idle": zero, "cats": {},
+                "idle_by": {k: zero for k in IDLE_KEYS}}
+    cats: dict[str, int] = defaultdict(int)
+    for c in comps:
+        for k, v in c["cats"].items():
+            cats[k] += v
+    return {
+        "n": n,
+        **{k: Fraction(sum(c[k] for c in comps), n) for k in ("window", "busy", "wall", "overlap", "idle")},
+        "cats": {k: Fraction(v, n) for k, v in sorted(cats.items())},
+        "idle_by": {k: Fraction(sum(c["idle_by"][k] for c in comps), n) for k in IDLE_KEYS},
+    }
+
+
+def _count(it: Mapping[str, Any], key: str) -> float:
+    if key.startswith("memcpy_"):
+        return (it.get("memcpy") or {}).get(key.removeprefix("memcpy_")) or 0
+    return it.get(key) or 0
+
+
+def _median(vals: Sequence[float]) -> float | None:
+    return statistics.median(vals) if vals else None
+
+
+def _counts(its: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    return {k: _median([_count(i, k) for i in its]) for k in COUNT_KEYS}
+
+
+def _timings(its: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    return {k: _median([i[k] for i in its if i.get(k) is not None]) for k in TIMING_KEYS}
+
+
+def _side_by_side(b: float | None, c: float | None) -> dict[str, float | None]:
+    delta = None if b is None or c is None else c - b
+    return {"baseline": b, "candidate": c, "delta": delta}
+
+
+def _with_ratio(b: Fraction, c: Fraction) -> dict[str, float | None]:
+    return {"baseline": _us(b), "candidate": _us(c), "delta": _us(c - b), "ratio": float(c / b) if b else None}
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+
+def _kernel_table(rank: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Normalized name -> per-iteration count and µs (over all the rank's iterations), category, examples."""
+    n = max(len(rank.get("iterations") or []), 1)
+    out: dict[str, dict[str, Any]] = {}
+    for k in rank.get("kernels") or []:
+        raw = str(k.get("name") or "")
+        key = normalize_kernel_name(raw)
+        e = out.setdefault(key, {"name": key, "count": 0, "total_ns": 0, "cats": Counter(), "examples": []})
+        e["count"] += int(k.get("count") or 0)
+        t = _ns(k.get("total_us"))
+        e["total_ns"] += t
+        e["cats"][k.get("category") or "other"] += t
+        if len(e["examples"]) < 3 and raw != key:
+            e["examples"].append(raw)
+    for e in out.values():
+        e["category"] = e.pop("cats").most_common(1)[0][0]
+        e["count_per_iteration"] = e["count"] / n
+        e["us_per_iteration"] = e["total_ns"] / 1000 / n
+        del e["total_ns"]
+    return out
+
+
+def _kernel_entry(e: Mapping[str, Any]) -> dict[str, Any]:
+    return {"name": e["name"], "category": e["category"], "count_per_iteration": e["count_per_iteration"],
+            "us_per_iteration": e["us_per_iteration"], "examples": list(e["examples"])}
+
+
+# ---------------------------------------------------------------------------------------------
+# syncs
+
+
+def _sync_groups(rank: Mapping[str, Any], its: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str, str], Fraction]:
+    """(kind, api, direction, trigger) -> syncs per iteration over the selected iterations."""
+    idx = {i["index"] for i in its}
+    c: Counter[tuple[str, str, str, str]] = Counter()
+    for s in rank.get("syncs") or []:
+        if s.get("iteration") in idx:
+            c[(str(s.get("kind") or "sync"), str(s.get("api") or "?"), str(s.get("direction") or "none"), str(s.get("trigger") or "?"))] += 1
+    n = max(len(its), 1)
+    return {k: Fraction(v, n) for k, v in c.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# noise
+
+
+def _repeat_metrics(summary: Mapping[str, Any], rank: int, shape: Shape | None) -> dict[str, float] | None:
+    try:
+        r = pick_rank(summary, rank, "repeat")
+    except UsageError:
+        return None
+    its = _select(r, shape)
+    if not its:
+        return None
+    m = _means(its)
+    out: dict[str, float] = {
+        "wall_us": _us(m["wall"]), "gpu_window_us": _us(m["window"]), "gpu_busy_us": _us(m["busy"]),
+        "gpu_idle_us": _us(m["idle"]), "overlap_us": _us(m["overlap"]),
+    }
+    for k, v in m["cats"].items():
+        out[f"category_us.{k}"] = _us(v)
+    for k, v in m["idle_by"].items():
+        out[f"idle_us_by_cause.{k}"] = _us(v)
+    for k, v in _counts(its).items():
+        out[f"counts.{k}"] = float(v or 0)
+    return out  # type: ignore[return-value]
+
+
+def _noise(base_reps: Sequence[Mapping[str, Any]], cand_reps: Sequence[Mapping[str, Any]], rank: int,
+           shape: Shape | None, warnings: list[str]) -> dict[str, Any]:
+    bm = [m for m in (_repeat_metrics(s, rank, shape) for s in base_reps) if m is not None]
+    cm = [m for m in (_repeat_metrics(s, rank, shape) for s in cand_reps) if m is not None]
+    if len(base_reps) - len(bm) or len(cand_reps) - len(cm):
+        warnings.append(f"{len(base_reps) - len(bm) + len(cand_reps) - len(cm)} repeat(s) hold no iterations of the compared shape; left out of the noise estimate")
+    if not bm or not cm or max(len(bm), len(cm)) < 2:
+        return {
+            "available": False,
+            "repeats": {"baseline": len(bm), "candidate": len(cm)},
+            "note": "no noise estimate: each side ran once; profile with --repeat N (N >= 2) to tell changes from run-to-run noise",
+        }
+    metrics: dict[str, Any] = {}
+    keys = sorted({k for m in bm + cm for k in m})
+    for k in keys:
+        bv = [m.get(k, 0.0) for m in bm]
+        cv = [m.get(k, 0.0) for m in cm]
+        b_med, c_med = statistics.median(bv), statistics.median(cv)
+        spread = max(max(bv) - min(bv), max(cv) - min(cv))
+        delta = c_med - b_med
+        metrics[k] = {
+            "baseline": {"median": b_med, "spread": max(bv) - min(bv), "n": len(bv)},
+            "candidate": {"median": c_med, "spread": max(cv) - min(cv), "n": len(cv)},
+            "delta": delta, "spread": spread, "within_noise": abs(delta) < spread,
+        }
+    return {
+        "available": True,
+        "repeats": {"baseline": len(bm), "candidate": len(cm)},
+        "note": "per metric: median and spread (max - min) over repeats of each side; a change smaller than the larger spread is within noise",
+        "metrics": metrics,
+    }
+
+
+def within_noise(diff: Mapping[str, Any], metric: str) -> bool | None:
+    """True/False when repeats give a noise estimate for `metric` (e.g. ``category_us.attention``), else None."""
+    noise = diff.get("noise") or {}
+    if not noise.get("available"):
+        return None
+    m = (noise.get("metrics") or {}).get(metric)
+    return None if m is None else bool(m["within_noise"])
+
+
+# ---------------------------------------------------------------------------------------------
+# expected effect
+
+
+def _expected_effect(opt: str | None, catalog: Any, base: dict[str, Any], cand: dict[str, Any],
+                     noise: Mapping[str, Any]) -> dict[str, Any] | None:
+    if opt is None:
+        return None
+    optimizations: Mapping[str, Sequence[str]] = getattr(catalog, "optimizations", None) or {}
+    cat_name = getattr(catalog, "name", None)
+    if opt not in optimizations:
+        return {
+            "optimization": opt, "known": False, "catalog": cat_name, "categories": [], "changes": [], "flags": [], "ok": None,
+            "note": f"{opt!r} is not an optimization of catalog {cat_name!r}: no expected-effect check"
+                    + (f" (known: {', '.join(sorted(optimizations))})" if optimizations else ""),
+        }
+    owned = list(optimizations[opt])
+    use_noise = bool(noise.get("available"))
+    changes, flags = [], []
+    for cat in sorted(set(base["cats"]) | set(cand["cats"])):
+        b, c = base["cats"].get(cat, Fraction(0)), cand["cats"].get(cat, Fraction(0))
+        d = c - b
+        if d == 0:
+            continue
+        inside = cat in owned
+        nm = (noise.get("metrics") or {}).get(f"category_us.{cat}") if use_noise else None
+        if nm is not None:
+            exceeds = abs(float(nm["delta"])) >= nm["spread"] and abs(d) >= ABS_THRESHOLD_NS
+        else:
+            exceeds = abs(d) > ABS_THRESHOLD_NS and (b == 0 or abs(d) > REL_THRESHOLD * b)
+        pct = float(d / b * 100) if b else None
+        flagged = (not inside) and exceeds
+        changes.append({
+            "category": cat, "baseline_us": _us(b), "candidate_us": _us(c), "delta_us": _us(d), "pct": pct,
+            "inside": inside, "exceeds_threshold": exceeds, "flagged": flagged,
+            "within_noise": None if nm is None else bool(nm["within_noise"]),
+        })
+        if flagged:
+            how = f"by {pct:+.1f}%" if pct is not None else f"by {_us(d):+.1f} µs (absent in the baseline)"
+            flags.append(f"{opt} changed {cat} time {how}, outside its categories ({_us(d):+.1f} µs per iteration)")
+    changes.sort(key=lambda ch: -abs(ch["delta_us"]))
+    return {
+        "optimization": opt, "known": True, "catalog": cat_name, "categories": owned,
+        "threshold": "the noise (spread over repeats) and 1 µs" if use_noise else f"{REL_THRESHOLD:.0%} of the baseline and {ABS_THRESHOLD_NS / 1000:g} µs per iteration",
+        "changes": changes, "flags": flags, "ok": not flags,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# the diff
+
+
+def _side_info(summary: Mapping[str, Any], rank: Mapping[str, Any], its: Sequence[Mapping[str, Any]], label: str | None,
+               n_repeats: int) -> dict[str, Any]:
+    all_its = rank.get("iterations") or []
+    inputs = summary.get("inputs") or []
+    if label is None:
+        label = str(inputs[0].get("path")) if inputs and isinstance(inputs[0], Mapping) else "?"
+    return {
+        "label": label,
+        "inputs": inputs,
+        "rank": rank.get("rank"),
+        "device": rank.get("device"),
+        "catalog": rank.get("catalog"),
+        "marker": rank.get("marker", summary.get("marker")),
+        "iterations": {"total": len(all_its), "used": [i["index"] for i in its]},
+        "shapes": dict(Counter(shape_label(shape_of(i)) for i in all_its).most_common()),
+        "repeats": n_repeats,
+    }
+
+
+def compare_summaries(
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    *,
+    opt: str | None = None,
+    catalog: Any = None,
+    baseline_repeats: Sequence[Mapping[str, Any]] = (),
+    candidate_repeats: Sequence[Mapping[str, Any]] = (),
+    rank: int = 0,
+    labels: tuple[str | None, str | None] = (None, None),
+) -> dict[str, Any]:
+    """diff.json v1 for one rank of two summary.json v1 dicts (see the module docstring for the rules).
+
+    `catalog` (a profkit.catalog.Catalog, or anything with ``optimizations: {name: categories}``)
+    and `opt` drive the expected-effect check. Repeats (summaries of the same configuration run
+    again; the primary may be among them) give the noise estimate. Times are µs per iteration.
+    """
+    rb, rc = pick_rank(baseline, rank, "baseline"), pick_rank(candidate, rank, "candidate")
+    warnings: list[str] = []
+    shape, w = select_shape(_steady(rb), _steady(rc))
+    warnings.extend(w)
+    if shape is None:
+        warnings.append("the sides share no iteration shape (kind, batch size): comparing all iterations, which mixes shapes")
+    ib, ic = _select(rb, shape), _select(rc, shape)
+    if not ib or not ic:
+        raise UsageError(
+            f"nothing to compare: {len(ib)} baseline and {len(ic)} candidate iterations",
+            hint="each side needs at least one iteration; check the marker (--marker) and that the traces cover decode steps",
+        )
+    if min(len(ib), len(ic)) < 3:
+        warnings.append(f"only {min(len(ib), len(ic))} iteration(s) on one side: per-iteration means and medians are noisy")
+    mb, mc = _means(ib), _means(ic)
+
+    # --- the exact decomposition --------------------------------------------------------------
+    cats = sorted(set(mb["cats"]) | set(mc["cats"]))
+    d_cat = {k: mc["cats"].get(k, Fraction(0)) - mb["cats"].get(k, Fraction(0)) for k in cats}
+    d_overlap = mc["overlap"] - mb["overlap"]
+    d_idle_by = {k: mc["idle_by"][k] - mb["idle_by"][k] for k in IDLE_KEYS}
+    d_window = mc["window"] - mb["window"]
+    residual = d_window - (sum(d_cat.values(), Fraction(0)) - d_overlap + sum(d_idle_by.values(), Fraction(0)))
+    if residual != 0:
+        warnings.append(f"the decomposition leaves {_us(residual):+.3f} µs unexplained: an input summary breaks window = busy + idle")
+
+    def side_terms(m: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "gpu_window_us": _us(m["window"]), "gpu_busy_us": _us(m["busy"]),
+            "category_us": {k: _us(m["cats"].get(k, Fraction(0))) for k in cats},
+            "overlap_us": _us(m["overlap"]), "idle_us": _us(m["idle"]),
+            "idle_us_by_cause": {k: _us(m["idle_by"][k]) for k in IDLE_KEYS},
+        }
+
+    decomposition = {
+        "statistic": "mean",
+        "identity": "delta gpu_window = sum(delta category) - delta overlap + sum(delta idle by cause)",
+        "gpu_window_us": _with_ratio(mb["window"], mc["window"]),
+        "category_us": {k: _us(v) for k, v in sorted(d_cat.items(), key=lambda kv: (-abs(kv[1]), kv[0]))},
+        "overlap_us": _us(d_overlap),
+        "idle_us": _us(mc["idle"] - mb["idle"]),
+        "idle_us_by_cause": {k: _us(v) for k, v in d_idle_by.items()},
+        "residual_us": _us(residual),
+        "exact": residual == 0,
+        "baseline": side_terms(mb),
+        "candidate": side_terms(mc),
+    }
+
+    # --- counts -------------------------------------------------------------------------------
+    cb, cc = _counts(ib), _counts(ic)
+    counts = {k: _side_by_side(cb[k], cc[k]) for k in COUNT_KEYS}
+    tb, tc = _timings(ib), _timings(ic)
+    timings = {k: _side_by_side(tb[k], tc[k]) for k in TIMING_KEYS}
+    sb, sc = _sync_groups(rb, ib), _sync_groups(rc, ic)
+    syncs = [
+        {"kind": k[0], "api": k[1], "direction": k[2], "trigger": k[3],
+         "baseline_per_iteration": float(sb.get(k, 0)), "candidate_per_iteration": float(sc.get(k, 0)),
+         "delta": float(sc.get(k, 0) - sb.get(k, 0))}
+        for k in sorted(set(sb) | set(sc), key=lambda k: (-abs(sc.get(k, 0) - sb.get(k, 0)), k))
+    ]
+
+    # --- kernels ------------------------------------------------------------------------------
+    kb, kc = _kernel_table(rb), _kernel_table(rc)
+    added = sorted((kc[k] for k in set(kc) - set(kb)), key=lambda e: (-e["us_per_iteration"], e["name"]))
+    removed = sorted((kb[k] for k in set(kb) - set(kc)), key=lambda e: (-e["us_per_iteration"], e["name"]))
+    movers = []
+    for k in set(kb) | set(kc):
+        b, c = kb.get(k), kc.get(k)
+        bu, cu = (b["us_per_iteration"] if b else 0.0), (c["us_per_iteration"] if c else 0.0)
+        if bu == cu:
+            continue
+        movers.append({
+            "name": k, "category": (c or b)["category"],  # type: ignore[index]
+            "baseline_us": bu, "candidate_us": cu, "delta_us": cu - bu,
+            "baseline_count": b["count_per_iteration"] if b else 0.0, "candidate_count": c["count_per_iteration"] if c else 0.0,
+            "status": "added" if b is None else "removed" if c is None else "changed",
+        })
+    movers.sort(key=lambda m: (-abs(m["delta_us"]), m["name"]))
+
+    # --- noise and expected effect ------------------------------------------------------------
+    noise = _noise(baseline_repeats, candidate_repeats, rank, shape, warnings)
+    expected = _expected_effect(opt, catalog, mb, mc, noise)
+    if rb.get("catalog") and rc.get("catalog") and rb.get("catalog") != rc.get("catalog"):
+        warnings.append(f"the sides were classified with different catalogs ({rb.get('catalog')} vs {rc.get('catalog')}): categories may not line up")
+
+    return {
+        "schema_version": DIFF_SCHEMA_VERSION,
+        "profkit_version": __version__,
+        "baseline": _side_info(baseline, rb, ib, labels[0], len(baseline_repeats)),
+        "candidate": _side_info(candidate, rc, ic, labels[1], len(candidate_repeats)),
+        "rank": rank,
+        "shape": {
+            "kind": shape[0] if shape else None, "batch_size": shape[1] if shape else None,
+            "label": shape_label(shape) if shape else "all iterations (no common shape)",
+            "iterations": {"baseline": len(ib), "candidate": len(ic)},
+        },
+        "optimization": opt,
+        "wall_us": _with_ratio(mb["wall"], mc["wall"]),
+        "gpu_window_us": _with_ratio(mb["window"], mc["window"]),
+        "decomposition": decomposition,
+        "counts": counts,
+        "timings": timings,
+        "syncs": syncs,
+        "kernels_added": [_kernel_entry(e) for e in added[:MAX_KERNEL_LIST]],
+        "kernels_removed": [_kernel_entry(e) for e in removed[:MAX_KERNEL_LIST]],
+        "kernels_added_total": len(added),
+        "kernels_removed_total": len(removed),
+        "top_movers": movers[:TOP_MOVERS],
+        "expected_effect": expected,
+        "noise": noise,
+        "warnings": warnings,
+    }
+
+
+def is_diff(doc: Mapping[str, Any]) -> bool:
+    """Whether a loaded JSON document is a diff.json (as opposed to a summary.json)."""
+    return isinstance(doc, Mapping) and "decomposition" in doc and "baseline" in doc and "candidate" in doc
+
+
+def headline(diff: Mapping[str, Any]) -> str:
+    """One sentence: what the change did to the iteration (plain text; renderers escape it)."""
+    w = diff["wall_us"]
+    g = diff["gpu_window_us"]
+    parts = [f"{diff['shape']['label']}: wall {w['baseline']:,.1f} → {w['candidate']:,.1f} µs per iteration ({_pct(w)})"]
+    parts.append(f"GPU window {g['baseline']:,.1f} → {g['candidate']:,.1f} µs ({_pct(g)})")
+    return "; ".join(parts)
+
+
+def _pct(x: Mapping[str, Any]) -> str:
+    r = x.get("ratio")
+    return "n/a" if r is None else f"{(r - 1) * 100:+.1f}%"
+
+
+def decomposition_rows(diff: Mapping[str, Any]) -> list[tuple[str, str, float, float | None, float | None]]:
+    """(group, term, delta_us, baseline_us, candidate_us) rows whose deltas add up to the change in
+    the GPU window; overlap enters with a minus sign (its row holds -delta overlap)."""
+    d = diff["decomposition"]
+    b, c = d["baseline"], d["candidate"]
+    rows: list[tuple[str, str, float, float | None, float | None]] = []
+    for k, v in d["category_us"].items():
+        rows.append(("category", k, v, b["category_us"].get(k), c["category_us"].get(k)))
+    rows.append(("overlap", "overlap (counted once)", -d["overlap_us"], b["overlap_us"], c["overlap_us"]))
+    for k in IDLE_KEYS:
+        rows.append(("idle", k, d["idle_us_by_cause"][k], b["idle_us_by_cause"][k], c["idle_us_by_cause"][k]))
+    return rows

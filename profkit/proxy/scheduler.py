@@ -1,0 +1,576 @@
+"""The scheduler thread: continuous batching, chunked prefill, MTP speculative decoding,
+overlap (sync-free) or synchronous result handling, and the profiler window.
+
+Loop (spans named like SGLang's, see README.md):
+  scheduler.recv_requests -> scheduler.process_input_requests -> scheduler.get_next_batch_to_run
+  -> scheduler.run_batch -> scheduler.process_batch_result
+With `overlap` ON the result of iteration N is processed in iteration N+1 (after run_batch(N+1)
+was launched) and nothing in the decode loop reads a device value back; with it OFF every decode
+step reads accept lengths and sequence lengths back (.tolist()/.item()) before the host goes on.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import os
+import queue
+import random
+import threading
+import time
+import uuid
+
+import torch
+
+from .config import ProxyConfig
+from .kvcache import OutOfPages, PagedKVPool
+from .model import FwdBatch, ProxyModel, rng
+
+log = logging.getLogger("profkit.proxy")
+
+
+class Req:
+    def __init__(self, input_ids, max_new_tokens: int, rid: str | None = None):
+        self.rid = rid or uuid.uuid4().hex
+        self.input_ids = list(input_ids)
+        self.max_new = max(int(max_new_tokens), 1)
+        self.output_ids: list[int] = []
+        self.pages: list[int] = []
+        self.locked: list = []
+        self.cached_len = 0
+        self.prefill_pos = 0  # next prompt position to compute
+        self.seq_len = 0  # positions whose KV is valid (host bookkeeping)
+        self.n_out = 0  # output tokens decided at launch time
+        self.pool_idx = -1
+        self.verify_ct = 0
+        self.done = False  # all output tokens decided (launched)
+        self.error: str | None = None
+        self.t_start = time.perf_counter()
+        self.latency = 0.0
+        self.finished = threading.Event()
+
+    def meta_info(self, spec: bool) -> dict:
+        m = {
+            "id": self.rid,
+            "finish_reason": {"type": "length", "length": len(self.output_ids)},
+            "prompt_tokens": len(self.input_ids),
+            "completion_tokens": len(self.output_ids),
+            "cached_tokens": self.cached_len,
+            "e2e_latency": self.latency,
+        }
+        if self.cached_len:
+            m["cached_tokens_details"] = {"device": self.cached_len, "host": 0}
+        if spec:
+            m["spec_verify_ct"] = self.verify_ct
+            if self.verify_ct:
+                m["spec_accept_length"] = len(self.output_ids) / self.verify_ct
+        return m
+
+
+class Result:
+    __slots__ = ("reqs", "takes", "host", "event", "acc")
+
+    def __init__(self, reqs, takes, host, event=None, acc=None):
+        self.reqs, self.takes, self.host, self.event, self.acc = reqs, takes, host, event, acc
+
+
+class ProfileError(Exception):
+    pass
+
+
+class Scheduler:
+    def __init__(self, cfg: ProxyConfig, model: ProxyModel | None = None):
+        self.cfg = cfg
+        self.model = model or ProxyModel(cfg)
+        self.dev = self.model.device
+        self.cuda = self.dev.type == "cuda"
+        self.S = cfg.speculative_num_steps
+        self.overlap = cfg.on("overlap")
+        self.index_share = cfg.on("index_share")
+        self.pool = PagedKVPool(cfg.num_pages, cfg.page_size)
+        R = cfg.max_running_requests
+        self.free_slots = list(range(R - 1, -1, -1))
+        H = cfg.size.hidden_size
+        self.tok_buf = torch.zeros(R, dtype=torch.int64, device=self.dev)  # next input token
+        self.d1_buf = torch.zeros(R, dtype=torch.int64, device=self.dev)  # first draft token
+        self.hid_buf = torch.zeros(R, H, dtype=self.model.dtype, device=self.dev)  # MTP hidden
+        self.inbox: queue.Queue = queue.Queue()
+        self.waiting: collections.deque[Req] = collections.deque()
+        self.prefilling: list[Req] = []
+        self.running: list[Req] = []
+        self.pending: Result | None = None
+        self.host_rng = random.Random(cfg.seed)
+        self.dev_gen = torch.Generator(device=self.dev).manual_seed(cfg.seed)
+        self.forward_ct = 0
+        self.stop_flag = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.crashed: BaseException | None = None
+        # stats
+        self.spec_accept_tokens = 0
+        self.spec_verify_ct = 0
+        self.gen_tokens = 0
+        self.last_seq_lens_max = 0
+        # profiler
+        self.plock = threading.Lock()
+        self.prof_req: dict | None = None
+        self.prof = None
+        self.prof_steps = 0
+        self.prof_stop = False
+        self.prof_done: threading.Event | None = None
+        self.graphs = None
+        if cfg.on("cuda_graph"):
+            from .graphs import GraphRunner
+            self.graphs = GraphRunner(self)
+
+    # ---------------------------------------------------------------- thread & API ----------
+    def start(self):
+        self.thread = threading.Thread(target=self._run, name="proxy-scheduler", daemon=True)
+        self.thread.start()
+
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive() and self.crashed is None
+
+    def submit(self, req: Req):
+        need = math.ceil((len(req.input_ids) + req.max_new + self.S + 1) / self.cfg.page_size)
+        if need > self.cfg.num_pages - 1:
+            raise ValueError(f"request needs {need} KV pages, the pool has "
+                             f"{self.cfg.num_pages - 1}; raise --num-pages")
+        if not self.alive():
+            raise RuntimeError("scheduler is not running")
+        self.inbox.put(req)
+
+    def shutdown(self, timeout=5.0):
+        self.stop_flag.set()
+        self.inbox.put(None)
+        if self.thread is not None:
+            self.thread.join(timeout)
+        for r in list(self.waiting) + self.prefilling + self.running:
+            r.error = "server shutting down"
+            r.finished.set()
+
+    def _run(self):
+        try:
+            with torch.inference_mode():
+                while not self.stop_flag.is_set():
+                    self.loop_once()
+        except BaseException as e:  # pragma: no cover - reported via /health
+            self.crashed = e
+            log.exception("scheduler crashed")
+            for r in list(self.waiting) + self.prefilling + self.running:
+                r.error = f"scheduler crashed: {e!r}"
+                r.finished.set()
+
+    # ---------------------------------------------------------------- profiler --------------
+    def start_profile(self, req: dict):
+        with self.plock:
+            if self.prof_req is not None or self.prof is not None:
+                raise ProfileError("Profiling is already in progress. Call /stop_profile first.")
+            self.prof_req = req
+            self.prof_stop = False
+            self.prof_done = threading.Event()
+        self.inbox.put(None)  # wake the loop
+
+    def stop_profile(self, timeout=300.0):
+        with self.plock:
+            if self.prof_req is None and self.prof is None:
+                raise ProfileError("Profiling is not in progress")
+            self.prof_stop = True
+            done = self.prof_done
+        self.inbox.put(None)
+        if not done.wait(timeout):
+            raise ProfileError("timed out waiting for the trace to be written")
+
+    def _prof_start(self):
+        from torch.profiler import ProfilerActivity, profile
+        r = self.prof_req
+        acts = []
+        for a in r.get("activities") or ["CPU", "GPU"]:
+            if a == "CPU":
+                acts.append(ProfilerActivity.CPU)
+            elif a == "GPU" and self.cuda:
+                acts.append(ProfilerActivity.CUDA)
+        if not acts:
+            acts = [ProfilerActivity.CPU]
+        self.prof = profile(activities=acts, with_stack=bool(r["with_stack"]),
+                            record_shapes=bool(r["record_shapes"]))
+        self.prof.start()
+        self.prof_steps = 0
+        log.info("Profiling starts. Traces will be saved to: %s (profile_id %s)",
+                 r["output_dir"], r["profile_id"])
+
+    def _prof_maybe_stop(self):
+        with self.plock:
+            if self.prof_req is None:
+                return
+            n = self.prof_req.get("num_steps")
+            if not self.prof_stop and (n is None or self.prof_steps < n):
+                return
+            r, prof, done = self.prof_req, self.prof, self.prof_done
+        if prof is None:  # stop before any batch ran: capture an empty window
+            self._prof_start()
+            prof = self.prof
+        if self.cuda:
+            torch.cuda.synchronize(self.dev)
+        prof.stop()
+        out = os.path.expanduser(r["output_dir"])
+        os.makedirs(out, exist_ok=True)
+        final = os.path.join(out, f"{r['profile_id']}-TP-0.trace.json.gz")
+        tmp = os.path.join(out, f".tmp-{r['profile_id']}-TP-0.{os.getpid()}.json.gz")
+        try:
+            prof.export_chrome_trace(tmp)
+            os.replace(tmp, final)
+            log.info("Profiling done. Traces are saved to: %s", final)
+        except Exception:
+            log.exception("writing the trace failed")
+        with self.plock:
+            self.prof_req = None
+            self.prof = None
+            self.prof_stop = False
+        done.set()
+
+    # ---------------------------------------------------------------- the loop ---------------
+    def loop_once(self):
+        with rng("scheduler.recv_requests"):
+            got = []
+            while True:
+                try:
+                    got.append(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+        with rng("scheduler.process_input_requests"):
+            for r in got:
+                if r is not None:
+                    self.waiting.append(r)
+        with rng("scheduler.get_next_batch_to_run"):
+            batch = self.get_next_batch()
+        if batch is None:
+            if self.pending is not None:
+                with rng("scheduler.process_batch_result"):
+                    self.process_result(self.pending)
+                self.pending = None
+            self._prof_maybe_stop()
+            if self.pending is None and not self.waiting:
+                try:  # idle: block until something arrives
+                    r = self.inbox.get(timeout=0.05)
+                    if r is not None:
+                        self.waiting.append(r)
+                except queue.Empty:
+                    pass
+            return
+        with self.plock:
+            want_start = self.prof_req is not None and self.prof is None
+        if want_start:
+            self._prof_start()
+        with rng("scheduler.run_batch"):
+            self.forward_ct += 1
+            result = self.run_batch(batch)
+        if self.prof is not None:
+            self.prof_steps += 1
+        with rng("scheduler.process_batch_result"):
+            if self.overlap:
+                prev, self.pending = self.pending, result
+                if prev is not None:
+                    self.process_result(prev)
+            else:
+                self.process_result(result)
+        self._prof_maybe_stop()
+
+    # ---------------------------------------------------------------- batching ---------------
+    def get_next_batch(self):
+        chunks = self._schedule_prefill()
+        if chunks:
+            return ("extend", chunks)
+        reqs = [r for r in self.running if not r.done]
+        if reqs:
+            return ("decode", reqs)
+        return None
+
+    def _schedule_prefill(self):
+        ps = self.cfg.page_size
+        budget = self.cfg.chunked_prefill_size
+        chunks = []
+        for r in self.prefilling:
+            if budget <= 0:
+                break
+            n = min(budget, len(r.input_ids) - r.prefill_pos)
+            chunks.append((r, r.prefill_pos, n))
+            budget -= n
+        while (self.waiting and budget > 0 and
+               len(self.running) + len(self.prefilling) < self.cfg.max_running_requests):
+            r = self.waiting[0]
+            pages, path = self.pool.match_prefix(r.input_ids)
+            need = math.ceil((len(r.input_ids) + r.max_new + self.S + 1) / ps) - len(pages)
+            try:
+                own = self.pool.alloc(need)
+            except OutOfPages:
+                self.pool.unlock(path)
+                break
+            self.waiting.popleft()
+            r.pages, r.locked = pages + own, path
+            r.cached_len = r.prefill_pos = len(pages) * ps
+            r.pool_idx = self.free_slots.pop()
+            self.prefilling.append(r)
+            n = min(budget, len(r.input_ids) - r.prefill_pos)
+            chunks.append((r, r.prefill_pos, n))
+            budget -= n
+        return chunks
+
+    # ---------------------------------------------------------------- helpers ----------------
+    def h2d(self, data, dtype=torch.int64):
+        t = torch.tensor(data, dtype=dtype)
+        if self.cuda:
+            return t.pin_memory().to(self.dev, non_blocking=True)
+        return t
+
+    def slot_table(self, reqs, width: int) -> torch.Tensor:
+        """[B, width] logical position -> cache slot, from the host page tables (pad: page 0)."""
+        ps = self.cfg.page_size
+        npg = max(1, math.ceil(width / ps))
+        pt = self.h2d([(r.pages + [0] * npg)[:npg] for r in reqs])
+        pos = torch.arange(width, device=self.dev)
+        return pt[:, pos // ps] * ps + pos % ps
+
+    # ---------------------------------------------------------------- run_batch --------------
+    def run_batch(self, batch):
+        kind, items = batch
+        if kind == "extend":
+            return self._run_extend(items)
+        if self.S > 0:
+            return self._run_spec_decode(items)
+        return self._run_decode(items)
+
+    def _run_extend(self, chunks):
+        m = self.model
+        B = len(chunks)
+        Q = max(n for _, _, n in chunks)
+        T = sum(n for _, _, n in chunks)
+        width = max(s + n for _, s, n in chunks)
+        toks, poss, nxt, last, final, is_end = [], [], [], [], [], []
+        for r, s, n in chunks:
+            ids = r.input_ids
+            toks.append(ids[s:s + n] + [0] * (Q - n))
+            poss.append(list(range(s, s + n)) + [0] * (Q - n))
+            fin = s + n == len(ids)
+            # draft-extend input: the next token of each position (the sampled one at the end)
+            nxt.append(ids[s + 1:s + n + 1] + [0] * (Q - n + (1 if fin else 0)))
+            is_end.append([fin and q == n - 1 for q in range(Q)])
+            last.append(n - 1)
+            final.append(fin)
+        st = self.slot_table([r for r, _, _ in chunks], width)
+        pos = self.h2d(poss)
+        valid = self.h2d([[q < n for q in range(Q)] for _, _, n in chunks], torch.bool)
+        out = torch.where(valid, st.gather(1, pos), 0)
+        fb = FwdBatch(pos, out, st)
+        tok = self.h2d(toks)
+        with rng(f"step[EXTEND bs={B} toks={T}]"):
+            hidden = m.target(tok, fb)
+        ar = torch.arange(B, device=self.dev)
+        li = self.h2d(last)
+        t1 = m.logits(hidden[ar, li]).argmax(-1)
+        fin_rows = [i for i, f in enumerate(final) if f]
+        fin_reqs = [chunks[i][0] for i in fin_rows]
+        if fin_rows:
+            fr = self.h2d(fin_rows)
+            slots = self.h2d([r.pool_idx for r in fin_reqs])
+            self.tok_buf.index_copy_(0, slots, t1[fr])
+        if self.S > 0:
+            with rng("draft_extend"):
+                nx = torch.where(self.h2d(is_end, torch.bool), t1.unsqueeze(1), self.h2d(nxt))
+                mh, ml, _ = m.mtp_forward(nx, hidden, fb)
+                if fin_rows:
+                    self.d1_buf.index_copy_(0, slots, ml[ar, li].argmax(-1)[fr])
+                    self.hid_buf.index_copy_(0, slots, mh[ar, li][fr])
+        for (r, s, n), fin in zip(chunks, final):
+            r.prefill_pos = s + n
+            if fin:
+                self.prefilling.remove(r)
+                self.running.append(r)
+                r.seq_len = len(r.input_ids)
+                r.n_out = 1
+                r.done = r.max_new <= 1
+        return self._finish_launch(fin_reqs, [1] * len(fin_reqs),
+                                   t1[fr].unsqueeze(1) if fin_rows else None, None)
+
+    def _sim_accept_host(self, n):
+        a = self.cfg.simulate_acc_len
+        base = int(math.floor(a))
+        frac = a - base
+        return [min(base + (1 if self.host_rng.random() < frac else 0), self.S + 1)
+                for _ in range(n)]
+
+    def _sim_accept_device(self, n):
+        a = self.cfg.simulate_acc_len
+        base = int(math.floor(a))
+        u = torch.rand(n, generator=self.dev_gen, device=self.dev)
+        return (base + (u < a - base).to(torch.int64)).clamp(1, self.S + 1)
+
+    def decode_meta(self, reqs, q: int, bucket: bool = False):
+        """Host-prepared metadata of a decode/verify step over q tokens per request."""
+        p = [r.seq_len for r in reqs]
+        width = max(p) + q
+        if bucket:
+            width = max(256, 1 << (width - 1).bit_length())
+        st = self.slot_table(reqs, width)
+        pos = self.h2d(p).unsqueeze(1) + torch.arange(q, device=self.dev)
+        return pos, st.gather(1, pos), st
+
+    def _run_spec_decode(self, reqs):
+        m, S, B = self.model, self.S, len(reqs)
+        acc_host = self._sim_accept_host(B) if self.overlap else None
+        pool = self.h2d([r.pool_idx for r in reqs])
+        if self.graphs is not None:
+            pos, out, st = self.decode_meta(reqs, S + 1, bucket=True)
+        else:
+            pos, out, st = self.decode_meta(reqs, S + 1)
+        fbv = FwdBatch(pos, out, st)
+        with rng("draft"):
+            if self.graphs is not None:
+                draft = self.graphs.run("draft", B, st.shape[1], self._draft, pool, fbv)
+            else:
+                draft = self._draft(pool, fbv)
+        with rng(f"step[VERIFY bs={B}]"):
+            if self.graphs is not None:
+                hidden, g = self.graphs.run("verify", B, st.shape[1], self._verify, pool,
+                                            draft, fbv)
+            else:
+                hidden, g = self._verify(pool, draft, fbv)
+        # accept (simulated; like SGLang's verify kernels it runs between verify and draft_extend)
+        acc = self.h2d(acc_host) if self.overlap else self._sim_accept_device(B)
+        ar = torch.arange(S + 1, device=self.dev)
+        gsel = g.gather(1, (acc - 1).unsqueeze(1))
+        dpad = torch.cat([draft, draft[:, :1]], 1)
+        emitted = torch.where(ar < (acc - 1).unsqueeze(1), dpad, gsel)
+        self.tok_buf.index_copy_(0, pool, gsel.squeeze(1))
+        with rng("draft_extend"):
+            if self.graphs is not None:
+                self.graphs.run("draft_extend", B, st.shape[1], self._draft_extend, pool,
+                                emitted, hidden, acc, fbv)
+            else:
+                self._draft_extend(pool, emitted, hidden, acc, fbv)
+        if not self.overlap:
+            with rng("copy_result_to_cpu"):
+                host = emitted.to("cpu")
+                acc_host = acc.tolist()  # D2H + sync on CUDA
+                # next step's metadata (seq_lens_cpu) read back from the device
+                seq = self.h2d([r.seq_len for r in reqs]) + acc
+                self.last_seq_lens_max = int(seq.max().item())
+            takes = self._account(reqs, acc_host)
+            return Result(reqs, takes, host)
+        takes = self._account(reqs, acc_host)
+        return self._finish_launch(reqs, takes, emitted, acc_host)
+
+    def _draft(self, pool, fbv: FwdBatch):
+        """S-1 MTP steps (the first draft token came from the previous draft_extend)."""
+        m = self.model
+        tok, hid = self.d1_buf[pool], self.hid_buf[pool]
+        drafts, shared = [tok], None
+        for j in range(self.S - 1):
+            fb = FwdBatch(fbv.positions[:, j:j + 1], fbv.out_slots[:, j:j + 1], fbv.slot_table)
+            reuse = shared if (self.index_share and j > 0) else None
+            h, lg, tk = m.mtp_forward(tok.unsqueeze(1), hid.unsqueeze(1), fb, reuse)
+            if j == 0:
+                shared = tk
+            tok, hid = lg[:, 0].argmax(-1), h[:, 0]
+            drafts.append(tok)
+        return torch.stack(drafts, 1)
+
+    def _verify(self, pool, draft, fbv: FwdBatch):
+        m = self.model
+        vt = torch.cat([self.tok_buf[pool].unsqueeze(1), draft], 1)
+        hidden = m.target(vt, fbv)
+        return hidden, m.logits(hidden).argmax(-1)
+
+    def _draft_extend(self, pool, emitted, hidden, acc, fbv: FwdBatch):
+        m = self.model
+        mh, ml, _ = m.mtp_forward(emitted, hidden, fbv)
+        ar = torch.arange(emitted.shape[0], device=self.dev)
+        self.d1_buf.index_copy_(0, pool, ml[ar, acc - 1].argmax(-1))
+        self.hid_buf.index_copy_(0, pool, mh[ar, acc - 1])
+
+    def _run_decode(self, reqs):
+        m, B = self.model, len(reqs)
+        pool = self.h2d([r.pool_idx for r in reqs])
+        pos, out, st = self.decode_meta(reqs, 1, bucket=self.graphs is not None)
+        fb = FwdBatch(pos, out, st)
+        with rng(f"step[DECODE bs={B}]"):
+            if self.graphs is not None:
+                logits = self.graphs.run("decode", B, st.shape[1], self._decode_fwd, pool, fb)
+            else:
+                logits = self._decode_fwd(pool, fb)
+        nt = logits.argmax(-1)
+        self.tok_buf.index_copy_(0, pool, nt)
+        if not self.overlap:
+            with rng("copy_result_to_cpu"):
+                host = nt.unsqueeze(1).to("cpu")
+                seq = self.h2d([r.seq_len for r in reqs]) + 1
+                self.last_seq_lens_max = int(seq.max().item())
+            takes = self._account(reqs, [1] * B)
+            return Result(reqs, takes, host)
+        takes = self._account(reqs, [1] * B)
+        return self._finish_launch(reqs, takes, nt.unsqueeze(1), None)
+
+    def _decode_fwd(self, pool, fb):
+        m = self.model
+        h = m.target(self.tok_buf[pool].unsqueeze(1), fb)
+        return m.logits(h[:, 0])
+
+    def _account(self, reqs, acc):
+        """Host bookkeeping after a decode launch: positions advance by the accept length."""
+        takes = []
+        for r, a in zip(reqs, acc):
+            r.seq_len += a
+            t = min(a, r.max_new - r.n_out)
+            r.n_out += t
+            takes.append(t)
+            if self.S > 0:
+                r.verify_ct += 1
+                self.spec_verify_ct += 1
+                self.spec_accept_tokens += a
+            if r.n_out >= r.max_new:
+                r.done = True
+        return takes
+
+    def _finish_launch(self, reqs, takes, dev_tokens, acc):
+        """Copy the sampled tokens to the host: blocking when overlap is off, otherwise
+        non_blocking into pinned memory, consumed one iteration later."""
+        if dev_tokens is None:
+            return Result(reqs, takes, None)
+        with rng("copy_result_to_cpu"):
+            if self.overlap:
+                host = torch.empty(dev_tokens.shape, dtype=dev_tokens.dtype,
+                                   pin_memory=self.cuda)
+                host.copy_(dev_tokens, non_blocking=True)
+                ev = None
+                if self.cuda:
+                    ev = torch.cuda.Event()
+                    ev.record()
+                return Result(reqs, takes, host, ev, acc)
+            return Result(reqs, takes, dev_tokens.to("cpu"))
+
+    # ---------------------------------------------------------------- results ----------------
+    def process_result(self, res: Result):
+        if res.event is not None:
+            res.event.synchronize()
+        rows = res.host.tolist() if res.host is not None else []
+        for i, r in enumerate(res.reqs):
+            if i < len(rows):
+                r.output_ids.extend(rows[i][:res.takes[i]])
+                self.gen_tokens += res.takes[i]
+            if r.done and len(r.output_ids) >= r.max_new:
+                self._finalize(r)
+
+    def _finalize(self, r: Req):
+        self.running.remove(r)
+        self.pool.insert_and_release(r.input_ids + r.output_ids, r.pages, r.seq_len, r.locked)
+        r.pages, r.locked = [], []
+        self.free_slots.append(r.pool_idx)
+        r.latency = time.perf_counter() - r.t_start
+        r.finished.set()
+
+    def internal_state(self) -> dict:
+        st = self.pool.stats()
+        al = (self.spec_accept_tokens / self.spec_verify_ct) if self.spec_verify_ct else None
+        return {"avg_spec_accept_length": al, "forward_ct": self.forward_ct,
+                "generated_tokens": self.gen_tokens, "running": len(self.running),
+                "waiting": len(self.waiting) + len(self.prefilling), **st}

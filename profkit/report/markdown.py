@@ -1,0 +1,188 @@
+"""diff.json v1 -> a GitHub-flavoured Markdown PR comment (pure: dict in, str out).
+
+Every string that comes from a trace or a manifest (kernel names, triggers, paths, categories) goes
+through `md_escape`: a trace is untrusted input, and a kernel name must neither break the table
+(``|``), open code spans (backticks), inject HTML (``<``, ``>``, ``&``) nor ping anyone (``@``).
+The comment stays under GitHub's 65,536-character limit: long lists are cut and the cut is said.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from profkit.attribution.diff import decomposition_rows, headline, within_noise
+
+GITHUB_COMMENT_LIMIT = 65_536
+# Headroom under GitHub's limit for whatever the bot that posts the comment adds around it.
+DEFAULT_MAX_CHARS = 60_000
+MAX_CELL = 140
+
+_MD_ESCAPES = {
+    "&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "&#124;", "`": "&#96;", "@": "&#64;",
+    "\\": "&#92;", "*": "&#42;", "_": "&#95;", "[": "&#91;", "]": "&#93;", "~": "&#126;",
+    "\n": " ", "\r": " ", "\t": " ",
+}
+
+
+def md_escape(s: object, *, max_len: int | None = MAX_CELL) -> str:
+    """Text safe inside a GFM table cell: Markdown/HTML specials as character references."""
+    text = "" if s is None else str(s)
+    if max_len is not None and len(text) > max_len:
+        text = text[: max_len - 1] + "…"
+    return "".join(_MD_ESCAPES.get(ch, ch) for ch in text)
+
+
+def _n(x: float | None, digits: int = 1, *, sign: bool = False) -> str:
+    if x is None:
+        return "–"
+    if x == 0:
+        x, sign = 0, False  # no "-0.0", no "+0"
+    if float(x).is_integer() and digits == 0:
+        return f"{int(x):+,d}" if sign else f"{int(x):,d}"
+    return f"{x:+,.{digits}f}" if sign else f"{x:,.{digits}f}"
+
+
+def _table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
+    seps = ["---:" if a == "r" else "---" for a in align]
+    return ["| " + " | ".join(header) + " |", "| " + " | ".join(seps) + " |", *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _noise_mark(diff: Mapping[str, Any], metric: str) -> str:
+    w = within_noise(diff, metric)
+    return "" if w is None else ("within noise" if w else "**beyond noise**")
+
+
+def render_diff_markdown(diff: Mapping[str, Any], *, max_chars: int = DEFAULT_MAX_CHARS) -> str:
+    """The PR comment for one diff. Lists shrink until the text fits in `max_chars`."""
+    for limit in (25, 15, 10, 5, 3, 0):
+        text = _render(diff, limit)
+        if len(text) <= max_chars:
+            return text
+    return text[: max_chars - 80] + "\n\n… (comment cut to fit GitHub's size limit; see diff.json)\n"
+
+
+def _render(diff: Mapping[str, Any], limit: int) -> str:
+    out: list[str] = []
+    b, c = diff["baseline"], diff["candidate"]
+    opt = diff.get("optimization")
+    title = f"### profkit diff: {md_escape(b['label'], max_len=80)} → {md_escape(c['label'], max_len=80)}"
+    if opt:
+        title += f" — {md_escape(opt, max_len=60)}"
+    out += [title, "", f"**{md_escape(headline(diff), max_len=None)}**", ""]
+
+    ee = diff.get("expected_effect")
+    if ee:
+        if not ee.get("known"):
+            out.append(f"ℹ️ {md_escape(ee.get('note'), max_len=300)}")
+        elif ee.get("ok"):
+            cats = ", ".join(md_escape(x) for x in ee["categories"]) or "none (idle and launch time only)"
+            out.append(f"✅ Expected-effect check passed: no change outside {md_escape(opt)}'s categories ({cats}) beyond "
+                       f"{md_escape(ee['threshold'])}.")
+        else:
+            out.append(f"⚠️ **Expected-effect check: {len(ee['flags'])} change(s) outside {md_escape(opt)}'s categories** "
+                       f"(threshold: {md_escape(ee['threshold'])}):")
+            out += [f"- {md_escape(f, max_len=300)}" for f in ee["flags"]]
+        out.append("")
+    noise = diff.get("noise") or {}
+    if noise.get("available"):
+        r = noise["repeats"]
+        out.append(f"Noise: {r['baseline']} baseline and {r['candidate']} candidate repeats; a change smaller than the spread is marked *within noise*.")
+    else:
+        out.append(f"Noise: {md_escape(noise.get('note', 'no noise estimate'), max_len=300)}.")
+    out.append("")
+
+    # decomposition
+    dec = diff["decomposition"]
+    out.append(f"#### Where the GPU window went (mean µs per iteration, {md_escape(diff['shape']['label'])}, "
+               f"{diff['shape']['iterations']['baseline']} vs {diff['shape']['iterations']['candidate']} iterations)")
+    out.append("")
+    rows = []
+    drows = decomposition_rows(diff)
+    cats = [r for r in drows if r[0] == "category"]
+    shown = cats if limit == 0 or len(cats) <= limit else cats[:limit]
+    for group, term, delta, bv, cv in shown + [r for r in drows if r[0] != "category"]:
+        metric = {"category": f"category_us.{term}", "overlap": "overlap_us", "idle": f"idle_us_by_cause.{term}"}[group]
+        label = {"category": f"{md_escape(term)}", "overlap": "− overlap (multi-stream, counted once)",
+                 "idle": f"idle: {md_escape(term.replace('_', ' '))}"}[group]
+        if group == "overlap":
+            bv, cv = (-bv if bv is not None else None), (-cv if cv is not None else None)
+        rows.append([label, _n(bv), _n(cv), _n(delta, sign=True), _noise_mark(diff, metric)])
+    if len(shown) < len(cats):
+        rest = sum(r[2] for r in cats[len(shown):])
+        rows.insert(len(shown), [f"*{len(cats) - len(shown)} more categories*", "", "", _n(rest, sign=True), ""])
+    g = dec["gpu_window_us"]
+    rows.append(["**GPU window**", f"**{_n(g['baseline'])}**", f"**{_n(g['candidate'])}**", f"**{_n(g['delta'], sign=True)}**",
+                 _noise_mark(diff, "gpu_window_us")])
+    rows.append(["residual", "", "", _n(dec["residual_us"], 3, sign=True), "exact" if dec.get("exact") else "**inexact**"])
+    out += _table(["term", "baseline", "candidate", "Δ µs", ""], "lrrrl", rows)
+    w = diff["wall_us"]
+    out += ["", f"Wall (CPU) per iteration: {_n(w['baseline'])} → {_n(w['candidate'])} µs ({_n(w['delta'], sign=True)} µs)."
+            f" {_noise_mark(diff, 'wall_us')}".rstrip(), ""]
+
+    # counts
+    out.append("#### Per iteration (medians)")
+    out.append("")
+    labels = {
+        "gpu_kernels": "GPU kernels", "kernel_launches": "kernel launches", "graph_launches": "graph launches",
+        "syncs": "host syncs", "sync_copies": "blocking copies", "memcpy_d2h": "D2H copies", "memcpy_h2d": "H2D copies",
+        "bubble_count": "bubbles",
+    }
+    rows = [[lab, _n(diff["counts"][k]["baseline"], 0), _n(diff["counts"][k]["candidate"], 0), _n(diff["counts"][k]["delta"], 0, sign=True),
+             _noise_mark(diff, f"counts.{k}")] for k, lab in labels.items()]
+    tl = {"launch_us": "launch host µs", "sync_us": "sync blocked µs", "bubble_us": "bubble µs"}
+    for k, lab in tl.items():
+        t = (diff.get("timings") or {}).get(k)
+        if t:
+            rows.append([lab, _n(t["baseline"]), _n(t["candidate"]), _n(t["delta"], sign=True), ""])
+    out += _table(["", "baseline", "candidate", "Δ", ""], "lrrrl", rows)
+    out.append("")
+
+    syncs = [s for s in diff.get("syncs") or [] if s["delta"] != 0 or limit]
+    if syncs:
+        out += ["#### Host syncs and blocking copies (per iteration)", ""]
+        cut = syncs if limit == 0 else syncs[:limit]
+        rows = [[md_escape(s["kind"]), md_escape(s["api"]), md_escape(s["direction"]), md_escape(s["trigger"]),
+                 _n(s["baseline_per_iteration"], 2), _n(s["candidate_per_iteration"], 2), _n(s["delta"], 2, sign=True)] for s in cut]
+        out += _table(["kind", "API", "dir", "trigger", "baseline", "candidate", "Δ"], "llllrrr", rows)
+        out += _more(len(syncs), len(cut), "sync groups")
+        out.append("")
+
+    movers = diff.get("top_movers") or []
+    if movers and limit:
+        cut = movers[:limit]
+        out += ["#### Top movers (µs per iteration, by normalized kernel name)", ""]
+        rows = [[md_escape(m["name"]), md_escape(m["category"]), _n(m["baseline_us"]), _n(m["candidate_us"]), _n(m["delta_us"], sign=True),
+                 m["status"]] for m in cut]
+        out += _table(["kernel", "category", "baseline", "candidate", "Δ", ""], "llrrrl", rows)
+        out += _more(len(movers), len(cut), "movers")
+        out.append("")
+
+    for key, what in (("kernels_added", "added"), ("kernels_removed", "removed")):
+        ks = diff.get(key) or []
+        total = diff.get(f"{key}_total", len(ks))
+        if not ks:
+            continue
+        cut = ks[:limit] if limit else []
+        out += [f"<details><summary>{total} kernel(s) {what}</summary>", ""]
+        if cut:
+            rows = [[md_escape(k["name"]), md_escape(k["category"]), _n(k["count_per_iteration"], 2), _n(k["us_per_iteration"])] for k in cut]
+            out += _table(["kernel", "category", "per iteration", "µs per iteration"], "llrr", rows)
+        out += _more(total, len(cut), f"{what} kernels")
+        out += ["", "</details>", ""]
+
+    warns = list(diff.get("warnings") or [])
+    if warns:
+        out += ["#### Warnings", ""]
+        cut = warns[: max(limit, 3)]
+        out += [f"- {md_escape(x, max_len=400)}" for x in cut]
+        out += _more(len(warns), len(cut), "warnings")
+        out.append("")
+    out.append(f"<sub>profkit {md_escape(diff.get('profkit_version'))} · diff.json schema {diff.get('schema_version')} · rank {diff.get('rank')} · "
+               f"decomposition of mean GPU window, counts are medians</sub>")
+    return "\n".join(out) + "\n"
+
+
+def _more(total: int, shown: int, what: str) -> list[str]:
+    return [] if shown >= total else ["", f"*… {total - shown} more {what} not shown (comment size limit); see diff.json.*"]
+

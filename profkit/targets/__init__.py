@@ -1,0 +1,5 @@
+"""Engines profkit can launch: the built-in proxy engine and SGLang. Each composes a LaunchSpec."""
+
+from profkit.targets.spec import LaunchSpec
+
+__all__ = ["LaunchSpec"]

@@ -1,0 +1,28 @@
+"""What it takes to start one server: argv, environment additions, where it listens."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    target: str
+    argv: list[str]
+    env: dict[str, str]  # added to the inherited environment
+    host: str
+    port: int
+    world_size: int  # rank trace files one profile window writes
+    preset: str | None = None
+    states: dict[str, bool] = field(default_factory=dict)  # optimization -> on/off
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def shell(self) -> str:
+        """The command as one copy-pasteable shell line, environment first."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + shlex.join(self.argv)

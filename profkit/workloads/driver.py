@@ -1,0 +1,166 @@
+"""Drive a workload over HTTP: `concurrency` conversations in flight, one thread each.
+
+Each request is SGLang's native POST /generate with input_ids (the whole history) and
+ignore_eos. With streaming the first chunk gives TTFT; the final meta_info gives prompt,
+completion and cached tokens and the speculative verify count.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from profkit.capture.http import HTTPFailure
+from profkit.workloads.agentic import Workload
+
+
+@dataclass
+class RequestRecord:
+    conversation: int
+    turn: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    spec_verify_ct: int | None
+    start_s: float
+    ttft_s: float | None
+    e2e_s: float
+
+
+@dataclass
+class DriveResult:
+    records: list[RequestRecord] = field(default_factory=list)
+    duration_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    def metrics(self, world_size: int = 1) -> dict[str, Any]:
+        r = self.records
+        if not r:
+            return {"requests": 0, "errors": self.errors[:5]}
+        out_tok = sum(x.completion_tokens for x in r)
+        prompt = sum(x.prompt_tokens for x in r)
+        cached = sum(x.cached_tokens for x in r)
+        ttfts = [x.ttft_s for x in r if x.ttft_s is not None]
+        itls = [
+            (x.e2e_s - x.ttft_s) / (x.completion_tokens - 1)
+            for x in r if x.ttft_s is not None and x.completion_tokens > 1 and x.e2e_s > x.ttft_s
+        ]
+        per_user = [(x.completion_tokens - 1) / (x.e2e_s - x.ttft_s) for x in r
+                    if x.ttft_s is not None and x.completion_tokens > 1 and x.e2e_s > x.ttft_s]
+        if not per_user:  # no streaming: whole-request rate
+            per_user = [x.completion_tokens / x.e2e_s for x in r if x.e2e_s > 0]
+        verify = [x.spec_verify_ct for x in r if x.spec_verify_ct]
+        total_tps = out_tok / self.duration_s if self.duration_s > 0 else 0.0
+        return {
+            "requests": len(r),
+            "errors": len(self.errors),
+            "duration_s": self.duration_s,
+            "output_tokens": out_tok,
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "cache_hit_rate": cached / prompt if prompt else 0.0,
+            "ttft_ms_p50": 1000 * statistics.median(ttfts) if ttfts else None,
+            "itl_ms_p50": 1000 * statistics.median(itls) if itls else None,
+            "tokens_per_s_per_user_p50": statistics.median(per_user) if per_user else None,
+            "tokens_per_s": total_tps,
+            "tokens_per_s_per_gpu": total_tps / max(world_size, 1),
+            "accept_length": (sum(x.completion_tokens for x in r if x.spec_verify_ct) / sum(verify)) if verify else None,
+            "e2e_s_p50": statistics.median(x.e2e_s for x in r),
+        }
+
+
+def _generate(base_url: str, ids: list[int], max_new: int, timeout: float) -> tuple[list[int], dict[str, Any], float | None]:
+    """One /generate call, streamed. Returns output ids, final meta_info and TTFT (s from send)."""
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "ignore_eos": True, "temperature": 0}, "stream": True}
+    req = urllib.request.Request(base_url + "/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    ttft = None
+    out: list[int] = []
+    meta: dict[str, Any] = {}
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            ctype = resp.headers.get("Content-Type", "")
+            if "text/event-stream" not in ctype:
+                obj = json.loads(resp.read())
+                return list(obj.get("output_ids") or []), obj.get("meta_info") or {}, None
+            for raw in resp:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    break
+                chunk = json.loads(payload)
+                ids_ = chunk.get("output_ids") or []
+                if ids_ and ttft is None:
+                    ttft = time.perf_counter() - t0
+                meta = chunk.get("meta_info") or meta
+                ids_ = list(ids_)
+                # SGLang streams incremental ids; completion_tokens tells the total
+                out.extend(ids_) if len(ids_) < meta.get("completion_tokens", 0) or not out else None
+                if meta.get("completion_tokens") == len(ids_):
+                    out = ids_
+    except OSError as e:
+        raise HTTPFailure(f"{base_url}/generate: {getattr(e, 'reason', e)}") from None
+    return out, meta, ttft
+
+
+def drive(
+    base_url: str, workload: Workload, *, concurrency: int, conversations: int | None = None, timeout_s: float = 3600,
+    on_submit: Callable[[int, int], None] | None = None, stop: threading.Event | None = None,
+) -> DriveResult:
+    """Run `conversations` (default: `concurrency`) conversations, `concurrency` at a time."""
+    n_conv = conversations or concurrency
+    result = DriveResult()
+    lock = threading.Lock()
+    next_conv = iter(range(n_conv))
+    stop = stop or threading.Event()
+
+    def worker() -> None:
+        while not stop.is_set():
+            with lock:
+                c = next(next_conv, None)
+            if c is None:
+                return
+            history: list[int] = []
+            for t in range(workload.n_turns(c)):
+                if stop.is_set():
+                    return
+                history += workload.new_tokens(c, t)
+                if on_submit:
+                    on_submit(c, t)
+                start = time.perf_counter()
+                try:
+                    out, meta, ttft = _generate(base_url, history, workload.output_tokens, timeout_s)
+                except (HTTPFailure, ValueError) as e:
+                    with lock:
+                        result.errors.append(str(e))
+                    stop.set()
+                    return
+                e2e = time.perf_counter() - start
+                with lock:
+                    result.records.append(RequestRecord(
+                        conversation=c, turn=t, prompt_tokens=int(meta.get("prompt_tokens", len(history))),
+                        completion_tokens=int(meta.get("completion_tokens", len(out))), cached_tokens=int(meta.get("cached_tokens", 0)),
+                        spec_verify_ct=meta.get("spec_verify_ct"), start_s=start, ttft_s=ttft, e2e_s=e2e,
+                    ))
+                history += out
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(concurrency, n_conv))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        while th.is_alive():
+            th.join(timeout=0.2)
+    result.duration_s = time.perf_counter() - t0
+    return result
+
+
+def records_json(result: DriveResult) -> list[dict[str, Any]]:
+    return [asdict(r) for r in result.records]

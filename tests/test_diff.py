@@ -1,0 +1,308 @@
+"""`compare_summaries` (diff.json v1) on synthetic traces whose every number is fixed by construction,
+the `profkit diff` command, and the real H200 fixtures when they are present."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from factories import TraceBuilder
+from profkit.analysis import analyze_trace
+from profkit.analysis.summary import build_summary
+from profkit.attribution.diff import IDLE_KEYS, compare_summaries, decomposition_rows, normalize_kernel_name
+from profkit.catalog import load_catalog
+from profkit.cli import app
+from profkit.ingest import load_trace
+
+US = 1000
+GPU_DATA = Path(__file__).resolve().parent / "data" / "gpu"
+CATALOG = SimpleNamespace(name="test", optimizations={"topk_v2": ("topk",), "cuda_graph": ()})
+runner = CliRunner()
+
+
+def decode_trace(kernels: list[tuple[str, int]], *, n: int = 6, period: int = 400, bs: int = 1, sync: bool = False,
+                 gap_after: dict[str, int] | None = None, jitter: int = 0, stream2: list[tuple[str, int]] = ()) -> TraceBuilder:
+    """n decode iterations of `period` µs; kernels (name, µs) run back to back from 20 µs into each
+    iteration, launched well ahead; `gap_after[name]` µs of launch-bound idle after that kernel."""
+    b = TraceBuilder()
+    gap_after = gap_after or {}
+    for i in range(n):
+        s = i * period * US
+        b.cpu("scheduler.run_batch", s, (period - 10) * US)
+        b.cpu(f"step[DECODE bs={bs}]", s + 1 * US, (period - 12) * US)
+        t = s + 20 * US
+        lt = s + 2 * US
+        for name, dur in kernels:
+            d = (dur + (jitter if i % 2 else 0)) * US
+            b.kernel(name, lt, t, d, launch_dur=500)
+            lt += 1 * US
+            t += d
+            if name in gap_after:
+                # the next kernel's launch starts after the GPU went idle: a launch bubble
+                t += gap_after[name] * US
+                lt = t - 1 * US
+        for name, dur in stream2:
+            b.kernel(name, s + 3 * US, s + 20 * US, dur * US, stream=9, launch_dur=500)
+        if sync:
+            b.cpu("aten::item", t + 1 * US, 20 * US, cat="cpu_op")
+            b.cpu("aten::_local_scalar_dense", t + 2 * US, 18 * US, cat="cpu_op")
+            b.memcpy("DtoH", t + 3 * US, 10 * US, t + 5 * US, 2 * US)
+            b.call("cudaStreamSynchronize", t + 14 * US, 2 * US)
+    return b
+
+
+BASE = [("gemm_qkv", 40), ("attention_decode", 50), ("topk_select", 30), ("gemm_out", 40)]
+
+
+def summarize(b: TraceBuilder, tmp_path: Path, name: str) -> dict:
+    p = b.write(tmp_path / f"{name}.pt.trace.json.gz")
+    return build_summary([analyze_trace(load_trace(p), catalog=load_catalog("generic"))])
+
+
+def exact_residual(d: dict, base: dict, cand: dict) -> Fraction:
+    """Recompute the decomposition independently from the iteration records the diff used, with exact
+    rationals over integer ns (summary µs are ns / 1000), and return its residual."""
+    def ns(x):
+        return round((x or 0) * 1000)
+
+    def means(summary, side):
+        used = set(d[side]["iterations"]["used"])
+        its = [i for i in summary["ranks"][0]["iterations"] if i["index"] in used]
+        n = len(its)
+        window = Fraction(sum(ns(i["gpu_window_us"]) for i in its), n)
+        parts = Fraction(sum(sum(ns(v) for v in i["category_us"].values()) - ns(i["overlap_us"]) + ns(i["gpu_idle_us"]) for i in its), n)
+        return window, parts
+
+    (wb, pb), (wc, pc) = means(base, "baseline"), means(cand, "candidate")
+    assert wb == pb and wc == pc  # each side's identity holds exactly
+    dec = d["decomposition"]
+    # and the reported terms add up to the reported change (floats: to 1e-9 µs)
+    total = sum(dec["category_us"].values()) - dec["overlap_us"] + sum(dec["idle_us_by_cause"].values())
+    assert total == pytest.approx(dec["gpu_window_us"]["delta"], abs=1e-9)
+    assert dec["gpu_window_us"]["delta"] == pytest.approx(float((wc - wb) / 1000), abs=1e-12)
+    return (wc - wb) - (pc - pb)
+
+
+def test_normalized_kernel_names():
+    assert normalize_kernel_name("void at::native::(anonymous namespace)::k<float, std::array<int, 2> >(int, float*)") == "void at::native::k<>()"
+    assert normalize_kernel_name("Memcpy DtoH (Device -> Pageable)") == "Memcpy DtoH (Device -> Pageable)"
+    assert normalize_kernel_name("void f<(int)4>(T<a>)") == "void f<>()"
+    assert normalize_kernel_name("unbalanced<a") == "unbalanced<a"
+
+
+def test_confined_change_decomposes_exactly_and_passes(tmp_path):
+    base = summarize(decode_trace(BASE), tmp_path, "b")
+    cand = summarize(decode_trace([(n, 20 if n == "topk_select" else d) for n, d in BASE]), tmp_path, "c")
+    d = compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG)
+    dec = d["decomposition"]
+    assert dec["residual_us"] == 0 and dec["exact"] is True
+    assert exact_residual(d, base, cand) == 0
+    assert dec["category_us"]["topk"] == pytest.approx(-10.0)
+    assert {k: v for k, v in dec["category_us"].items() if k != "topk"} == {"attention": 0.0, "gemm": 0.0}
+    # the GPU window is fixed by the CPU period: the 10 µs saved become iteration-boundary idle
+    assert dec["gpu_window_us"]["delta"] == pytest.approx(0.0)
+    assert dec["idle_us_by_cause"]["iteration_boundary"] == pytest.approx(10.0)
+    assert d["shape"]["label"] == "decode bs=1"
+    assert d["shape"]["iterations"] == {"baseline": 5, "candidate": 5}  # last iteration left out
+    ee = d["expected_effect"]
+    assert ee["known"] and ee["ok"] and ee["flags"] == []
+    assert [c["category"] for c in ee["changes"]] == ["topk"] and ee["changes"][0]["inside"]
+    assert d["noise"]["available"] is False and "no noise estimate" in d["noise"]["note"]
+    assert d["top_movers"][0]["name"] == "topk_select" and d["top_movers"][0]["delta_us"] == pytest.approx(-10.0)
+    rows = decomposition_rows(d)
+    assert sum(r[2] for r in rows) == pytest.approx(dec["gpu_window_us"]["delta"], abs=1e-9)
+
+
+def test_injected_change_elsewhere_is_flagged(tmp_path):
+    base = summarize(decode_trace(BASE), tmp_path, "b")
+    cand = summarize(decode_trace([("gemm_qkv", 40), ("attention_decode", 55), ("topk_select", 20), ("gemm_out", 40)]), tmp_path, "c")
+    d = compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG)
+    assert exact_residual(d, base, cand) == 0 and d["decomposition"]["residual_us"] == 0
+    ee = d["expected_effect"]
+    assert ee["ok"] is False
+    assert ee["flags"] == ["topk_v2 changed attention time by +10.0%, outside its categories (+5.0 µs per iteration)"]
+    # below both thresholds (5% and 1 µs): not flagged
+    cand2 = summarize(decode_trace([("gemm_qkv", 40), ("attention_decode", 51), ("topk_select", 20), ("gemm_out", 40)]), tmp_path, "c2")
+    assert compare_summaries(base, cand2, opt="topk_v2", catalog=CATALOG)["expected_effect"]["ok"] is True
+
+
+def test_unknown_and_absent_optimization(tmp_path):
+    base = summarize(decode_trace(BASE), tmp_path, "b")
+    d = compare_summaries(base, base, opt="nope", catalog=CATALOG)
+    assert d["expected_effect"]["known"] is False and "not an optimization" in d["expected_effect"]["note"]
+    assert compare_summaries(base, base)["expected_effect"] is None
+
+
+def test_idle_split_by_cause_sync_and_launch(tmp_path):
+    base = summarize(decode_trace(BASE), tmp_path, "b")
+    cand = summarize(decode_trace(BASE, sync=True, gap_after={"attention_decode": 8}), tmp_path, "c")
+    d = compare_summaries(base, cand)
+    dec = d["decomposition"]
+    assert exact_residual(d, base, cand) == 0 and dec["residual_us"] == 0
+    # 8 µs after attention, plus 5 µs before the D2H copy (launched 3 µs after the GPU went idle)
+    assert dec["idle_us_by_cause"]["launch"] == pytest.approx(13.0)
+    assert dec["category_us"]["memcpy"] == pytest.approx(2.0)
+    c = d["counts"]
+    assert c["memcpy_d2h"] == {"baseline": 0, "candidate": 1, "delta": 1}
+    assert c["syncs"]["delta"] == 1 and c["sync_copies"]["delta"] == 1
+    assert c["gpu_kernels"]["delta"] == 0 and c["kernel_launches"]["delta"] == 0
+    assert {(s["api"], s["trigger"], s["delta"]) for s in d["syncs"]} == {
+        ("cudaMemcpyAsync", "aten::_local_scalar_dense", 1.0), ("cudaStreamSynchronize", "aten::_local_scalar_dense", 1.0)}
+    assert [k["name"] for k in d["kernels_added"]] == ["Memcpy DtoH (Device -> Pageable)"]
+    assert set(dec["idle_us_by_cause"]) == set(IDLE_KEYS)
+
+
+def test_overlap_enters_with_a_minus_sign(tmp_path):
+    base = summarize(decode_trace(BASE), tmp_path, "b")
+    cand = summarize(decode_trace(BASE, stream2=[("gemm_side", 30)]), tmp_path, "c")
+    d = compare_summaries(base, cand)
+    dec = d["decomposition"]
+    assert dec["category_us"]["gemm"] == pytest.approx(30.0)
+    assert dec["overlap_us"] == pytest.approx(30.0)
+    assert exact_residual(d, base, cand) == 0 and dec["residual_us"] == 0
+
+
+def test_shapes_like_with_like(tmp_path):
+    base = summarize(decode_trace(BASE, bs=1), tmp_path, "b")
+    cand = summarize(decode_trace(BASE, bs=4), tmp_path, "c")
+    d = compare_summaries(base, cand)
+    assert "share no iteration shape" in " ".join(d["warnings"])
+    assert d["shape"]["label"].startswith("all iterations")
+    mixed = decode_trace(BASE, bs=1)
+    summary = summarize(mixed, tmp_path, "m")
+    d = compare_summaries(summary, summary)
+    assert d["shape"]["label"] == "decode bs=1" and d["warnings"] == []
+
+
+def test_noise_from_repeats(tmp_path):
+    reps_b = [summarize(decode_trace(BASE, jitter=j), tmp_path, f"b{j}") for j in (0, 2, 4)]
+    reps_c = [summarize(decode_trace([("gemm_qkv", 40), ("attention_decode", 51), ("topk_select", 20), ("gemm_out", 40)], jitter=j),
+                        tmp_path, f"c{j}") for j in (0, 2, 4)]
+    d = compare_summaries(reps_b[0], reps_c[0], opt="topk_v2", catalog=CATALOG, baseline_repeats=reps_b, candidate_repeats=reps_c)
+    n = d["noise"]
+    assert n["available"] and n["repeats"] == {"baseline": 3, "candidate": 3}
+    att = n["metrics"]["category_us.attention"]
+    assert att["within_noise"] is True and att["spread"] > abs(att["delta"])
+    assert n["metrics"]["category_us.topk"]["within_noise"] is False
+    # attention moved by 1 µs, inside the noise: the expected-effect check passes
+    assert d["expected_effect"]["ok"] is True
+    assert d["expected_effect"]["threshold"].startswith("the noise")
+
+
+def test_diff_json_is_plain_json(tmp_path):
+    base = summarize(decode_trace(BASE), tmp_path, "b")
+    d = compare_summaries(base, base, opt="topk_v2", catalog=CATALOG)
+    json.dumps(d, allow_nan=False)
+    for key in ("baseline", "candidate", "wall_us", "decomposition", "counts", "kernels_added", "kernels_removed", "top_movers",
+                "expected_effect", "noise"):
+        assert key in d
+    assert set(d["counts"]) == {"gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h", "memcpy_h2d", "bubble_count"}
+    assert set(d["wall_us"]) == {"baseline", "candidate", "delta", "ratio"}
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+def test_cli_diff_traces_summaries_and_folders(tmp_path):
+    bt = decode_trace(BASE).write(tmp_path / "base.pt.trace.json.gz")
+    ct = decode_trace([(n, 20 if n == "topk_select" else d) for n, d in BASE]).write(tmp_path / "cand.pt.trace.json.gz")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["diff", str(bt), str(ct), "--json", str(out / "d.json"), "--md", str(out / "d.md"), "--html", str(out / "d.html"),
+                            "--cdn"])
+    assert r.exit_code == 0, r.output
+    d = json.loads((out / "d.json").read_text())
+    assert d["decomposition"]["residual_us"] == 0
+    assert "| topk |" in (out / "d.md").read_text()
+    assert "topk" in r.stdout and "residual" in r.stdout
+    # summaries, and repeat folders
+    for side, trace_doc in (("b", decode_trace(BASE, jitter=0)), ("c", decode_trace(BASE, jitter=0))):
+        for j in (0, 1):
+            rep = tmp_path / side / f"repeat-{j}"
+            rep.mkdir(parents=True)
+            s = summarize(decode_trace(BASE, jitter=2 * j), tmp_path, f"{side}{j}")
+            (rep / "summary.json").write_text(json.dumps(s))
+    r = runner.invoke(app, ["diff", str(tmp_path / "b"), str(tmp_path / "c"), "--json", str(out / "r.json")])
+    assert r.exit_code == 0, r.output
+    d = json.loads((out / "r.json").read_text())
+    assert d["noise"]["available"] and d["baseline"]["repeats"] == 2
+    r = runner.invoke(app, ["diff", str(tmp_path / "b" / "repeat-0" / "summary.json"), str(tmp_path / "c" / "repeat-1" / "summary.json")])
+    assert r.exit_code == 0, r.output
+
+
+def test_cli_diff_bad_input_is_exit_3_naming_the_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    good = decode_trace(BASE).write(tmp_path / "t.pt.trace.json.gz")
+    r = runner.invoke(app, ["diff", str(bad), str(good)])
+    assert r.exit_code == 3
+    assert "bad.json" in r.output and "Traceback" not in r.output
+    r = runner.invoke(app, ["diff", str(tmp_path / "missing.json"), str(good)])
+    assert r.exit_code == 3 and "missing.json" in r.output
+    r = runner.invoke(app, ["diff", str(good), str(good), "--opt", "topk_v2", "--catalog", "nonexistent-catalog"])
+    assert r.exit_code == 2
+
+
+@pytest.mark.parametrize("command", ["diff", "report", "export-perfetto"])
+def test_commands_have_help_with_an_example(command):
+    r = runner.invoke(app, [command, "--help"])
+    assert r.exit_code == 0 and "Example" in r.output
+
+
+# --- real H200 fixtures -------------------------------------------------------------------------
+
+
+def _fixture_summary(name: str) -> dict:
+    p = GPU_DATA / f"{name}.pt.trace.json.gz"
+    if not p.exists():
+        pytest.skip(f"{p.name} not recorded yet (tests/data/gpu/)")
+    return build_summary([analyze_trace(load_trace(p))])
+
+
+def _expected() -> dict:
+    p = GPU_DATA / "expected.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def test_fixture_eager_vs_sync_adds_copies_and_syncs():
+    base, cand = _fixture_summary("eager_decode"), _fixture_summary("eager_sync")
+    d = compare_summaries(base, cand)
+    assert d["decomposition"]["residual_us"] == 0 and exact_residual(d, base, cand) == 0
+    c = d["counts"]
+    assert c["memcpy_d2h"]["delta"] == 1
+    assert c["memcpy_h2d"]["delta"] == 1
+    assert c["syncs"]["delta"] == 2  # two cudaStreamSynchronize per iteration (expected.json: syncs 2)
+    exp = _expected()
+    if exp:
+        assert c["syncs"]["candidate"] == exp["eager_sync"]["per_iteration"]["syncs"]
+        assert c["memcpy_h2d"]["candidate"] == exp["eager_sync"]["per_iteration"]["memcpy_h2d"]
+    added = [s for s in d["syncs"] if s["kind"] == "sync" and s["delta"] > 0]
+    assert sum(s["delta"] for s in added) == 2
+    assert {s["trigger"] for s in added} == {"aten::_local_scalar_dense", "aten::copy_"}
+    assert {s["direction"] for s in added} == {"d2h", "h2d"}
+    names = {k["name"] for k in d["kernels_added"]}
+    assert any(n.startswith("Memcpy DtoH") for n in names) and any(n.startswith("Memcpy HtoD") for n in names)
+    assert d["decomposition"]["idle_us_by_cause"]["sync"] > 0
+
+
+def test_fixture_eager_vs_graph_drops_launches():
+    base, cand = _fixture_summary("eager_decode"), _fixture_summary("graph_decode")
+    d = compare_summaries(base, cand, opt="cuda_graph", catalog=load_catalog("proxy"))
+    assert d["decomposition"]["residual_us"] == 0 and exact_residual(d, base, cand) == 0
+    c = d["counts"]
+    assert c["kernel_launches"]["baseline"] > 0
+    assert c["kernel_launches"]["candidate"] == 0
+    assert c["graph_launches"]["candidate"] == 1
+    b, a = d["decomposition"]["baseline"]["idle_us_by_cause"]["launch"], d["decomposition"]["candidate"]["idle_us_by_cause"]["launch"]
+    assert a < b
+    assert d["counts"]["gpu_kernels"]["candidate"] == pytest.approx(d["counts"]["gpu_kernels"]["baseline"], abs=2)
+
+
+def test_fixture_two_streams_decomposes_exactly():
+    base, cand = _fixture_summary("eager_decode"), _fixture_summary("two_streams")
+    d = compare_summaries(base, cand)
+    assert d["decomposition"]["residual_us"] == 0 and exact_residual(d, base, cand) == 0
