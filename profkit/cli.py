@@ -125,3 +125,7 @@ def main() -> None:
         else:
             err.print(f"[bold red]internal error:[/] {escape(type(e).__name__)}: {escape(str(e))} (run with --debug for the traceback)", soft_wrap=True)
         sys.exit(1)
+
+
+from profkit import cli_capture as _cli_capture  # noqa: E402,F401  (registers trace/sweep/opts)
+from profkit import cli_report as _cli_report  # noqa: E402,F401  (registers diff/report/export-perfetto)

@@ -53,6 +53,39 @@ class RankAnalysis:
     bubbles: pl.DataFrame  # iteration, start_ns, dur_ns, cause, cpu_ops
     syncs: pl.DataFrame  # iteration, api, kind (sync|sync_copy), direction, ts_ns, blocked_ns, trigger, stack
     warnings: list[str] = field(default_factory=list)
+    device_timeline: str = "gpu"  # "cpu": a CPU-only trace, outermost aten ops stand in for device ops
+
+
+def cpu_as_device(trace: Trace, iterations: pl.DataFrame) -> Trace:
+    """A CPU-only trace seen as a device timeline: the outermost `cpu_op`s on the threads that carry
+    the iteration markers become the ops (each its own launch), so busy/idle, bubbles and categories
+    mean "time in aten ops" vs "time in Python between them" on a CPU engine."""
+    from dataclasses import replace
+
+    cpu = trace.cpu
+    marker_names = set(iterations["marker"].to_list())
+    tids = cpu.filter(pl.col("name").is_in(marker_names))["tid"].unique().to_list()
+    ops = cpu.filter(pl.col("cat") == "cpu_op")
+    if tids:
+        ops = ops.filter(pl.col("tid").is_in(tids))
+    ops = (
+        ops.sort("tid", "ts_ns", pl.col("end_ns"), descending=[False, False, True])
+        .with_columns(pl.col("end_ns").cum_max().shift(1).over("tid").alias("_prev"))
+        .filter(pl.col("_prev").is_null() | (pl.col("ts_ns") >= pl.col("_prev")))
+        .sort("ts_ns")
+        .with_columns((-pl.int_range(1, pl.len() + 1, dtype=pl.Int64)).alias("correlation"))
+    )
+    gpu_ops = ops.select(
+        "name", pl.lit("kernel").alias("cat"), "ts_ns", "dur_ns", "end_ns", pl.lit(None, pl.Int64).alias("device"),
+        pl.lit(0, pl.Int64).alias("stream"), "correlation", pl.lit(None, pl.Int64).alias("bytes"),
+        pl.lit(None, pl.String).alias("direction"), pl.lit(False).alias("pageable"),
+    )
+    launches = ops.select(
+        "name", pl.lit("cpu_op").alias("api"), "ts_ns", pl.lit(0, pl.Int64).alias("dur_ns"), pl.col("ts_ns").alias("end_ns"),
+        "pid", "tid", "correlation", pl.lit(None, pl.Int64).alias("external_id"),
+    )
+    calls = pl.concat([trace.calls, launches]).sort("ts_ns")
+    return replace(trace, gpu_ops=gpu_ops, calls=calls)
 
 
 def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Any = None) -> RankAnalysis:
@@ -66,6 +99,11 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     if its.marker == WHOLE_TRACE:
         win = win.with_columns(pl.col("cpu_end_ns") + 1)
 
+    device_timeline = "gpu"
+    if trace.gpu_ops.height == 0 and trace.cpu.filter(pl.col("cat") == "cpu_op").height:
+        trace = cpu_as_device(trace, its.frame)
+        device_timeline = "cpu"
+        warnings.append("CPU-only trace: the outermost aten ops on the iteration thread stand in for device ops (device_timeline: cpu)")
     calls = _own_calls(trace.calls, win)
     ops = _own_ops(trace.gpu_ops, calls)
     owned = ops.filter(pl.col("iteration").is_not_null())
@@ -92,7 +130,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     return RankAnalysis(
         rank=trace.rank, device=trace.device, path=trace.path, marker=its.marker, catalog=getattr(catalog, "name", str(catalog)),
         t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls, ops=owned,
-        bubbles=bubbles, syncs=syncs, warnings=warnings,
+        bubbles=bubbles, syncs=syncs, warnings=warnings, device_timeline=device_timeline,
     )
 
 

@@ -108,6 +108,7 @@ def rank_summary(a: RankAnalysis) -> dict[str, Any]:
         "path": str(a.path),
         "marker": a.marker,
         "catalog": a.catalog,
+        "device_timeline": a.device_timeline,
         "iterations": records,
         "median": medians(records),
         "syncs": syncs,

@@ -102,6 +102,14 @@ def _us(ns: Fraction | int | float | None) -> float | None:
     return None if ns is None else float(Fraction(ns) / 1000)
 
 
+def short_label(path: str) -> str:
+    """A file's name without the trace suffixes: ``traces/x/eager.pt.trace.json.gz`` -> ``eager``."""
+    name = path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    for suf in (".gz", ".json", ".trace", ".pt"):
+        name = name.removesuffix(suf)
+    return name or path
+
+
 def shape_of(it: Mapping[str, Any]) -> Shape:
     return (str(it.get("kind") or "unknown"), it.get("batch_size"))
 
@@ -385,7 +393,7 @@ def _side_info(summary: Mapping[str, Any], rank: Mapping[str, Any], its: Sequenc
     all_its = rank.get("iterations") or []
     inputs = summary.get("inputs") or []
     if label is None:
-        label = str(inputs[0].get("path")) if inputs and isinstance(inputs[0], Mapping) else "?"
+        label = short_label(str(inputs[0].get("path"))) if inputs and isinstance(inputs[0], Mapping) else "?"
     return {
         "label": label,
         "inputs": inputs,
@@ -527,7 +535,23 @@ def compare_summaries(
         "expected_effect": expected,
         "noise": noise,
         "warnings": warnings,
+        # for reports, so that `profkit report diff.json` needs nothing else
+        "timelines": {"baseline": rb.get("timeline"), "candidate": rc.get("timeline")},
+        "series": {"baseline": _series(rb, ib), "candidate": _series(rc, ic)},
+        "manifests": {"baseline": baseline.get("manifest"), "candidate": candidate.get("manifest")},
     }
+
+
+SERIES_FIELDS = ("wall_us", "gpu_window_us", "gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "bubble_count")
+
+
+def _series(rank: Mapping[str, Any], used: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per-iteration counts for plots (every iteration of the rank; `used` marks the compared ones)."""
+    idx = {i["index"] for i in used}
+    return [
+        {"index": it["index"], "shape": shape_label(shape_of(it)), "used": it["index"] in idx, **{k: it.get(k) for k in SERIES_FIELDS}}
+        for it in rank.get("iterations") or []
+    ]
 
 
 def is_diff(doc: Mapping[str, Any]) -> bool:

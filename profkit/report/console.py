@@ -28,9 +28,10 @@ def render_summary(summary: dict[str, Any], console: Console, *, top: int = 10) 
         t = Table(title="per iteration", title_justify="left", box=None)
         for c in ("metric", "median", "min", "max"):
             t.add_column(c, justify="left" if c == "metric" else "right")
+        dev = "CPU-op" if r.get("device_timeline") == "cpu" else "GPU"
         rows = (
-            ("wall µs", "wall_us", 1), ("GPU window µs", "gpu_window_us", 1), ("GPU busy µs", "gpu_busy_us", 1),
-            ("GPU idle µs", "gpu_idle_us", 1), ("overlap µs", "overlap_us", 1), ("GPU kernels", "gpu_kernels", 0),
+            ("wall µs", "wall_us", 1), (f"{dev} window µs", "gpu_window_us", 1), (f"{dev} busy µs", "gpu_busy_us", 1),
+            (f"{dev} idle µs", "gpu_idle_us", 1), ("overlap µs", "overlap_us", 1), ("GPU kernels" if dev == "GPU" else "top-level aten ops", "gpu_kernels", 0),
             ("kernel launches", "kernel_launches", 0), ("graph launches", "graph_launches", 0), ("launch host µs", "launch_us", 1),
             ("launch latency p50 µs", "launch_latency_us_p50", 1), ("syncs", "syncs", 0), ("sync µs", "sync_us", 1),
             ("sync copies", "sync_copies", 0), ("bubbles", "bubble_count", 0), ("bubble µs", "bubble_us", 1),
@@ -79,7 +80,7 @@ def render_summary(summary: dict[str, Any], console: Console, *, top: int = 10) 
             console.print(t)
         if r["kernels"]:
             n_it = max(len(its), 1)
-            t = Table(title=f"top kernels (of {len(r['kernels'])})", title_justify="left", box=None)
+            t = Table(title=f"top {'kernels' if r.get('device_timeline') != 'cpu' else 'aten ops'} (of {len(r['kernels'])})", title_justify="left", box=None)
             for c in ("total µs", "per iter", "category", "name"):
                 t.add_column(c, justify="right" if c in ("per iter", "total µs") else "left", overflow="ellipsis", no_wrap=c == "name")
             for k in r["kernels"][:top]:

@@ -1,0 +1,244 @@
+"""CLI commands that launch engines: `trace`, `sweep`, `opts` (registered on profkit.cli.app)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+import signal
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from profkit.cli import app, err, out, user_errors
+from profkit.errors import UsageError
+
+Target = Annotated[str, typer.Option("--target", help="proxy (the built-in engine) or sglang.")]
+Opt = Annotated[list[str], typer.Option("--opt", help="Optimization to attribute (repeatable); see `profkit opts`.")]
+
+
+def _sigterm_as_interrupt() -> None:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: expected integers separated by commas, e.g. 1,2,4") from None
+    if not vals or min(vals) <= 0:
+        raise UsageError(f"{flag} {text!r}: expected positive integers")
+    return vals
+
+
+def _config(target: str, preset: Optional[str], model_path: Optional[str], server_python: Optional[str], extra_server_args: str,
+            isl: Optional[str], turns: int, turn_tokens: Optional[int], output_tokens: Optional[int], concurrency: str, workload_file: Optional[Path],
+            seed: int, repeat: int, num_steps: int, with_stack: bool, record_shapes: bool, port: Optional[int], health_timeout: Optional[float],
+            profile_timeout: float, traces_dir: Path, reports_dir: Path, marker: Optional[str], min_bubble_us: float, catalog: Optional[str],
+            profile_turn: int):
+    from profkit.capture.run import RunConfig
+    from profkit.workloads.agentic import Workload, load_workload_file
+
+    if target not in ("proxy", "sglang"):
+        raise UsageError(f"--target {target!r}: use proxy or sglang")
+    if preset and target != "sglang":
+        raise UsageError("--preset goes with --target sglang")
+    gpu = target == "sglang"
+    isls = _ints(isl, "--isl") if isl else ((80_000,) if gpu else (256,))
+    out_tok = output_tokens if output_tokens is not None else (220 if gpu else 32)
+    if workload_file:
+        wl = load_workload_file(workload_file, output_tokens=out_tok)
+    else:
+        wl = Workload(isl=isls[0], turns=turns, turn_tokens=turn_tokens if turn_tokens is not None else (800 if gpu else 32),
+                      output_tokens=out_tok, seed=seed, vocab=1000)
+    if repeat < 1 or num_steps < 1:
+        raise UsageError("--repeat and --num-steps must be at least 1")
+    return RunConfig(
+        target=target, preset=preset, model_path=model_path, server_python=server_python,
+        extra_server_args=tuple(shlex.split(extra_server_args)), workload=wl, concurrency=_ints(concurrency, "--concurrency"),
+        isl=isls if len(isls) > 1 else (), repeat=repeat, num_steps=num_steps, with_stack=with_stack, record_shapes=record_shapes,
+        profile_turn=profile_turn, health_timeout_s=health_timeout or (3600.0 if gpu else 180.0), profile_timeout_s=profile_timeout,
+        port=port, traces_dir=traces_dir, reports_dir=reports_dir, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
+    )
+
+
+def _stamp() -> str:
+    return dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def _progress_runner():
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=False)
+
+
+def _run(cfg, states: dict[str, bool], run_id: str, label: str, progress) -> Any:
+    from profkit.capture.run import run_one
+
+    task = progress.add_task(escape(label), total=None)
+    res = run_one(cfg, states, run_id, label=label, progress=lambda s: progress.update(task, description=escape(s)))
+    progress.update(task, description=escape(f"{label}: done -> {res.summary_path}"))
+    progress.stop_task(task)
+    return res
+
+
+def _dry_run(cfg, plans: list[tuple[str, dict[str, bool]]]) -> None:
+    from profkit.capture.run import compose
+    from profkit.targets import sglang as sg
+
+    for label, states in plans:
+        spec = compose(cfg, states, cfg.port or 30000)
+        on = [k for k, v in states.items() if v]
+        out.print(f"[bold]# {escape(label)}[/]  (on: {escape(', '.join(on) or 'none')})", soft_wrap=True)
+        for k, v in sorted(spec.env.items()):
+            out.print(f"export {k}={shlex.quote(v)}", soft_wrap=True, markup=False)
+        out.print(shlex.join(spec.argv), soft_wrap=True, markup=False)
+        if cfg.target == "sglang":
+            sg.check_gpu(spec, sg.gpu_compute_capabilities())
+            res = sg.validate(spec)
+            out.print(f"# SGLang's parser: {res or 'the arguments parse'}", soft_wrap=True, markup=False)
+    wl = cfg.workload.describe()
+    out.print(f"# workload: {json.dumps(wl)}; concurrency {list(cfg.concurrency)}; profile {cfg.num_steps} steps", soft_wrap=True, markup=False)
+
+
+def _attribute(before: Any, after: Any, opts: list[str], group_dir: Path, catalog_name: Optional[str], target: str) -> dict[str, Any]:
+    """before.json, after.json, diff.json (+ report.html and report.md where the report modules exist) in group_dir."""
+    from profkit.attribution.diff import compare_summaries
+    from profkit.catalog import load_catalog
+    from profkit.store import write_json_atomic
+
+    cat = load_catalog(catalog_name or ("proxy" if target == "proxy" else "sglang-glm52"))
+    group_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(group_dir / "before.json", before.summary)
+    write_json_atomic(group_dir / "after.json", after.summary)
+    diff = compare_summaries(before.summary, after.summary, opt=opts[0] if len(opts) == 1 else None, catalog=cat,
+                             labels=(before.run_id, after.run_id))
+    diff["throughput"] = {
+        "baseline": (before.manifest.get("throughput") or [{}])[0], "candidate": (after.manifest.get("throughput") or [{}])[0],
+    }
+    write_json_atomic(group_dir / "diff.json", diff)
+    return diff
+
+
+def _render_attribution(diff: dict[str, Any], group_dir: Path) -> None:
+    try:
+        from profkit.report.console import render_diff  # provided by the report module
+    except ImportError:
+        render_diff = None
+    tb, tc = diff["throughput"]["baseline"], diff["throughput"]["candidate"]
+    t = Table(title="unprofiled throughput (median over repeats)", title_justify="left", box=None)
+    for c in ("metric", "baseline", "candidate", "change"):
+        t.add_column(c, justify="left" if c == "metric" else "right")
+    for key, label in (("tokens_per_s_per_user_p50", "tokens/s per user"), ("tokens_per_s_per_gpu", "tokens/s per GPU"),
+                       ("ttft_ms_p50", "TTFT ms"), ("itl_ms_p50", "ITL ms"), ("cache_hit_rate", "cache hit"), ("accept_length", "accept length")):
+        b, c = (tb.get(key) or {}).get("median"), (tc.get(key) or {}).get("median")
+        ch = f"{100 * (c / b - 1):+.1f}%" if b and c else "-"
+        t.add_row(label, "-" if b is None else f"{b:,.3f}", "-" if c is None else f"{c:,.3f}", ch)
+    out.print(t)
+    if render_diff is not None:
+        render_diff(diff, out)
+    else:
+        d = diff["decomposition"]
+        out.print(f"GPU window per iteration: {diff['gpu_window_us']['baseline']:.1f} -> {diff['gpu_window_us']['candidate']:.1f} µs; "
+                  f"categories {json.dumps(d['category_us'])}; idle {d['idle_us']:+.1f} µs; residual {d['residual_us']}", markup=False, soft_wrap=True)
+    out.print(f"wrote {escape(str(group_dir))}/ (before.json, after.json, diff.json)")
+
+
+@app.command()
+def trace(
+    opt: Opt,
+    target: Target = "proxy",
+    base: Annotated[str, typer.Option("--base", help="off: baseline all off, candidate = baseline + opts (isolates each); on: all on, baseline = all on minus opts (leave-one-out).")] = "off",
+    preset: Annotated[Optional[str], typer.Option("--preset", help="SGLang study preset: glm52-nvfp4-tp4, -tp8, -tep4, -tep8.")] = None,
+    model_path: Annotated[Optional[str], typer.Option("--model-path", help="Override the preset's model path.")] = None,
+    server_python: Annotated[Optional[str], typer.Option("--server-python", help="Python of the engine's environment (e.g. a before/after build of SGLang).")] = None,
+    extra_server_args: Annotated[str, typer.Option("--extra-server-args", help="More server flags, as one shell-quoted string.")] = "",
+    isl: Annotated[Optional[str], typer.Option("--isl", help="First-prompt tokens (default 80000 on sglang, 256 on the proxy); a list measures each.")] = None,
+    turns: Annotated[int, typer.Option("--turns", help="Turns per conversation.")] = 13,
+    turn_tokens: Annotated[Optional[int], typer.Option("--turn-tokens", help="New tokens per later turn (default 800; 32 on the proxy).")] = None,
+    output_tokens: Annotated[Optional[int], typer.Option("--output-tokens", help="Output tokens per turn, ignore_eos (default 220; 32 on the proxy).")] = None,
+    concurrency: Annotated[str, typer.Option("--concurrency", help="Conversations in flight; a list (1,2,4) measures each, the first is profiled.")] = "1",
+    workload_file: Annotated[Optional[Path], typer.Option("--workload-file", help="JSONL replay: one conversation per line {\"turns\": [[ids], ...]}.")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    repeat: Annotated[int, typer.Option("--repeat", help="Repeat the unprofiled measurement N times (median and spread).")] = 1,
+    num_steps: Annotated[int, typer.Option("--num-steps", help="run_batch iterations to profile.")] = 20,
+    with_stack: Annotated[bool, typer.Option("--with-stack", help="Record Python stacks (bigger traces, more overhead).")] = False,
+    record_shapes: Annotated[bool, typer.Option("--record-shapes", help="Record op shapes.")] = False,
+    profile_turn: Annotated[int, typer.Option("--profile-turn", help="Turn (0-based) whose decode is profiled.")] = 1,
+    port: Annotated[Optional[int], typer.Option("--port", help="Server port (default: a free one).")] = None,
+    health_timeout: Annotated[Optional[float], typer.Option("--health-timeout", help="Seconds to wait for /health (default 180 proxy, 3600 sglang).")] = None,
+    profile_timeout: Annotated[float, typer.Option("--profile-timeout", help="Seconds to wait for the trace files.")] = 120.0,
+    traces_dir: Annotated[Path, typer.Option("--traces-dir")] = Path("traces"),
+    reports_dir: Annotated[Path, typer.Option("--reports-dir")] = Path("reports"),
+    marker: Annotated[Optional[str], typer.Option("--marker")] = None,
+    min_bubble_us: Annotated[float, typer.Option("--min-bubble-us")] = 2.0,
+    catalog: Annotated[Optional[str], typer.Option("--catalog")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every command line and environment variable; start nothing.")] = False,
+) -> None:
+    """Baseline vs baseline+OPT: launch, drive the agentic workload, profile decode, attribute the change.
+
+    Example:
+
+        profkit trace --opt topk_v2
+
+        profkit trace --target sglang --preset glm52-nvfp4-tp8 --opt topk_v2 --dry-run
+    """
+    from profkit.targets.registry import check_opts, opt_states
+
+    with user_errors():
+        cfg = _config(target, preset, model_path, server_python, extra_server_args, isl, turns, turn_tokens, output_tokens, concurrency,
+                      workload_file, seed, repeat, num_steps, with_stack, record_shapes, port, health_timeout, profile_timeout, traces_dir,
+                      reports_dir, marker, min_bubble_us, catalog, profile_turn)
+        opts = check_opts(target, opt)
+        if base not in ("on", "off"):
+            raise UsageError(f"--base {base!r}: use off or on")
+        s_base = opt_states(target, opts, base=base, candidate=False)
+        s_cand = opt_states(target, opts, base=base, candidate=True)
+        tag = "+".join(opts)
+        if dry_run:
+            _dry_run(cfg, [("baseline", s_base), (f"candidate ({tag})", s_cand)])
+            return
+        _sigterm_as_interrupt()
+        stamp = _stamp()
+        with _progress_runner() as progress:
+            before = _run(cfg, s_base, f"{stamp}-{target}-base{base}-{tag}-before", "baseline", progress)
+            after = _run(cfg, s_cand, f"{stamp}-{target}-base{base}-{tag}-after", f"candidate ({tag})", progress)
+        group = reports_dir / f"{stamp}-{target}-{tag}"
+        diff = _attribute(before, after, opts, group, catalog, target)
+        _render_attribution(diff, group)
+        err.print(f"reproduce the attribution: profkit diff {group / 'before.json'} {group / 'after.json'} --opt {tag}", soft_wrap=True)
+
+
+@app.command()
+def opts(target: Target = "sglang") -> None:
+    """The optimization registry: each optimization's real on/off switch and what it should touch.
+
+    Example:
+
+        profkit opts --target sglang
+    """
+    from profkit.targets.registry import registry
+
+    with user_errors():
+        reg = registry(target)
+        t = Table(title=f"optimizations for --target {target}", title_justify="left")
+        for c in ("name", "what", "on", "off", "touches"):
+            t.add_column(c, overflow="fold")
+
+        def fmt(sw: Any) -> str:
+            parts = [f"{k}={v}" for k, v in sw.env.items()] + list(sw.args)
+            if sw.model_override:
+                parts.append(f"--json-model-override-args {json.dumps(sw.model_override)}")
+            return " ".join(parts) or ("(default)" if target == "sglang" else f"--opts includes it")
+
+        for o in reg.values():
+            off = fmt(o.off) if target == "sglang" else "--opts omits it"
+            t.add_row(o.name, o.title + (f" [dim]({escape(o.note)})[/]" if o.note else ""), escape(fmt(o.on)), escape(off), escape(o.kernels))
+        out.print(t)

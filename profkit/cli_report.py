@@ -1,0 +1,195 @@
+"""The `diff`, `report` and `export-perfetto` commands (registered on profkit.cli's app).
+
+Thin: each resolves its inputs (profkit.inputs), calls the library (attribution, report, export) and
+writes atomically (profkit.store). Status lines go to stderr; `--json -` puts diff.json on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.markup import escape
+
+from profkit.cli import app, err, out, user_errors
+from profkit.errors import ProfkitError
+
+Marker = Annotated[Optional[str], typer.Option("--marker", help="Regex for the CPU span that opens one iteration, for inputs analyzed now (traces).")]
+MinBubble = Annotated[float, typer.Option("--min-bubble-us", min=0.0, help="Shortest GPU idle gap counted as a bubble, for inputs analyzed now.")]
+CatalogOpt = Annotated[Optional[str], typer.Option("--catalog", help="Kernel catalog (name in kernels/ or a .toml path): classifies traces analyzed now and says which categories --opt owns.")]
+Cdn = Annotated[bool, typer.Option("--cdn", help="Load plotly.js from its CDN (a small file that needs the network) instead of inlining it.")]
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", name).strip("_")[:80] or "run"
+
+
+def _catalog_for_effect(spec_catalog: Any, summary: dict[str, Any], rank: int) -> Any:
+    """--catalog when given, else the catalog the candidate was classified with (None if it cannot be loaded)."""
+    from profkit.catalog import load_catalog
+
+    if spec_catalog is not None:
+        return spec_catalog
+    for r in summary.get("ranks") or []:
+        if r.get("rank") == rank and isinstance(r.get("catalog"), str):
+            try:
+                return load_catalog(r["catalog"])
+            except ProfkitError:
+                return None
+    return None
+
+
+def _write_text(path: Path, text: str) -> None:
+    from profkit.store import write_bytes_atomic
+
+    write_bytes_atomic(path, text.encode("utf-8"))
+    err.print(f"wrote {escape(str(path))}")
+
+
+@app.command()
+def diff(
+    before: Annotated[Path, typer.Argument(help="Baseline: a summary.json, a trace file, or a run folder (repeat-*/ subfolders are repeats).")],
+    after: Annotated[Path, typer.Argument(help="Candidate: same kinds as BEFORE.")],
+    opt: Annotated[Optional[str], typer.Option("--opt", help="The optimization the candidate adds (default: from the run manifests) for the expected-effect check.")] = None,
+    catalog: CatalogOpt = None,
+    md: Annotated[Optional[Path], typer.Option("--md", help="Write a GitHub Markdown PR comment to FILE.")] = None,
+    html: Annotated[Optional[Path], typer.Option("--html", help="Write a self-contained HTML report to FILE.")] = None,
+    json_out: Annotated[Optional[str], typer.Option("--json", help="Write diff.json (schema v1) to FILE, or '-' for stdout.")] = None,
+    marker: Marker = None,
+    min_bubble_us: MinBubble = 2.0,
+    rank: Annotated[int, typer.Option("--rank", help="Which rank to compare.")] = 0,
+    cdn: Cdn = False,
+    top: Annotated[int, typer.Option("--top", help="How many movers and sync groups to print.")] = 10,
+) -> None:
+    """Attribute the change between two runs: per-category time, overlap and idle by bubble cause
+    (exact, mean per iteration), launches and syncs per iteration, kernels added and removed, and
+    the expected-effect check for --opt.
+
+    Example:
+
+        profkit diff traces/base/summary.json traces/topk/summary.json --opt topk_v2 --md comment.md --html diff.html
+    """
+    from profkit.attribution.diff import compare_summaries
+    from profkit.catalog import load_catalog
+    from profkit.inputs import AnalyzeOptions, infer_optimization, load_side
+    from profkit.report.console_diff import render_diff
+
+    with user_errors():
+        cat = load_catalog(catalog) if catalog else None
+        opts = AnalyzeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=cat)
+        b = load_side(before, opts)
+        c = load_side(after, opts)
+        lb, lc = (b.label, c.label) if b.label != c.label else (f"{b.label} (before)", f"{c.label} (after)")
+        opt_name = opt or infer_optimization(b.manifest, c.manifest)
+        d = compare_summaries(
+            b.summary, c.summary, opt=opt_name, catalog=_catalog_for_effect(cat, c.summary, rank) if opt_name else None,
+            baseline_repeats=b.repeats, candidate_repeats=c.repeats, rank=rank, labels=(lb, lc),
+        )
+        to_stdout = json_out == "-"
+        render_diff(d, err if to_stdout else out, top=top)
+        if json_out:
+            if to_stdout:
+                sys.stdout.write(json.dumps(d, indent=1, allow_nan=False) + "\n")
+            else:
+                from profkit.store import write_json_atomic
+
+                write_json_atomic(Path(json_out), d)
+                err.print(f"wrote {escape(json_out)}")
+        if md is not None:
+            from profkit.report.markdown import render_diff_markdown
+
+            _write_text(md, render_diff_markdown(d))
+        if html is not None:
+            from profkit.report.html import render_report
+
+            _write_text(html, render_report(diffs=[d], cdn=cdn))
+
+
+@app.command()
+def report(
+    paths: Annotated[list[Path], typer.Argument(help="Run folders, summary.json files, trace files or diff.json files; several runs make a sweep (ladder).")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The HTML file to write (default: under reports/).")] = None,
+    cdn: Cdn = False,
+    marker: Marker = None,
+    min_bubble_us: MinBubble = 2.0,
+    catalog: CatalogOpt = None,
+) -> None:
+    """Write one self-contained HTML report: headline numbers, a representative iteration's timeline,
+    time by category, bubbles by cause, launches and syncs per iteration, top kernels, manifests;
+    for a diff the decomposition waterfall; for several runs the ladder.
+
+    Example:
+
+        profkit report traces/base traces/topk -o reports/sweep.html
+    """
+    from profkit.catalog import load_catalog
+    from profkit.inputs import AnalyzeOptions, is_diff_doc, load_side, read_json
+    from profkit.report.html import render_report
+
+    with user_errors():
+        cat = load_catalog(catalog) if catalog else None
+        opts = AnalyzeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=cat)
+        diffs: list[dict[str, Any]] = []
+        runs: list[tuple[str, dict[str, Any]]] = []
+        for p in paths:
+            if p.is_file() and p.suffix == ".json" and not p.name.endswith(".trace.json"):
+                doc = read_json(p)
+                if is_diff_doc(doc):
+                    if doc.get("schema_version") != 1:
+                        raise ProfkitError(f"{p}: diff.json schema version {doc.get('schema_version')!r}; this profkit reads 1", hint="re-run profkit diff")
+                    diffs.append(doc)
+                    continue
+            side = load_side(p, opts)
+            if side.repeats:
+                err.print(f"[dim]{escape(str(p))}: {len(side.repeats)} repeats; reporting the first (diff uses all of them for noise)[/]")
+            runs.append((side.label, side.summary))
+        labels = [label for label, _ in runs]
+        if len(set(labels)) != len(labels):
+            runs = [(f"{label} #{i + 1}", s) for i, (label, s) in enumerate(runs)]
+        if output is None:
+            if diffs and not runs and len(diffs) == 1:
+                name = f"diff__{_safe(diffs[0]['baseline']['label'])}__{_safe(diffs[0]['candidate']['label'])}.html"
+                output = Path("reports") / name
+            elif len(runs) == 1 and not diffs:
+                output = Path("reports") / _safe(runs[0][0]) / "report.html"
+            else:
+                output = Path("reports") / "report.html"
+        _write_text(output, render_report(diffs=diffs, runs=runs, cdn=cdn))
+
+
+@app.command("export-perfetto")
+def export_perfetto(
+    trace: Annotated[Path, typer.Argument(help="A trace file, or a run folder of trace files (one per rank).")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The .perfetto-trace file to write (default: beside the trace).")] = None,
+    marker: Marker = None,
+    min_bubble_us: MinBubble = 2.0,
+    catalog: CatalogOpt = None,
+) -> None:
+    """Write the trace plus profkit's findings (iterations, GPU windows, bubbles with cause, syncs
+    with trigger) as a Perfetto protobuf trace; open it at ui.perfetto.dev.
+
+    Example:
+
+        profkit export-perfetto traces/sample/eager_sync.pt.trace.json.gz -o eager_sync.perfetto-trace
+    """
+    from profkit.analysis import analyze_trace
+    from profkit.attribution.diff import short_label
+    from profkit.catalog import load_catalog
+    from profkit.export.perfetto import build_perfetto
+    from profkit.ingest import load_traces
+    from profkit.store import write_bytes_atomic
+
+    with user_errors():
+        cat = load_catalog(catalog) if catalog else None
+        traces = load_traces([trace])
+        pairs = [(t, analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=cat)) for t in traces]
+        data = build_perfetto(pairs)
+        if output is None:
+            base = trace if trace.is_dir() else trace.parent
+            output = base / f"{short_label(trace.name)}.perfetto-trace"
+        write_bytes_atomic(output, data)
+        err.print(f"wrote {escape(str(output))} ({len(data):,} bytes, {len(traces)} rank(s)); open it at https://ui.perfetto.dev")

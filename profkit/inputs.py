@@ -1,0 +1,187 @@
+"""What the user points `diff` and `report` at -> loaded documents.
+
+A path may be a summary.json, a diff.json, a trace file (analyzed on the fly), or a run folder: a
+folder with a summary.json, a folder of trace files (one per rank), or a folder of repeats
+(``repeat-*/`` subfolders holding a summary.json or traces, or several summary files). The run
+manifest comes from the summary's ``manifest`` key, else a manifest.json beside it (or one level up,
+for repeats). Reading only: nothing here prints or exits; bad files raise TraceInputError naming them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profkit.errors import TraceInputError
+
+_TRACE_NAMES = (".trace.json", ".trace.json.gz", ".pt.trace.json", ".pt.trace.json.gz", ".gz")
+
+
+@dataclass
+class AnalyzeOptions:
+    marker: str | None = None
+    min_bubble_us: float = 2.0
+    catalog: Any = None  # a Catalog, or None to pick by kernel names
+
+
+@dataclass
+class Side:
+    """One side of a diff (or one run of a report): its primary summary and its repeats."""
+
+    path: Path
+    label: str
+    summary: dict[str, Any]
+    repeats: list[dict[str, Any]] = field(default_factory=list)
+    manifest: Any = None
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file, or TraceInputError naming the file and the problem."""
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        raise TraceInputError(f"{path}: no such file", hint="check the path") from None
+    except IsADirectoryError:
+        raise TraceInputError(f"{path}: is a directory", hint="point at a summary.json or a run folder") from None
+    except OSError as e:
+        raise TraceInputError(f"{path}: cannot read ({e.strerror})", hint="check the file's permissions") from None
+    try:
+        return json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TraceInputError(f"{path}: not valid JSON ({e})", hint="expected a summary.json or diff.json written by profkit, or a Kineto trace") from None
+
+
+def is_summary(doc: Any) -> bool:
+    return isinstance(doc, dict) and isinstance(doc.get("ranks"), list) and "schema_version" in doc
+
+
+def is_diff_doc(doc: Any) -> bool:
+    return isinstance(doc, dict) and "decomposition" in doc and "baseline" in doc and "candidate" in doc
+
+
+def check_summary(doc: Any, path: Path) -> dict[str, Any]:
+    if not is_summary(doc):
+        raise TraceInputError(f"{path}: not a profkit summary.json (no 'schema_version' and 'ranks')",
+                              hint="write one with `profkit analyze TRACE --json summary.json`, or pass the trace itself")
+    v = doc.get("schema_version")
+    if not isinstance(v, int) or v > 1:
+        raise TraceInputError(f"{path}: summary.json schema version {v!r}; this profkit reads version 1",
+                              hint="upgrade profkit, or re-run `profkit analyze` with this version")
+    for r in doc["ranks"]:
+        if not isinstance(r, dict) or not isinstance(r.get("iterations"), list):
+            raise TraceInputError(f"{path}: a rank entry has no 'iterations' list", hint="the file is damaged or not a summary.json")
+    return doc
+
+
+def _looks_like_trace(path: Path) -> bool:
+    return path.name.endswith(_TRACE_NAMES)
+
+
+def analyze_paths(paths: list[Path], opts: AnalyzeOptions) -> dict[str, Any]:
+    """Trace files or folders -> summary.json v1 (analyzed now, with `opts`)."""
+    from profkit.analysis import analyze_trace
+    from profkit.analysis.summary import build_summary
+    from profkit.ingest import load_traces
+
+    traces = load_traces(paths)
+    analyses = [analyze_trace(t, marker=opts.marker, min_bubble_us=opts.min_bubble_us, catalog=opts.catalog) for t in traces]
+    return build_summary(analyses, marker=opts.marker)
+
+
+def load_document(path: Path, opts: AnalyzeOptions) -> dict[str, Any]:
+    """One file -> a summary (possibly analyzed now) or a diff document."""
+    if _looks_like_trace(path):
+        return analyze_paths([path], opts)
+    doc = read_json(path)
+    if is_diff_doc(doc) or is_summary(doc):
+        return check_summary(doc, path) if is_summary(doc) else doc
+    if isinstance(doc, dict) and "traceEvents" in doc or isinstance(doc, list):
+        return analyze_paths([path], opts)
+    raise TraceInputError(f"{path}: neither a summary.json, a diff.json nor a Kineto trace",
+                          hint="pass a summary.json (profkit analyze --json), a trace file, or a run folder")
+
+
+def _manifest_near(path: Path) -> Any:
+    for cand in (path / "manifest.json", path.parent / "manifest.json") if path.is_dir() else (path.parent / "manifest.json",):
+        if cand.is_file():
+            try:
+                return json.loads(cand.read_text())
+            except (OSError, ValueError):
+                return None
+    return None
+
+
+def _label(path: Path) -> str:
+    from profkit.attribution.diff import short_label
+
+    p = path.resolve()
+    if p.is_dir():
+        return p.name
+    if p.name in ("summary.json", "diff.json"):
+        return p.parent.name
+    return short_label(p.name)
+
+
+def load_side(path: Path, opts: AnalyzeOptions) -> Side:
+    """A summary, trace or run folder -> Side (repeats loaded when the folder holds them)."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceInputError(f"{path}: no such file or directory", hint="check the path")
+    if path.is_file():
+        doc = load_document(path, opts)
+        if is_diff_doc(doc):
+            raise TraceInputError(f"{path}: is a diff.json; diff compares two summaries, traces or run folders",
+                                  hint="use `profkit report DIFF.json` to render a diff")
+        return Side(path, _label(path), doc, [], doc.get("manifest") if isinstance(doc.get("manifest"), dict) else _manifest_near(path))
+    repeat_dirs = sorted(p for p in path.iterdir() if p.is_dir() and p.name.startswith("repeat"))
+    summaries: list[dict[str, Any]] = []
+    for d in repeat_dirs:
+        s = d / "summary.json"
+        summaries.append(check_summary(read_json(s), s) if s.is_file() else analyze_paths([d], opts))
+    if not summaries:
+        own = path / "summary.json"
+        if own.is_file():
+            summaries = [check_summary(read_json(own), own)]
+        else:
+            jsons = sorted(p for p in path.glob("*.json") if not _looks_like_trace(p) and p.name not in ("manifest.json", "diff.json"))
+            for p in jsons:
+                try:
+                    doc = json.loads(p.read_text())
+                except (OSError, ValueError):
+                    continue
+                if is_summary(doc):
+                    summaries.append(check_summary(doc, p))
+    if not summaries:
+        summaries = [analyze_paths([path], opts)]
+    manifest = summaries[0].get("manifest") if isinstance(summaries[0].get("manifest"), dict) else _manifest_near(path)
+    for s in summaries:
+        if manifest is not None and "manifest" not in s:
+            s["manifest"] = manifest
+    return Side(path, _label(path), summaries[0], summaries if len(summaries) > 1 else [], manifest)
+
+
+def infer_optimization(baseline_manifest: Any, candidate_manifest: Any) -> str | None:
+    """The one optimization the candidate's manifest switches on beyond the baseline's, else None.
+
+    Reads ``opt`` (a name), ``opts`` / ``optimizations`` (a list or a comma-separated string), at
+    the top level or under ``config``.
+    """
+    def opts(m: Any) -> set[str] | None:
+        if not isinstance(m, dict):
+            return None
+        for holder in (m, m.get("config") if isinstance(m.get("config"), dict) else {}):
+            for key in ("optimizations", "opts", "opt"):
+                v = holder.get(key)
+                if isinstance(v, str):
+                    return {x.strip() for x in v.split(",") if x.strip()}
+                if isinstance(v, list) and all(isinstance(x, str) for x in v):
+                    return set(v)
+        return None
+
+    b, c = opts(baseline_manifest), opts(candidate_manifest)
+    if c is None:
+        return None
+    extra = c - (b or set())
+    return next(iter(extra)) if len(extra) == 1 else None

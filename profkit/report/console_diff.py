@@ -1,0 +1,91 @@
+"""diff.json v1 -> rich tables for the terminal. Trace strings go through rich.markup.escape."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from profkit.attribution.diff import decomposition_rows, headline, within_noise
+
+
+def _f(x: float | None, digits: int = 1, *, sign: bool = False) -> str:
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0" if digits == 0 else f"{0:.{digits}f}"
+    return f"{x:+,.{digits}f}" if sign else f"{x:,.{digits}f}"
+
+
+def _noise(diff: Mapping[str, Any], metric: str) -> str:
+    w = within_noise(diff, metric)
+    return "" if w is None else ("[dim]within noise[/]" if w else "[bold]beyond noise[/]")
+
+
+def render_diff(diff: Mapping[str, Any], console: Console, *, top: int = 10) -> None:
+    b, c = diff["baseline"], diff["candidate"]
+    console.print(f"[bold]{escape(b['label'])}[/] → [bold]{escape(c['label'])}[/]"
+                  + (f"  [cyan]{escape(diff['optimization'])}[/]" if diff.get("optimization") else ""))
+    console.print(escape(headline(diff)))
+    ee = diff.get("expected_effect")
+    if ee and ee.get("known"):
+        if ee["flags"]:
+            for f in ee["flags"]:
+                console.print(f"[bold red]flag:[/] {escape(f)}", soft_wrap=True)
+        else:
+            console.print(f"[green]expected effect ok:[/] no change outside {escape(', '.join(ee['categories']) or 'its (empty) categories')} "
+                          f"beyond {escape(ee['threshold'])}")
+    elif ee:
+        console.print(f"[yellow]note:[/] {escape(ee.get('note', ''))}", soft_wrap=True)
+    noise = diff.get("noise") or {}
+    if not noise.get("available"):
+        console.print(f"[dim]{escape(noise.get('note', 'no noise estimate'))}[/]", soft_wrap=True)
+
+    g = diff["decomposition"]["gpu_window_us"]
+    t = Table(title=f"change in mean GPU window per iteration ({escape(diff['shape']['label'])})", title_justify="left", box=None)
+    for col in ("term", "baseline µs", "candidate µs", "Δ µs", ""):
+        t.add_column(col, justify="left" if col in ("term", "") else "right")
+    for group, term, delta, bv, cv in decomposition_rows(diff):
+        metric = {"category": f"category_us.{term}", "overlap": "overlap_us", "idle": f"idle_us_by_cause.{term}"}[group]
+        if group == "overlap":
+            bv, cv = -(bv or 0), -(cv or 0)
+            label = "− overlap"
+        else:
+            label = escape(term if group == "category" else f"idle: {term.replace('_', ' ')}")
+        t.add_row(label, _f(bv), _f(cv), _f(delta, sign=True), _noise(diff, metric))
+    t.add_row("[bold]GPU window[/]", _f(g["baseline"]), _f(g["candidate"]), _f(g["delta"], sign=True), _noise(diff, "gpu_window_us"))
+    t.add_row("residual", "", "", _f(diff["decomposition"]["residual_us"], 3), "exact" if diff["decomposition"].get("exact") else "[red]inexact[/]")
+    console.print(t)
+
+    t = Table(title="per iteration (medians)", title_justify="left", box=None)
+    for col in ("", "baseline", "candidate", "Δ", ""):
+        t.add_column(col, justify="left" if col == "" else "right")
+    for k, v in diff["counts"].items():
+        t.add_row(k.replace("_", " "), _f(v["baseline"], 0), _f(v["candidate"], 0), _f(v["delta"], 0, sign=True), _noise(diff, f"counts.{k}"))
+    console.print(t)
+    if diff.get("syncs"):
+        t = Table(title="host syncs and blocking copies per iteration", title_justify="left", box=None)
+        for col in ("kind", "api", "dir", "trigger", "baseline", "candidate", "Δ"):
+            t.add_column(col, justify="right" if col in ("baseline", "candidate", "Δ") else "left")
+        for s in diff["syncs"][:top]:
+            t.add_row(escape(s["kind"]), escape(s["api"]), escape(s["direction"]), escape(s["trigger"]), _f(s["baseline_per_iteration"], 2),
+                      _f(s["candidate_per_iteration"], 2), _f(s["delta"], 2, sign=True))
+        console.print(t)
+    if diff.get("top_movers"):
+        t = Table(title="top movers (µs per iteration, normalized names)", title_justify="left", box=None)
+        for col in ("Δ µs", "baseline", "candidate", "category", "kernel"):
+            t.add_column(col, justify="left" if col in ("category", "kernel") else "right", overflow="ellipsis", no_wrap=col == "kernel")
+        for m in diff["top_movers"][:top]:
+            t.add_row(_f(m["delta_us"], sign=True), _f(m["baseline_us"]), _f(m["candidate_us"]), escape(m["category"]), escape(m["name"]))
+        console.print(t)
+    for key, what in (("kernels_added", "added"), ("kernels_removed", "removed")):
+        ks = diff.get(key) or []
+        if ks:
+            names = ", ".join(k["name"] for k in ks[:5])
+            more = f" and {diff.get(f'{key}_total', len(ks)) - 5} more" if diff.get(f"{key}_total", len(ks)) > 5 else ""
+            console.print(f"kernels {what}: {escape(names)}{more}", soft_wrap=True)
+    for w in diff.get("warnings") or []:
+        console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)

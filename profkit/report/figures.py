@@ -1,0 +1,174 @@
+"""Pure figure builders: report data (summary.json / diff.json pieces) -> plotly Figures. No I/O.
+
+Every string that reaches a figure (kernel names, categories, labels) goes through `esc`: plotly
+draws text through its own small HTML dialect, so a kernel named ``<b>`` or ``<a href=...>`` would
+otherwise be interpreted. Escaped, it is drawn as the literal text.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+PALETTE = (
+    "#4C78A8", "#F58518", "#54A24B", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D", "#1F77B4", "#2CA02C", "#8C564B",
+    "#17BECF", "#BCBD22", "#E377C2", "#AEC7E8", "#98DF8A", "#FFBB78",
+)
+# Bubbles are hatched and in their own hues (red/yellow/grey/violet), apart from the category palette.
+CAUSE_COLORS = {"sync": "#C00000", "launch": "#E6B800", "iteration_boundary": "#8C8C8C", "gpu_wait": "#7B3FA0", "short_gaps": "#D9D9D9"}
+SIDE_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2")
+MAX_HOVER_NAME = 160
+FONT = dict(family="system-ui, -apple-system, Segoe UI, sans-serif", size=12)
+
+
+def esc(s: object, max_len: int | None = MAX_HOVER_NAME) -> str:
+    text = "" if s is None else str(s)
+    if max_len is not None and len(text) > max_len:
+        text = text[: max_len - 1] + "…"
+    return html.escape(text, quote=True)
+
+
+def category_colors(categories: Sequence[str]) -> dict[str, str]:
+    """A stable colour per category (sorted order), the same in every figure of a report."""
+    return {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(sorted(set(categories)))}
+
+
+def _layout(fig: go.Figure, *, title: str, height: int = 380, **kw: Any) -> go.Figure:
+    fig.update_layout(title=dict(text=esc(title, None), x=0.01), height=height, template="plotly_white", font=FONT,
+                      margin=dict(l=60, r=20, t=50, b=40), legend=dict(orientation="h", y=-0.15), **kw)
+    return fig
+
+
+def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, colors: Mapping[str, str] | None = None) -> go.Figure:
+    """One representative iteration per side, stacked: GPU ops as bars on stream rows (colour =
+    category), bubbles on their own row (colour = cause), host syncs on a row of their own.
+    x is µs from the start of that iteration's GPU window. `sides`: (label, summary timeline)."""
+    present = [(lab, t) for lab, t in sides if t]
+    n = max(len(present), 1)
+    titles = [esc(f"{lab}: iteration {t['iteration']} ({t['kind']}"
+                  + (f" bs={t['batch_size']}" if t.get("batch_size") is not None else "")
+                  + f"), GPU window {t['gpu_window_us']:,.1f} µs", 200) for lab, t in present] or ["no timeline"]
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=titles)
+    cats = sorted({c for _, t in present for c in t["ops"]["category"]})
+    colors = dict(colors or category_colors(cats))
+    shown: set[str] = set()
+    for row, (_lab, t) in enumerate(present, start=1):
+        ops, names = t["ops"], t["names"]
+        by_cat: dict[str, list[int]] = {}
+        for i, c in enumerate(ops["category"]):
+            by_cat.setdefault(c, []).append(i)
+        for c in sorted(by_cat):
+            idx = by_cat[c]
+            fig.add_trace(go.Bar(
+                y=[f"stream {ops['stream'][i]}" for i in idx], x=[ops["dur_us"][i] for i in idx], base=[ops["start_us"][i] for i in idx],
+                orientation="h", name=esc(c), legendgroup=f"cat:{c}", showlegend=c not in shown,
+                marker=dict(color=colors.get(c, "#999999"), line=dict(width=0)),
+                hovertext=[f"{esc(names[ops['name'][i]])}<br>{esc(c)} · {ops['dur_us'][i]:,.1f} µs at {ops['start_us'][i]:,.1f} µs" for i in idx],
+                hoverinfo="text",
+            ), row=row, col=1)
+            shown.add(c)
+        by_cause: dict[str, list[Mapping[str, Any]]] = {}
+        for bub in t["bubbles"]:
+            by_cause.setdefault(bub["cause"], []).append(bub)
+        for cause in sorted(by_cause):
+            bs = by_cause[cause]
+            key = f"bubble:{cause}"
+            fig.add_trace(go.Bar(
+                y=["bubbles"] * len(bs), x=[b["dur_us"] for b in bs], base=[b["start_us"] for b in bs], orientation="h",
+                name=esc(f"bubble: {cause}"), legendgroup=key, showlegend=key not in shown,
+                marker=dict(color=CAUSE_COLORS.get(cause, "#999999"), pattern=dict(shape="/")),
+                hovertext=[f"bubble · {esc(cause)} · {b['dur_us']:,.1f} µs at {b['start_us']:,.1f} µs" for b in bs], hoverinfo="text",
+            ), row=row, col=1)
+            shown.add(key)
+        if t["syncs"]:
+            ss = t["syncs"]
+            fig.add_trace(go.Bar(
+                y=["host syncs"] * len(ss), x=[max(s["blocked_us"], 0.5) for s in ss], base=[s["start_us"] for s in ss], orientation="h",
+                name="host sync (blocked)", legendgroup="sync", showlegend="sync" not in shown, marker=dict(color="#222222"),
+                hovertext=[f"{esc(s['api'])} ({esc(s['kind'])}, {esc(s['direction'])})<br>trigger: {esc(s['trigger'])}<br>"
+                           f"blocked {s['blocked_us']:,.1f} µs" for s in ss], hoverinfo="text",
+            ), row=row, col=1)
+            shown.add("sync")
+        fig.update_yaxes(type="category", categoryorder="category descending", row=row, col=1)
+    fig.update_xaxes(title_text="µs from the start of the iteration's GPU window", row=n, col=1)
+    return _layout(fig, title="Representative iteration (median GPU window), before and after", height=260 + 230 * n, barmode="overlay")
+
+
+def waterfall_figure(diff: Mapping[str, Any], *, max_terms: int = 12) -> go.Figure:
+    """Baseline GPU window -> per-term changes -> candidate GPU window (mean µs per iteration)."""
+    from profkit.attribution.diff import decomposition_rows
+
+    rows = [r for r in decomposition_rows(diff) if r[2] != 0]
+    rows.sort(key=lambda r: -abs(r[2]))
+    shown, rest = rows[:max_terms], rows[max_terms:]
+    labels = [esc(("idle: " + r[1].replace("_", " ")) if r[0] == "idle" else r[1], 60) for r in shown]
+    values = [r[2] for r in shown]
+    if rest:
+        labels.append(f"{len(rest)} more terms")
+        values.append(sum(r[2] for r in rest))
+    g = diff["decomposition"]["gpu_window_us"]
+    fig = go.Figure(go.Waterfall(
+        x=["baseline", *labels, "candidate"], y=[g["baseline"], *values, g["candidate"]],
+        measure=["absolute", *["relative"] * len(values), "total"],
+        increasing=dict(marker=dict(color="#D62728")), decreasing=dict(marker=dict(color="#2CA02C")),
+        totals=dict(marker=dict(color="#4C78A8")), connector=dict(line=dict(color="#BBBBBB")),
+        hovertemplate="%{x}: %{y:,.1f} µs<extra></extra>",
+    ))
+    fig.update_yaxes(title_text="µs per iteration (mean)")
+    return _layout(fig, title=f"Where the GPU window went: {g['delta']:+,.1f} µs per iteration", height=420)
+
+
+def grouped_bars_figure(sides: Sequence[tuple[str, Mapping[str, float]]], *, title: str, y_title: str,
+                        colors: Mapping[str, str] | None = None, order: Sequence[str] | None = None) -> go.Figure:
+    """One bar group per key (category, cause, ...), one bar per side."""
+    keys = list(order) if order is not None else sorted({k for _, m in sides for k in m}, key=lambda k: -max(m.get(k, 0) for _, m in sides))
+    fig = go.Figure()
+    for i, (label, m) in enumerate(sides):
+        fig.add_trace(go.Bar(x=[esc(k, 60) for k in keys], y=[m.get(k, 0.0) or 0.0 for k in keys], name=esc(label, 80),
+                             marker_color=SIDE_COLORS[i % len(SIDE_COLORS)],
+                             hovertemplate="%{x}: %{y:,.1f}<extra>" + esc(label, 80) + "</extra>"))
+    fig.update_yaxes(title_text=y_title)
+    return _layout(fig, title=title, barmode="group")
+
+
+def category_figure(sides: Sequence[tuple[str, Mapping[str, float]]]) -> go.Figure:
+    return grouped_bars_figure(sides, title="GPU time by category", y_title="µs per iteration")
+
+
+def bubbles_figure(sides: Sequence[tuple[str, Mapping[str, float]]]) -> go.Figure:
+    order = [c for c in CAUSE_COLORS if any(c in m for _, m in sides)]
+    return grouped_bars_figure(sides, title="GPU idle time by bubble cause", y_title="µs per iteration", order=order)
+
+
+SERIES_KEYS = (("kernel_launches", "kernel launches"), ("graph_launches", "graph launches"), ("syncs", "host syncs"),
+               ("sync_copies", "blocking copies"), ("bubble_count", "bubbles"))
+
+
+def per_iteration_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> go.Figure:
+    """Launches, syncs and bubbles per iteration, one line per (side, metric)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("launches per iteration", "syncs and bubbles per iteration"))
+    dashes = ("solid", "dash", "dot", "dashdot")
+    for i, (label, its) in enumerate(sides):
+        x = [it["index"] for it in its]
+        for j, (key, name) in enumerate(SERIES_KEYS):
+            col = 1 if key in ("kernel_launches", "graph_launches") else 2
+            fig.add_trace(go.Scatter(
+                x=x, y=[it.get(key) or 0 for it in its], mode="lines+markers", name=esc(f"{label}: {name}", 100),
+                line=dict(color=PALETTE[j], dash=dashes[i % len(dashes)]), legendgroup=f"side{i}",
+            ), row=1, col=col)
+    fig.update_xaxes(title_text="iteration")
+    return _layout(fig, title="Launches, syncs and bubbles per iteration", height=400)
+
+
+def ladder_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+    """Sweep ladder: mean wall and GPU window per configuration, in order."""
+    x = [esc(r["label"], 60) for r in rows]
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=x, y=[r["wall_us"] for r in rows], name="wall µs", marker_color=SIDE_COLORS[0]))
+    fig.add_trace(go.Bar(x=x, y=[r["gpu_window_us"] for r in rows], name="GPU window µs", marker_color=SIDE_COLORS[1]))
+    fig.update_yaxes(title_text="µs per iteration (mean)")
+    return _layout(fig, title="Ladder: per-iteration time by configuration", barmode="group")

@@ -1,0 +1,340 @@
+"""summary.json / diff.json -> one self-contained HTML report (jinja2 templates + plotly figures).
+
+Rendering only: the report data comes from `profkit.attribution` and summary.json; figures from
+`profkit.report.figures`. Templates autoescape every value (a trace is untrusted input); figures are
+inserted as plotly's own div + script (its JSON escapes ``<``), and the page's data for scripts
+goes in through ``|tojson`` only. plotly.js is inlined once (first figure), or loaded from the CDN
+with ``cdn=True``. Figure div ids are fixed so that the same input gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+import plotly.graph_objects as go
+from markupsafe import Markup
+
+from profkit import __version__
+from profkit.attribution.diff import IDLE_KEYS, compare_summaries, decomposition_rows, headline, within_noise
+from profkit.report import figures as F
+
+MAX_ROWS = 50
+MAX_MANIFEST_ROWS = 200
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("profkit.report", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.policies["json.dumps_kwargs"] = {"sort_keys": True, "ensure_ascii": False}
+    return env
+
+
+class _Figures:
+    """Turns figures into divs, including plotly.js with the first one only."""
+
+    def __init__(self, *, cdn: bool) -> None:
+        self.cdn = cdn
+        self.n = 0
+
+    def div(self, fig: go.Figure) -> Markup:
+        include: bool | str = ("cdn" if self.cdn else True) if self.n == 0 else False
+        self.n += 1
+        return Markup(fig.to_html(full_html=False, include_plotlyjs=include, div_id=f"profkit-fig-{self.n}",
+                                  config={"displaylogo": False, "responsive": True}))
+
+
+def _section(id: str, title: str, **kw: Any) -> dict[str, Any]:
+    s = {"id": id, "title": title, "headline": None, "cards": [], "flags": [], "flags_title": "", "ok": None, "notes": [],
+         "figures": [], "tables": []}
+    s.update(kw)
+    return s
+
+
+def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, align: str | None = None, caption: str | None = None,
+           name_cols: Sequence[int] = (), more: str | None = None, collapsed: bool = False) -> dict[str, Any]:
+    al = align or ("l" + "r" * (len(columns) - 1))
+    return {"columns": list(columns), "rows": [list(r) for r in rows], "align": ["r" if a == "r" else "l" for a in al], "caption": caption,
+            "name_cols": list(name_cols), "more": more, "collapsed": collapsed}
+
+
+def _n(x: float | None, digits: int = 1, *, sign: bool = False) -> str:
+    if x is None:
+        return "–"
+    if x == 0:
+        return "0" if digits == 0 else f"{0:.{digits}f}"
+    return f"{x:+,.{digits}f}" if sign else f"{x:,.{digits}f}"
+
+
+def _pct(r: float | None) -> str:
+    return "" if r is None else f"{(r - 1) * 100:+.1f}%"
+
+
+def _noise(diff: Mapping[str, Any], metric: str) -> str:
+    w = within_noise(diff, metric)
+    return "" if w is None else ("within noise" if w else "beyond noise")
+
+
+def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(obj, Mapping):
+        out: list[tuple[str, str]] = []
+        for k, v in obj.items():
+            out += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    if isinstance(obj, list) and obj and all(isinstance(x, (Mapping, list)) for x in obj):
+        out = []
+        for i, v in enumerate(obj):
+            out += _flatten(v, f"{prefix}[{i}]")
+        return out
+    return [(prefix, obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False))]
+
+
+def _manifest_table(label: str, manifest: Any) -> dict[str, Any] | None:
+    if not manifest:
+        return None
+    rows = _flatten(manifest)
+    more = f"{len(rows) - MAX_MANIFEST_ROWS} more entries not shown" if len(rows) > MAX_MANIFEST_ROWS else None
+    return _table(["key", "value"], rows[:MAX_MANIFEST_ROWS], align="ll", caption=f"run manifest: {label}", name_cols=(1,), more=more,
+                  collapsed=True)
+
+
+# --------------------------------------------------------------------------------------------
+# a diff
+
+
+def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "diff") -> list[dict[str, Any]]:
+    b, c = diff["baseline"], diff["candidate"]
+    lb, lc = f"baseline: {b['label']}", f"candidate: {c['label']}"
+    w, g = diff["wall_us"], diff["gpu_window_us"]
+    dec = diff["decomposition"]
+    cards = [
+        {"label": "wall µs per iteration (mean)", "value": f"{_n(w['baseline'])} → {_n(w['candidate'])}", "sub": f"{_n(w['delta'], sign=True)} µs {_pct(w['ratio'])}",
+         "tone": "good" if (w["delta"] or 0) < 0 else "bad" if (w["delta"] or 0) > 0 else ""},
+        {"label": "GPU window µs (mean)", "value": f"{_n(g['baseline'])} → {_n(g['candidate'])}", "sub": f"{_n(g['delta'], sign=True)} µs {_pct(g['ratio'])}",
+         "tone": "good" if (g["delta"] or 0) < 0 else "bad" if (g["delta"] or 0) > 0 else ""},
+    ]
+    for key, label in (("kernel_launches", "kernel launches"), ("syncs", "host syncs"), ("bubble_count", "bubbles")):
+        x = diff["counts"][key]
+        cards.append({"label": f"{label} per iteration (median)", "value": f"{_n(x['baseline'], 0)} → {_n(x['candidate'], 0)}",
+                      "sub": _n(x["delta"], 0, sign=True) if x["delta"] else "no change", "tone": ""})
+    cards.append({"label": "residual", "value": f"{_n(dec['residual_us'], 3)} µs", "sub": "exact" if dec.get("exact") else "inexact", "tone": ""})
+    head = _section(f"{prefix}-summary", f"{b['label']} → {c['label']}", headline=headline(diff), cards=cards)
+    ee = diff.get("expected_effect")
+    if ee and ee.get("known"):
+        if ee["flags"]:
+            head["flags"] = list(ee["flags"])
+            head["flags_title"] = f"Expected-effect check: changes outside {ee['optimization']}'s categories ({', '.join(ee['categories']) or 'none'}), threshold {ee['threshold']}"
+        else:
+            head["ok"] = f"Expected-effect check passed: {ee['optimization']} changed nothing outside its categories ({', '.join(ee['categories']) or 'none'}) beyond {ee['threshold']}."
+    elif ee:
+        head["notes"].append(ee.get("note", ""))
+    noise = diff.get("noise") or {}
+    head["notes"].append(
+        f"Noise: {noise['repeats']['baseline']} baseline and {noise['repeats']['candidate']} candidate repeats; changes smaller than the spread are marked “within noise”."
+        if noise.get("available") else f"Noise: {noise.get('note', 'no noise estimate')}."
+    )
+    head["notes"].append(f"Compared {diff['shape']['label']} iterations: {diff['shape']['iterations']['baseline']} baseline, "
+                         f"{diff['shape']['iterations']['candidate']} candidate (each rank's last iteration left out). Rank {diff['rank']}.")
+    head["notes"] += [f"warning: {x}" for x in diff.get("warnings") or []]
+
+    out = [head]
+    tl = diff.get("timelines") or {}
+    sides = [(lb, tl.get("baseline")), (lc, tl.get("candidate"))]
+    cats = sorted(set(dec["baseline"]["category_us"]) | set(dec["candidate"]["category_us"]))
+    colors = F.category_colors(cats + [c for _, t in sides if t for c in t["ops"]["category"]])
+    s = _section(f"{prefix}-timeline", "Timeline of a representative iteration")
+    if any(t for _, t in sides):
+        s["figures"].append(figs.div(F.timeline_figure(sides, colors=colors)))
+    else:
+        s["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
+    out.append(s)
+
+    rows = []
+    for group, term, delta, bv, cv in decomposition_rows(diff):
+        metric = {"category": f"category_us.{term}", "overlap": "overlap_us", "idle": f"idle_us_by_cause.{term}"}[group]
+        if group == "overlap":
+            bv, cv = -(bv or 0), -(cv or 0)
+        label = {"category": term, "overlap": "− overlap (multi-stream, counted once)", "idle": f"idle: {term.replace('_', ' ')}"}[group]
+        rows.append([label, _n(bv), _n(cv), _n(delta, sign=True), _noise(diff, metric)])
+    rows.append(["GPU window", _n(g["baseline"]), _n(g["candidate"]), _n(g["delta"], sign=True), _noise(diff, "gpu_window_us")])
+    rows.append(["residual", "", "", _n(dec["residual_us"], 3), "exact" if dec.get("exact") else "inexact"])
+    out.append(_section(
+        f"{prefix}-decomposition", "Where the GPU window went (mean µs per iteration)",
+        figures=[figs.div(F.waterfall_figure(diff))],
+        tables=[_table(["term", "baseline", "candidate", "Δ µs", "noise"], rows, align="lrrrl")],
+    ))
+    out.append(_section(
+        f"{prefix}-categories", "Time by category and bubbles by cause",
+        figures=[figs.div(F.category_figure([(lb, dec["baseline"]["category_us"]), (lc, dec["candidate"]["category_us"])])),
+                 figs.div(F.bubbles_figure([(lb, dec["baseline"]["idle_us_by_cause"]), (lc, dec["candidate"]["idle_us_by_cause"])]))],
+    ))
+
+    labels = {"gpu_kernels": "GPU kernels", "kernel_launches": "kernel launches", "graph_launches": "graph launches", "syncs": "host syncs",
+              "sync_copies": "blocking copies", "memcpy_d2h": "D2H copies", "memcpy_h2d": "H2D copies", "bubble_count": "bubbles"}
+    crow = [[lab, _n(diff["counts"][k]["baseline"], 0), _n(diff["counts"][k]["candidate"], 0), _n(diff["counts"][k]["delta"], 0, sign=True),
+             _noise(diff, f"counts.{k}")] for k, lab in labels.items()]
+    for k, t in (diff.get("timings") or {}).items():
+        crow.append([k.replace("_us", " µs").replace("_", " "), _n(t["baseline"]), _n(t["candidate"]), _n(t["delta"], sign=True), ""])
+    tables = [_table(["per iteration (median)", "baseline", "candidate", "Δ", "noise"], crow, align="lrrrl")]
+    syncs = diff.get("syncs") or []
+    if syncs:
+        tables.append(_table(["kind", "API", "direction", "trigger", "baseline / iter", "candidate / iter", "Δ"],
+                             [[x["kind"], x["api"], x["direction"], x["trigger"], _n(x["baseline_per_iteration"], 2), _n(x["candidate_per_iteration"], 2),
+                               _n(x["delta"], 2, sign=True)] for x in syncs[:MAX_ROWS]],
+                             align="llllrrr", caption="host syncs and blocking copies, with their trigger", name_cols=(3,),
+                             more=f"{len(syncs) - MAX_ROWS} more not shown" if len(syncs) > MAX_ROWS else None))
+    series = diff.get("series") or {}
+    figs_l = []
+    if series.get("baseline") or series.get("candidate"):
+        figs_l.append(figs.div(F.per_iteration_figure([(lb, series.get("baseline") or []), (lc, series.get("candidate") or [])])))
+    out.append(_section(f"{prefix}-counts", "Launches and syncs per iteration", figures=figs_l, tables=tables))
+
+    movers = diff.get("top_movers") or []
+    ktables = [_table(["kernel (normalized)", "category", "baseline µs", "candidate µs", "Δ µs", ""],
+                      [[m["name"], m["category"], _n(m["baseline_us"]), _n(m["candidate_us"]), _n(m["delta_us"], sign=True), m["status"]] for m in movers],
+                      align="llrrrl", caption="top movers, µs per iteration", name_cols=(0,))]
+    for key, what in (("kernels_added", "added"), ("kernels_removed", "removed")):
+        ks = diff.get(key) or []
+        total = diff.get(f"{key}_total", len(ks))
+        if ks:
+            ktables.append(_table(["kernel (normalized)", "category", "per iteration", "µs per iteration"],
+                                  [[k["name"], k["category"], _n(k["count_per_iteration"], 2), _n(k["us_per_iteration"])] for k in ks[:MAX_ROWS]],
+                                  align="llrr", caption=f"{total} kernel(s) {what}", name_cols=(0,), collapsed=True,
+                                  more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
+    out.append(_section(f"{prefix}-kernels", "Top kernels", tables=ktables))
+    man = [t for t in (_manifest_table(lb, (diff.get("manifests") or {}).get("baseline")),
+                       _manifest_table(lc, (diff.get("manifests") or {}).get("candidate"))) if t]
+    if man:
+        out.append(_section(f"{prefix}-manifests", "Run manifests", tables=man))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# runs (one summary, or a sweep of several)
+
+
+def _rank0(summary: Mapping[str, Any]) -> Mapping[str, Any]:
+    ranks = summary.get("ranks") or [{}]
+    return ranks[0]
+
+
+def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], figs: _Figures) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if len(runs) >= 2:
+        rows, data = [], []
+        first = runs[0][1]
+        prev = first
+        for i, (label, s) in enumerate(runs):
+            d0 = compare_summaries(first, s)
+            dp = compare_summaries(prev, s)
+            m = _rank0(s).get("median") or {}
+            data.append({"label": label, "wall_us": d0["wall_us"]["candidate"], "gpu_window_us": d0["gpu_window_us"]["candidate"]})
+            rows.append([label, d0["shape"]["label"], _n(d0["wall_us"]["candidate"]), "" if i == 0 else _n(dp["wall_us"]["delta"], sign=True),
+                         "" if i == 0 else _n(d0["wall_us"]["delta"], sign=True), _n(d0["gpu_window_us"]["candidate"]),
+                         _n(m.get("gpu_kernels"), 0), _n(m.get("kernel_launches"), 0), _n(m.get("graph_launches"), 0), _n(m.get("syncs"), 0),
+                         _n(m.get("bubble_us"))])
+            prev = s
+        out.append(_section(
+            "ladder", "Ladder", notes=["Each row against the previous one and against the first (mean µs per iteration, iterations of the shape both share)."],
+            figures=[figs.div(F.ladder_figure(data))],
+            tables=[_table(["configuration", "shape", "wall µs", "Δ vs previous", "Δ vs first", "GPU window µs", "kernels", "kernel launches",
+                            "graph launches", "syncs", "bubble µs"], rows, align="llrrrrrrrrr", name_cols=(0,))],
+        ))
+    # headline cards per run
+    for i, (label, s) in enumerate(runs):
+        r = _rank0(s)
+        m = r.get("median") or {}
+        its = r.get("iterations") or []
+        cards = [{"label": lab, "value": _n(m.get(k), d), "sub": "median per iteration", "tone": ""} for k, lab, d in (
+            ("wall_us", "wall µs", 1), ("gpu_window_us", "GPU window µs", 1), ("gpu_busy_us", "GPU busy µs", 1), ("gpu_idle_us", "GPU idle µs", 1),
+            ("kernel_launches", "kernel launches", 0), ("graph_launches", "graph launches", 0), ("syncs", "host syncs", 0), ("bubble_count", "bubbles", 0))]
+        notes = [f"rank {r.get('rank')} · {r.get('device') or 'unknown device'} · {len(its)} iterations · marker {r.get('marker')} · catalog {r.get('catalog')}"]
+        notes += [f"warning: {w}" for w in r.get("warnings") or []]
+        out.append(_section(f"run-{i}", label, cards=cards, notes=notes))
+    sides = [(label, _rank0(s).get("timeline")) for label, s in runs]
+    s = _section("runs-timeline", "Timeline of a representative iteration")
+    if any(t for _, t in sides):
+        s["figures"].append(figs.div(F.timeline_figure(sides)))
+    else:
+        s["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
+    out.append(s)
+    out.append(_section("runs-categories", "Time by category and bubbles by cause (medians per iteration)", figures=[
+        figs.div(F.category_figure([(label, (_rank0(s).get("median") or {}).get("category_us") or {}) for label, s in runs])),
+        figs.div(F.bubbles_figure([(label, _bubbles_by_cause(_rank0(s))) for label, s in runs])),
+    ]))
+    out.append(_section("runs-counts", "Launches and syncs per iteration", figures=[
+        figs.div(F.per_iteration_figure([(label, _rank0(s).get("iterations") or []) for label, s in runs]))]))
+    tables = []
+    for label, s in runs:
+        r = _rank0(s)
+        n = max(len(r.get("iterations") or []), 1)
+        ks = r.get("kernels") or []
+        tables.append(_table(["kernel", "category", "count / iter", "µs / iter", "total µs"],
+                             [[k["name"], k["category"], _n(k["count"] / n, 2), _n(k["total_us"] / n), _n(k["total_us"])] for k in ks[:MAX_ROWS]],
+                             align="llrrr", caption=f"top kernels: {label} ({len(ks)} distinct)", name_cols=(0,),
+                             more=f"{len(ks) - MAX_ROWS} more not shown" if len(ks) > MAX_ROWS else None, collapsed=len(runs) > 1))
+        sy: dict[tuple[str, str, str, str], list[float]] = {}
+        for x in r.get("syncs") or []:
+            sy.setdefault((x["kind"], x["api"], x["direction"], str(x["trigger"])), []).append(x["blocked_us"] or 0.0)
+        if sy:
+            tables.append(_table(["kind", "API", "direction", "trigger", "count / iter", "blocked µs / iter"],
+                                 [[k[0], k[1], k[2], k[3], _n(len(v) / n, 2), _n(sum(v) / n)] for k, v in sorted(sy.items(), key=lambda kv: -len(kv[1]))][:MAX_ROWS],
+                                 align="llllrr", caption=f"host syncs and blocking copies: {label}", name_cols=(3,)))
+    out.append(_section("runs-kernels", "Top kernels and syncs", tables=tables))
+    man = [t for t in (_manifest_table(label, s.get("manifest")) for label, s in runs) if t]
+    if man:
+        out.append(_section("runs-manifests", "Run manifests", tables=man))
+    return out
+
+
+def _bubbles_by_cause(r: Mapping[str, Any]) -> dict[str, float]:
+    m = (r.get("median") or {})
+    by = dict(m.get("bubble_us_by_cause") or {})
+    if m.get("gpu_idle_us") is not None and m.get("bubble_us") is not None:
+        by["short_gaps"] = max(m["gpu_idle_us"] - m["bubble_us"], 0.0)
+    return {k: by.get(k, 0.0) for k in IDLE_KEYS}
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def render_report(*, diffs: Sequence[Mapping[str, Any]] = (), runs: Sequence[tuple[str, Mapping[str, Any]]] = (), cdn: bool = False,
+                  title: str | None = None) -> str:
+    """One self-contained HTML page for any mix of diffs and runs (summaries, labelled)."""
+    figs = _Figures(cdn=cdn)
+    sections: list[dict[str, Any]] = []
+    for i, d in enumerate(diffs):
+        sections += diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff")
+    if runs:
+        sections += run_sections(runs, figs)
+    if title is None:
+        if diffs and not runs and len(diffs) == 1:
+            title = f"profkit diff: {diffs[0]['baseline']['label']} → {diffs[0]['candidate']['label']}"
+        elif len(runs) > 1 and not diffs:
+            title = f"profkit sweep: {len(runs)} configurations"
+        elif runs and not diffs:
+            title = f"profkit report: {runs[0][0]}"
+        else:
+            title = "profkit report"
+    data = {
+        "profkit_version": __version__,
+        "diffs": [{"baseline": d["baseline"]["label"], "candidate": d["candidate"]["label"], "optimization": d.get("optimization"),
+                   "wall_us": d["wall_us"], "residual_us": d["decomposition"]["residual_us"]} for d in diffs],
+        "runs": [label for label, _ in runs],
+        "figures": figs.n,
+    }
+    return _env().get_template("report.html").render(
+        title=title, subtitle=None, profkit_version=__version__, sections=sections,
+        nav=[{"id": s["id"], "title": s["title"]} for s in sections if s["id"].endswith(("summary", "ladder"))],
+        footer="times are µs per iteration; decompositions use means, counts use medians",
+        data=data,
+    )
