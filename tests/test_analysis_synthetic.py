@@ -208,7 +208,12 @@ def test_cpu_only_trace(tmp_path):
     b.cpu("scheduler.run_batch", 0, 10 * US)
     b.cpu("aten::mm", 1 * US, 5 * US, cat="cpu_op")
     b.cpu("scheduler.run_batch", 20 * US, 10 * US)
+    b.cpu("aten::relu", 2 * US, 1 * US, cat="cpu_op")  # nested: not a top-level op
     a = analyze_trace(load_trace(b.write(tmp_path / "cpu.json")), catalog=load_catalog("generic"))
-    assert col(a, "gpu_window_ns") == [0, 0]
+    assert a.device_timeline == "cpu"
+    assert col(a, "gpu_kernels") == [1, 0]  # the outermost aten op stands in for a device op
+    assert col(a, "gpu_window_ns") == [5 * US, 0]
+    assert col(a, "gpu_busy_ns") == [5 * US, 0]
+    assert col(a, "kernel_launches") == [0, 0]
     assert col(a, "wall_ns") == [20 * US, 10 * US]
     assert any("CPU-only" in w for w in a.warnings)
