@@ -242,3 +242,161 @@ def opts(target: Target = "sglang") -> None:
             off = fmt(o.off) if target == "sglang" else "--opts omits it"
             t.add_row(o.name, o.title + (f" [dim]({escape(o.note)})[/]" if o.note else ""), escape(fmt(o.on)), escape(off), escape(o.kernels))
         out.print(t)
+
+
+def sweep_plan(target: str, opts: list[str], mode: str) -> list[tuple[str, dict[str, bool], str | None, str | None]]:
+    """(label, states, compare_against_label, attributed_opt) for every run of a sweep."""
+    from profkit.targets.registry import registry
+
+    names = list(registry(target))
+    none = {n: False for n in names}
+    allon = {n: (n in opts) for n in names}
+    plan: list[tuple[str, dict[str, bool], str | None, str | None]] = []
+    if mode == "one-at-a-time":
+        plan.append(("baseline", none, None, None))
+        for o in opts:
+            plan.append((f"+{o}", {**none, o: True}, "baseline", o))
+        if len(opts) > 1:
+            plan.append(("all", allon, "baseline", None))
+    elif mode == "ladder":
+        plan.append(("baseline", none, None, None))
+        prev, cur = "baseline", dict(none)
+        for o in opts:
+            cur = {**cur, o: True}
+            label = "+" + "+".join(x for x in opts[: opts.index(o) + 1])
+            plan.append((label, dict(cur), prev, o))
+            prev = label
+    elif mode == "leave-one-out":
+        plan.append(("all", allon, None, None))
+        for o in opts:
+            plan.append((f"all-{o}", {**allon, o: False}, None, o))
+    else:
+        raise UsageError(f"--mode {mode!r}: use one-at-a-time, ladder or leave-one-out")
+    return plan
+
+
+@app.command()
+def sweep(
+    opts_: Annotated[str, typer.Option("--opts", help="Comma-separated optimizations, e.g. overlap,topk_v2,indexer_fusion.")],
+    mode: Annotated[str, typer.Option("--mode", help="one-at-a-time (each alone vs baseline, then all), ladder (cumulative), leave-one-out (all on, each off).")] = "one-at-a-time",
+    target: Target = "proxy",
+    preset: Annotated[Optional[str], typer.Option("--preset")] = None,
+    model_path: Annotated[Optional[str], typer.Option("--model-path")] = None,
+    server_python: Annotated[Optional[str], typer.Option("--server-python")] = None,
+    extra_server_args: Annotated[str, typer.Option("--extra-server-args")] = "",
+    isl: Annotated[Optional[str], typer.Option("--isl", help="Input length(s); a list gives the input-length curve (the study's Figure 8).")] = None,
+    turns: Annotated[int, typer.Option("--turns")] = 13,
+    turn_tokens: Annotated[Optional[int], typer.Option("--turn-tokens")] = None,
+    output_tokens: Annotated[Optional[int], typer.Option("--output-tokens")] = None,
+    concurrency: Annotated[str, typer.Option("--concurrency", help="A list (1,2,4,8,16) gives the Pareto curve: tokens/s per GPU vs per user.")] = "1",
+    workload_file: Annotated[Optional[Path], typer.Option("--workload-file")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    repeat: Annotated[int, typer.Option("--repeat")] = 1,
+    num_steps: Annotated[int, typer.Option("--num-steps")] = 20,
+    profile_turn: Annotated[int, typer.Option("--profile-turn")] = 1,
+    port: Annotated[Optional[int], typer.Option("--port")] = None,
+    health_timeout: Annotated[Optional[float], typer.Option("--health-timeout")] = None,
+    profile_timeout: Annotated[float, typer.Option("--profile-timeout")] = 120.0,
+    traces_dir: Annotated[Path, typer.Option("--traces-dir")] = Path("traces"),
+    reports_dir: Annotated[Path, typer.Option("--reports-dir")] = Path("reports"),
+    catalog: Annotated[Optional[str], typer.Option("--catalog")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
+) -> None:
+    """Run a set of optimizations one at a time, as a ladder, or leave-one-out; one attribution table.
+
+    Example:
+
+        profkit sweep --opts overlap,topk_v2,indexer_fusion --mode ladder
+    """
+    from profkit.targets.registry import check_opts
+    from profkit.store import write_json_atomic
+
+    with user_errors():
+        cfg = _config(target, preset, model_path, server_python, extra_server_args, isl, turns, turn_tokens, output_tokens, concurrency,
+                      workload_file, seed, repeat, num_steps, False, False, port, health_timeout, profile_timeout, traces_dir, reports_dir,
+                      None, 2.0, catalog, profile_turn)
+        chosen = check_opts(target, [o.strip() for o in opts_.split(",") if o.strip()])
+        if not chosen:
+            raise UsageError("--opts is empty")
+        plan = sweep_plan(target, chosen, mode)
+        if dry_run:
+            _dry_run(cfg, [(label, st) for label, st, _, _ in plan])
+            return
+        _sigterm_as_interrupt()
+        stamp = _stamp()
+        sweep_dir = reports_dir / f"{stamp}-{target}-sweep-{mode}"
+        results: dict[str, Any] = {}
+        doc: dict[str, Any] = {"schema_version": 1, "kind": "sweep", "mode": mode, "target": target, "optimizations": chosen, "runs": [],
+                               "attribution": [], "status": "running"}
+        with _progress_runner() as progress:
+            for label, states, _, _ in plan:
+                safe = label.replace("+", "plus-").replace("/", "_")
+                res = _run(cfg, states, f"{stamp}-{target}-{mode}-{safe}", label, progress)
+                results[label] = res
+                doc["runs"].append({"label": label, "run_id": res.run_id, "states": states, "summary": str(res.summary_path),
+                                    "throughput": res.manifest.get("throughput")})
+                write_json_atomic(sweep_dir / "sweep.json", doc)
+        for label, states, against, opt in plan:
+            if mode == "leave-one-out":
+                if opt is None:
+                    continue
+                before, after = results[label], results["all"]
+            elif against is None:
+                continue
+            else:
+                before, after = results[against], results[label]
+            pair_dir = sweep_dir / f"{before.run_id.rsplit('-', 1)[-1]}__{label.replace('+', 'plus-')}"
+            diff = _attribute(before, after, [opt] if opt else [], pair_dir, catalog, target)
+            doc["attribution"].append(_attribution_row(label, opt, before, after, diff, pair_dir))
+        doc["pareto"] = {r["label"]: [{"concurrency": p["concurrency"], "isl": p["isl"],
+                                       "tokens_per_s_per_gpu": p["tokens_per_s_per_gpu"]["median"],
+                                       "tokens_per_s_per_user": p["tokens_per_s_per_user_p50"]["median"]} for p in (r["throughput"] or [])]
+                         for r in doc["runs"]}
+        doc["status"] = "ok"
+        write_json_atomic(sweep_dir / "sweep.json", doc)
+        _render_sweep(doc)
+        out.print(f"wrote {escape(str(sweep_dir / 'sweep.json'))}")
+
+
+def _attribution_row(label: str, opt: Optional[str], before: Any, after: Any, diff: dict[str, Any], pair_dir: Path) -> dict[str, Any]:
+    tb = ((diff.get("throughput") or {}).get("baseline") or {}).get("tokens_per_s_per_user_p50", {}).get("median")
+    tc = ((diff.get("throughput") or {}).get("candidate") or {}).get("tokens_per_s_per_user_p50", {}).get("median")
+    counts = diff.get("counts", {})
+    return {
+        "label": label, "optimization": opt, "baseline": before.run_id, "candidate": after.run_id, "diff": str(pair_dir / "diff.json"),
+        "tokens_per_s_per_user": {"baseline": tb, "candidate": tc, "ratio": (tc / tb) if tb and tc else None},
+        "gpu_window_us": diff.get("gpu_window_us"), "wall_us": diff.get("wall_us"),
+        "decomposition": diff.get("decomposition"),
+        "counts": {k: (v or {}).get("delta") for k, v in counts.items()},
+        "flags": [f for f in ((diff.get("expected_effect") or {}).get("flags") or [])],
+    }
+
+
+def _render_sweep(doc: dict[str, Any]) -> None:
+    t = Table(title=f"attribution ({doc['mode']}); per-iteration means, counts per-iteration medians", title_justify="left", box=None)
+    for c in ("run", "tok/s/user", "Δ window µs", "top category Δ", "Δ idle µs", "Δ kernels", "Δ launches", "Δ syncs"):
+        t.add_column(c, justify="left" if c in ("run", "top category Δ") else "right", no_wrap=True)
+    flags: list[str] = []
+    for row in doc["attribution"]:
+        tp = row["tokens_per_s_per_user"]
+        w = row.get("gpu_window_us") or {}
+        dec = row.get("decomposition") or {}
+        cats = dec.get("category_us") or {}
+        top = max(cats.items(), key=lambda kv: abs(kv[1]), default=None)
+        c = row["counts"]
+        t.add_row(
+            escape(row["label"]),
+            f"{tp['baseline']:.0f}→{tp['candidate']:.0f}" if tp["baseline"] and tp["candidate"] else "-",
+            f"{w.get('delta', 0):+,.0f}" if w else "-",
+            escape(f"{top[0]} {top[1]:+,.0f}") if top else "-",
+            f"{dec.get('idle_us', 0):+,.0f}" if dec else "-",
+            _d(c.get("gpu_kernels")), _d(c.get("kernel_launches")), _d(c.get("syncs")),
+        )
+        flags += [f"{row['label']}: {f}" for f in row["flags"]]
+    out.print(t)
+    for f in flags:
+        out.print(f"[yellow]flag:[/] {escape(f)}", soft_wrap=True)
+
+
+def _d(v: Any) -> str:
+    return "-" if v is None else f"{v:+g}"

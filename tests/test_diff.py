@@ -93,6 +93,8 @@ def test_normalized_kernel_names():
     assert normalize_kernel_name("Memcpy DtoH (Device -> Pageable)") == "Memcpy DtoH (Device -> Pageable)"
     assert normalize_kernel_name("void f<(int)4>(T<a>)") == "void f<>()"
     assert normalize_kernel_name("unbalanced<a") == "unbalanced<a"
+    assert normalize_kernel_name("<script>alert(1)</script>") == "<script>alert()</script>"
+    assert normalize_kernel_name("a -> b < c") == "a -> b < c"
 
 
 def test_confined_change_decomposes_exactly_and_passes(tmp_path):
@@ -306,3 +308,30 @@ def test_fixture_two_streams_decomposes_exactly():
     base, cand = _fixture_summary("eager_decode"), _fixture_summary("two_streams")
     d = compare_summaries(base, cand)
     assert d["decomposition"]["residual_us"] == 0 and exact_residual(d, base, cand) == 0
+
+
+def test_cli_diff_run_folders_with_manifests_infer_the_optimization(tmp_path):
+    for side, kernels, opts in (("base", BASE, []), ("topk", [(n, 20 if n == "topk_select" else d) for n, d in BASE], ["topk_v2"])):
+        folder = tmp_path / side
+        folder.mkdir()
+        decode_trace(kernels).write(folder / "rank0.pt.trace.json.gz")
+        (folder / "manifest.json").write_text(json.dumps({"schema_version": 1, "optimizations": opts, "gpu": "H200"}))
+    cat = tmp_path / "cat.toml"
+    cat.write_text('name = "t"\n[[rule]]\ncategory = "topk"\npattern = "topk"\n[[rule]]\ncategory = "attention"\npattern = "attention"\n'
+                   '[optimizations.topk_v2]\ncategories = ["topk"]\n')
+    r = runner.invoke(app, ["diff", str(tmp_path / "base"), str(tmp_path / "topk"), "--catalog", str(cat), "--json", "-"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["optimization"] == "topk_v2"
+    assert d["expected_effect"]["known"] and d["expected_effect"]["ok"]
+    assert d["baseline"]["label"] == "base" and d["candidate"]["label"] == "topk"
+    assert d["manifests"]["candidate"]["optimizations"] == ["topk_v2"]
+
+
+def test_infer_optimization():
+    from profkit.inputs import infer_optimization
+
+    assert infer_optimization({"opts": "overlap"}, {"opts": "overlap,topk_v2"}) == "topk_v2"
+    assert infer_optimization(None, {"config": {"opt": "cuda_graph"}}) == "cuda_graph"
+    assert infer_optimization({}, {"optimizations": ["a", "b"]}) is None
+    assert infer_optimization({}, None) is None

@@ -83,8 +83,9 @@ def normalize_kernel_name(name: str) -> str:
     'void at::native::k<>()'
     """
     s = name.replace("(anonymous namespace)::", "").replace("(anonymous namespace)", "")
-    # "operator<" / "->" style tokens are rare in kernel names; an unbalanced fold is a no-op anyway.
-    s = _fold(s, "<", ">")
+    # Template argument lists follow a name (`k<float, 4>`); a lone "<" or "->" is left alone, and an
+    # unbalanced fold is a no-op.
+    s = _fold(s, "<", ">", attached_only=True)
     s = _fold(s, "(", ")", attached_only=True)
     return _WS.sub(" ", s).strip()
 
@@ -500,6 +501,7 @@ def compare_summaries(
             "baseline_us": bu, "candidate_us": cu, "delta_us": cu - bu,
             "baseline_count": b["count_per_iteration"] if b else 0.0, "candidate_count": c["count_per_iteration"] if c else 0.0,
             "status": "added" if b is None else "removed" if c is None else "changed",
+            "examples": list((c or b)["examples"]),  # type: ignore[index]
         })
     movers.sort(key=lambda m: (-abs(m["delta_us"]), m["name"]))
 
@@ -539,7 +541,54 @@ def compare_summaries(
         "timelines": {"baseline": rb.get("timeline"), "candidate": rc.get("timeline")},
         "series": {"baseline": _series(rb, ib), "candidate": _series(rc, ic)},
         "manifests": {"baseline": baseline.get("manifest"), "candidate": candidate.get("manifest")},
+        # unprofiled throughput, the headline, when the run manifests carry it (first workload point)
+        "throughput": {"baseline": _first_point(baseline.get("manifest")), "candidate": _first_point(candidate.get("manifest"))},
     }
+
+
+THROUGHPUT_KEYS = (
+    ("tokens_per_s_per_user_p50", "tokens/s per user (p50)", True), ("tokens_per_s_per_gpu", "tokens/s per GPU", True),
+    ("tokens_per_s", "tokens/s", True), ("ttft_ms_p50", "TTFT ms (p50)", False), ("itl_ms_p50", "ITL ms (p50)", False),
+    ("accept_length", "accept length", True), ("cache_hit_rate", "cache hit rate", True),
+)
+
+
+def throughput_points(manifest: Any) -> list[dict[str, Any]]:
+    """The manifest's unprofiled workload points ({isl, concurrency, <metric>: {median, spread, ...}}), or []."""
+    pts = manifest.get("throughput") if isinstance(manifest, Mapping) else None
+    return [p for p in pts if isinstance(p, Mapping)] if isinstance(pts, list) else []
+
+
+def _first_point(manifest: Any) -> dict[str, Any] | None:
+    pts = throughput_points(manifest)
+    return dict(pts[0]) if pts else None
+
+
+def _median_of(point: Mapping[str, Any] | None, key: str) -> tuple[float | None, float | None]:
+    v = (point or {}).get(key)
+    if isinstance(v, Mapping):
+        return v.get("median"), v.get("spread")
+    return (float(v), None) if isinstance(v, (int, float)) else (None, None)
+
+
+def throughput_rows(diff: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Unprofiled throughput side by side: label, baseline, candidate, change (%), within_noise
+    (None without a spread), higher_is_better. Empty when the manifests carry no throughput."""
+    tp = diff.get("throughput") or {}
+    b, c = tp.get("baseline"), tp.get("candidate")
+    if not b and not c:
+        return []
+    rows = []
+    for key, label, higher in THROUGHPUT_KEYS:
+        (bv, bs), (cv, cs) = _median_of(b, key), _median_of(c, key)
+        if bv is None and cv is None:
+            continue
+        change = (cv / bv - 1) * 100 if bv and cv is not None else None
+        spread = max(x for x in (bs, cs, -1.0) if x is not None)
+        within = None if spread < 0 or bv is None or cv is None else abs(cv - bv) < spread
+        rows.append({"key": key, "label": label, "baseline": bv, "candidate": cv, "change_pct": change, "within_noise": within,
+                     "higher_is_better": higher})
+    return rows
 
 
 SERIES_FIELDS = ("wall_us", "gpu_window_us", "gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "bubble_count")

@@ -47,6 +47,8 @@ def post_json(url: str, body: Any, *, timeout: float = 600.0) -> Any:
 
 def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # like the servers themselves: a port in TIME_WAIT after the previous run is free
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

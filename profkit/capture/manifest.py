@@ -17,7 +17,7 @@ MANIFEST_SCHEMA = 1
 
 
 def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def git_revision(cwd: Path) -> str | None:

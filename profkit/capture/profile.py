@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
 from profkit.capture.http import HTTPFailure, request
 from profkit.errors import TargetError
@@ -26,7 +27,7 @@ def rank_files(output_dir: Path, profile_id: str) -> list[Path]:
 
 
 def wait_for_traces(base_url: str, output_dir: Path, profile_id: str, world_size: int, *, timeout_s: float,
-                    alive: callable = lambda: True) -> list[Path]:
+                    alive: Callable[[], bool] = lambda: True, idle: Callable[[], bool] = lambda: False) -> list[Path]:
     """Poll until `world_size` rank files exist and their sizes stopped changing.
 
     /start_profile returns at once and schedulers write later (SGLang §0 #9); if the window never
@@ -49,7 +50,7 @@ def wait_for_traces(base_url: str, output_dir: Path, profile_id: str, world_size
         last = sizes
         if not alive():
             raise TargetError("the server died while profiling")
-        if not stopped and time.monotonic() > half:
+        if not stopped and (time.monotonic() > half or idle()):
             stopped = True
             try:
                 request(base_url + "/stop_profile", {}, timeout=max(5.0, deadline - time.monotonic()))

@@ -237,7 +237,8 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
     body = start_profile(spec.base_url, output_dir=trace_dir, profile_id=run_id, num_steps=cfg.num_steps, with_stack=cfg.with_stack,
                          record_shapes=cfg.record_shapes)
     manifest.update(profile_request=body)
-    files = wait_for_traces(spec.base_url, trace_dir, run_id, spec.world_size, timeout_s=cfg.profile_timeout_s, alive=server.alive)
+    files = wait_for_traces(spec.base_url, trace_dir, run_id, spec.world_size, timeout_s=cfg.profile_timeout_s, alive=server.alive,
+                            idle=lambda: not th.is_alive())
     t_end = time.perf_counter()
     while th.is_alive():
         th.join(0.2)

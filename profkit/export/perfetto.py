@@ -224,11 +224,13 @@ def build_perfetto(pairs: Sequence[tuple[Trace, RankAnalysis]]) -> bytes:
         for r in _rows(trace.cpu, ("name", "cat", "ts_ns", "end_ns", "pid", "tid", "external_id")):
             host_events.setdefault(r["pid"], {}).setdefault(r["tid"], []).append(
                 _Slice(r["ts_ns"], r["end_ns"], r["name"] or "", {"cat": r["cat"], "external_id": r["external_id"]}))
+        # flows only where both ends exist: a sync call has a correlation id but no GPU op
+        linked = set(trace.gpu_ops["correlation"].drop_nulls().to_list()) & set(trace.calls["correlation"].drop_nulls().to_list())
         for r in _rows(trace.calls, ("name", "ts_ns", "end_ns", "pid", "tid", "correlation", "external_id")):
             corr = r["correlation"]
             host_events.setdefault(r["pid"], {}).setdefault(r["tid"], []).append(_Slice(
                 r["ts_ns"], r["end_ns"], r["name"] or "", {"cat": "cuda_runtime", "correlation": corr, "external_id": r["external_id"]},
-                flows=(flow_base + corr,) if corr is not None else ()))
+                flows=(flow_base + corr,) if corr in linked else ()))
         for pi, pid in enumerate(sorted(host_events)):
             proc = b.track(f"host {pid}{(' ' + label) if label else ''}", rank=10 + pi)
             for ti, tid in enumerate(sorted(host_events[pid], key=lambda x: (len(x), x))):
@@ -244,7 +246,7 @@ def build_perfetto(pairs: Sequence[tuple[Trace, RankAnalysis]]) -> bytes:
             gpu_events.setdefault(r["device"], {}).setdefault(r["stream"], []).append(_Slice(
                 r["ts_ns"], r["end_ns"], r["name"] or "",
                 {"cat": r["cat"], "correlation": corr, "category": r["_cat"], "iteration": r["_it"], "bytes": r["bytes"]},
-                flows=(flow_base + corr,) if corr is not None else ()))
+                flows=(flow_base + corr,) if corr in linked else ()))
         for r in _rows(trace.gpu_annotations, ("name", "ts_ns", "end_ns", "pid", "tid")):
             dev = int(r["pid"]) if str(r["pid"]).isdigit() else None
             stream = int(r["tid"]) if str(r["tid"]).isdigit() else None

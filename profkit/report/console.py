@@ -88,3 +88,4 @@ def render_summary(summary: dict[str, Any], console: Console, *, top: int = 10) 
             console.print(t)
         for w in r["warnings"]:
             console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+from profkit.report.console_diff import render_diff  # noqa: E402,F401  (diff tables live in console_diff; re-exported for callers)

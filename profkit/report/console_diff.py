@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from profkit.attribution.diff import decomposition_rows, headline, within_noise
+from profkit.attribution.diff import decomposition_rows, headline, throughput_rows, within_noise
 
 
 def _f(x: float | None, digits: int = 1, *, sign: bool = False) -> str:
@@ -30,6 +30,15 @@ def render_diff(diff: Mapping[str, Any], console: Console, *, top: int = 10) -> 
     console.print(f"[bold]{escape(b['label'])}[/] → [bold]{escape(c['label'])}[/]"
                   + (f"  [cyan]{escape(diff['optimization'])}[/]" if diff.get("optimization") else ""))
     console.print(escape(headline(diff)))
+    tp = throughput_rows(diff)
+    if tp:
+        t = Table(title="unprofiled throughput", title_justify="left", box=None)
+        for col in ("", "baseline", "candidate", "change", ""):
+            t.add_column(col, justify="left" if col == "" else "right")
+        for r in tp:
+            t.add_row(r["label"], _f(r["baseline"], 2), _f(r["candidate"], 2), "-" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%",
+                      {None: "", True: "[dim]within noise[/]", False: "[bold]beyond noise[/]"}[r["within_noise"]])
+        console.print(t)
     ee = diff.get("expected_effect")
     if ee and ee.get("known"):
         if ee["flags"]:

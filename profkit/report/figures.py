@@ -172,3 +172,51 @@ def ladder_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
     fig.add_trace(go.Bar(x=x, y=[r["gpu_window_us"] for r in rows], name="GPU window µs", marker_color=SIDE_COLORS[1]))
     fig.update_yaxes(title_text="µs per iteration (mean)")
     return _layout(fig, title="Ladder: per-iteration time by configuration", barmode="group")
+
+
+def _med(point: Mapping[str, Any], key: str) -> float | None:
+    v = point.get(key)
+    if isinstance(v, Mapping):
+        return v.get("median")
+    return v if isinstance(v, (int, float)) else None
+
+
+def pareto_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> go.Figure:
+    """Unprofiled throughput over concurrency: tokens/s per GPU against tokens/s per user, one
+    line per configuration (points of its first input length)."""
+    fig = go.Figure()
+    for i, (label, points) in enumerate(sides):
+        if not points:
+            continue
+        isl0 = points[0].get("isl")
+        pts = sorted((p for p in points if p.get("isl") == isl0), key=lambda p: p.get("concurrency") or 0)
+        fig.add_trace(go.Scatter(
+            x=[_med(p, "tokens_per_s_per_user_p50") for p in pts], y=[_med(p, "tokens_per_s_per_gpu") for p in pts],
+            text=[f"c={p.get('concurrency')}" for p in pts], mode="lines+markers+text", textposition="top center",
+            name=esc(label, 80), line=dict(color=SIDE_COLORS[i % len(SIDE_COLORS)]),
+        ))
+    fig.update_xaxes(title_text="tokens/s per user (p50)")
+    fig.update_yaxes(title_text="tokens/s per GPU")
+    return _layout(fig, title="Throughput Pareto curve over concurrency (unprofiled)", height=420)
+
+
+def input_length_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> go.Figure:
+    """Unprofiled tokens/s per user against input length (points of the first concurrency)."""
+    fig = go.Figure()
+    for i, (label, points) in enumerate(sides):
+        if not points:
+            continue
+        c0 = points[0].get("concurrency")
+        pts = sorted((p for p in points if p.get("concurrency") == c0), key=lambda p: p.get("isl") or 0)
+        fig.add_trace(go.Scatter(x=[p.get("isl") for p in pts], y=[_med(p, "tokens_per_s_per_user_p50") for p in pts], mode="lines+markers",
+                                 name=esc(label, 80), line=dict(color=SIDE_COLORS[i % len(SIDE_COLORS)])))
+    fig.update_xaxes(title_text="input length (tokens)")
+    fig.update_yaxes(title_text="tokens/s per user (p50)")
+    return _layout(fig, title="Throughput over input length (unprofiled)", height=400)
+
+
+def curve_kinds(points_by_side: Sequence[Sequence[Mapping[str, Any]]]) -> tuple[bool, bool]:
+    """(has a concurrency sweep, has an input-length sweep) in any side's throughput points."""
+    conc = any(len({p.get("concurrency") for p in pts}) > 1 for pts in points_by_side)
+    isl = any(len({p.get("isl") for p in pts}) > 1 for pts in points_by_side)
+    return conc, isl

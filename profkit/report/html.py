@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from markupsafe import Markup
 
 from profkit import __version__
-from profkit.attribution.diff import IDLE_KEYS, compare_summaries, decomposition_rows, headline, within_noise
+from profkit.attribution.diff import IDLE_KEYS, compare_summaries, decomposition_rows, headline, throughput_points, throughput_rows, within_noise
 from profkit.report import figures as F
 
 MAX_ROWS = 50
@@ -98,6 +98,11 @@ def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, str]]:
     return [(prefix, obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False))]
 
 
+def _example(k: Mapping[str, Any], max_len: int = 300) -> str:
+    ex = (k.get("examples") or [""])[0]
+    return ex if len(ex) <= max_len else ex[: max_len - 1] + "…"
+
+
 def _manifest_table(label: str, manifest: Any) -> dict[str, Any] | None:
     if not manifest:
         return None
@@ -117,6 +122,11 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     w, g = diff["wall_us"], diff["gpu_window_us"]
     dec = diff["decomposition"]
     cards = [
+        {"label": f"{t['label']} (unprofiled)", "value": f"{_n(t['baseline'], 2)} → {_n(t['candidate'], 2)}",
+         "sub": (f"{t['change_pct']:+.1f}%" if t["change_pct"] is not None else "") + {None: "", True: " · within noise", False: " · beyond noise"}[t["within_noise"]],
+         "tone": "" if t["change_pct"] is None or t["within_noise"] else ("good" if (t["change_pct"] > 0) == t["higher_is_better"] else "bad")}
+        for t in throughput_rows(diff) if t["key"] in ("tokens_per_s_per_user_p50", "tokens_per_s_per_gpu")
+    ] + [
         {"label": "wall µs per iteration (mean)", "value": f"{_n(w['baseline'])} → {_n(w['candidate'])}", "sub": f"{_n(w['delta'], sign=True)} µs {_pct(w['ratio'])}",
          "tone": "good" if (w["delta"] or 0) < 0 else "bad" if (w["delta"] or 0) > 0 else ""},
         {"label": "GPU window µs (mean)", "value": f"{_n(g['baseline'])} → {_n(g['candidate'])}", "sub": f"{_n(g['delta'], sign=True)} µs {_pct(g['ratio'])}",
@@ -199,18 +209,24 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     out.append(_section(f"{prefix}-counts", "Launches and syncs per iteration", figures=figs_l, tables=tables))
 
     movers = diff.get("top_movers") or []
-    ktables = [_table(["kernel (normalized)", "category", "baseline µs", "candidate µs", "Δ µs", ""],
-                      [[m["name"], m["category"], _n(m["baseline_us"]), _n(m["candidate_us"]), _n(m["delta_us"], sign=True), m["status"]] for m in movers],
-                      align="llrrrl", caption="top movers, µs per iteration", name_cols=(0,))]
+    ktables = [_table(["kernel (normalized)", "category", "baseline µs", "candidate µs", "Δ µs", "", "full name, e.g."],
+                      [[m["name"], m["category"], _n(m["baseline_us"]), _n(m["candidate_us"]), _n(m["delta_us"], sign=True), m["status"],
+                        _example(m)] for m in movers],
+                      align="llrrrll", caption="top movers, µs per iteration", name_cols=(0, 6))]
     for key, what in (("kernels_added", "added"), ("kernels_removed", "removed")):
         ks = diff.get(key) or []
         total = diff.get(f"{key}_total", len(ks))
         if ks:
-            ktables.append(_table(["kernel (normalized)", "category", "per iteration", "µs per iteration"],
-                                  [[k["name"], k["category"], _n(k["count_per_iteration"], 2), _n(k["us_per_iteration"])] for k in ks[:MAX_ROWS]],
-                                  align="llrr", caption=f"{total} kernel(s) {what}", name_cols=(0,), collapsed=True,
+            ktables.append(_table(["kernel (normalized)", "category", "per iteration", "µs per iteration", "full name, e.g."],
+                                  [[k["name"], k["category"], _n(k["count_per_iteration"], 2), _n(k["us_per_iteration"]), _example(k)]
+                                   for k in ks[:MAX_ROWS]],
+                                  align="llrrl", caption=f"{total} kernel(s) {what}", name_cols=(0, 4), collapsed=True,
                                   more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
     out.append(_section(f"{prefix}-kernels", "Top kernels", tables=ktables))
+    curves = _curve_section(f"{prefix}-throughput", [(lb, throughput_points((diff.get("manifests") or {}).get("baseline"))),
+                                                       (lc, throughput_points((diff.get("manifests") or {}).get("candidate")))], figs)
+    if curves:
+        out.append(curves)
     man = [t for t in (_manifest_table(lb, (diff.get("manifests") or {}).get("baseline")),
                        _manifest_table(lc, (diff.get("manifests") or {}).get("candidate"))) if t]
     if man:
@@ -290,10 +306,26 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], figs: _Figures) 
                                  [[k[0], k[1], k[2], k[3], _n(len(v) / n, 2), _n(sum(v) / n)] for k, v in sorted(sy.items(), key=lambda kv: -len(kv[1]))][:MAX_ROWS],
                                  align="llllrr", caption=f"host syncs and blocking copies: {label}", name_cols=(3,)))
     out.append(_section("runs-kernels", "Top kernels and syncs", tables=tables))
+    curves = _curve_section("runs-throughput", [(label, throughput_points(s.get("manifest"))) for label, s in runs], figs)
+    if curves:
+        out.append(curves)
     man = [t for t in (_manifest_table(label, s.get("manifest")) for label, s in runs) if t]
     if man:
         out.append(_section("runs-manifests", "Run manifests", tables=man))
     return out
+
+
+def _curve_section(id: str, sides: list[tuple[str, list[dict[str, Any]]]], figs: _Figures) -> dict[str, Any] | None:
+    """Pareto (over concurrency) and input-length curves from the manifests' throughput points."""
+    conc, isl = F.curve_kinds([pts for _, pts in sides])
+    if not (conc or isl):
+        return None
+    s = _section(id, "Unprofiled throughput curves")
+    if conc:
+        s["figures"].append(figs.div(F.pareto_figure(sides)))
+    if isl:
+        s["figures"].append(figs.div(F.input_length_figure(sides)))
+    return s
 
 
 def _bubbles_by_cause(r: Mapping[str, Any]) -> dict[str, float]:

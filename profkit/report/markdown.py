@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from profkit.attribution.diff import decomposition_rows, headline, within_noise
+from profkit.attribution.diff import decomposition_rows, headline, throughput_rows, within_noise
 
 GITHUB_COMMENT_LIMIT = 65_536
 # Headroom under GitHub's limit for whatever the bot that posts the comment adds around it.
@@ -70,6 +70,15 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     if opt:
         title += f" — {md_escape(opt, max_len=60)}"
     out += [title, "", f"**{md_escape(headline(diff), max_len=None)}**", ""]
+
+    tp = throughput_rows(diff)
+    if tp:
+        out += ["#### Unprofiled throughput", ""]
+        mark = {None: "", True: "within noise", False: "**beyond noise**"}
+        out += _table(["", "baseline", "candidate", "change", ""], "lrrrl",
+                      [[t["label"], _n(t["baseline"], 2), _n(t["candidate"], 2),
+                        "–" if t["change_pct"] is None else f"{t['change_pct']:+.1f}%", mark[t["within_noise"]]] for t in tp])
+        out.append("")
 
     ee = diff.get("expected_effect")
     if ee:

@@ -1,0 +1,187 @@
+"""HTML reports: escaping of hostile trace strings, figures, byte stability, plotly.js inclusion, and
+(when Debian's `chromium` is installed) rendering in headless Chromium with no console errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+from typer.testing import CliRunner
+
+from profkit.attribution.diff import compare_summaries
+from profkit.cli import app
+from profkit.report import figures as F
+from profkit.report.html import render_report
+from test_diff import BASE, CATALOG, decode_trace, summarize
+
+SCRIPT_NAME = "<script>alert(1)</script>"
+HOSTILE = [
+    (SCRIPT_NAME, 6),
+    ("<img src=x onerror=\"document.body.setAttribute('data-pwned','img')\">", 4),
+    ("</script><script>document.body.setAttribute('data-pwned','breakout')</script>", 3),
+    ("evil|pipe `tick` @everyone **bold** [link](javascript:alert(2)) & <b>x</b>", 2),
+]
+HOSTILE_MANIFEST = {"command": "python serve.py --name '</script><script>alert(3)</script>'", "opts": ["topk_v2"],
+                    "gpu": "<img src=y onerror=alert(4)>"}
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile")
+    base = summarize(decode_trace(BASE), tmp, "base")
+    cand = summarize(decode_trace([(n, 20 if n == "topk_select" else d) for n, d in BASE] + HOSTILE, sync=True), tmp, "cand")
+    cand["manifest"] = HOSTILE_MANIFEST
+    d = compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG, labels=("base", "cand <i>"))
+    return base, cand, d
+
+
+def _no_raw_hostile(html: str) -> None:
+    assert "<script>alert(" not in html
+    assert "<img src=x" not in html and "<img src=y" not in html
+    # every <script> in the page is plotly's (its config, its bundle, one per figure) or profkit's data block
+    for m in re.finditer(r"<script\b[^>]*>", html):
+        tag, body = m.group(0), html[m.end(): m.end() + 80].lstrip()
+        if tag == '<script type="application/json" id="profkit-data">' or tag.startswith('<script charset="utf-8" src="https://cdn.plot.ly/'):
+            continue
+        assert tag in ("<script>", '<script type="text/javascript">'), tag
+        assert body.startswith(("window.PlotlyConfig", "/**\n* plotly.js", "window.PLOTLYENV")), body
+
+
+def test_diff_report_escapes_every_trace_string(hostile):
+    _, _, d = hostile
+    html = render_report(diffs=[d])
+    _no_raw_hostile(html)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # the kernel name, as text, in the tables
+    assert "cand &lt;i&gt;" in html
+    assert "&lt;/script&gt;&lt;script&gt;alert(3)&lt;/script&gt;" in html  # the manifest
+    assert html.count('<div id="profkit-fig-') == 5
+
+
+def test_report_is_byte_stable_and_plotly_inline_once(hostile):
+    _, _, d = hostile
+    a, b = render_report(diffs=[d]), render_report(diffs=[d])
+    assert a == b
+    assert 'src="http' not in a  # self-contained
+    assert a.count("Plotly.newPlot") == 5
+    assert len(a) > 3_000_000  # plotly.js inline, once
+    small = render_report(diffs=[d], cdn=True)
+    assert len(small) < 500_000 and small.count('src="https://cdn.plot.ly/') == 1
+
+
+def test_run_and_sweep_reports(hostile):
+    base, cand, _ = hostile
+    one = render_report(runs=[("base", base)])
+    assert "Timeline of a representative iteration" in one and "Ladder" not in one
+    sweep = render_report(runs=[("base", base), ("topk", cand), ("again", base)])
+    _no_raw_hostile(sweep)
+    assert "Ladder" in sweep and "Δ vs previous" in sweep
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in sweep
+    assert "Run manifests" in sweep
+
+
+def test_summary_without_timeline_still_renders(hostile):
+    base, _, _ = hostile
+    old = json.loads(json.dumps(base))
+    for r in old["ranks"]:
+        r.pop("timeline")
+    html = render_report(runs=[("old", old)])
+    assert "No timeline in these summaries" in html
+
+
+def test_timeline_figure_data(hostile):
+    _, cand, _ = hostile
+    tl = cand["ranks"][0]["timeline"]
+    fig = F.timeline_figure([("cand", tl)])
+    names = {t.name for t in fig.data}
+    assert {"gemm", "attention", "topk", "other", "memcpy"} <= names
+    assert any(n.startswith("bubble: ") for n in names) and "host sync (blocked)" in names
+    hover = " ".join(h for t in fig.data for h in (t.hovertext or ()))
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in hover and SCRIPT_NAME not in hover
+    n_ops = sum(len(t.x) for t in fig.data if t.legendgroup.startswith("cat:"))
+    assert n_ops == len(tl["ops"]["start_us"]) == tl["ops_total"]
+
+
+def test_waterfall_adds_up(hostile):
+    _, _, d = hostile
+    fig = F.waterfall_figure(d)
+    w = fig.data[0]
+    assert w.measure[0] == "absolute" and w.measure[-1] == "total"
+    assert w.y[0] + sum(w.y[1:-1]) == pytest.approx(d["decomposition"]["gpu_window_us"]["candidate"], abs=1e-6)
+
+
+def test_cli_report_from_diff_json_and_folders(tmp_path, hostile):
+    base, cand, d = hostile
+    (tmp_path / "d.json").write_text(json.dumps(d))
+    r = runner.invoke(app, ["report", str(tmp_path / "d.json"), "-o", str(tmp_path / "r.html"), "--cdn"])
+    assert r.exit_code == 0, r.output
+    assert "Where the GPU window went" in (tmp_path / "r.html").read_text()
+    for name, s in (("base", base), ("cand", cand)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(s))
+    r = runner.invoke(app, ["report", str(tmp_path / "base"), str(tmp_path / "cand"), "-o", str(tmp_path / "s.html"), "--cdn"])
+    assert r.exit_code == 0, r.output
+    assert "Ladder" in (tmp_path / "s.html").read_text()
+    r = runner.invoke(app, ["report", str(tmp_path / "nope")])
+    assert r.exit_code == 3 and "nope" in r.output
+
+
+# --- headless Chromium -------------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (Debian: apt-get install chromium); CI installs it")
+
+
+def _chromium(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    cmd = [CHROMIUM, "--headless", "--disable-gpu", "--no-sandbox", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@needs_chromium
+def test_html_renders_in_headless_chromium_and_runs_no_injected_script(tmp_path, hostile):
+    base, cand, d = hostile
+    page = tmp_path / "report.html"
+    # one page with everything: the diff and a sweep of the two runs
+    page.write_text(render_report(diffs=[d], runs=[("base", base), ("cand", cand)]))
+    expected_figures = page.read_text().count('<div id="profkit-fig-')
+    shot = tmp_path / "report.png"
+    r = _chromium("--window-size=1280,4000", f"--screenshot={shot}", "--dump-dom", page.as_uri())
+    assert r.returncode == 0, r.stderr[-2000:]
+    dom = r.stdout
+    # an alert() would block the page and leave the dump empty; an injected script would set data-pwned
+    assert "</html>" in dom
+    assert "data-pwned=" not in dom
+    console = [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
+    assert console == [], console
+    assert dom.count('class="plot-container plotly"') == expected_figures == 10
+    assert dom.count("js-plotly-plot") >= expected_figures
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom  # shown as text
+    assert shot.exists() and shot.stat().st_size > 20_000
+
+
+def _points(scale: float) -> list[dict]:
+    def m(v, spread=0.5):
+        return {"median": v, "min": v - spread / 2, "max": v + spread / 2, "spread": spread}
+    return [{"isl": isl, "concurrency": c, "repeats": [], "tokens_per_s_per_user_p50": m(scale * 100 / c),
+             "tokens_per_s_per_gpu": m(scale * 100 * c ** 0.8 / 8), "tokens_per_s": m(scale * 100 * c ** 0.8)}
+            for isl in (1000, 8000) for c in (1, 4, 16)]
+
+
+def test_throughput_headline_and_curves(hostile):
+    from profkit.report.markdown import render_diff_markdown
+
+    base, cand, _ = hostile
+    base = {**base, "manifest": {"optimizations": [], "throughput": _points(1.0)}}
+    cand = {**cand, "manifest": {**HOSTILE_MANIFEST, "throughput": _points(1.1)}}
+    d = compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG)
+    assert d["throughput"]["baseline"]["concurrency"] == 1
+    html = render_report(diffs=[d])
+    assert "tokens/s per user (p50) (unprofiled)" in html and "+10.0%" in html
+    assert "Unprofiled throughput curves" in html and html.count('<div id="profkit-fig-') == 7
+    md = render_diff_markdown(d)
+    assert "#### Unprofiled throughput" in md and "| tokens/s per user (p50) | 100.00 | 110.00 | +10.0% | **beyond noise** |" in md
+    sweep = render_report(runs=[("base", base), ("cand", cand)])
+    assert "Throughput Pareto curve" in sweep and "Throughput over input length" in sweep
