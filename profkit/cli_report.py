@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from profkit.cli import app, err, out, user_errors
-from profkit.errors import ProfkitError
+from profkit.errors import ProfkitError, TraceInputError
 
 Marker = Annotated[Optional[str], typer.Option("--marker", help="Regex for the CPU span that opens one iteration, for inputs analyzed now (traces).")]
 MinBubble = Annotated[float, typer.Option("--min-bubble-us", min=0.0, help="Shortest GPU idle gap counted as a bubble, for inputs analyzed now.")]
@@ -140,7 +140,7 @@ def report(
                 doc = read_json(p)
                 if is_diff_doc(doc):
                     if doc.get("schema_version") != 1:
-                        raise ProfkitError(f"{p}: diff.json schema version {doc.get('schema_version')!r}; this profkit reads 1", hint="re-run profkit diff")
+                        raise TraceInputError(f"{p}: diff.json schema version {doc.get('schema_version')!r}; this profkit reads 1", hint="re-run profkit diff")
                     diffs.append(doc)
                     continue
             side = load_side(p, opts)

@@ -134,7 +134,10 @@ def load_side(path: Path, opts: AnalyzeOptions) -> Side:
         if is_diff_doc(doc):
             raise TraceInputError(f"{path}: is a diff.json; diff compares two summaries, traces or run folders",
                                   hint="use `profkit report DIFF.json` to render a diff")
-        return Side(path, _label(path), doc, [], doc.get("manifest") if isinstance(doc.get("manifest"), dict) else _manifest_near(path))
+        manifest = doc.get("manifest") if isinstance(doc.get("manifest"), dict) else _manifest_near(path)
+        if manifest is not None and "manifest" not in doc:
+            doc["manifest"] = manifest  # a new key in the in-memory summary: reports and diff.json carry it
+        return Side(path, _label(path), doc, [], manifest)
     repeat_dirs = sorted(p for p in path.iterdir() if p.is_dir() and p.name.startswith("repeat"))
     summaries: list[dict[str, Any]] = []
     for d in repeat_dirs:

@@ -335,3 +335,46 @@ def test_infer_optimization():
     assert infer_optimization(None, {"config": {"opt": "cuda_graph"}}) == "cuda_graph"
     assert infer_optimization({}, {"optimizations": ["a", "b"]}) is None
     assert infer_optimization({}, None) is None
+
+
+# --- property: the decomposition is exact for any iterations that satisfy the summary identities ---
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+CATS = ("attention", "gemm", "moe", "topk", "memcpy")
+
+
+@st.composite
+def iteration_record(draw, index):
+    cats = {c: draw(st.integers(0, 5_000_000)) for c in draw(st.sets(st.sampled_from(CATS), min_size=1))}
+    total = sum(cats.values())
+    overlap = draw(st.integers(0, total))
+    by_cause = {c: draw(st.integers(0, 2_000_000)) for c in ("sync", "launch", "iteration_boundary", "gpu_wait")}
+    idle = sum(by_cause.values()) + draw(st.integers(0, 100_000))
+    busy = total - overlap
+    us = lambda ns: ns / 1000.0  # noqa: E731  (summary.json writes ns / 1000)
+    return {
+        "index": index, "kind": "decode", "batch_size": 1, "wall_us": us(busy + idle + draw(st.integers(-1000, 1000))),
+        "gpu_window_us": us(busy + idle), "gpu_busy_us": us(busy), "gpu_idle_us": us(idle), "overlap_us": us(overlap),
+        "category_us": {c: us(v) for c, v in cats.items()}, "bubble_us_by_cause": {c: us(v) for c, v in by_cause.items()},
+        "gpu_kernels": draw(st.integers(0, 50)), "kernel_launches": 0, "graph_launches": 1, "syncs": 0, "sync_copies": 0,
+        "memcpy": {"h2d": 0, "d2h": 0, "d2d": 0, "other": 0}, "bubble_count": 0,
+    }
+
+
+@st.composite
+def summary_doc(draw):
+    n = draw(st.integers(1, 7))
+    its = [draw(iteration_record(i)) for i in range(n)]
+    return {"schema_version": 1, "inputs": [{"path": "x.json"}], "ranks": [{"rank": 0, "iterations": its, "kernels": [], "syncs": []}]}
+
+
+@settings(max_examples=60, deadline=None)
+@given(summary_doc(), summary_doc())
+def test_decomposition_residual_is_zero_for_any_valid_summaries(b, c):
+    d = compare_summaries(b, c)
+    dec = d["decomposition"]
+    assert dec["residual_us"] == 0 and dec["exact"] is True
+    total = sum(dec["category_us"].values()) - dec["overlap_us"] + sum(dec["idle_us_by_cause"].values())
+    assert total == pytest.approx(dec["gpu_window_us"]["delta"], abs=1e-6)

@@ -185,3 +185,15 @@ def test_throughput_headline_and_curves(hostile):
     assert "#### Unprofiled throughput" in md and "| tokens/s per user (p50) | 100.00 | 110.00 | +10.0% | **beyond noise** |" in md
     sweep = render_report(runs=[("base", base), ("cand", cand)])
     assert "Throughput Pareto curve" in sweep and "Throughput over input length" in sweep
+
+
+def test_manifest_json_beside_a_summary_reaches_the_report(tmp_path, hostile):
+    base, _, _ = hostile
+    run = tmp_path / "run1"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({k: v for k, v in base.items() if k != "manifest"}))
+    (run / "manifest.json").write_text(json.dumps({"command": "python -m sglang.launch_server --x <y>", "gpu": "H200"}))
+    r = runner.invoke(app, ["report", str(run / "summary.json"), "-o", str(tmp_path / "r.html"), "--cdn"])
+    assert r.exit_code == 0, r.output
+    html = (tmp_path / "r.html").read_text()
+    assert "Run manifests" in html and "--x &lt;y&gt;" in html

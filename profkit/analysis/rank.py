@@ -88,6 +88,18 @@ def cpu_as_device(trace: Trace, iterations: pl.DataFrame) -> Trace:
     return replace(trace, gpu_ops=gpu_ops, calls=calls)
 
 
+def gpu_by_time(trace: Trace) -> Trace:
+    """A trace without runtime calls: each GPU op stands as its own launch at its start time."""
+    from dataclasses import replace
+
+    ops = trace.gpu_ops.sort("ts_ns").with_columns((-pl.int_range(1, pl.len() + 1, dtype=pl.Int64)).alias("correlation"))
+    calls = ops.select(
+        "name", pl.lit("unknown").alias("api"), "ts_ns", pl.lit(0, pl.Int64).alias("dur_ns"), pl.col("ts_ns").alias("end_ns"),
+        pl.lit("").alias("pid"), pl.lit("").alias("tid"), "correlation", pl.lit(None, pl.Int64).alias("external_id"),
+    )
+    return replace(trace, gpu_ops=ops, calls=calls)
+
+
 def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Any = None) -> RankAnalysis:
     """Analyze one rank. `catalog`: a profkit.catalog.Catalog, or None to auto-pick by kernel names."""
     from profkit.catalog import auto_catalog
@@ -104,6 +116,9 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         trace = cpu_as_device(trace, its.frame)
         device_timeline = "cpu"
         warnings.append("CPU-only trace: the outermost aten ops on the iteration thread stand in for device ops (device_timeline: cpu)")
+    elif trace.gpu_ops.height and trace.calls.height == 0:
+        trace = gpu_by_time(trace)
+        warnings.append("no runtime calls in the trace (GPU-only?): GPU ops are assigned to iterations by their start time, launch figures are 0")
     calls = _own_calls(trace.calls, win)
     ops = _own_ops(trace.gpu_ops, calls)
     owned = ops.filter(pl.col("iteration").is_not_null())

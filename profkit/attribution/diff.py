@@ -30,7 +30,7 @@ from fractions import Fraction
 from typing import Any
 
 from profkit import __version__
-from profkit.errors import UsageError
+from profkit.errors import NothingToAnalyze, UsageError
 
 DIFF_SCHEMA_VERSION = 1
 CAUSES = ("sync", "launch", "iteration_boundary", "gpu_wait")
@@ -433,7 +433,7 @@ def compare_summaries(
         warnings.append("the sides share no iteration shape (kind, batch size): comparing all iterations, which mixes shapes")
     ib, ic = _select(rb, shape), _select(rc, shape)
     if not ib or not ic:
-        raise UsageError(
+        raise NothingToAnalyze(
             f"nothing to compare: {len(ib)} baseline and {len(ic)} candidate iterations",
             hint="each side needs at least one iteration; check the marker (--marker) and that the traces cover decode steps",
         )

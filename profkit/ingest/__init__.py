@@ -24,6 +24,8 @@ def load_trace(path: Path, *, default_rank: int = 0) -> Trace:
     path = Path(path)
     data = read_bytes(path)
     events, meta, warnings = decode_events(path, data)
+    if path.name.endswith(".gz") and _head(path) != b"\x1f\x8b":
+        warnings.append(f"{path.name} is named .gz but is not gzip-compressed; read as plain JSON")
     del data
     n_events = len(events)
     df, t0 = events_frame(events, warnings)
@@ -41,6 +43,11 @@ def load_trace(path: Path, *, default_rank: int = 0) -> Trace:
         path=path, rank=rank, device=device, gpu_ops=gpu_ops, calls=calls, cpu=cpu, gpu_annotations=ann,
         t0_ns=t0, n_events=n_events, meta=meta, warnings=warnings,
     )
+
+
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(2)
 
 
 def find_trace_files(path: Path) -> list[Path]:

@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""Ingest benchmark: large Kineto traces built by repeating a real recorded trace in time, then
+`profkit analyze` on them (parse, analysis, total, peak RSS, events/s), and HTA's load of the
+same file in the same run when `holistictraceanalysis` is importable (here, or in the python
+given by --hta-python).
+
+    python benchmarks/bench_ingest.py --sizes 250MB,1GB --ranks 8 --json bench.json
+
+Building: the template's events are copied N times, each copy shifted in time by the template's
+span (plus a small gap) and with every link id (correlation, External id, flow id, Python id)
+offset so links stay unique; metadata ('M') events are kept once. The file is written gzipped, as
+SGLang writes its traces, to --workdir and reused when it exists. It asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = {
+    # real SGLang trace with Python stacks (AMD MI300X, TraceLens' public fixture)
+    "sglang": ROOT / "tests/data/public/tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz",
+    # real H200 eager decode with host syncs, recorded for profkit (Kineto's own pretty layout)
+    "eager_sync": ROOT / "tests/data/gpu/eager_sync.pt.trace.json.gz",
+}
+ID_ARGS = ("correlation", "External id", "Python id", "Python parent id", "Record function id", "Ev Idx")
+
+
+def parse_size(s: str) -> int:
+    m = re.fullmatch(r"\s*([\d.]+)\s*([kKmMgG]?)[bB]?\s*", s)
+    if not m:
+        raise SystemExit(f"bad size {s!r} (e.g. 250MB, 1GB)")
+    mult = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}[m.group(2).lower()]
+    return int(float(m.group(1)) * mult)
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}" if unit == "GB" else f"{n:.0f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def _gzip_open_write(path: Path):
+    try:  # ISA-L writes the same gzip format, much faster
+        from isal import igzip
+
+        return igzip.open(path, "wb", compresslevel=2)
+    except ImportError:
+        return gzip.open(path, "wb", compresslevel=1)
+
+
+def build_trace(template: Path, target_bytes: int, out: Path, *, rank: int | None = None) -> dict:
+    """Write `out` (gzipped) with at least `target_bytes` of raw JSON; returns its facts."""
+    doc = json.loads(gzip.open(template).read())
+    events = doc.pop("traceEvents")
+    meta_events = [e for e in events if e.get("ph") == "M"]
+    body = [e for e in events if e.get("ph") != "M"]
+    ts_ns = [round(e["ts"] * 1000) for e in body if isinstance(e.get("ts"), (int, float))]
+    ends = [round((e["ts"] + e.get("dur", 0)) * 1000) for e in body if isinstance(e.get("ts"), (int, float))]
+    t_lo, t_hi = min(ts_ns), max(ends)
+    span_ns = t_hi - t_lo + 50_000  # 50 µs between copies
+    max_id: dict[str, int] = {k: 0 for k in ID_ARGS}
+    max_flow = 0
+    for e in body:
+        a = e.get("args") or {}
+        for k in ID_ARGS:
+            v = a.get(k)
+            if isinstance(v, int) and v > max_id[k]:
+                max_id[k] = v
+        if isinstance(e.get("id"), int):
+            max_flow = max(max_flow, e["id"])
+    id_step = {k: v + 1 for k, v in max_id.items()}
+    flow_step = max_flow + 1
+    if rank is not None:
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": 8}
+    head = json.dumps({k: v for k, v in doc.items()}, separators=(", ", ": "))[:-1]
+    tail_key = ', "traceEvents": ['
+    enc = json.JSONEncoder(separators=(", ", ": "))
+    written = 0
+    n_events = 0
+    copies = 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    with _gzip_open_write(tmp) as f:
+        def w(s: str) -> None:
+            nonlocal written
+            b = s.encode()
+            written += len(b)
+            f.write(b)
+
+        w(head + tail_key)
+        first = True
+        for e in meta_events:
+            w(("" if first else ", ") + enc.encode(e))
+            first = False
+            n_events += 1
+        # One copy's events as JSON text with placeholders would be fastest; per-event dicts are
+        # simple and fast enough (~1 M events/s), and the result is cached in --workdir.
+        while written < target_bytes:
+            k = copies
+            parts = []
+            for e in body:
+                e2 = dict(e)
+                if isinstance(e.get("ts"), (int, float)):
+                    e2["ts"] = (round(e["ts"] * 1000) + k * span_ns) / 1000
+                if isinstance(e.get("id"), int):
+                    e2["id"] = e["id"] + k * flow_step
+                a = e.get("args")
+                if a:
+                    a2 = dict(a)
+                    for key in ID_ARGS:
+                        v = a.get(key)
+                        if isinstance(v, int) and v >= 0:
+                            a2[key] = v + k * id_step[key]
+                    e2["args"] = a2
+                parts.append(enc.encode(e2))
+            w(("" if first else ", ") + ", ".join(parts))
+            first = False
+            n_events += len(body)
+            copies += 1
+        w("]}")
+    tmp.replace(out)
+    return {"path": str(out), "raw_bytes": written, "gz_bytes": out.stat().st_size, "events": n_events, "copies": copies,
+            "template": str(template)}
+
+
+class TreeSampler:
+    """Peak summed RSS of a process and its descendants, sampled every 20 ms (psutil)."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self.proc = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            try:
+                procs = [self.proc] + self.proc.children(recursive=True)
+                total = 0
+                for p in procs:
+                    try:
+                        total += p.memory_info().rss
+                    except psutil.Error:
+                        pass
+                self.peak = max(self.peak, total)
+            except psutil.Error:
+                pass
+            self._stop.wait(0.02)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._t.join()
+        return self.peak
+
+
+def run_child(cmd: list[str], env: dict | None = None) -> dict:
+    """Run cmd; wall time, exit code, peak RSS of the largest process (RUSAGE_CHILDREN) and of the tree."""
+    import resource
+
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    sampler = TreeSampler(p.pid)
+    so, se = p.communicate()
+    wall = time.perf_counter() - t0
+    tree = sampler.stop()
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"rc": p.returncode, "wall_s": wall, "maxrss_bytes": ru.ru_maxrss * 1024, "tree_peak_rss_bytes": tree,
+            "stdout": so.decode(errors="replace"), "stderr": se.decode(errors="replace")}
+
+
+def profkit_analyze(paths: list[Path], extra: list[str], tag: str) -> dict:
+    """`python -m profkit analyze` in a fresh process; parse/analysis split from PROFKIT_TIMINGS."""
+    tfile = Path(tempfile.mkstemp(prefix="profkit-timings-", suffix=".json")[1])
+    sfile = Path(tempfile.mkstemp(prefix="profkit-summary-", suffix=".json")[1])
+    env = dict(os.environ, PROFKIT_TIMINGS=str(tfile))
+    cmd = [sys.executable, "-m", "profkit", "analyze", *map(str, paths), "--json", str(sfile), *extra]
+    r = run_child(cmd, env)
+    try:
+        timings = json.loads(tfile.read_text()) if tfile.stat().st_size else {}
+    except (OSError, ValueError):
+        timings = {}
+    tfile.unlink(missing_ok=True)
+    sfile.unlink(missing_ok=True)
+    if r["rc"] != 0:
+        print(f"[{tag}] profkit analyze failed rc={r['rc']}:\n{r['stderr'][-2000:]}", file=sys.stderr)
+    r.pop("stdout")
+    r["stderr"] = r["stderr"][-500:]
+    r.update(timings)
+    r["tag"] = tag
+    return r
+
+
+HTA_SNIPPET = r"""
+import sys, time, shutil, tempfile, os, json, logging
+logging.disable(logging.WARNING)
+src = sys.argv[1]
+d = tempfile.mkdtemp(prefix="hta-bench-")
+os.symlink(os.path.abspath(src), os.path.join(d, "rank-0.json.gz"))
+t0 = time.perf_counter()
+from hta.trace_analysis import TraceAnalysis
+t1 = time.perf_counter()
+ta = TraceAnalysis(trace_dir=d)
+t2 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1}))
+shutil.rmtree(d)
+"""
+
+
+def hta_python(arg: str | None) -> str | None:
+    cands = [arg] if arg else [sys.executable, "/tmp/htavenv/bin/python"]
+    for py in cands:
+        if py and Path(py).exists():
+            r = subprocess.run([py, "-c", "import hta.trace_analysis"], capture_output=True)
+            if r.returncode == 0:
+                return py
+    return None
+
+
+def hta_load(py: str, path: Path) -> dict:
+    r = run_child([py, "-c", HTA_SNIPPET, str(path)])
+    out: dict = {"rc": r["rc"], "wall_s": r["wall_s"], "tree_peak_rss_bytes": r["tree_peak_rss_bytes"]}
+    try:
+        out.update(json.loads(r["stdout"].strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        out["error"] = r["stderr"][-1000:]
+    return out
+
+
+def machine() -> dict:
+    import psutil
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    pkgs = {}
+    for mod in ("polars", "msgspec", "pyarrow", "isal", "zlib_ng"):
+        try:
+            m = __import__(mod)
+            pkgs[mod] = getattr(m, "__version__", "?")
+        except ImportError:
+            pkgs[mod] = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+            "python": platform.python_version(), "platform": platform.platform(), "packages": pkgs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="250MB,1GB", help="raw JSON sizes of single-file traces (comma-separated)")
+    ap.add_argument("--ranks", type=int, default=8, help="also analyze this many rank files of --rank-size at once (0: skip)")
+    ap.add_argument("--rank-size", default="250MB")
+    ap.add_argument("--template", default="sglang", help=f"one of {sorted(TEMPLATES)} or a trace path")
+    ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "profkit-bench")
+    ap.add_argument("--repeat", type=int, default=2, help="time each figure this many times")
+    ap.add_argument("--hta-python", default=None, help="a python with holistictraceanalysis installed (default: this one, /tmp/htavenv)")
+    ap.add_argument("--no-hta", action="store_true")
+    ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = ap.parse_args()
+
+    template = TEMPLATES.get(args.template, Path(args.template))
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    results: dict = {"machine": machine(), "template": str(template), "runs": [], "hta": []}
+    rows: list[tuple] = []
+
+    def file_for(size: int, rank: int | None = None) -> tuple[Path, dict]:
+        name = f"{Path(template).name.split('.')[0]}-{size // 10**6}MB" + (f"-TP-{rank}" if rank is not None else "") + ".trace.json.gz"
+        path = args.workdir / name
+        info_path = path.with_name(path.name + ".info.json")
+        if path.exists() and info_path.exists():
+            return path, json.loads(info_path.read_text())
+        t0 = time.perf_counter()
+        info = build_trace(template, size, path, rank=rank)
+        info["build_s"] = time.perf_counter() - t0
+        info_path.write_text(json.dumps(info))
+        print(f"built {path} ({human(info['raw_bytes'])} raw, {human(info['gz_bytes'])} gz, {info['events']:,} events) "
+              f"in {info['build_s']:.1f} s", file=sys.stderr)
+        return path, info
+
+    def clear_cache(paths: list[Path]) -> None:
+        for p in paths:
+            shutil.rmtree(p.with_name(p.name + ".profkit-cache"), ignore_errors=True)
+
+    def record(label: str, paths: list[Path], info: dict, extra: list[str], clear: bool) -> dict:
+        out = None
+        for i in range(args.repeat):
+            if clear:
+                clear_cache(paths)
+            r = profkit_analyze(paths, extra, label)
+            r.update(run=i + 1, label=label, raw_bytes=info["raw_bytes"], gz_bytes=info["gz_bytes"], events=info["events"], files=len(paths))
+            results["runs"].append(r)
+            rows.append((label, i + 1, r))
+            print(f"{label} run {i + 1}: {r['wall_s']:.2f} s, tree peak {human(r['tree_peak_rss_bytes'])}", file=sys.stderr)
+            out = r
+        return out
+
+    hta_py = None if args.no_hta else hta_python(args.hta_python)
+    for size in sizes:
+        path, info = file_for(size)
+        label = human(info["raw_bytes"])
+        record(f"{label} uncached", [path], info, ["--no-cache"], clear=False)
+        record(f"{label} first (writes cache)", [path], info, [], clear=True)
+        record(f"{label} cached", [path], info, [], clear=False)
+        if hta_py and size <= 300 * 10**6:
+            for i in range(args.repeat):
+                h = hta_load(hta_py, path)
+                h.update(run=i + 1, raw_bytes=info["raw_bytes"], events=info["events"])
+                results["hta"].append(h)
+                print(f"HTA load {label} run {i + 1}: {h.get('load_s', float('nan')):.1f} s", file=sys.stderr)
+    if args.ranks:
+        size = parse_size(args.rank_size)
+        files = [file_for(size, rank=r) for r in range(args.ranks)]
+        paths = [p for p, _ in files]
+        info = {"raw_bytes": sum(i["raw_bytes"] for _, i in files), "gz_bytes": sum(i["gz_bytes"] for _, i in files),
+                "events": sum(i["events"] for _, i in files)}
+        record(f"{args.ranks} ranks x {human(files[0][1]['raw_bytes'])} uncached", paths, info, ["--no-cache"], clear=False)
+        record(f"{args.ranks} ranks cached", paths, info, [], clear=True and False)
+
+    # table
+    hdr = f"{'case':<34} {'run':>3} {'raw':>9} {'events':>10} {'parse s':>8} {'analysis s':>10} {'total s':>8} {'peak RSS (tree)':>15} {'max proc RSS':>12} {'Mev/s':>6}"
+    lines = [hdr, "-" * len(hdr)]
+    for label, i, r in rows:
+        ev_s = r["events"] / r["wall_s"] / 1e6 if r["wall_s"] else 0
+        lines.append(
+            f"{label:<34} {i:>3} {human(r['raw_bytes']):>9} {r['events']:>10,} {r.get('load_s', float('nan')):>8.2f} "
+            f"{r.get('analysis_s', float('nan')):>10.2f} {r['wall_s']:>8.2f} {human(r['tree_peak_rss_bytes']):>15} "
+            f"{human(r['maxrss_bytes']):>12} {ev_s:>6.2f}"
+        )
+    for h in results["hta"]:
+        lines.append(f"HTA 0.5.0 TraceAnalysis load {human(h['raw_bytes']):>9}, run {h['run']}: load {h.get('load_s', float('nan')):.1f} s, "
+                     f"process {h['wall_s']:.1f} s, peak RSS {human(h['tree_peak_rss_bytes'])}")
+    if results["hta"]:
+        ref = [r for r in results["runs"] if r["label"].endswith("uncached") and r["files"] == 1 and r["raw_bytes"] == results["hta"][0]["raw_bytes"]]
+        if ref:
+            ratio = min(h.get("load_s", float("nan")) for h in results["hta"]) / min(r["wall_s"] for r in ref)
+            results["hta_ratio"] = ratio
+            lines.append(f"HTA load / profkit analyze end to end (uncached, same file, best of each): {ratio:.1f}x")
+    m = results["machine"]
+    lines.insert(0, f"machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GiB, Python {m['python']}, {m['packages']}")
+    text = "\n".join(lines)
+    print(text)
+    results["table"] = text
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
