@@ -1,0 +1,566 @@
+"""TopK-V2: histogram radix *selection* (not a sort) of the k largest indexer scores per row, fused
+with the logical-position -> physical KV-cache-slot translation (page table).
+
+Public API
+----------
+``topk_v2(scores, k, page_table=None, page_size=1, lengths=None) -> (indices, slots)``
+
+* ``scores``: float tensor ``[rows, n]`` (fp32; other float dtypes are upcast), last dim contiguous.
+* ``k``: python int, runtime value (any k >= 1; the study's kernels support up to 2048).
+* ``page_table``: int tensor ``[pt_rows, n_pages]`` with ``rows % pt_rows == 0``; score row ``r``
+  uses page-table row ``r // (rows // pt_rows)`` (so one table row can serve all the draft-token
+  rows of a request). ``None``: slots are the logical positions.
+* ``page_size``: positions per page; slot = ``page_table[pt_row, pos // page_size] * page_size +
+  pos % page_size``. With ``page_size=1`` the page table is a per-position slot table.
+* ``lengths``: optional int tensor ``[rows]``: position ``p`` of row ``r`` is a candidate iff
+  ``p < lengths[r]`` (default: all ``n``).
+* returns ``indices`` int32 ``[rows, k]`` (logical positions) and ``slots`` int32 ``[rows, k]``.
+  A row selects ``min(k, length)`` entries; the rest of the row is ``-1`` in both outputs.
+
+Selection rule (the same *set* as ``torch.topk`` / a stable descending sort): the ``min(k, length)``
+largest scores; among equal scores the lowest positions win; ``-0.0 == +0.0``; **NaN ranks above
++inf** (as in ``torch.topk`` / ``torch.sort``), NaNs among themselves by lowest position.
+**Order** of the selected entries inside a row: unspecified on CUDA (atomic emission order; compare
+as sets); the CPU twin returns them in ascending position order.
+
+Algorithm (one pass to histogram, one pass to emit, exact refinement of the boundary only)
+1. coarse key: the score rounded to fp16 (RTNE, -0 -> +0), mapped to its order-preserving 16-bit
+   key; the top ``LOG2NB`` bits (default 12: 4,096 bins, 1/64 octave) index a histogram;
+2. the threshold bin ``d*`` = the highest bin whose suffix count reaches ``need = min(k, length)``;
+   every element in a bin above ``d*`` is selected and emitted directly (its slot translated in the
+   same kernel); elements of bin ``d*`` are collected as boundary candidates;
+3. exact selection of the remaining ``need - above`` among the candidates on the full 32-bit
+   order-preserving fp32 key: three radix rounds (11, 11, 10 bits) find the exact k-th key ``T``;
+   ties at ``T`` go to the lowest positions (three more radix rounds on the position, only when
+   needed); the chosen candidates are emitted with their slots, the tail of the row padded with -1.
+
+CUDA launch plans (Triton; kernel names ``topk_v2_*`` for profkit's catalog)
+* short rows (``n <= FUSED_MAX_N``): one program per row does all three steps in one launch
+  (``topk_v2_fused_kernel``);
+* long rows: ``topk_v2_hist_kernel`` (P programs per row, partial histograms in shared memory;
+  each program adds to the row's global histogram only the bins at or above its own chunk's
+  need-th largest bin, which are the only ones that can matter) -> ``topk_v2_select_kernel`` (P
+  programs per row: threshold from the histogram, emit above, collect candidates; one atomic per
+  tile for the output offsets) -> ``topk_v2_refine_kernel`` (one program per row: exact select on
+  the candidates, emit, pad, and reset the row's histogram/counters for the next call, so no memset
+  launch is needed). Workspace buffers are cached per device and reused, so the calls can be
+  captured in a CUDA graph. Not safe for concurrent calls on several streams of one device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._triton import HAVE_TRITON, use_triton
+
+LOG2NB = 12  # coarse histogram: 4,096 bins
+FUSED_MAX_N = 16384  # single-program path up to this row length (tuned on the H200)
+BLOCK = 4096  # elements per tile in the streaming passes
+BLOCK_C = 1024  # candidates per tile in the refinement
+TARGET_PROGRAMS = 264  # programs per launch for long rows (2 per SM on a 132-SM H200)
+NUM_WARPS = 8
+
+# ----------------------------------------------------------------------------------------------
+# torch twin (CPU) + reference
+# ----------------------------------------------------------------------------------------------
+
+
+def coarse_bins(x: torch.Tensor, log2nb: int = LOG2NB) -> torch.Tensor:
+    """fp32 -> coarse bin (int64) of the fp16-rounded order-preserving key; NaN -> top bin."""
+    b = x.float().contiguous().view(torch.int32)
+    b = torch.where((b & 0x7FFFFFFF) == 0, torch.zeros_like(b), b)  # -0.0 -> +0.0
+    h = b.view(torch.float32).to(torch.float16).view(torch.int16).to(torch.int32)
+    sk = h ^ ((h >> 15) & 0x7FFF)
+    bins = ((sk + 32768) >> (16 - log2nb)).to(torch.int64)
+    return torch.where(torch.isnan(x), (1 << log2nb) - 1, bins)
+
+
+def full_keys(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> int64 keys in [0, 2^32) ordered like the floats; -0 == +0; NaN above +inf."""
+    b = x.float().contiguous().view(torch.int32)
+    mag = b & 0x7FFFFFFF
+    b = torch.where(mag == 0, torch.zeros_like(b), b)
+    b = torch.where(mag > 0x7F800000, torch.full_like(b, 0x7FFFFFFF), b)
+    sk = b ^ ((b >> 31) & 0x7FFFFFFF)
+    return sk.to(torch.int64) + 2147483648
+
+
+def _lengths(lengths, rows, n, device):
+    if lengths is None:
+        return torch.full((rows,), n, dtype=torch.int64, device=device)
+    return lengths.reshape(rows).to(device=device, dtype=torch.int64).clamp(0, n)
+
+
+def _slots_of(idx: torch.Tensor, page_table, page_size: int) -> torch.Tensor:
+    """idx int64 [rows, m] (>= 0) -> slots int64 via the page table."""
+    if page_table is None:
+        return idx
+    rows = idx.shape[0]
+    rep = rows // page_table.shape[0]
+    pt = page_table.to(torch.int64).repeat_interleave(rep, 0)
+    return torch.gather(pt, 1, idx // page_size) * page_size + idx % page_size
+
+
+def topk_v2_twin(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
+                 page_size: int = 1, lengths: torch.Tensor | None = None,
+                 log2nb: int = LOG2NB) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same algorithm as the Triton kernels, in torch ops (CPU, or any device), sync-free.
+
+    Outputs are in ascending position order within each row, -1 padded (see the module doc).
+    """
+    x = scores.float()
+    rows, n = x.shape
+    dev = x.device
+    length = _lengths(lengths, rows, n, dev)
+    need = length.clamp(max=k)
+    pos = torch.arange(n, device=dev)
+    valid = pos < length.unsqueeze(1)
+    # 1. coarse histogram -> threshold bin
+    nb = 1 << log2nb
+    bins = coarse_bins(x, log2nb)
+    hist = torch.zeros(rows, nb, dtype=torch.int64, device=dev)
+    hist.scatter_add_(1, bins, valid.to(torch.int64))
+    sfx = hist.flip(1).cumsum(1).flip(1)
+    thr = (sfx >= need.unsqueeze(1)).sum(1, keepdim=True) - 1
+    above = valid & (bins > thr)
+    cand = valid & (bins == thr)
+    # 2. exact radix select on the full key among the boundary candidates
+    key = full_keys(x)
+    rem = need - above.sum(1)
+    prefix = torch.zeros(rows, dtype=torch.int64, device=dev)
+    for shift, bits in ((21, 11), (10, 11), (0, 10)):
+        fixed = shift + bits
+        match = cand & ((key >> fixed) == (prefix >> fixed).unsqueeze(1))
+        d = (key >> shift) & ((1 << bits) - 1)
+        h = torch.zeros(rows, 1 << bits, dtype=torch.int64, device=dev)
+        h.scatter_add_(1, d, match.to(torch.int64))
+        s = h.flip(1).cumsum(1).flip(1)
+        dsel = (s >= rem.unsqueeze(1)).sum(1) - 1
+        ge = s.gather(1, dsel.unsqueeze(1)).squeeze(1)
+        eq = h.gather(1, dsel.unsqueeze(1)).squeeze(1)
+        rem = rem - (ge - eq)
+        prefix = prefix | (dsel << shift)
+    kT = prefix.unsqueeze(1)
+    ties = cand & (key == kT)
+    sel = above | (cand & (key > kT)) | (ties & (ties.cumsum(1) <= rem.unsqueeze(1)))
+    # 3. emit in position order, translate, pad
+    kk = k
+    dst = torch.where(sel, sel.cumsum(1) - 1, kk)
+    idx = torch.full((rows, kk + 1), -1, dtype=torch.int64, device=dev)
+    idx.scatter_(1, dst, pos.expand(rows, n).clone())
+    idx = idx[:, :kk]
+    slots = torch.where(idx >= 0, _slots_of(idx.clamp(min=0), page_table, page_size), -1)
+    return idx.to(torch.int32), slots.to(torch.int32)
+
+
+def topk_reference(scores: torch.Tensor, k: int, lengths: torch.Tensor | None = None):
+    """Plain reference: stable descending sort of each row's valid prefix, first min(k, len).
+
+    Returns a list (one per row) of int64 index tensors in rank order (ties by lowest index, NaN
+    first, as torch.sort orders them).
+    """
+    rows, n = scores.shape
+    length = _lengths(lengths, rows, n, scores.device).tolist()
+    out = []
+    for r in range(rows):
+        x = scores[r, : length[r]].float()
+        x = torch.where(x == 0, torch.zeros_like(x), x)  # -0.0 == +0.0
+        _, order = torch.sort(x, descending=True, stable=True)
+        out.append(order[:k])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _coarse_bin(x, LOG2NB: tl.constexpr):
+        bits = x.to(tl.int32, bitcast=True)
+        bits = tl.where((bits & 0x7FFFFFFF) == 0, 0, bits)
+        h = bits.to(tl.float32, bitcast=True).to(tl.float16)
+        hb = h.to(tl.int16, bitcast=True).to(tl.int32)
+        sk = hb ^ ((hb >> 15) & 0x7FFF)
+        b = (sk + 32768) >> (16 - LOG2NB)
+        return tl.where(x != x, (1 << LOG2NB) - 1, b)
+
+    @triton.jit
+    def _full_key(x):
+        bits = x.to(tl.int32, bitcast=True)
+        mag = bits & 0x7FFFFFFF
+        bits = tl.where(mag == 0, 0, bits)
+        bits = tl.where(mag > 0x7F800000, 0x7FFFFFFF, bits)
+        sk = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        return sk.to(tl.int64) + 2147483648
+
+    @triton.jit
+    def _row_length(len_ptr, row, n, HAS_LEN: tl.constexpr):
+        if HAS_LEN:
+            length = tl.minimum(tl.maximum(tl.load(len_ptr + row).to(tl.int32), 0), n)
+        else:
+            length = n + row * 0
+        return length
+
+    @triton.jit
+    def _to_slot(idx, pt_row_ptr, page_size, mask, HAS_PT: tl.constexpr):
+        if HAS_PT:
+            page = tl.load(pt_row_ptr + idx // page_size, mask=mask, other=0).to(tl.int32)
+            slot = page * page_size + idx % page_size
+        else:
+            slot = idx
+        return slot
+
+    @triton.jit
+    def _threshold_bin(hist, need, NB: tl.constexpr):
+        """Highest bin whose suffix count reaches need (hist int32 [NB])."""
+        sfx = tl.cumsum(hist, 0, reverse=True)
+        bins = tl.arange(0, NB)
+        return tl.max(tl.where(sfx >= need, bins, -1), 0)
+
+    @triton.jit
+    def _key_round(scores_row, cand_row, C, prefix, rem, FIXED: tl.constexpr,
+                   SHIFT: tl.constexpr, BITS: tl.constexpr, BLOCK_C: tl.constexpr):
+        NBR: tl.constexpr = 1 << BITS
+        hist = tl.zeros([NBR], dtype=tl.int32)
+        for off in range(0, C, BLOCK_C):
+            offs = off + tl.arange(0, BLOCK_C)
+            m = offs < C
+            idx = tl.load(cand_row + offs, mask=m, other=0)
+            key = _full_key(tl.load(scores_row + idx, mask=m, other=0.0))
+            match = m & ((key >> FIXED) == (prefix >> FIXED))
+            d = ((key >> SHIFT) & (NBR - 1)).to(tl.int32)
+            hist += tl.histogram(d, NBR, mask=match)
+        sfx = tl.cumsum(hist, 0, reverse=True)
+        bins = tl.arange(0, NBR)
+        dsel = tl.max(tl.where(sfx >= rem, bins, -1), 0)
+        ge = tl.sum(tl.where(bins == dsel, sfx, 0), 0)
+        eq = tl.sum(tl.where(bins == dsel, hist, 0), 0)
+        return prefix | (dsel.to(tl.int64) << SHIFT), rem - (ge - eq), eq
+
+    @triton.jit
+    def _idx_round(scores_row, cand_row, C, T, prefix, rem, FIXED: tl.constexpr,
+                   SHIFT: tl.constexpr, BITS: tl.constexpr, BLOCK_C: tl.constexpr):
+        """Ascending radix round on the position among the candidates whose key equals T."""
+        NBR: tl.constexpr = 1 << BITS
+        hist = tl.zeros([NBR], dtype=tl.int32)
+        for off in range(0, C, BLOCK_C):
+            offs = off + tl.arange(0, BLOCK_C)
+            m = offs < C
+            idx = tl.load(cand_row + offs, mask=m, other=0)
+            key = _full_key(tl.load(scores_row + idx, mask=m, other=0.0))
+            match = m & (key == T) & ((idx >> FIXED) == (prefix >> FIXED))
+            d = (idx >> SHIFT) & (NBR - 1)
+            hist += tl.histogram(d, NBR, mask=match)
+        cum = tl.cumsum(hist, 0)
+        bins = tl.arange(0, NBR)
+        dsel = tl.min(tl.where(cum >= rem, bins, NBR), 0)
+        le = tl.sum(tl.where(bins == dsel, cum, 0), 0)
+        eq = tl.sum(tl.where(bins == dsel, hist, 0), 0)
+        return prefix | (dsel << SHIFT), rem - (le - eq)
+
+    @triton.jit
+    def _refine_emit(scores_row, cand_row, C, n_above, need, out_idx_row, out_slot_row,
+                     pt_row, page_size, k, HAS_PT: tl.constexpr, BLOCK_C: tl.constexpr):
+        rem = need - n_above
+        p = tl.zeros([], dtype=tl.int64)
+        p, rem, eq = _key_round(scores_row, cand_row, C, p, rem, 32, 21, 11, BLOCK_C)
+        p, rem, eq = _key_round(scores_row, cand_row, C, p, rem, 21, 10, 11, BLOCK_C)
+        p, rem, eq = _key_round(scores_row, cand_row, C, p, rem, 10, 0, 10, BLOCK_C)
+        T = p
+        imax = 2147483647 + rem * 0
+        if rem == 0:
+            imax = rem * 0 - 1
+        elif rem < eq:
+            ip = rem * 0
+            r2 = rem
+            ip, r2 = _idx_round(scores_row, cand_row, C, T, ip, r2, 31, 20, 11, BLOCK_C)
+            ip, r2 = _idx_round(scores_row, cand_row, C, T, ip, r2, 20, 10, 10, BLOCK_C)
+            ip, r2 = _idx_round(scores_row, cand_row, C, T, ip, r2, 10, 0, 10, BLOCK_C)
+            imax = ip
+        written = n_above
+        for off in range(0, C, BLOCK_C):
+            offs = off + tl.arange(0, BLOCK_C)
+            m = offs < C
+            idx = tl.load(cand_row + offs, mask=m, other=0)
+            key = _full_key(tl.load(scores_row + idx, mask=m, other=0.0))
+            sel = m & ((key > T) | ((key == T) & (idx <= imax)))
+            s32 = sel.to(tl.int32)
+            dst = written + tl.cumsum(s32, 0) - 1
+            tl.store(out_idx_row + dst, idx, mask=sel)
+            tl.store(out_slot_row + dst, _to_slot(idx, pt_row, page_size, sel, HAS_PT), mask=sel)
+            written += tl.sum(s32, 0)
+        for off in range(need, k, BLOCK_C):
+            offs = off + tl.arange(0, BLOCK_C)
+            m = offs < k
+            tl.store(out_idx_row + offs, tl.full([BLOCK_C], -1, tl.int32), mask=m)
+            tl.store(out_slot_row + offs, tl.full([BLOCK_C], -1, tl.int32), mask=m)
+
+    @triton.jit
+    def _emit_tile(x, offs, m, thr, n_out, n_cand, out_idx_row, out_slot_row, cand_row,
+                   pt_row, page_size, cnt_row, LOG2NB: tl.constexpr, HAS_PT: tl.constexpr,
+                   ATOMIC: tl.constexpr):
+        b = _coarse_bin(x, LOG2NB)
+        above = m & (b > thr)
+        cand = m & (b == thr)
+        a32 = above.to(tl.int32)
+        c32 = cand.to(tl.int32)
+        na = tl.sum(a32, 0)
+        nc = tl.sum(c32, 0)
+        if na > 0:
+            if ATOMIC:
+                base = tl.atomic_add(cnt_row, na, sem="relaxed")
+            else:
+                base = n_out
+            dst = base + tl.cumsum(a32, 0) - 1
+            tl.store(out_idx_row + dst, offs, mask=above)
+            tl.store(out_slot_row + dst, _to_slot(offs, pt_row, page_size, above, HAS_PT),
+                     mask=above)
+        if nc > 0:
+            if ATOMIC:
+                cbase = tl.atomic_add(cnt_row + 1, nc, sem="relaxed")
+            else:
+                cbase = n_cand
+            tl.store(cand_row + cbase + tl.cumsum(c32, 0) - 1, offs, mask=cand)
+        return n_out + na, n_cand + nc
+
+    @triton.jit
+    def topk_v2_fused_kernel(scores_ptr, stride_s, len_ptr, cand_ptr, out_idx_ptr, out_slot_ptr,
+                             pt_ptr, stride_pt, rows_per_pt, page_size, n, k,
+                             HAS_LEN: tl.constexpr, HAS_PT: tl.constexpr, LOG2NB: tl.constexpr,
+                             BLOCK: tl.constexpr, BLOCK_C: tl.constexpr):
+        """Short rows: one program per row, histogram + emit + exact refine in one launch."""
+        NB: tl.constexpr = 1 << LOG2NB
+        row = tl.program_id(0)
+        length = _row_length(len_ptr, row, n, HAS_LEN)
+        need = tl.minimum(length, k)
+        srow = scores_ptr + row.to(tl.int64) * stride_s
+        cand_row = cand_ptr + row.to(tl.int64) * n
+        out_idx_row = out_idx_ptr + row.to(tl.int64) * k
+        out_slot_row = out_slot_ptr + row.to(tl.int64) * k
+        pt_row = pt_ptr + (row // rows_per_pt).to(tl.int64) * stride_pt
+        acc = tl.zeros([NB], dtype=tl.int32)
+        for off in range(0, length, BLOCK):
+            offs = off + tl.arange(0, BLOCK)
+            m = offs < length
+            x = tl.load(srow + offs, mask=m, other=0.0)
+            acc += tl.histogram(_coarse_bin(x, LOG2NB), NB, mask=m)
+        thr = _threshold_bin(acc, need, NB)
+        n_out = need * 0
+        n_cand = need * 0
+        for off in range(0, length, BLOCK):
+            offs = off + tl.arange(0, BLOCK)
+            m = offs < length
+            x = tl.load(srow + offs, mask=m, other=0.0)
+            n_out, n_cand = _emit_tile(x, offs, m, thr, n_out, n_cand, out_idx_row, out_slot_row,
+                                       cand_row, pt_row, page_size, cand_row, LOG2NB, HAS_PT,
+                                       False)
+        tl.debug_barrier()  # candidates written by other threads of this program
+        _refine_emit(srow, cand_row, n_cand, n_out, need, out_idx_row, out_slot_row, pt_row,
+                     page_size, k, HAS_PT, BLOCK_C)
+
+    @triton.jit
+    def topk_v2_hist_kernel(scores_ptr, stride_s, len_ptr, hist_ptr, n, k, chunk,
+                            HAS_LEN: tl.constexpr, LOG2NB: tl.constexpr, BLOCK: tl.constexpr):
+        """Long rows, pass 1: P programs per row, each a local histogram of its chunk."""
+        NB: tl.constexpr = 1 << LOG2NB
+        row = tl.program_id(0)
+        pid = tl.program_id(1)
+        length = _row_length(len_ptr, row, n, HAS_LEN)
+        need = tl.minimum(length, k)
+        start = pid * chunk
+        end = tl.minimum(start + chunk, length)
+        srow = scores_ptr + row.to(tl.int64) * stride_s
+        acc = tl.zeros([NB], dtype=tl.int32)
+        for off in range(start, end, BLOCK):
+            offs = off + tl.arange(0, BLOCK)
+            m = offs < end
+            x = tl.load(srow + offs, mask=m, other=0.0)
+            acc += tl.histogram(_coarse_bin(x, LOG2NB), NB, mask=m)
+        # Only bins at or above this chunk's own need-th largest bin can hold the row's threshold
+        # (the row's need-th largest is >= any chunk's), so only those are added: few atomics.
+        lthr = _threshold_bin(acc, need, NB)
+        bins = tl.arange(0, NB)
+        tl.atomic_add(hist_ptr + row * NB + bins, acc, mask=(bins >= lthr) & (acc != 0),
+                      sem="relaxed")
+
+    @triton.jit
+    def topk_v2_select_kernel(scores_ptr, stride_s, len_ptr, hist_ptr, cnt_ptr, cand_ptr,
+                              out_idx_ptr, out_slot_ptr, pt_ptr, stride_pt, rows_per_pt,
+                              page_size, n, k, chunk, HAS_LEN: tl.constexpr,
+                              HAS_PT: tl.constexpr, LOG2NB: tl.constexpr, BLOCK: tl.constexpr):
+        """Long rows, pass 2: threshold bin; emit everything above it; collect the boundary bin."""
+        NB: tl.constexpr = 1 << LOG2NB
+        row = tl.program_id(0)
+        pid = tl.program_id(1)
+        length = _row_length(len_ptr, row, n, HAS_LEN)
+        need = tl.minimum(length, k)
+        thr = _threshold_bin(tl.load(hist_ptr + row * NB + tl.arange(0, NB)), need, NB)
+        start = pid * chunk
+        end = tl.minimum(start + chunk, length)
+        srow = scores_ptr + row.to(tl.int64) * stride_s
+        cand_row = cand_ptr + row.to(tl.int64) * n
+        out_idx_row = out_idx_ptr + row.to(tl.int64) * k
+        out_slot_row = out_slot_ptr + row.to(tl.int64) * k
+        pt_row = pt_ptr + (row // rows_per_pt).to(tl.int64) * stride_pt
+        n_out = need * 0
+        n_cand = need * 0
+        for off in range(start, end, BLOCK):
+            offs = off + tl.arange(0, BLOCK)
+            m = offs < end
+            x = tl.load(srow + offs, mask=m, other=0.0)
+            n_out, n_cand = _emit_tile(x, offs, m, thr, n_out, n_cand, out_idx_row, out_slot_row,
+                                       cand_row, pt_row, page_size, cnt_ptr + row * 2, LOG2NB,
+                                       HAS_PT, True)
+
+    @triton.jit
+    def topk_v2_refine_kernel(scores_ptr, stride_s, len_ptr, hist_ptr, cnt_ptr, cand_ptr,
+                              out_idx_ptr, out_slot_ptr, pt_ptr, stride_pt, rows_per_pt,
+                              page_size, n, k, HAS_LEN: tl.constexpr, HAS_PT: tl.constexpr,
+                              LOG2NB: tl.constexpr, BLOCK_C: tl.constexpr):
+        """Long rows, pass 3: one program per row: exact select among the candidates, emit, pad,
+        then reset the row's histogram and counters (the workspace stays zeroed between calls)."""
+        NB: tl.constexpr = 1 << LOG2NB
+        row = tl.program_id(0)
+        length = _row_length(len_ptr, row, n, HAS_LEN)
+        need = tl.minimum(length, k)
+        n_above = tl.load(cnt_ptr + row * 2)
+        C = tl.load(cnt_ptr + row * 2 + 1)
+        srow = scores_ptr + row.to(tl.int64) * stride_s
+        _refine_emit(srow, cand_ptr + row.to(tl.int64) * n, C, n_above, need,
+                     out_idx_ptr + row.to(tl.int64) * k, out_slot_ptr + row.to(tl.int64) * k,
+                     pt_ptr + (row // rows_per_pt).to(tl.int64) * stride_pt, page_size, k,
+                     HAS_PT, BLOCK_C)
+        tl.store(hist_ptr + row * NB + tl.arange(0, NB), tl.zeros([NB], dtype=tl.int32))
+        tl.store(cnt_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], dtype=tl.int32))
+
+
+# ----------------------------------------------------------------------------------------------
+# Dispatch
+# ----------------------------------------------------------------------------------------------
+
+_WS: dict = {}
+_OLD_WS: list = []  # superseded workspaces stay alive: captured CUDA graphs may still use them
+
+
+def _workspace(device, rows: int, n: int, nb: int):
+    key = (str(device), nb)
+    ws = _WS.get(key)
+    need_rows, need_cand = rows, rows * n
+    if ws is None or ws["rows"] < need_rows or ws["cand"].numel() < need_cand:
+        if ws is not None:
+            _OLD_WS.append(ws)
+        r = 1 << max(need_rows - 1, 0).bit_length()
+        c = 1 << max(need_cand - 1, 0).bit_length()
+        if ws is not None:
+            r, c = max(r, ws["rows"]), max(c, ws["cand"].numel())
+        ws = {
+            "rows": r,
+            "hist": torch.zeros(r, nb, dtype=torch.int32, device=device),
+            "cnt": torch.zeros(r, 2, dtype=torch.int32, device=device),
+            "cand": torch.empty(c, dtype=torch.int32, device=device),
+        }
+        _WS[key] = ws
+    return ws
+
+
+def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
+            page_size: int = 1, lengths: torch.Tensor | None = None, *, path: str = "auto",
+            log2nb: int = LOG2NB, programs: int = TARGET_PROGRAMS, block: int = BLOCK,
+            block_c: int = BLOCK_C, num_warps: int = NUM_WARPS,
+            fused_max_n: int = FUSED_MAX_N) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k selection fused with the page-table translation (see the module doc).
+
+    Triton on CUDA tensors (and on CPU under TRITON_INTERPRET=1), the torch twin otherwise.
+    ``path``: "auto" | "fused" (single program per row) | "split" (hist/select/refine) | "twin".
+    The keyword-only knobs are for benchmarks and tests. Never syncs with the host.
+    """
+    if scores.dim() != 2:
+        raise ValueError("scores must be [rows, n]")
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    if page_table is not None and (page_table.dim() != 2 or scores.shape[0] % page_table.shape[0]):
+        raise ValueError("page_table must be [pt_rows, n_pages] with rows % pt_rows == 0")
+    if path == "twin" or not use_triton(scores):
+        return topk_v2_twin(scores, k, page_table, page_size, lengths, log2nb)
+    x = scores if scores.dtype == torch.float32 else scores.float()
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    rows, n = x.shape
+    dev = x.device
+    out_idx = torch.empty(rows, k, dtype=torch.int32, device=dev)
+    out_slot = torch.empty(rows, k, dtype=torch.int32, device=dev)
+    if rows == 0:
+        return out_idx, out_slot
+    nb = 1 << log2nb
+    ws = _workspace(dev, rows, max(n, 1), nb)
+    has_len = lengths is not None
+    lens = lengths.reshape(rows) if has_len else out_idx  # dummy pointer when unused
+    has_pt = page_table is not None
+    if has_pt:
+        pt = page_table if page_table.stride(1) == 1 else page_table.contiguous()
+        stride_pt, rows_per_pt = pt.stride(0), rows // pt.shape[0]
+    else:
+        pt, stride_pt, rows_per_pt = out_idx, 0, 1
+    if path == "auto":
+        path = "fused" if n <= fused_max_n else "split"
+    common = dict(HAS_LEN=has_len, HAS_PT=has_pt, LOG2NB=log2nb, num_warps=num_warps)
+    if path == "fused":
+        topk_v2_fused_kernel[(rows,)](
+            x, x.stride(0), lens, ws["cand"], out_idx, out_slot, pt, stride_pt, rows_per_pt,
+            page_size, n, k, BLOCK=block, BLOCK_C=block_c, **common)
+        return out_idx, out_slot
+    if path != "split":
+        raise ValueError(f"unknown path {path!r}")
+    p = max(1, min(math.ceil(programs / rows), math.ceil(n / block)))
+    chunk = math.ceil(math.ceil(n / p) / block) * block
+    p = math.ceil(n / chunk)
+    topk_v2_hist_kernel[(rows, p)](
+        x, x.stride(0), lens, ws["hist"], n, k, chunk, HAS_LEN=has_len, LOG2NB=log2nb,
+        BLOCK=block, num_warps=num_warps)
+    topk_v2_select_kernel[(rows, p)](
+        x, x.stride(0), lens, ws["hist"], ws["cnt"], ws["cand"], out_idx, out_slot, pt,
+        stride_pt, rows_per_pt, page_size, n, k, chunk, BLOCK=block, **common)
+    topk_v2_refine_kernel[(rows,)](
+        x, x.stride(0), lens, ws["hist"], ws["cnt"], ws["cand"], out_idx, out_slot, pt,
+        stride_pt, rows_per_pt, page_size, n, k, BLOCK_C=block_c, **common)
+    return out_idx, out_slot
+
+
+def topk_slots(scores: torch.Tensor, lengths: torch.Tensor, k: int,
+               slot_table: torch.Tensor | None = None) -> torch.Tensor:
+    """Adapter with the proxy's ``ops.topk_v2`` contract.
+
+    scores [..., N] float, lengths [...] int, slot_table [..., N] (broadcastable over the leading
+    dims; per-position slots, i.e. a page table with page_size 1) or None ->
+    int64 [..., min(k, N)] slots (positions when slot_table is None), -1 padded.
+    """
+    shape = scores.shape
+    n = shape[-1]
+    kk = min(k, n)
+    lead = shape[:-1]
+    x = scores.reshape(-1, n)
+    rows = x.shape[0]
+    pt = None
+    if slot_table is not None:
+        st = slot_table
+        while st.dim() < len(shape):
+            st = st.unsqueeze(0)
+        sl = st.shape[:-1]
+        nd = 0  # leading dims that match exactly; the rest must be 1 to avoid a copy
+        while nd < len(lead) and sl[nd] == lead[nd]:
+            nd += 1
+        if all(a == 1 for a in sl[nd:]):
+            pt = st.reshape(-1, n)
+        else:
+            pt = st.expand(*lead, n).reshape(-1, n)
+    lens = None
+    if lengths is not None:
+        lens = lengths.expand(lead).reshape(rows)
+    _, slots = topk_v2(x, kk, pt, 1, lens)
+    return slots.to(torch.int64).reshape(*lead, kk)

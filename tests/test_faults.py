@@ -1,0 +1,96 @@
+"""Capture-side faults (issue: never a traceback, never a hang, nothing lost): a missing engine or
+model, a server that never becomes healthy, a server killed mid-capture, SIGINT at each stage, a
+disk that fills while writing. Real processes, real signals, real OS limits."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_capture import SMALL, assert_no_leftovers, free_port, manifests, profkit, wait_stage
+
+pytest.importorskip("torch")
+GPU = Path(__file__).parent / "data" / "gpu"
+
+
+def test_missing_engine_and_model_path(tmp_path):
+    """--target sglang where sglang is not installed and the model path does not exist."""
+    p = profkit(tmp_path, "trace", "--target", "sglang", "--model-path", str(tmp_path / "no-model"), "--server-python", sys.executable,
+                "--opt", "topk_v2", "--health-timeout", "60")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 4, err
+    assert "exited before it became healthy" in err and "sglang" in err
+    (m,) = manifests(tmp_path)
+    assert m["status"] == "failed" and m["stage"] == "server_start"
+    assert m["parser_check"].startswith("skipped")
+
+
+def test_never_healthy(tmp_path):
+    port = free_port()
+    p = profkit(tmp_path, "trace", "--opt", "topk_v2", "--health-timeout", "0.5", *SMALL, port=port)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 4
+    assert "did not become healthy within" in err
+    (m,) = manifests(tmp_path)
+    assert m["status"] == "failed" and m["stage"] == "server_start"
+    assert_no_leftovers(port)
+
+
+def test_server_killed_mid_capture(tmp_path):
+    port = free_port()
+    p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL[:6], "--turns", "30", "--num-steps", "100000", "--profile-timeout", "300",
+                port=port)
+    m = wait_stage(tmp_path, "capture", p, timeout=200)
+    os.kill(m["server_pid"], signal.SIGKILL)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 4, err
+    (m,) = manifests(tmp_path)
+    assert m["status"] == "failed" and m["stage"] == "capture"
+    assert "died" in m["error"]
+    assert_no_leftovers(port)
+
+
+@pytest.mark.parametrize("stage", ["server_start", "capture"])
+def test_sigint_at_each_stage(tmp_path, stage):
+    port = free_port()
+    p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL[:6], "--turns", "30", "--num-steps", "100000", "--profile-timeout", "300",
+                port=port)
+    wait_stage(tmp_path, stage, p, timeout=200)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    (m,) = manifests(tmp_path)
+    assert m["status"] == "interrupted" and stage in m["error"]
+    assert_no_leftovers(port)
+
+
+def _fsize_limit(limit: int):
+    def apply() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_disk_full_keeps_the_previous_summary(tmp_path):
+    """A write that runs out of space fails with one line and leaves the old file intact (atomic writes)."""
+    out = tmp_path / "summary.json"
+    trace = GPU / "eager_sync.pt.trace.json.gz"
+    ok = subprocess.run([sys.executable, "-m", "profkit", "analyze", str(trace), "--json", str(out)], capture_output=True, text=True)
+    assert ok.returncode == 0
+    before = out.read_bytes()
+    r = subprocess.run([sys.executable, "-m", "profkit", "analyze", str(trace), "--json", str(out)], capture_output=True, text=True,
+                       preexec_fn=_fsize_limit(4096))
+    assert r.returncode != 0
+    assert "cannot write" in r.stderr and str(out) in r.stderr
+    assert "Traceback" not in r.stderr
+    assert out.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary file left
+    json.loads(before)
