@@ -89,6 +89,10 @@ def analyze(
         traces = load_traces(paths)
         analyses = [analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=cat) for t in traces]
         summary = build_summary(analyses, marker=marker)
+        if len(analyses) > 1:
+            from profkit.analysis.ranks import cross_rank
+
+            summary["cross_rank"] = cross_rank(analyses)
         to_stdout = json_out == "-"
         render_summary(summary, err if to_stdout else out, top=top)
         if json_out:

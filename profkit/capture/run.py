@@ -269,6 +269,10 @@ def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any]) -> 
     traces = load_traces(files)
     analyses = [analyze_trace(t, marker=cfg.marker, min_bubble_us=cfg.min_bubble_us, catalog=cat) for t in traces]
     summary = build_summary(analyses, marker=cfg.marker)
+    if len(analyses) > 1:
+        from profkit.analysis.ranks import cross_rank
+
+        summary["cross_rank"] = cross_rank(analyses)
     summary["run"] = {
         "run_id": manifest["run_id"], "label": manifest["label"], "target": manifest["target"], "preset": manifest.get("preset"),
         "optimizations": manifest["optimizations"], "command": manifest["command"], "throughput": manifest.get("throughput"),

@@ -15,6 +15,12 @@ def _f(x: float | None, digits: int = 1) -> str:
 
 
 def render_summary(summary: dict[str, Any], console: Console, *, top: int = 10) -> None:
+    _render_ranks(summary, console, top=top)
+    if summary.get("cross_rank"):
+        render_cross_rank(summary["cross_rank"], console)
+
+
+def _render_ranks(summary: dict[str, Any], console: Console, *, top: int) -> None:
     for r in summary["ranks"]:
         its = r["iterations"]
         kinds = Counter(f"{i['kind']}" + (f" bs={i['batch_size']}" if i["batch_size"] is not None else "") for i in its)
@@ -89,3 +95,21 @@ def render_summary(summary: dict[str, Any], console: Console, *, top: int = 10) 
         for w in r["warnings"]:
             console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
 from profkit.report.console_diff import render_diff  # noqa: E402,F401  (diff tables live in console_diff; re-exported for callers)
+
+
+def render_cross_rank(x: dict[str, Any], console: Console) -> None:
+    """The straggler table and per-iteration spread across ranks."""
+    offs = ", ".join(f"rank {r}: {v:+,.1f} µs" for r, v in x["clock_offsets_us"].items())
+    console.print(f"[bold]across {len(x['ranks'])} ranks[/]: {x['aligned_iterations']} aligned iterations; clock offsets {escape(offs)}")
+    t = Table(title="stragglers (the rank the others wait for in collectives)", title_justify="left", box=None)
+    for c in ("rank", "times straggler", "wait it caused µs (mean)", "its own collective wait µs (mean)"):
+        t.add_column(c, justify="right")
+    for s in x["stragglers"]:
+        t.add_row(str(s["rank"]), str(s["times_straggler"]), _f(s["mean_wait_caused_us"]), _f(s["mean_comm_wait_us"]))
+    console.print(t)
+    spreads = [i["spread_us"] for i in x["iterations"]]
+    if spreads:
+        spreads.sort()
+        console.print(f"GPU-window spread across ranks per iteration: median {_f(spreads[len(spreads) // 2])} µs, max {_f(spreads[-1])} µs")
+    for w in x["warnings"]:
+        console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)

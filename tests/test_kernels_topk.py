@@ -1,0 +1,243 @@
+"""TopK-V2 (profkit/proxy/kernels/topk.py): exact top-k sets, ties included.
+
+CPU: the torch twin of the kernels' algorithm against a stable descending sort (torch.topk's set
+with ties to the lowest index) and torch.topk's values; the Triton kernels themselves through
+Triton's interpreter (TRITON_INTERPRET=1, in a subprocess so that the flag is set before the
+kernels are decorated), both launch plans with small tiles so that several programs, tiles and
+refinement rounds run. GPU (marked `gpu`): the compiled kernels at the study's verify shape, plus
+CUDA-graph capture and replay.
+
+NaN policy (stated in topk.py): NaN ranks above +inf, like torch.topk / torch.sort; -0.0 == +0.0.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from profkit.proxy.kernels import topk as T  # noqa: E402
+
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def make_scores(kind: str, rows: int, n: int, g: torch.Generator) -> torch.Tensor:
+    if kind == "random":
+        return torch.randn(rows, n, generator=g)
+    if kind == "duplicates":
+        return torch.randint(-4, 4, (rows, n), generator=g).float()
+    if kind == "neg_inf":
+        s = torch.randn(rows, n, generator=g)
+        s[torch.rand(rows, n, generator=g) < 0.7] = float("-inf")
+        return s
+    if kind == "nan":
+        s = torch.randint(-3, 3, (rows, n), generator=g).float()
+        s[torch.rand(rows, n, generator=g) < 0.05] = float("nan")
+        s[torch.rand(rows, n, generator=g) < 0.05] = float("inf")
+        return s
+    if kind == "zeros":  # +0.0 and -0.0 mixed, all tied
+        s = torch.zeros(rows, n)
+        s[torch.rand(rows, n, generator=g) < 0.5] = -0.0
+        return s
+    if kind == "narrow":  # many distinct values inside one coarse bin: exact refinement matters
+        return 1.0 + torch.rand(rows, n, generator=g) * 1e-3
+    if kind == "wide":  # huge magnitudes (fp16 overflow bin) and tiny ones (fp16 zero bin)
+        e = torch.randint(-60, 60, (rows, n), generator=g).float()
+        return torch.sign(torch.randn(rows, n, generator=g)) * torch.exp2(e)
+    raise ValueError(kind)
+
+
+KINDS = ["random", "duplicates", "neg_inf", "nan", "zeros", "narrow", "wide"]
+
+
+def check_against_reference(scores, k, idx, slots, lengths=None, page_table=None, page_size=1):
+    """Exact set equality with the stable-sort reference; -1 padding; slots = translated idx."""
+    ref = T.topk_reference(scores, k, lengths)
+    rows = scores.shape[0]
+    assert idx.shape == (rows, k) and slots.shape == (rows, k)
+    assert idx.dtype == torch.int32 and slots.dtype == torch.int32
+    for r in range(rows):
+        valid = idx[r] >= 0
+        m = len(ref[r])
+        assert int(valid.sum()) == m, (r, int(valid.sum()), m)
+        got = idx[r][valid].long()
+        assert len(set(got.tolist())) == m  # no duplicates
+        assert set(got.tolist()) == set(ref[r].tolist()), f"row {r}"
+        assert (slots[r][~valid] == -1).all()
+        if page_table is not None:
+            pt = page_table[r // (rows // page_table.shape[0])].long()
+            want = pt[got // page_size] * page_size + got % page_size
+        else:
+            want = got
+        assert torch.equal(slots[r][valid].long(), want)
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU: the torch twin
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_twin_exact_sets(kind):
+    g = torch.Generator().manual_seed(KINDS.index(kind))
+    for _ in range(12):
+        rows = int(torch.randint(1, 8, (1,), generator=g))
+        n = int(torch.randint(1, 3000, (1,), generator=g))
+        k = int(torch.randint(1, 300, (1,), generator=g))
+        s = make_scores(kind, rows, n, g)
+        lengths = None
+        if bool(torch.rand(1, generator=g) < 0.5):
+            lengths = torch.randint(0, n + 1, (rows,), generator=g)
+        idx, slots = T.topk_v2(s, k, lengths=lengths)
+        check_against_reference(s, k, idx, slots, lengths)
+        # position order on CPU
+        for r in range(rows):
+            v = idx[r][idx[r] >= 0]
+            assert torch.all(v[1:] > v[:-1])
+
+
+def test_twin_values_match_torch_topk():
+    g = torch.Generator().manual_seed(7)
+    for n, k in [(100, 100), (5000, 2048), (4096, 1), (20000, 2048)]:
+        s = torch.randn(7, n, generator=g)
+        idx, _ = T.topk_v2(s, k)
+        kk = min(k, n)
+        got = torch.gather(s, 1, idx[:, :kk].long()).sort(1, descending=True).values
+        assert torch.equal(got, torch.topk(s, kk).values)  # no ties: identical sets
+        ti = torch.topk(s, kk).indices.sort(1).values
+        assert torch.equal(idx[:, :kk].long().sort(1).values, ti)
+
+
+def test_twin_rows_shorter_than_k_and_page_table():
+    g = torch.Generator().manual_seed(3)
+    rows, n, ps = 6, 500, 16
+    s = make_scores("duplicates", rows, n, g)
+    pt = torch.randperm(200, generator=g)[: 2 * ((n + ps - 1) // ps)].view(2, -1).int()
+    lengths = torch.tensor([0, 1, 37, 300, 499, 500])
+    idx, slots = T.topk_v2(s, 400, pt, ps, lengths)
+    check_against_reference(s, 400, idx, slots, lengths, pt, ps)
+    assert (idx[0] == -1).all() and int((idx[1] >= 0).sum()) == 1
+
+
+def test_twin_nan_policy():
+    s = torch.tensor([[1.0, float("nan"), 3.0, float("inf"), float("nan"), -0.0, 0.0]])
+    idx, _ = T.topk_v2(s, 4)
+    assert set(idx[0].tolist()) == {1, 4, 3, 2}  # NaNs above +inf, then +inf, then 3
+    idx, _ = T.topk_v2(s, 6)
+    assert set(idx[0].tolist()) == {1, 4, 3, 2, 0, 5}  # -0.0 == +0.0: the lower index wins
+
+
+def test_topk_slots_matches_proxy_contract():
+    from profkit.proxy import ops
+
+    g = torch.Generator().manual_seed(11)
+    B, Q, N, k = 2, 3, 400, 64
+    s = torch.randint(-5, 5, (B, Q, N), generator=g).float()
+    lengths = torch.tensor([[250], [400]]).expand(B, Q)
+    st = torch.randperm(5000, generator=g)[: B * N].view(B, 1, N)
+    want = ops.topk_v1(s, lengths, k, st)
+    got = T.topk_slots(s, lengths, k, st)
+    assert got.shape == want.shape and got.dtype == torch.int64
+    for b in range(B):
+        for q in range(Q):
+            assert set(got[b, q].tolist()) == set(want[b, q].tolist())
+
+
+def test_coarse_bins_monotone():
+    x = torch.cat([torch.tensor([float("-inf"), -1e30, -70000.0, -1.0, -1e-30, -0.0, 0.0, 1e-30,
+                                 1e-8, 1.0, 1.0001, 70000.0, 1e30, float("inf")]),
+                   torch.randn(2000).sort().values])
+    x = x.sort().values
+    b = T.coarse_bins(x)
+    assert torch.all(b[1:] >= b[:-1])
+    k = T.full_keys(x)
+    assert torch.all(k[1:] >= k[:-1])
+    assert T.coarse_bins(torch.tensor([float("nan")])).item() == (1 << T.LOG2NB) - 1
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU: the Triton kernels through the interpreter
+# ----------------------------------------------------------------------------------------------
+
+
+def _interp_main() -> None:  # runs in the subprocess, TRITON_INTERPRET=1
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    g = torch.Generator().manual_seed(5)
+    cases = 0
+    for kind in KINDS:
+        for path in ("fused", "split"):
+            rows = 3
+            n = int(torch.randint(300, 1500, (1,), generator=g))
+            k = int(torch.randint(1, 200, (1,), generator=g))
+            s = make_scores(kind, rows, n, g)
+            lengths = torch.tensor([n, int(torch.randint(0, n, (1,), generator=g)), k // 2])
+            ps = 8
+            pt = torch.randperm(4000, generator=g)[: (n + ps - 1) // ps].view(1, -1).int()
+            for lens, table in ((None, None), (lengths, pt)):
+                idx, slots = T.topk_v2(s, k, table, ps, lens, path=path, block=128,
+                                       block_c=64, programs=12, log2nb=10)
+                check_against_reference(s, k, idx, slots, lens, table, ps)
+                cases += 1
+    # the workspace of the split path resets itself: a second call on other data is right too
+    s = make_scores("random", 2, 700, g)
+    for _ in range(2):
+        idx, slots = T.topk_v2(s, 50, path="split", block=128, block_c=64, programs=8)
+        check_against_reference(s, 50, idx, slots)
+        s = make_scores("duplicates", 2, 700, g)
+    print(f"INTERP_OK {cases}")
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
+def test_triton_kernels_in_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    code = ("import sys; sys.path.insert(0, %r); import test_kernels_topk as t; t._interp_main()"
+            % os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "INTERP_OK" in p.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [8192, 32768, 81920, 262144])
+@pytest.mark.parametrize("kind", ["random", "duplicates", "nan"])
+def test_gpu_exact_sets(n, kind):
+    g = torch.Generator().manual_seed(n)
+    s = make_scores(kind, 7, n, g)
+    ps = 64
+    pt = torch.randperm(1 << 16, generator=g)[: (n + ps - 1) // ps].view(1, -1).int()
+    lengths = torch.tensor([n, n - 1, n // 2, 3000, 2048, 100, 0])
+    for lens in (None, lengths):
+        idx, slots = T.topk_v2(s.cuda(), 2048, pt.cuda(), ps,
+                               None if lens is None else lens.cuda())
+        check_against_reference(s, 2048, idx.cpu(), slots.cpu(), lens, pt, ps)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay():
+    n = 262144
+    s = torch.randn(7, n, device="cuda")
+    T.topk_v2(s, 2048)  # compile + workspace
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        idx, slots = T.topk_v2(s, 2048)
+    for _ in range(3):
+        s.copy_(torch.randn(7, n, device="cuda"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_against_reference(s.cpu(), 2048, idx.cpu(), slots.cpu())
