@@ -68,6 +68,8 @@ def analyze(
     json_out: Annotated[Optional[str], typer.Option("--json", help="Write summary.json (schema v1) to FILE, or '-' for stdout.")] = None,
     timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Write the per-iteration kernel timeline (.parquet or .csv).")] = None,
     top: Annotated[int, typer.Option("--top", help="How many kernels to list.")] = 10,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the parquet cache beside each trace (<trace>.profkit-cache/).")] = False,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes: rank files in parallel, or one large file's chunks (default: min(cores, files)).")] = None,
 ) -> None:
     """Analyze traces: per-iteration wall, GPU busy/idle, bubbles by cause, syncs, launches, time by category.
 
@@ -75,10 +77,9 @@ def analyze(
 
         profkit analyze traces/sample/eager_sync.pt.trace.json.gz --json summary.json
     """
-    from profkit.analysis import analyze_trace
+    from profkit.analysis.parallel import analyze_paths
     from profkit.analysis.summary import build_summary, timeline_frame
     from profkit.catalog import load_catalog
-    from profkit.ingest import load_traces
     from profkit.report.console import render_summary
     from profkit.store import write_bytes_atomic, write_json_atomic
 
@@ -86,9 +87,15 @@ def analyze(
         if timeline is not None and timeline.suffix not in (".parquet", ".csv"):
             raise ProfkitError(f"--timeline {timeline}: use a .parquet or .csv file name", hint="e.g. --timeline timeline.parquet")
         cat = load_catalog(catalog) if catalog else None
-        traces = load_traces(paths)
-        analyses = [analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=cat) for t in traces]
+        import os
+        import time
+
+        t_start = time.perf_counter()
+        analyses = analyze_paths(paths, marker=marker, min_bubble_us=min_bubble_us, catalog=cat, cache=False if no_cache else None, jobs=jobs)
+        t_analyzed = time.perf_counter()
         summary = build_summary(analyses, marker=marker)
+        if os.environ.get("PROFKIT_TIMINGS"):  # for benchmarks/bench_ingest.py
+            _write_timings(os.environ["PROFKIT_TIMINGS"], analyses, t_start, t_analyzed, time.perf_counter())
         if len(analyses) > 1:
             from profkit.analysis.ranks import cross_rank
 
@@ -112,6 +119,17 @@ def analyze(
                 frame.write_csv(buf)
             write_bytes_atomic(timeline, buf.getvalue())
             err.print(f"wrote {escape(str(timeline))} ({frame.height} GPU ops)")
+
+
+def _write_timings(path: str, analyses: list, t_start: float, t_analyzed: float, t_summary: float) -> None:
+    """Where `analyze`'s time went (load = ingest, including the cache; analysis), as JSON."""
+    load = sum(getattr(a, "_load_s", 0.0) for a in analyses)
+    data = {"ingest_and_analysis_s": t_analyzed - t_start, "summary_s": t_summary - t_analyzed,
+            "load_s": load or None, "analysis_s": (t_analyzed - t_start - load) if load else None}
+    try:
+        Path(path).write_text(json.dumps(data))
+    except OSError:
+        pass
 
 
 def main() -> None:

@@ -124,31 +124,26 @@ def _attribute(before: Any, after: Any, opts: list[str], group_dir: Path, catalo
         "baseline": (before.manifest.get("throughput") or [{}])[0], "candidate": (after.manifest.get("throughput") or [{}])[0],
     }
     write_json_atomic(group_dir / "diff.json", diff)
+    write_reports(group_dir, diffs=[diff], runs=[(before.run_id, before.summary), (after.run_id, after.summary)])
     return diff
 
 
+def write_reports(folder: Path, *, diffs: list[dict[str, Any]], runs: list[tuple[str, dict[str, Any]]]) -> None:
+    """report.html (self-contained) and, for a single diff, report.md (a PR comment) in `folder`."""
+    from profkit.report.html import render_report
+    from profkit.report.markdown import render_diff_markdown
+    from profkit.store import write_bytes_atomic
+
+    write_bytes_atomic(folder / "report.html", render_report(diffs=diffs, runs=runs).encode())
+    if len(diffs) == 1:
+        write_bytes_atomic(folder / "report.md", render_diff_markdown(diffs[0]).encode())
+
+
 def _render_attribution(diff: dict[str, Any], group_dir: Path) -> None:
-    try:
-        from profkit.report.console import render_diff  # provided by the report module
-    except ImportError:
-        render_diff = None
-    tb, tc = diff["throughput"]["baseline"], diff["throughput"]["candidate"]
-    t = Table(title="unprofiled throughput (median over repeats)", title_justify="left", box=None)
-    for c in ("metric", "baseline", "candidate", "change"):
-        t.add_column(c, justify="left" if c == "metric" else "right")
-    for key, label in (("tokens_per_s_per_user_p50", "tokens/s per user"), ("tokens_per_s_per_gpu", "tokens/s per GPU"),
-                       ("ttft_ms_p50", "TTFT ms"), ("itl_ms_p50", "ITL ms"), ("cache_hit_rate", "cache hit"), ("accept_length", "accept length")):
-        b, c = (tb.get(key) or {}).get("median"), (tc.get(key) or {}).get("median")
-        ch = f"{100 * (c / b - 1):+.1f}%" if b and c else "-"
-        t.add_row(label, "-" if b is None else f"{b:,.3f}", "-" if c is None else f"{c:,.3f}", ch)
-    out.print(t)
-    if render_diff is not None:
-        render_diff(diff, out)
-    else:
-        d = diff["decomposition"]
-        out.print(f"GPU window per iteration: {diff['gpu_window_us']['baseline']:.1f} -> {diff['gpu_window_us']['candidate']:.1f} µs; "
-                  f"categories {json.dumps(d['category_us'])}; idle {d['idle_us']:+.1f} µs; residual {d['residual_us']}", markup=False, soft_wrap=True)
-    out.print(f"wrote {escape(str(group_dir))}/ (before.json, after.json, diff.json)")
+    from profkit.report.console import render_diff
+
+    render_diff(diff, out)
+    out.print(f"wrote {escape(str(group_dir))}/ (before.json, after.json, diff.json, report.md, report.html)", soft_wrap=True)
 
 
 @app.command()
@@ -354,6 +349,8 @@ def sweep(
                          for r in doc["runs"]}
         doc["status"] = "ok"
         write_json_atomic(sweep_dir / "sweep.json", doc)
+        write_reports(sweep_dir, diffs=[json.loads(Path(a["diff"]).read_text()) for a in doc["attribution"]],
+                      runs=[(lbl, results[lbl].summary) for lbl, *_ in plan])
         _render_sweep(doc)
         out.print(f"wrote {escape(str(sweep_dir / 'sweep.json'))}")
 

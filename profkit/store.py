@@ -11,6 +11,12 @@ from typing import Any
 from profkit.errors import ProfkitError
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write `data` to `path` so that a reader never sees a half-written file."""
     path = Path(path)
@@ -22,6 +28,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; artifacts are meant to be shared
         os.replace(tmp, path)
     except OSError as e:
         try:

@@ -173,10 +173,10 @@ def _interp_main() -> None:  # runs in the subprocess, TRITON_INTERPRET=1
     assert os.environ.get("TRITON_INTERPRET") == "1"
     g = torch.Generator().manual_seed(5)
     cases = 0
-    for kind in KINDS:
-        for path in ("fused", "split"):
+    for i, kind in enumerate(KINDS):
+        for path in (("fused", "split") if i < 2 else (("fused", "split")[i % 2],)):
             rows = 3
-            n = int(torch.randint(300, 1500, (1,), generator=g))
+            n = int(torch.randint(200, 700, (1,), generator=g))
             k = int(torch.randint(1, 200, (1,), generator=g))
             s = make_scores(kind, rows, n, g)
             lengths = torch.tensor([n, int(torch.randint(0, n, (1,), generator=g)), k // 2])

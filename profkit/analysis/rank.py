@@ -54,6 +54,7 @@ class RankAnalysis:
     syncs: pl.DataFrame  # iteration, api, kind (sync|sync_copy), direction, ts_ns, blocked_ns, trigger, stack
     warnings: list[str] = field(default_factory=list)
     device_timeline: str = "gpu"  # "cpu": a CPU-only trace, outermost aten ops stand in for device ops
+    input_sha256: str | None = None  # of the trace file, when ingest knew it (cached); else summary hashes it
 
 
 def cpu_as_device(trace: Trace, iterations: pl.DataFrame) -> Trace:
@@ -146,6 +147,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         rank=trace.rank, device=trace.device, path=trace.path, marker=its.marker, catalog=getattr(catalog, "name", str(catalog)),
         t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls, ops=owned,
         bubbles=bubbles, syncs=syncs, warnings=warnings, device_timeline=device_timeline,
+        input_sha256=getattr(trace, "sha256", None),
     )
 
 
@@ -314,28 +316,26 @@ def _bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.D
     gaps = gaps.join_asof(w.select("iteration", "gpu_start_ns", "first_op_ns"), left_on="g0", right_on="gpu_start_ns", strategy="backward")
     firsts = set(windows.filter(pl.col("first_op_ns").is_not_null())["first_op_ns"].to_list())
     first_iteration = w["iteration"].min()
-    blocking: dict[str | None, list[tuple[int, int]]] = defaultdict(list)
-    for tid, ts, end in zip(syncs["tid"].to_list(), syncs["ts_ns"].to_list(), syncs["end_ns"].to_list()):
-        blocking[tid].append((ts, end))
-        blocking[None].append((ts, end))
-    main_tid = calls.filter(pl.col("api").is_in(LAUNCH_APIS))["tid"].mode().to_list() if calls.height else []
-    default_tid = main_tid[0] if main_tid else None
-    cpu_by_tid: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
-    for frame in (trace.cpu, trace.calls):
-        for ts, end, tid, name in zip(frame["ts_ns"].to_list(), frame["end_ns"].to_list(), frame["tid"].to_list(), frame["name"].to_list()):
-            cpu_by_tid[tid].append((ts, end, name))
-    starts_by_tid: dict[str, list[int]] = {}
-    for tid, evs in cpu_by_tid.items():
-        evs.sort()
-        starts_by_tid[tid] = [e[0] for e in evs]
     import bisect
 
-    causes, cpu_lists = [], []
-    for g0, g1, nxt_it, lts, ltid in zip(
-        gaps["g0"].to_list(), gaps["g1"].to_list(), gaps["next_iteration"].to_list(), gaps["launch_ts_ns"].to_list(), gaps["launch_tid"].to_list()
-    ):
-        key = ltid if ltid is not None else None
-        if any(ts <= g0 and g0 - SYNC_SLACK_NS <= end <= g1 for ts, end in blocking.get(key, ())):
+    # host-blocking calls per thread (None: all threads), sorted by their end
+    by_end = syncs.select("tid", "ts_ns", "end_ns").sort("end_ns", "ts_ns")
+    blocking: dict[str | None, tuple[list[int], list[int]]] = {}
+    if by_end.height:
+        for (key,), frame in by_end.partition_by("tid", as_dict=True).items():
+            if key is not None:
+                blocking[key] = (frame["end_ns"].to_list(), frame["ts_ns"].to_list())
+    blocking[None] = (by_end["end_ns"].to_list(), by_end["ts_ns"].to_list())
+    main_tid = calls.filter(pl.col("api").is_in(LAUNCH_APIS))["tid"].mode().to_list() if calls.height else []
+    default_tid = main_tid[0] if main_tid else None
+
+    g0s, g1s = gaps["g0"].to_list(), gaps["g1"].to_list()
+    ltids = gaps["launch_tid"].to_list()
+    causes = []
+    for g0, g1, nxt_it, lts, ltid in zip(g0s, g1s, gaps["next_iteration"].to_list(), gaps["launch_ts_ns"].to_list(), ltids):
+        ends, tss = blocking.get(ltid, ((), ()))
+        k0, k1 = bisect.bisect_left(ends, g0 - SYNC_SLACK_NS), bisect.bisect_right(ends, g1)
+        if any(tss[k] <= g0 for k in range(k0, k1)):
             cause = "sync"
         elif nxt_it is not None and nxt_it != first_iteration and g1 in firsts:
             cause = "iteration_boundary"
@@ -344,17 +344,50 @@ def _bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.D
         else:
             cause = "gpu_wait"
         causes.append(cause)
-        tid = ltid if ltid is not None else default_tid
-        evs = cpu_by_tid.get(tid, [])
-        # events starting before g1; enclosing spans can start long before, so scan back over the
-        # ones that still cover g0 (a thread's nesting depth is small)
-        j = bisect.bisect_left(starts_by_tid.get(tid, []), g1)
-        window = [e for e in evs[max(0, j - 4000):j] if e[1] > g0]
-        cpu_lists.append(exclusive_top(window, g0, g1))
+    cpu_lists = _gap_cpu_ops(trace, g0s, g1s, [t if t is not None else default_tid for t in ltids])
     return gaps.select(
         "iteration", pl.col("g0").alias("start_ns"), (pl.col("g1") - pl.col("g0")).alias("dur_ns"),
         pl.Series("cause", causes, dtype=pl.String), pl.Series("cpu_ops", cpu_lists, dtype=pl.List(pl.String)),
     )
+
+
+# A gap's CPU ops come from the events on its thread that start before the gap ends, looking back
+# at most this many events (enclosing spans that still cover the gap's start; nesting is shallow).
+GAP_LOOKBACK = 4000
+
+
+def _gap_cpu_ops(trace: Trace, g0s: list[int], g1s: list[int], tids: list[str | None]) -> list[list[str]]:
+    """For each gap [g0, g1) on thread tid: the CPU ops (cpu_op, annotations, Python frames, runtime
+    calls) with the most exclusive time inside it. Per thread the events are ordered by (ts, end,
+    name); a gap looks at the GAP_LOOKBACK events before the first one starting at or after g1 and
+    keeps those ending after g0."""
+    out: list[list[str]] = [[] for _ in g0s]
+    needed = {t for t in tids if t is not None}
+    if not needed:
+        return out
+    cols = ["ts_ns", "end_ns", "tid", "name"]
+    evs = (
+        pl.concat([trace.cpu.select(cols), trace.calls.select(cols)], how="vertical_relaxed")
+        .filter(pl.col("tid").is_in(list(needed)))
+        .sort("tid", "ts_ns", "end_ns", "name")
+    )
+    by_tid = {k[0]: f for k, f in evs.partition_by("tid", as_dict=True).items()} if evs.height else {}
+    gaps_by_tid: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(tids):
+        if t is not None:
+            gaps_by_tid[t].append(i)
+    for t, idx in gaps_by_tid.items():
+        f = by_tid.get(t)
+        if f is None:
+            continue
+        js = f["ts_ns"].search_sorted(pl.Series([g1s[i] for i in idx], dtype=pl.Int64), side="left").to_list()
+        for i, j in zip(idx, js):
+            g0, g1 = g0s[i], g1s[i]
+            lo = max(0, j - GAP_LOOKBACK)
+            win = f.slice(lo, j - lo).filter(pl.col("end_ns") > g0)
+            window = list(zip(win["ts_ns"].to_list(), win["end_ns"].to_list(), win["name"].to_list()))
+            out[i] = exclusive_top(window, g0, g1)
+    return out
 
 
 def _per_iteration(win, windows, busy, owned, calls, syncs, bubbles) -> pl.DataFrame:

@@ -17,9 +17,13 @@ def innermost_enclosing(points: pl.DataFrame, spans: pl.DataFrame) -> list[int |
     result: list[int | None] = [None] * points.height
     if points.height == 0 or spans.height == 0:
         return result
+    # Only spans that hold some point's start on their thread can enclose a point; the answer is
+    # the covering span latest in (ts, -end, row) order, so sweeping just those gives the same
+    # answer as sweeping all of them (and a stack of python_function frames has millions).
+    cand = candidate_spans(points, spans)
     by_tid: dict[str, list[tuple[int, int, int, int]]] = defaultdict(list)
     # kind 0 = span (sorted before points at the same ts, longer spans first), kind 1 = point
-    for i, (ts, end, tid) in enumerate(zip(spans["ts_ns"].to_list(), spans["end_ns"].to_list(), spans["tid"].to_list())):
+    for i, ts, end, tid in zip(cand["_row"].to_list(), cand["ts_ns"].to_list(), cand["end_ns"].to_list(), cand["tid"].to_list()):
         by_tid[tid].append((ts, 0, -end, i))
     for i, (ts, end, tid) in enumerate(zip(points["ts_ns"].to_list(), points["end_ns"].to_list(), points["tid"].to_list())):
         by_tid[tid].append((ts, 1, end, i))
@@ -38,6 +42,27 @@ def innermost_enclosing(points: pl.DataFrame, spans: pl.DataFrame) -> list[int |
                         result[i] = s_idx
                         break
     return result
+
+
+_NULL_TID = "\x00<null tid>"
+
+
+def candidate_spans(points: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
+    """Rows of `spans` (with their row number as `_row`) whose [ts, end] holds the start of some
+    point on the same thread: a superset of the spans that enclose a point."""
+    sp = spans.select(
+        pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_row"), "ts_ns", "end_ns", "tid",
+        pl.col("tid").fill_null(_NULL_TID).alias("_k"),
+    ).sort("ts_ns")
+    pt = (
+        points.select(pl.col("ts_ns").alias("_p"), pl.col("tid").fill_null(_NULL_TID).alias("_k"))
+        .filter(pl.col("_p").is_not_null())
+        .sort("_p")
+    )
+    if pt.height == 0:
+        return sp.clear().drop("_k")
+    j = sp.join_asof(pt, left_on="ts_ns", right_on="_p", by="_k", strategy="forward", check_sortedness=False)
+    return j.filter(pl.col("_p").is_not_null() & (pl.col("_p") <= pl.col("end_ns"))).select("_row", "ts_ns", "end_ns", "tid")
 
 
 def exclusive_top(events: list[tuple[int, int, str]], g0: int, g1: int, top: int = 3) -> list[str]:

@@ -134,7 +134,7 @@ def build_summary(analyses: list[RankAnalysis], *, marker: str | None = None) ->
     return {
         "schema_version": SCHEMA_VERSION,
         "profkit_version": __version__,
-        "inputs": [{"path": str(a.path), "sha256": sha256(a.path), "rank": a.rank} for a in analyses],
+        "inputs": [{"path": str(a.path), "sha256": a.input_sha256 or sha256(a.path), "rank": a.rank} for a in analyses],
         "marker": marker if marker is not None else (markers[0] if len(markers) == 1 else markers),
         "ranks": [rank_summary(a) for a in analyses],
     }

@@ -76,7 +76,9 @@ def _spread(values: list[float]) -> dict[str, float | None]:
     vals = [v for v in values if v is not None]
     if not vals:
         return {"median": None, "min": None, "max": None, "spread": None}
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "spread": max(vals) - min(vals)}
+    # one measurement has no spread: None, so nothing is called "within" or "beyond" noise
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals),
+            "spread": (max(vals) - min(vals)) if len(vals) > 1 else None}
 
 
 def summarize_repeats(metrics: list[dict[str, Any]]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from profkit.errors import TraceInputError
 from profkit.ingest.decode import decode_events, read_bytes
@@ -15,33 +16,81 @@ _TP_RANK = re.compile(r"-TP-(\d+)")
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json")
 
 
-def load_trace(path: Path, *, default_rank: int = 0) -> Trace:
+def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = None, jobs: int = 1, executor: Any = None) -> Trace:
     """Read one Kineto trace file (plain or gzipped JSON) into a `Trace`.
 
     Rank: `distributedInfo.rank` when the file has it, else SGLang's `-TP-<r>` in the file name,
     else `default_rank` (the file's position among the inputs).
+
+    cache: read and write the parquet cache beside the file (`<file>.profkit-cache/`, see
+    ingest/cache.py); None means on unless the environment sets PROFKIT_NO_CACHE=1.
+    jobs/executor: decode the file's chunks in that many worker processes (see ingest/columnar.py).
+    The tables are the same whichever path produced them.
     """
+    from profkit.ingest import cache as _cache
+
     path = Path(path)
-    data = read_bytes(path)
-    events, meta, warnings = decode_events(path, data)
-    if path.name.endswith(".gz") and _head(path) != b"\x1f\x8b":
-        warnings.append(f"{path.name} is named .gz but is not gzip-compressed; read as plain JSON")
-    del data
-    n_events = len(events)
-    df, t0 = events_frame(events, warnings)
-    del events
+    use_cache = (not _cache.cache_disabled_by_env()) if cache is None else cache
+    key = None
+    if use_cache:
+        hit = _cache.read(path)
+        if hit is not None:
+            t = hit.tables
+            return _make_trace(path, default_rank, t["gpu_ops"], t["calls"], t["cpu"], t["gpu_annotations"], hit.t0_ns,
+                               hit.n_events, hit.meta, list(hit.warnings), hit.sha256)
+        try:
+            key = _cache.source_key(path)
+        except OSError:
+            use_cache = False
+    gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings = _ingest(path, jobs=jobs, executor=executor)
+    if n_events == 0:
+        raise TraceInputError(f"{path}: the trace has no events (empty 'traceEvents')", hint="the profiler window captured nothing; profile while the server is busy")
+    sha = None
+    if use_cache:
+        sha = _cache.file_sha256(path)
+        _cache.write(path, _cache.Cached(
+            tables={"gpu_ops": gpu_ops, "calls": calls, "cpu": cpu, "gpu_annotations": ann}, t0_ns=t0, n_events=n_events,
+            meta=meta, warnings=list(warnings), sha256=sha,
+        ), key=key)
+    return _make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings, sha)
+
+
+def _ingest(path: Path, *, jobs: int = 1, executor: Any = None):
+    """Decode one file: the chunked fast path when it applies, else the tiered decoder (same tables)."""
+    from profkit.ingest.columnar import load_raw_frame
+    from profkit.ingest.tables import finish_events_frame
+
+    raw = load_raw_frame(path, executor=executor, jobs=jobs)
+    if raw is not None:
+        warnings: list[str] = []
+        if path.name.endswith(".gz") and _head(path) != b"\x1f\x8b":
+            warnings.append(f"{path.name} is named .gz but is not gzip-compressed; read as plain JSON")
+        df = finish_events_frame(raw.frame, warnings)
+        del raw.frame
+        t0, n_events, meta = raw.t0_ns, raw.n_events, raw.meta
+    else:
+        data = read_bytes(path)
+        events, meta, warnings = decode_events(path, data)
+        if path.name.endswith(".gz") and _head(path) != b"\x1f\x8b":
+            warnings.append(f"{path.name} is named .gz but is not gzip-compressed; read as plain JSON")
+        del data
+        n_events = len(events)
+        df, t0 = events_frame(events, warnings)
+        del events
     gpu_ops, calls, cpu, ann = split_tables(df, warnings)
+    return gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings
+
+
+def _make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings, sha256) -> Trace:
     rank = meta.get("rank")
     if not isinstance(rank, int):
         m = _TP_RANK.search(path.name)
         rank = int(m.group(1)) if m else default_rank
     devices = meta.get("devices") or []
     device = devices[0] if devices else None
-    if n_events == 0:
-        raise TraceInputError(f"{path}: the trace has no events (empty 'traceEvents')", hint="the profiler window captured nothing; profile while the server is busy")
     return Trace(
         path=path, rank=rank, device=device, gpu_ops=gpu_ops, calls=calls, cpu=cpu, gpu_annotations=ann,
-        t0_ns=t0, n_events=n_events, meta=meta, warnings=warnings,
+        t0_ns=t0, n_events=n_events, meta=meta, warnings=warnings, sha256=sha256,
     )
 
 
@@ -67,16 +116,68 @@ def find_trace_files(path: Path) -> list[Path]:
     return found
 
 
-def load_traces(paths: list[Path]) -> list[Trace]:
-    """Several inputs (files or run folders) -> one Trace per file, sorted by rank."""
+def expand_inputs(paths: list[Path]) -> list[Path]:
+    """Files and run folders -> the trace files, in input order."""
     files: list[Path] = []
     for p in paths:
         files.extend(find_trace_files(Path(p)))
-    traces = [load_trace(f, default_rank=i) for i, f in enumerate(files)]
+    return files
+
+
+def fix_duplicate_ranks(traces: list[Any]) -> None:
+    """Same rank twice (e.g. two single-GPU traces): fall back to file order so each is its own entry."""
     ranks = [t.rank for t in traces]
     if len(set(ranks)) != len(ranks):
-        # Same rank twice (e.g. two single-GPU traces): fall back to file order so each is its own entry.
         for i, t in enumerate(traces):
             t.warnings.append(f"rank {t.rank} appears in several inputs; using file order ({i}) as its rank")
             t.rank = i
+
+
+# Below this much JSON (estimated: gzip ~8x), worker processes cost more than they save.
+PARALLEL_MIN_BYTES = 96 << 20
+
+
+def estimated_raw_bytes(path: Path) -> int:
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+    except OSError:
+        return 0
+    return size * 8 if gz else size
+
+
+def _load_one(path: Path, default_rank: int, cache: bool | None) -> Trace:
+    return load_trace(path, default_rank=default_rank, cache=cache)
+
+
+def load_traces(paths: list[Path], *, cache: bool | None = None, jobs: int | None = None,
+                min_parallel_bytes: int = PARALLEL_MIN_BYTES) -> list[Trace]:
+    """Several inputs (files or run folders) -> one Trace per file, sorted by rank.
+
+    jobs: worker processes (default: the cores, at most one per file when several files). One
+    file: its chunks are decoded in parallel; several files: the files are. Inputs smaller than
+    `min_parallel_bytes` (estimated JSON) are read here. `cache`: see load_trace.
+    """
+    from profkit.ingest.columnar import default_jobs, make_executor
+
+    files = expand_inputs(paths)
+    jobs = default_jobs(len(files)) if jobs is None else max(1, jobs)
+    big = sum(estimated_raw_bytes(f) for f in files) >= min_parallel_bytes
+    if jobs > 1 and big and len(files) > 1:
+        ex = make_executor(min(jobs, len(files)))
+        try:
+            futs = [ex.submit(_load_one, f, i, cache) for i, f in enumerate(files)]  # type: ignore[union-attr]
+            traces = [f.result() for f in futs]
+        finally:
+            ex.shutdown(cancel_futures=True)  # type: ignore[union-attr]
+    elif jobs > 1 and big:
+        ex = make_executor(jobs)
+        try:
+            traces = [load_trace(f, default_rank=i, cache=cache, jobs=jobs, executor=ex) for i, f in enumerate(files)]
+        finally:
+            ex.shutdown(cancel_futures=True)  # type: ignore[union-attr]
+    else:
+        traces = [load_trace(f, default_rank=i, cache=cache) for i, f in enumerate(files)]
+    fix_duplicate_ranks(traces)
     return sorted(traces, key=lambda t: t.rank)

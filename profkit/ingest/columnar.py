@@ -19,12 +19,11 @@ share `finish_events_frame`.
 from __future__ import annotations
 
 import gc
-import hashlib
 import os
 import re
+import tempfile
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
-from operator import attrgetter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -58,11 +57,6 @@ class FX(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
 
 
 _OTHER = tuple(
-    msgspec.defstruct(f"F_{ord(p)}", [("ts", "float | None", None)], gc=False, tag_field="ph", tag=p)  # type: ignore[arg-type]
-    for p in _PHASES
-)
-# defstruct needs real types, not strings
-_OTHER = tuple(
     msgspec.defstruct(f"F_{ord(p)}", [("ts", float | None, None)], gc=False, tag_field="ph", tag=p) for p in _PHASES
 )
 _EventU = FX | _OTHER[0]
@@ -84,6 +78,7 @@ class _Meta(msgspec.Struct):
     traceEvents: list[int]  # always [] here: the events are cut out
     deviceProperties: list[_DevProp] | None = None
     distributedInfo: _Dist | None = None
+    baseTimeNanoseconds: int | None = None  # typed as decode.TraceDoc types it, for the same verdict
 
 
 _META_DEC = msgspec.json.Decoder(_Meta)
@@ -95,8 +90,6 @@ RAW_SCHEMA = {
 }
 
 _EMPTY_ARGS = FArgs()
-_X_FIELDS = attrgetter("name", "cat", "ts", "dur", "pid", "tid", "args")
-_A_FIELDS = attrgetter("correlation", "external_id", "stream", "device", "bytes")
 
 
 class NotFast(Exception):
@@ -110,51 +103,77 @@ def _ids(values: tuple, name: str) -> pl.Series:
         return pl.Series(name, [str(v) for v in values], dtype=pl.String)
 
 
-def decode_chunk(data: bytes) -> tuple[pl.DataFrame, float | None, int]:
-    """One chunk `[ev, ev, ...]` -> (raw frame of its 'X' events, min ts of all events, event count).
+def decode_chunk(data: Any) -> tuple[pl.DataFrame, float | None, int]:
+    """One chunk `[ev, ev, ...]` (any buffer) -> (raw frame of its 'X' events, min ts of all events, count).
 
     Raises NotFast when the chunk does not decode strictly (a bad cut, or a schema variant).
     """
     enabled = gc.isenabled()
-    gc.disable()
+    gc.disable()  # millions of short-lived objects: no collections while building them
     try:
         try:
             events = _CHUNK_DEC.decode(data)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
             raise NotFast(str(e)) from None
         n = len(events)
-        ts_all = [e.ts for e in events if e.ts is not None]
-        tmin = min(ts_all) if ts_all else None
-        del ts_all
         xs = [e for e in events if type(e) is FX]
+        others = [e.ts for e in events if type(e) is not FX and e.ts is not None] if len(xs) != n else []
         del events
         if not xs:
-            return pl.DataFrame(schema=RAW_SCHEMA), tmin, n
-        name, cat, ts, dur, pid, tid, args = zip(*map(_X_FIELDS, xs))
-        del xs
-        corr, ext, stream, device, nbytes = zip(*map(_A_FIELDS, [a if a is not None else _EMPTY_ARGS for a in args]))
-        del args
-        if any(type(b) is str for b in nbytes):
-            nbytes = tuple((int(b) if b.isdigit() else None) if type(b) is str else b for b in nbytes)
+            return pl.DataFrame(schema=RAW_SCHEMA), (min(others) if others else None), n
+        args = [e.args for e in xs]
+        if any(a is None for a in args):
+            args = [a if a is not None else _EMPTY_ARGS for a in args]
+        nbytes = [a.bytes for a in args]
+        try:
+            s_bytes = pl.Series("bytes", nbytes, dtype=pl.Int64, strict=True)
+        except (TypeError, pl.exceptions.PolarsError, OverflowError):
+            s_bytes = pl.Series("bytes", [(int(b) if b.isdigit() else None) if type(b) is str else b for b in nbytes], dtype=pl.Int64)
+        del nbytes
+        ts = pl.Series("ts", [e.ts for e in xs], dtype=pl.Float64)
         df = pl.DataFrame(
             [
-                pl.Series("name", name, dtype=pl.String),
-                pl.Series("cat", cat, dtype=pl.String),
-                pl.Series("ts", ts, dtype=pl.Float64),
-                pl.Series("dur", dur, dtype=pl.Float64),
-                _ids(pid, "pid"),
-                _ids(tid, "tid"),
-                pl.Series("correlation", corr, dtype=pl.Int64),
-                pl.Series("external_id", ext, dtype=pl.Int64),
-                pl.Series("stream", stream, dtype=pl.Int64),
-                pl.Series("device", device, dtype=pl.Int64),
-                pl.Series("bytes", nbytes, dtype=pl.Int64),
+                pl.Series("name", [e.name for e in xs], dtype=pl.String),
+                pl.Series("cat", [e.cat for e in xs], dtype=pl.String),
+                ts,
+                pl.Series("dur", [e.dur for e in xs], dtype=pl.Float64),
+                _ids([e.pid for e in xs], "pid"),
+                _ids([e.tid for e in xs], "tid"),
+                pl.Series("correlation", [a.correlation for a in args], dtype=pl.Int64),
+                pl.Series("external_id", [a.external_id for a in args], dtype=pl.Int64),
+                pl.Series("stream", [a.stream for a in args], dtype=pl.Int64),
+                pl.Series("device", [a.device for a in args], dtype=pl.Int64),
+                s_bytes,
             ]
         )
+        tmin = ts.min()
+        if others:
+            tmin = min(others) if tmin is None else min(tmin, min(others))
         return df, tmin, n
     finally:
         if enabled:
             gc.enable()
+
+
+_SLOT_FILES: dict[str, Any] = {}
+
+
+def decode_slot(path: str, offset: int, length: int) -> tuple[pl.DataFrame, float | None, int]:
+    """Worker side: decode the chunk at [offset, offset+length) of the shared slot file."""
+    import mmap
+
+    mm = _SLOT_FILES.get(path)
+    if mm is None:
+        with open(path, "r+b") as f:
+            mm = mmap.mmap(f.fileno(), 0)
+        _SLOT_FILES.clear()  # one load at a time: drop the previous file's mapping
+        _SLOT_FILES[path] = mm
+    with memoryview(mm) as mv:
+        view = mv[offset: offset + length]
+        try:
+            return decode_chunk(view)
+        finally:
+            view.release()
 
 
 # ---------------------------------------------------------------- reading and cutting
@@ -218,83 +237,137 @@ class Cut:
     head: bytes = b""  # the document up to and including the array's '['
     tail: bytes = b""  # the document after the array's ']'
     raw_bytes: int = 0
-    sha256: str = ""
     chunks: int = 0
-    warnings: list[str] = field(default_factory=list)
 
 
-def iter_chunks(path: Path, cut: Cut, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
-    """Yield `[ev, ..., ev]` byte chunks of the traceEvents array; fills `cut` (head, tail, sizes, sha256).
-
-    Raises NotFast when the file does not look like a Kineto object document.
-    """
-    h = hashlib.sha256()
-    with open(path, "rb") as raw_f:
-        head = raw_f.read(2)
-    # hash the compressed file as it is on disk (summary.json's inputs[].sha256), in the same pass
-    fh = open_decompressed(path, head)
-    try:
-        buf = bytearray()
-        total = 0
-        eof = False
-
-        def fill(min_len: int) -> None:
-            nonlocal eof, total
-            while not eof and len(buf) < min_len:
-                b = fh.read(READ_BYTES)
-                if not b:
-                    eof = True
-                    break
-                total += len(b)
-                buf.extend(b)
-
-        fill(1 << 20)
-        m = _KEY.search(buf, 0, min(len(buf), 1 << 20))
-        if m is None or buf.lstrip()[:1] != b"{":
-            raise NotFast("no traceEvents array near the start")
-        cut.head = bytes(buf[: m.end()])
-        del buf[: m.end()]
-        while True:
-            fill(chunk_bytes + READ_BYTES)
-            if eof:
-                break
-            b = _last_boundary(buf, 0)
-            if b <= 0:
-                # one event longer than a chunk? read more and try again
-                fill(len(buf) * 2)
-                continue
-            chunk = b"[" + bytes(buf[: b - 1]) + b"]"
-            del buf[:b]
-            cut.chunks += 1
-            yield chunk
-        # the rest holds the last events, the array's ']' and the document's tail
-        end = _array_end(buf)
-        cut.tail = bytes(buf[end + 1:])
-        chunk = b"[" + bytes(buf[:end]) + b"]"
-        del buf
-        cut.raw_bytes = total
-        cut.chunks += 1
-        yield chunk
-    finally:
-        fh.close()
-    with open(path, "rb") as f:
-        for blk in iter(lambda: f.read(8 << 20), b""):
-            h.update(blk)
-    cut.sha256 = h.hexdigest()
+_LB = ord("[")
+_RB = ord("]")
+_SEARCH = 1 << 20  # look for a cut in the last MiB of a chunk first
 
 
-def _array_end(buf: bytearray) -> int:
-    """Index of the ']' closing the events array: the last ']' after which the document's tail
-    (`}` or `, "key": value ... }`) decodes; every candidate is validated by the decoders later."""
-    pos = len(buf)
+class _Slots:
+    """k buffers of `size` bytes: one shared-memory file that the workers map, or plain memory."""
+
+    def __init__(self, k: int, size: int, shared: bool) -> None:
+        import mmap
+
+        self.k, self.size, self.path, self.mm = k, size, None, None
+        if shared:
+            d = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            fd, self.path = tempfile.mkstemp(prefix="profkit-ingest-", dir=d)
+            try:
+                os.ftruncate(fd, k * size)
+                self.mm = mmap.mmap(fd, k * size)
+            finally:
+                os.close(fd)
+            self.view = memoryview(self.mm)
+        else:
+            self.view = memoryview(bytearray(k * size))
+
+    def close(self) -> None:
+        self.view.release()
+        if self.mm is not None:
+            self.mm.close()
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+
+def _read_into(fh: Any, view: memoryview) -> int:
+    """Fill view from fh; the bytes read (fewer only at the end of the file)."""
+    got = 0
+    n = len(view)
+    while got < n:
+        k = fh.readinto(view[got: min(n, got + READ_BYTES)])
+        if not k:
+            break
+        got += k
+    return got
+
+
+def _cut_in(view: memoryview, lo: int, hi: int) -> int:
+    """Index of the ',' of the last event boundary in view[lo:hi], or -1."""
+    start = max(lo, hi - _SEARCH)
     while True:
-        pos = buf.rfind(b"]", 0, pos)
+        b = _last_boundary(bytes(view[start:hi]), 0)
+        if b > 0:
+            return start + b - 1
+        if start == lo:
+            return -1
+        start = max(lo, start - 8 * _SEARCH)
+
+
+def iter_slot_chunks(fh: Any, slots: _Slots, cut: Cut, wait_slot: Callable[[int], None]) -> Iterator[tuple[int, int, int]]:
+    """Fill the slots round-robin with `[ev, ..., ev]` chunks of the traceEvents array, decompressing
+    straight into them; yields (slot, offset, length). `wait_slot(i)` returns once slot i is free."""
+    size = slots.size
+    view = slots.view
+    carry = b""
+    first = True
+    i = -1
+    total = 0
+    while True:
+        i = (i + 1) % slots.k
+        wait_slot(i)
+        base = i * size
+        pos = base + 1  # view[base] becomes the chunk's '['
+        if len(carry) >= size - 1:
+            raise NotFast("an event larger than a chunk")
+        view[pos: pos + len(carry)] = carry
+        room = size - 1 - len(carry)
+        got = _read_into(fh, view[pos + len(carry): base + size])
+        total += got
+        data_end = pos + len(carry) + got
+        eof = got < room
+        if first:
+            first = False
+            probe = bytes(view[pos: min(data_end, pos + (1 << 20))])
+            m = _KEY.search(probe)
+            if m is None or probe.lstrip()[:1] != b"{":
+                raise NotFast("no traceEvents array near the start")
+            cut.head = probe[: m.end()]
+            rest = bytes(view[pos + m.end(): data_end])
+            view[pos: pos + len(rest)] = rest
+            data_end = pos + len(rest)
+        if eof:
+            end = _array_end(view, pos, data_end)
+            cut.tail = bytes(view[end + 1: data_end])
+            view[base] = _LB
+            view[end] = _RB
+            cut.raw_bytes = total
+            cut.chunks += 1
+            yield i, base, end + 1 - base
+            return
+        c = _cut_in(view, pos, data_end)
+        if c < 0:
+            raise NotFast("no event boundary inside a chunk (an event larger than a chunk?)")
+        carry = bytes(view[c + 1: data_end])
+        view[base] = _LB
+        view[c] = _RB
+        cut.chunks += 1
+        yield i, base, c + 1 - base
+
+
+def _array_end(view: memoryview, lo: int, hi: int) -> int:
+    """Index of the ']' closing the events array: the last ']' after which the document's tail
+    (`}` or `, "key": value ... }`) decodes; the chunk before it is validated by its decode."""
+    start = max(lo, hi - _SEARCH)
+    window = bytes(view[start:hi])
+    pos = len(window)
+    while True:
+        pos = window.rfind(b"]", 0, pos)
         if pos < 0:
-            raise NotFast("no end of the traceEvents array")
-        tail = bytes(buf[pos + 1:])
+            if start == lo:
+                raise NotFast("no end of the traceEvents array")
+            start = lo
+            window = bytes(view[start:hi])
+            pos = len(window)
+            continue
         try:
-            msgspec.json.decode(b'{"traceEvents": []' + tail)
-            return pos
+            msgspec.json.decode(b'{"traceEvents": []' + window[pos + 1:])
+            return start + pos
         except msgspec.DecodeError:
             continue
 
@@ -320,64 +393,93 @@ class RawLoad:
     n_events: int
     meta: dict[str, Any]
     raw_bytes: int
-    sha256: str
 
 
-def load_raw_frame(path: Path, *, executor: Executor | None = None, chunk_bytes: int = CHUNK_BYTES) -> RawLoad | None:
-    """The raw events frame of one file, or None when the fast path does not apply (see module doc)."""
+def load_raw_frame(path: Path, *, executor: Executor | None = None, jobs: int = 1,
+                   chunk_bytes: int = CHUNK_BYTES) -> RawLoad | None:
+    """The raw events frame of one file, or None when the fast path does not apply (see module doc).
+
+    With an executor (a process pool of `jobs` workers) the chunks are decoded by the workers
+    straight from a shared-memory file; without one, here.
+    """
     cut = Cut()
-    frames: list[pl.DataFrame] = []
-    tmins: list[float] = []
-    n = 0
+    parallel = executor is not None and jobs > 1
+    k = 2 * jobs + 1 if parallel else 1
+    pending: dict[int, Any] = {}
+    order: list[Any] = []
     try:
-        if executor is None:
-            for chunk in iter_chunks(path, cut, chunk_bytes):
-                df, tmin, k = decode_chunk(chunk)
-                frames.append(df)
-                n += k
-                if tmin is not None:
-                    tmins.append(tmin)
-        else:
-            futures = []
-            inflight_limit = 2 * max(1, getattr(executor, "_max_workers", 2)) + 1
-            results: list = []
-            for chunk in iter_chunks(path, cut, chunk_bytes):
-                futures.append(executor.submit(decode_chunk, chunk))
-                del chunk
-                # bound the chunks in flight (memory): wait for the oldest
-                while sum(1 for f in futures if not f.done()) > inflight_limit:
-                    futures[len(results)].result()
-                    results.append(None)
-            for f in futures:
-                df, tmin, k = f.result()
-                frames.append(df)
-                n += k
-                if tmin is not None:
-                    tmins.append(tmin)
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return None
+    slots = _Slots(k, chunk_bytes + (1 << 20), shared=parallel)
+    ok = False
+    try:
+        def wait_slot(i: int) -> None:
+            fut = pending.pop(i, None)
+            if fut is not None:
+                fut.result()  # re-raises NotFast from the worker
+
+        with open_decompressed(path, head) as fh:
+            for i, off, length in iter_slot_chunks(fh, slots, cut, wait_slot):
+                if parallel:
+                    fut = executor.submit(decode_slot, slots.path, off, length)  # type: ignore[union-attr]
+                    pending[i] = fut
+                    order.append(fut)
+                else:
+                    v = slots.view[off: off + length]
+                    try:
+                        order.append(decode_chunk(v))
+                    finally:
+                        v.release()
+        results = [r.result() for r in order] if parallel else order
         meta = parse_meta(cut)
+        ok = True
     except NotFast:
         return None
+    except (OSError, EOFError) as e:  # a broken gzip and the like: the tiered path reports it
+        return None
+    except Exception as e:
+        if _is_decompress_error(e):
+            return None
+        raise
+    finally:
+        if not ok:
+            for fut in pending.values():
+                fut.cancel()
+        for fut in pending.values():
+            try:
+                fut.result()
+            except BaseException:
+                pass
+        slots.close()
+    frames = [r[0] for r in results]
+    tmins = [r[1] for r in results if r[1] is not None]
+    n = sum(r[2] for r in results)
     frame = pl.concat(frames, how="vertical", rechunk=True) if frames else pl.DataFrame(schema=RAW_SCHEMA)
     t0 = round(min(tmins) * 1000) if tmins else 0
-    return RawLoad(frame=frame, t0_ns=t0, n_events=n, meta=meta, raw_bytes=cut.raw_bytes, sha256=cut.sha256)
+    return RawLoad(frame=frame, t0_ns=t0, n_events=n, meta=meta, raw_bytes=cut.raw_bytes)
+
+
+def _is_decompress_error(e: Exception) -> bool:
+    s = f"{type(e).__name__} {e}".lower()
+    return any(w in s for w in ("gzip", "deflate", "compress", "crc", "header", "zlib", "isal", "igzip"))
 
 
 def default_jobs(n_files: int = 1) -> int:
+    """min(cores, files): the cores this process may use, at most one per file for several files."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
-    return max(1, cores)
+    return max(1, cores if n_files <= 1 else min(cores, n_files))
 
 
 def make_executor(jobs: int) -> Executor | None:
+    """A pool of `jobs` worker processes (spawned: safe with polars' threads), or None for 1."""
     if jobs <= 1:
         return None
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     return ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
-
-
-def run_in(executor: Executor | None, fn: Callable, *args: Any) -> Any:
-    return fn(*args) if executor is None else executor.submit(fn, *args).result()

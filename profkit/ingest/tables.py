@@ -74,6 +74,7 @@ class Trace:
     n_events: int
     meta: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    sha256: str | None = None  # of the file, when ingest already computed it (the cache does)
 
 
 _DIRECTION = re.compile(r"\b(HtoD|DtoH|DtoD|PtoP|HtoH)\b")
@@ -117,6 +118,12 @@ def events_frame(events: list[Event], warnings: list[str]) -> tuple[pl.DataFrame
             "device": pl.Int64, "bytes": pl.Int64,
         },
     )
+    return finish_events_frame(df, warnings), t0
+
+
+def finish_events_frame(df: pl.DataFrame, warnings: list[str]) -> pl.DataFrame:
+    """The raw 'X' events frame (name, cat, ts and dur in µs floats, pid, tid, args) -> the events
+    frame: categories unified, integer ns times, unusable events dropped (with warnings)."""
     df = df.with_columns(
         pl.col("cat").str.to_lowercase().replace_strict(CAT_ALIASES, default=pl.col("cat").str.to_lowercase()),
         (pl.col("ts") * 1000).round().cast(pl.Int64).alias("ts_ns"),
@@ -132,8 +139,7 @@ def events_frame(events: list[Event], warnings: list[str]) -> tuple[pl.DataFrame
     if neg:
         warnings.append(f"skipped {neg} events with a negative duration")
     df = df.filter(pl.col("ts_ns").is_not_null() & (pl.col("dur_ns") >= 0))
-    df = df.with_columns((pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"))
-    return df, t0
+    return df.with_columns((pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"))
 
 
 def _dedupe(df: pl.DataFrame, what: str, keys: list[str], warnings: list[str]) -> pl.DataFrame:

@@ -78,17 +78,18 @@ def record(opts: str, args, out_dir: str) -> tuple[list[dict], float]:
 
     on_cuda = args.device.startswith("cuda")
     size = CUDA_SIZE if on_cuda else CPU_SIZE
+    n_iter = args.steps
+    max_new = (args.spec_steps + 1) * (args.warmup + 2 * n_iter + 4)
     cfg = ProxyConfig(size=size, device=args.device,
                       dtype="bfloat16" if on_cuda else "float32",
                       switches=parse_opts(opts), speculative_num_steps=args.spec_steps,
-                      num_pages=max(256, (args.prompt_len + 4096) * args.batch // 16 + 64),
+                      num_pages=(args.prompt_len + max_new + 64) * args.batch // 16 + 64,
                       chunked_prefill_size=1024 if on_cuda else 512)
     s = Scheduler(cfg)
-    n_iter = args.steps
     with torch.inference_mode():
         for i in range(args.batch):
             s.waiting.append(Req([(i * 13 + j) % size.vocab_size
-                                  for j in range(args.prompt_len)], 100000))
+                                  for j in range(args.prompt_len)], max_new))
         while s.waiting or s.prefilling:
             s.loop_once()
         for _ in range(args.warmup):

@@ -31,8 +31,9 @@ the study (an orthonormal transform applied to both q and k preserves their inne
 On CPU (no Triton) the public functions run the references.
 
 Tolerances (tests): the fused kernels compute in fp32; quantized values are within one FP8 (e4m3)
-step of the reference's; scales within 1e-6 relative; dequantized q.k inner products within 2%
-relative (of the norm of the products) of the fp32 unquantized ones.
+step of the reference's; scales within 1e-6 relative; dequantized q.k inner products within 8%
+relative (of the norm of the products; e4m3's 3 mantissa bits give ~5%) of the fp32 unquantized
+ones, and no worse than the unfused chain's error (+10%).
 """
 
 from __future__ import annotations

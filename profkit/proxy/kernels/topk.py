@@ -330,6 +330,46 @@ if HAVE_TRITON:
         return n_out + na, n_cand + nc
 
     @triton.jit
+    def _hist_range(srow, start, end, LOG2NB: tl.constexpr, BLOCK: tl.constexpr):
+        """Histogram of [start, end) (start a multiple of BLOCK): unmasked, vectorized full
+        tiles, then one masked tail tile."""
+        NB: tl.constexpr = 1 << LOG2NB
+        acc = tl.zeros([NB], dtype=tl.int32)
+        full_end = start + tl.maximum(end - start, 0) // BLOCK * BLOCK
+        for off in range(start, full_end, BLOCK):
+            offs = tl.multiple_of(off, BLOCK) + tl.arange(0, BLOCK)
+            x = tl.load(srow + offs)
+            acc += tl.histogram(_coarse_bin(x, LOG2NB), NB)
+        if full_end < end:
+            offs = full_end + tl.arange(0, BLOCK)
+            m = offs < end
+            x = tl.load(srow + offs, mask=m, other=0.0)
+            acc += tl.histogram(_coarse_bin(x, LOG2NB), NB, mask=m)
+        return acc
+
+    @triton.jit
+    def _emit_range(srow, start, end, thr, out_idx_row, out_slot_row, cand_row, pt_row,
+                    page_size, cnt_row, LOG2NB: tl.constexpr, HAS_PT: tl.constexpr,
+                    ATOMIC: tl.constexpr, BLOCK: tl.constexpr):
+        n_out = thr * 0
+        n_cand = thr * 0
+        full_end = start + tl.maximum(end - start, 0) // BLOCK * BLOCK
+        for off in range(start, full_end, BLOCK):
+            offs = tl.multiple_of(off, BLOCK) + tl.arange(0, BLOCK)
+            x = tl.load(srow + offs)
+            n_out, n_cand = _emit_tile(x, offs, offs < end, thr, n_out, n_cand, out_idx_row,
+                                       out_slot_row, cand_row, pt_row, page_size, cnt_row,
+                                       LOG2NB, HAS_PT, ATOMIC)
+        if full_end < end:
+            offs = full_end + tl.arange(0, BLOCK)
+            m = offs < end
+            x = tl.load(srow + offs, mask=m, other=0.0)
+            n_out, n_cand = _emit_tile(x, offs, m, thr, n_out, n_cand, out_idx_row,
+                                       out_slot_row, cand_row, pt_row, page_size, cnt_row,
+                                       LOG2NB, HAS_PT, ATOMIC)
+        return n_out, n_cand
+
+    @triton.jit
     def topk_v2_fused_kernel(scores_ptr, stride_s, len_ptr, cand_ptr, out_idx_ptr, out_slot_ptr,
                              pt_ptr, stride_pt, rows_per_pt, page_size, n, k,
                              HAS_LEN: tl.constexpr, HAS_PT: tl.constexpr, LOG2NB: tl.constexpr,
@@ -344,22 +384,10 @@ if HAVE_TRITON:
         out_idx_row = out_idx_ptr + row.to(tl.int64) * k
         out_slot_row = out_slot_ptr + row.to(tl.int64) * k
         pt_row = pt_ptr + (row // rows_per_pt).to(tl.int64) * stride_pt
-        acc = tl.zeros([NB], dtype=tl.int32)
-        for off in range(0, length, BLOCK):
-            offs = off + tl.arange(0, BLOCK)
-            m = offs < length
-            x = tl.load(srow + offs, mask=m, other=0.0)
-            acc += tl.histogram(_coarse_bin(x, LOG2NB), NB, mask=m)
+        acc = _hist_range(srow, 0, length, LOG2NB, BLOCK)
         thr = _threshold_bin(acc, need, NB)
-        n_out = need * 0
-        n_cand = need * 0
-        for off in range(0, length, BLOCK):
-            offs = off + tl.arange(0, BLOCK)
-            m = offs < length
-            x = tl.load(srow + offs, mask=m, other=0.0)
-            n_out, n_cand = _emit_tile(x, offs, m, thr, n_out, n_cand, out_idx_row, out_slot_row,
-                                       cand_row, pt_row, page_size, cand_row, LOG2NB, HAS_PT,
-                                       False)
+        n_out, n_cand = _emit_range(srow, 0, length, thr, out_idx_row, out_slot_row, cand_row,
+                                    pt_row, page_size, cand_row, LOG2NB, HAS_PT, False, BLOCK)
         tl.debug_barrier()  # candidates written by other threads of this program
         _refine_emit(srow, cand_row, n_cand, n_out, need, out_idx_row, out_slot_row, pt_row,
                      page_size, k, HAS_PT, BLOCK_C)
@@ -376,12 +404,7 @@ if HAVE_TRITON:
         start = pid * chunk
         end = tl.minimum(start + chunk, length)
         srow = scores_ptr + row.to(tl.int64) * stride_s
-        acc = tl.zeros([NB], dtype=tl.int32)
-        for off in range(start, end, BLOCK):
-            offs = off + tl.arange(0, BLOCK)
-            m = offs < end
-            x = tl.load(srow + offs, mask=m, other=0.0)
-            acc += tl.histogram(_coarse_bin(x, LOG2NB), NB, mask=m)
+        acc = _hist_range(srow, start, end, LOG2NB, BLOCK)
         # Only bins at or above this chunk's own need-th largest bin can hold the row's threshold
         # (the row's need-th largest is >= any chunk's), so only those are added: few atomics.
         lthr = _threshold_bin(acc, need, NB)
@@ -408,15 +431,8 @@ if HAVE_TRITON:
         out_idx_row = out_idx_ptr + row.to(tl.int64) * k
         out_slot_row = out_slot_ptr + row.to(tl.int64) * k
         pt_row = pt_ptr + (row // rows_per_pt).to(tl.int64) * stride_pt
-        n_out = need * 0
-        n_cand = need * 0
-        for off in range(start, end, BLOCK):
-            offs = off + tl.arange(0, BLOCK)
-            m = offs < end
-            x = tl.load(srow + offs, mask=m, other=0.0)
-            n_out, n_cand = _emit_tile(x, offs, m, thr, n_out, n_cand, out_idx_row, out_slot_row,
-                                       cand_row, pt_row, page_size, cnt_ptr + row * 2, LOG2NB,
-                                       HAS_PT, True)
+        _emit_range(srow, start, end, thr, out_idx_row, out_slot_row, cand_row, pt_row,
+                    page_size, cnt_ptr + row * 2, LOG2NB, HAS_PT, True, BLOCK)
 
     @triton.jit
     def topk_v2_refine_kernel(scores_ptr, stride_s, len_ptr, hist_ptr, cnt_ptr, cand_ptr,
@@ -473,12 +489,13 @@ def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None
             page_size: int = 1, lengths: torch.Tensor | None = None, *, path: str = "auto",
             log2nb: int = LOG2NB, programs: int = TARGET_PROGRAMS, block: int = BLOCK,
             block_c: int = BLOCK_C, num_warps: int = NUM_WARPS,
-            fused_max_n: int = FUSED_MAX_N) -> tuple[torch.Tensor, torch.Tensor]:
+            fused_max_n: int = FUSED_MAX_N, _stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k selection fused with the page-table translation (see the module doc).
 
     Triton on CUDA tensors (and on CPU under TRITON_INTERPRET=1), the torch twin otherwise.
     ``path``: "auto" | "fused" (single program per row) | "split" (hist/select/refine) | "twin".
-    The keyword-only knobs are for benchmarks and tests. Never syncs with the host.
+    The keyword-only knobs are for benchmarks and tests (``_stages`` < 3 stops the split plan
+    early, leaving the workspace dirty: timing breakdowns only). Never syncs with the host.
     """
     if scores.dim() != 2:
         raise ValueError("scores must be [rows, n]")
@@ -523,9 +540,13 @@ def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None
     topk_v2_hist_kernel[(rows, p)](
         x, x.stride(0), lens, ws["hist"], n, k, chunk, HAS_LEN=has_len, LOG2NB=log2nb,
         BLOCK=block, num_warps=num_warps)
+    if _stages < 2:
+        return out_idx, out_slot
     topk_v2_select_kernel[(rows, p)](
         x, x.stride(0), lens, ws["hist"], ws["cnt"], ws["cand"], out_idx, out_slot, pt,
         stride_pt, rows_per_pt, page_size, n, k, chunk, BLOCK=block, **common)
+    if _stages < 3:
+        return out_idx, out_slot
     topk_v2_refine_kernel[(rows,)](
         x, x.stride(0), lens, ws["hist"], ws["cnt"], ws["cand"], out_idx, out_slot, pt,
         stride_pt, rows_per_pt, page_size, n, k, BLOCK_C=block_c, **common)

@@ -1,0 +1,164 @@
+"""A parquet cache of the ingested tables next to each trace: `<trace>.profkit-cache/`.
+
+A second `analyze` (or `diff`, `report`) of the same trace reads four parquet files instead of
+decoding the JSON. The cache is used only when everything matches:
+
+- the trace file's size, mtime_ns and a hash of its first and last MiB (checked on every read);
+- CACHE_SCHEMA and a fingerprint of the ingest code (so a profkit change never reuses old tables);
+- each parquet file's size and BLAKE2b digest, recorded in `manifest.json` when profkit wrote them
+  (so a truncated, corrupted or hand-edited cache is never read as data).
+
+Anything else (missing, stale, corrupt, unreadable) is a miss: the trace is decoded again and the
+cache rewritten, with no error. A folder that is not writable means no cache, silently. Nothing is
+pickled: the tables are parquet, the rest is JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+CACHE_SCHEMA = 1
+SUFFIX = ".profkit-cache"
+TABLES = ("gpu_ops", "calls", "cpu", "gpu_annotations")
+_MIB = 1 << 20
+_CODE_FILES = ("decode.py", "tables.py", "columnar.py", "cache.py", "__init__.py")
+
+
+def cache_disabled_by_env() -> bool:
+    return os.environ.get("PROFKIT_NO_CACHE", "").strip() not in ("", "0", "false", "no")
+
+
+def cache_dir(path: Path) -> Path:
+    return path.with_name(path.name + SUFFIX)
+
+
+_FINGERPRINT: str | None = None
+
+
+def code_fingerprint() -> str:
+    """Hash of the ingest code and profkit's API table: tables written by other code never match."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        from profkit import __version__
+
+        h = hashlib.blake2b(digest_size=16)
+        h.update(f"{CACHE_SCHEMA}|{__version__}|{pl.__version__}".encode())
+        here = Path(__file__).resolve().parent
+        for name in _CODE_FILES:
+            try:
+                h.update((here / name).read_bytes())
+            except OSError:
+                h.update(name.encode())
+        try:
+            h.update((here.parent / "apis.py").read_bytes())
+        except OSError:
+            pass
+        _FINGERPRINT = h.hexdigest()
+    return _FINGERPRINT
+
+
+def source_key(path: Path) -> dict[str, Any]:
+    """size, mtime_ns and a hash of the first and last MiB of the trace file."""
+    st = path.stat()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(_MIB))
+        if st.st_size > 2 * _MIB:
+            f.seek(st.st_size - _MIB)
+            h.update(f.read(_MIB))
+        elif st.st_size > _MIB:
+            h.update(f.read())
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "head_tail_sha256": h.hexdigest()}
+
+
+@dataclass
+class Cached:
+    tables: dict[str, pl.DataFrame]
+    t0_ns: int
+    n_events: int
+    meta: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+    sha256: str | None = None
+
+
+def read(path: Path) -> Cached | None:
+    """The cached ingest of `path`, or None (a miss) when anything does not match."""
+    d = cache_dir(path)
+    try:
+        man = json.loads((d / "manifest.json").read_text())
+        if not isinstance(man, dict) or man.get("cache_schema") != CACHE_SCHEMA or man.get("code") != code_fingerprint():
+            return None
+        if man.get("source") != source_key(path):
+            return None
+        tables: dict[str, pl.DataFrame] = {}
+        for name in TABLES:
+            info = man["files"][name]
+            data = (d / f"{name}.parquet").read_bytes()
+            if len(data) != info["size"] or hashlib.blake2b(data, digest_size=32).hexdigest() != info["blake2b"]:
+                return None
+            df = pl.read_parquet(io.BytesIO(data))
+            if df.height != info["rows"]:
+                return None
+            tables[name] = df
+        return Cached(
+            tables=tables, t0_ns=int(man["t0_ns"]), n_events=int(man["n_events"]), meta=dict(man["meta"]),
+            warnings=[str(w) for w in man["warnings"]], sha256=man.get("sha256"),
+        )
+    except Exception:  # missing, unreadable, corrupt: a miss
+        return None
+
+
+def write(path: Path, cached: Cached, *, key: dict[str, Any] | None = None) -> bool:
+    """Write the cache next to `path` (atomically: a temporary folder renamed into place).
+    Returns False, silently, when it cannot (read-only folder, disk full, ...)."""
+    d = cache_dir(path)
+    tmp = d.with_name(f".{d.name[:-len(SUFFIX)]}.{os.getpid()}.tmp{SUFFIX}")
+    try:
+        key = key or source_key(path)
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        files: dict[str, Any] = {}
+        for name in TABLES:
+            buf = io.BytesIO()
+            cached.tables[name].write_parquet(buf, compression="lz4", statistics=False)
+            data = buf.getvalue()
+            (tmp / f"{name}.parquet").write_bytes(data)
+            files[name] = {"size": len(data), "blake2b": hashlib.blake2b(data, digest_size=32).hexdigest(),
+                           "rows": cached.tables[name].height}
+        man = {
+            "cache_schema": CACHE_SCHEMA, "code": code_fingerprint(), "source": key, "sha256": cached.sha256,
+            "t0_ns": cached.t0_ns, "n_events": cached.n_events, "meta": cached.meta, "warnings": cached.warnings,
+            "files": files,
+        }
+        (tmp / "manifest.json").write_text(json.dumps(man))
+        if key != source_key(path):  # the trace changed while we read it: do not keep tables for it
+            shutil.rmtree(tmp, ignore_errors=True)
+            return False
+        if d.exists():
+            old = d.with_name(f".{d.name[:-len(SUFFIX)]}.{os.getpid()}.old{SUFFIX}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(d, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, d)
+        return True
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(8 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
