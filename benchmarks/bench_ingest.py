@@ -54,69 +54,65 @@ def human(n: float) -> str:
     return str(n)
 
 
-def _gzip_open_write(path: Path):
+def _gzip_compress(data: bytes) -> bytes:
     try:  # ISA-L writes the same gzip format, much faster
         from isal import igzip
 
-        return igzip.open(path, "wb", compresslevel=2)
+        return igzip.compress(data, compresslevel=2)
     except ImportError:
-        return gzip.open(path, "wb", compresslevel=1)
+        return gzip.compress(data, compresslevel=1)
 
 
-def build_trace(template: Path, target_bytes: int, out: Path, *, rank: int | None = None) -> dict:
-    """Write `out` (gzipped) with at least `target_bytes` of raw JSON; returns its facts."""
+def _dumps():
+    try:
+        import orjson
+
+        return lambda obj: orjson.dumps(obj)
+    except ImportError:
+        enc = json.JSONEncoder(separators=(",", ":"))
+        return lambda obj: enc.encode(obj).encode()
+
+
+def build_body(template: Path, target_bytes: int, out: Path) -> dict:
+    """The events of `template` repeated in time until `target_bytes` of JSON, written as one gzip
+    member (`out`): `ev,ev,...,ev` without brackets. Returns the facts, cached beside it."""
+    info_path = out.with_name(out.name + ".info.json")
+    if out.exists() and info_path.exists():
+        return json.loads(info_path.read_text())
+    t_start = time.perf_counter()
     doc = json.loads(gzip.open(template).read())
     events = doc.pop("traceEvents")
     meta_events = [e for e in events if e.get("ph") == "M"]
     body = [e for e in events if e.get("ph") != "M"]
     ts_ns = [round(e["ts"] * 1000) for e in body if isinstance(e.get("ts"), (int, float))]
     ends = [round((e["ts"] + e.get("dur", 0)) * 1000) for e in body if isinstance(e.get("ts"), (int, float))]
-    t_lo, t_hi = min(ts_ns), max(ends)
-    span_ns = t_hi - t_lo + 50_000  # 50 µs between copies
+    span_ns = max(ends) - min(ts_ns) + 50_000  # copies 50 µs apart
     max_id: dict[str, int] = {k: 0 for k in ID_ARGS}
     max_flow = 0
     for e in body:
         a = e.get("args") or {}
         for k in ID_ARGS:
             v = a.get(k)
-            if isinstance(v, int) and v > max_id[k]:
+            if isinstance(v, int) and not isinstance(v, bool) and v > max_id[k]:
                 max_id[k] = v
         if isinstance(e.get("id"), int):
             max_flow = max(max_flow, e["id"])
     id_step = {k: v + 1 for k, v in max_id.items()}
     flow_step = max_flow + 1
-    if rank is not None:
-        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": 8}
-    head = json.dumps({k: v for k, v in doc.items()}, separators=(", ", ": "))[:-1]
-    tail_key = ', "traceEvents": ['
-    enc = json.JSONEncoder(separators=(", ", ": "))
-    written = 0
-    n_events = 0
+    dumps = _dumps()
+    parts: list[bytes] = [dumps(e) for e in meta_events]  # metadata events once
+    written = sum(len(x) + 1 for x in parts)
+    n_events = len(parts)
     copies = 0
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
-    with _gzip_open_write(tmp) as f:
-        def w(s: str) -> None:
-            nonlocal written
-            b = s.encode()
-            written += len(b)
-            f.write(b)
-
-        w(head + tail_key)
-        first = True
-        for e in meta_events:
-            w(("" if first else ", ") + enc.encode(e))
-            first = False
-            n_events += 1
-        # One copy's events as JSON text with placeholders would be fastest; per-event dicts are
-        # simple and fast enough (~1 M events/s), and the result is cached in --workdir.
+    with open(tmp, "wb") as f:
         while written < target_bytes:
             k = copies
-            parts = []
             for e in body:
                 e2 = dict(e)
                 if isinstance(e.get("ts"), (int, float)):
-                    e2["ts"] = (round(e["ts"] * 1000) + k * span_ns) / 1000
+                    e2["ts"] = (round(e["ts"] * 1000) + k * span_ns) / 1000  # exact ns, printed as Kineto does
                 if isinstance(e.get("id"), int):
                     e2["id"] = e["id"] + k * flow_step
                 a = e.get("args")
@@ -124,18 +120,43 @@ def build_trace(template: Path, target_bytes: int, out: Path, *, rank: int | Non
                     a2 = dict(a)
                     for key in ID_ARGS:
                         v = a.get(key)
-                        if isinstance(v, int) and v >= 0:
+                        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
                             a2[key] = v + k * id_step[key]
                     e2["args"] = a2
-                parts.append(enc.encode(e2))
-            w(("" if first else ", ") + ", ".join(parts))
-            first = False
+                b = dumps(e2)
+                parts.append(b)
+                written += len(b) + 1
             n_events += len(body)
             copies += 1
-        w("]}")
+            if len(parts) > 200_000 or written >= target_bytes:
+                blob = b",".join(parts)
+                f.write(_gzip_compress((b"," if f.tell() else b"") + blob))
+                parts = []
     tmp.replace(out)
-    return {"path": str(out), "raw_bytes": written, "gz_bytes": out.stat().st_size, "events": n_events, "copies": copies,
-            "template": str(template)}
+    info = {"body": str(out), "raw_body_bytes": written - 1, "events": n_events, "copies": copies, "template": str(template),
+            "head": {k: v for k, v in doc.items()}, "build_s": time.perf_counter() - t_start}
+    info_path.write_text(json.dumps(info))
+    return info
+
+
+def assemble(body_info: dict, out: Path, *, rank: int | None = None) -> dict:
+    """A trace file: a gzip member with the document's head (distributedInfo.rank = rank), the
+    body's members, and a member closing the array and the document (gzip readers concatenate)."""
+    head_doc = dict(body_info["head"])
+    if rank is not None:
+        head_doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": 8}
+    tail_keys = {k: head_doc.pop(k) for k in ("traceName", "displayTimeUnit") if k in head_doc}
+    head = json.dumps(head_doc)[:-1].encode() + b', "traceEvents": ['
+    tail = b"]" + (b", " + json.dumps(tail_keys)[1:].encode() if tail_keys else b"}")
+    tmp = out.with_name(out.name + ".part")
+    with open(tmp, "wb") as f:
+        f.write(_gzip_compress(head))
+        with open(body_info["body"], "rb") as b:
+            shutil.copyfileobj(b, f, 16 << 20)
+        f.write(_gzip_compress(tail))
+    tmp.replace(out)
+    return {"path": str(out), "raw_bytes": len(head) + body_info["raw_body_bytes"] + len(tail), "gz_bytes": out.stat().st_size,
+            "events": body_info["events"], "copies": body_info["copies"], "template": body_info["template"]}
 
 
 class TreeSampler:
@@ -174,18 +195,21 @@ class TreeSampler:
 
 
 def run_child(cmd: list[str], env: dict | None = None) -> dict:
-    """Run cmd; wall time, exit code, peak RSS of the largest process (RUSAGE_CHILDREN) and of the tree."""
-    import resource
-
+    """Run cmd; wall time, exit code, its peak RSS (getrusage of that child via wait4, which
+    includes the workers it waited for) and the peak summed RSS of its process tree (sampled)."""
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    sampler = TreeSampler(p.pid)
-    so, se = p.communicate()
-    wall = time.perf_counter() - t0
-    tree = sampler.stop()
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with tempfile.TemporaryFile() as so, tempfile.TemporaryFile() as se:
+        p = subprocess.Popen(cmd, stdout=so, stderr=se, env=env)
+        sampler = TreeSampler(p.pid)
+        _, status, ru = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t0
+        tree = sampler.stop()
+        p.returncode = os.waitstatus_to_exitcode(status)
+        so.seek(0)
+        se.seek(0)
+        out, err = so.read(), se.read()
     return {"rc": p.returncode, "wall_s": wall, "maxrss_bytes": ru.ru_maxrss * 1024, "tree_peak_rss_bytes": tree,
-            "stdout": so.decode(errors="replace"), "stderr": se.decode(errors="replace")}
+            "stdout": out.decode(errors="replace"), "stderr": err.decode(errors="replace")}
 
 
 def profkit_analyze(paths: list[Path], extra: list[str], tag: str) -> dict:
@@ -246,6 +270,10 @@ def hta_load(py: str, path: Path) -> dict:
     return out
 
 
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def machine() -> dict:
     import psutil
 
@@ -288,17 +316,13 @@ def main() -> None:
     rows: list[tuple] = []
 
     def file_for(size: int, rank: int | None = None) -> tuple[Path, dict]:
-        name = f"{Path(template).name.split('.')[0]}-{size // 10**6}MB" + (f"-TP-{rank}" if rank is not None else "") + ".trace.json.gz"
+        stem = f"{Path(template).name.split('.')[0]}-{size // 10**6}MB"
+        body = build_body(template, size, args.workdir / f"{stem}.body.gz")
+        name = stem + (f"-TP-{rank}" if rank is not None else "") + ".trace.json.gz"
         path = args.workdir / name
-        info_path = path.with_name(path.name + ".info.json")
-        if path.exists() and info_path.exists():
-            return path, json.loads(info_path.read_text())
-        t0 = time.perf_counter()
-        info = build_trace(template, size, path, rank=rank)
-        info["build_s"] = time.perf_counter() - t0
-        info_path.write_text(json.dumps(info))
-        print(f"built {path} ({human(info['raw_bytes'])} raw, {human(info['gz_bytes'])} gz, {info['events']:,} events) "
-              f"in {info['build_s']:.1f} s", file=sys.stderr)
+        info = assemble(body, path, rank=rank)
+        print(f"{path}: {human(info['raw_bytes'])} raw, {human(info['gz_bytes'])} gz, {info['events']:,} events "
+              f"(body built in {body['build_s']:.1f} s)", file=sys.stderr)
         return path, info
 
     def clear_cache(paths: list[Path]) -> None:
@@ -337,18 +361,20 @@ def main() -> None:
         paths = [p for p, _ in files]
         info = {"raw_bytes": sum(i["raw_bytes"] for _, i in files), "gz_bytes": sum(i["gz_bytes"] for _, i in files),
                 "events": sum(i["events"] for _, i in files)}
-        record(f"{args.ranks} ranks x {human(files[0][1]['raw_bytes'])} uncached", paths, info, ["--no-cache"], clear=False)
-        record(f"{args.ranks} ranks cached", paths, info, [], clear=True and False)
+        each = human(files[0][1]["raw_bytes"])
+        record(f"{args.ranks} ranks x {each} uncached", paths, info, ["--no-cache"], clear=False)
+        record(f"{args.ranks} ranks x {each} first (writes cache)", paths, info, [], clear=True)
+        record(f"{args.ranks} ranks x {each} cached", paths, info, [], clear=False)
 
     # table
-    hdr = f"{'case':<34} {'run':>3} {'raw':>9} {'events':>10} {'parse s':>8} {'analysis s':>10} {'total s':>8} {'peak RSS (tree)':>15} {'max proc RSS':>12} {'Mev/s':>6}"
+    hdr = f"{'case':<34} {'run':>3} {'raw':>9} {'events':>10} {'parse s':>8} {'analysis s':>10} {'total s':>8} {'peak RSS (tree)':>15} {'maxrss':>9} {'Mev/s':>6}"
     lines = [hdr, "-" * len(hdr)]
     for label, i, r in rows:
         ev_s = r["events"] / r["wall_s"] / 1e6 if r["wall_s"] else 0
         lines.append(
             f"{label:<34} {i:>3} {human(r['raw_bytes']):>9} {r['events']:>10,} {r.get('load_s', float('nan')):>8.2f} "
-            f"{r.get('analysis_s', float('nan')):>10.2f} {r['wall_s']:>8.2f} {human(r['tree_peak_rss_bytes']):>15} "
-            f"{human(r['maxrss_bytes']):>12} {ev_s:>6.2f}"
+            f"{_f(r.get('analysis_s')):>10} {r['wall_s']:>8.2f} {human(r['tree_peak_rss_bytes']):>15} "
+            f"{human(r['maxrss_bytes']):>9} {ev_s:>6.2f}"
         )
     for h in results["hta"]:
         lines.append(f"HTA 0.5.0 TraceAnalysis load {human(h['raw_bytes']):>9}, run {h['run']}: load {h.get('load_s', float('nan')):.1f} s, "

@@ -47,7 +47,22 @@ def log(*a):
     print(*a, flush=True)
 
 
+SMOKE = os.environ.get("BENCH_SMOKE") == "1"  # CPU dry run of this script (TRITON_INTERPRET=1)
+DEV = "cpu" if SMOKE else "cuda"
+if SMOKE:
+    SIZES = [("8K", 3000), ("1M", 9000)]
+    K = 300
+
+
+def _smoke_time(fn):
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e6
+
+
 def bench_plain(fn):
+    if SMOKE:
+        return _smoke_time(fn)
     import triton
 
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
@@ -56,6 +71,8 @@ def bench_plain(fn):
 def bench_graph(make_call, bufs, rep=REP, iters=20):
     """make_call(buf) -> callable; graph of `rep` calls over rotating buffers; us per call."""
     calls = [make_call(bufs[i % len(bufs)]) for i in range(rep)]
+    if SMOKE:
+        return _smoke_time(calls[0])
     for c in calls[: len(bufs)]:
         c()
     torch.cuda.synchronize()
@@ -98,17 +115,18 @@ def v1_sort(scores, k, pt):
 
 
 def topk_section(args, results):
-    dev = "cuda"
+    dev = DEV
     g = torch.Generator(device=dev).manual_seed(0)
-    configs = [dict()]  # the defaults (auto path)
+    configs = [dict()]  # the defaults (auto = the sample plan)
     if args.tune:
-        for log2nb, block, nw in [(12, 4096, 8), (12, 2048, 4), (10, 4096, 8), (11, 2048, 8),
-                                  (12, 8192, 16)]:
-            for prog in (132, 264, 528):
-                configs.append(dict(path="split", log2nb=log2nb, block=block, num_warps=nw,
-                                    programs=prog))
-        for log2nb, block, nw in [(12, 4096, 8), (10, 2048, 4), (12, 2048, 8), (11, 4096, 16)]:
-            configs.append(dict(path="fused", log2nb=log2nb, block=block, num_warps=nw))
+        for smp, block, nw, prog in [(4096, 4096, 8, 264), (8192, 4096, 8, 264),
+                                     (None, 4096, 8, 132), (None, 4096, 8, 528),
+                                     (None, 2048, 4, 528), (None, 8192, 8, 264)]:
+            configs.append(dict(path="sample", sample=smp, block=block, num_warps=nw,
+                                programs=prog))
+        configs.append(dict(path="sample", block_r=4096, select_warps=8))
+        # the histogram plan with tl.histogram (1,024 bins), for comparison
+        configs.append(dict(path="hist", log2nb=10, block=4096, num_warps=8, programs=264))
     rows_out = []
     for name, n in SIZES:
         bufs = [torch.randn(ROWS, n, device=dev, generator=g) for _ in range(4)]
@@ -153,22 +171,28 @@ def topk_section(args, results):
             if cok and (best is None or gr < best[1]):
                 best = (p, gr, cfg)
         rec["V2 best"] = best
-        if n >= 81920:  # where the time goes (split plan, default config), graph-replayed
-            def zero():
-                for ws in TK._WS.values():
-                    ws["hist"].zero_()
-                    ws["cnt"].zero_()
+        # where the time goes (default plan), graph-replayed; and the candidate count
+        def zero():
+            for ws in TK._WS.values():
+                ws["hist"].zero_()
+                ws["cnt"].zero_()
 
-            def staged(st):
-                return lambda b: (lambda: (TK.topk_v2(b, K, pt, PAGE, path="split", _stages=st),
-                                           zero()))
-            z = bench_graph(lambda b: zero, bufs)
-            s1 = bench_graph(staged(1), bufs)
-            s2 = bench_graph(staged(2), bufs)
-            zero()
-            rec["breakdown_graph_us"] = {"memsets": z, "hist": s1 - z, "select": s2 - s1,
-                                         "refine": rec["V2"][1] - (s2 - z)}
-            log(f"  breakdown {name}: {rec['breakdown_graph_us']}")
+        def staged(st):
+            return lambda b: (lambda: (TK.topk_v2(b, K, pt, PAGE, _stages=st), zero()))
+        zero()
+        TK.topk_v2(bufs[0], K, pt, PAGE, _stages=2)
+        ws = next(iter(TK._WS.values()))
+        rec["candidates"] = ws["cnt"][:ROWS, 0].tolist()
+        zero()
+        z = bench_graph(lambda b: zero, bufs)
+        s1 = bench_graph(staged(1), bufs)
+        s2 = bench_graph(staged(2), bufs)
+        zero()
+        rec["breakdown_graph_us"] = {"memsets": z, "sample": s1 - z, "filter": s2 - s1,
+                                     "select": rec["V2"][1] - (s2 - z)}
+        rec["amax_read_graph_us"] = bench_graph(lambda b: (lambda: torch.amax(b, dim=1)), bufs)
+        log(f"  breakdown {name}: {rec['breakdown_graph_us']} candidates {rec['candidates']}"
+            f" amax {rec['amax_read_graph_us']:.1f}")
         rec["tune"] = tune
         rec["read_once_us"] = ROWS * n * 4 / args.bw * 1e6
         log(f"{name}: {json.dumps({k: v for k, v in rec.items() if k != 'tune'}, default=str)}")
@@ -178,8 +202,8 @@ def topk_section(args, results):
 
 
 def indexer_section(args, results):
-    dev, dt = "cuda", torch.bfloat16
-    T, Hd, H, D, R, QL = 7, 6144, 32, 128, 64, 2048
+    dev, dt = DEV, (torch.float32 if SMOKE else torch.bfloat16)
+    T, Hd, H, D, R, QL = (7, 256, 4, 32, 16, 64) if SMOKE else (7, 6144, 32, 128, 64, 2048)
     g = torch.Generator(device=dev).manual_seed(1)
 
     def w(*s, fan_in):
@@ -206,11 +230,13 @@ def indexer_section(args, results):
         q = F.linear(q_lat, wd["wq_b"]).view(T, H, D)
         return IX.indexer_q_fused(q, cos, sin, kw[:, D:], wd["gate_scale"])
 
+    cos32, sin32 = cos.float(), sin.float()  # torch.complex (proxy's fused torch path) needs fp32
+
     def unfused():
         return ops.indexer_prologue_unfused(wd, x, q_lat, cos, sin, cache, slots)
 
     def torch_fused():
-        return ops.indexer_prologue_fused(wd, x, q_lat, cos, sin, cache, slots)
+        return ops.indexer_prologue_fused(wd, x, q_lat, cos32, sin32, cache, slots)
 
     # correctness of the fused kernels against the torch reference chain
     kw = F.linear(x, wd["wk_weights_proj"])
@@ -226,6 +252,9 @@ def indexer_section(args, results):
            "gate_max_rel": float(((ga - gr).abs() / gr.abs().clamp(min=1e-12)).max())}
 
     def count_kernels(fn):
+        if SMOKE:
+            fn()
+            return 0, []
         fn()
         torch.cuda.synchronize()
         from torch.profiler import ProfilerActivity, profile
@@ -238,11 +267,17 @@ def indexer_section(args, results):
         return len(names), names
 
     for name, fn in (("unfused", unfused), ("torch fused", torch_fused), ("fused", fused)):
-        nk, names = count_kernels(fn)
-        p = bench_plain(fn)
-        gr_ = bench_graph(lambda _b, fn=fn: fn, [None])
+        try:
+            nk, names = count_kernels(fn)
+            p = bench_plain(fn)
+            gr_ = bench_graph(lambda _b, fn=fn: fn, [None])
+        except Exception as e:
+            log(f"indexer {name} FAILED {e!r}"[:400])
+            ind[name] = {"kernels": -1, "names": [], "plain_us": float("nan"),
+                         "graph_us": float("nan"), "error": repr(e)[:300]}
+            continue
         ind[name] = {"kernels": nk, "names": names, "plain_us": p, "graph_us": gr_}
-        log(f"indexer {name}: {nk} kernels, plain {p:.1f} us, graph {gr_:.1f} us")
+        log(f"indexer {name}: {nk} kernels, plain {p:.1f} us, graph {gr_:.1f} us: {names}"[:900])
     results["indexer"] = ind
 
 
@@ -250,7 +285,7 @@ def table(results):
     out = []
     out.append("TopK (7 rows, k=2048): us, plain / graph-replayed; V2 = default config")
     hdr = f"{'size':>5} | {'V1 sort':>15} | {'torch.topk':>15} | {'V2':>15} | {'V2 best':>15} | " \
-          f"{'read':>5} | target | ok"
+          f"{'read':>5} | {'amax':>5} | target | ok"
     out.append(hdr)
     out.append("-" * len(hdr))
 
@@ -261,11 +296,15 @@ def table(results):
         tgt = TARGET.get(r["size"])
         out.append(f"{r['size']:>5} | {f(r.get('V1 sort')):>15} | {f(r.get('torch.topk')):>15} | "
                    f"{f(r.get('V2')):>15} | {f(r.get('V2 best')):>15} | "
-                   f"{r['read_once_us']:5.1f} | {('<=' + str(tgt)) if tgt else '-':>6} | "
+                   f"{r['read_once_us']:5.1f} | {r.get('amax_read_graph_us', float('nan')):5.1f} | "
+                   f"{('<=' + str(tgt)) if tgt else '-':>6} | "
                    f"{r['correct']}")
     for r in results.get("topk", []):
         if r.get("V2 best"):
-            out.append(f"  best cfg {r['size']}: {r['V2 best'][2]}")
+            out.append(f"  {r['size']}: best cfg {r['V2 best'][2]}; graph breakdown (us) "
+                       + ", ".join(f"{k} {v:.1f}" for k, v in r.get("breakdown_graph_us",
+                                                                      {}).items())
+                       + f"; candidates/row {r.get('candidates')}")
     ind = results.get("indexer")
     if ind:
         out.append("Indexer prologue (T=7, hidden 6144, 32 heads x 128, rope 64, bf16): "
@@ -292,7 +331,7 @@ def main():
     import triton
 
     results = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+               "gpu": "cpu-smoke" if SMOKE else torch.cuda.get_device_name(), "torch": torch.__version__,
                "triton": triton.__version__}
     log(json.dumps(results))
     t0 = time.time()

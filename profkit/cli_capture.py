@@ -42,7 +42,7 @@ def _config(target: str, preset: Optional[str], model_path: Optional[str], serve
             isl: Optional[str], turns: int, turn_tokens: Optional[int], output_tokens: Optional[int], concurrency: str, workload_file: Optional[Path],
             seed: int, repeat: int, num_steps: int, with_stack: bool, record_shapes: bool, port: Optional[int], health_timeout: Optional[float],
             profile_timeout: float, traces_dir: Path, reports_dir: Path, marker: Optional[str], min_bubble_us: float, catalog: Optional[str],
-            profile_turn: int):
+            profile_turn: int, capture_only: bool = False):
     from profkit.capture.run import RunConfig
     from profkit.workloads.agentic import Workload, load_workload_file
 
@@ -66,6 +66,7 @@ def _config(target: str, preset: Optional[str], model_path: Optional[str], serve
         isl=isls if len(isls) > 1 else (), repeat=repeat, num_steps=num_steps, with_stack=with_stack, record_shapes=record_shapes,
         profile_turn=profile_turn, health_timeout_s=health_timeout or (3600.0 if gpu else 180.0), profile_timeout_s=profile_timeout,
         port=port, traces_dir=traces_dir, reports_dir=reports_dir, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
+        capture_only=capture_only,
     )
 
 
@@ -176,6 +177,7 @@ def trace(
     min_bubble_us: Annotated[float, typer.Option("--min-bubble-us")] = 2.0,
     catalog: Annotated[Optional[str], typer.Option("--catalog")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every command line and environment variable; start nothing.")] = False,
+    capture_only: Annotated[bool, typer.Option("--capture-only", help="Record traces and manifests only; analyze later with `profkit diff RUN_A RUN_B` (for GPU boxes without the analysis packages).")] = False,
 ) -> None:
     """Baseline vs baseline+OPT: launch, drive the agentic workload, profile decode, attribute the change.
 
@@ -190,7 +192,7 @@ def trace(
     with user_errors():
         cfg = _config(target, preset, model_path, server_python, extra_server_args, isl, turns, turn_tokens, output_tokens, concurrency,
                       workload_file, seed, repeat, num_steps, with_stack, record_shapes, port, health_timeout, profile_timeout, traces_dir,
-                      reports_dir, marker, min_bubble_us, catalog, profile_turn)
+                      reports_dir, marker, min_bubble_us, catalog, profile_turn, capture_only)
         opts = check_opts(target, opt)
         if base not in ("on", "off"):
             raise UsageError(f"--base {base!r}: use off or on")
@@ -205,6 +207,9 @@ def trace(
         with _progress_runner() as progress:
             before = _run(cfg, s_base, f"{stamp}-{target}-base{base}-{tag}-before", "baseline", progress)
             after = _run(cfg, s_cand, f"{stamp}-{target}-base{base}-{tag}-after", f"candidate ({tag})", progress)
+        if capture_only:
+            out.print(f"captured; attribute with: profkit diff {before.trace_dir} {after.trace_dir} --opt {tag} --html report.html", soft_wrap=True)
+            return
         group = reports_dir / f"{stamp}-{target}-{tag}"
         diff = _attribute(before, after, opts, group, catalog, target)
         _render_attribution(diff, group)
@@ -296,6 +301,7 @@ def sweep(
     reports_dir: Annotated[Path, typer.Option("--reports-dir")] = Path("reports"),
     catalog: Annotated[Optional[str], typer.Option("--catalog")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
+    capture_only: Annotated[bool, typer.Option("--capture-only", help="Record traces and manifests only (attribute later with `profkit diff`).")] = False,
 ) -> None:
     """Run a set of optimizations one at a time, as a ladder, or leave-one-out; one attribution table.
 
@@ -309,7 +315,7 @@ def sweep(
     with user_errors():
         cfg = _config(target, preset, model_path, server_python, extra_server_args, isl, turns, turn_tokens, output_tokens, concurrency,
                       workload_file, seed, repeat, num_steps, False, False, port, health_timeout, profile_timeout, traces_dir, reports_dir,
-                      None, 2.0, catalog, profile_turn)
+                      None, 2.0, catalog, profile_turn, capture_only)
         chosen = check_opts(target, [o.strip() for o in opts_.split(",") if o.strip()])
         if not chosen:
             raise UsageError("--opts is empty")
@@ -331,6 +337,12 @@ def sweep(
                 doc["runs"].append({"label": label, "run_id": res.run_id, "states": states, "summary": str(res.summary_path),
                                     "throughput": res.manifest.get("throughput")})
                 write_json_atomic(sweep_dir / "sweep.json", doc)
+        if capture_only:
+            doc["status"] = "captured"
+            write_json_atomic(sweep_dir / "sweep.json", doc)
+            for r in doc["runs"]:
+                out.print(f"{escape(r['label'])}: {escape(str(cfg.traces_dir / r['run_id']))}", soft_wrap=True)
+            return
         for label, states, against, opt in plan:
             if mode == "leave-one-out":
                 if opt is None:

@@ -117,6 +117,15 @@ def test_twin_values_match_torch_topk():
         assert torch.equal(idx[:, :kk].long().sort(1).values, ti)
 
 
+def test_twin_sample_miss_falls_back_exactly():
+    g = torch.Generator().manual_seed(9)
+    s = adversarial_for_sample(3, 5000, 256, 1000, g)
+    idx, slots = T.topk_v2(s, 1000, sample=256)
+    check_against_reference(s, 1000, idx, slots)
+    t = T.sample_thresholds(s, torch.full((3,), 5000), torch.full((3,), 1000), 256)
+    assert bool(((T.signed_keys(s) >= t.unsqueeze(1)).sum(1) < 1000).all())  # it did miss
+
+
 def test_twin_rows_shorter_than_k_and_page_table():
     g = torch.Generator().manual_seed(3)
     rows, n, ps = 6, 500, 16
@@ -169,12 +178,28 @@ def test_coarse_bins_monotone():
 # ----------------------------------------------------------------------------------------------
 
 
+def adversarial_for_sample(rows: int, n: int, sample: int, k: int, g: torch.Generator):
+    """Scores whose sample (pass 1's positions) over-represents the top: fewer than k large
+    values, all at sampled positions, so the sampled threshold misses (fewer candidates than k)
+    and the exact whole-row fallback must run."""
+    s = torch.rand(rows, n, generator=g)
+    j = torch.arange(sample)
+    pos = (j // 8) * max(n // (sample // 8), 8) + j % 8
+    pos = pos[pos < n]
+    w = min(len(pos), int(2 * k * sample / n) + 60)
+    assert w < k
+    s[:, pos[:w]] = 10.0
+    return s
+
+
 def _interp_main() -> None:  # runs in the subprocess, TRITON_INTERPRET=1
     assert os.environ.get("TRITON_INTERPRET") == "1"
     g = torch.Generator().manual_seed(5)
+    knobs = dict(sample=64, block=128, block_r=128, programs=12, log2nb=10, block_c=64)
     cases = 0
+    paths = ("sample", "hist", "hist_fused")
     for i, kind in enumerate(KINDS):
-        for path in (("fused", "split") if i < 2 else (("fused", "split")[i % 2],)):
+        for path in (paths if i < 2 else (paths[i % 3],)):
             rows = 3
             n = int(torch.randint(200, 700, (1,), generator=g))
             k = int(torch.randint(1, 200, (1,), generator=g))
@@ -183,16 +208,24 @@ def _interp_main() -> None:  # runs in the subprocess, TRITON_INTERPRET=1
             ps = 8
             pt = torch.randperm(4000, generator=g)[: (n + ps - 1) // ps].view(1, -1).int()
             for lens, table in ((None, None), (lengths, pt)):
-                idx, slots = T.topk_v2(s, k, table, ps, lens, path=path, block=128,
-                                       block_c=64, programs=12, log2nb=10)
+                idx, slots = T.topk_v2(s, k, table, ps, lens, path=path, **knobs)
                 check_against_reference(s, k, idx, slots, lens, table, ps)
                 cases += 1
-    # the workspace of the split path resets itself: a second call on other data is right too
+    # the sampled threshold misses -> exact fallback over the whole row
+    s = adversarial_for_sample(2, 600, 64, 150, g)
+    idx, slots = T.topk_v2(s, 150, path="sample", **knobs)
+    check_against_reference(s, 150, idx, slots)
+    # candidates beyond the register tile -> the streamed exact select
+    s = make_scores("duplicates", 2, 900, g)
+    idx, slots = T.topk_v2(s, 300, path="sample", **knobs)
+    check_against_reference(s, 300, idx, slots)
+    # the workspace resets itself: a second call on other data is right too
     s = make_scores("random", 2, 700, g)
-    for _ in range(2):
-        idx, slots = T.topk_v2(s, 50, path="split", block=128, block_c=64, programs=8)
-        check_against_reference(s, 50, idx, slots)
-        s = make_scores("duplicates", 2, 700, g)
+    for path in ("sample", "hist"):
+        for _ in range(2):
+            idx, slots = T.topk_v2(s, 50, path=path, **knobs)
+            check_against_reference(s, 50, idx, slots)
+            s = make_scores("duplicates", 2, 700, g)
     print(f"INTERP_OK {cases}")
 
 
@@ -225,6 +258,16 @@ def test_gpu_exact_sets(n, kind):
         idx, slots = T.topk_v2(s.cuda(), 2048, pt.cuda(), ps,
                                None if lens is None else lens.cuda())
         check_against_reference(s, 2048, idx.cpu(), slots.cpu(), lens, pt, ps)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["sample", "hist"])
+def test_gpu_sample_miss_and_big_candidate_sets(path):
+    g = torch.Generator().manual_seed(1)
+    for s in (adversarial_for_sample(7, 81920, T.SAMPLE, 2048, g),
+              make_scores("duplicates", 7, 81920, g), make_scores("zeros", 7, 20000, g)):
+        idx, slots = T.topk_v2(s.cuda(), 2048, path=path)
+        check_against_reference(s, 2048, idx.cpu(), slots.cpu())
 
 
 @pytest.mark.gpu

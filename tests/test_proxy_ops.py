@@ -88,15 +88,18 @@ def _prologue_inputs(seed=0, T=7, H=64, ql=48, nh=4, d=32, rope=16):
     wk, wp = torch.randn(d, H, generator=g) / H ** .5, torch.randn(nh, H, generator=g) / H ** .5
     w = {"n_heads": nh, "head_dim": d, "hadamard": ops.hadamard_matrix(d),
          "wq_b": torch.randn(nh * d, ql, generator=g) / ql ** .5, "wk": wk, "weights_proj": wp,
-         "wk_weights_proj": torch.cat([wk, wp], 0), "k_norm_w": torch.ones(d),
+         "wk_weights_proj": torch.cat([wk, wp], 0),
+         "k_norm_w": torch.ones(d),
          "k_norm_b": torch.zeros(d), "gate_scale": nh ** -.5 * d ** -.5}
     x, q_lat = torch.randn(T, H, generator=g), torch.randn(T, ql, generator=g)
     f = torch.arange(T).float()[:, None] * 10000 ** (-torch.arange(0, rope, 2).float() / rope)
-    return w, x, q_lat, torch.cos(f), torch.sin(f)
+    cos, sin = torch.cos(f), torch.sin(f)
+    rope = {"cos": cos, "sin": sin, "cis": ops.rope_cis(cos, sin, d)}
+    return w, x, q_lat, rope, cos, sin
 
 
 def test_indexer_prologue_fused_close_to_unfused():
-    w, x, q_lat, cos, sin = _prologue_inputs()
+    w, x, q_lat, rope, cos, sin = _prologue_inputs()
     T, d = x.shape[0], w["head_dim"]
     slots = torch.arange(T) + 3
     out = {}
@@ -105,6 +108,7 @@ def test_indexer_prologue_fused_close_to_unfused():
         cache = torch.zeros(T + 8, d + 4, dtype=torch.uint8)
         qq, gate = fn(w, x, q_lat, cos, sin, cache, slots)
         assert qq.dtype == ops.FP8 and gate.shape == (T, w["n_heads"])
+        qq = qq.reshape(T, w["n_heads"], d)
         rows = cache[slots].unsqueeze(0)
         out[name] = ops.indexer_logits(qq.unsqueeze(0), gate.unsqueeze(0), rows, d)[0]
     # fp32 reference without quantization
@@ -123,13 +127,13 @@ def test_indexer_prologue_fused_close_to_unfused():
 def test_indexer_prologue_fused_has_fewer_ops():
     from torch.profiler import ProfilerActivity, profile
 
-    w, x, q_lat, cos, sin = _prologue_inputs()
+    w, x, q_lat, rope, _, _ = _prologue_inputs()
     counts = {}
     for name, fn in (("unfused", ops.indexer_prologue_unfused),
                      ("fused", ops.indexer_prologue_fused)):
         cache = torch.zeros(20, w["head_dim"] + 4, dtype=torch.uint8)
         with profile(activities=[ProfilerActivity.CPU]) as p:
-            fn(w, x, q_lat, cos, sin, cache, torch.arange(7))
+            fn(w, x, q_lat, rope["cos"], rope["sin"], cache, torch.arange(7), cis=rope["cis"])
         ev = [e.name for e in p.events()]
         counts[name] = (len(ev), ev.count("aten::linear"), ev.count("aten::matmul"))
     assert counts["fused"][0] < counts["unfused"][0]
@@ -138,12 +142,13 @@ def test_indexer_prologue_fused_has_fewer_ops():
 
 def test_moe_finalize_deferred_same_output():
     g = torch.Generator().manual_seed(3)
-    E, N, H = 8, 5, 16
-    eo, shared = torch.randn(E, N, H, generator=g), torch.randn(N, H, generator=g)
+    E, N, H, I = 8, 5, 16, 12
+    eo = torch.randn(E, N, H, generator=g)
+    act, w2 = torch.randn(N, I, generator=g), torch.randn(H, I, generator=g)
     w = torch.zeros(N, E).scatter_(1, torch.randint(0, E, (N, 2), generator=g), 0.5)
-    a = ops.moe_finalize(eo, w, shared, deferred=False)
-    b = ops.moe_finalize(eo, w, shared, deferred=True)
-    ref = torch.einsum("ne,enh->nh", w, eo) + shared
+    a = ops.moe_finalize(eo, w, act, w2, deferred=False)
+    b = ops.moe_finalize(eo, w, act, w2, deferred=True)
+    ref = torch.einsum("ne,enh->nh", w, eo) + act @ w2.T
     torch.testing.assert_close(a, ref)
     torch.testing.assert_close(b, ref)
 

@@ -1,56 +1,145 @@
 """Load and analyze several rank files at once: one worker process per file (ranks in parallel),
-or one file with its chunks decoded in parallel. Results are identical to
+or one file with its chunks decoded in parallel; with the cache, results of an earlier run with the
+same options are read back instead. Results are identical to
 `[analyze_trace(t) for t in load_traces(paths)]`, rank renumbering and warnings included."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from profkit.analysis.rank import RankAnalysis, analyze_trace
 
 
-def _load_and_analyze(path: Path, default_rank: int, cache: bool | None, marker: str | None, min_bubble_us: float,
-                      catalog: Any) -> tuple[RankAnalysis, int]:
+def _options(marker: str | None, min_bubble_us: float, catalog: Any) -> dict[str, Any]:
+    from profkit.ingest.cache import catalog_identity
+
+    return {"marker": marker, "min_bubble_us": repr(float(min_bubble_us)), "catalog": catalog_identity(catalog)}
+
+
+def _cached_analysis(path: Path, default_rank: int, options: dict[str, Any]) -> tuple[RankAnalysis, int] | None:
+    from profkit.ingest import cache as pcache
+
+    try:
+        key = pcache.analysis_key(pcache.source_key(path), options)
+    except OSError:
+        return None
+    got = pcache.read_analysis(path, key)
+    if got is None:
+        return None
+    frames, f = got
+    rank = f["rank"]
+    a = RankAnalysis(
+        rank=rank if f["rank_from_trace"] else default_rank, device=f["device"], path=path, marker=f["marker"],
+        catalog=f["catalog"], t0_ns=int(f["t0_ns"]), warnings=list(f["warnings"]), device_timeline=f["device_timeline"],
+        input_sha256=f["input_sha256"], **frames,
+    )
+    return a, int(f["n_ingest_warnings"])
+
+
+def _store_analysis(path: Path, a: RankAnalysis, n_ingest_warnings: int, rank_from_trace: bool, options: dict[str, Any]) -> None:
+    from profkit.ingest import cache as pcache
+
+    try:
+        key = pcache.analysis_key(pcache.source_key(path), options)
+    except OSError:
+        return
+    fields = {
+        "rank": a.rank, "rank_from_trace": rank_from_trace, "device": a.device, "marker": a.marker, "catalog": a.catalog,
+        "t0_ns": a.t0_ns, "warnings": list(a.warnings), "device_timeline": a.device_timeline, "input_sha256": a.input_sha256,
+        "n_ingest_warnings": n_ingest_warnings,
+    }
+    frames = {"iterations": a.iterations, "categories": a.categories, "launch_calls": a.launch_calls, "ops": a.ops,
+              "bubbles": a.bubbles, "syncs": a.syncs}
+    pcache.write_analysis(path, key, frames, fields)
+
+
+def _rank_from_trace(t: Any, default_rank: int) -> bool:
+    """Whether the trace named its rank (distributedInfo or -TP-<r>) rather than taking the file's position."""
+    from profkit.ingest import _TP_RANK
+
+    return isinstance(t.meta.get("rank"), int) or _TP_RANK.search(t.path.name) is not None
+
+
+def _load_and_analyze(path: Path, default_rank: int, cache: bool, marker: str | None, min_bubble_us: float,
+                      catalog: Any, options: dict[str, Any]) -> tuple[RankAnalysis, int]:
     from profkit.ingest import load_trace
 
+    if cache:
+        hit = _cached_analysis(path, default_rank, options)
+        if hit is not None:
+            return hit
     t = load_trace(path, default_rank=default_rank, cache=cache)
-    n_ingest_warnings = len(t.warnings)
-    return analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog), n_ingest_warnings
+    n = len(t.warnings)
+    a = analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog)
+    if cache:
+        _store_analysis(path, a, n, _rank_from_trace(t, default_rank), options)
+    return a, n
 
 
 def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Any = None,
                   cache: bool | None = None, jobs: int | None = None, min_parallel_bytes: int | None = None) -> list[RankAnalysis]:
-    """Files or run folders -> one RankAnalysis per rank file, sorted by rank (see module doc)."""
-    from profkit.ingest import PARALLEL_MIN_BYTES, estimated_raw_bytes, expand_inputs, load_traces
+    """Files or run folders -> one RankAnalysis per rank file, sorted by rank (see module doc).
+
+    cache: None = on unless PROFKIT_NO_CACHE is set. jobs: worker processes (default: the cores,
+    at most one per file when several files); inputs smaller than `min_parallel_bytes`
+    (estimated JSON) are read in this process.
+    """
+    from profkit.ingest import PARALLEL_MIN_BYTES, estimated_raw_bytes, expand_inputs, load_trace
+    from profkit.ingest import cache as pcache
     from profkit.ingest.columnar import default_jobs, make_executor
 
     files = expand_inputs(paths)
+    use_cache = (not pcache.cache_disabled_by_env()) if cache is None else cache
     jobs = default_jobs(len(files)) if jobs is None else max(1, jobs)
     threshold = PARALLEL_MIN_BYTES if min_parallel_bytes is None else min_parallel_bytes
-    big = sum(estimated_raw_bytes(f) for f in files) >= threshold
-    if not (jobs > 1 and len(files) > 1 and big):
-        import time
+    options = _options(marker, min_bubble_us, catalog)
+    t_start = time.perf_counter()
 
-        t0 = time.perf_counter()
-        traces = load_traces(files, cache=cache, jobs=jobs, min_parallel_bytes=threshold)
-        load_s = time.perf_counter() - t0
-        out = [analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog) for t in traces]
-        if out:
-            out[0]._load_s = load_s  # type: ignore[attr-defined]  (read by `analyze`'s PROFKIT_TIMINGS)
-        return out
-    ex = make_executor(min(jobs, len(files)))
-    try:
-        futs = [ex.submit(_load_and_analyze, f, i, cache, marker, min_bubble_us, catalog)  # type: ignore[union-attr]
-                for i, f in enumerate(files)]
-        done = [f.result() for f in futs]
-    finally:
-        ex.shutdown(cancel_futures=True)  # type: ignore[union-attr]
-    analyses = [a for a, _ in done]
+    done: list[tuple[RankAnalysis, int] | None] = [None] * len(files)
+    if use_cache:
+        for i, f in enumerate(files):
+            done[i] = _cached_analysis(f, i, options)
+    todo = [i for i, d in enumerate(done) if d is None]
+    big = sum(estimated_raw_bytes(files[i]) for i in todo) >= threshold
+    load_s = None
+    if todo and jobs > 1 and len(todo) > 1 and big:
+        ex = make_executor(min(jobs, len(todo)))
+        try:
+            futs = {i: ex.submit(_load_and_analyze, files[i], i, use_cache, marker, min_bubble_us, catalog, options)  # type: ignore[union-attr]
+                    for i in todo}
+            for i, fut in futs.items():
+                done[i] = fut.result()
+        finally:
+            ex.shutdown(cancel_futures=True)  # type: ignore[union-attr]
+    elif todo:
+        # as load_traces then analyze_trace: every file is read before any is analyzed
+        ex = make_executor(jobs) if jobs > 1 and big else None
+        try:
+            traces = {i: load_trace(files[i], default_rank=i, cache=use_cache, jobs=jobs if ex else 1, executor=ex) for i in todo}
+        finally:
+            if ex is not None:
+                ex.shutdown(cancel_futures=True)
+        load_s = time.perf_counter() - t_start
+        for i in todo:
+            t = traces.pop(i)
+            n = len(t.warnings)
+            a = analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog)
+            if use_cache:
+                _store_analysis(files[i], a, n, _rank_from_trace(t, i), options)
+            done[i] = (a, n)
+    else:
+        load_s = time.perf_counter() - t_start
+    pairs = [d for d in done if d is not None]
+    analyses = [a for a, _ in pairs]
     ranks = [a.rank for a in analyses]
     if len(set(ranks)) != len(ranks):
         # as ingest.fix_duplicate_ranks does before analysis: the warning follows the ingest warnings
-        for i, (a, n) in enumerate(done):
+        for i, (a, n) in enumerate(pairs):
             a.warnings.insert(n, f"rank {a.rank} appears in several inputs; using file order ({i}) as its rank")
             a.rank = i
-    return sorted(analyses, key=lambda a: a.rank)
+    out = sorted(analyses, key=lambda a: a.rank)
+    if out and load_s is not None:
+        out[0]._load_s = load_s  # type: ignore[attr-defined]  (read by `analyze`'s PROFKIT_TIMINGS)
+    return out

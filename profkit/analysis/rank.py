@@ -360,16 +360,18 @@ def _gap_cpu_ops(trace: Trace, g0s: list[int], g1s: list[int], tids: list[str | 
     """For each gap [g0, g1) on thread tid: the CPU ops (cpu_op, annotations, Python frames, runtime
     calls) with the most exclusive time inside it. Per thread the events are ordered by (ts, end,
     name); a gap looks at the GAP_LOOKBACK events before the first one starting at or after g1 and
-    keeps those ending after g0."""
+    keeps those ending after g0.
+
+    Vectorized: events are sorted by (ts, end) in polars and only the few rows of each gap's
+    window go to Python, where they are ordered by (ts, end, name); a group of events with equal
+    (ts, end) that straddles the window's first row is resolved by name as the full order would."""
     out: list[list[str]] = [[] for _ in g0s]
     needed = {t for t in tids if t is not None}
     if not needed:
         return out
     cols = ["ts_ns", "end_ns", "tid", "name"]
-    evs = (
-        pl.concat([trace.cpu.select(cols), trace.calls.select(cols)], how="vertical_relaxed")
-        .filter(pl.col("tid").is_in(list(needed)))
-        .sort("tid", "ts_ns", "end_ns", "name")
+    evs = pl.concat([trace.cpu.select(cols), trace.calls.select(cols)], how="vertical_relaxed").filter(
+        pl.col("tid").is_in(list(needed))
     )
     by_tid = {k[0]: f for k, f in evs.partition_by("tid", as_dict=True).items()} if evs.height else {}
     gaps_by_tid: dict[str, list[int]] = defaultdict(list)
@@ -380,13 +382,32 @@ def _gap_cpu_ops(trace: Trace, g0s: list[int], g1s: list[int], tids: list[str | 
         f = by_tid.get(t)
         if f is None:
             continue
+        f = f.sort("ts_ns", "end_ns").with_columns(
+            pl.when((pl.col("ts_ns") != pl.col("ts_ns").shift(1)) | (pl.col("end_ns") != pl.col("end_ns").shift(1)) | pl.col("ts_ns").shift(1).is_null())
+            .then(pl.int_range(0, pl.len(), dtype=pl.Int64)).otherwise(None).forward_fill().alias("_tie")
+        )
         js = f["ts_ns"].search_sorted(pl.Series([g1s[i] for i in idx], dtype=pl.Int64), side="left").to_list()
-        for i, j in zip(idx, js):
-            g0, g1 = g0s[i], g1s[i]
-            lo = max(0, j - GAP_LOOKBACK)
-            win = f.slice(lo, j - lo).filter(pl.col("end_ns") > g0)
-            window = list(zip(win["ts_ns"].to_list(), win["end_ns"].to_list(), win["name"].to_list()))
-            out[i] = exclusive_top(window, g0, g1)
+        los = [max(0, j - GAP_LOOKBACK) for j in js]
+        tie = f["_tie"]
+        starts = [int(tie[lo]) if lo < j else lo for lo, j in zip(los, js)]
+        g = pl.DataFrame({"gap": idx, "a": starts, "j": js, "g0": [g0s[i] for i in idx]},
+                         schema={"gap": pl.Int64, "a": pl.Int64, "j": pl.Int64, "g0": pl.Int64})
+        w = g.with_columns(pl.int_ranges("a", "j", dtype=pl.Int64).alias("r")).explode("r").drop_nulls("r")
+        w = w.with_columns(f["end_ns"].gather(w["r"]).alias("end_ns")).filter(pl.col("end_ns") > pl.col("g0"))
+        w = w.with_columns(f["ts_ns"].gather(w["r"]).alias("ts_ns"), f["name"].gather(w["r"]).alias("name"))
+        rows: dict[int, list[tuple[int, int, int, str]]] = defaultdict(list)
+        for gi, r, ts, end, name in zip(w["gap"].to_list(), w["r"].to_list(), w["ts_ns"].to_list(), w["end_ns"].to_list(), w["name"].to_list()):
+            rows[gi].append((r, ts, end, name))
+        for i, lo, a in zip(idx, los, starts):
+            got = rows.get(i, [])
+            if lo > a and got and got[0][0] < lo:
+                # the (ts, end) group straddling `lo`: in the full order its members are sorted by
+                # name and the first lo - a of them fall before the window
+                key0 = (got[0][1], got[0][2])
+                tie = sorted((e for e in got if (e[1], e[2]) == key0), key=lambda e: e[3])[lo - a:]
+                got = tie + [e for e in got if (e[1], e[2]) != key0]
+            window = sorted(((ts, end, name) for _, ts, end, name in got))
+            out[i] = exclusive_top(window, g0s[i], g1s[i])
     return out
 
 

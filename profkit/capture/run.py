@@ -52,6 +52,7 @@ class RunConfig:
     min_bubble_us: float = 2.0
     catalog: str | None = None
     warmup: bool = True
+    capture_only: bool = False  # record traces and the manifest; analyze elsewhere (e.g. a GPU box without polars)
 
 
 @dataclass
@@ -143,6 +144,9 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         server.stop()
         manifest.update(leftover_pids=server.leftovers())
 
+        if cfg.capture_only:
+            manifest.finish("ok")
+            return RunResult(run_id, states, trace_dir, report_dir, trace_dir, {}, manifest.data)
         manifest.stage("analysis")
         progress(f"{label}: analyzing")
         summary = analyze_run(files, cfg, manifest.data)

@@ -122,6 +122,8 @@ def write(path: Path, cached: Cached, *, key: dict[str, Any] | None = None) -> b
     Returns False, silently, when it cannot (read-only folder, disk full, ...)."""
     d = cache_dir(path)
     tmp = d.with_name(f".{d.name[:-len(SUFFIX)]}.{os.getpid()}.tmp{SUFFIX}")
+    if d.exists() and not d.is_dir():
+        return False  # something else has that name: leave it alone
     try:
         key = key or source_key(path)
         if tmp.exists():
@@ -162,3 +164,110 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(8 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------- analysis results
+#
+# A second layer in the same folder: `analysis/<key>/`, one entry per set of analysis options, so
+# that re-running `analyze` with the same options reads the per-rank results (small frames)
+# instead of the tables. The key covers the trace (source_key), the ingest and analysis code,
+# the kernel catalogs and the options; entries carry the same size + BLAKE2b checks as the tables.
+
+ANALYSIS_FRAMES = ("iterations", "categories", "launch_calls", "ops", "bubbles", "syncs")
+MAX_ANALYSIS_ENTRIES = 4
+_ANALYSIS_FP: str | None = None
+
+
+def analysis_fingerprint() -> str:
+    global _ANALYSIS_FP
+    if _ANALYSIS_FP is None:
+        h = hashlib.blake2b(digest_size=16)
+        h.update(code_fingerprint().encode())
+        pk = Path(__file__).resolve().parent.parent
+        for f in sorted((pk / "analysis").glob("*.py")) + [pk / "catalog.py", pk / "apis.py"]:
+            try:
+                h.update(f.name.encode() + f.read_bytes())
+            except OSError:
+                h.update(f.name.encode())
+        try:
+            from profkit.catalog import catalog_dir
+
+            for f in sorted(Path(catalog_dir()).glob("*.toml")):
+                h.update(f.name.encode() + f.read_bytes())
+        except Exception:
+            h.update(b"no catalogs")
+        _ANALYSIS_FP = h.hexdigest()
+    return _ANALYSIS_FP
+
+
+def catalog_identity(catalog: Any) -> Any:
+    """A stable description of a kernel catalog (None: picked automatically from the trace)."""
+    if catalog is None:
+        return None
+    rules = [
+        [r.category, getattr(r.pattern, "pattern", None), sorted(r.cats) if r.cats is not None else None,
+         getattr(r.annotation, "pattern", None), r.owner]
+        for r in getattr(catalog, "rules", ())
+    ]
+    return {
+        "name": getattr(catalog, "name", str(catalog)), "source": str(getattr(catalog, "source", "")),
+        "default": getattr(catalog, "default_category", None), "rules": rules,
+        "signature": getattr(getattr(catalog, "signature", None), "pattern", None),
+        "optimizations": {k: list(v) for k, v in sorted((getattr(catalog, "optimizations", None) or {}).items())},
+    }
+
+
+def analysis_key(source: dict[str, Any], options: dict[str, Any]) -> str:
+    blob = json.dumps({"source": source, "code": analysis_fingerprint(), "options": options}, sort_keys=True, default=str)
+    return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
+
+
+def read_analysis(path: Path, key: str) -> tuple[dict[str, pl.DataFrame], dict[str, Any]] | None:
+    d = cache_dir(path) / "analysis" / key
+    try:
+        man = json.loads((d / "manifest.json").read_text())
+        if man.get("key") != key or man.get("cache_schema") != CACHE_SCHEMA:
+            return None
+        frames: dict[str, pl.DataFrame] = {}
+        for name in ANALYSIS_FRAMES:
+            info = man["files"][name]
+            data = (d / f"{name}.parquet").read_bytes()
+            if len(data) != info["size"] or hashlib.blake2b(data, digest_size=32).hexdigest() != info["blake2b"]:
+                return None
+            df = pl.read_parquet(io.BytesIO(data))
+            if df.height != info["rows"]:
+                return None
+            frames[name] = df
+        return frames, dict(man["fields"])
+    except Exception:
+        return None
+
+
+def write_analysis(path: Path, key: str, frames: dict[str, pl.DataFrame], fields: dict[str, Any]) -> bool:
+    base = cache_dir(path)
+    if not base.is_dir():
+        return False
+    adir = base / "analysis"
+    d = adir / key
+    tmp = adir / f".{key}.{os.getpid()}.tmp"
+    try:
+        adir.mkdir(exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        files: dict[str, Any] = {}
+        for name in ANALYSIS_FRAMES:
+            buf = io.BytesIO()
+            frames[name].write_parquet(buf, compression="lz4", statistics=False)
+            data = buf.getvalue()
+            (tmp / f"{name}.parquet").write_bytes(data)
+            files[name] = {"size": len(data), "blake2b": hashlib.blake2b(data, digest_size=32).hexdigest(), "rows": frames[name].height}
+        (tmp / "manifest.json").write_text(json.dumps({"cache_schema": CACHE_SCHEMA, "key": key, "files": files, "fields": fields}))
+        shutil.rmtree(d, ignore_errors=True)
+        os.replace(tmp, d)
+        entries = sorted((p for p in adir.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.stat().st_mtime_ns)
+        for old in entries[:-MAX_ANALYSIS_ENTRIES]:
+            shutil.rmtree(old, ignore_errors=True)
+        return True
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False

@@ -89,7 +89,6 @@ RAW_SCHEMA = {
     "device": pl.Int64, "bytes": pl.Int64,
 }
 
-_EMPTY_ARGS = FArgs()
 
 
 class NotFast(Exception):
@@ -122,9 +121,7 @@ def decode_chunk(data: Any) -> tuple[pl.DataFrame, float | None, int]:
         if not xs:
             return pl.DataFrame(schema=RAW_SCHEMA), (min(others) if others else None), n
         args = [e.args for e in xs]
-        if any(a is None for a in args):
-            args = [a if a is not None else _EMPTY_ARGS for a in args]
-        nbytes = [a.bytes for a in args]
+        nbytes = [a.bytes if a is not None else None for a in args]
         try:
             s_bytes = pl.Series("bytes", nbytes, dtype=pl.Int64, strict=True)
         except (TypeError, pl.exceptions.PolarsError, OverflowError):
@@ -139,10 +136,10 @@ def decode_chunk(data: Any) -> tuple[pl.DataFrame, float | None, int]:
                 pl.Series("dur", [e.dur for e in xs], dtype=pl.Float64),
                 _ids([e.pid for e in xs], "pid"),
                 _ids([e.tid for e in xs], "tid"),
-                pl.Series("correlation", [a.correlation for a in args], dtype=pl.Int64),
-                pl.Series("external_id", [a.external_id for a in args], dtype=pl.Int64),
-                pl.Series("stream", [a.stream for a in args], dtype=pl.Int64),
-                pl.Series("device", [a.device for a in args], dtype=pl.Int64),
+                pl.Series("correlation", [a.correlation if a is not None else None for a in args], dtype=pl.Int64),
+                pl.Series("external_id", [a.external_id if a is not None else None for a in args], dtype=pl.Int64),
+                pl.Series("stream", [a.stream if a is not None else None for a in args], dtype=pl.Int64),
+                pl.Series("device", [a.device if a is not None else None for a in args], dtype=pl.Int64),
                 s_bytes,
             ]
         )

@@ -125,7 +125,7 @@ class ProxyModel:
         s, lw = self.s, self.layers[li]
         B, Q, H = x.shape
         C, dr = s.kv_lora_rank, s.qk_rope_dim
-        icos, isin, acos, asin = rope
+        irope, acos, asin = rope
         slots = fb.out_slots.reshape(-1)
         hf = F.rms_norm(x, (H,), lw["ln1"]).reshape(B * Q, H)
         with rng("proxy.qkv_proj"):
@@ -134,7 +134,8 @@ class ProxyModel:
         if topk_slots is None:
             iw = lw["indexer"]
             with rng("proxy.indexer.prologue"):
-                qq, gate = self.prologue(iw, hf, q_lat, icos, isin, self.idx_cache[li], slots)
+                qq, gate = self.prologue(iw, hf, q_lat, irope["cos"], irope["sin"],
+                                         self.idx_cache[li], slots, cis=irope.get("cis"))
             with rng("proxy.indexer.logits"):
                 rows = self.idx_cache[li][fb.slot_table]
                 scores = ops.indexer_logits(qq.view(B, Q, iw["n_heads"], -1),
@@ -171,15 +172,19 @@ class ProxyModel:
         g, u = a.chunk(2, -1)
         eo = torch.bmm(F.silu(g) * u, lw["w2"])  # [E,N,H]
         sg, su = F.linear(h, lw["s_w13"]).chunk(2, -1)
-        shared = F.linear(F.silu(sg) * su, lw["s_w2"])
-        return ops.moe_finalize(eo, combine, shared, self.deferred_finalize)
+        return ops.moe_finalize(eo, combine, F.silu(sg) * su, lw["s_w2"], self.deferred_finalize)
 
     def rope(self, fb: FwdBatch):
         s = self.s
         ic, is_ = _rope_tables(fb.positions, s.index_rope_dim)
         ac, as_ = _rope_tables(fb.positions, s.qk_rope_dim)
         dt = self.dtype
-        return ic, is_, ac.to(dt), as_.to(dt)
+        # precomputed per forward, shared by all layers (like a cos/sin cache lookup)
+        if self.cfg.on("indexer_fusion"):
+            irope = {"cos": ic, "sin": is_, "cis": ops.rope_cis(ic, is_, s.index_head_dim)}
+        else:  # the unfused chain runs in the model dtype (bf16 on CUDA), like SGLang's
+            irope = {"cos": ic.to(dt), "sin": is_.to(dt)}
+        return irope, ac.to(dt), as_.to(dt)
 
     # -- model entry points -------------------------------------------------------------------
     def target(self, tokens: torch.Tensor, fb: FwdBatch) -> torch.Tensor:

@@ -129,11 +129,24 @@ def _rope_unfused(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     return torch.cat([torch.stack([o1, o2], -1).flatten(-2), xp], -1)
 
 
+def rope_cis(cos: torch.Tensor, sin: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """[T, head_dim/2] complex rotation table: RoPE on the first pairs, identity on the rest."""
+    c = torch.complex(cos.float(), sin.float())
+    pad = head_dim // 2 - c.shape[-1]
+    if pad:
+        c = torch.cat([c, torch.ones(c.shape[:-1] + (pad,), dtype=c.dtype, device=c.device)], -1)
+    return c
+
+
+def _as_f32(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float32 else x.float()
+
+
 def _rope_fused(x: torch.Tensor, cis: torch.Tensor) -> torch.Tensor:
-    """The same interleaved RoPE as one complex multiply (cis = cos + i sin)."""
-    r = cis.shape[-1] * 2
-    xr = torch.view_as_complex(x[..., :r].float().unflatten(-1, (-1, 2)))
-    return torch.cat([torch.view_as_real(xr * cis).flatten(-2).to(x.dtype), x[..., r:]], -1)
+    """The same interleaved RoPE as one complex multiply over the whole head.
+
+    Returns fp32 [..., head_dim/2, 2] (a view of the rotated pairs, not flattened)."""
+    return torch.view_as_real(torch.view_as_complex(_as_f32(x).unflatten(-1, (-1, 2))) * cis)
 
 
 def _quant_unfused(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,11 +163,12 @@ def _store_k(cache: torch.Tensor, slots: torch.Tensor, kq: torch.Tensor, scale: 
     cache[:, d:].index_copy_(0, slots, scale.float().view(torch.uint8))
 
 
-def indexer_prologue_unfused(w: dict, x, q_lat, cos, sin, cache, out_slots):
+def indexer_prologue_unfused(w: dict, x, q_lat, cos, sin, cache, out_slots, cis=None):
     """The study's "before": 12 steps, each its own op chain.
 
     k side: wk GEMM, LayerNorm, RoPE, Hadamard, FP8 quantize, cache store;
     q side: wq_b GEMM, RoPE, Hadamard, FP8 quantize; weights_proj GEMM, head-gate scale.
+    (`cis` is accepted for a uniform signature and ignored.)
     """
     nh, d = w["n_heads"], w["head_dim"]
     had = w["hadamard"]
@@ -176,32 +190,49 @@ def indexer_prologue_unfused(w: dict, x, q_lat, cos, sin, cache, out_slots):
     return qq, gate
 
 
-def indexer_prologue_fused(w: dict, x, q_lat, cos, sin, cache, out_slots):
-    """The study's "after": one wk_weights_proj GEMM, one fused k-side, one fused q-side step."""
+def indexer_prologue_fused(w: dict, x, q_lat, cos, sin, cache, out_slots, cis=None):
+    """The study's "after": one wk_weights_proj GEMM, one fused k-side, one fused q-side step.
+
+    `cis` (rope_cis of cos/sin over the whole head) may be passed precomputed, as the model does
+    once per forward; the Triton kernels take cos/sin directly."""
     nh, d = w["n_heads"], w["head_dim"]
+    if cis is None:
+        cis = rope_cis(cos, sin, d)
     kw = F.linear(x, w["wk_weights_proj"])
-    cis = torch.complex(cos, sin)
     fused_k_norm_rope_quant_store(kw[:, :d], w["k_norm_w"], w["k_norm_b"], cis, cache, out_slots)
     q = F.linear(q_lat, w["wq_b"])
-    qq, gate = fused_q_rope_quant_gate(q.unflatten(-1, (nh, d)), cis, kw[:, d:], w["gate_scale"])
-    return qq, gate
+    return fused_q_rope_quant_gate(q.unflatten(-1, (nh, d)), cis, kw[:, d:], w["gate_scale"])
+
+
+def _full_cis(cis: torch.Tensor, head_dim: int) -> torch.Tensor:
+    if cis.shape[-1] * 2 == head_dim:
+        return cis
+    pad = torch.ones(cis.shape[:-1] + (head_dim // 2 - cis.shape[-1],), dtype=cis.dtype,
+                     device=cis.device)
+    return torch.cat([cis, pad], -1)
 
 
 def fused_k_norm_rope_quant_store(k, norm_w, norm_b, cis, cache, out_slots):
-    """Kernel slot `fused_k_indexer_norm_rope_store`: LayerNorm + RoPE + FP8 quant + paged store."""
+    """Kernel slot `fused_k_indexer_norm_rope_store`: LayerNorm + RoPE + FP8 quant + paged store.
+
+    k [T, d]; cis [T, r/2] complex (rope part) or [T, d/2] (whole head, identity-padded)."""
     d = k.shape[-1]
-    k = _rope_fused(F.layer_norm(k, (d,), norm_w, norm_b), cis)
-    scale = k.abs().amax(-1, keepdim=True).float().clamp(min=1e-6) * (1.0 / FP8_MAX)
+    k = _rope_fused(F.layer_norm(k, (d,), norm_w, norm_b), _full_cis(cis, d))  # fp32 [T,d/2,2]
+    scale = torch.linalg.vector_norm(k, float("inf"), (-2, -1), True).clamp_(min=1e-6) / FP8_MAX
     kq = (k / scale).to(FP8)  # |k/scale| <= 448 by construction: no clamp needed
-    cache.index_copy_(0, out_slots, torch.cat([kq.view(torch.uint8), scale.view(torch.uint8)], -1))
+    cache.index_copy_(0, out_slots, torch.cat([kq.view(torch.uint8).flatten(-2),
+                                               scale.view(torch.uint8).flatten(-2)], -1))
 
 
-def fused_q_rope_quant_gate(q, cis, gate_raw, gate_scale):
-    """Kernel slot `fused_q_indexer_rope_quant`: RoPE + FP8 quant + head-gate scaling."""
-    q = _rope_fused(q, cis.unsqueeze(-2))
-    scale = q.abs().amax(-1).float().clamp(min=1e-6) * (1.0 / FP8_MAX)
-    qq = (q / scale.unsqueeze(-1)).to(FP8)
-    return qq, gate_raw.float() * (scale * gate_scale)
+def fused_q_rope_quant_gate(q, cis, gate_raw, gate_scale: float = 1.0):
+    """Kernel slot `fused_q_indexer_rope_quant`: RoPE + FP8 quant + head-gate scaling.
+
+    q [T, H, d] -> (q fp8 [T, H, d], gate fp32 [T, H] = gate_raw * q_scale * gate_scale)."""
+    d = q.shape[-1]
+    q = _rope_fused(q, _full_cis(cis, d).unsqueeze(-2))  # fp32 [T, H, d/2, 2]
+    scale = torch.linalg.vector_norm(q, float("inf"), (-2, -1), True).clamp_(min=1e-6) / FP8_MAX
+    gate = gate_raw.float() * (scale.view(gate_raw.shape) * gate_scale)
+    return (q / scale).to(FP8).flatten(-2), gate
 
 
 def indexer_logits(qq, gate, kcache_rows, head_dim: int):
@@ -217,16 +248,18 @@ def indexer_logits(qq, gate, kcache_rows, head_dim: int):
 # ----------------------------------------------------------------------------------------------
 
 
-def moe_finalize(expert_out: torch.Tensor, combine_w: torch.Tensor, shared: torch.Tensor,
-                 deferred: bool) -> torch.Tensor:
-    """expert_out [E,N,H], combine_w [N,E] (top-k weights, zero elsewhere), shared [N,H].
+def moe_finalize(expert_out: torch.Tensor, combine_w: torch.Tensor, shared_act: torch.Tensor,
+                 shared_w2: torch.Tensor, deferred: bool) -> torch.Tensor:
+    """Routed combine + shared expert (its down projection included).
 
-    off: weighted combine (bmm), then the shared-expert add as its own op;
-    on (deferred finalize): the shared-expert add folded into the combine (one baddbmm).
+    expert_out [E,N,H], combine_w [N,E] (top-k weights, zero elsewhere), shared_act [N,I] (the
+    shared expert's SwiGLU activation), shared_w2 [H,I].
+    off: weighted combine (bmm), the shared expert's down GEMM, then the add as its own op;
+    on (deferred finalize): the shared down GEMM accumulates straight into the combine's output
+    (in-place addmm, beta=1): the add disappears (one kernel fewer on CUDA, one aten::add on CPU).
     """
     w = combine_w.to(expert_out.dtype).unsqueeze(1)  # [N,1,E]
-    eo = expert_out.transpose(0, 1)  # [N,E,H]
+    routed = torch.bmm(w, expert_out.transpose(0, 1)).squeeze(1)  # [N,H]
     if deferred:
-        return torch.baddbmm(shared.unsqueeze(1), w, eo).squeeze(1)
-    routed = torch.bmm(w, eo).squeeze(1)
-    return routed + shared
+        return routed.addmm_(shared_act, shared_w2.t())
+    return routed + F.linear(shared_act, shared_w2)

@@ -41,7 +41,7 @@ class Engine:
         self.torch = torch
         self.cfg = cfg
         self.args = args
-        if cfg.device.startswith("cuda"):
+        if cfg.device.startswith("cuda") and torch.device(cfg.device).index is not None:
             torch.cuda.set_device(torch.device(cfg.device))
         torch.manual_seed(cfg.seed)
         threads = args.get("cpu_threads")

@@ -55,12 +55,16 @@ import torch
 
 from ._triton import HAVE_TRITON, use_triton
 
-LOG2NB = 12  # coarse histogram: 4,096 bins
-FUSED_MAX_N = 16384  # single-program path up to this row length (tuned on the H200)
-BLOCK = 4096  # elements per tile in the streaming passes
-BLOCK_C = 1024  # candidates per tile in the refinement
-TARGET_PROGRAMS = 264  # programs per launch for long rows (2 per SM on a 132-SM H200)
+SAMPLE = 16384  # max sample per row for the threshold (pass 1); rows up to this are exact
+BLOCK = 4096  # elements per tile in the streaming pass
+TARGET_PROGRAMS = 264  # programs per launch for the streaming pass (2 per SM on a 132-SM H200)
 NUM_WARPS = 8
+BLOCK_R = 8192  # candidates held in registers by the exact select (more: a streamed path)
+SELECT_WARPS = 16
+# histogram plan (path="hist"/"hist_fused"), kept for comparison; see the module doc
+LOG2NB = 10  # coarse histogram bins (tl.histogram costs ~ bins * log2(bins) per element)
+FUSED_MAX_N = 16384
+BLOCK_C = 1024
 
 # ----------------------------------------------------------------------------------------------
 # torch twin (CPU) + reference
@@ -103,10 +107,39 @@ def _slots_of(idx: torch.Tensor, page_table, page_size: int) -> torch.Tensor:
     return torch.gather(pt, 1, idx // page_size) * page_size + idx % page_size
 
 
+def signed_keys(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> int64 in [-2^31, 2^31) ordered like the floats (the kernels' int32 keys)."""
+    return full_keys(x) - 2147483648
+
+
+def sample_thresholds(x: torch.Tensor, length: torch.Tensor, need: torch.Tensor,
+                      sample: int = SAMPLE) -> torch.Tensor:
+    """Pass 1 of the default plan: per row, the want-th largest key of a sample of `sample`
+    scores (runs of 8 consecutive positions spread evenly over the row), want = the expected
+    count at or above the row's need-th largest plus a 4-sigma + 4 margin (the whole row, so
+    exact, when length <= sample)."""
+    rows, n = x.shape
+    key = signed_keys(x)
+    j = torch.arange(sample, device=x.device).unsqueeze(0)
+    rstride = (length // (sample // 8)).clamp(min=8).unsqueeze(1)
+    pos = (j // 8) * rstride + j % 8
+    m = pos < length.unsqueeze(1)
+    sk = torch.where(m, key.gather(1, pos.clamp(max=max(n - 1, 0))), -(1 << 40))
+    s_eff = m.sum(1)
+    e = need.float() * s_eff.float() / length.clamp(min=1).float()
+    want = torch.minimum((e + 4.0 * e.sqrt() + 4.0).to(torch.int64), s_eff)
+    want = torch.where(length <= sample, need, want)
+    srt = sk.sort(1, descending=True).values
+    t = srt.gather(1, (want - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    return torch.where(want > 0, t, torch.full_like(t, 2147483647))
+
+
 def topk_v2_twin(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
                  page_size: int = 1, lengths: torch.Tensor | None = None,
-                 log2nb: int = LOG2NB) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same algorithm as the Triton kernels, in torch ops (CPU, or any device), sync-free.
+                 sample: int = SAMPLE) -> tuple[torch.Tensor, torch.Tensor]:
+    """The default plan of the Triton kernels, in torch ops (CPU, or any device), sync-free:
+    sampled threshold -> candidates (every score reaching it) -> exact top-need among the
+    candidates (the whole row when the sample missed), ties to the lowest position.
 
     Outputs are in ascending position order within each row, -1 padded (see the module doc).
     """
@@ -117,40 +150,22 @@ def topk_v2_twin(scores: torch.Tensor, k: int, page_table: torch.Tensor | None =
     need = length.clamp(max=k)
     pos = torch.arange(n, device=dev)
     valid = pos < length.unsqueeze(1)
-    # 1. coarse histogram -> threshold bin
-    nb = 1 << log2nb
-    bins = coarse_bins(x, log2nb)
-    hist = torch.zeros(rows, nb, dtype=torch.int64, device=dev)
-    hist.scatter_add_(1, bins, valid.to(torch.int64))
-    sfx = hist.flip(1).cumsum(1).flip(1)
-    thr = (sfx >= need.unsqueeze(1)).sum(1, keepdim=True) - 1
-    above = valid & (bins > thr)
-    cand = valid & (bins == thr)
-    # 2. exact radix select on the full key among the boundary candidates
-    key = full_keys(x)
-    rem = need - above.sum(1)
-    prefix = torch.zeros(rows, dtype=torch.int64, device=dev)
-    for shift, bits in ((21, 11), (10, 11), (0, 10)):
-        fixed = shift + bits
-        match = cand & ((key >> fixed) == (prefix >> fixed).unsqueeze(1))
-        d = (key >> shift) & ((1 << bits) - 1)
-        h = torch.zeros(rows, 1 << bits, dtype=torch.int64, device=dev)
-        h.scatter_add_(1, d, match.to(torch.int64))
-        s = h.flip(1).cumsum(1).flip(1)
-        dsel = (s >= rem.unsqueeze(1)).sum(1) - 1
-        ge = s.gather(1, dsel.unsqueeze(1)).squeeze(1)
-        eq = h.gather(1, dsel.unsqueeze(1)).squeeze(1)
-        rem = rem - (ge - eq)
-        prefix = prefix | (dsel << shift)
-    kT = prefix.unsqueeze(1)
-    ties = cand & (key == kT)
-    sel = above | (cand & (key > kT)) | (ties & (ties.cumsum(1) <= rem.unsqueeze(1)))
-    # 3. emit in position order, translate, pad
-    kk = k
-    dst = torch.where(sel, sel.cumsum(1) - 1, kk)
-    idx = torch.full((rows, kk + 1), -1, dtype=torch.int64, device=dev)
+    key = signed_keys(x)
+    t = sample_thresholds(x, length, need, sample)
+    cand = valid & (key >= t.unsqueeze(1))
+    missed = cand.sum(1) < need
+    cand = torch.where(missed.unsqueeze(1), valid, cand)
+    # exact: a stable descending sort of the candidates' keys keeps the lowest positions first
+    ckey = torch.where(cand, key, -(1 << 40))
+    order = ckey.sort(dim=1, descending=True, stable=True).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, pos.expand(rows, n).clone())
+    sel = cand & (rank < need.unsqueeze(1))
+    # emit in position order, translate, pad
+    dst = torch.where(sel, sel.cumsum(1) - 1, k)
+    idx = torch.full((rows, k + 1), -1, dtype=torch.int64, device=dev)
     idx.scatter_(1, dst, pos.expand(rows, n).clone())
-    idx = idx[:, :kk]
+    idx = idx[:, :k]
     slots = torch.where(idx >= 0, _slots_of(idx.clamp(min=0), page_table, page_size), -1)
     return idx.to(torch.int32), slots.to(torch.int32)
 
@@ -189,6 +204,14 @@ if HAVE_TRITON:
         sk = hb ^ ((hb >> 15) & 0x7FFF)
         b = (sk + 32768) >> (16 - LOG2NB)
         return tl.where(x != x, (1 << LOG2NB) - 1, b)
+
+    @triton.jit
+    def _hist_masked(v, NB: tl.constexpr, m):
+        """tl.histogram with a mask, written without histogram's `mask=` argument (older
+        Tritons lack it): masked-out lanes go to bin 0 and are subtracted again."""
+        h = tl.histogram(tl.where(m, v, 0), NB)
+        dropped = tl.sum((m == 0).to(tl.int32), 0)
+        return h - tl.where(tl.arange(0, NB) == 0, dropped, 0)
 
     @triton.jit
     def _full_key(x):
@@ -235,7 +258,7 @@ if HAVE_TRITON:
             key = _full_key(tl.load(scores_row + idx, mask=m, other=0.0))
             match = m & ((key >> FIXED) == (prefix >> FIXED))
             d = ((key >> SHIFT) & (NBR - 1)).to(tl.int32)
-            hist += tl.histogram(d, NBR, mask=match)
+            hist += _hist_masked(d, NBR, match)
         sfx = tl.cumsum(hist, 0, reverse=True)
         bins = tl.arange(0, NBR)
         dsel = tl.max(tl.where(sfx >= rem, bins, -1), 0)
@@ -256,7 +279,7 @@ if HAVE_TRITON:
             key = _full_key(tl.load(scores_row + idx, mask=m, other=0.0))
             match = m & (key == T) & ((idx >> FIXED) == (prefix >> FIXED))
             d = (idx >> SHIFT) & (NBR - 1)
-            hist += tl.histogram(d, NBR, mask=match)
+            hist += _hist_masked(d, NBR, match)
         cum = tl.cumsum(hist, 0)
         bins = tl.arange(0, NBR)
         dsel = tl.min(tl.where(cum >= rem, bins, NBR), 0)
@@ -344,7 +367,7 @@ if HAVE_TRITON:
             offs = full_end + tl.arange(0, BLOCK)
             m = offs < end
             x = tl.load(srow + offs, mask=m, other=0.0)
-            acc += tl.histogram(_coarse_bin(x, LOG2NB), NB, mask=m)
+            acc += _hist_masked(_coarse_bin(x, LOG2NB), NB, m)
         return acc
 
     @triton.jit
@@ -370,7 +393,7 @@ if HAVE_TRITON:
         return n_out, n_cand
 
     @triton.jit
-    def topk_v2_fused_kernel(scores_ptr, stride_s, len_ptr, cand_ptr, out_idx_ptr, out_slot_ptr,
+    def topk_v2_hist_fused_kernel(scores_ptr, stride_s, len_ptr, cand_ptr, out_idx_ptr, out_slot_ptr,
                              pt_ptr, stride_pt, rows_per_pt, page_size, n, k,
                              HAS_LEN: tl.constexpr, HAS_PT: tl.constexpr, LOG2NB: tl.constexpr,
                              BLOCK: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -413,7 +436,7 @@ if HAVE_TRITON:
                       sem="relaxed")
 
     @triton.jit
-    def topk_v2_select_kernel(scores_ptr, stride_s, len_ptr, hist_ptr, cnt_ptr, cand_ptr,
+    def topk_v2_hist_select_kernel(scores_ptr, stride_s, len_ptr, hist_ptr, cnt_ptr, cand_ptr,
                               out_idx_ptr, out_slot_ptr, pt_ptr, stride_pt, rows_per_pt,
                               page_size, n, k, chunk, HAS_LEN: tl.constexpr,
                               HAS_PT: tl.constexpr, LOG2NB: tl.constexpr, BLOCK: tl.constexpr):
@@ -435,7 +458,7 @@ if HAVE_TRITON:
                     page_size, cnt_ptr + row * 2, LOG2NB, HAS_PT, True, BLOCK)
 
     @triton.jit
-    def topk_v2_refine_kernel(scores_ptr, stride_s, len_ptr, hist_ptr, cnt_ptr, cand_ptr,
+    def topk_v2_hist_refine_kernel(scores_ptr, stride_s, len_ptr, hist_ptr, cnt_ptr, cand_ptr,
                               out_idx_ptr, out_slot_ptr, pt_ptr, stride_pt, rows_per_pt,
                               page_size, n, k, HAS_LEN: tl.constexpr, HAS_PT: tl.constexpr,
                               LOG2NB: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -456,6 +479,226 @@ if HAVE_TRITON:
         tl.store(cnt_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], dtype=tl.int32))
 
 
+if HAVE_TRITON:
+
+    # ------------------------------------------------------------------------------------------
+    # Default plan: sample threshold -> filter -> exact select (no tl.histogram on the long pass)
+    # ------------------------------------------------------------------------------------------
+
+    @triton.jit
+    def _skey(x):
+        """fp32 -> int32 whose signed order is the float order; -0 == +0; NaN above +inf."""
+        bits = x.to(tl.int32, bitcast=True)
+        mag = bits & 0x7FFFFFFF
+        bits = tl.where(mag == 0, 0, bits)
+        bits = tl.where(mag > 0x7F800000, 0x7FFFFFFF, bits)
+        return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+    @triton.jit
+    def _signed(c):
+        """unsigned 32-bit search value (int64) -> the int32 signed-order key it stands for."""
+        return (c - 2147483648).to(tl.int32)
+
+    @triton.jit
+    def _kth_largest_regs(key, m, want):
+        """Largest t with count(key >= t) >= want among the lanes m (= the want-th largest key;
+        INT32_MAX when want == 0): a 32-step bitwise search on register-resident keys."""
+        ans = tl.zeros([], dtype=tl.int64)
+        one = tl.full([], 1, tl.int64)
+        for i in range(32):
+            c = ans | (one << (31 - i))
+            cnt = tl.sum(((key >= _signed(c)) & m).to(tl.int32), 0)
+            ans = tl.where(cnt >= want, c, ans)
+        return _signed(ans)
+
+    @triton.jit
+    def topk_v2_sample_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, n, k,
+                              HAS_LEN: tl.constexpr, S: tl.constexpr):
+        """Pass 1 (one program per row): a strided sample of S scores gives a threshold t that
+        at least need = min(k, length) scores of the row reach, with a wide safety margin (exact
+        when the row has <= S positions). A miss is detected and handled exactly in pass 3."""
+        row = tl.program_id(0)
+        length = _row_length(len_ptr, row, n, HAS_LEN)
+        need = tl.minimum(length, k)
+        # runs of 8 consecutive positions (one 32-byte sector each), spread over the row
+        j = tl.arange(0, S)
+        rstride = tl.maximum(length // (S // 8), 8)
+        pos = (j // 8) * rstride + (j % 8)
+        m = pos < length
+        x = tl.load(scores_ptr + row.to(tl.int64) * stride_s + pos, mask=m, other=0.0)
+        key = _skey(x)
+        s_eff = tl.sum(m.to(tl.int32), 0)
+        e = need.to(tl.float32) * s_eff.to(tl.float32) / tl.maximum(length, 1).to(tl.float32)
+        want = tl.minimum((e + 4.0 * tl.sqrt(e) + 4.0).to(tl.int32), s_eff)
+        want = tl.where(length <= S, need, want)
+        tl.store(thr_ptr + row, _kth_largest_regs(key, m, want))
+
+    @triton.jit
+    def _filter_tile(x, offs, m, t, cnt_row, cand_row):
+        sel = m & (_skey(x) >= t)
+        s32 = sel.to(tl.int32)
+        ns = tl.sum(s32, 0)
+        if ns > 0:
+            base = tl.atomic_add(cnt_row, ns, sem="relaxed")
+            tl.store(cand_row + base + tl.cumsum(s32, 0) - 1, offs, mask=sel)
+
+    @triton.jit
+    def topk_v2_filter_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, cnt_ptr, cand_ptr, n,
+                              chunk, HAS_LEN: tl.constexpr, BLOCK: tl.constexpr):
+        """Pass 2 (P programs per row, one read of the row): every position whose score reaches
+        the row's threshold goes to the row's candidate list (one atomic per tile)."""
+        row = tl.program_id(0)
+        pid = tl.program_id(1)
+        length = _row_length(len_ptr, row, n, HAS_LEN)
+        t = tl.load(thr_ptr + row)
+        start = pid * chunk
+        end = tl.minimum(start + chunk, length)
+        srow = scores_ptr + row.to(tl.int64) * stride_s
+        cand_row = cand_ptr + row.to(tl.int64) * n
+        cnt_row = cnt_ptr + row * 2
+        full_end = start + tl.maximum(end - start, 0) // BLOCK * BLOCK
+        for off in range(start, full_end, BLOCK):
+            offs = tl.multiple_of(off, BLOCK) + tl.arange(0, BLOCK)
+            x = tl.load(srow + offs)
+            _filter_tile(x, offs, offs < end, t, cnt_row, cand_row)
+        if full_end < end:
+            offs = full_end + tl.arange(0, BLOCK)
+            m = offs < end
+            x = tl.load(srow + offs, mask=m, other=0.0)
+            _filter_tile(x, offs, m, t, cnt_row, cand_row)
+
+    @triton.jit
+    def _pad(out_idx_row, out_slot_row, need, k, BLOCK_P: tl.constexpr):
+        for off in range(need, k, BLOCK_P):
+            offs = off + tl.arange(0, BLOCK_P)
+            m = offs < k
+            tl.store(out_idx_row + offs, tl.full([BLOCK_P], -1, tl.int32), mask=m)
+            tl.store(out_slot_row + offs, tl.full([BLOCK_P], -1, tl.int32), mask=m)
+
+    @triton.jit
+    def _select_regs(srow, cand_row, C, need, out_idx_row, out_slot_row, pt_row, page_size,
+                     HAS_PT: tl.constexpr, BLOCK_R: tl.constexpr):
+        """Exact top-need among C <= BLOCK_R candidates held in registers."""
+        offs = tl.arange(0, BLOCK_R)
+        m = offs < C
+        idx = tl.load(cand_row + offs, mask=m, other=0)
+        key = _skey(tl.load(srow + idx, mask=m, other=0.0))
+        T = _kth_largest_regs(key, m, need)
+        gt = tl.sum(((key > T) & m).to(tl.int32), 0)
+        eqm = (key == T) & m
+        eq = tl.sum(eqm.to(tl.int32), 0)
+        rem = need - gt
+        imax = 2147483647 + rem * 0
+        if rem == 0:
+            imax = rem * 0 - 1
+        elif rem < eq:  # ties at T: the lowest positions win
+            ians = rem * 0
+            for i in range(31):
+                c = ians | (1 << (30 - i))
+                cnt = tl.sum((eqm & (idx < c)).to(tl.int32), 0)
+                ians = tl.where(cnt < rem, c, ians)
+            imax = ians
+        sel = m & ((key > T) | ((key == T) & (idx <= imax)))
+        s32 = sel.to(tl.int32)
+        dst = tl.cumsum(s32, 0) - 1
+        tl.store(out_idx_row + dst, idx, mask=sel)
+        tl.store(out_slot_row + dst, _to_slot(idx, pt_row, page_size, sel, HAS_PT), mask=sel)
+
+    @triton.jit
+    def _load_keys(srow, cand_row, offs, m, FROM_ROW: tl.constexpr):
+        if FROM_ROW:
+            idx = offs
+        else:
+            idx = tl.load(cand_row + offs, mask=m, other=0)
+        return idx, _skey(tl.load(srow + idx, mask=m, other=0.0))
+
+    @triton.jit
+    def _select_tiled(srow, cand_row, C, need, out_idx_row, out_slot_row, pt_row, page_size,
+                      HAS_PT: tl.constexpr, FROM_ROW: tl.constexpr, BLOCK_T: tl.constexpr):
+        """Exact top-need among C candidates (FROM_ROW: the row's first C positions) streamed
+        in tiles: slow (one pass per search bit) but any C; the rare path."""
+        ans = tl.zeros([], dtype=tl.int64)
+        one = tl.full([], 1, tl.int64)
+        for i in range(32):
+            c = ans | (one << (31 - i))
+            cs = _signed(c)
+            cnt = need * 0
+            for off in range(0, C, BLOCK_T):
+                offs = off + tl.arange(0, BLOCK_T)
+                m = offs < C
+                idx, key = _load_keys(srow, cand_row, offs, m, FROM_ROW)
+                cnt += tl.sum(((key >= cs) & m).to(tl.int32), 0)
+            ans = tl.where(cnt >= need, c, ans)
+        T = _signed(ans)
+        gt = need * 0
+        eq = need * 0
+        for off in range(0, C, BLOCK_T):
+            offs = off + tl.arange(0, BLOCK_T)
+            m = offs < C
+            idx, key = _load_keys(srow, cand_row, offs, m, FROM_ROW)
+            gt += tl.sum(((key > T) & m).to(tl.int32), 0)
+            eq += tl.sum(((key == T) & m).to(tl.int32), 0)
+        rem = need - gt
+        imax = 2147483647 + rem * 0
+        if rem == 0:
+            imax = rem * 0 - 1
+        elif rem < eq:
+            ians = rem * 0
+            for i in range(31):
+                c2 = ians | (1 << (30 - i))
+                cnt2 = rem * 0
+                for off in range(0, C, BLOCK_T):
+                    offs = off + tl.arange(0, BLOCK_T)
+                    m = offs < C
+                    idx, key = _load_keys(srow, cand_row, offs, m, FROM_ROW)
+                    cnt2 += tl.sum(((key == T) & m & (idx < c2)).to(tl.int32), 0)
+                ians = tl.where(cnt2 < rem, c2, ians)
+            imax = ians
+        written = need * 0
+        for off in range(0, C, BLOCK_T):
+            offs = off + tl.arange(0, BLOCK_T)
+            m = offs < C
+            idx, key = _load_keys(srow, cand_row, offs, m, FROM_ROW)
+            sel = m & ((key > T) | ((key == T) & (idx <= imax)))
+            s32 = sel.to(tl.int32)
+            dst = written + tl.cumsum(s32, 0) - 1
+            tl.store(out_idx_row + dst, idx, mask=sel)
+            tl.store(out_slot_row + dst, _to_slot(idx, pt_row, page_size, sel, HAS_PT),
+                     mask=sel)
+            written += tl.sum(s32, 0)
+
+    @triton.jit
+    def topk_v2_select_kernel(scores_ptr, stride_s, len_ptr, cnt_ptr, cand_ptr, out_idx_ptr,
+                              out_slot_ptr, pt_ptr, stride_pt, rows_per_pt, page_size, n, k,
+                              HAS_LEN: tl.constexpr, HAS_PT: tl.constexpr,
+                              BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
+        """Pass 3 (one program per row): exact top-need among the candidates (registers when
+        they fit), emitted with their page-table slots; -1 padding; resets the row's counter.
+        If the sampled threshold missed (fewer candidates than need), selects from the whole
+        row instead (slow, exact)."""
+        row = tl.program_id(0)
+        length = _row_length(len_ptr, row, n, HAS_LEN)
+        need = tl.minimum(length, k)
+        C = tl.load(cnt_ptr + row * 2)
+        srow = scores_ptr + row.to(tl.int64) * stride_s
+        cand_row = cand_ptr + row.to(tl.int64) * n
+        out_idx_row = out_idx_ptr + row.to(tl.int64) * k
+        out_slot_row = out_slot_ptr + row.to(tl.int64) * k
+        pt_row = pt_ptr + (row // rows_per_pt).to(tl.int64) * stride_pt
+        if C >= need:
+            if C <= BLOCK_R:
+                _select_regs(srow, cand_row, C, need, out_idx_row, out_slot_row, pt_row,
+                             page_size, HAS_PT, BLOCK_R)
+            else:
+                _select_tiled(srow, cand_row, C, need, out_idx_row, out_slot_row, pt_row,
+                              page_size, HAS_PT, False, BLOCK_T)
+        else:
+            _select_tiled(srow, cand_row, length, need, out_idx_row, out_slot_row, pt_row,
+                          page_size, HAS_PT, True, BLOCK_T)
+        _pad(out_idx_row, out_slot_row, need, k, BLOCK_T)
+        tl.store(cnt_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], dtype=tl.int32))
+
+
 # ----------------------------------------------------------------------------------------------
 # Dispatch
 # ----------------------------------------------------------------------------------------------
@@ -465,6 +708,8 @@ _OLD_WS: list = []  # superseded workspaces stay alive: captured CUDA graphs may
 
 
 def _workspace(device, rows: int, n: int, nb: int):
+    """Per-device scratch: histogram [rows, nb] + counters [rows, 2] (kept zeroed by the last
+    kernel of each call), thresholds [rows], candidate lists [rows * n]."""
     key = (str(device), nb)
     ws = _WS.get(key)
     need_rows, need_cand = rows, rows * n
@@ -479,6 +724,7 @@ def _workspace(device, rows: int, n: int, nb: int):
             "rows": r,
             "hist": torch.zeros(r, nb, dtype=torch.int32, device=device),
             "cnt": torch.zeros(r, 2, dtype=torch.int32, device=device),
+            "thr": torch.zeros(r, dtype=torch.int32, device=device),
             "cand": torch.empty(c, dtype=torch.int32, device=device),
         }
         _WS[key] = ws
@@ -487,15 +733,17 @@ def _workspace(device, rows: int, n: int, nb: int):
 
 def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
             page_size: int = 1, lengths: torch.Tensor | None = None, *, path: str = "auto",
-            log2nb: int = LOG2NB, programs: int = TARGET_PROGRAMS, block: int = BLOCK,
-            block_c: int = BLOCK_C, num_warps: int = NUM_WARPS,
-            fused_max_n: int = FUSED_MAX_N, _stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+            sample: int | None = None, block: int = BLOCK, programs: int = TARGET_PROGRAMS,
+            num_warps: int = NUM_WARPS, block_r: int = BLOCK_R, select_warps: int = SELECT_WARPS,
+            log2nb: int = LOG2NB, block_c: int = BLOCK_C, fused_max_n: int = FUSED_MAX_N,
+            _stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k selection fused with the page-table translation (see the module doc).
 
     Triton on CUDA tensors (and on CPU under TRITON_INTERPRET=1), the torch twin otherwise.
-    ``path``: "auto" | "fused" (single program per row) | "split" (hist/select/refine) | "twin".
-    The keyword-only knobs are for benchmarks and tests (``_stages`` < 3 stops the split plan
-    early, leaving the workspace dirty: timing breakdowns only). Never syncs with the host.
+    ``path``: "auto" = "sample" (sample -> filter -> select, the default plan) | "hist"
+    (histogram plan: hist -> select -> refine) | "hist_fused" (histogram plan, one program per
+    row) | "twin". The keyword-only knobs are for benchmarks and tests (``_stages`` < 3 stops a
+    plan early and leaves the workspace dirty: timing breakdowns only). Never syncs with the host.
     """
     if scores.dim() != 2:
         raise ValueError("scores must be [rows, n]")
@@ -503,8 +751,12 @@ def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None
         raise ValueError("k must be >= 1")
     if page_table is not None and (page_table.dim() != 2 or scores.shape[0] % page_table.shape[0]):
         raise ValueError("page_table must be [pt_rows, n_pages] with rows % pt_rows == 0")
+    if sample is None:  # the whole row when it fits (exact threshold), else SAMPLE
+        sample = max(64, min(SAMPLE, 1 << max(scores.shape[-1] - 1, 0).bit_length()))
+    if sample < 8 or sample & (sample - 1):
+        raise ValueError("sample must be a power of two >= 8")
     if path == "twin" or not use_triton(scores):
-        return topk_v2_twin(scores, k, page_table, page_size, lengths, log2nb)
+        return topk_v2_twin(scores, k, page_table, page_size, lengths, sample)
     x = scores if scores.dtype == torch.float32 else scores.float()
     if x.stride(1) != 1:
         x = x.contiguous()
@@ -524,30 +776,44 @@ def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None
         stride_pt, rows_per_pt = pt.stride(0), rows // pt.shape[0]
     else:
         pt, stride_pt, rows_per_pt = out_idx, 0, 1
-    if path == "auto":
-        path = "fused" if n <= fused_max_n else "split"
+    p = max(1, min(math.ceil(programs / rows), math.ceil(n / block)))
+    chunk = math.ceil(math.ceil(n / p) / block) * block
+    p = max(1, math.ceil(n / chunk))
+    if path in ("auto", "sample"):
+        topk_v2_sample_kernel[(rows,)](
+            x, x.stride(0), lens, ws["thr"], n, k, HAS_LEN=has_len, S=sample,
+            num_warps=max(4, min(16, sample // 512)))
+        if _stages < 2:
+            return out_idx, out_slot
+        topk_v2_filter_kernel[(rows, p)](
+            x, x.stride(0), lens, ws["thr"], ws["cnt"], ws["cand"], n, chunk, HAS_LEN=has_len,
+            BLOCK=block, num_warps=num_warps)
+        if _stages < 3:
+            return out_idx, out_slot
+        topk_v2_select_kernel[(rows,)](
+            x, x.stride(0), lens, ws["cnt"], ws["cand"], out_idx, out_slot, pt, stride_pt,
+            rows_per_pt, page_size, n, k, HAS_LEN=has_len, HAS_PT=has_pt, BLOCK_R=block_r,
+            BLOCK_T=1024, num_warps=select_warps)
+        return out_idx, out_slot
     common = dict(HAS_LEN=has_len, HAS_PT=has_pt, LOG2NB=log2nb, num_warps=num_warps)
-    if path == "fused":
-        topk_v2_fused_kernel[(rows,)](
+    if path == "hist_fused" or (path == "hist" and n <= fused_max_n):
+        topk_v2_hist_fused_kernel[(rows,)](
             x, x.stride(0), lens, ws["cand"], out_idx, out_slot, pt, stride_pt, rows_per_pt,
             page_size, n, k, BLOCK=block, BLOCK_C=block_c, **common)
         return out_idx, out_slot
-    if path != "split":
+    if path != "hist":
         raise ValueError(f"unknown path {path!r}")
-    p = max(1, min(math.ceil(programs / rows), math.ceil(n / block)))
-    chunk = math.ceil(math.ceil(n / p) / block) * block
-    p = math.ceil(n / chunk)
     topk_v2_hist_kernel[(rows, p)](
         x, x.stride(0), lens, ws["hist"], n, k, chunk, HAS_LEN=has_len, LOG2NB=log2nb,
         BLOCK=block, num_warps=num_warps)
     if _stages < 2:
         return out_idx, out_slot
-    topk_v2_select_kernel[(rows, p)](
+    topk_v2_hist_select_kernel[(rows, p)](
         x, x.stride(0), lens, ws["hist"], ws["cnt"], ws["cand"], out_idx, out_slot, pt,
         stride_pt, rows_per_pt, page_size, n, k, chunk, BLOCK=block, **common)
     if _stages < 3:
         return out_idx, out_slot
-    topk_v2_refine_kernel[(rows,)](
+    topk_v2_hist_refine_kernel[(rows,)](
         x, x.stride(0), lens, ws["hist"], ws["cnt"], ws["cand"], out_idx, out_slot, pt,
         stride_pt, rows_per_pt, page_size, n, k, BLOCK_C=block_c, **common)
     return out_idx, out_slot

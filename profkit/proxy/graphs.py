@@ -1,0 +1,84 @@
+"""CUDA-graph capture and replay of the decode-side steps (the `cuda_graph` switch).
+
+Each step function (draft loop, verify forward, draft_extend, plain decode forward) is captured
+once per (step, batch size, context-width bucket) into a torch.cuda.CUDAGraph and replayed with
+its inputs copied into the captured static buffers. The step functions only read their tensor
+arguments and the scheduler's persistent device buffers and write the persistent buffers/caches,
+so running one eagerly for warm-up and then replaying it is idempotent. Captured lazily, the first
+time a shape is seen (SGLang captures a fixed batch-size list at start-up instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from .model import FwdBatch
+
+log = logging.getLogger("profkit.proxy")
+
+
+def _flatten(args):
+    out = []
+    for a in args:
+        if isinstance(a, FwdBatch):
+            out += [a.positions, a.out_slots, a.slot_table]
+        else:
+            out.append(a)
+    return out
+
+
+def _rebuild(args, flat):
+    it = iter(flat)
+    out = []
+    for a in args:
+        if isinstance(a, FwdBatch):
+            out.append(FwdBatch(next(it), next(it), next(it)))
+        else:
+            out.append(next(it))
+    return out
+
+
+class _Entry:
+    __slots__ = ("graph", "inputs", "outputs")
+
+
+class GraphRunner:
+    def __init__(self, sched):
+        self.sched = sched
+        self.entries: dict[tuple, _Entry] = {}
+        self.mempool = torch.cuda.graph_pool_handle()
+        self.capture_s = 0.0
+
+    def run(self, name: str, batch: int, width: int, fn, *args):
+        key = (name, batch, width)
+        e = self.entries.get(key)
+        flat = _flatten(args)
+        if e is None:
+            return self._capture(key, fn, args, flat)
+        for dst, src in zip(e.inputs, flat):
+            dst.copy_(src, non_blocking=True)
+        e.graph.replay()
+        return e.outputs
+
+    def _capture(self, key, fn, args, flat):
+        t = time.perf_counter()
+        e = _Entry()
+        e.inputs = [x.clone() for x in flat]
+        static_args = _rebuild(args, e.inputs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn(*static_args)  # warm-up (also allocator warm-up); idempotent
+        torch.cuda.current_stream().wait_stream(side)
+        e.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(e.graph, pool=self.mempool):
+            e.outputs = fn(*static_args)
+        self.entries[key] = e
+        e.graph.replay()  # the real run of this step
+        dt = time.perf_counter() - t
+        self.capture_s += dt
+        log.info("captured CUDA graph %s bs=%d width=%d in %.2fs", *key, dt)
+        return e.outputs
