@@ -125,6 +125,10 @@ def topk_section(args, results):
             configs.append(dict(path="sample", sample=smp, block=block, num_warps=nw,
                                 programs=prog))
         configs.append(dict(path="sample", block_r=4096, select_warps=8))
+        # radix-round search in the one-program-per-row kernels (not measured before)
+        configs.append(dict(search="radix"))
+        configs.append(dict(search="radix", sample=16384))
+        configs.append(dict(search="radix", block_r=4096, select_warps=8))
         # the histogram plan with tl.histogram (1,024 bins), for comparison
         configs.append(dict(path="hist", log2nb=10, block=4096, num_warps=8, programs=264))
     rows_out = []

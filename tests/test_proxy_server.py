@@ -115,7 +115,7 @@ def test_profile_while_serving(server, tmp_path):
 
     def client(seed):
         ids = [(seed * 31 + i) % 1000 for i in range(40)]
-        results.append(_generate(base, ids, 40))
+        results.append(_generate(base, ids, 64))
 
     threads = [threading.Thread(target=client, args=(s,)) for s in range(3)]
     for t in threads:

@@ -27,6 +27,22 @@ PUBLIC = ROOT / "tests" / "data" / "public"
 FIXTURES = sorted(GPU.glob("*.json.gz")) + sorted(PUBLIC.glob("*.json.gz"))
 
 
+@pytest.fixture(autouse=True)
+def _cache_small_traces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fixtures are small; cache them anyway (real use caches traces of 16 MB and more)."""
+    monkeypatch.setattr(pcache, "MIN_BYTES", 0)
+    monkeypatch.delenv("PROFKIT_NO_CACHE", raising=False)
+
+
+def test_small_traces_are_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pcache, "MIN_BYTES", 16 << 20)
+    src = _copy(GPU / "eager_sync.pt.trace.json.gz", tmp_path)
+    load_trace(src, cache=True)
+    analyze_paths([src])
+    pcache.wait_pending()
+    assert not pcache.cache_dir(src).exists()
+
+
 def _summary(analyses) -> dict:
     s = build_summary(analyses)
     s.pop("profkit_version", None)
@@ -72,6 +88,9 @@ def test_chunked_decoder_in_worker_processes() -> None:
         '{"traceEvents": [{"name": "no phase", "ts": 1}]}',  # no ph
         '{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1}',  # truncated
         '{"other": 1}',
+        # a non-'X' event the strict decoder rejects: the tiered path decides (and warns)
+        '{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1}, {"ph": "i", "name": "b", "ts": 2, "tid": null}]}',
+        '{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1}, {"ph": "s", "id": 1, "ts": 2, "cat": 7}]}',
     ],
 )
 def test_fast_path_declines_what_it_does_not_handle(tmp_path: Path, text: str) -> None:
@@ -99,7 +118,8 @@ def test_cache_roundtrip_and_summary_identity(tmp_path: Path) -> None:
     src = _copy(GPU / "eager_sync.pt.trace.json.gz", tmp_path)
     plain = _summary([analyze_trace(load_trace(src, cache=False))])
     assert not pcache.cache_dir(src).exists()
-    first = _summary([analyze_trace(load_trace(src, cache=True))])  # writes
+    first = _summary([analyze_trace(load_trace(src, cache=True))])  # writes (in the background)
+    pcache.wait_pending()
     assert (pcache.cache_dir(src) / "manifest.json").exists()
     hit = pcache.read(src)
     assert hit is not None
@@ -124,6 +144,7 @@ def test_cached_tables_are_the_ingested_tables(tmp_path: Path) -> None:
 def test_stale_cache_is_rebuilt(tmp_path: Path) -> None:
     src = _copy(GPU / "eager_sync.pt.trace.json.gz", tmp_path, "t.pt.trace.json.gz")
     load_trace(src, cache=True)
+    pcache.wait_pending()
     # replace the trace by another one: size, mtime and content change
     shutil.copyfile(GPU / "graph_decode.pt.trace.json.gz", src)
     assert pcache.read(src) is None
@@ -136,6 +157,7 @@ def test_stale_cache_is_rebuilt(tmp_path: Path) -> None:
 def test_same_size_and_mtime_but_other_content_is_a_miss(tmp_path: Path) -> None:
     src = _copy(GPU / "eager_sync.pt.trace.json.gz", tmp_path)
     load_trace(src, cache=True)
+    pcache.wait_pending()
     st = src.stat()
     data = bytearray(src.read_bytes())
     data[-100] ^= 0xFF  # same size; the last MiB differs
@@ -149,6 +171,7 @@ def test_corrupt_cache_is_never_used(tmp_path: Path, damage: str) -> None:
     src = _copy(GPU / "eager_sync.pt.trace.json.gz", tmp_path)
     want = _summary([analyze_trace(load_trace(src, cache=False))])
     load_trace(src, cache=True)
+    pcache.wait_pending()
     d = pcache.cache_dir(src)
     if damage == "truncate_parquet":
         p = d / "cpu.parquet"
@@ -175,6 +198,7 @@ def test_corrupt_cache_is_never_used(tmp_path: Path, damage: str) -> None:
 def test_other_code_version_is_a_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = _copy(GPU / "eager_sync.pt.trace.json.gz", tmp_path)
     load_trace(src, cache=True)
+    pcache.wait_pending()
     assert pcache.read(src) is not None
     monkeypatch.setattr(pcache, "_FINGERPRINT", "another profkit")
     assert pcache.read(src) is None
@@ -188,6 +212,7 @@ def test_read_only_folder_skips_the_cache(tmp_path: Path) -> None:
     d.chmod(0o555)
     try:
         t = load_trace(src, cache=True)
+        pcache.wait_pending()
         assert t.gpu_ops.height > 0
         assert not pcache.cache_dir(src).exists()
     finally:
@@ -204,6 +229,7 @@ def test_permission_denied_skips_the_cache_silently(tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(Path, "mkdir", refuse)
     got = _summary([analyze_trace(load_trace(src, cache=True))])
+    pcache.wait_pending()
     monkeypatch.undo()
     assert got == want
     assert not pcache.cache_dir(src).exists()
@@ -220,11 +246,17 @@ def test_unwritable_cache_location_is_silent(tmp_path: Path) -> None:
 
 def test_env_switch_disables_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = _copy(GPU / "eager_sync.pt.trace.json.gz", tmp_path)
+    load_trace(src)  # library default: no cache
+    pcache.wait_pending()
+    assert not pcache.cache_dir(src).exists()
     monkeypatch.setenv("PROFKIT_NO_CACHE", "1")
-    load_trace(src)
+    load_trace(src, cache=None)
+    analyze_paths([src])
+    pcache.wait_pending()
     assert not pcache.cache_dir(src).exists()
     monkeypatch.delenv("PROFKIT_NO_CACHE")
-    load_trace(src)
+    load_trace(src, cache=None)
+    pcache.wait_pending()
     assert pcache.cache_dir(src).exists()
 
 
@@ -363,3 +395,38 @@ def test_analysis_cache_corrupt_entry_is_ignored(tmp_path: Path) -> None:
     data[len(data) // 2] ^= 0x55
     f.write_bytes(bytes(data))
     assert _summary(analyze_paths([src], cache=True)) == want
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
+def test_chunked_tables_match_tiered_tables(path: Path) -> None:
+    """Chunks normalized and split where they are decoded, then de-duplicated and sorted: the tables
+    of the whole-file path."""
+    from profkit.ingest.columnar import load_tables_fast
+    from profkit.ingest.tables import add_unusable_warnings, finish_tables, split_tables
+
+    fast = load_tables_fast(path, chunk_bytes=64 << 10)
+    assert fast is not None
+    w_fast: list[str] = []
+    add_unusable_warnings(fast.unusable, w_fast)
+    got = finish_tables(*fast.parts, w_fast)
+    events, _, w_slow = decode_events(path, read_bytes(path))
+    df, t0 = events_frame(events, w_slow)
+    want = split_tables(df, w_slow)
+    assert all(a.equals(b) and a.schema == b.schema for a, b in zip(got, want))
+    assert (fast.t0_ns, fast.n_events, w_fast) == (t0, len(events), w_slow)
+
+
+def test_stdlib_gzip_fallback_same_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without isal and zlib-ng the stdlib decompresses: same tables."""
+    import sys
+
+    from profkit.ingest.columnar import gzip_library, load_tables_fast
+
+    path = PUBLIC / "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz"
+    fast = load_tables_fast(path)
+    monkeypatch.setitem(sys.modules, "isal", None)
+    monkeypatch.setitem(sys.modules, "zlib_ng", None)
+    assert gzip_library() == "zlib"
+    slow = load_tables_fast(path)
+    assert fast is not None and slow is not None
+    assert all(a.equals(b) for a, b in zip(fast.parts, slow.parts))

@@ -66,6 +66,9 @@ def _load_and_analyze(path: Path, default_rank: int, cache: bool, marker: str | 
                       catalog: Any, options: dict[str, Any]) -> tuple[RankAnalysis, int]:
     from profkit.ingest import load_trace
 
+    from profkit.ingest import cache as pcache
+
+    cache = bool(cache) and pcache.worth_caching(path)
     if cache:
         hit = _cached_analysis(path, default_rank, options)
         if hit is not None:
@@ -98,8 +101,9 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
     t_start = time.perf_counter()
 
     done: list[tuple[RankAnalysis, int] | None] = [None] * len(files)
-    if use_cache:
-        for i, f in enumerate(files):
+    cached_ok = [use_cache and pcache.worth_caching(f) for f in files]
+    for i, f in enumerate(files):
+        if cached_ok[i]:
             done[i] = _cached_analysis(f, i, options)
     todo = [i for i, d in enumerate(done) if d is None]
     big = sum(estimated_raw_bytes(files[i]) for i in todo) >= threshold
@@ -117,7 +121,7 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
         # as load_traces then analyze_trace: every file is read before any is analyzed
         ex = make_executor(jobs) if jobs > 1 and big else None
         try:
-            traces = {i: load_trace(files[i], default_rank=i, cache=use_cache, jobs=jobs if ex else 1, executor=ex) for i in todo}
+            traces = {i: load_trace(files[i], default_rank=i, cache=cached_ok[i], jobs=jobs if ex else 1, executor=ex) for i in todo}
         finally:
             if ex is not None:
                 ex.shutdown(cancel_futures=True)
@@ -126,7 +130,7 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
             t = traces.pop(i)
             n = len(t.warnings)
             a = analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog)
-            if use_cache:
+            if cached_ok[i]:
                 _store_analysis(files[i], a, n, _rank_from_trace(t, i), options)
             done[i] = (a, n)
     else:

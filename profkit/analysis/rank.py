@@ -235,6 +235,12 @@ def _busy(owned: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _pick(col: pl.Series, idx: list[int | None]) -> list[Any]:
+    """col[i] for each i in idx (None stays None), gathering only those rows."""
+    got = col.gather(pl.Series([i for i in idx], dtype=pl.Int64)).to_list() if idx else []
+    return [v if i is not None else None for v, i in zip(got, idx)]
+
+
 def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
     """Host-blocking calls: synchronize calls (kind sync) and blocking copies (kind sync_copy)."""
     op_info = (
@@ -262,8 +268,9 @@ def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame
     trig_idx = innermost_enclosing(pts, cpu_ops)
     ann_idx = innermost_enclosing(pts, anns)
     py_idx = innermost_enclosing(pts, pyf)
-    op_names, op_ts = cpu_ops["name"].to_list(), cpu_ops["ts_ns"].to_list()
-    ann_names, py_names = anns["name"].to_list(), pyf["name"].to_list()
+    # only the rows found above, not whole columns (a trace with stacks has millions of frames)
+    op_names, op_ts = _pick(cpu_ops["name"], trig_idx), _pick(cpu_ops["ts_ns"], trig_idx)
+    ann_names, py_names = _pick(anns["name"], ann_idx), _pick(pyf["name"], py_idx)
     # For a sync call: the direction of the latest copy on its thread inside the same trigger op.
     copy_rows = list(zip(copies["tid"].to_list(), copies["ts_ns"].to_list(), copies["op_direction"].to_list()))
     copies_by_tid: dict[str, list[tuple[int, str | None]]] = defaultdict(list)
@@ -274,12 +281,12 @@ def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame
         zip(blocking["kind"].to_list(), blocking["tid"].to_list(), blocking["ts_ns"].to_list(), blocking["op_direction"].to_list())
     ):
         ti = trig_idx[k]
-        triggers.append(op_names[ti] if ti is not None else (ann_names[ann_idx[k]] if ann_idx[k] is not None else None))
-        stacks.append(py_names[py_idx[k]] if py_idx[k] is not None else None)
+        triggers.append(op_names[k] if ti is not None else (ann_names[k] if ann_idx[k] is not None else None))
+        stacks.append(py_names[k] if py_idx[k] is not None else None)
         if kind == "sync_copy":
             directions.append(opd or "none")
             continue
-        lo = op_ts[ti] if ti is not None else None
+        lo = op_ts[k] if ti is not None else None
         d = "none"
         if lo is not None:
             for cts, cd in reversed(copies_by_tid.get(tid, [])):
@@ -369,18 +376,20 @@ def _gap_cpu_ops(trace: Trace, g0s: list[int], g1s: list[int], tids: list[str | 
     needed = {t for t in tids if t is not None}
     if not needed:
         return out
-    cols = ["ts_ns", "end_ns", "tid", "name"]
-    evs = pl.concat([trace.cpu.select(cols), trace.calls.select(cols)], how="vertical_relaxed").filter(
-        pl.col("tid").is_in(list(needed))
-    )
-    by_tid = {k[0]: f for k, f in evs.partition_by("tid", as_dict=True).items()} if evs.height else {}
+    cols = ["ts_ns", "end_ns", "tid"]
+    srcs = (trace.cpu, trace.calls)
+    evs = pl.concat(
+        [f.select(cols).with_columns(pl.lit(k, pl.Int64).alias("_src"), pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_row"))
+         for k, f in enumerate(srcs)],
+        how="vertical_relaxed",
+    ).filter(pl.col("tid").is_in(list(needed)))
     gaps_by_tid: dict[str, list[int]] = defaultdict(list)
     for i, t in enumerate(tids):
         if t is not None:
             gaps_by_tid[t].append(i)
     for t, idx in gaps_by_tid.items():
-        f = by_tid.get(t)
-        if f is None:
+        f = evs.filter(pl.col("tid") == t)
+        if f.height == 0:
             continue
         f = f.sort("ts_ns", "end_ns").with_columns(
             pl.when((pl.col("ts_ns") != pl.col("ts_ns").shift(1)) | (pl.col("end_ns") != pl.col("end_ns").shift(1)) | pl.col("ts_ns").shift(1).is_null())
@@ -394,7 +403,15 @@ def _gap_cpu_ops(trace: Trace, g0s: list[int], g1s: list[int], tids: list[str | 
                          schema={"gap": pl.Int64, "a": pl.Int64, "j": pl.Int64, "g0": pl.Int64})
         w = g.with_columns(pl.int_ranges("a", "j", dtype=pl.Int64).alias("r")).explode("r").drop_nulls("r")
         w = w.with_columns(f["end_ns"].gather(w["r"]).alias("end_ns")).filter(pl.col("end_ns") > pl.col("g0"))
-        w = w.with_columns(f["ts_ns"].gather(w["r"]).alias("ts_ns"), f["name"].gather(w["r"]).alias("name"))
+        w = w.with_columns(f["ts_ns"].gather(w["r"]).alias("ts_ns"), f["_src"].gather(w["r"]).alias("_src"), f["_row"].gather(w["r"]).alias("_row"))
+        names: list[Any] = [None] * w.height
+        for k, src in enumerate(srcs):
+            pos = [n for n, v in enumerate(w["_src"].to_list()) if v == k]
+            if pos:
+                got_names = src["name"].gather(w["_row"].gather(pl.Series(pos, dtype=pl.Int64))).to_list()
+                for n, v in zip(pos, got_names):
+                    names[n] = v
+        w = w.with_columns(pl.Series("name", names, dtype=pl.String))
         rows: dict[int, list[tuple[int, int, int, str]]] = defaultdict(list)
         for gi, r, ts, end, name in zip(w["gap"].to_list(), w["r"].to_list(), w["ts_ns"].to_list(), w["end_ns"].to_list(), w["name"].to_list()):
             rows[gi].append((r, ts, end, name))

@@ -16,21 +16,23 @@ _TP_RANK = re.compile(r"-TP-(\d+)")
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json")
 
 
-def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = None, jobs: int = 1, executor: Any = None) -> Trace:
+def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = False, jobs: int = 1, executor: Any = None) -> Trace:
     """Read one Kineto trace file (plain or gzipped JSON) into a `Trace`.
 
     Rank: `distributedInfo.rank` when the file has it, else SGLang's `-TP-<r>` in the file name,
     else `default_rank` (the file's position among the inputs).
 
     cache: read and write the parquet cache beside the file (`<file>.profkit-cache/`, see
-    ingest/cache.py); None means on unless the environment sets PROFKIT_NO_CACHE=1.
+    ingest/cache.py). Off by default for library calls (it writes beside the trace); None means on
+    unless the environment sets PROFKIT_NO_CACHE=1 (what the CLI passes). Traces under
+    cache.MIN_BYTES of JSON are never cached.
     jobs/executor: decode the file's chunks in that many worker processes (see ingest/columnar.py).
     The tables are the same whichever path produced them.
     """
     from profkit.ingest import cache as _cache
 
     path = Path(path)
-    use_cache = (not _cache.cache_disabled_by_env()) if cache is None else cache
+    use_cache = ((not _cache.cache_disabled_by_env()) if cache is None else cache) and _cache.worth_caching(path)
     key = None
     if use_cache:
         hit = _cache.read(path)
@@ -48,7 +50,7 @@ def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = None, 
     sha = None
     if use_cache:
         sha = _cache.file_sha256(path)
-        _cache.write(path, _cache.Cached(
+        _cache.write_async(path, _cache.Cached(
             tables={"gpu_ops": gpu_ops, "calls": calls, "cpu": cpu, "gpu_annotations": ann}, t0_ns=t0, n_events=n_events,
             meta=meta, warnings=list(warnings), sha256=sha,
         ), key=key)
@@ -57,26 +59,25 @@ def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = None, 
 
 def _ingest(path: Path, *, jobs: int = 1, executor: Any = None):
     """Decode one file: the chunked fast path when it applies, else the tiered decoder (same tables)."""
-    from profkit.ingest.columnar import load_raw_frame
-    from profkit.ingest.tables import finish_events_frame
+    from profkit.ingest.columnar import load_tables_fast
+    from profkit.ingest.tables import add_unusable_warnings, finish_tables
 
-    raw = load_raw_frame(path, executor=executor, jobs=jobs)
-    if raw is not None:
+    fast = load_tables_fast(path, executor=executor, jobs=jobs)
+    if fast is not None:
         warnings: list[str] = []
         if path.name.endswith(".gz") and _head(path) != b"\x1f\x8b":
             warnings.append(f"{path.name} is named .gz but is not gzip-compressed; read as plain JSON")
-        df = finish_events_frame(raw.frame, warnings)
-        del raw.frame
-        t0, n_events, meta = raw.t0_ns, raw.n_events, raw.meta
-    else:
-        data = read_bytes(path)
-        events, meta, warnings = decode_events(path, data)
-        if path.name.endswith(".gz") and _head(path) != b"\x1f\x8b":
-            warnings.append(f"{path.name} is named .gz but is not gzip-compressed; read as plain JSON")
-        del data
-        n_events = len(events)
-        df, t0 = events_frame(events, warnings)
-        del events
+        add_unusable_warnings(fast.unusable, warnings)
+        gpu_ops, calls, cpu, ann = finish_tables(*fast.parts, warnings)
+        return gpu_ops, calls, cpu, ann, fast.t0_ns, fast.n_events, fast.meta, warnings
+    data = read_bytes(path)
+    events, meta, warnings = decode_events(path, data)
+    if path.name.endswith(".gz") and _head(path) != b"\x1f\x8b":
+        warnings.append(f"{path.name} is named .gz but is not gzip-compressed; read as plain JSON")
+    del data
+    n_events = len(events)
+    df, t0 = events_frame(events, warnings)
+    del events
     gpu_ops, calls, cpu, ann = split_tables(df, warnings)
     return gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings
 
@@ -151,7 +152,7 @@ def _load_one(path: Path, default_rank: int, cache: bool | None) -> Trace:
     return load_trace(path, default_rank=default_rank, cache=cache)
 
 
-def load_traces(paths: list[Path], *, cache: bool | None = None, jobs: int | None = None,
+def load_traces(paths: list[Path], *, cache: bool | None = False, jobs: int | None = None,
                 min_parallel_bytes: int = PARALLEL_MIN_BYTES) -> list[Trace]:
     """Several inputs (files or run folders) -> one Trace per file, sorted by rank.
 

@@ -33,6 +33,21 @@ _MIB = 1 << 20
 _CODE_FILES = ("decode.py", "tables.py", "columnar.py", "cache.py", "__init__.py")
 
 
+# Traces smaller than this (estimated JSON: gzip counts 8x) decode in well under a second: they are
+# not cached, so small traces (test corpora, quick captures) get no folder beside them.
+MIN_BYTES = 16 << 20
+
+
+def worth_caching(path: Path) -> bool:
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
+    return (size * 8 if gz else size) >= MIN_BYTES
+
+
 def cache_disabled_by_env() -> bool:
     return os.environ.get("PROFKIT_NO_CACHE", "").strip() not in ("", "0", "false", "no")
 
@@ -90,8 +105,28 @@ class Cached:
     sha256: str | None = None
 
 
+_PENDING: list[Any] = []
+
+
+def write_async(path: Path, cached: Cached, *, key: dict[str, Any] | None = None) -> None:
+    """`write` in a background thread (polars writes parquet without holding the GIL), so that
+    analysis goes on meanwhile; `wait_pending` (called by `read` and the analysis cache) joins it.
+    The thread is not a daemon: the process waits for it before exiting."""
+    import threading
+
+    t = threading.Thread(target=write, args=(path, cached), kwargs={"key": key}, name="profkit-cache-write")
+    t.start()
+    _PENDING.append(t)
+
+
+def wait_pending() -> None:
+    while _PENDING:
+        _PENDING.pop().join()
+
+
 def read(path: Path) -> Cached | None:
     """The cached ingest of `path`, or None (a miss) when anything does not match."""
+    wait_pending()
     d = cache_dir(path)
     try:
         man = json.loads((d / "manifest.json").read_text())
@@ -223,6 +258,7 @@ def analysis_key(source: dict[str, Any], options: dict[str, Any]) -> str:
 
 
 def read_analysis(path: Path, key: str) -> tuple[dict[str, pl.DataFrame], dict[str, Any]] | None:
+    wait_pending()
     d = cache_dir(path) / "analysis" / key
     try:
         man = json.loads((d / "manifest.json").read_text())
@@ -244,6 +280,7 @@ def read_analysis(path: Path, key: str) -> tuple[dict[str, pl.DataFrame], dict[s
 
 
 def write_analysis(path: Path, key: str, frames: dict[str, pl.DataFrame], fields: dict[str, Any]) -> bool:
+    wait_pending()  # the tables' folder first
     base = cache_dir(path)
     if not base.is_dir():
         return False

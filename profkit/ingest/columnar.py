@@ -1,19 +1,21 @@
-"""The fast ingest path: a Kineto file -> the raw events frame, decoded in chunks, in parallel.
+"""The fast ingest path: a Kineto file -> its tables, decoded in chunks, in parallel.
 
 The file is decompressed as a stream (ISA-L's igzip or zlib-ng when installed, the stdlib
-otherwise) and the `traceEvents` array is cut at event boundaries into chunks of a few tens of MB;
-each chunk is decoded with msgspec into GC-free typed Structs (only the fields profkit reads;
-events other than complete 'X' events keep only their timestamp) and turned into columns, in worker
-processes when `jobs > 1`. Memory stays bounded by the compressed file, a few chunks in flight and
-the columns: the whole decompressed JSON is never held at once.
+otherwise) straight into a few chunk-sized slots of shared memory, and the `traceEvents` array is
+cut at event boundaries into chunks of a few tens of MB; each chunk is decoded with msgspec into
+GC-free typed Structs (only the fields profkit reads), turned into columns, normalized and split
+into the four tables' rows (tables.split_rows), in worker processes when `jobs > 1`; only
+de-duplication and sorting (tables.finish_tables) are left for the whole file. Memory stays
+bounded by the tables, a few chunks in flight and the slots: the decompressed JSON is never held
+whole.
 
 Every cut is checked by the decoder itself: each chunk must decode as a complete JSON array, and
 the document around the array (everything before and after it) must decode as a JSON object, so
 the concatenation parses exactly as the whole file would. When anything is not as expected (a cut
 inside a string, a schema variant, a broken file, a top-level array), `load_raw_frame` returns None
 and the caller uses the tiered decoder in `decode.py`, which gives the same frame and the precise
-warnings and errors. Results are identical to that path: `tables.events_frame` and this module
-share `finish_events_frame`.
+warnings and errors. Results are identical to that path: both go through the same functions of
+tables.py (normalize_events, unusable_counts, split_rows, finish_tables), row-wise ones per chunk.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ import polars as pl
 CHUNK_BYTES = 24 << 20  # raw JSON per decoded chunk
 READ_BYTES = 8 << 20  # decompressed bytes per read
 
-# Chrome trace-event phases. The complete events ('X') carry every field profkit uses; the others
-# are decoded for their timestamp only (t0 is the earliest timestamp of any event).
+# Chrome trace-event phases. The complete events ('X') carry every field profkit uses; of the others
+# only the timestamp is used (t0 is the earliest timestamp of any event).
 _PHASES = "BEiIbnesStTpFfPNODMVvRcC()"
 
 
@@ -56,8 +58,14 @@ class FX(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
     args: FArgs | None = None
 
 
+# Other phases are typed like decode.Event too (so a file the strict decoder would reject is
+# rejected here as well, and takes the tiered path with its warnings), though only ts is used.
+_OTHER_FIELDS = [
+    ("cat", str, ""), ("name", str, ""), ("ts", float | None, None), ("dur", float | None, None),
+    ("pid", int | str, 0), ("tid", int | str, 0), ("args", FArgs | None, None),
+]
 _OTHER = tuple(
-    msgspec.defstruct(f"F_{ord(p)}", [("ts", float | None, None)], gc=False, tag_field="ph", tag=p) for p in _PHASES
+    msgspec.defstruct(f"F_{ord(p)}", _OTHER_FIELDS, gc=False, tag_field="ph", tag=p) for p in _PHASES
 )
 _EventU = FX | _OTHER[0]
 for _t in _OTHER[1:]:
@@ -88,7 +96,6 @@ RAW_SCHEMA = {
     "tid": pl.String, "correlation": pl.Int64, "external_id": pl.Int64, "stream": pl.Int64,
     "device": pl.Int64, "bytes": pl.Int64,
 }
-
 
 
 class NotFast(Exception):
@@ -155,7 +162,18 @@ def decode_chunk(data: Any) -> tuple[pl.DataFrame, float | None, int]:
 _SLOT_FILES: dict[str, Any] = {}
 
 
-def decode_slot(path: str, offset: int, length: int) -> tuple[pl.DataFrame, float | None, int]:
+def decode_chunk_tables(data: Any) -> tuple[tuple[pl.DataFrame, ...], tuple[int, int, int], float | None, int]:
+    """One chunk -> its rows of the four tables (tables.split_rows: before de-duplication and
+    sorting, which need the whole file), the unusable-event counts, min ts and event count."""
+    from profkit.ingest.tables import normalize_events, split_rows, unusable_counts, usable_events
+
+    df, tmin, n = decode_chunk(data)
+    df = normalize_events(df)
+    counts = unusable_counts(df)
+    return split_rows(usable_events(df)), counts, tmin, n
+
+
+def decode_slot(path: str, offset: int, length: int, tables: bool = False) -> Any:
     """Worker side: decode the chunk at [offset, offset+length) of the shared slot file."""
     import mmap
 
@@ -168,7 +186,7 @@ def decode_slot(path: str, offset: int, length: int) -> tuple[pl.DataFrame, floa
     with memoryview(mm) as mv:
         view = mv[offset: offset + length]
         try:
-            return decode_chunk(view)
+            return decode_chunk_tables(view) if tables else decode_chunk(view)
         finally:
             view.release()
 
@@ -392,13 +410,8 @@ class RawLoad:
     raw_bytes: int
 
 
-def load_raw_frame(path: Path, *, executor: Executor | None = None, jobs: int = 1,
-                   chunk_bytes: int = CHUNK_BYTES) -> RawLoad | None:
-    """The raw events frame of one file, or None when the fast path does not apply (see module doc).
-
-    With an executor (a process pool of `jobs` workers) the chunks are decoded by the workers
-    straight from a shared-memory file; without one, here.
-    """
+def _decode_file(path: Path, executor: Executor | None, jobs: int, chunk_bytes: int, tables: bool) -> tuple[list[Any], Cut, dict[str, Any]] | None:
+    """Decode every chunk of the file (in the workers when there is an executor); None: not fast-path material."""
     cut = Cut()
     parallel = executor is not None and jobs > 1
     k = 2 * jobs + 1 if parallel else 1
@@ -420,13 +433,13 @@ def load_raw_frame(path: Path, *, executor: Executor | None = None, jobs: int = 
         with open_decompressed(path, head) as fh:
             for i, off, length in iter_slot_chunks(fh, slots, cut, wait_slot):
                 if parallel:
-                    fut = executor.submit(decode_slot, slots.path, off, length)  # type: ignore[union-attr]
+                    fut = executor.submit(decode_slot, slots.path, off, length, tables)  # type: ignore[union-attr]
                     pending[i] = fut
                     order.append(fut)
                 else:
                     v = slots.view[off: off + length]
                     try:
-                        order.append(decode_chunk(v))
+                        order.append(decode_chunk_tables(v) if tables else decode_chunk(v))
                     finally:
                         v.release()
         results = [r.result() for r in order] if parallel else order
@@ -434,7 +447,7 @@ def load_raw_frame(path: Path, *, executor: Executor | None = None, jobs: int = 
         ok = True
     except NotFast:
         return None
-    except (OSError, EOFError) as e:  # a broken gzip and the like: the tiered path reports it
+    except (OSError, EOFError):  # a broken gzip and the like: the tiered path reports it
         return None
     except Exception as e:
         if _is_decompress_error(e):
@@ -450,12 +463,57 @@ def load_raw_frame(path: Path, *, executor: Executor | None = None, jobs: int = 
             except BaseException:
                 pass
         slots.close()
+    return results, cut, meta
+
+
+def load_raw_frame(path: Path, *, executor: Executor | None = None, jobs: int = 1,
+                   chunk_bytes: int = CHUNK_BYTES) -> RawLoad | None:
+    """The raw events frame of one file, or None when the fast path does not apply (see module doc).
+
+    With an executor (a process pool of `jobs` workers) the chunks are decoded by the workers
+    straight from a shared-memory file; without one, here.
+    """
+    got = _decode_file(path, executor, jobs, chunk_bytes, tables=False)
+    if got is None:
+        return None
+    results, cut, meta = got
     frames = [r[0] for r in results]
     tmins = [r[1] for r in results if r[1] is not None]
     n = sum(r[2] for r in results)
     frame = pl.concat(frames, how="vertical", rechunk=True) if frames else pl.DataFrame(schema=RAW_SCHEMA)
     t0 = round(min(tmins) * 1000) if tmins else 0
     return RawLoad(frame=frame, t0_ns=t0, n_events=n, meta=meta, raw_bytes=cut.raw_bytes)
+
+
+@dataclass
+class TablesLoad:
+    parts: tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]  # tables.split_rows of the whole file
+    unusable: tuple[int, int, int]  # tables.unusable_counts of the whole file
+    t0_ns: int
+    n_events: int
+    meta: dict[str, Any]
+    raw_bytes: int
+
+
+def load_tables_fast(path: Path, *, executor: Executor | None = None, jobs: int = 1,
+                     chunk_bytes: int = CHUNK_BYTES) -> TablesLoad | None:
+    """Like load_raw_frame, but each chunk is also normalized and split into the four tables where
+    it was decoded (in parallel), leaving only de-duplication and sorting (tables.finish_tables)."""
+    got = _decode_file(path, executor, jobs, chunk_bytes, tables=True)
+    if got is None:
+        return None
+    results, cut, meta = got
+    if results:
+        parts = tuple(pl.concat([r[0][k] for r in results], how="vertical", rechunk=False) for k in range(4))
+    else:
+        from profkit.ingest.tables import normalize_events, split_rows, usable_events
+
+        parts = split_rows(usable_events(normalize_events(pl.DataFrame(schema=RAW_SCHEMA))))
+    unusable = tuple(sum(r[1][k] for r in results) for k in range(3))
+    tmins = [r[2] for r in results if r[2] is not None]
+    t0 = round(min(tmins) * 1000) if tmins else 0
+    return TablesLoad(parts=parts, unusable=unusable, t0_ns=t0, n_events=sum(r[3] for r in results), meta=meta,  # type: ignore[arg-type]
+                      raw_bytes=cut.raw_bytes)
 
 
 def _is_decompress_error(e: Exception) -> bool:

@@ -124,20 +124,41 @@ def events_frame(events: list[Event], warnings: list[str]) -> tuple[pl.DataFrame
 def finish_events_frame(df: pl.DataFrame, warnings: list[str]) -> pl.DataFrame:
     """The raw 'X' events frame (name, cat, ts and dur in µs floats, pid, tid, args) -> the events
     frame: categories unified, integer ns times, unusable events dropped (with warnings)."""
-    df = df.with_columns(
+    df = normalize_events(df)
+    add_unusable_warnings(unusable_counts(df), warnings)
+    return usable_events(df)
+
+
+def normalize_events(df: pl.DataFrame) -> pl.DataFrame:
+    """Row by row: one spelling per category, times in integer ns (round(us * 1000))."""
+    return df.with_columns(
         pl.col("cat").str.to_lowercase().replace_strict(CAT_ALIASES, default=pl.col("cat").str.to_lowercase()),
         (pl.col("ts") * 1000).round().cast(pl.Int64).alias("ts_ns"),
         (pl.col("dur") * 1000).round().cast(pl.Int64).alias("dur_ns"),
     ).drop("ts", "dur")
-    bad_ts = df.filter(pl.col("ts_ns").is_null()).height
-    no_dur = df.filter(pl.col("dur_ns").is_null() & pl.col("ts_ns").is_not_null()).height
-    neg = df.filter(pl.col("dur_ns") < 0).height
+
+
+def unusable_counts(df: pl.DataFrame) -> tuple[int, int, int]:
+    """(no timestamp, no duration, negative duration) among normalized events."""
+    r = df.select(
+        pl.col("ts_ns").is_null().sum().alias("a"),
+        (pl.col("dur_ns").is_null() & pl.col("ts_ns").is_not_null()).sum().alias("b"),
+        (pl.col("dur_ns") < 0).sum().alias("c"),
+    ).row(0)
+    return int(r[0] or 0), int(r[1] or 0), int(r[2] or 0)
+
+
+def add_unusable_warnings(counts: tuple[int, int, int], warnings: list[str]) -> None:
+    bad_ts, no_dur, neg = counts
     if bad_ts:
         warnings.append(f"skipped {bad_ts} events without a timestamp")
     if no_dur:
         warnings.append(f"skipped {no_dur} complete events without a duration ('dur')")
     if neg:
         warnings.append(f"skipped {neg} events with a negative duration")
+
+
+def usable_events(df: pl.DataFrame) -> pl.DataFrame:
     df = df.filter(pl.col("ts_ns").is_not_null() & (pl.col("dur_ns") >= 0))
     return df.with_columns((pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"))
 
@@ -151,8 +172,10 @@ def _dedupe(df: pl.DataFrame, what: str, keys: list[str], warnings: list[str]) -
     return out
 
 
-def split_tables(df: pl.DataFrame, warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """(gpu_ops, calls, cpu, gpu_annotations) from the events frame."""
+def split_rows(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The row-by-row part of split_tables: (gpu_ops, calls, cpu, gpu_annotations) in event order,
+    with their columns, before de-duplication and sorting. Chunks of events can be split apart and
+    their parts concatenated: the result is the split of the whole."""
     gpu = df.filter(pl.col("cat").is_in(GPU_OP_CATS))
     gpu = gpu.with_columns(
         pl.col("stream").fill_null(pl.col("tid").cast(pl.Int64, strict=False)),
@@ -162,7 +185,6 @@ def split_tables(df: pl.DataFrame, warnings: list[str]) -> tuple[pl.DataFrame, p
         .alias("direction"),
         ((pl.col("cat") == "gpu_memcpy") & pl.col("name").str.contains("Pageable")).alias("pageable"),
     ).select(list(GPU_OPS_SCHEMA))
-    gpu = _dedupe(gpu, "GPU op", ["name", "ts_ns", "dur_ns", "stream", "correlation"], warnings).sort("ts_ns")
 
     calls = df.filter(pl.col("cat").is_in(CALL_CATS))
     names = calls["name"].unique().to_list()
@@ -170,8 +192,20 @@ def split_tables(df: pl.DataFrame, warnings: list[str]) -> tuple[pl.DataFrame, p
         pl.col("name").replace_strict({n: canonical_api(n) for n in names}, return_dtype=pl.String).alias("api")
     )
     calls = calls.select(list(CALLS_SCHEMA))
-    calls = _dedupe(calls, "runtime call", ["name", "ts_ns", "dur_ns", "tid", "correlation"], warnings).sort("ts_ns")
 
-    cpu = df.filter(pl.col("cat").is_in(CPU_CATS)).select(list(CPU_SCHEMA)).sort("ts_ns")
-    ann = df.filter(pl.col("cat") == "gpu_user_annotation").select(list(CPU_SCHEMA)).sort("ts_ns")
+    cpu = df.filter(pl.col("cat").is_in(CPU_CATS)).select(list(CPU_SCHEMA))
+    ann = df.filter(pl.col("cat") == "gpu_user_annotation").select(list(CPU_SCHEMA))
     return gpu, calls, cpu, ann
+
+
+def finish_tables(gpu: pl.DataFrame, calls: pl.DataFrame, cpu: pl.DataFrame, ann: pl.DataFrame,
+                  warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The whole-table part of split_tables: duplicates dropped (with warnings), sorted by start."""
+    gpu = _dedupe(gpu, "GPU op", ["name", "ts_ns", "dur_ns", "stream", "correlation"], warnings).sort("ts_ns")
+    calls = _dedupe(calls, "runtime call", ["name", "ts_ns", "dur_ns", "tid", "correlation"], warnings).sort("ts_ns")
+    return gpu, calls, cpu.sort("ts_ns"), ann.sort("ts_ns")
+
+
+def split_tables(df: pl.DataFrame, warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """(gpu_ops, calls, cpu, gpu_annotations) from the events frame."""
+    return finish_tables(*split_rows(df), warnings)

@@ -111,6 +111,10 @@ class Scheduler:
         self.spec_verify_ct = 0
         self.gen_tokens = 0
         self.last_seq_lens_max = 0
+        self.log_interval = int(os.environ.get("PROFKIT_PROXY_DECODE_LOG_INTERVAL", "40"))
+        self._decode_ct = 0
+        self._log_tokens = 0
+        self._log_t = time.perf_counter()
         # profiler
         self.plock = threading.Lock()
         self.prof_req: dict | None = None
@@ -389,6 +393,10 @@ class Scheduler:
                 r.seq_len = len(r.input_ids)
                 r.n_out = 1
                 r.done = r.max_new <= 1
+        new_tok = T
+        cached = sum(r.cached_len for r, s0, _ in chunks if s0 == r.cached_len)
+        log.info("Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, #running-req: %d, "
+                 "#queue-req: %d", B, new_tok, cached, len(self.running), len(self.waiting))
         return self._finish_launch(fin_reqs, [1] * len(fin_reqs),
                                    t1[fr].unsqueeze(1) if fin_rows else None, None)
 
@@ -517,6 +525,17 @@ class Scheduler:
 
     def _account(self, reqs, acc):
         """Host bookkeeping after a decode launch: positions advance by the accept length."""
+        self._decode_ct += 1
+        self._log_tokens += sum(acc)
+        if self._decode_ct % self.log_interval == 0:
+            now = time.perf_counter()
+            dt = now - self._log_t
+            al = (f", accept len: {self._log_tokens / (self.log_interval * len(reqs)):.2f}"
+                  if self.S > 0 else "")
+            log.info("Decode batch. #running-req: %d, #token: %d%s, gen throughput (token/s): "
+                     "%.2f, #queue-req: %d", len(reqs), sum(r.seq_len for r in reqs), al,
+                     self._log_tokens / dt if dt > 0 else 0.0, len(self.waiting))
+            self._log_t, self._log_tokens = now, 0
         takes = []
         for r, a in zip(reqs, acc):
             r.seq_len += a

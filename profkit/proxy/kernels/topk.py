@@ -1,5 +1,5 @@
-"""TopK-V2: histogram radix *selection* (not a sort) of the k largest indexer scores per row, fused
-with the logical-position -> physical KV-cache-slot translation (page table).
+"""TopK-V2: *selection* (not a sort) of the k largest indexer scores per row, fused with the
+logical-position -> physical KV-cache-slot translation (page table).
 
 Public API
 ----------
@@ -17,34 +17,44 @@ Public API
 * returns ``indices`` int32 ``[rows, k]`` (logical positions) and ``slots`` int32 ``[rows, k]``.
   A row selects ``min(k, length)`` entries; the rest of the row is ``-1`` in both outputs.
 
+``topk_slots(scores, lengths, k, slot_table=None)`` is the same selection with the proxy's
+``ops.topk_v2`` contract (int64 slots ``[..., min(k, N)]``, -1 padded).
+
 Selection rule (the same *set* as ``torch.topk`` / a stable descending sort): the ``min(k, length)``
 largest scores; among equal scores the lowest positions win; ``-0.0 == +0.0``; **NaN ranks above
 +inf** (as in ``torch.topk`` / ``torch.sort``), NaNs among themselves by lowest position.
 **Order** of the selected entries inside a row: unspecified on CUDA (atomic emission order; compare
 as sets); the CPU twin returns them in ascending position order.
 
-Algorithm (one pass to histogram, one pass to emit, exact refinement of the boundary only)
-1. coarse key: the score rounded to fp16 (RTNE, -0 -> +0), mapped to its order-preserving 16-bit
-   key; the top ``LOG2NB`` bits (default 12: 4,096 bins, 1/64 octave) index a histogram;
-2. the threshold bin ``d*`` = the highest bin whose suffix count reaches ``need = min(k, length)``;
-   every element in a bin above ``d*`` is selected and emitted directly (its slot translated in the
-   same kernel); elements of bin ``d*`` are collected as boundary candidates;
-3. exact selection of the remaining ``need - above`` among the candidates on the full 32-bit
-   order-preserving fp32 key: three radix rounds (11, 11, 10 bits) find the exact k-th key ``T``;
-   ties at ``T`` go to the lowest positions (three more radix rounds on the position, only when
-   needed); the chosen candidates are emitted with their slots, the tail of the row padded with -1.
+Default plan (``path="sample"``; three Triton launches, kernel names ``topk_v2_*``)
+1. ``topk_v2_sample_kernel`` (one program per row): order-preserving int32 keys of a sample of the
+   row (runs of 8 consecutive positions = one 32-byte sector each, spread evenly; the whole row when
+   it fits) give a threshold ``t``: the ``want``-th largest sampled key, ``want`` = the expected
+   number of samples at or above the row's ``need``-th largest score (``need = min(k, length)``)
+   plus a 4-sigma + 4 margin, found by a 32-step bitwise search on register-resident keys;
+2. ``topk_v2_filter_kernel`` (P programs per row, ~264 in all; the one full read of the row,
+   16-byte loads): every position whose key reaches ``t`` is appended to the row's candidate list
+   (one atomic per 4,096-element tile for the offsets);
+3. ``topk_v2_select_kernel`` (one program per row): exact top-``need`` among the candidates on the
+   full 32-bit key (bitwise search for the need-th largest key ``T``; ties at ``T`` to the lowest
+   positions by a second bitwise search on the position, only when needed), with the candidates in
+   registers when they fit (``block_r``), streamed otherwise; emits positions and page-table slots,
+   pads with -1, and resets the row's counter (the workspace stays zeroed, no memset launch). If
+   the sampled threshold missed (fewer candidates than ``need``, which takes an adversarial row)
+   it selects exactly from the whole row instead: always exact, only slower.
 
-CUDA launch plans (Triton; kernel names ``topk_v2_*`` for profkit's catalog)
-* short rows (``n <= FUSED_MAX_N``): one program per row does all three steps in one launch
-  (``topk_v2_fused_kernel``);
-* long rows: ``topk_v2_hist_kernel`` (P programs per row, partial histograms in shared memory;
-  each program adds to the row's global histogram only the bins at or above its own chunk's
-  need-th largest bin, which are the only ones that can matter) -> ``topk_v2_select_kernel`` (P
-  programs per row: threshold from the histogram, emit above, collect candidates; one atomic per
-  tile for the output offsets) -> ``topk_v2_refine_kernel`` (one program per row: exact select on
-  the candidates, emit, pad, and reset the row's histogram/counters for the next call, so no memset
-  launch is needed). Workspace buffers are cached per device and reused, so the calls can be
-  captured in a CUDA graph. Not safe for concurrent calls on several streams of one device.
+Histogram plan (``path="hist"`` / ``"hist_fused"``; the study's design, kept for comparison): a
+coarse histogram of the fp16-rounded order-preserving keys (top ``LOG2NB`` bits) locates the bin
+of the need-th largest score (P programs per row; each adds to the row's global histogram only the
+bins at or above its own chunk's need-th largest bin); everything above it is emitted directly,
+the boundary bin's elements are refined by three exact radix rounds (11, 11, 10 bits) plus
+position rounds for ties. It is exact too, but Triton's ``tl.histogram`` costs about
+``bins * log2(bins)`` operations per element (a ballot per key bit, then per-thread bin counts):
+on the H200 the 4,096-bin histogram pass alone took 561 us at 1M positions, 1,024 bins ~3.5x less,
+still far slower than the sample plan (see benchmarks/RESULTS_kernels.md).
+
+Workspace buffers are cached per device and reused, so calls can be captured in a CUDA graph.
+Not safe for concurrent calls on several streams of one device.
 """
 
 from __future__ import annotations
@@ -55,12 +65,11 @@ import torch
 
 from ._triton import HAVE_TRITON, use_triton
 
-SAMPLE = 16384  # max sample per row for the threshold (pass 1); rows up to this are exact
+SAMPLE = 4096  # default sample per row for the twin (the dispatcher's sizes: default_plan)
 BLOCK = 4096  # elements per tile in the streaming pass
 TARGET_PROGRAMS = 264  # programs per launch for the streaming pass (2 per SM on a 132-SM H200)
 NUM_WARPS = 8
 BLOCK_R = 8192  # candidates held in registers by the exact select (more: a streamed path)
-SELECT_WARPS = 16
 # histogram plan (path="hist"/"hist_fused"), kept for comparison; see the module doc
 LOG2NB = 10  # coarse histogram bins (tl.histogram costs ~ bins * log2(bins) per element)
 FUSED_MAX_N = 16384
@@ -512,8 +521,76 @@ if HAVE_TRITON:
         return _signed(ans)
 
     @triton.jit
+    def _radix_round_desc(u, m, prefix, rem, SHIFT: tl.constexpr, BITS: tl.constexpr):
+        """One radix round (a 32-bin tl.histogram of a <= 5-bit digit, the histogram's cheap
+        regime) towards the rem-th largest u among the lanes m whose higher bits equal prefix's."""
+        match = m & ((u >> (SHIFT + BITS)) == (prefix >> (SHIFT + BITS)))
+        d = ((u >> SHIFT) & ((1 << BITS) - 1)).to(tl.int32)
+        h = _hist_masked(d, 32, match)
+        sfx = tl.cumsum(h, 0, reverse=True)
+        bins = tl.arange(0, 32)
+        dsel = tl.max(tl.where(sfx >= rem, bins, -1), 0)
+        dsel = tl.minimum(dsel, (1 << BITS) - 1)
+        ge = tl.sum(tl.where(bins == dsel, sfx, 0), 0)
+        eq = tl.sum(tl.where(bins == dsel, h, 0), 0)
+        return prefix | (dsel.to(tl.int64) << SHIFT), rem - (ge - eq)
+
+    @triton.jit
+    def _kth_largest_radix(key, m, want):
+        """Same result as _kth_largest_regs in 7 radix rounds (5,5,5,5,5,5,2 bits) instead of
+        32 bitwise steps."""
+        u = key.to(tl.int64) + 2147483648
+        p = tl.zeros([], dtype=tl.int64)
+        r = want
+        p, r = _radix_round_desc(u, m, p, r, 27, 5)
+        p, r = _radix_round_desc(u, m, p, r, 22, 5)
+        p, r = _radix_round_desc(u, m, p, r, 17, 5)
+        p, r = _radix_round_desc(u, m, p, r, 12, 5)
+        p, r = _radix_round_desc(u, m, p, r, 7, 5)
+        p, r = _radix_round_desc(u, m, p, r, 2, 5)
+        p, r = _radix_round_desc(u, m, p, r, 0, 2)
+        return _signed(p)
+
+    @triton.jit
+    def _kth_largest(key, m, want, RADIX: tl.constexpr):
+        if RADIX:
+            t = _kth_largest_radix(key, m, want)
+        else:
+            t = _kth_largest_regs(key, m, want)
+        return t
+
+    @triton.jit
+    def _radix_round_asc(v, m, prefix, rem, SHIFT: tl.constexpr, BITS: tl.constexpr):
+        """One ascending radix round towards the rem-th smallest v (int32 >= 0) among m."""
+        match = m & ((v >> (SHIFT + BITS)) == (prefix >> (SHIFT + BITS)))
+        d = (v >> SHIFT) & ((1 << BITS) - 1)
+        h = _hist_masked(d, 32, match)
+        cum = tl.cumsum(h, 0)
+        bins = tl.arange(0, 32)
+        dsel = tl.min(tl.where(cum >= rem, bins, 32), 0)
+        dsel = tl.minimum(dsel, (1 << BITS) - 1)
+        le = tl.sum(tl.where(bins == dsel, cum, 0), 0)
+        eq = tl.sum(tl.where(bins == dsel, h, 0), 0)
+        return prefix | (dsel << SHIFT), rem - (le - eq)
+
+    @triton.jit
+    def _kth_smallest_pos_radix(idx, m, rem):
+        """The rem-th smallest position among the lanes m (rem >= 1), 7 radix rounds."""
+        p = rem * 0
+        r = rem
+        p, r = _radix_round_asc(idx, m, p, r, 26, 5)
+        p, r = _radix_round_asc(idx, m, p, r, 21, 5)
+        p, r = _radix_round_asc(idx, m, p, r, 16, 5)
+        p, r = _radix_round_asc(idx, m, p, r, 11, 5)
+        p, r = _radix_round_asc(idx, m, p, r, 6, 5)
+        p, r = _radix_round_asc(idx, m, p, r, 1, 5)
+        p, r = _radix_round_asc(idx, m, p, r, 0, 1)
+        return p
+
+    @triton.jit
     def topk_v2_sample_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, n, k,
-                              HAS_LEN: tl.constexpr, S: tl.constexpr):
+                              HAS_LEN: tl.constexpr, S: tl.constexpr,
+                              RADIX: tl.constexpr = False):
         """Pass 1 (one program per row): a strided sample of S scores gives a threshold t that
         at least need = min(k, length) scores of the row reach, with a wide safety margin (exact
         when the row has <= S positions). A miss is detected and handled exactly in pass 3."""
@@ -531,7 +608,7 @@ if HAVE_TRITON:
         e = need.to(tl.float32) * s_eff.to(tl.float32) / tl.maximum(length, 1).to(tl.float32)
         want = tl.minimum((e + 4.0 * tl.sqrt(e) + 4.0).to(tl.int32), s_eff)
         want = tl.where(length <= S, need, want)
-        tl.store(thr_ptr + row, _kth_largest_regs(key, m, want))
+        tl.store(thr_ptr + row, _kth_largest(key, m, want, RADIX))
 
     @triton.jit
     def _filter_tile(x, offs, m, t, cnt_row, cand_row):
@@ -577,13 +654,13 @@ if HAVE_TRITON:
 
     @triton.jit
     def _select_regs(srow, cand_row, C, need, out_idx_row, out_slot_row, pt_row, page_size,
-                     HAS_PT: tl.constexpr, BLOCK_R: tl.constexpr):
+                     HAS_PT: tl.constexpr, BLOCK_R: tl.constexpr, RADIX: tl.constexpr):
         """Exact top-need among C <= BLOCK_R candidates held in registers."""
         offs = tl.arange(0, BLOCK_R)
         m = offs < C
         idx = tl.load(cand_row + offs, mask=m, other=0)
         key = _skey(tl.load(srow + idx, mask=m, other=0.0))
-        T = _kth_largest_regs(key, m, need)
+        T = _kth_largest(key, m, need, RADIX)
         gt = tl.sum(((key > T) & m).to(tl.int32), 0)
         eqm = (key == T) & m
         eq = tl.sum(eqm.to(tl.int32), 0)
@@ -592,12 +669,15 @@ if HAVE_TRITON:
         if rem == 0:
             imax = rem * 0 - 1
         elif rem < eq:  # ties at T: the lowest positions win
-            ians = rem * 0
-            for i in range(31):
-                c = ians | (1 << (30 - i))
-                cnt = tl.sum((eqm & (idx < c)).to(tl.int32), 0)
-                ians = tl.where(cnt < rem, c, ians)
-            imax = ians
+            if RADIX:
+                imax = _kth_smallest_pos_radix(idx, eqm, rem)
+            else:
+                ians = rem * 0
+                for i in range(31):
+                    c = ians | (1 << (30 - i))
+                    cnt = tl.sum((eqm & (idx < c)).to(tl.int32), 0)
+                    ians = tl.where(cnt < rem, c, ians)
+                imax = ians
         sel = m & ((key > T) | ((key == T) & (idx <= imax)))
         s32 = sel.to(tl.int32)
         dst = tl.cumsum(s32, 0) - 1
@@ -671,7 +751,8 @@ if HAVE_TRITON:
     def topk_v2_select_kernel(scores_ptr, stride_s, len_ptr, cnt_ptr, cand_ptr, out_idx_ptr,
                               out_slot_ptr, pt_ptr, stride_pt, rows_per_pt, page_size, n, k,
                               HAS_LEN: tl.constexpr, HAS_PT: tl.constexpr,
-                              BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
+                              BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+                              RADIX: tl.constexpr = False):
         """Pass 3 (one program per row): exact top-need among the candidates (registers when
         they fit), emitted with their page-table slots; -1 padding; resets the row's counter.
         If the sampled threshold missed (fewer candidates than need), selects from the whole
@@ -688,7 +769,7 @@ if HAVE_TRITON:
         if C >= need:
             if C <= BLOCK_R:
                 _select_regs(srow, cand_row, C, need, out_idx_row, out_slot_row, pt_row,
-                             page_size, HAS_PT, BLOCK_R)
+                             page_size, HAS_PT, BLOCK_R, RADIX)
             else:
                 _select_tiled(srow, cand_row, C, need, out_idx_row, out_slot_row, pt_row,
                               page_size, HAS_PT, False, BLOCK_T)
@@ -731,18 +812,31 @@ def _workspace(device, rows: int, n: int, nb: int):
     return ws
 
 
+def default_plan(n: int) -> tuple[int, int, int]:
+    """(sample, block_r, select_warps) for rows of n positions: the per-size best configurations
+    measured on the H200 (benchmarks/RESULTS_kernels.md, "V2 best")."""
+    if n <= 8192:  # the sample is the whole row: exact threshold, ~k candidates
+        return max(64, 1 << max(n - 1, 0).bit_length()), 4096, 8
+    if n <= 262144:
+        return 4096, 8192, 16
+    return 8192, 8192, 16
+
+
 def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None,
             page_size: int = 1, lengths: torch.Tensor | None = None, *, path: str = "auto",
             sample: int | None = None, block: int = BLOCK, programs: int = TARGET_PROGRAMS,
-            num_warps: int = NUM_WARPS, block_r: int = BLOCK_R, select_warps: int = SELECT_WARPS,
+            num_warps: int = NUM_WARPS, block_r: int | None = None,
+            select_warps: int | None = None,
             log2nb: int = LOG2NB, block_c: int = BLOCK_C, fused_max_n: int = FUSED_MAX_N,
-            _stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+            search: str = "bitwise", _stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k selection fused with the page-table translation (see the module doc).
 
     Triton on CUDA tensors (and on CPU under TRITON_INTERPRET=1), the torch twin otherwise.
     ``path``: "auto" = "sample" (sample -> filter -> select, the default plan) | "hist"
     (histogram plan: hist -> select -> refine) | "hist_fused" (histogram plan, one program per
-    row) | "twin". The keyword-only knobs are for benchmarks and tests (``_stages`` < 3 stops a
+    row) | "twin". ``search``: how the two one-program-per-row kernels of the sample plan find
+    a k-th largest key: "bitwise" (32 block reductions; measured, the default) or "radix" (seven
+    32-bin histogram rounds; not yet measured on a GPU). The keyword-only knobs are for benchmarks and tests (``_stages`` < 3 stops a
     plan early and leaves the workspace dirty: timing breakdowns only). Never syncs with the host.
     """
     if scores.dim() != 2:
@@ -751,8 +845,13 @@ def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None
         raise ValueError("k must be >= 1")
     if page_table is not None and (page_table.dim() != 2 or scores.shape[0] % page_table.shape[0]):
         raise ValueError("page_table must be [pt_rows, n_pages] with rows % pt_rows == 0")
-    if sample is None:  # the whole row when it fits (exact threshold), else SAMPLE
-        sample = max(64, min(SAMPLE, 1 << max(scores.shape[-1] - 1, 0).bit_length()))
+    d_sample, d_block_r, d_select_warps = default_plan(scores.shape[-1])
+    sample = d_sample if sample is None else sample
+    block_r = d_block_r if block_r is None else block_r
+    select_warps = d_select_warps if select_warps is None else select_warps
+    if search not in ("bitwise", "radix"):
+        raise ValueError("search must be 'bitwise' or 'radix'")
+    radix = search == "radix"
     if sample < 8 or sample & (sample - 1):
         raise ValueError("sample must be a power of two >= 8")
     if path == "twin" or not use_triton(scores):
@@ -781,7 +880,7 @@ def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None
     p = max(1, math.ceil(n / chunk))
     if path in ("auto", "sample"):
         topk_v2_sample_kernel[(rows,)](
-            x, x.stride(0), lens, ws["thr"], n, k, HAS_LEN=has_len, S=sample,
+            x, x.stride(0), lens, ws["thr"], n, k, HAS_LEN=has_len, S=sample, RADIX=radix,
             num_warps=max(4, min(16, sample // 512)))
         if _stages < 2:
             return out_idx, out_slot
@@ -793,7 +892,7 @@ def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None
         topk_v2_select_kernel[(rows,)](
             x, x.stride(0), lens, ws["cnt"], ws["cand"], out_idx, out_slot, pt, stride_pt,
             rows_per_pt, page_size, n, k, HAS_LEN=has_len, HAS_PT=has_pt, BLOCK_R=block_r,
-            BLOCK_T=1024, num_warps=select_warps)
+            BLOCK_T=1024, RADIX=radix, num_warps=select_warps)
         return out_idx, out_slot
     common = dict(HAS_LEN=has_len, HAS_PT=has_pt, LOG2NB=log2nb, num_warps=num_warps)
     if path == "hist_fused" or (path == "hist" and n <= fused_max_n):
