@@ -366,13 +366,15 @@ def main() -> None:
         record(f"{args.ranks} ranks x {each} first (writes cache)", paths, info, [], clear=True)
         record(f"{args.ranks} ranks x {each} cached", paths, info, [], clear=False)
 
+    if args.json:  # before the table: a formatting slip must not lose the measurements
+        args.json.write_text(json.dumps(results, indent=1))
     # table
     hdr = f"{'case':<34} {'run':>3} {'raw':>9} {'events':>10} {'parse s':>8} {'analysis s':>10} {'total s':>8} {'peak RSS (tree)':>15} {'maxrss':>9} {'Mev/s':>6}"
     lines = [hdr, "-" * len(hdr)]
     for label, i, r in rows:
         ev_s = r["events"] / r["wall_s"] / 1e6 if r["wall_s"] else 0
         lines.append(
-            f"{label:<34} {i:>3} {human(r['raw_bytes']):>9} {r['events']:>10,} {r.get('load_s', float('nan')):>8.2f} "
+            f"{label:<34} {i:>3} {human(r['raw_bytes']):>9} {r['events']:>10,} {_f(r.get('load_s')):>8} "
             f"{_f(r.get('analysis_s')):>10} {r['wall_s']:>8.2f} {human(r['tree_peak_rss_bytes']):>15} "
             f"{human(r['maxrss_bytes']):>9} {ev_s:>6.2f}"
         )

@@ -65,6 +65,11 @@ def topk_v2(scores: torch.Tensor, lengths: torch.Tensor, k: int,
     boundary bin is refined; the final ties are broken by lowest index. The emit step scatters the
     *slot* of each selected position (translation fused in, no separate gather). No sort.
     """
+    if scores.is_cuda:
+        from profkit.proxy import kernels
+
+        if kernels.HAVE_TRITON:  # the Triton TopK-V2 (profkit/proxy/kernels/topk.py): same contract
+            return kernels.topk_slots(scores, lengths, k, slot_table)
     shape = scores.shape
     n = shape[-1]
     kk = min(k, n)
@@ -196,6 +201,14 @@ def indexer_prologue_fused(w: dict, x, q_lat, cos, sin, cache, out_slots, cis=No
     `cis` (rope_cis of cos/sin over the whole head) may be passed precomputed, as the model does
     once per forward; the Triton kernels take cos/sin directly."""
     nh, d = w["n_heads"], w["head_dim"]
+    if x.is_cuda:
+        from profkit.proxy import kernels
+
+        if kernels.HAVE_TRITON:  # 4 kernels: two GEMMs, the fused k side, the fused q side
+            kw = F.linear(x, w["wk_weights_proj"])
+            kernels.indexer_k_fused(kw[:, :d], w["k_norm_w"], w["k_norm_b"], cos, sin, cache, out_slots)
+            q = F.linear(q_lat, w["wq_b"])
+            return kernels.indexer_q_fused(q.unflatten(-1, (nh, d)), cos, sin, kw[:, d:], w["gate_scale"])
     if cis is None:
         cis = rope_cis(cos, sin, d)
     kw = F.linear(x, w["wk_weights_proj"])
