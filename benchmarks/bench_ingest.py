@@ -334,7 +334,9 @@ def main() -> None:
         for i in range(args.repeat):
             if clear:
                 clear_cache(paths)
+            load_before = os.getloadavg()[0]
             r = profkit_analyze(paths, extra, label)
+            r["loadavg_1min_before"] = load_before
             r.update(run=i + 1, label=label, raw_bytes=info["raw_bytes"], gz_bytes=info["gz_bytes"], events=info["events"], files=len(paths))
             results["runs"].append(r)
             rows.append((label, i + 1, r))
@@ -351,7 +353,9 @@ def main() -> None:
         record(f"{label} cached", [path], info, [], clear=False)
         if hta_py and size <= 300 * 10**6:
             for i in range(args.repeat):
+                load_before = os.getloadavg()[0]
                 h = hta_load(hta_py, path)
+                h["loadavg_1min_before"] = load_before
                 h.update(run=i + 1, raw_bytes=info["raw_bytes"], events=info["events"])
                 results["hta"].append(h)
                 print(f"HTA load {label} run {i + 1}: {h.get('load_s', float('nan')):.1f} s", file=sys.stderr)
@@ -369,18 +373,18 @@ def main() -> None:
     if args.json:  # before the table: a formatting slip must not lose the measurements
         args.json.write_text(json.dumps(results, indent=1))
     # table
-    hdr = f"{'case':<34} {'run':>3} {'raw':>9} {'events':>10} {'parse s':>8} {'analysis s':>10} {'total s':>8} {'peak RSS (tree)':>15} {'maxrss':>9} {'Mev/s':>6}"
+    hdr = f"{'case':<34} {'run':>3} {'raw':>9} {'events':>10} {'parse s':>8} {'analysis s':>10} {'total s':>8} {'peak RSS (tree)':>15} {'maxrss':>9} {'Mev/s':>6} {'load':>5}"
     lines = [hdr, "-" * len(hdr)]
     for label, i, r in rows:
         ev_s = r["events"] / r["wall_s"] / 1e6 if r["wall_s"] else 0
         lines.append(
             f"{label:<34} {i:>3} {human(r['raw_bytes']):>9} {r['events']:>10,} {_f(r.get('load_s')):>8} "
             f"{_f(r.get('analysis_s')):>10} {r['wall_s']:>8.2f} {human(r['tree_peak_rss_bytes']):>15} "
-            f"{human(r['maxrss_bytes']):>9} {ev_s:>6.2f}"
+            f"{human(r['maxrss_bytes']):>9} {ev_s:>6.2f} {r.get('loadavg_1min_before', float('nan')):>5.1f}"
         )
     for h in results["hta"]:
         lines.append(f"HTA 0.5.0 TraceAnalysis load {human(h['raw_bytes']):>9}, run {h['run']}: load {h.get('load_s', float('nan')):.1f} s, "
-                     f"process {h['wall_s']:.1f} s, peak RSS {human(h['tree_peak_rss_bytes'])}")
+                     f"process {h['wall_s']:.1f} s, peak RSS {human(h['tree_peak_rss_bytes'])}, load {h.get('loadavg_1min_before', float('nan')):.1f}")
     if results["hta"]:
         ref = [r for r in results["runs"] if r["label"].endswith("uncached") and r["files"] == 1 and r["raw_bytes"] == results["hta"][0]["raw_bytes"]]
         if ref:

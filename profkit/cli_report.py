@@ -28,6 +28,22 @@ def _safe(name: str) -> str:
     return re.sub(r"[^\w.-]+", "_", name).strip("_")[:80] or "run"
 
 
+def _catalog_from_manifests(*paths: Path) -> Any:
+    """The catalog a run's manifest implies (profkit's proxy engine -> proxy), else None (auto)."""
+    from profkit.catalog import load_catalog
+
+    for p in paths:
+        p = Path(p)
+        for m in ((p / "manifest.json",) if p.is_dir() else (p.parent / "manifest.json",)):
+            try:
+                target = json.loads(m.read_text()).get("target")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if target == "proxy":
+                return load_catalog("proxy")
+    return None
+
+
 def _catalog_for_effect(spec_catalog: Any, summary: dict[str, Any], rank: int) -> Any:
     """--catalog when given, else the catalog the candidate was classified with (None if it cannot be loaded)."""
     from profkit.catalog import load_catalog
@@ -79,10 +95,22 @@ def diff(
     from profkit.report.console_diff import render_diff
 
     with user_errors():
-        cat = load_catalog(catalog) if catalog else None
+        cat = load_catalog(catalog) if catalog else _catalog_from_manifests(before, after)
         opts = AnalyzeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=cat)
         b = load_side(before, opts)
         c = load_side(after, opts)
+        if cat is None:
+            # each side auto-picked its catalog by its own kernel names; categories only compare
+            # under one catalog, so re-analyze both with the more specific pick
+            names = {s.summary["ranks"][0].get("catalog") for s in (b, c) if s.summary.get("ranks")}
+            specific = sorted(n for n in names if n and n != "generic")
+            if len(names) > 1 and specific:
+                cat = load_catalog(specific[0])
+                opts = AnalyzeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=cat)
+                b, c = load_side(before, opts), load_side(after, opts)
+                if {s.summary["ranks"][0].get("catalog") for s in (b, c)} != {cat.name}:
+                    err.print(f"[yellow]warning:[/] the two sides were categorized with different kernel catalogs; "
+                              f"pass --catalog {cat.name} when analyzing them", soft_wrap=True)
         lb, lc = (b.label, c.label) if b.label != c.label else (f"{b.label} (before)", f"{c.label} (after)")
         opt_name = opt or infer_optimization(b.manifest, c.manifest)
         d = compare_summaries(

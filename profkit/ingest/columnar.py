@@ -21,6 +21,7 @@ tables.py (normalize_events, unusable_counts, split_rows, finish_tables), row-wi
 from __future__ import annotations
 
 import gc
+import io
 import os
 import re
 import tempfile
@@ -186,9 +187,23 @@ def decode_slot(path: str, offset: int, length: int, tables: bool = False) -> An
     with memoryview(mm) as mv:
         view = mv[offset: offset + length]
         try:
-            return decode_chunk_tables(view) if tables else decode_chunk(view)
+            if not tables:
+                return decode_chunk(view)
+            parts, counts, tmin, n = decode_chunk_tables(view)
         finally:
             view.release()
+    # Arrow IPC bytes, not pickled frames: several times cheaper to send back for string columns
+    return tuple(_to_ipc(df) for df in parts), counts, tmin, n
+
+
+def _to_ipc(df: pl.DataFrame) -> bytes:
+    buf = io.BytesIO()
+    df.write_ipc(buf, compression="uncompressed")
+    return buf.getvalue()
+
+
+def _from_ipc(data: bytes) -> pl.DataFrame:
+    return pl.read_ipc(io.BytesIO(data))
 
 
 # ---------------------------------------------------------------- reading and cutting
@@ -268,7 +283,7 @@ class _Slots:
 
         self.k, self.size, self.path, self.mm = k, size, None, None
         if shared:
-            d = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            d = "/dev/shm" if _room_in("/dev/shm", 2 * k * size) else None  # else the temp folder (page cache)
             fd, self.path = tempfile.mkstemp(prefix="profkit-ingest-", dir=d)
             try:
                 os.ftruncate(fd, k * size)
@@ -288,6 +303,16 @@ class _Slots:
                 os.unlink(self.path)
             except OSError:
                 pass
+
+
+def _room_in(folder: str, need: int) -> bool:
+    """Whether `folder` is writable with `need` bytes free: a small /dev/shm (containers often have
+    64 MB) would end in SIGBUS when the mapping's pages are touched."""
+    try:
+        st = os.statvfs(folder)
+        return os.access(folder, os.W_OK) and st.f_bavail * st.f_frsize >= need
+    except OSError:
+        return False
 
 
 def _read_into(fh: Any, view: memoryview) -> int:
@@ -442,7 +467,15 @@ def _decode_file(path: Path, executor: Executor | None, jobs: int, chunk_bytes: 
                         order.append(decode_chunk_tables(v) if tables else decode_chunk(v))
                     finally:
                         v.release()
-        results = [r.result() for r in order] if parallel else order
+        if parallel:
+            results = []
+            for r in order:
+                got = r.result()
+                if tables:
+                    got = (tuple(_from_ipc(b) for b in got[0]),) + tuple(got[1:])
+                results.append(got)
+        else:
+            results = order
         meta = parse_meta(cut)
         ok = True
     except NotFast:

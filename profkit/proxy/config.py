@@ -95,6 +95,7 @@ class ProxyConfig:
     speculative_num_steps: int = 5
     simulate_acc_len: float = 3.0
     switches: frozenset[str] = field(default_factory=lambda: frozenset(SWITCHES))
+    tp_size: int = 1  # tensor-parallel ranks (one scheduler process each)
 
     def on(self, name: str) -> bool:
         """Is the switch ON *and* applicable on this device."""
@@ -122,6 +123,28 @@ class ProxyConfig:
         d["switches"] = sorted(self.switches)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "ProxyConfig":
+        d = dict(d)
+        d["size"] = ModelSize(**d["size"])
+        d["switches"] = frozenset(d["switches"])
+        return cls(**d)
+
+    def rank_device(self, rank: int) -> str:
+        """The device of TP rank `rank`: cuda:(base index + rank) on CUDA, cpu otherwise."""
+        if not self.device.startswith("cuda"):
+            return self.device
+        base = int(self.device.split(":")[1]) if ":" in self.device else 0
+        return f"cuda:{base + rank}"
+
+    def check_tp(self) -> None:
+        s, n = self.size, self.tp_size
+        if n < 1:
+            raise ValueError("--tp must be >= 1")
+        for name in ("num_heads", "num_experts", "shared_inter_size"):
+            if getattr(s, name) % n:
+                raise ValueError(f"--tp {n} must divide {name} ({getattr(s, name)})")
+
 
 SIZE_FLAGS = [f.name for f in dataclasses.fields(ModelSize)]
 
@@ -138,6 +161,12 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cpu-threads", type=int, default=1,
                    help="torch intra-op threads (the tiny CPU model is fastest on 1; 0 = torch's "
                    "default)")
+    g.add_argument("--tp", "--tp-size", dest="tp", type=int, default=1,
+                   help="tensor-parallel ranks: one scheduler process per rank (rank 0 in the server "
+                   "process), gloo on CPU, NCCL on CUDA (rank r on cuda:base+r); attention heads "
+                   "and the shared expert are split (column/row parallel), routed experts are "
+                   "sharded (expert parallel), one all-reduce after attention and one after the MoE "
+                   "of every layer")
     g.add_argument("--page-size", type=int, default=16)
     g.add_argument("--num-pages", type=int, default=None,
                    help="KV pool pages (default 4096 on CPU, 65536 on CUDA)")
@@ -170,10 +199,13 @@ def config_from_args(ns: argparse.Namespace, cuda_available: bool) -> ProxyConfi
         acc = float(os.environ.get("SGLANG_SIMULATE_ACC_LEN", "3.0"))
     steps = ns.speculative_num_steps
     acc = min(max(acc, 1.0), steps + 1.0)
-    return ProxyConfig(
+    cfg = ProxyConfig(
         size=size, device=device, dtype=dtype, seed=ns.seed, page_size=ns.page_size,
         num_pages=ns.num_pages or (65536 if on_cuda else 4096),
         max_running_requests=ns.max_running_requests,
         chunked_prefill_size=ns.chunked_prefill_size or (1024 if on_cuda else 512),
         speculative_num_steps=steps, simulate_acc_len=acc, switches=parse_opts(ns.opts),
+        tp_size=int(getattr(ns, "tp", 1) or 1),
     )
+    cfg.check_tp()
+    return cfg

@@ -65,11 +65,18 @@ def _rope_tables(positions: torch.Tensor, dim: int, base: float = 10000.0):
 
 
 class ProxyModel:
-    def __init__(self, cfg: ProxyConfig):
+    """tp: a profkit.proxy.tp.TPState (None: one rank). Every rank draws the same full weights from
+    the same seed, then keeps its shard: attention heads (`wq_b` rows, `wo` columns), routed experts
+    (`E / tp` consecutive ones), the shared expert's intermediate dim (`s_w13` rows, `s_w2` columns).
+    The partial attention and MoE outputs are summed by one all-reduce each."""
+
+    def __init__(self, cfg: ProxyConfig, tp=None):
         self.cfg = cfg
         s = cfg.size
         self.s = s
-        self.device = torch.device(cfg.device)
+        self.tp = tp
+        rank, world = (tp.rank, tp.world) if tp is not None else (0, 1)
+        self.device = torch.device(cfg.rank_device(rank) if world > 1 else cfg.device)
         self.dtype = getattr(torch, cfg.dtype)
         g = torch.Generator().manual_seed(cfg.seed)
         dt, dev = self.dtype, self.device
@@ -109,6 +116,8 @@ class ProxyModel:
                 "w13": w(E, H, 2 * I, fan_in=H), "w2": w(E, I, H, fan_in=I),
                 "s_w13": w(2 * s.shared_inter_size, H), "s_w2": w(H, s.shared_inter_size),
             })
+        if world > 1:
+            self._shard(rank, world)
         self.mtp = {"enorm": ones(H), "hnorm": ones(H), "norm": ones(H), "eh_proj": w(H, 2 * H)}
         nslots = cfg.num_pages * cfg.page_size
         self.kv_cache = torch.zeros(s.num_layers + 1, nslots, C + dr, device=dev, dtype=dt)
@@ -119,6 +128,30 @@ class ProxyModel:
                          else ops.indexer_prologue_unfused)
         self.deferred_finalize = cfg.on("moe_deferred_finalize")
         rng.nvtx_on = _nvtx is not None and self.device.type == "cuda"
+
+    def _shard(self, rank: int, world: int):
+        s = self.s
+        C, dr = s.kv_lora_rank, s.qk_rope_dim
+        nh = s.num_heads // world
+        E = s.num_experts // world
+        Is = s.shared_inter_size // world
+        self.local_heads, self.local_experts = nh, E
+        self.expert_lo = rank * E
+        for lw in self.layers:
+            h0 = rank * nh
+            lw["wq_b"] = lw["wq_b"].view(s.num_heads, C + dr, -1)[h0:h0 + nh].reshape(
+                nh * (C + dr), -1).contiguous()
+            lw["wo"] = lw["wo"].view(s.hidden_size, s.num_heads, C)[:, h0:h0 + nh].reshape(
+                s.hidden_size, nh * C).contiguous()
+            lw["w13"] = lw["w13"][self.expert_lo:self.expert_lo + E].contiguous()
+            lw["w2"] = lw["w2"][self.expert_lo:self.expert_lo + E].contiguous()
+            g, u = lw["s_w13"].chunk(2, 0)
+            i0 = rank * Is
+            lw["s_w13"] = torch.cat([g[i0:i0 + Is], u[i0:i0 + Is]], 0).contiguous()
+            lw["s_w2"] = lw["s_w2"][:, i0:i0 + Is].contiguous()
+
+    def _all_reduce(self, x):
+        return self.tp.all_reduce(x) if self.tp is not None else x
 
     # -- one decoder layer --------------------------------------------------------------------
     def layer(self, x, li: int, fb: FwdBatch, rope, topk_slots=None):
@@ -147,27 +180,30 @@ class ProxyModel:
             lat = F.rms_norm(ckv[:, :C], (C,), lw["kv_norm"])
             kr = ops._rope_unfused(ckv[:, C:], acos, asin)
             self.kv_cache[li].index_copy_(0, slots, torch.cat([lat, kr], -1))
-            q = F.linear(q_lat, lw["wq_b"]).view(B * Q, s.num_heads, C + dr)
+            nh = lw["wq_b"].shape[0] // (C + dr)  # this rank's heads
+            q = F.linear(q_lat, lw["wq_b"]).view(B * Q, nh, C + dr)
             q = torch.cat([q[..., :C], ops._rope_unfused(q[..., C:], acos.unsqueeze(1),
                                                          asin.unsqueeze(1))], -1)
-            q = q.view(B, Q, s.num_heads, C + dr)
+            q = q.view(B, Q, nh, C + dr)
             sel = self.kv_cache[li][topk_slots.clamp(min=0)]  # [B,Q,K,C+dr]
             sc = torch.einsum("bqhd,bqkd->bqhk", q, sel).float() * (C + dr) ** -0.5
             sc = sc.masked_fill((topk_slots < 0).unsqueeze(2), float("-inf"))
             p = torch.softmax(sc, -1).to(x.dtype)
             o = torch.einsum("bqhk,bqkc->bqhc", p, sel[..., :C]).reshape(B, Q, -1)
-            x = x + F.linear(o, lw["wo"])
+            x = x + self._all_reduce(F.linear(o, lw["wo"]))
         h2 = F.rms_norm(x, (H,), lw["ln2"]).reshape(B * Q, H)
         with rng("proxy.moe"):
-            x = x + self.moe(h2, lw).view(B, Q, H)
+            x = x + self._all_reduce(self.moe(h2, lw)).view(B, Q, H)
         return x, topk_slots
 
     def moe(self, h, lw):
         s = self.s
-        E = s.num_experts
+        E = lw["w13"].shape[0]  # this rank's experts (all of them without TP)
         probs = torch.softmax(F.linear(h, lw["router"]).float(), -1)
         tw, ti = torch.topk(probs, s.moe_topk, -1)
         combine = torch.zeros_like(probs).scatter_(-1, ti, tw / tw.sum(-1, keepdim=True))
+        if E != s.num_experts:  # expert parallel: the routing weights of the local experts
+            combine = combine[:, self.expert_lo:self.expert_lo + E].contiguous()
         a = torch.bmm(h.unsqueeze(0).expand(E, -1, -1), lw["w13"])  # [E,N,2I]
         g, u = a.chunk(2, -1)
         eo = torch.bmm(F.silu(g) * u, lw["w2"])  # [E,N,H]

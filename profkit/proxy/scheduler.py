@@ -26,6 +26,7 @@ import torch
 from .config import ProxyConfig
 from .kvcache import OutOfPages, PagedKVPool
 from .model import FwdBatch, ProxyModel, rng
+from .tp import TPState
 
 log = logging.getLogger("profkit.proxy")
 
@@ -49,6 +50,13 @@ class Req:
         self.t_start = time.perf_counter()
         self.latency = 0.0
         self.finished = threading.Event()
+        self.stream: queue.Queue | None = None  # streaming: new output ids per step, then None
+
+    def fail(self, msg: str):
+        self.error = msg
+        self.finished.set()
+        if self.stream is not None:
+            self.stream.put(None)
 
     def meta_info(self, spec: bool) -> dict:
         m = {
@@ -80,9 +88,15 @@ class ProfileError(Exception):
 
 
 class Scheduler:
-    def __init__(self, cfg: ProxyConfig, model: ProxyModel | None = None):
+    """One per TP rank. Rank 0 takes requests from `submit` (HTTP threads) and broadcasts them,
+    with the profile/stop latches, at the top of every loop iteration; every rank then makes the
+    same scheduling decisions (see tp.py), so the ranks run the same forwards in lockstep."""
+
+    def __init__(self, cfg: ProxyConfig, model: ProxyModel | None = None, tp: TPState | None = None):
         self.cfg = cfg
-        self.model = model or ProxyModel(cfg)
+        self.tp = tp or TPState()
+        self.rank = self.tp.rank
+        self.model = model or ProxyModel(cfg, tp if self.tp.enabled else None)
         self.dev = self.model.device
         self.cuda = self.dev.type == "cuda"
         self.S = cfg.speculative_num_steps
@@ -122,6 +136,10 @@ class Scheduler:
         self.prof_steps = 0
         self.prof_stop = False
         self.prof_done: threading.Event | None = None
+        # rank 0: commands from the HTTP threads, latched (and broadcast) at the loop's top
+        self._carry: list[Req] = []
+        self._prof_cmd: dict | None = None
+        self._prof_stop_cmd = False
         self.graphs = None
         if cfg.on("cuda_graph"):
             from .graphs import GraphRunner
@@ -145,41 +163,52 @@ class Scheduler:
         self.inbox.put(req)
 
     def shutdown(self, timeout=5.0):
+        """Stop the loop (with TP: at the next loop top, broadcasting the stop to every rank)."""
         self.stop_flag.set()
         self.inbox.put(None)
         if self.thread is not None:
             self.thread.join(timeout)
-        for r in list(self.waiting) + self.prefilling + self.running:
-            r.error = "server shutting down"
-            r.finished.set()
+        for r in self._carry + list(self.waiting) + self.prefilling + self.running:
+            r.fail("server shutting down")
+        while True:
+            try:
+                r = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if r is not None:
+                r.fail("server shutting down")
 
     def _run(self):
         try:
             with torch.inference_mode():
-                while not self.stop_flag.is_set():
-                    self.loop_once()
+                while not self.loop_once():
+                    pass
         except BaseException as e:  # pragma: no cover - reported via /health
             self.crashed = e
-            log.exception("scheduler crashed")
-            for r in list(self.waiting) + self.prefilling + self.running:
-                r.error = f"scheduler crashed: {e!r}"
-                r.finished.set()
+            log.exception("scheduler crashed (TP rank %d)", self.rank)
+            for r in self._carry + list(self.waiting) + self.prefilling + self.running:
+                r.fail(f"scheduler crashed: {e!r}")
 
     # ---------------------------------------------------------------- profiler --------------
+    def _profiling(self) -> bool:
+        return self._prof_cmd is not None or self.prof_req is not None or self.prof is not None
+
     def start_profile(self, req: dict):
+        """(rank 0, any thread) Every rank starts its profiler before the same run_batch."""
         with self.plock:
-            if self.prof_req is not None or self.prof is not None:
+            if self._profiling():
                 raise ProfileError("Profiling is already in progress. Call /stop_profile first.")
-            self.prof_req = req
-            self.prof_stop = False
+            self._prof_cmd = req
+            self._prof_stop_cmd = False
             self.prof_done = threading.Event()
         self.inbox.put(None)  # wake the loop
 
     def stop_profile(self, timeout=300.0):
+        """(rank 0, any thread) Stop every rank's window now; returns once all ranks wrote."""
         with self.plock:
-            if self.prof_req is None and self.prof is None:
+            if not self._profiling():
                 raise ProfileError("Profiling is not in progress")
-            self.prof_stop = True
+            self._prof_stop_cmd = True
             done = self.prof_done
         self.inbox.put(None)
         if not done.wait(timeout):
@@ -219,33 +248,72 @@ class Scheduler:
         prof.stop()
         out = os.path.expanduser(r["output_dir"])
         os.makedirs(out, exist_ok=True)
-        final = os.path.join(out, f"{r['profile_id']}-TP-0.trace.json.gz")
-        tmp = os.path.join(out, f".tmp-{r['profile_id']}-TP-0.{os.getpid()}.json.gz")
+        rk = self.rank
+        final = os.path.join(out, f"{r['profile_id']}-TP-{rk}.trace.json.gz")
+        tmp = os.path.join(out, f".tmp-{r['profile_id']}-TP-{rk}.{os.getpid()}.json.gz")
         try:
             prof.export_chrome_trace(tmp)
             os.replace(tmp, final)
             log.info("Profiling done. Traces are saved to: %s", final)
         except Exception:
             log.exception("writing the trace failed")
+        self.tp.barrier()  # every rank's file is written
         with self.plock:
             self.prof_req = None
             self.prof = None
             self.prof_stop = False
-        done.set()
+        if done is not None:
+            done.set()
 
     # ---------------------------------------------------------------- the loop ---------------
-    def loop_once(self):
-        with rng("scheduler.recv_requests"):
-            got = []
+    def _digest(self):
+        """Scheduling state that must be equal on every rank at the top of each loop."""
+        return (self.forward_ct, len(self.waiting), len(self.prefilling), len(self.running),
+                sum(r.seq_len for r in self.running), self.pool.stats().get("free_pages"))
+
+    def _recv(self):
+        """Rank 0: new requests + control latches (broadcast with TP). Others: receive them."""
+        if self.rank == 0:
+            got, self._carry = self._carry, []
             while True:
                 try:
-                    got.append(self.inbox.get_nowait())
+                    r = self.inbox.get_nowait()
                 except queue.Empty:
                     break
-        with rng("scheduler.process_input_requests"):
-            for r in got:
                 if r is not None:
-                    self.waiting.append(r)
+                    got.append(r)
+            with self.plock:
+                prof, self._prof_cmd = self._prof_cmd, None
+                pstop, self._prof_stop_cmd = self._prof_stop_cmd, False
+                if prof is not None:
+                    self.prof_req, self.prof_stop = prof, False
+            stop = self.stop_flag.is_set()
+            if self.tp.enabled:
+                self.tp.broadcast({"reqs": [(r.rid, r.input_ids, r.max_new) for r in got],
+                                   "prof": prof, "pstop": pstop, "stop": stop,
+                                   "digest": self._digest()})
+            return got, pstop, stop
+        msg = self.tp.broadcast(None)
+        mine = self._digest()
+        if msg["digest"] != mine:
+            raise RuntimeError(f"TP rank {self.rank} diverged from rank 0: state {mine} vs "
+                               f"{msg['digest']}")
+        with self.plock:
+            if msg["prof"] is not None:
+                self.prof_req, self.prof_stop = msg["prof"], False
+        got = [Req(ids, n, rid=rid) for rid, ids, n in msg["reqs"]]
+        return got, msg["pstop"], msg["stop"]
+
+    def loop_once(self) -> bool:
+        """One scheduler iteration; True when the loop must stop."""
+        with rng("scheduler.recv_requests"):
+            got, pstop, stop = self._recv()
+        if stop:
+            return True
+        with rng("scheduler.process_input_requests"):
+            self.waiting.extend(got)
+            if pstop and self.prof_req is not None:
+                self.prof_stop = True
         with rng("scheduler.get_next_batch_to_run"):
             batch = self.get_next_batch()
         if batch is None:
@@ -254,14 +322,14 @@ class Scheduler:
                     self.process_result(self.pending)
                 self.pending = None
             self._prof_maybe_stop()
-            if self.pending is None and not self.waiting:
-                try:  # idle: block until something arrives
+            if self.rank == 0 and self.pending is None and not self.waiting:
+                try:  # idle: block until something arrives (picked up at the next loop top)
                     r = self.inbox.get(timeout=0.05)
                     if r is not None:
-                        self.waiting.append(r)
+                        self._carry.append(r)
                 except queue.Empty:
                     pass
-            return
+            return False
         with self.plock:
             want_start = self.prof_req is not None and self.prof is None
         if want_start:
@@ -279,6 +347,7 @@ class Scheduler:
             else:
                 self.process_result(result)
         self._prof_maybe_stop()
+        return False
 
     # ---------------------------------------------------------------- batching ---------------
     def get_next_batch(self):
@@ -574,8 +643,11 @@ class Scheduler:
         rows = res.host.tolist() if res.host is not None else []
         for i, r in enumerate(res.reqs):
             if i < len(rows):
-                r.output_ids.extend(rows[i][:res.takes[i]])
+                new = rows[i][:res.takes[i]]
+                r.output_ids.extend(new)
                 self.gen_tokens += res.takes[i]
+                if r.stream is not None and new:
+                    r.stream.put(new)
             if r.done and len(r.output_ids) >= r.max_new:
                 self._finalize(r)
 
@@ -586,6 +658,8 @@ class Scheduler:
         self.free_slots.append(r.pool_idx)
         r.latency = time.perf_counter() - r.t_start
         r.finished.set()
+        if r.stream is not None:
+            r.stream.put(None)
 
     def internal_state(self) -> dict:
         st = self.pool.stats()

@@ -3,7 +3,8 @@
     python -m profkit.proxy.server --port 30000 [--opts all|none|a,b] [--device cpu|cuda]
 
 GET /health, /health_generate, /ready, /get_server_info, /server_info, /model_info;
-POST /generate, /start_profile, /stop_profile (GET works for the profile endpoints too).
+POST /generate (`"stream": true`: SGLang's text/event-stream), /start_profile, /stop_profile (GET
+works for the profile endpoints too). `--tp N`: ranks 1..N-1 are child processes (see tp.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import json
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
@@ -47,10 +49,51 @@ class Engine:
         threads = args.get("cpu_threads")
         if threads and not cfg.device.startswith("cuda"):
             torch.set_num_threads(threads)
-        self.sched = Scheduler(cfg)
+        self.workers = []
+        tp = None
+        if cfg.tp_size > 1:
+            from . import tp as T
+
+            init = f"tcp://127.0.0.1:{T.free_port()}"
+            self.workers = T.spawn_workers(cfg, init, args)
+            log.info("TP %d: started ranks 1..%d (pids %s), init %s", cfg.tp_size,
+                     cfg.tp_size - 1, [p.pid for p in self.workers], init)
+            joined = threading.Event()
+
+            def watch_start():  # a rank that dies before joining would leave us in the rendezvous
+                while not joined.wait(0.2):
+                    for r, p in enumerate(self.workers, 1):
+                        if p.poll() is not None:
+                            log.error("TP rank %d exited with code %s during start-up", r,
+                                      p.returncode)
+                            T.stop_workers(self.workers, timeout=0)
+                            os._exit(4)
+
+            threading.Thread(target=watch_start, name="tp-start-watch", daemon=True).start()
+            try:
+                tp = T.init_distributed(cfg, 0, init)
+            except BaseException:
+                T.stop_workers(self.workers, timeout=0)
+                raise
+            finally:
+                joined.set()
+        self.tp = tp
+        self.sched = Scheduler(cfg, tp=tp)
         self.ready = False
         self.shutting_down = False
         self.startup_time = time.time()
+
+    def alive(self) -> bool:
+        return self.sched.alive() and all(p.poll() is None for p in self.workers)
+
+    def stop(self):
+        """Stop the scheduler (it broadcasts the stop to the other ranks), then the ranks."""
+        self.shutting_down = True
+        self.sched.shutdown()
+        if self.workers:
+            from . import tp as T
+
+            T.stop_workers(self.workers, timeout=3.0)
 
     def start(self, warmup: bool = True):
         self.sched.start()
@@ -79,6 +122,9 @@ class Engine:
             "torch_version": torch.__version__,
             "cuda_version": torch.version.cuda,
             "device": dev,
+            "tp_size": self.cfg.tp_size,
+            "rank_devices": [self.cfg.rank_device(r) if self.cfg.tp_size > 1 else dev
+                             for r in range(self.cfg.tp_size)],
             "device_name": name,
             "dtype": self.cfg.dtype,
             "switches": self.cfg.switch_states(),
@@ -131,7 +177,7 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         e = self.engine
         if path in ("/health", "/health_generate", "/ready"):
-            if e.ready and not e.shutting_down and e.sched.alive():
+            if e.ready and not e.shutting_down and e.alive():
                 return self._text(200, "")
             return self._text(503, "not ready" if not e.ready else "unhealthy")
         if path in ("/get_server_info", "/server_info"):
@@ -184,15 +230,64 @@ class Handler(BaseHTTPRequestHandler):
         if n < 1:
             return self._text(400, "max_new_tokens must be >= 1")
         req = Req(ids, n, rid=body.get("rid"))
+        stream = bool(body.get("stream"))
+        if stream:
+            req.stream = queue.Queue()
         try:
             e.sched.submit(req)
         except (ValueError, RuntimeError) as ex:
             return self._text(400 if isinstance(ex, ValueError) else 503, str(ex))
+        if stream:
+            return self._stream(req)
         req.finished.wait()
         if req.error:
             return self._text(500, req.error)
         return self._send(200, {"output_ids": req.output_ids, "text": "",
                                 "meta_info": req.meta_info(e.cfg.spec)})
+
+    # -- streaming (SGLang's format: one `data: {json}` event per step, then `data: [DONE]`) -------
+    def _chunk(self, data: bytes):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _event(self, obj) -> None:
+        self._chunk(b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode())
+                    + b"\n\n")
+
+    def _stream(self, req):
+        """Every decode step: the NEW output ids and meta_info with completion_tokens so far; then a
+        final chunk (no new ids) with the full meta_info incl. finish_reason; then [DONE]."""
+        e = self.engine
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        n = 0
+        try:
+            while True:
+                try:
+                    new = req.stream.get(timeout=1.0)
+                except queue.Empty:
+                    if e.shutting_down or not e.alive():
+                        req.error = req.error or "server shutting down"
+                        break
+                    continue
+                if new is None:
+                    break
+                n += len(new)
+                self._event({"text": "", "output_ids": new, "meta_info": {
+                    "id": req.rid, "finish_reason": None, "prompt_tokens": len(req.input_ids),
+                    "completion_tokens": n, "cached_tokens": req.cached_len}})
+            if req.error:
+                self._event({"error": {"message": req.error}})
+            else:
+                self._event({"text": "", "output_ids": [], "meta_info": req.meta_info(e.cfg.spec)})
+            self._event(b"[DONE]")
+            self._chunk(b"")
+        except (BrokenPipeError, ConnectionResetError):
+            log.debug("stream client went away (request %s)", req.rid)
+            self.close_connection = True
 
     def _start_profile(self, body: dict):
         from .scheduler import ProfileError
@@ -291,6 +386,7 @@ def main(argv=None) -> int:
         httpd = ThreadingHTTPServer((ns.host, ns.port), Handler)
     except OSError as ex:
         log.error("cannot bind %s:%d: %s", ns.host, ns.port, ex)
+        engine.stop()
         return 4
     httpd.daemon_threads = True
     th = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2},
@@ -301,17 +397,18 @@ def main(argv=None) -> int:
         engine.start(warmup=not ns.skip_server_warmup)
     except Exception as ex:
         log.error("start-up failed: %s", ex)
+        engine.stop()
         httpd.shutdown()
         httpd.server_close()
         return 4
     if not stop.is_set():
         log.info("The server is fired up and ready to roll!")
     while not stop.wait(0.5):
-        if not engine.sched.alive():
-            log.error("scheduler died: %r", engine.sched.crashed)
+        if not engine.alive():
+            log.error("scheduler died: %r (rank exit codes %s)", engine.sched.crashed,
+                      [p.poll() for p in engine.workers])
             break
-    engine.shutting_down = True
-    engine.sched.shutdown()
+    engine.stop()
     httpd.shutdown()
     httpd.server_close()
     log.info("shut down")
