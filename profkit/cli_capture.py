@@ -42,7 +42,7 @@ def _config(target: str, preset: Optional[str], model_path: Optional[str], serve
             isl: Optional[str], turns: int, turn_tokens: Optional[int], output_tokens: Optional[int], concurrency: str, workload_file: Optional[Path],
             seed: int, repeat: int, num_steps: int, with_stack: bool, record_shapes: bool, port: Optional[int], health_timeout: Optional[float],
             profile_timeout: float, traces_dir: Path, reports_dir: Path, marker: Optional[str], min_bubble_us: float, catalog: Optional[str],
-            profile_turn: int, capture_only: bool = False):
+            profile_turn: int, capture_only: bool = False, nsys: bool = False):
     from profkit.capture.run import RunConfig
     from profkit.workloads.agentic import Workload, load_workload_file
 
@@ -66,7 +66,7 @@ def _config(target: str, preset: Optional[str], model_path: Optional[str], serve
         isl=isls if len(isls) > 1 else (), repeat=repeat, num_steps=num_steps, with_stack=with_stack, record_shapes=record_shapes,
         profile_turn=profile_turn, health_timeout_s=health_timeout or (3600.0 if gpu else 180.0), profile_timeout_s=profile_timeout,
         port=port, traces_dir=traces_dir, reports_dir=reports_dir, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
-        capture_only=capture_only,
+        capture_only=capture_only, nsys=nsys,
     )
 
 
@@ -178,6 +178,7 @@ def trace(
     catalog: Annotated[Optional[str], typer.Option("--catalog")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every command line and environment variable; start nothing.")] = False,
     capture_only: Annotated[bool, typer.Option("--capture-only", help="Record traces and manifests only; analyze later with `profkit diff RUN_A RUN_B` (for GPU boxes without the analysis packages).")] = False,
+    nsys: Annotated[bool, typer.Option("--nsys", help="Wrap the server in `nsys profile --capture-range=cudaProfilerApi` and open the window with the CUDA_PROFILER activity (writes .nsys-rep; implies --capture-only).")] = False,
 ) -> None:
     """Baseline vs baseline+OPT: launch, drive the agentic workload, profile decode, attribute the change.
 
@@ -192,7 +193,7 @@ def trace(
     with user_errors():
         cfg = _config(target, preset, model_path, server_python, extra_server_args, isl, turns, turn_tokens, output_tokens, concurrency,
                       workload_file, seed, repeat, num_steps, with_stack, record_shapes, port, health_timeout, profile_timeout, traces_dir,
-                      reports_dir, marker, min_bubble_us, catalog, profile_turn, capture_only)
+                      reports_dir, marker, min_bubble_us, catalog, profile_turn, capture_only or nsys, nsys)
         opts = check_opts(target, opt)
         if base not in ("on", "off"):
             raise UsageError(f"--base {base!r}: use off or on")

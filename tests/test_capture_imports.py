@@ -38,3 +38,22 @@ def test_proxy_server_help_without_analysis_packages():
                                                              "runpy.run_module('profkit.proxy.server', run_name='__main__')"), "--help"],
                        capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
     assert p.returncode == 0, p.stderr
+
+
+def test_nsys_mode_wraps_the_server(tmp_path):
+    """--nsys composes `nsys profile --capture-range=cudaProfilerApi ...` around the server (dry run;
+    a real capture needs Nsight Systems on a GPU machine)."""
+    import os
+
+    fake = tmp_path / "nsys"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    r = subprocess.run([sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", "--nsys", "--dry-run"], capture_output=True, text=True,
+                       env=env, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if "profkit.proxy.server" in ln)
+    assert line.startswith(f"{fake} profile ") and "--capture-range=cudaProfilerApi" in line and "--cuda-graph-trace=node" in line
+    r = subprocess.run([sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", "--nsys", "--dry-run"], capture_output=True, text=True,
+                       env={**os.environ, "PATH": "/usr/bin:/bin"}, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 2 and "no `nsys` on PATH" in r.stderr

@@ -53,6 +53,7 @@ class RunConfig:
     catalog: str | None = None
     warmup: bool = True
     capture_only: bool = False  # record traces and the manifest; analyze elsewhere (e.g. a GPU box without polars)
+    nsys: bool = False  # wrap the server in `nsys profile --capture-range=cudaProfilerApi`; the window uses CUDA_PROFILER
 
 
 @dataclass
@@ -66,11 +67,28 @@ class RunResult:
     manifest: dict[str, Any]
 
 
-def compose(cfg: RunConfig, states: dict[str, bool], port: int) -> LaunchSpec:
+NSYS_ARGS = ("profile", "--trace-fork-before-exec=true", "--cuda-graph-trace=node", "--capture-range=cudaProfilerApi",
+             "--capture-range-end=stop", "--force-overwrite=true")
+
+
+def compose(cfg: RunConfig, states: dict[str, bool], port: int, *, nsys_output: Path | None = None) -> LaunchSpec:
     if cfg.target == "proxy":
-        return proxy_target.compose(states, extra_args=list(cfg.extra_server_args), port=port, python=cfg.server_python)
-    return sglang_target.compose(states, preset=cfg.preset, model_path=cfg.model_path, extra_args=list(cfg.extra_server_args),
-                                 server_python=cfg.server_python, port=port)
+        spec = proxy_target.compose(states, extra_args=list(cfg.extra_server_args), port=port, python=cfg.server_python)
+    else:
+        spec = sglang_target.compose(states, preset=cfg.preset, model_path=cfg.model_path, extra_args=list(cfg.extra_server_args),
+                                     server_python=cfg.server_python, port=port)
+    if cfg.nsys:
+        import shutil
+
+        nsys = shutil.which("nsys")
+        if nsys is None:
+            from profkit.errors import UsageError
+
+            raise UsageError("--nsys: no `nsys` on PATH", hint="install Nsight Systems, or drop --nsys to profile with the torch profiler")
+        out = str(nsys_output) if nsys_output else "profkit-%p"
+        spec = replace(spec, argv=[nsys, *NSYS_ARGS, "-o", out, *spec.argv],
+                       notes=[*spec.notes, "nsys: the profile window sends activities [CUDA_PROFILER] (cudaProfilerStart/Stop in TP rank 0)"])
+    return spec
 
 
 def _spread(values: list[float]) -> dict[str, float | None]:
@@ -90,9 +108,9 @@ def summarize_repeats(metrics: list[dict[str, Any]]) -> dict[str, Any]:
 def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None) -> RunResult:
     trace_dir = cfg.traces_dir / run_id
     report_dir = cfg.reports_dir / run_id
-    trace_dir.mkdir(parents=True, exist_ok=False)
     port = cfg.port or free_port()
-    spec = compose(cfg, states, port)
+    spec = compose(cfg, states, port, nsys_output=trace_dir / run_id)
+    trace_dir.mkdir(parents=True, exist_ok=False)
     manifest = Manifest.create(
         trace_dir / "manifest.json",
         label=label, target=cfg.target, preset=cfg.preset, optimizations=states,
@@ -141,8 +159,13 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         files, overhead = _capture(cfg, spec, server, run_id, trace_dir, primary, manifest)
         manifest.update(trace_files=[f.name for f in files], profiler_overhead=overhead)
         manifest.stage("server_stop")
-        server.stop()
+        server.stop(grace_s=60 if cfg.nsys else 20)
         manifest.update(leftover_pids=server.leftovers())
+        if cfg.nsys:
+            rep = _wait_file(trace_dir / f"{run_id}.nsys-rep", cfg.profile_timeout_s)
+            manifest.update(trace_files=[rep.name], note="an Nsight Systems report: open it in nsys-ui; profkit analyzes torch-profiler traces")
+            manifest.finish("ok")
+            return RunResult(run_id, states, trace_dir, report_dir, rep, {}, manifest.data)
 
         if cfg.capture_only:
             manifest.finish("ok")
@@ -170,6 +193,15 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         raise
     finally:
         server.stop(grace_s=5)
+
+
+def _wait_file(path: Path, timeout_s: float) -> Path:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.stat().st_size > 0:
+            return path
+        time.sleep(0.5)
+    raise TargetError(f"nsys did not write {path} within {timeout_s:.0f} s", hint="see server.log for nsys's own messages")
 
 
 def manifest_version() -> str:
@@ -241,8 +273,12 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
     time.sleep(0.3 * e2e)  # past prefill, into decode
     t_start = time.perf_counter()
     body = start_profile(spec.base_url, output_dir=trace_dir, profile_id=run_id, num_steps=cfg.num_steps, with_stack=cfg.with_stack,
-                         record_shapes=cfg.record_shapes)
+                         record_shapes=cfg.record_shapes, activities=("CUDA_PROFILER",) if cfg.nsys else ("CPU", "GPU"))
     manifest.update(profile_request=body)
+    if cfg.nsys:  # no torch-profiler files: the window closes after num_steps; nsys writes its report when the server exits
+        while th.is_alive():
+            th.join(0.2)
+        return [], {"note": "nsys mode: profiler overhead not measured"}
     files = wait_for_traces(spec.base_url, trace_dir, run_id, spec.world_size, timeout_s=cfg.profile_timeout_s, alive=server.alive,
                             idle=lambda: not th.is_alive())
     t_end = time.perf_counter()
