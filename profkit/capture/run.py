@@ -186,11 +186,14 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         manifest.update(trace_files=_written(trace_dir))
         manifest.finish("interrupted", error=f"interrupted during {manifest.data['stage']}")
         raise Interrupted(f"interrupted during {manifest.data['stage']}; kept {trace_dir}", hint=f"see {trace_dir / 'manifest.json'}") from None
-    except ProfkitError as e:
+    except (ProfkitError, HTTPFailure) as e:
+        if isinstance(e, HTTPFailure):  # the server stopped answering: say whether it died
+            e = server.died(f"died during the {manifest.data['stage']}") if not server.alive() else TargetError(
+                f"the server stopped answering during the {manifest.data['stage']}: {e}", hint=f"see {server.log_path}")
         server.stop(grace_s=5)
         manifest.update(trace_files=_written(trace_dir))
         manifest.finish("failed", error=str(e))
-        raise
+        raise e from None
     finally:
         server.stop(grace_s=5)
 
