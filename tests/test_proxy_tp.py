@@ -21,10 +21,6 @@ import pytest
 torch = pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
-from profkit.analysis import analyze_trace  # noqa: E402
-from profkit.analysis.ranks import cross_rank  # noqa: E402
-from profkit.catalog import load_catalog  # noqa: E402
-from profkit.ingest import load_traces  # noqa: E402
 from profkit.workloads.driver import _generate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,6 +216,12 @@ def _profile(srv: Server, out: Path, pid: str, steps: int = STEPS_PROFILED) -> l
 
 
 def _cross(files):
+    pytest.importorskip("polars")  # the GPU box records without the analysis packages
+    from profkit.analysis import analyze_trace
+    from profkit.analysis.ranks import cross_rank
+    from profkit.catalog import load_catalog
+    from profkit.ingest import load_traces
+
     cat = load_catalog("proxy")
     analyses = [analyze_trace(t, catalog=cat) for t in load_traces(files)]
     return analyses, cross_rank(analyses)
@@ -296,16 +298,30 @@ def test_killed_server_takes_its_ranks_along(servers):
 def test_tp2_on_two_gpus_nccl(tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA GPUs")
+    import gzip
+    import json
+
     srv = Server(tmp_path, device="cuda").wait_healthy(timeout=300)
     try:
-        _generate(srv.base, list(range(1, 200)), 32, 120)
+        out, _, _ = _generate(srv.base, list(range(1, 200)), 32, 120)
+        assert len(out) == 32
         files = _profile(srv, tmp_path / "p", "g", steps=8)
-        analyses, x = _cross(files)
-        assert x["aligned_iterations"] == 8
-        for it in x["iterations"]:
-            assert it["collectives"]["0"] == it["collectives"]["1"] > 0
-        names = set(analyses[0].ops.filter(analyses[0].ops["category"] == "comm")["name"].to_list())
-        assert any("nccl" in n.lower() for n in names), names
+        nccl = []
+        for f in files:  # without polars: count the NCCL kernels of each rank's window
+            ev = json.load(gzip.open(f))["traceEvents"]
+            names = [e["name"] for e in ev if e.get("ph") == "X" and e.get("cat") == "kernel"]
+            nccl.append(sum("nccl" in n.lower() for n in names))
+            assert sum(e.get("name") == "scheduler.run_batch" for e in ev
+                       if e.get("cat") == "user_annotation") == 8
+        assert nccl[0] == nccl[1] > 0, nccl
+        try:
+            analyses, x = _cross(files)
+        except pytest.skip.Exception:
+            analyses = None
+        if analyses is not None:
+            assert x["aligned_iterations"] == 8
+            for it in x["iterations"]:
+                assert it["collectives"]["0"] == it["collectives"]["1"] > 0
         tree = srv.tree()
         srv.proc.send_signal(signal.SIGTERM)
         srv.proc.wait(30)

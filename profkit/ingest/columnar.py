@@ -180,7 +180,7 @@ def decode_slot(path: str, offset: int, length: int, tables: bool = False) -> An
 
     mm = _SLOT_FILES.get(path)
     if mm is None:
-        with open(path, "r+b") as f:
+        with open(path.split("#", 1)[0], "r+b") as f:
             mm = mmap.mmap(f.fileno(), 0)
         _SLOT_FILES.clear()  # one load at a time: drop the previous file's mapping
         _SLOT_FILES[path] = mm
@@ -282,14 +282,27 @@ class _Slots:
         import mmap
 
         self.k, self.size, self.path, self.mm = k, size, None, None
+        self._fd: int | None = None
+        self._name: str | None = None
         if shared:
             d = "/dev/shm" if _room_in("/dev/shm", 2 * k * size) else None  # else the temp folder (page cache)
-            fd, self.path = tempfile.mkstemp(prefix="profkit-ingest-", dir=d)
+            fd, name = tempfile.mkstemp(prefix="profkit-ingest-", dir=d)
             try:
                 os.ftruncate(fd, k * size)
                 self.mm = mmap.mmap(fd, k * size)
-            finally:
+            except BaseException:
                 os.close(fd)
+                os.unlink(name)
+                raise
+            proc = f"/proc/{os.getpid()}/fd/{fd}"
+            if os.path.exists(proc):
+                # Linux: the workers open it through /proc, so the name can go now and a killed
+                # process leaves nothing behind; '#name' keeps the key unique when fds are reused
+                os.unlink(name)
+                self._fd, self.path = fd, f"{proc}#{name}"
+            else:
+                os.close(fd)
+                self._name = self.path = name
             self.view = memoryview(self.mm)
         else:
             self.view = memoryview(bytearray(k * size))
@@ -298,9 +311,11 @@ class _Slots:
         self.view.release()
         if self.mm is not None:
             self.mm.close()
-        if self.path:
+        if self._fd is not None:
+            os.close(self._fd)
+        if self._name:
             try:
-                os.unlink(self.path)
+                os.unlink(self._name)
             except OSError:
                 pass
 

@@ -309,6 +309,7 @@ class Scheduler:
         with rng("scheduler.recv_requests"):
             got, pstop, stop = self._recv()
         if stop:
+            self._carry = got + self._carry  # failed by shutdown()
             return True
         with rng("scheduler.process_input_requests"):
             self.waiting.extend(got)

@@ -88,7 +88,8 @@ def _render_ranks(summary: dict[str, Any], console: Console, *, top: int) -> Non
             n_it = max(len(its), 1)
             t = Table(title=f"top {'kernels' if r.get('device_timeline') != 'cpu' else 'aten ops'} (of {len(r['kernels'])})", title_justify="left", box=None)
             for c in ("total µs", "per iter", "category", "name"):
-                t.add_column(c, justify="right" if c in ("per iter", "total µs") else "left", overflow="ellipsis", no_wrap=c == "name")
+                t.add_column(c, justify="right" if c in ("per iter", "total µs") else "left", overflow="ellipsis", no_wrap=True,
+                             min_width=10 if c != "name" else 20, ratio=1 if c == "name" else None)
             for k in r["kernels"][:top]:
                 t.add_row(_f(k["total_us"]), _f(k["count"] / n_it, 1), escape(k["category"] or "-"), escape(k["name"]))
             console.print(t)

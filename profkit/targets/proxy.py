@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import sys
 
+from profkit.errors import UsageError
 from profkit.targets.spec import LaunchSpec
+
+
+def _tp(args: list[str]) -> int:
+    """`--tp N` / `--tp-size N` / `--tp=N` in the extra server args: the rank files per profile."""
+    n = 1
+    for i, a in enumerate(args):
+        flag, eq, val = a.partition("=")
+        if flag not in ("--tp", "--tp-size"):
+            continue
+        if not eq:
+            val = args[i + 1] if i + 1 < len(args) else ""
+        if not val.isdigit() or int(val) < 1:
+            raise UsageError(f"--extra-server-args: {flag} needs a positive integer, got {val!r}")
+        n = int(val)
+    return n
 
 
 def compose(states: dict[str, bool], *, extra_args: list[str], port: int, host: str = "127.0.0.1", python: str | None = None) -> LaunchSpec:
     on = [n for n, v in states.items() if v]
     argv = [python or sys.executable, "-m", "profkit.proxy.server", "--host", host, "--port", str(port),
             "--opts", ",".join(on) if on else "none", *extra_args]
-    return LaunchSpec(target="proxy", argv=argv, env={}, host=host, port=port, world_size=1, states=dict(states))
+    return LaunchSpec(target="proxy", argv=argv, env={}, host=host, port=port, world_size=_tp(list(extra_args)), states=dict(states))
