@@ -78,3 +78,17 @@ def test_attribution_on_the_category_each_switch_owns(runs):
     assert (g["graph_launches"] > 0).all()
     assert g["kernel_launches"].max() < runs["baseline"].iterations["kernel_launches"].min() / 10
     assert runs["all"].iterations["gpu_window_ns"].median() < runs["baseline"].iterations["gpu_window_ns"].median() / 5
+
+
+def test_topk_v2_leave_one_out_with_graphs():
+    """All switches on (CUDA graphs too) with and without topk_v2 (benchmarks/gpu_leave_one_out.sh):
+    without the eager launch overhead, the Triton TopK-V2 shortens the decode iteration."""
+    b = analyze_trace(load_trace(DATA / "loo_topk_v2_before.trace.json.gz"), catalog=CAT)
+    c = analyze_trace(load_trace(DATA / "loo_topk_v2_after.trace.json.gz"), catalog=CAT)
+    assert (b.iterations["graph_launches"] > 0).all() and (c.iterations["graph_launches"] > 0).all()
+    d = compare_summaries(build_summary([b]), build_summary([c]), opt="topk_v2", catalog=CAT)
+    assert d["decomposition"]["residual_us"] == 0
+    assert d["gpu_window_us"]["candidate"] < 0.9 * d["gpu_window_us"]["baseline"]
+    assert d["decomposition"]["category_us"]["topk"] < 0
+    assert c.ops.filter(pl.col("name").str.starts_with("topk_v2_")).height > 0
+    assert b.ops.filter(pl.col("name").str.starts_with("topk_v2_")).height == 0
