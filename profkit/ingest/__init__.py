@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import TraceInputError
-from profkit.ingest.decode import decode_events, read_bytes
+from profkit.ingest.decode import check_readable, decode_events, read_bytes
 from profkit.ingest.tables import Trace, events_frame, split_tables
 
 __all__ = ["Trace", "load_trace", "load_traces", "find_trace_files"]
@@ -32,6 +32,7 @@ def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = False,
     from profkit.ingest import cache as _cache
 
     path = Path(path)
+    check_readable(path)  # missing, unreadable or empty: one line naming the file, before any fast path
     use_cache = ((not _cache.cache_disabled_by_env()) if cache is None else cache) and _cache.worth_caching(path)
     key = None
     if use_cache:

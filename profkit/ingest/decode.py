@@ -68,6 +68,23 @@ _LAX_LIST = msgspec.json.Decoder(list[Event], strict=False)
 _HINT_KINETO = "profkit reads PyTorch-profiler (Kineto) Chrome-trace JSON, plain or gzipped (*.trace.json.gz, *.pt.trace.json)"
 
 
+def check_readable(path: Path) -> None:
+    """Raise TraceInputError (one line, the file and what to do) unless `path` is a readable, non-empty file."""
+    if not path.exists():
+        raise TraceInputError(f"{path}: no such file", hint="check the path")
+    if path.is_dir():
+        raise TraceInputError(f"{path}: is a directory with no trace files", hint=_HINT_KINETO)
+    try:
+        with open(path, "rb") as f:
+            first = f.read(1)
+    except PermissionError:
+        raise TraceInputError(f"{path}: permission denied", hint="check the file's permissions (chmod +r)") from None
+    except OSError as e:
+        raise TraceInputError(f"{path}: cannot read ({e.strerror})", hint="check the file") from None
+    if not first:
+        raise TraceInputError(f"{path}: empty file", hint="the profiler may still be writing it, or it failed; record again")
+
+
 def read_bytes(path: Path) -> bytes:
     """The file's JSON bytes, gunzipped when the content is gzip (decided by magic bytes, not suffix)."""
     if not path.exists():
