@@ -61,7 +61,7 @@ def _main(
 
 @app.command()
 def analyze(
-    paths: Annotated[list[Path], typer.Argument(help="Trace files (*.trace.json.gz, *.pt.trace.json) or run folders; one file per rank.")],
+    paths: Annotated[list[Path], typer.Argument(readable=False, help="Trace files (*.trace.json.gz, *.pt.trace.json) or run folders; one file per rank.")],
     marker: Annotated[Optional[str], typer.Option("--marker", help="Regex for the CPU span that opens one iteration (default: scheduler.run_batch, step[...], execute_..., ProfilerStep#N).")] = None,
     min_bubble_us: Annotated[float, typer.Option("--min-bubble-us", min=0.0, help="Shortest GPU idle gap counted as a bubble.")] = 2.0,
     catalog: Annotated[Optional[str], typer.Option("--catalog", help="Kernel catalog: a name in kernels/ (generic, sglang-glm52, proxy) or a .toml path; default: picked from the kernel names.")] = None,

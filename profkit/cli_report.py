@@ -68,8 +68,8 @@ def _write_text(path: Path, text: str) -> None:
 
 @app.command()
 def diff(
-    before: Annotated[Path, typer.Argument(help="Baseline: a summary.json, a trace file, or a run folder (repeat-*/ subfolders are repeats).")],
-    after: Annotated[Path, typer.Argument(help="Candidate: same kinds as BEFORE.")],
+    before: Annotated[Path, typer.Argument(readable=False, help="Baseline: a summary.json, a trace file, or a run folder (repeat-*/ subfolders are repeats).")],
+    after: Annotated[Path, typer.Argument(readable=False, help="Candidate: same kinds as BEFORE.")],
     opt: Annotated[Optional[str], typer.Option("--opt", help="The optimization the candidate adds (default: from the run manifests) for the expected-effect check.")] = None,
     catalog: CatalogOpt = None,
     md: Annotated[Optional[Path], typer.Option("--md", help="Write a GitHub Markdown PR comment to FILE.")] = None,
@@ -139,7 +139,7 @@ def diff(
 
 @app.command()
 def report(
-    paths: Annotated[list[Path], typer.Argument(help="Run folders, summary.json files, trace files or diff.json files; several runs make a sweep (ladder).")],
+    paths: Annotated[list[Path], typer.Argument(readable=False, help="Run folders, summary.json files, trace files or diff.json files; several runs make a sweep (ladder).")],
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The HTML file to write (default: under reports/).")] = None,
     cdn: Cdn = False,
     marker: Marker = None,
@@ -191,7 +191,7 @@ def report(
 
 @app.command("export-perfetto")
 def export_perfetto(
-    trace: Annotated[Path, typer.Argument(help="A trace file, or a run folder of trace files (one per rank).")],
+    trace: Annotated[Path, typer.Argument(readable=False, help="A trace file, or a run folder of trace files (one per rank).")],
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The .perfetto-trace file to write (default: beside the trace).")] = None,
     marker: Marker = None,
     min_bubble_us: MinBubble = 2.0,

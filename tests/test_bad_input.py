@@ -66,11 +66,14 @@ def test_missing_path_and_empty_dir(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv to drop root")
-def test_unreadable_file(tmp_path):
-    p = tmp_path / "secret.json"
+def test_unreadable_file():
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="profkit-unreadable-", dir="/tmp"))  # a folder every user can traverse
+    d.chmod(0o755)
+    p = d / "secret.json"
     p.write_text(json.dumps({"traceEvents": []}))
     p.chmod(0)
-    tmp_path.chmod(0o755)
     cmd = [sys.executable, "-m", "profkit", "analyze", str(p)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     if os.geteuid() == 0:  # root reads anything: run as nobody
@@ -80,8 +83,9 @@ def test_unreadable_file(tmp_path):
             pytest.skip("this Python's packages are not readable by an unprivileged user (e.g. installed under /root)")
         cmd = [*drop, *cmd]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd="/")
+    shutil.rmtree(d)
     assert r.returncode == 3, r.stderr
-    assert "permission denied" in r.stderr
+    assert "permission denied" in r.stderr and str(p) in r.stderr.replace("\n", "")
     assert "Traceback" not in r.stderr
 
 

@@ -104,6 +104,12 @@ def _head(path: Path) -> bytes:
 def find_trace_files(path: Path) -> list[Path]:
     """The trace files a user means by `path`: the file itself, or the traces inside a run folder."""
     path = Path(path)
+    try:
+        path.stat()
+    except PermissionError:
+        raise TraceInputError(f"{path}: permission denied", hint="check the permissions of the file and its folders") from None
+    except OSError:
+        pass
     if not path.exists():
         raise TraceInputError(f"{path}: no such file or directory", hint="check the path")
     if path.is_file():

@@ -70,6 +70,12 @@ _HINT_KINETO = "profkit reads PyTorch-profiler (Kineto) Chrome-trace JSON, plain
 
 def check_readable(path: Path) -> None:
     """Raise TraceInputError (one line, the file and what to do) unless `path` is a readable, non-empty file."""
+    try:
+        path.stat()
+    except PermissionError:
+        raise TraceInputError(f"{path}: permission denied (a folder on the way is not accessible)", hint="check the permissions") from None
+    except OSError:
+        pass
     if not path.exists():
         raise TraceInputError(f"{path}: no such file", hint="check the path")
     if path.is_dir():
