@@ -120,16 +120,45 @@ def check_gpu(spec: LaunchSpec, caps: list[str] | None) -> None:
 
 
 _PARSE = r"""
-import argparse, sys
+import argparse, json, sys
 try:
     from sglang.srt.server_args import ServerArgs
 except Exception as e:
     print("IMPORT-FAILED:", type(e).__name__, e); sys.exit(3)
-p = argparse.ArgumentParser(prog="sglang.launch_server")
-ServerArgs.add_cli_args(p)
-p.parse_args(sys.argv[1:])
-print("OK")
+results = []
+for args in json.load(sys.stdin):
+    p = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
+    ServerArgs.add_cli_args(p)
+    try:
+        ns, unknown = p.parse_known_args(args)
+        results.append(None if not unknown else "unrecognized arguments: " + " ".join(unknown))
+    except (argparse.ArgumentError, SystemExit) as e:
+        results.append(str(e) or "rejected")
+print("RESULTS:" + json.dumps(results))
 """
+
+
+def validate_many(specs: list[LaunchSpec], python: str | None = None) -> list[str | None] | str:
+    """Parse several composed command lines with the sglang package's own parser, in one process.
+
+    Returns one entry per spec (None: parses; else the parser's message), or "skipped: ..." when
+    sglang is not importable in `python` (default: the specs' own server python).
+    """
+    import json as _json
+
+    py = python or specs[0].argv[0]
+    payload = _json.dumps([sp.argv[sp.argv.index("sglang.launch_server") + 1 :] for sp in specs])
+    try:
+        p = subprocess.run([py, "-c", _PARSE], input=payload, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"skipped: could not run {py} ({e})"
+    if p.returncode == 3 or "IMPORT-FAILED" in p.stdout:
+        return f"skipped: sglang is not importable with {py}"
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULTS:")), None)
+    if p.returncode != 0 or line is None:
+        msg = (p.stderr.strip().splitlines() or ["(no message)"])[-1]
+        return [f"the parser failed: {msg}"] * len(specs)
+    return _json.loads(line[len("RESULTS:"):])
 
 
 def validate(spec: LaunchSpec, python: str | None = None) -> str | None:
@@ -138,17 +167,11 @@ def validate(spec: LaunchSpec, python: str | None = None) -> str | None:
     Returns None when they parse, "skipped: ..." when sglang is not importable there; raises
     UsageError with the parser's message when an argument is rejected.
     """
-    py = python or spec.argv[0]
-    args = spec.argv[spec.argv.index("sglang.launch_server") + 1 :]
-    try:
-        p = subprocess.run([py, "-c", _PARSE, *args], capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"skipped: could not run {py} ({e})"
-    if p.returncode == 3 or "IMPORT-FAILED" in p.stdout:
-        return f"skipped: sglang is not importable with {py}"
-    if p.returncode != 0:
-        msg = (p.stderr.strip().splitlines() or ["(no message)"])[-1]
-        raise UsageError(f"SGLang's parser rejects the composed arguments: {msg}", hint="check --extra-server-args and the preset")
+    res = validate_many([spec], python)
+    if isinstance(res, str):
+        return res
+    if res[0] is not None:
+        raise UsageError(f"SGLang's parser rejects the composed arguments: {res[0]}", hint="check --extra-server-args and the preset")
     return None
 
 
