@@ -93,18 +93,11 @@ def check_readable(path: Path) -> None:
 
 def read_bytes(path: Path) -> bytes:
     """The file's JSON bytes, gunzipped when the content is gzip (decided by magic bytes, not suffix)."""
-    if not path.exists():
-        raise TraceInputError(f"{path}: no such file", hint="check the path")
-    if path.is_dir():
-        raise TraceInputError(f"{path}: is a directory with no trace files", hint=_HINT_KINETO)
+    check_readable(path)
     try:
         raw = path.read_bytes()
-    except PermissionError:
-        raise TraceInputError(f"{path}: permission denied", hint="check the file's permissions (chmod +r)") from None
     except OSError as e:
         raise TraceInputError(f"{path}: cannot read ({e.strerror})", hint="check the file") from None
-    if not raw:
-        raise TraceInputError(f"{path}: empty file", hint="the profiler may still be writing it, or it failed; record again")
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
