@@ -94,3 +94,19 @@ def test_disk_full_keeps_the_previous_summary(tmp_path):
     assert out.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary file left
     json.loads(before)
+
+
+def test_profile_files_never_appearing(tmp_path):
+    """The server cannot write its trace (an OS file-size limit, inherited by the server: the trace
+    file is larger than the limit, the manifest and log are not): exit 4 after the profile timeout,
+    manifest kept and marked, no process left."""
+    port = free_port()
+    p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL, "--profile-timeout", "15", port=port,
+                preexec_fn=_fsize_limit(256 * 1024))
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 4, err
+    assert "profile files never appeared" in err
+    (m,) = manifests(tmp_path)
+    assert (m["status"], m["stage"]) == ("failed", "capture")
+    assert m["trace_files"] == []
+    assert_no_leftovers(port)

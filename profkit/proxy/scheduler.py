@@ -31,6 +31,22 @@ from .tp import TPState
 log = logging.getLogger("profkit.proxy")
 
 
+def _complete_trace(path: str) -> bool:
+    """A whole gzip stream (CRC checked) whose JSON starts with '{' and ends with '}'."""
+    import gzip as _gzip
+
+    try:
+        first = last = b""
+        with _gzip.open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                if not first:
+                    first = chunk.lstrip()[:1]
+                last = (last + chunk)[-64:]
+        return first == b"{" and last.rstrip().endswith(b"}")
+    except (OSError, EOFError):
+        return False
+
+
 class Req:
     def __init__(self, input_ids, max_new_tokens: int, rid: str | None = None):
         self.rid = rid or uuid.uuid4().hex
@@ -253,10 +269,18 @@ class Scheduler:
         tmp = os.path.join(out, f".tmp-{r['profile_id']}-TP-{rk}.{os.getpid()}.json.gz")
         try:
             prof.export_chrome_trace(tmp)
+            # torch's exporter ignores write errors (a full disk gives an empty or cut file): only a
+            # complete gzip of a JSON object is published under the final name
+            if not _complete_trace(tmp):
+                raise OSError(f"the exported trace {tmp} is empty or incomplete (disk full?)")
             os.replace(tmp, final)
             log.info("Profiling done. Traces are saved to: %s", final)
         except Exception:
             log.exception("writing the trace failed")
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         self.tp.barrier()  # every rank's file is written
         with self.plock:
             self.prof_req = None
