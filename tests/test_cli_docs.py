@@ -1,0 +1,34 @@
+"""Every command has help with an example, and the README documents every command (sqlite-utils' docs test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from profkit.cli import app
+
+COMMANDS = sorted(get_command(app).commands)  # type: ignore[attr-defined]
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+def test_the_commands():
+    assert COMMANDS == ["analyze", "diff", "export-perfetto", "opts", "report", "sweep", "trace"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_has_an_example_and_the_readme_documents_it(command):
+    r = CliRunner().invoke(app, [command, "--help"])
+    assert r.exit_code == 0, r.output
+    assert "Example" in r.output
+    assert f"`profkit {command}" in README or f"| `{command}` |" in README
+
+
+def test_readme_quickstart_has_exactly_two_commands():
+    quick = README.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    commands = [ln.strip() for ln in quick.splitlines() if ln.startswith("    ") and ln.strip()]
+    assert len(commands) == 2
+    assert commands[0].endswith("profkit trace --opt topk_v2")
+    assert commands[1].endswith("python -m pytest -q")
