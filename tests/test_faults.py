@@ -57,13 +57,14 @@ def test_server_killed_mid_capture(tmp_path):
     assert_no_leftovers(port)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("stage", ["server_start", "capture"])
-def test_sigint_at_each_stage(tmp_path, stage):
+def test_signal_at_each_stage(tmp_path, stage, sig):
     port = free_port()
     p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL[:6], "--turns", "30", "--num-steps", "100000", "--profile-timeout", "300",
                 port=port)
     wait_stage(tmp_path, stage, p, timeout=200)
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, err
     (m,) = manifests(tmp_path)
