@@ -21,7 +21,8 @@ GPU = Path(__file__).parent / "data" / "gpu"
 
 
 def test_missing_engine_and_model_path(tmp_path):
-    """--target sglang where sglang is not installed and the model path does not exist."""
+    """--target sglang with a model path that does not exist (and, where the test Python lacks it, no
+    sglang either): the launcher dies at start-up; profkit shows its log's tail."""
     p = profkit(tmp_path, "trace", "--target", "sglang", "--model-path", str(tmp_path / "no-model"), "--server-python", sys.executable,
                 "--opt", "topk_v2", "--health-timeout", "60")
     out, err = p.communicate(timeout=120)
@@ -29,7 +30,7 @@ def test_missing_engine_and_model_path(tmp_path):
     assert "exited before it became healthy" in err and "sglang" in err
     (m,) = manifests(tmp_path)
     assert m["status"] == "failed" and m["stage"] == "server_start"
-    assert m["parser_check"].startswith("skipped")
+    assert m["parser_check"] == "passed" or m["parser_check"].startswith("skipped")
 
 
 def test_never_healthy(tmp_path):
