@@ -131,13 +131,17 @@ def _attribute(before: Any, after: Any, opts: list[str], group_dir: Path, catalo
 
 def write_reports(folder: Path, *, diffs: list[dict[str, Any]], runs: list[tuple[str, dict[str, Any]]]) -> None:
     """report.html (self-contained) and, for a single diff, report.md (a PR comment) in `folder`."""
-    from profkit.report.html import render_report
     from profkit.report.markdown import render_diff_markdown
     from profkit.store import write_bytes_atomic
 
-    write_bytes_atomic(folder / "report.html", render_report(diffs=diffs, runs=runs).encode())
     if len(diffs) == 1:
         write_bytes_atomic(folder / "report.md", render_diff_markdown(diffs[0]).encode())
+    try:
+        from profkit.report.html import render_report
+    except ImportError as e:  # plotly/jinja2 are the `report` extra
+        err.print(f"[yellow]note:[/] no report.html: {escape(str(e))}; pip install 'profkit[report]'", soft_wrap=True)
+        return
+    write_bytes_atomic(folder / "report.html", render_report(diffs=diffs, runs=runs).encode())
 
 
 def _render_attribution(diff: dict[str, Any], group_dir: Path) -> None:
