@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from profkit.errors import TraceInputError
-from profkit.ingest.decode import check_readable, decode_events, read_bytes
+from profkit.ingest.decode import check_reachable, check_readable, decode_events, read_bytes
 from profkit.ingest.tables import Trace, events_frame, split_tables
 
 __all__ = ["Trace", "load_trace", "load_traces", "find_trace_files"]
@@ -104,14 +104,7 @@ def _head(path: Path) -> bytes:
 def find_trace_files(path: Path) -> list[Path]:
     """The trace files a user means by `path`: the file itself, or the traces inside a run folder."""
     path = Path(path)
-    try:
-        path.stat()
-    except PermissionError:
-        raise TraceInputError(f"{path}: permission denied", hint="check the permissions of the file and its folders") from None
-    except OSError:
-        pass
-    if not path.exists():
-        raise TraceInputError(f"{path}: no such file or directory", hint="check the path")
+    check_reachable(path)
     if path.is_file():
         return [path]
     found = sorted(

@@ -68,14 +68,22 @@ _LAX_LIST = msgspec.json.Decoder(list[Event], strict=False)
 _HINT_KINETO = "profkit reads PyTorch-profiler (Kineto) Chrome-trace JSON, plain or gzipped (*.trace.json.gz, *.pt.trace.json)"
 
 
-def check_readable(path: Path) -> None:
-    """Raise TraceInputError (one line, the file and what to do) unless `path` is a readable, non-empty file."""
+def check_reachable(path: Path) -> None:
+    """Raise TraceInputError if a folder on the way to `path` cannot be traversed (Python < 3.12's
+    Path.exists() would raise PermissionError) or `path` does not exist."""
     try:
         path.stat()
     except PermissionError:
-        raise TraceInputError(f"{path}: permission denied (a folder on the way is not accessible)", hint="check the permissions") from None
+        raise TraceInputError(f"{path}: permission denied", hint="check the permissions of the file and its folders") from None
     except OSError:
         pass
+    if not path.exists():
+        raise TraceInputError(f"{path}: no such file or directory", hint="check the path")
+
+
+def check_readable(path: Path) -> None:
+    """Raise TraceInputError (one line, the file and what to do) unless `path` is a readable, non-empty file."""
+    check_reachable(path)
     if not path.exists():
         raise TraceInputError(f"{path}: no such file", hint="check the path")
     if path.is_dir():
