@@ -43,12 +43,19 @@ class Server:
         with open(self.log_path, "ab") as log:
             log.write(f"# profkit: {self.spec.shell()}\n".encode())
             log.flush()
+            # Ctrl-C/SIGTERM between fork and `self.proc = ...` would orphan the server: defer them
+            # until the child is recorded (the child unblocks them for itself).
+            sigs = {signal.SIGINT, signal.SIGTERM}
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
             try:
                 self.proc = subprocess.Popen(self.spec.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             env=env, start_new_session=True)
+                                             env=env, start_new_session=True,
+                                             preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs))
             except OSError as e:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
                 raise TargetError(f"cannot start {self.spec.argv[0]}: {e.strerror}", hint="check --server-python / the engine's install") from None
-        self._remember()
+            self._remember()
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def _remember(self) -> None:
         if self.proc is None:
