@@ -77,38 +77,61 @@ def analyze(
 
         profkit analyze traces/sample/eager_sync.pt.trace.json.gz --json summary.json
     """
-    from profkit.analysis.parallel import analyze_paths
-    from profkit.analysis.summary import build_summary, timeline_frame
-    from profkit.catalog import load_catalog
+    import os
+    import time
+
     from profkit.report.console import render_summary
     from profkit.store import write_bytes_atomic, write_json_atomic
 
     with user_errors():
         if timeline is not None and timeline.suffix not in (".parquet", ".csv"):
             raise ProfkitError(f"--timeline {timeline}: use a .parquet or .csv file name", hint="e.g. --timeline timeline.parquet")
-        cat = load_catalog(catalog) if catalog else None
-        import os
-        import time
-
         t_start = time.perf_counter()
-        analyses = analyze_paths(paths, marker=marker, min_bubble_us=min_bubble_us, catalog=cat, cache=False if no_cache else None, jobs=jobs)
-        t_analyzed = time.perf_counter()
-        summary = build_summary(analyses, marker=marker)
-        if os.environ.get("PROFKIT_TIMINGS"):  # for benchmarks/bench_ingest.py
-            _write_timings(os.environ["PROFKIT_TIMINGS"], analyses, t_start, t_analyzed, time.perf_counter())
-        if len(analyses) > 1:
-            from profkit.analysis.ranks import cross_rank
+        summary, skey, files = None, None, []
+        cache_on = not no_cache and os.environ.get("PROFKIT_NO_CACHE", "").strip() in ("", "0", "false", "no")
+        if cache_on and timeline is None:
+            # a repeated run on unchanged traces: the stored summary, without importing polars
+            from profkit.ingest import expand_inputs
+            from profkit.summary_cache import read_summary, summary_key
 
-            summary["cross_rank"] = cross_rank(analyses)
+            files = expand_inputs(paths)
+            skey = summary_key(files, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog)
+            summary = read_summary(files[0], skey) if skey else None
+        if summary is not None:
+            if os.environ.get("PROFKIT_TIMINGS"):
+                _write_timings(os.environ["PROFKIT_TIMINGS"], [], t_start, time.perf_counter(), time.perf_counter())
+        else:
+            from profkit.analysis.parallel import analyze_paths
+            from profkit.analysis.summary import build_summary
+            from profkit.catalog import load_catalog
+
+            cat = load_catalog(catalog) if catalog else None
+            analyses = analyze_paths(paths, marker=marker, min_bubble_us=min_bubble_us, catalog=cat, cache=False if no_cache else None, jobs=jobs)
+            t_analyzed = time.perf_counter()
+            summary = build_summary(analyses, marker=marker)
+            if os.environ.get("PROFKIT_TIMINGS"):  # for benchmarks/bench_ingest.py
+                _write_timings(os.environ["PROFKIT_TIMINGS"], analyses, t_start, t_analyzed, time.perf_counter())
+            if len(analyses) > 1:
+                from profkit.analysis.ranks import cross_rank
+
+                summary["cross_rank"] = cross_rank(analyses)
+            if skey:
+                from profkit.summary_cache import write_summary
+
+                write_summary(files[0], skey, summary)
         to_stdout = json_out == "-"
         render_summary(summary, err if to_stdout else out, top=top)
         if json_out:
             if to_stdout:
-                sys.stdout.write(json.dumps(summary, indent=1) + "\n")
+                from profkit.store import json_text
+
+                sys.stdout.write(json_text(summary))
             else:
                 write_json_atomic(Path(json_out), summary)
                 err.print(f"wrote {escape(json_out)}")
         if timeline is not None:
+            from profkit.analysis.summary import timeline_frame
+
             frame = timeline_frame(analyses)
             import io
 

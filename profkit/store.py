@@ -38,5 +38,18 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         raise ProfkitError(f"{path}: cannot write ({e.strerror})", hint="check free space and permissions") from None
 
 
+def json_text(obj: Any) -> str:
+    """Indented JSON (one space) ending in a newline; NaN and infinities are refused, as json.dumps(allow_nan=False) does."""
+    import msgspec
+
+    try:
+        body = msgspec.json.encode(obj)
+    except (TypeError, msgspec.EncodeError):
+        return json.dumps(obj, indent=1, allow_nan=False) + "\n"  # types msgspec does not know: the stdlib's error
+    if b"null" in body:  # msgspec writes NaN/inf as null: check with the stdlib, which raises
+        json.dumps(obj, allow_nan=False)
+    return msgspec.json.format(body, indent=1).decode() + "\n"
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
-    write_bytes_atomic(path, (json.dumps(obj, indent=1, allow_nan=False) + "\n").encode())
+    write_bytes_atomic(path, json_text(obj).encode())

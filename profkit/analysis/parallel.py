@@ -119,7 +119,7 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
             ex.shutdown(cancel_futures=True)  # type: ignore[union-attr]
     elif todo:
         # as load_traces then analyze_trace: every file is read before any is analyzed
-        ex = make_executor(jobs) if jobs > 1 and big else None
+        ex = make_executor(jobs, chunks=True) if jobs > 1 and big else None
         try:
             traces = {i: load_trace(files[i], default_rank=i, cache=cached_ok[i], jobs=jobs if ex else 1, executor=ex) for i in todo}
         finally:

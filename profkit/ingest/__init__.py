@@ -8,12 +8,20 @@ from typing import Any
 
 from profkit.errors import TraceInputError
 from profkit.ingest.decode import check_reachable, check_readable, decode_events, read_bytes
-from profkit.ingest.tables import Trace, events_frame, split_tables
 
 __all__ = ["Trace", "load_trace", "load_traces", "find_trace_files"]
 
 _TP_RANK = re.compile(r"-TP-(\d+)")
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json")
+
+
+def __getattr__(name: str) -> Any:
+    # the tables (and polars) load on first use: finding the inputs and the summary cache need neither
+    if name == "Trace":
+        from profkit.ingest.tables import Trace
+
+        return Trace
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = False, jobs: int = 1, executor: Any = None) -> Trace:
@@ -71,6 +79,8 @@ def _ingest(path: Path, *, jobs: int = 1, executor: Any = None):
         add_unusable_warnings(fast.unusable, warnings)
         gpu_ops, calls, cpu, ann = finish_tables(*fast.parts, warnings)
         return gpu_ops, calls, cpu, ann, fast.t0_ns, fast.n_events, fast.meta, warnings
+    from profkit.ingest.tables import events_frame, split_tables
+
     data = read_bytes(path)
     events, meta, warnings = decode_events(path, data)
     if path.name.endswith(".gz") and _head(path) != b"\x1f\x8b":
@@ -84,6 +94,8 @@ def _ingest(path: Path, *, jobs: int = 1, executor: Any = None):
 
 
 def _make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings, sha256) -> Trace:
+    from profkit.ingest.tables import Trace
+
     rank = meta.get("rank")
     if not isinstance(rank, int):
         m = _TP_RANK.search(path.name)
@@ -173,7 +185,7 @@ def load_traces(paths: list[Path], *, cache: bool | None = False, jobs: int | No
         finally:
             ex.shutdown(cancel_futures=True)  # type: ignore[union-attr]
     elif jobs > 1 and big:
-        ex = make_executor(jobs)
+        ex = make_executor(jobs, chunks=True)
         try:
             traces = [load_trace(f, default_rank=i, cache=cache, jobs=jobs, executor=ex) for i, f in enumerate(files)]
         finally:

@@ -41,12 +41,15 @@ READ_BYTES = 8 << 20  # decompressed bytes per read
 _PHASES = "BEiIbnesStTpFfPNODMVvRcC()"
 
 
-class FArgs(msgspec.Struct, gc=False):
+class FArgs(msgspec.Struct, gc=False, frozen=True):
     correlation: int | None = None
     external_id: int | None = msgspec.field(name="External id", default=None)
     stream: int | None = None
     device: int | None = None
     bytes: int | str | None = None
+
+
+_NO_ARGS = FArgs()
 
 
 class FX(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
@@ -56,7 +59,7 @@ class FX(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
     dur: float | None = None
     pid: int | str = 0
     tid: int | str = 0
-    args: FArgs | None = None
+    args: FArgs = _NO_ARGS  # frozen, shared: `args.x` reads need no None check
 
 
 # Other phases are typed like decode.Event too (so a file the strict decoder would reject is
@@ -103,7 +106,7 @@ class NotFast(Exception):
     """The file is not in the shape the fast path handles; use the tiered decoder."""
 
 
-def _ids(values: tuple, name: str) -> pl.Series:
+def _ids(values: list, name: str) -> pl.Series:
     try:
         return pl.Series(name, values, dtype=pl.Int64, strict=True).cast(pl.String)
     except (TypeError, pl.exceptions.PolarsError, OverflowError):
@@ -114,7 +117,18 @@ def decode_chunk(data: Any) -> tuple[pl.DataFrame, float | None, int]:
     """One chunk `[ev, ev, ...]` (any buffer) -> (raw frame of its 'X' events, min ts of all events, count).
 
     Raises NotFast when the chunk does not decode strictly (a bad cut, or a schema variant).
+    The C scanner (scan.py) reads it when it is there and accepts the chunk; msgspec otherwise.
     """
+    from profkit.ingest.scan import scan_chunk
+
+    got = scan_chunk(data)
+    if got is not None:
+        return got
+    return decode_chunk_msgspec(data)
+
+
+def decode_chunk_msgspec(data: Any) -> tuple[pl.DataFrame, float | None, int]:
+    """decode_chunk with msgspec's typed decode (where the C scanner is not there or declines)."""
     enabled = gc.isenabled()
     gc.disable()  # millions of short-lived objects: no collections while building them
     try:
@@ -128,29 +142,12 @@ def decode_chunk(data: Any) -> tuple[pl.DataFrame, float | None, int]:
         del events
         if not xs:
             return pl.DataFrame(schema=RAW_SCHEMA), (min(others) if others else None), n
-        args = [e.args for e in xs]
-        nbytes = [a.bytes if a is not None else None for a in args]
+
         try:
-            s_bytes = pl.Series("bytes", nbytes, dtype=pl.Int64, strict=True)
-        except (TypeError, pl.exceptions.PolarsError, OverflowError):
-            s_bytes = pl.Series("bytes", [(int(b) if b.isdigit() else None) if type(b) is str else b for b in nbytes], dtype=pl.Int64)
-        del nbytes
-        ts = pl.Series("ts", [e.ts for e in xs], dtype=pl.Float64)
-        df = pl.DataFrame(
-            [
-                pl.Series("name", [e.name for e in xs], dtype=pl.String),
-                pl.Series("cat", [e.cat for e in xs], dtype=pl.String),
-                ts,
-                pl.Series("dur", [e.dur for e in xs], dtype=pl.Float64),
-                _ids([e.pid for e in xs], "pid"),
-                _ids([e.tid for e in xs], "tid"),
-                pl.Series("correlation", [a.correlation if a is not None else None for a in args], dtype=pl.Int64),
-                pl.Series("external_id", [a.external_id if a is not None else None for a in args], dtype=pl.Int64),
-                pl.Series("stream", [a.stream if a is not None else None for a in args], dtype=pl.Int64),
-                pl.Series("device", [a.device if a is not None else None for a in args], dtype=pl.Int64),
-                s_bytes,
-            ]
-        )
+            df = _columns(xs)
+        except (TypeError, OverflowError, pl.exceptions.PolarsError) as e:  # an int beyond 64 bits: the tiered path warns
+            raise NotFast(str(e)) from None
+        ts = df["ts"]
         tmin = ts.min()
         if others:
             tmin = min(others) if tmin is None else min(tmin, min(others))
@@ -158,6 +155,31 @@ def decode_chunk(data: Any) -> tuple[pl.DataFrame, float | None, int]:
     finally:
         if enabled:
             gc.enable()
+
+
+def _columns(xs: list) -> pl.DataFrame:
+    """The raw frame of decoded 'X' events (RAW_SCHEMA)."""
+    nbytes = [e.args.bytes for e in xs]
+    try:
+        s_bytes = pl.Series("bytes", nbytes, dtype=pl.Int64, strict=True)
+    except (TypeError, pl.exceptions.PolarsError, OverflowError):
+        s_bytes = pl.Series("bytes", [(int(b) if b.isascii() and b.isdigit() else None) if type(b) is str else b for b in nbytes], dtype=pl.Int64)
+    del nbytes
+    return pl.DataFrame(
+        [
+            pl.Series("name", [e.name for e in xs], dtype=pl.String),
+            pl.Series("cat", [e.cat for e in xs], dtype=pl.String),
+            pl.Series("ts", [e.ts for e in xs], dtype=pl.Float64),
+            pl.Series("dur", [e.dur for e in xs], dtype=pl.Float64),
+            _ids([e.pid for e in xs], "pid"),
+            _ids([e.tid for e in xs], "tid"),
+            pl.Series("correlation", [e.args.correlation for e in xs], dtype=pl.Int64),
+            pl.Series("external_id", [e.args.external_id for e in xs], dtype=pl.Int64),
+            pl.Series("stream", [e.args.stream for e in xs], dtype=pl.Int64),
+            pl.Series("device", [e.args.device for e in xs], dtype=pl.Int64),
+            s_bytes,
+        ]
+    )
 
 
 _SLOT_FILES: dict[str, Any] = {}
@@ -194,6 +216,16 @@ def decode_slot(path: str, offset: int, length: int, tables: bool = False) -> An
             view.release()
     # Arrow IPC bytes, not pickled frames: several times cheaper to send back for string columns
     return tuple(_to_ipc(df) for df in parts), counts, tmin, n
+
+
+def decode_view(view: memoryview, offset: int, length: int, tables: bool) -> Any:
+    """Thread side: decode the chunk at [offset, offset+length) of the slots' memory (the scanner
+    and polars release the GIL, so chunks decode in parallel with the decompression)."""
+    v = view[offset: offset + length]
+    try:
+        return decode_chunk_tables(v) if tables else decode_chunk(v)
+    finally:
+        v.release()
 
 
 def _to_ipc(df: pl.DataFrame) -> bytes:
@@ -452,8 +484,11 @@ class RawLoad:
 
 def _decode_file(path: Path, executor: Executor | None, jobs: int, chunk_bytes: int, tables: bool) -> tuple[list[Any], Cut, dict[str, Any]] | None:
     """Decode every chunk of the file (in the workers when there is an executor); None: not fast-path material."""
+    from concurrent.futures import ThreadPoolExecutor
+
     cut = Cut()
     parallel = executor is not None and jobs > 1
+    threaded = isinstance(executor, ThreadPoolExecutor)
     k = 2 * jobs + 1 if parallel else 1
     pending: dict[int, Any] = {}
     order: list[Any] = []
@@ -462,7 +497,7 @@ def _decode_file(path: Path, executor: Executor | None, jobs: int, chunk_bytes: 
             head = f.read(2)
     except OSError:
         return None
-    slots = _Slots(k, chunk_bytes + (1 << 20), shared=parallel)
+    slots = _Slots(k, chunk_bytes + (1 << 20), shared=parallel and not threaded)
     ok = False
     try:
         def wait_slot(i: int) -> None:
@@ -473,7 +508,10 @@ def _decode_file(path: Path, executor: Executor | None, jobs: int, chunk_bytes: 
         with open_decompressed(path, head) as fh:
             for i, off, length in iter_slot_chunks(fh, slots, cut, wait_slot):
                 if parallel:
-                    fut = executor.submit(decode_slot, slots.path, off, length, tables)  # type: ignore[union-attr]
+                    if threaded:
+                        fut = executor.submit(decode_view, slots.view, off, length, tables)  # type: ignore[union-attr]
+                    else:
+                        fut = executor.submit(decode_slot, slots.path, off, length, tables)  # type: ignore[union-attr]
                     pending[i] = fut
                     order.append(fut)
                 else:
@@ -486,7 +524,7 @@ def _decode_file(path: Path, executor: Executor | None, jobs: int, chunk_bytes: 
             results = []
             for r in order:
                 got = r.result()
-                if tables:
+                if tables and not threaded:
                     got = (tuple(_from_ipc(b) for b in got[0]),) + tuple(got[1:])
                 results.append(got)
         else:
@@ -578,10 +616,20 @@ def default_jobs(n_files: int = 1) -> int:
     return max(1, cores if n_files <= 1 else min(cores, n_files))
 
 
-def make_executor(jobs: int) -> Executor | None:
-    """A pool of `jobs` worker processes (spawned: safe with polars' threads), or None for 1."""
+def make_executor(jobs: int, *, chunks: bool = False) -> Executor | None:
+    """A pool of `jobs` workers, or None for 1. For the chunks of one file (`chunks`), threads when
+    the C scanner is there (it and polars release the GIL: no process start-up, no copying of the
+    tables between processes); otherwise, and for whole files, spawned processes (safe with
+    polars' threads)."""
     if jobs <= 1:
         return None
+    if chunks:
+        from profkit.ingest.scan import lib
+
+        if lib() is not None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            return ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="profkit-chunk")
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 

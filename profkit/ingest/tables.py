@@ -84,8 +84,18 @@ _DIR_MAP = {"HtoD": "h2d", "DtoH": "d2h", "DtoD": "d2d", "PtoP": "d2d", "HtoH": 
 def _bytes(a: object) -> int | None:
     b = getattr(a, "bytes", None)
     if isinstance(b, str):
-        return int(b) if b.isdigit() else None
+        return int(b) if b.isascii() and b.isdigit() else None
     return b
+
+
+def _int64s(values: list, what: str, warnings: list[str]) -> list:
+    """Integers outside the 64-bit range become null, with a warning (they cannot be ids or sizes)."""
+    lo, hi = -(1 << 63), (1 << 63) - 1
+    bad = sum(1 for v in values if isinstance(v, int) and not lo <= v <= hi)
+    if not bad:
+        return values
+    warnings.append(f"ignored {bad} args.{what} values outside the 64-bit integer range")
+    return [v if not isinstance(v, int) or lo <= v <= hi else None for v in values]
 
 
 def events_frame(events: list[Event], warnings: list[str]) -> tuple[pl.DataFrame, int]:
@@ -106,11 +116,11 @@ def events_frame(events: list[Event], warnings: list[str]) -> tuple[pl.DataFrame
             "dur": [e.dur for e in xs],
             "pid": [str(e.pid) for e in xs],
             "tid": [str(e.tid) for e in xs],
-            "correlation": [a.correlation if a is not None else None for a in args],
-            "external_id": [a.external_id if a is not None else None for a in args],
-            "stream": [a.stream if a is not None else None for a in args],
-            "device": [a.device if a is not None else None for a in args],
-            "bytes": [_bytes(a) for a in args],
+            "correlation": _int64s([a.correlation if a is not None else None for a in args], "correlation", warnings),
+            "external_id": _int64s([a.external_id if a is not None else None for a in args], "External id", warnings),
+            "stream": _int64s([a.stream if a is not None else None for a in args], "stream", warnings),
+            "device": _int64s([a.device if a is not None else None for a in args], "device", warnings),
+            "bytes": _int64s([_bytes(a) for a in args], "bytes", warnings),
         },
         schema={
             "name": pl.String, "cat": pl.String, "ts": pl.Float64, "dur": pl.Float64, "pid": pl.String,
@@ -131,10 +141,13 @@ def finish_events_frame(df: pl.DataFrame, warnings: list[str]) -> pl.DataFrame:
 
 def normalize_events(df: pl.DataFrame) -> pl.DataFrame:
     """Row by row: one spelling per category, times in integer ns (round(us * 1000))."""
+    # the mapping is built for the few distinct spellings present, not per row
+    spellings = {c: CAT_ALIASES.get(c.lower(), c.lower()) for c in df["cat"].unique().to_list() if c is not None}
     return df.with_columns(
-        pl.col("cat").str.to_lowercase().replace_strict(CAT_ALIASES, default=pl.col("cat").str.to_lowercase()),
-        (pl.col("ts") * 1000).round().cast(pl.Int64).alias("ts_ns"),
-        (pl.col("dur") * 1000).round().cast(pl.Int64).alias("dur_ns"),
+        pl.col("cat").replace_strict(spellings, default=None, return_dtype=pl.String),
+        # a time beyond the 64-bit ns range (~292 years) is no time: null, and the event is skipped with a warning
+        (pl.col("ts") * 1000).round().cast(pl.Int64, strict=False).alias("ts_ns"),
+        (pl.col("dur") * 1000).round().cast(pl.Int64, strict=False).alias("dur_ns"),
     ).drop("ts", "dur")
 
 
@@ -201,9 +214,17 @@ def split_rows(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFra
 def finish_tables(gpu: pl.DataFrame, calls: pl.DataFrame, cpu: pl.DataFrame, ann: pl.DataFrame,
                   warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """The whole-table part of split_tables: duplicates dropped (with warnings), sorted by start."""
-    gpu = _dedupe(gpu, "GPU op", ["name", "ts_ns", "dur_ns", "stream", "correlation"], warnings).sort("ts_ns")
-    calls = _dedupe(calls, "runtime call", ["name", "ts_ns", "dur_ns", "tid", "correlation"], warnings).sort("ts_ns")
-    return gpu, calls, cpu.sort("ts_ns"), ann.sort("ts_ns")
+    gpu = by_start(_dedupe(gpu, "GPU op", ["name", "ts_ns", "dur_ns", "stream", "correlation"], warnings))
+    calls = by_start(_dedupe(calls, "runtime call", ["name", "ts_ns", "dur_ns", "tid", "correlation"], warnings))
+    return gpu, calls, by_start(cpu), by_start(ann)
+
+
+def by_start(df: pl.DataFrame) -> pl.DataFrame:
+    """Sorted by ts_ns, events with equal starts in file order (a stable sort). Traces are mostly
+    written in start order already: then this is one pass over the column, not a sort."""
+    if df.height < 2 or df["ts_ns"].is_sorted():
+        return df
+    return df.sort("ts_ns", maintain_order=True)
 
 
 def split_tables(df: pl.DataFrame, warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:

@@ -1,0 +1,427 @@
+/* profkit's columnar scanner for a chunk of a Kineto trace: `[ev, ev, ...]` -> fixed-width columns.
+ *
+ * Built on first use by profkit/ingest/scan.py (cc -O2 -shared) and loaded with ctypes; when no C
+ * compiler is there, profkit decodes with msgspec instead (same tables). The scanner is a strict
+ * subset of that decoder: it accepts exactly the events msgspec's typed decode accepts (see
+ * columnar.py: FX and the other phases' structs) and returns a negative code for anything else
+ * (a type it does not expect, an unknown phase, a number it cannot represent exactly, ...), so the
+ * caller falls back to msgspec, which then gives its verdict. No per-event allocation: strings are
+ * interned in a hash table of spans into the chunk and returned as ids; numbers go to arrays.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+enum { E_SYNTAX = -1, E_TYPE = -2, E_CAP = -3, E_NUMBER = -4, E_PHASE = -5 };
+
+/* validity bits per event */
+enum { V_TS = 1, V_DUR = 2, V_CORR = 4, V_EXT = 8, V_STREAM = 16, V_DEVICE = 32, V_BYTES = 64 };
+
+typedef struct {
+    /* per-event outputs (capacity cap) */
+    int8_t *ph;
+    int32_t *name, *cat, *pid, *tid; /* string ids; 0 = "" (absent name/cat), 1 = "0" (absent pid/tid) */
+    double *ts, *dur;
+    int64_t *corr, *ext, *stream, *device, *nbytes;
+    uint8_t *valid;
+    int64_t cap;
+    /* string table: spans into the chunk (raw JSON string content, escapes not resolved) */
+    int64_t *s_off;
+    int32_t *s_len;
+    uint8_t *s_esc; /* 1: the raw span holds a backslash escape */
+    int64_t s_cap, s_n;
+    int32_t *slots; /* hash table of string ids, -1 = empty; size power of two */
+    int64_t n_slots;
+} Out;
+
+static const char *PHASES = "BEiIbnesStTpFfPNODMVvRcC()X";
+
+static inline const char *ws(const char *p, const char *e) {
+    while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    return p;
+}
+
+static inline int hexd(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+/* p at the opening quote; returns the position after the closing quote and sets the content span.
+ * Validates as a JSON decoder does: no raw control characters, only the defined escapes. */
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+/* bytes of w that are '"', '\\' or below 0x20 (8 at a time) */
+static inline uint64_t specials(uint64_t w) {
+    uint64_t q = w ^ (ONES * '"'), b = w ^ (ONES * '\\');
+    return (((q - ONES) & ~q) | ((b - ONES) & ~b) | ((w - ONES * 0x20) & ~w)) & HIGHS;
+}
+
+static inline const char *str_span(const char *p, const char *e, const char **s, int64_t *n, int *esc) {
+    p++;
+    *s = p;
+    *esc = 0;
+    while (p < e) {
+        while (p + 8 <= e) {
+            uint64_t w;
+            memcpy(&w, p, 8);
+            if (specials(w)) break;
+            p += 8;
+        }
+        if (p >= e) break;
+        unsigned char c = (unsigned char)*p;
+        if (c == '"') { *n = p - *s; return p + 1; }
+        if (c == '\\') {
+            *esc = 1;
+            if (p + 1 >= e) return NULL;
+            char x = p[1];
+            if (x == 'u') {
+                if (p + 5 >= e || !hexd(p[2]) || !hexd(p[3]) || !hexd(p[4]) || !hexd(p[5])) return NULL;
+                p += 6;
+                continue;
+            }
+            if (x != '"' && x != '\\' && x != '/' && x != 'b' && x != 'f' && x != 'n' && x != 'r' && x != 't') return NULL;
+            p += 2;
+            continue;
+        }
+        if (c < 0x20) return NULL;
+        p++;
+    }
+    return NULL;
+}
+
+static inline int is_null(const char *p, const char *e) { return e - p >= 4 && memcmp(p, "null", 4) == 0; }
+static inline const char *num_token(const char *p, const char *e, int *is_int);
+
+/* a whole JSON value, validated (depth-limited); NULL when it is not valid JSON */
+static const char *skip_value_d(const char *p, const char *e, int depth) {
+    if (p >= e || depth > 256) return NULL;
+    char c = *p;
+    if (c == '"') {
+        const char *s; int64_t n; int esc;
+        return str_span(p, e, &s, &n, &esc);
+    }
+    if (c == '{') {
+        p = ws(p + 1, e);
+        if (p < e && *p == '}') return p + 1;
+        for (;;) {
+            if (p >= e || *p != '"') return NULL;
+            const char *s; int64_t n; int esc;
+            p = str_span(p, e, &s, &n, &esc);
+            if (!p) return NULL;
+            p = ws(p, e);
+            if (p >= e || *p != ':') return NULL;
+            p = skip_value_d(ws(p + 1, e), e, depth + 1);
+            if (!p) return NULL;
+            p = ws(p, e);
+            if (p >= e) return NULL;
+            if (*p == ',') { p = ws(p + 1, e); continue; }
+            if (*p == '}') return p + 1;
+            return NULL;
+        }
+    }
+    if (c == '[') {
+        p = ws(p + 1, e);
+        if (p < e && *p == ']') return p + 1;
+        for (;;) {
+            p = skip_value_d(p, e, depth + 1);
+            if (!p) return NULL;
+            p = ws(p, e);
+            if (p >= e) return NULL;
+            if (*p == ',') { p = ws(p + 1, e); continue; }
+            if (*p == ']') return p + 1;
+            return NULL;
+        }
+    }
+    if (is_null(p, e)) return p + 4;
+    if (e - p >= 4 && memcmp(p, "true", 4) == 0) return p + 4;
+    if (e - p >= 5 && memcmp(p, "false", 5) == 0) return p + 5;
+    int is_int;
+    return num_token(p, e, &is_int);
+}
+
+static inline const char *skip_value(const char *p, const char *e) { return skip_value_d(p, e, 1); }
+
+static inline uint64_t hash_bytes(const char *s, int64_t n) {
+    uint64_t h = 0x243F6A8885A308D3ULL ^ (uint64_t)n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+        s += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, s, (size_t)n);
+    h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
+    return h ^ (h >> 32);
+}
+
+static int32_t intern(Out *o, const char *base, const char *s, int64_t n, int esc) {
+    uint64_t h = hash_bytes(s, n);
+    int64_t mask = o->n_slots - 1;
+    int64_t i = (int64_t)(h & (uint64_t)mask);
+    for (;;) {
+        int32_t id = o->slots[i];
+        if (id < 0) break;
+        if (o->s_len[id] == n && memcmp(base + o->s_off[id], s, (size_t)n) == 0) return id;
+        i = (i + 1) & mask;
+    }
+    if (o->s_n >= o->s_cap || o->s_n * 2 >= o->n_slots) return E_CAP;
+    int32_t id = (int32_t)o->s_n++;
+    o->s_off[id] = s - base;
+    o->s_len[id] = (int32_t)n;
+    o->s_esc[id] = (uint8_t)esc;
+    o->slots[i] = id;
+    return id;
+}
+
+/* a JSON number token at p: its end, and whether it is an integer literal */
+static inline const char *num_token(const char *p, const char *e, int *is_int) {
+    const char *q = p;
+    if (q < e && *q == '-') q++;
+    if (q >= e || *q < '0' || *q > '9') return NULL;
+    if (*q == '0' && q + 1 < e && q[1] >= '0' && q[1] <= '9') return NULL; /* leading zero */
+    while (q < e && *q >= '0' && *q <= '9') q++;
+    *is_int = 1;
+    if (q < e && *q == '.') {
+        *is_int = 0;
+        q++;
+        if (q >= e || *q < '0' || *q > '9') return NULL;
+        while (q < e && *q >= '0' && *q <= '9') q++;
+    }
+    if (q < e && (*q == 'e' || *q == 'E')) {
+        *is_int = 0;
+        q++;
+        if (q < e && (*q == '+' || *q == '-')) q++;
+        if (q >= e || *q < '0' || *q > '9') return NULL;
+        while (q < e && *q >= '0' && *q <= '9') q++;
+    }
+    return q;
+}
+
+/* float | None field */
+static inline const char *read_float(const char *p, const char *e, double *out, int *valid, int *err) {
+    if (is_null(p, e)) { *valid = 0; return p + 4; }
+    int is_int;
+    const char *q = num_token(p, e, &is_int);
+    if (!q) { *err = E_TYPE; return NULL; }
+    char buf[64];
+    int64_t n = q - p;
+    if (n >= (int64_t)sizeof buf) { *err = E_NUMBER; return NULL; }
+    memcpy(buf, p, (size_t)n);
+    buf[n] = 0;
+    double v = strtod(buf, NULL);
+    if (isinf(v)) { *err = E_NUMBER; return NULL; }
+    if (is_int && n - (p[0] == '-') > 18) { *err = E_NUMBER; return NULL; } /* beyond 64-bit integers: msgspec decides */
+    *out = v;
+    *valid = 1;
+    return q;
+}
+
+/* int | None field (ints up to 18 digits) */
+static inline const char *read_int(const char *p, const char *e, int64_t *out, int *valid, int *err) {
+    if (is_null(p, e)) { *valid = 0; return p + 4; }
+    int is_int;
+    const char *q = num_token(p, e, &is_int);
+    if (!q || !is_int) { *err = E_TYPE; return NULL; }
+    const char *d = p;
+    int neg = 0;
+    if (*d == '-') { neg = 1; d++; }
+    if (q - d > 18) { *err = E_NUMBER; return NULL; }
+    int64_t v = 0;
+    for (; d < q; d++) v = v * 10 + (*d - '0');
+    *out = neg ? -v : v;
+    *valid = 1;
+    return q;
+}
+
+/* str field: interned id */
+static inline const char *read_str(Out *o, const char *base, const char *p, const char *e, int32_t *id, int *err) {
+    if (*p != '"') { *err = E_TYPE; return NULL; }
+    const char *s; int64_t n; int esc;
+    const char *q = str_span(p, e, &s, &n, &esc);
+    if (!q) { *err = E_SYNTAX; return NULL; }
+    int32_t k = intern(o, base, s, n, esc);
+    if (k < 0) { *err = k; return NULL; }
+    *id = k;
+    return q;
+}
+
+/* int | str field (pid, tid): the id of its text (an int's canonical digits, or the string) */
+static inline const char *read_id(Out *o, const char *base, const char *p, const char *e, int32_t *id, int *err) {
+    if (*p == '"') return read_str(o, base, p, e, id, err);
+    int is_int;
+    const char *q = num_token(p, e, &is_int);
+    if (!q || !is_int) { *err = E_TYPE; return NULL; }
+    if (q - p > 18 || (q - p == 2 && p[0] == '-' && p[1] == '0')) { *err = E_NUMBER; return NULL; }
+    int32_t k = intern(o, base, p, q - p, 0);
+    if (k < 0) { *err = k; return NULL; }
+    *id = k | (int32_t)0x40000000; /* marks "text of an int" (no quotes to strip, never escaped) */
+    return q;
+}
+
+static inline int key_is(const char *s, int64_t n, const char *lit, int64_t ln) {
+    return n == ln && memcmp(s, lit, (size_t)ln) == 0;
+}
+
+/* args object: the typed fields; returns position after '}' */
+static const char *read_args(Out *o, int64_t k, const char *p, const char *e, int *err) {
+    p++; /* '{' */
+    o->valid[k] &= (uint8_t)(V_TS | V_DUR); /* a repeated "args" replaces the earlier one, as in msgspec */
+    p = ws(p, e);
+    if (p < e && *p == '}') return p + 1;
+    for (;;) {
+        p = ws(p, e);
+        if (p >= e || *p != '"') { *err = E_SYNTAX; return NULL; }
+        const char *s; int64_t n; int esc;
+        p = str_span(p, e, &s, &n, &esc);
+        if (!p) { *err = E_SYNTAX; return NULL; }
+        p = ws(p, e);
+        if (p >= e || *p != ':') { *err = E_SYNTAX; return NULL; }
+        p = ws(p + 1, e);
+        if (p >= e) { *err = E_SYNTAX; return NULL; }
+        int v = 0;
+        if (esc) { *err = E_TYPE; return NULL; } /* an escaped key: let msgspec decide */
+        if (key_is(s, n, "correlation", 11)) {
+            p = read_int(p, e, &o->corr[k], &v, err);
+            if (!p) return NULL;
+            o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_CORR) : (o->valid[k] & ~V_CORR));
+        } else if (key_is(s, n, "External id", 11)) {
+            p = read_int(p, e, &o->ext[k], &v, err);
+            if (!p) return NULL;
+            o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_EXT) : (o->valid[k] & ~V_EXT));
+        } else if (key_is(s, n, "stream", 6)) {
+            p = read_int(p, e, &o->stream[k], &v, err);
+            if (!p) return NULL;
+            o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_STREAM) : (o->valid[k] & ~V_STREAM));
+        } else if (key_is(s, n, "device", 6)) {
+            p = read_int(p, e, &o->device[k], &v, err);
+            if (!p) return NULL;
+            o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_DEVICE) : (o->valid[k] & ~V_DEVICE));
+        } else if (key_is(s, n, "bytes", 5)) {
+            /* int | str | None; a string of ASCII digits counts as its int, any other string as None */
+            if (*p == '"') {
+                const char *bs; int64_t bn; int besc;
+                p = str_span(p, e, &bs, &bn, &besc);
+                if (!p) { *err = E_SYNTAX; return NULL; }
+                int digits = bn > 0 && bn <= 18 && !besc;
+                for (int64_t i = 0; digits && i < bn; i++) digits = bs[i] >= '0' && bs[i] <= '9';
+                if (!digits) {
+                    /* non-ASCII digits (str.isdigit) or escapes: msgspec's path decides */
+                    for (int64_t i = 0; i < bn; i++) if ((unsigned char)bs[i] >= 0x80 || bs[i] == '\\') { *err = E_TYPE; return NULL; }
+                    if (bn > 18) { int all = 1; for (int64_t i = 0; i < bn; i++) all = all && bs[i] >= '0' && bs[i] <= '9'; if (all) { *err = E_NUMBER; return NULL; } }
+                    o->valid[k] &= (uint8_t)~V_BYTES;
+                } else {
+                    int64_t x = 0;
+                    for (int64_t i = 0; i < bn; i++) x = x * 10 + (bs[i] - '0');
+                    o->nbytes[k] = x;
+                    o->valid[k] |= V_BYTES;
+                }
+            } else {
+                p = read_int(p, e, &o->nbytes[k], &v, err);
+                if (!p) return NULL;
+                o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_BYTES) : (o->valid[k] & ~V_BYTES));
+            }
+        } else {
+            p = skip_value(p, e);
+            if (!p) { *err = E_SYNTAX; return NULL; }
+        }
+        p = ws(p, e);
+        if (p >= e) { *err = E_SYNTAX; return NULL; }
+        if (*p == ',') { p++; continue; }
+        if (*p == '}') return p + 1;
+        *err = E_SYNTAX;
+        return NULL;
+    }
+}
+
+/* Scan `[ev, ...]`. Returns the number of events, or a negative error code. */
+int64_t profkit_scan(const char *buf, int64_t len, Out *o) {
+    const char *p = buf, *e = buf + len;
+    int err = 0;
+    p = ws(p, e);
+    if (p >= e || *p != '[') return E_SYNTAX;
+    p = ws(p + 1, e);
+    int64_t k = 0;
+    if (p < e && *p == ']') return ws(p + 1, e) == e ? 0 : E_SYNTAX;
+    for (;;) {
+        if (p >= e || *p != '{') return E_TYPE;
+        if (k >= o->cap) return E_CAP;
+        o->ph[k] = -1;
+        o->name[k] = 0;
+        o->cat[k] = 0;
+        o->pid[k] = 1;
+        o->tid[k] = 1;
+        o->valid[k] = 0;
+        int have_args_null = 0;
+        p = ws(p + 1, e);
+        if (p < e && *p == '}') {
+            p++;
+        } else {
+            for (;;) {
+                p = ws(p, e);
+                if (p >= e || *p != '"') return E_SYNTAX;
+                const char *s; int64_t n; int esc;
+                p = str_span(p, e, &s, &n, &esc);
+                if (!p) return E_SYNTAX;
+                p = ws(p, e);
+                if (p >= e || *p != ':') return E_SYNTAX;
+                p = ws(p + 1, e);
+                if (p >= e) return E_SYNTAX;
+                if (esc) return E_TYPE;
+                int v = 0;
+                if (n == 2 && s[0] == 'p' && s[1] == 'h') {
+                    const char *ps; int64_t pn; int pesc;
+                    if (*p != '"') return E_TYPE;
+                    p = str_span(p, e, &ps, &pn, &pesc);
+                    if (!p) return E_SYNTAX;
+                    if (pn != 1 || pesc) return E_PHASE;
+                    const char *f = strchr(PHASES, ps[0]);
+                    if (!f || ps[0] == 0) return E_PHASE;
+                    o->ph[k] = (int8_t)(f - PHASES);
+                } else if (key_is(s, n, "name", 4)) {
+                    p = read_str(o, buf, p, e, &o->name[k], &err);
+                } else if (key_is(s, n, "cat", 3)) {
+                    p = read_str(o, buf, p, e, &o->cat[k], &err);
+                } else if (key_is(s, n, "ts", 2)) {
+                    p = read_float(p, e, &o->ts[k], &v, &err);
+                    if (p) o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_TS) : (o->valid[k] & ~V_TS));
+                } else if (key_is(s, n, "dur", 3)) {
+                    p = read_float(p, e, &o->dur[k], &v, &err);
+                    if (p) o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_DUR) : (o->valid[k] & ~V_DUR));
+                } else if (key_is(s, n, "pid", 3)) {
+                    p = read_id(o, buf, p, e, &o->pid[k], &err);
+                } else if (key_is(s, n, "tid", 3)) {
+                    p = read_id(o, buf, p, e, &o->tid[k], &err);
+                } else if (key_is(s, n, "args", 4)) {
+                    if (*p == '{') {
+                        have_args_null = 0;
+                        p = read_args(o, k, p, e, &err);
+                    } else if (is_null(p, e)) {
+                        have_args_null = 1;
+                        o->valid[k] &= (uint8_t)(V_TS | V_DUR);
+                        p += 4;
+                    } else {
+                        return E_TYPE;
+                    }
+                } else {
+                    p = skip_value(p, e);
+                    if (!p) return E_SYNTAX;
+                }
+                if (!p) return err ? err : E_SYNTAX;
+                p = ws(p, e);
+                if (p >= e) return E_SYNTAX;
+                if (*p == ',') { p++; continue; }
+                if (*p == '}') { p++; break; }
+                return E_SYNTAX;
+            }
+        }
+        if (o->ph[k] < 0) return E_PHASE; /* no "ph": not a tagged event */
+        if (have_args_null && PHASES[o->ph[k]] == 'X') return E_TYPE; /* columnar.FX: args is not Optional */
+        k++;
+        p = ws(p, e);
+        if (p >= e) return E_SYNTAX;
+        if (*p == ',') { p = ws(p + 1, e); continue; }
+        if (*p == ']') return ws(p + 1, e) == e ? k : E_SYNTAX;
+        return E_SYNTAX;
+    }
+}

@@ -1,0 +1,200 @@
+"""A chunk of events -> its raw frame through the C scanner in _scan.c: no Python object per event.
+
+The scanner is compiled on first use with the system C compiler (`cc -O2 -shared`; $CC to choose
+another) into the user's cache folder (~/.cache/profkit, or $PROFKIT_CACHE_DIR), keyed by a hash of
+its source, and loaded with ctypes. Where there is no compiler (or PROFKIT_NO_SCANNER=1), `lib()`
+is None and columnar.decode_chunk decodes with msgspec instead: the same frame, several times slower.
+
+The scanner accepts only what msgspec's typed decode accepts and returns an error code for
+anything else; `scan_chunk` then returns None and the caller decodes that chunk with msgspec, which
+gives its own verdict (a NotFast, then the tiered decoder's warnings). So every table is the same
+whichever decoder produced it; tests/test_scan.py checks that on real and adversarial inputs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+_SRC = Path(__file__).with_name("_scan.c")
+X_PHASE = 26  # index of 'X' in the scanner's PHASES
+V_TS, V_DUR, V_CORR, V_EXT, V_STREAM, V_DEVICE, V_BYTES = 1, 2, 4, 8, 16, 32, 64
+INT_TEXT = 0x40000000  # id flag: the text of an integer pid/tid
+
+
+class _Out(ctypes.Structure):
+    _fields_ = [
+        ("ph", ctypes.c_void_p), ("name", ctypes.c_void_p), ("cat", ctypes.c_void_p), ("pid", ctypes.c_void_p),
+        ("tid", ctypes.c_void_p), ("ts", ctypes.c_void_p), ("dur", ctypes.c_void_p), ("corr", ctypes.c_void_p),
+        ("ext", ctypes.c_void_p), ("stream", ctypes.c_void_p), ("device", ctypes.c_void_p), ("nbytes", ctypes.c_void_p),
+        ("valid", ctypes.c_void_p), ("cap", ctypes.c_int64),
+        ("s_off", ctypes.c_void_p), ("s_len", ctypes.c_void_p), ("s_esc", ctypes.c_void_p), ("s_cap", ctypes.c_int64),
+        ("s_n", ctypes.c_int64), ("slots", ctypes.c_void_p), ("n_slots", ctypes.c_int64),
+    ]
+
+
+_LIB: Any = None
+_TRIED = False
+
+
+def cache_folder() -> Path:
+    env = os.environ.get("PROFKIT_CACHE_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "profkit"
+
+
+def _build(so: Path) -> bool:
+    cc = os.environ.get("CC", "cc")
+    so.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".scan-", suffix=".so", dir=so.parent)
+    os.close(fd)
+    try:
+        r = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(_SRC)], capture_output=True, timeout=120)
+        if r.returncode != 0:
+            return False
+        os.replace(tmp, so)  # atomic: processes building at once each publish a complete library
+        return True
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def lib() -> Any:
+    """The loaded scanner, building it on first use; None where it cannot be built or is switched off."""
+    global _LIB, _TRIED
+    if _TRIED:
+        return _LIB
+    _TRIED = True
+    if os.environ.get("PROFKIT_NO_SCANNER", "").strip() not in ("", "0", "false", "no"):
+        return None
+    try:
+        tag = hashlib.blake2b(_SRC.read_bytes() + f"{sys.platform}|{os.uname().machine}".encode(), digest_size=8).hexdigest()
+    except (OSError, AttributeError):
+        return None
+    for folder in (cache_folder(), Path(tempfile.gettempdir()) / f"profkit-{os.getuid() if hasattr(os, 'getuid') else 'user'}"):
+        so = folder / f"_scan-{tag}.so"
+        try:
+            if not so.exists() and not _build(so):
+                continue
+            dll = ctypes.CDLL(str(so))
+        except OSError:
+            continue
+        fn = dll.profkit_scan
+        fn.restype = ctypes.c_int64
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(_Out)]
+        _LIB = fn
+        return _LIB
+    return None
+
+
+def _address(data: Any) -> tuple[int, Any]:
+    """(address, keep-alive) of a bytes-like object's memory, without copying where possible."""
+    if isinstance(data, bytes):
+        p = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+        return p or 0, data
+    mv = memoryview(data)
+    if not mv.readonly:
+        buf = (ctypes.c_char * mv.nbytes).from_buffer(mv)
+        return ctypes.addressof(buf), (buf, mv)
+    b = mv.tobytes()
+    return ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value or 0, b
+
+
+_LOCAL = threading.local()
+
+
+def _buffers(cap: int, s_cap: int) -> dict[str, Any]:
+    """The scanner's output arrays, reused by each thread from chunk to chunk (fresh arrays cost
+    page faults: more system time than the scan itself); the columns built from them are copies."""
+    import numpy as np
+
+    got = getattr(_LOCAL, "arrays", None)
+    if got is None or len(got["ph"]) < cap or len(got["s_off"]) < s_cap:
+        got = {
+            "ph": np.empty(cap, np.int8), "name": np.empty(cap, np.int32), "cat": np.empty(cap, np.int32),
+            "pid": np.empty(cap, np.int32), "tid": np.empty(cap, np.int32), "ts": np.empty(cap, np.float64),
+            "dur": np.empty(cap, np.float64), "corr": np.empty(cap, np.int64), "ext": np.empty(cap, np.int64),
+            "stream": np.empty(cap, np.int64), "device": np.empty(cap, np.int64), "nbytes": np.empty(cap, np.int64),
+            "valid": np.empty(cap, np.uint8), "s_off": np.empty(s_cap, np.int64), "s_len": np.empty(s_cap, np.int32),
+            "s_esc": np.empty(s_cap, np.uint8), "slots": np.empty(2 * s_cap, np.int32),
+        }
+        _LOCAL.arrays = got
+    got["slots"][: 2 * s_cap] = -1
+    return got
+
+
+def scan_chunk(data: Any) -> tuple[Any, float | None, int] | None:
+    """(raw frame of the 'X' events, min ts of all events, event count) as columnar.decode_chunk
+    returns them, or None when the scanner is not there or does not accept the chunk."""
+    fn = lib()
+    if fn is None:
+        return None
+    import numpy as np
+    import polars as pl
+
+    from profkit.ingest.columnar import RAW_SCHEMA
+
+    n_bytes = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+    addr, keep = _address(data)
+    cap = n_bytes // 48 + 1024
+    s_cap = 1 << 15
+    for _ in range(4):
+        a = _buffers(cap, s_cap)
+        out = _Out(cap=cap, s_cap=s_cap, s_n=2, n_slots=2 * s_cap, **{k: v.ctypes.data for k, v in a.items()})
+        n = fn(addr, n_bytes, ctypes.byref(out))
+        if n == -3:  # E_CAP: more events or distinct strings than room: grow and scan again
+            cap, s_cap = max(cap, n_bytes // 10 + 16), s_cap * 8
+            continue
+        break
+    if n < 0:
+        return None
+    del keep
+    # the distinct strings: ids 0 and 1 are the defaults "" (name, cat) and "0" (pid, tid)
+    view = memoryview(data) if not isinstance(data, bytes) else data
+    texts = ["", "0"]
+    try:
+        for off, ln, esc in zip(a["s_off"][2: out.s_n].tolist(), a["s_len"][2: out.s_n].tolist(), a["s_esc"][2: out.s_n].tolist()):
+            raw = bytes(view[off: off + ln])
+            texts.append(json.loads(b'"' + raw + b'"') if esc else raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None  # invalid UTF-8 or escape: msgspec's verdict
+    ph = a["ph"][:n]
+    valid = a["valid"][:n]
+    ts_all = a["ts"][:n]
+    has_ts = (valid & V_TS) != 0
+    tmin = float(ts_all[has_ts].min()) if has_ts.any() else None
+    x = ph == X_PHASE
+    if not x.any():
+        return pl.DataFrame(schema=RAW_SCHEMA), tmin, int(n)
+    strings = pl.Series("s", texts, dtype=pl.String)
+    v = valid[x]
+
+    def ids(key: str) -> pl.Series:
+        return strings.gather(pl.Series(a[key][:n][x] & ~INT_TEXT))
+
+    def nullable(key: str, bit: int, name: str) -> pl.Series:
+        s = pl.Series(name, a[key][:n][x])
+        ok = pl.Series((v & bit) != 0)
+        return s if ok.all() else pl.select(pl.when(ok).then(s).otherwise(None)).to_series().alias(name)
+
+    df = pl.DataFrame([
+        ids("name").alias("name"), ids("cat").alias("cat"), nullable("ts", V_TS, "ts"), nullable("dur", V_DUR, "dur"),
+        ids("pid").alias("pid"), ids("tid").alias("tid"), nullable("corr", V_CORR, "correlation"),
+        nullable("ext", V_EXT, "external_id"), nullable("stream", V_STREAM, "stream"), nullable("device", V_DEVICE, "device"),
+        nullable("nbytes", V_BYTES, "bytes"),
+    ])
+    return df, tmin, int(n)

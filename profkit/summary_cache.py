@@ -1,0 +1,131 @@
+"""The last step of the cache: the finished summary of an `analyze` run, stored beside its first
+trace (`<trace>.profkit-cache/summary/<key>.json`), so a repeated `analyze` of unchanged traces
+with the same options prints and writes it without importing polars or reading any table.
+
+The key covers everything the summary depends on: each input's path as given and its
+ingest/cache.py source key (size, mtime_ns, hash of the first and last MiB), the options that
+change results (marker, minimum bubble, catalog: name, or the content of a .toml), the profkit
+version, the installed polars version and a hash of the analysis code and the shipped kernel
+catalogs. Output-only options (--top, --json, stdout) are not in it. A file whose key or digest does
+not match, or that does not parse, is a miss. Nothing here imports polars: this module is what
+keeps a cached `analyze` near interpreter start-up time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+SUFFIX = ".profkit-cache"  # as ingest/cache.py
+_CODE_GLOBS = ("ingest/*.py", "analysis/*.py", "catalog.py", "apis.py", "summary_cache.py", "__init__.py")
+_FINGERPRINT: str | None = None
+
+
+def _fingerprint() -> str:
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        from importlib import metadata
+
+        from profkit import __version__
+
+        h = hashlib.blake2b(digest_size=16)
+        try:
+            pv = metadata.version("polars")
+        except metadata.PackageNotFoundError:
+            pv = "?"
+        h.update(f"{__version__}|{pv}".encode())
+        here = Path(__file__).resolve().parent
+        files = sorted(p for g in _CODE_GLOBS for p in here.glob(g))
+        repo_kernels = here.parent / "kernels"
+        kdir = repo_kernels if repo_kernels.is_dir() else here / "_kernels"
+        files += sorted(kdir.glob("*.toml"))
+        for p in files:
+            h.update(p.name.encode())
+            try:
+                h.update(p.read_bytes())
+            except OSError:
+                pass
+        _FINGERPRINT = h.hexdigest()
+    return _FINGERPRINT
+
+
+def _source_key(path: Path) -> dict[str, Any]:
+    # the same identity ingest/cache.py checks before trusting its tables (kept in step by a test)
+    st = path.stat()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        if st.st_size > 2 << 20:
+            f.seek(st.st_size - (1 << 20))
+            h.update(f.read(1 << 20))
+        elif st.st_size > 1 << 20:
+            h.update(f.read())
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "head_tail_sha256": h.hexdigest()}
+
+
+def summary_key(files: list[Path], *, marker: str | None, min_bubble_us: float, catalog: str | None) -> str | None:
+    """The key of this run's summary, or None when it is not to be cached (small or unreadable inputs)."""
+    try:
+        for f in files:
+            if _estimated_json_bytes(f) < _MIN_BYTES:
+                return None
+        cat: Any = catalog
+        if catalog is not None and (catalog.endswith(".toml") or "/" in catalog or "\\" in catalog):
+            cat = {"path": catalog, "sha256": hashlib.sha256(Path(catalog).read_bytes()).hexdigest()}
+        blob = {
+            "code": _fingerprint(),
+            "inputs": [[str(f), _source_key(f)] for f in files],
+            "options": {"marker": marker, "min_bubble_us": repr(float(min_bubble_us)), "catalog": cat},
+        }
+    except OSError:
+        return None
+    return hashlib.blake2b(json.dumps(blob, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+_MIN_BYTES = 16 << 20  # as ingest/cache.MIN_BYTES: small traces are analyzed in well under a second
+
+
+def _estimated_json_bytes(path: Path) -> int:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    return size * 8 if gz else size
+
+
+def _file(first: Path, key: str) -> Path:
+    return first.with_name(first.name + SUFFIX) / "summary" / f"{key}.json"
+
+
+def read_summary(first: Path, key: str) -> dict[str, Any] | None:
+    import msgspec
+
+    try:
+        doc = msgspec.json.decode(_file(first, key).read_bytes())
+        body = msgspec.json.encode(doc["summary"])
+        if doc.get("key") != key or doc.get("blake2b") != hashlib.blake2b(body, digest_size=16).hexdigest():
+            return None
+        return doc["summary"]
+    except (OSError, msgspec.DecodeError, KeyError, TypeError):
+        return None
+
+
+def write_summary(first: Path, key: str, summary: dict[str, Any]) -> bool:
+    """Store the summary (atomically); False, silently, when the cache folder cannot be written."""
+    import msgspec
+
+    from profkit.errors import ProfkitError
+    from profkit.store import write_bytes_atomic
+
+    d = first.with_name(first.name + SUFFIX)
+    if not d.is_dir():
+        return False  # no tables cache beside this trace (not writable, or disabled): no summary either
+    try:
+        body = msgspec.json.encode(summary)
+        doc = {"key": key, "blake2b": hashlib.blake2b(body, digest_size=16).hexdigest(), "summary": msgspec.json.decode(body)}
+        (d / "summary").mkdir(exist_ok=True)
+        write_bytes_atomic(_file(first, key), msgspec.json.encode(doc))
+        return True
+    except (OSError, ProfkitError, TypeError, msgspec.EncodeError):
+        return False

@@ -1,0 +1,196 @@
+"""The C scanner (profkit/ingest/_scan.c) gives msgspec's frame or declines: never a different answer.
+
+Every chunk the scanner accepts must decode with msgspec to the same frame, t0 and event count;
+whatever msgspec rejects, the scanner must decline too (so the tiered decoder still gives its
+warnings). Checked on every real trace under tests/data, on hand-picked edge cases, and on random
+events (hypothesis).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from profkit.ingest import scan
+from profkit.ingest.columnar import NotFast, decode_chunk_msgspec
+from profkit.ingest.decode import read_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = sorted(p for p in (ROOT / "tests" / "data").rglob("*.json*") if p.name.endswith((".json", ".json.gz"))
+                and "bad" not in p.parts and "expected" not in p.name and not p.name.endswith(("info.json", "manifest.json")))
+
+needs_scanner = pytest.mark.skipif(scan.lib() is None, reason="no C compiler here: the msgspec decoder is used")
+
+
+def _msgspec(chunk: bytes):
+    try:
+        return decode_chunk_msgspec(chunk)
+    except NotFast:
+        return None
+
+
+def _same(chunk: bytes) -> None:
+    got = scan.scan_chunk(chunk)
+    ref = _msgspec(chunk)
+    if ref is None:
+        assert got is None, "the scanner accepted what msgspec rejects"
+        return
+    if got is None:
+        return  # declining is always allowed (msgspec answers)
+    assert got[0].equals(ref[0]) and got[0].schema == ref[0].schema
+    assert got[1:] == ref[1:]
+
+
+def _events_array(path: Path) -> bytes | None:
+    data = read_bytes(path)
+    m = re.search(rb'"traceEvents"\s*:\s*\[', data)
+    if m is None:
+        return None
+    doc = json.loads(data)
+    return json.dumps(doc["traceEvents"]).encode()
+
+
+@needs_scanner
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: str(p.relative_to(ROOT / "tests" / "data")))
+def test_real_traces_scan_exactly(path: Path) -> None:
+    """Each real trace's events, as written (compact re-dump) and pretty-printed like Kineto."""
+    arr = _events_array(path)
+    if arr is None:
+        pytest.skip("not a Kineto document")
+    got = scan.scan_chunk(arr)
+    assert got is not None, "the scanner should accept a real trace"
+    _same(arr)
+    pretty = json.dumps(json.loads(arr), indent=2).encode()
+    _same(pretty)
+    assert scan.scan_chunk(pretty)[0].equals(got[0])
+
+
+EDGE = [
+    '[]',
+    '[ ]',
+    '[{"ph":"X"}]',
+    '[{"ph":"X","name":"a\\u00e9\\n\\"b\\\\","cat":"Kernel","ts":1,"dur":2}]',
+    '[{"ph":"X","name":"ünï","ts":1.5e3,"dur":0.0,"pid":"GPU 0","tid":7}]',
+    '[{"ph":"X","ts":-0.0,"dur":-1,"pid":-3,"tid":"-3"}]',
+    '[{"ph":"X","ts":1,"dur":1,"pid":-0}]',
+    '[{"ph":"X","ts":1,"dur":1,"args":{"bytes":"60"}}]',
+    '[{"ph":"X","ts":1,"dur":1,"args":{"bytes":"6x"}}]',
+    '[{"ph":"X","ts":1,"dur":1,"args":{"bytes":""}}]',
+    '[{"ph":"X","ts":1,"dur":1,"args":{"bytes":"\\u00b2"}}]',
+    '[{"ph":"X","ts":1,"dur":1,"args":{"bytes":"²"}}]',
+    '[{"ph":"X","ts":1,"dur":1,"args":{"bytes":1.5}}]',
+    '[{"ph":"X","ts":1,"dur":1,"args":{"correlation":3,"correlation":null}}]',
+    '[{"ph":"X","ts":1,"dur":1,"args":{"correlation":3},"args":{"stream":7}}]',
+    '[{"ph":"X","ts":1,"dur":1,"args":null}]',
+    '[{"ph":"i","ts":1,"args":null}]',
+    '[{"ph":"X","ts":1,"dur":1,"args":{"correlation":12345678901234567890}}]',
+    '[{"ph":"X","ts":1,"dur":1,"args":{"correlation":1e3}}]',
+    '[{"ph":"X","ts":1,"dur":1,"args":{"correlation":"3"}}]',
+    '[{"ph":"X","ts":12345678901234567890,"dur":1}]',
+    '[{"ph":"X","ts":1e400,"dur":1}]',
+    '[{"ph":"X","ts":"1","dur":1}]',
+    '[{"ph":"X","ts":true,"dur":1}]',
+    '[{"ph":"X","ts":1,"dur":1,"name":5}]',
+    '[{"ph":"X","ts":1,"dur":1,"pid":1.5}]',
+    '[{"ph":"X","ts":1,"dur":1,"pid":null}]',
+    '[{"ph":"Q","ts":1}]',
+    '[{"ph":"","ts":1}]',
+    '[{"ph":"XX","ts":1}]',
+    '[{"ts":1}]',
+    '[{"ph":"X","ts":1,"dur":1,"x":tru}]',
+    '[{"ph":"X","ts":1,"dur":1,"x":[1,,2]}]',
+    '[{"ph":"X","ts":1,"dur":1,"x":{"a" 1}}]',
+    '[{"ph":"X","ts":1,"dur":1,"x":[{"a":[1,{"b":"}]"}]},{}],"y":-1.5E+2}]',
+    '[{"ph":"X","ts":1,"dur":1,"x":01}]',
+    '[{"ph":"X","ts":01,"dur":1}]',
+    '[{"ph":"X","ts":1.,"dur":1}]',
+    '[{"ph":"X","ts":1,"dur":1,"name":"tab\there"}]',
+    '[{"ph":"X","ts":1,"dur":1,"name":"bad \\x escape"}]',
+    '[{"ph":"X","ts":1,"dur":1}] x',
+    '[{"ph":"X","ts":1,"dur":1},]',
+    '[5]',
+    '[{"ph":"X","ts":1,"dur":1}',
+    '[{"ph":"X","ts":1,"dur":1,"\\u0070h":"i"}]',
+    '[{"ph":"M","name":"process_name","pid":1,"args":{"name":"python"}},{"ph":"X","ts":3,"dur":1},{"ph":"f","ts":0.5,"id":1,"bp":"e"}]',
+]
+
+
+@needs_scanner
+@pytest.mark.parametrize("text", EDGE)
+def test_edge_cases_scan_like_msgspec(text: str) -> None:
+    _same(text.encode())
+
+
+def test_invalid_utf8_declined() -> None:
+    _same(b'[{"ph":"X","ts":1,"dur":1,"name":"\xff\xfe"}]')
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+_field = st.one_of(_json_values, st.integers(-5, 10**6), st.floats(-1e6, 1e12, allow_nan=False), st.sampled_from(["", "0", "12", "cpu_op", "Kernel"]))
+_args = st.dictionaries(st.sampled_from(["correlation", "External id", "stream", "device", "bytes", "Python id", "grid"]), _field, max_size=4)
+_event = st.fixed_dictionaries(
+    {"ph": st.sampled_from(["X", "X", "X", "i", "M", "f", "s", "Z"])},
+    optional={"name": _field, "cat": _field, "ts": _field, "dur": _field, "pid": _field, "tid": _field,
+              "args": st.one_of(st.none(), _args, _field), "extra": _json_values},
+)
+
+
+@needs_scanner
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_event, max_size=6), st.sampled_from([None, 1]))
+def test_random_events_scan_like_msgspec(events: list, indent: int | None) -> None:
+    _same(json.dumps(events, indent=indent, ensure_ascii=False).encode())
+
+
+def test_no_scanner_same_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PROFKIT_NO_SCANNER=1 (or no compiler): msgspec decodes, and the trace is the same."""
+    from profkit.ingest import load_trace
+
+    path = ROOT / "tests" / "data" / "public" / "tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz"
+    with_scan = load_trace(path, cache=False)
+    monkeypatch.setattr(scan, "_TRIED", True)
+    monkeypatch.setattr(scan, "_LIB", None)
+    without = load_trace(path, cache=False)
+    for t in ("gpu_ops", "calls", "cpu", "gpu_annotations"):
+        assert getattr(with_scan, t).equals(getattr(without, t))
+    assert (with_scan.t0_ns, with_scan.n_events, with_scan.warnings) == (without.t0_ns, without.n_events, without.warnings)
+
+
+_i64 = st.integers(-(10**17), 10**17)
+_num = st.one_of(st.none(), st.floats(-1e15, 1e15, allow_nan=False), _i64)
+_valid_args = st.fixed_dictionaries({}, optional={
+    "correlation": st.one_of(st.none(), _i64), "External id": st.one_of(st.none(), _i64), "stream": st.one_of(st.none(), _i64),
+    "device": st.one_of(st.none(), _i64), "bytes": st.one_of(st.none(), _i64, st.text(max_size=4), st.from_regex(r"\A[0-9]{1,12}\Z")),
+    "Python id": _i64, "Input Dims": _json_values, "Concrete Inputs": st.lists(st.text(max_size=5), max_size=3),
+})
+_valid_event = st.fixed_dictionaries(
+    {"ph": st.sampled_from(["X", "X", "X", "X", "i", "M", "f", "s", "C"])},
+    optional={"name": st.text(max_size=12), "cat": st.sampled_from(["kernel", "cpu_op", "python_function", "Runtime", "", "gpu_memcpy"]),
+              "ts": _num, "dur": _num, "pid": st.one_of(_i64, st.text(max_size=5)), "tid": st.one_of(_i64, st.text(max_size=5)),
+              "args": _valid_args, "id": _i64, "bp": st.just("e")},
+)
+
+
+@needs_scanner
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_valid_event, min_size=1, max_size=8), st.sampled_from([None, 2]), st.booleans())
+def test_random_valid_events_are_scanned(events: list, indent: int | None, ascii_only: bool) -> None:
+    """Well-typed events (the shape real traces have): the scanner accepts them and agrees."""
+    chunk = json.dumps(events, indent=indent, ensure_ascii=ascii_only).encode()
+    ref = _msgspec(chunk)
+    got = scan.scan_chunk(chunk)
+    assert ref is not None
+    if any(not isinstance(e.get("args", {}).get("bytes", 0), (int, type(None))) and not str(e["args"]["bytes"]).isascii()
+           for e in events if isinstance(e.get("args"), dict)):
+        return  # a non-ASCII "bytes" string: the scanner leaves it to msgspec
+    assert got is not None, "the scanner declined well-typed events"
+    assert got[0].equals(ref[0]) and got[1:] == ref[1:]

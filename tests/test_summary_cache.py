@@ -1,0 +1,104 @@
+"""The summary cache: a repeated `analyze` of unchanged traces with the same options prints and
+writes the stored summary without importing polars; anything that changes the answer misses."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from profkit import summary_cache
+from profkit.cli import app
+from profkit.ingest import cache as pcache
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "tests" / "data" / "gpu" / "eager_sync.pt.trace.json.gz"
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _cache_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pcache, "MIN_BYTES", 0)
+    monkeypatch.setattr(summary_cache, "_MIN_BYTES", 0)
+    monkeypatch.delenv("PROFKIT_NO_CACHE", raising=False)
+
+
+def _analyze(*args: str) -> tuple[str, dict]:
+    out = Path(args[-1])
+    r = runner.invoke(app, ["analyze", *args[:-1], "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    return r.output, json.loads(out.read_text())
+
+
+def _stored(trace: Path) -> list[Path]:
+    return sorted((pcache.cache_dir(trace) / "summary").glob("*.json"))
+
+
+def test_second_run_reads_the_stored_summary(tmp_path: Path) -> None:
+    t = tmp_path / SRC.name
+    shutil.copyfile(SRC, t)
+    out1, s1 = _analyze(str(t), str(tmp_path / "a.json"))
+    assert len(_stored(t)) == 1
+    out2, s2 = _analyze(str(t), str(tmp_path / "b.json"))
+    assert s1 == s2 and (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    assert out1.replace("a.json", "b.json") == out2
+    # the same answer as a run that uses no cache at all
+    _, s3 = _analyze(str(t), "--no-cache", str(tmp_path / "c.json"))
+    assert s3 == s1
+
+
+def test_cached_run_does_not_import_polars(tmp_path: Path) -> None:
+    t = tmp_path / SRC.name
+    shutil.copyfile(SRC, t)
+    _analyze(str(t), str(tmp_path / "a.json"))
+    code = (
+        "import sys; import profkit.summary_cache as s; s._MIN_BYTES = 0\n"
+        "from profkit.cli import main\n"
+        f"sys.argv = ['profkit', 'analyze', {str(t)!r}, '--json', {str(tmp_path / 'b.json')!r}]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print('POLARS' if 'polars' in sys.modules else 'NO-POLARS')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PROFKIT_NO_CACHE"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("NO-POLARS"), r.stdout + r.stderr
+    assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+
+
+def test_changed_trace_options_or_damage_miss(tmp_path: Path) -> None:
+    t = tmp_path / SRC.name
+    shutil.copyfile(SRC, t)
+    _, base = _analyze(str(t), str(tmp_path / "a.json"))
+    # other options: another entry, another answer where the option matters
+    _, big = _analyze(str(t), "--min-bubble-us", "1000000", str(tmp_path / "b.json"))
+    assert len(_stored(t)) == 2 and big != base
+    # a damaged stored summary is never used: the answer is recomputed (and stored again)
+    for p in _stored(t):
+        doc = json.loads(p.read_text())
+        doc["summary"]["ranks"][0]["iterations"][0]["wall_us"] = -1.0
+        p.write_text(json.dumps(doc))
+    _, again = _analyze(str(t), str(tmp_path / "c.json"))
+    assert again == base
+    # another trace under the same name: a miss
+    other = ROOT / "tests" / "data" / "gpu" / "eager_decode.pt.trace.json.gz"
+    shutil.copyfile(other, t)
+    _, s_other = _analyze(str(t), str(tmp_path / "d.json"))
+    _, fresh = _analyze(str(t), "--no-cache", str(tmp_path / "e.json"))
+    assert s_other == fresh and s_other != base
+
+
+def test_no_cache_and_timeline_bypass(tmp_path: Path) -> None:
+    t = tmp_path / SRC.name
+    shutil.copyfile(SRC, t)
+    _analyze(str(t), "--no-cache", str(tmp_path / "a.json"))
+    assert not pcache.cache_dir(t).exists()
+    r = runner.invoke(app, ["analyze", str(t), "--timeline", str(tmp_path / "tl.csv")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "tl.csv").stat().st_size > 0
+    assert _stored(t) == []  # --timeline needs the frames: it never uses (or writes) the stored summary
