@@ -198,20 +198,52 @@ static inline const char *num_token(const char *p, const char *e, int *is_int) {
     return q;
 }
 
+static const double POW10[23] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* The exact fast path (Clinger): a decimal significand below 2^53 times or over a power of ten up
+ * to 1e22 is one correctly rounded operation on exact operands; anything else goes to strtod. */
+static inline int fast_double(const char *p, const char *q, double *out) {
+    int neg = 0;
+    if (*p == '-') { neg = 1; p++; }
+    uint64_t m = 0;
+    int digits = 0, frac = 0, ex = 0, eneg = 0;
+    while (p < q && *p >= '0' && *p <= '9') { m = m * 10 + (uint64_t)(*p - '0'); digits++; p++; }
+    if (p < q && *p == '.') {
+        p++;
+        while (p < q && *p >= '0' && *p <= '9') { m = m * 10 + (uint64_t)(*p - '0'); digits++; frac++; p++; }
+    }
+    if (p < q && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (*p == '+' || *p == '-') { eneg = *p == '-'; p++; }
+        while (p < q) { ex = ex * 10 + (*p - '0'); p++; if (ex > 1000) return 0; }
+    }
+    if (digits > 19 || m > (1ULL << 53)) return 0;
+    int e10 = (eneg ? -ex : ex) - frac;
+    double v = (double)m;
+    if (e10 < -22 || e10 > 22) return 0;
+    v = e10 < 0 ? v / POW10[-e10] : v * POW10[e10];
+    *out = neg ? -v : v;
+    return 1;
+}
+
 /* float | None field */
 static inline const char *read_float(const char *p, const char *e, double *out, int *valid, int *err) {
     if (is_null(p, e)) { *valid = 0; return p + 4; }
     int is_int;
     const char *q = num_token(p, e, &is_int);
     if (!q) { *err = E_TYPE; return NULL; }
-    char buf[64];
     int64_t n = q - p;
-    if (n >= (int64_t)sizeof buf) { *err = E_NUMBER; return NULL; }
-    memcpy(buf, p, (size_t)n);
-    buf[n] = 0;
-    double v = strtod(buf, NULL);
-    if (isinf(v)) { *err = E_NUMBER; return NULL; }
     if (is_int && n - (p[0] == '-') > 18) { *err = E_NUMBER; return NULL; } /* beyond 64-bit integers: msgspec decides */
+    double v;
+    if (!fast_double(p, q, &v)) {
+        char buf[64];
+        if (n >= (int64_t)sizeof buf) { *err = E_NUMBER; return NULL; }
+        memcpy(buf, p, (size_t)n);
+        buf[n] = 0;
+        v = strtod(buf, NULL);
+    }
+    if (isinf(v)) { *err = E_NUMBER; return NULL; }
     *out = v;
     *valid = 1;
     return q;
@@ -252,7 +284,7 @@ static inline const char *read_id(Out *o, const char *base, const char *p, const
     int is_int;
     const char *q = num_token(p, e, &is_int);
     if (!q || !is_int) { *err = E_TYPE; return NULL; }
-    if (q - p > 18 || (q - p == 2 && p[0] == '-' && p[1] == '0')) { *err = E_NUMBER; return NULL; }
+    if (q - p - (p[0] == '-') > 18 || (q - p == 2 && p[0] == '-' && p[1] == '0')) { *err = E_NUMBER; return NULL; }
     int32_t k = intern(o, base, p, q - p, 0);
     if (k < 0) { *err = k; return NULL; }
     *id = k | (int32_t)0x40000000; /* marks "text of an int" (no quotes to strip, never escaped) */
