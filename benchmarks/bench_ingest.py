@@ -217,6 +217,9 @@ def profkit_analyze(paths: list[Path], extra: list[str], tag: str) -> dict:
     tfile = Path(tempfile.mkstemp(prefix="profkit-timings-", suffix=".json")[1])
     sfile = Path(tempfile.mkstemp(prefix="profkit-summary-", suffix=".json")[1])
     env = dict(os.environ, PROFKIT_TIMINGS=str(tfile))
+    # as on a user's machine, where pip compiled the bytecode at install: this project's sandbox sets
+    # PYTHONDONTWRITEBYTECODE, which makes every run recompile profkit's modules from source
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     cmd = [sys.executable, "-m", "profkit", "analyze", *map(str, paths), "--json", str(sfile), *extra]
     r = run_child(cmd, env)
     try:
@@ -286,12 +289,15 @@ def machine() -> dict:
     except OSError:
         pass
     pkgs = {}
-    for mod in ("polars", "msgspec", "pyarrow", "isal", "zlib_ng"):
+    for mod in ("polars", "numpy", "msgspec", "pyarrow", "isal", "zlib_ng"):
         try:
             m = __import__(mod)
             pkgs[mod] = getattr(m, "__version__", "?")
         except ImportError:
             pkgs[mod] = None
+    from profkit.ingest.scan import lib
+
+    pkgs["C scanner"] = "built" if lib() is not None else "absent (msgspec decodes)"
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
             "python": platform.python_version(), "platform": platform.platform(), "packages": pkgs}
 

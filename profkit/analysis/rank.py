@@ -26,7 +26,7 @@ from profkit.apis import (
     SYNC_APIS,
 )
 from profkit.analysis.iterations import WHOLE_TRACE, find_iterations
-from profkit.analysis.spans import exclusive_top, innermost_enclosing
+from profkit.analysis.spans import MaxTree, exclusive_sweeps, innermost_enclosing, innermost_enclosing_by, thread_rows
 from profkit.ingest import Trace
 
 CAUSES = ("sync", "launch", "iteration_boundary", "gpu_wait")
@@ -130,8 +130,9 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     windows = _gpu_windows(win, owned)
     owned = owned.join(windows.select("iteration", "gpu_start_ns", "gpu_end_ns"), on="iteration", how="left")
     busy = _busy(owned)
-    syncs = _syncs(trace, calls, ops)
-    bubbles = _bubbles(trace, ops, calls, windows, syncs, int(round(min_bubble_us * 1000)))
+    rows_cache: dict = {}  # spans.thread_rows of trace.cpu / trace.calls, shared by the two below
+    syncs = _syncs(trace, calls, ops, rows_cache)
+    bubbles = _bubbles(trace, ops, calls, windows, syncs, int(round(min_bubble_us * 1000)), rows_cache)
 
     per = _per_iteration(win, windows, busy, owned, calls, syncs, bubbles)
     categories = owned.group_by("iteration", "category").agg(pl.col("dur_ns").sum()).sort("iteration", "category")
@@ -241,7 +242,7 @@ def _pick(col: pl.Series, idx: list[int | None]) -> list[Any]:
     return [v if i is not None else None for v, i in zip(got, idx)]
 
 
-def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, rows_cache: dict | None = None) -> pl.DataFrame:
     """Host-blocking calls: synchronize calls (kind sync) and blocking copies (kind sync_copy)."""
     op_info = (
         ops.filter(pl.col("cat") == "gpu_memcpy")
@@ -261,16 +262,14 @@ def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame
     }
     if blocking.height == 0:
         return pl.DataFrame(schema=schema)
-    cpu_ops = trace.cpu.filter(pl.col("cat") == "cpu_op")
-    anns = trace.cpu.filter(pl.col("cat") == "user_annotation")
-    pyf = trace.cpu.filter(pl.col("cat") == "python_function")
     pts = blocking.select("ts_ns", "end_ns", "tid")
-    trig_idx = innermost_enclosing(pts, cpu_ops)
-    ann_idx = innermost_enclosing(pts, anns)
-    py_idx = innermost_enclosing(pts, pyf)
-    # only the rows found above, not whole columns (a trace with stacks has millions of frames)
-    op_names, op_ts = _pick(cpu_ops["name"], trig_idx), _pick(cpu_ops["ts_ns"], trig_idx)
-    ann_names, py_names = _pick(anns["name"], ann_idx), _pick(pyf["name"], py_idx)
+    # the innermost cpu_op, annotation and Python frame around each call, as rows of trace.cpu
+    # (one search for the three; a trace with stacks has millions of frames)
+    found = innermost_enclosing_by(pts, trace.cpu, "cat", ("cpu_op", "user_annotation", "python_function"), cache=rows_cache)
+    trig_idx, ann_idx, py_idx = found["cpu_op"], found["user_annotation"], found["python_function"]
+    # only the rows found above, not whole columns
+    op_names, op_ts = _pick(trace.cpu["name"], trig_idx), _pick(trace.cpu["ts_ns"], trig_idx)
+    ann_names, py_names = _pick(trace.cpu["name"], ann_idx), _pick(trace.cpu["name"], py_idx)
     # For a sync call: the direction of the latest copy on its thread inside the same trigger op.
     copy_rows = list(zip(copies["tid"].to_list(), copies["ts_ns"].to_list(), copies["op_direction"].to_list()))
     copies_by_tid: dict[str, list[tuple[int, str | None]]] = defaultdict(list)
@@ -302,7 +301,7 @@ def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame
 
 
 def _bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.DataFrame, syncs: pl.DataFrame,
-             min_ns: int) -> pl.DataFrame:
+             min_ns: int, rows_cache: dict | None = None) -> pl.DataFrame:
     schema = {"iteration": pl.Int64, "start_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String, "cpu_ops": pl.List(pl.String)}
     w = windows.filter(pl.col("gpu_start_ns").is_not_null()).sort("gpu_start_ns")
     if w.height == 0 or ops.height == 0:
@@ -351,11 +350,25 @@ def _bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.D
         else:
             cause = "gpu_wait"
         causes.append(cause)
-    cpu_lists = _gap_cpu_ops(trace, g0s, g1s, [t if t is not None else default_tid for t in ltids])
+    cpu_lists = _gap_cpu_ops(trace, g0s, g1s, [t if t is not None else default_tid for t in ltids], rows_cache)
     return gaps.select(
         "iteration", pl.col("g0").alias("start_ns"), (pl.col("g1") - pl.col("g0")).alias("dur_ns"),
-        pl.Series("cause", causes, dtype=pl.String), pl.Series("cpu_ops", cpu_lists, dtype=pl.List(pl.String)),
+        pl.Series("cause", causes, dtype=pl.String), _string_lists("cpu_ops", cpu_lists),
     )
+
+
+def _string_lists(name: str, lists: list[list[str]]) -> pl.Series:
+    """pl.Series(name, lists, dtype=pl.List(pl.String)), built from the flat values (polars builds a
+    Series per inner list otherwise)."""
+    flat = pl.DataFrame(
+        {"_i": [i for i, got in enumerate(lists) for _ in got], name: [v for got in lists for v in got]},
+        schema={"_i": pl.Int64, name: pl.String},
+    )
+    grouped = flat.group_by("_i", maintain_order=True).agg(pl.col(name))
+    full = pl.DataFrame({"_i": pl.int_range(0, len(lists), dtype=pl.Int64, eager=True)}).join(
+        grouped, on="_i", how="left", maintain_order="left"
+    )
+    return full.select(pl.col(name).fill_null(pl.lit([], dtype=pl.List(pl.String))))[name]
 
 
 # A gap's CPU ops come from the events on its thread that start before the gap ends, looking back
@@ -363,69 +376,127 @@ def _bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.D
 GAP_LOOKBACK = 4000
 
 
-def _gap_cpu_ops(trace: Trace, g0s: list[int], g1s: list[int], tids: list[str | None]) -> list[list[str]]:
+def _gap_cpu_ops(trace: Trace, g0s: list[int], g1s: list[int], tids: list[str | None],
+                 rows_cache: dict | None = None) -> list[list[str]]:
     """For each gap [g0, g1) on thread tid: the CPU ops (cpu_op, annotations, Python frames, runtime
     calls) with the most exclusive time inside it. Per thread the events are ordered by (ts, end,
     name); a gap looks at the GAP_LOOKBACK events before the first one starting at or after g1 and
     keeps those ending after g0.
 
-    Vectorized: events are sorted by (ts, end) in polars and only the few rows of each gap's
-    window go to Python, where they are ordered by (ts, end, name); a group of events with equal
-    (ts, end) that straddles the window's first row is resolved by name as the full order would."""
+    Each gap's kept events are found without sorting the thread's events or looking at each row of
+    the window (_gap_rows); only they (a few per gap) go to Python, ordered as exclusive_top orders
+    them: by (clipped start, -clipped end), then by (ts, end, name), the order of the window."""
     out: list[list[str]] = [[] for _ in g0s]
-    needed = {t for t in tids if t is not None}
-    if not needed:
-        return out
-    cols = ["ts_ns", "end_ns", "tid"]
-    srcs = (trace.cpu, trace.calls)
-    evs = pl.concat(
-        [f.select(cols).with_columns(pl.lit(k, pl.Int64).alias("_src"), pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_row"))
-         for k, f in enumerate(srcs)],
-        how="vertical_relaxed",
-    ).filter(pl.col("tid").is_in(list(needed)))
     gaps_by_tid: dict[str, list[int]] = defaultdict(list)
     for i, t in enumerate(tids):
         if t is not None:
             gaps_by_tid[t].append(i)
+    srcs = (trace.cpu, trace.calls)
     for t, idx in gaps_by_tid.items():
-        f = evs.filter(pl.col("tid") == t)
-        if f.height == 0:
+        parts = []
+        for f in srcs:
+            ts, end, rows = thread_rows(f, t, cache=rows_cache)
+            if len(ts):
+                parts.append(_Events(f, ts, end, rows))
+        if not parts:
             continue
-        f = f.sort("ts_ns", "end_ns").with_columns(
-            pl.when((pl.col("ts_ns") != pl.col("ts_ns").shift(1)) | (pl.col("end_ns") != pl.col("end_ns").shift(1)) | pl.col("ts_ns").shift(1).is_null())
-            .then(pl.int_range(0, pl.len(), dtype=pl.Int64)).otherwise(None).forward_fill().alias("_tie")
+        g0 = pl.Series("g0", [g0s[i] for i in idx], dtype=pl.Int64)
+        g1 = pl.Series("g1", [g1s[i] for i in idx], dtype=pl.Int64)
+        kept = _gap_rows(parts, g0, g1)
+        if kept.height == 0:
+            continue
+        keys = ["gap", "s", "neg_e", "ts_ns", "end_ns"]
+        kept = (
+            kept.with_columns(g0.gather(kept["gap"]), g1.gather(kept["gap"]))
+            .with_columns(pl.max_horizontal("ts_ns", "g0").alias("s"), pl.min_horizontal("end_ns", "g1").alias("e"))
+            .with_columns((-pl.col("e")).alias("neg_e"))
+            .sort(keys)
         )
-        js = f["ts_ns"].search_sorted(pl.Series([g1s[i] for i in idx], dtype=pl.Int64), side="left").to_list()
-        los = [max(0, j - GAP_LOOKBACK) for j in js]
-        tie = f["_tie"]
-        starts = [int(tie[lo]) if lo < j else lo for lo, j in zip(los, js)]
-        g = pl.DataFrame({"gap": idx, "a": starts, "j": js, "g0": [g0s[i] for i in idx]},
-                         schema={"gap": pl.Int64, "a": pl.Int64, "j": pl.Int64, "g0": pl.Int64})
-        w = g.with_columns(pl.int_ranges("a", "j", dtype=pl.Int64).alias("r")).explode("r").drop_nulls("r")
-        w = w.with_columns(f["end_ns"].gather(w["r"]).alias("end_ns")).filter(pl.col("end_ns") > pl.col("g0"))
-        w = w.with_columns(f["ts_ns"].gather(w["r"]).alias("ts_ns"), f["_src"].gather(w["r"]).alias("_src"), f["_row"].gather(w["r"]).alias("_row"))
-        names: list[Any] = [None] * w.height
-        for k, src in enumerate(srcs):
-            pos = [n for n, v in enumerate(w["_src"].to_list()) if v == k]
-            if pos:
-                got_names = src["name"].gather(w["_row"].gather(pl.Series(pos, dtype=pl.Int64))).to_list()
-                for n, v in zip(pos, got_names):
-                    names[n] = v
-        w = w.with_columns(pl.Series("name", names, dtype=pl.String))
-        rows: dict[int, list[tuple[int, int, int, str]]] = defaultdict(list)
-        for gi, r, ts, end, name in zip(w["gap"].to_list(), w["r"].to_list(), w["ts_ns"].to_list(), w["end_ns"].to_list(), w["name"].to_list()):
-            rows[gi].append((r, ts, end, name))
-        for i, lo, a in zip(idx, los, starts):
-            got = rows.get(i, [])
-            if lo > a and got and got[0][0] < lo:
-                # the (ts, end) group straddling `lo`: in the full order its members are sorted by
-                # name and the first lo - a of them fall before the window
-                key0 = (got[0][1], got[0][2])
-                tie = sorted((e for e in got if (e[1], e[2]) == key0), key=lambda e: e[3])[lo - a:]
-                got = tie + [e for e in got if (e[1], e[2]) != key0]
-            window = sorted(((ts, end, name) for _, ts, end, name in got))
-            out[i] = exclusive_top(window, g0s[i], g1s[i])
+        if kept.select(pl.all_horizontal(pl.col(k) == pl.col(k).shift(1) for k in keys).any()).item():
+            kept = kept.sort(*keys, "name")  # events equal but for the name: the name decides, as in the window
+        tops = exclusive_sweeps(kept["gap"].to_list(), kept["s"].to_list(), kept["e"].to_list(), kept["name"].to_list(),
+                                g0.to_list(), g1.to_list())
+        for g, names in tops.items():
+            out[idx[g]] = names
     return out
+
+
+@dataclass
+class _Events:
+    """One table's events on one thread, ordered by start: thread_rows' (ts, end, row)."""
+
+    table: pl.DataFrame
+    ts: pl.Series
+    end: pl.Series
+    rows: pl.Series | None  # row in `table` (None: the position itself)
+
+    def pick(self, pos: pl.Series) -> pl.DataFrame:
+        """ts_ns, end_ns and name of the events at these positions."""
+        rows = pos if self.rows is None else self.rows.gather(pos)
+        return pl.DataFrame({"ts_ns": self.ts.gather(pos), "end_ns": self.end.gather(pos), "name": self.table["name"].gather(rows)})
+
+
+def _order_stat(parts: list[_Events], pos: pl.Series) -> pl.Series:
+    """The start at each position of the parts' events merged by start (a valid position each)."""
+    if len(parts) == 1:
+        return parts[0].ts.gather(pos)
+    assert len(parts) == 2
+    big, small = sorted(parts, key=lambda p: -len(p.ts))
+    # where the small part's events go in the merge (before the big part's at equal starts)
+    at = big.ts.search_sorted(small.ts, side="left").cast(pl.Int64) + pl.int_range(0, len(small.ts), dtype=pl.Int64, eager=True)
+    c = at.search_sorted(pos, side="left").cast(pl.Int64)  # small events before pos
+    cc = c.clip(upper_bound=len(at) - 1)
+    is_small = (c < len(at)) & (at.gather(cc) == pos)
+    from_big = big.ts.gather((pos - c).clip(0, len(big.ts) - 1))
+    return pl.select(pl.when(is_small).then(small.ts.gather(cc)).otherwise(from_big)).to_series()
+
+
+def _gap_rows(parts: list[_Events], g0: pl.Series, g1: pl.Series) -> pl.DataFrame:
+    """The events (gap, ts_ns, end_ns, name) in each gap's window that end after its g0, in no order.
+
+    The window is positions [lo, j) of the thread's events in (ts, end, name) order: j counts the
+    events starting before g1, lo = j - GAP_LOOKBACK. With x the start at position lo, those are
+    the events starting in (x, g1), plus those starting at x, unless the group of events starting
+    at x straddles lo: then only its last ones in (end, name) order, as the full order has them.
+    Per part, that is an index range of its start-ordered events. Of it, the events starting at or
+    after g0 are all looked at; of those starting before g0, the ones ending after g0 are found
+    with a MaxTree of the ends (the open enclosing spans), not by looking at the whole lookback."""
+    js = [p.ts.search_sorted(g1, side="left").cast(pl.Int64) for p in parts]
+    total = sum(js[1:], js[0])
+    lo = (total - GAP_LOOKBACK).clip(lower_bound=0)
+    has = lo < total
+    x = _order_stat(parts, pl.select(pl.when(has).then(lo).otherwise(0)).to_series())
+    a_s = [p.ts.search_sorted(x, side="left").cast(pl.Int64) for p in parts]
+    b_s = [p.ts.search_sorted(x, side="right").cast(pl.Int64) for p in parts]
+    before = sum(a_s[1:], a_s[0])
+    straddle = has & (before < lo)
+    gap = pl.int_range(0, len(g0), dtype=pl.Int64, eager=True)
+    found = []
+    for p, j, a, b in zip(parts, js, a_s, b_s):
+        start = pl.select(pl.when(~has).then(j).when(straddle).then(b).otherwise(a)).to_series()
+        p0 = p.ts.search_sorted(g0, side="left").cast(pl.Int64).clip(upper_bound=j).rename("p0")
+        p0 = pl.select(pl.max_horizontal(p0, start)).to_series()  # [start, p0): before g0; [p0, j): at or after
+        inside = (
+            pl.DataFrame({"q": gap, "r": pl.int_ranges(p0, j, dtype=pl.Int64, eager=True)})
+            .explode("r").drop_nulls("r")
+        )
+        inside = inside.filter(p.end.gather(inside["r"]) > g0.gather(inside["q"]))
+        opened = MaxTree(p.end).above(pl.DataFrame({"q": gap, "lo": start, "hi": p0, "thr": g0}))
+        pos = pl.concat([inside.rename({"r": "row"}), opened])
+        found.append(pl.concat([pos.select(pl.col("q").alias("gap")), p.pick(pos["row"])], how="horizontal"))
+    for g in straddle.arg_true().to_list():
+        # the group starting at x straddles lo: its first lo - before in (end, name) order are out
+        grp = []
+        for p, a, b in zip(parts, a_s, b_s):
+            got = p.pick(pl.int_range(a[g], b[g], dtype=pl.Int64, eager=True))
+            grp.extend(zip(got["end_ns"].to_list(), got["name"].to_list(), got["ts_ns"].to_list()))
+        grp.sort(key=lambda e: (e[0], e[1]))
+        keep = [e for e in grp[lo[g] - before[g]:] if e[0] > g0[g]]
+        if keep:
+            found.append(pl.DataFrame({"gap": [g] * len(keep), "ts_ns": [e[2] for e in keep], "end_ns": [e[0] for e in keep],
+                                       "name": [e[1] for e in keep]},
+                                      schema={"gap": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64, "name": pl.String}))
+    return pl.concat(found)
 
 
 def _per_iteration(win, windows, busy, owned, calls, syncs, bubbles) -> pl.DataFrame:

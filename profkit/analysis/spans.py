@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
 
 import polars as pl
 
@@ -14,19 +16,37 @@ def innermost_enclosing(points: pl.DataFrame, spans: pl.DataFrame) -> list[int |
     A stack sweep per thread: spans on one thread nest, so the innermost open span that has not
     ended is the answer. O((points + spans) log) with one Python pass.
     """
-    result: list[int | None] = [None] * points.height
     if points.height == 0 or spans.height == 0:
-        return result
+        return [None] * points.height
+    return _sweep_enclosing(points, candidate_spans(points, spans))
+
+
+def innermost_enclosing_by(points: pl.DataFrame, spans: pl.DataFrame, by: str, keys: Sequence[Any], *,
+                           cache: dict | None = None) -> dict[Any, list[int | None]]:
+    """innermost_enclosing(points, spans.filter(pl.col(by) == key)) for each key, answered as row
+    indices into `spans` itself (not into the filtered frame): one candidate search for all keys,
+    and no copy of `spans`. `cache`: see thread_rows."""
+    if points.height == 0 or spans.height == 0:
+        return {k: [None] * points.height for k in keys}
+    cand = candidate_spans(points, spans, cache=cache)
+    cand = cand.with_columns(spans[by].gather(cand["_row"]).alias("_by"))
+    return {k: _sweep_enclosing(points, cand.filter(pl.col("_by") == k)) for k in keys}
+
+
+def _sweep_enclosing(points: pl.DataFrame, cand: pl.DataFrame) -> list[int | None]:
     # Only spans that hold some point's start on their thread can enclose a point; the answer is
     # the covering span latest in (ts, -end, row) order, so sweeping just those gives the same
     # answer as sweeping all of them (and a stack of python_function frames has millions).
-    cand = candidate_spans(points, spans)
+    result: list[int | None] = [None] * points.height
+    if cand.height == 0:
+        return result
     by_tid: dict[str, list[tuple[int, int, int, int]]] = defaultdict(list)
     # kind 0 = span (sorted before points at the same ts, longer spans first), kind 1 = point
     for i, ts, end, tid in zip(cand["_row"].to_list(), cand["ts_ns"].to_list(), cand["end_ns"].to_list(), cand["tid"].to_list()):
         by_tid[tid].append((ts, 0, -end, i))
     for i, (ts, end, tid) in enumerate(zip(points["ts_ns"].to_list(), points["end_ns"].to_list(), points["tid"].to_list())):
-        by_tid[tid].append((ts, 1, end, i))
+        if tid in by_tid:  # on a thread without candidate spans the answer is None
+            by_tid[tid].append((ts, 1, end, i))
     for items in by_tid.values():
         items.sort()
         stack: list[tuple[int, int]] = []  # (end, span index)
@@ -44,25 +64,107 @@ def innermost_enclosing(points: pl.DataFrame, spans: pl.DataFrame) -> list[int |
     return result
 
 
-_NULL_TID = "\x00<null tid>"
-
-
-def candidate_spans(points: pl.DataFrame, spans: pl.DataFrame) -> pl.DataFrame:
+def candidate_spans(points: pl.DataFrame, spans: pl.DataFrame, *, cache: dict | None = None) -> pl.DataFrame:
     """Rows of `spans` (with their row number as `_row`) whose [ts, end] holds the start of some
-    point on the same thread: a superset of the spans that enclose a point."""
-    sp = spans.select(
-        pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_row"), "ts_ns", "end_ns", "tid",
-        pl.col("tid").fill_null(_NULL_TID).alias("_k"),
-    ).sort("ts_ns")
-    pt = (
-        points.select(pl.col("ts_ns").alias("_p"), pl.col("tid").fill_null(_NULL_TID).alias("_k"))
-        .filter(pl.col("_p").is_not_null())
-        .sort("_p")
+    point on the same thread: a superset of the spans that enclose a point. In `spans` order.
+
+    Per thread of the points: the spans starting at or before a point's start are a prefix of the
+    thread's spans ordered by start, and of those the ones ending at or after it are found with a
+    MaxTree of their ends, so the search costs about the spans found, not the whole prefix."""
+    schema = {"_row": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64, "tid": spans.schema["tid"]}
+    pt = points.select("ts_ns", "tid").filter(pl.col("ts_ns").is_not_null())
+    starts: dict[Any, set[int]] = defaultdict(set)
+    for ts, tid in zip(pt["ts_ns"].to_list(), pt["tid"].to_list()):
+        starts[tid].add(ts)
+    found = []
+    for tid, ps in starts.items():
+        ts, end, rows = thread_rows(spans, tid, cache=cache)
+        if len(ts) == 0:
+            continue
+        p = pl.Series(sorted(ps), dtype=pl.Int64)
+        q = pl.DataFrame({"q": pl.int_range(0, len(p), dtype=pl.Int64, eager=True), "lo": pl.zeros(len(p), pl.Int64, eager=True),
+                          "hi": ts.search_sorted(p, side="right").cast(pl.Int64), "thr": p - 1})
+        pos = MaxTree(end).above(q)["row"].unique()
+        found.append(pos if rows is None else rows.gather(pos))
+    if not found:
+        return pl.DataFrame(schema=schema)
+    r = pl.concat(found).sort()
+    return pl.DataFrame({"_row": r.cast(pl.Int64)}).with_columns(
+        spans["ts_ns"].gather(r), spans["end_ns"].gather(r), spans["tid"].gather(r)
     )
-    if pt.height == 0:
-        return sp.clear().drop("_k")
-    j = sp.join_asof(pt, left_on="ts_ns", right_on="_p", by="_k", strategy="forward", check_sortedness=False)
-    return j.filter(pl.col("_p").is_not_null() & (pl.col("_p") <= pl.col("end_ns"))).select("_row", "ts_ns", "end_ns", "tid")
+
+
+def thread_rows(frame: pl.DataFrame, tid: Any, *, cache: dict | None = None) -> tuple[pl.Series, pl.Series, pl.Series | None]:
+    """(ts_ns, end_ns, row) of the events of `frame` on thread `tid` (None: a null tid) that have
+    both times, ordered by start (ties in any order); row is their row in `frame`, None when that
+    is every row in frame order (then nothing is copied: a frame of one thread is the common case).
+
+    `cache`: a dict kept by the caller while `frame` lives (one analysis), so that the frame's
+    threads are sorted out once."""
+    key = (id(frame), tid)
+    if cache is not None and key in cache:
+        return cache[key]
+    got = _thread_rows(frame, tid)
+    if cache is not None:
+        cache[key] = got
+    return got
+
+
+def _thread_rows(frame: pl.DataFrame, tid: Any) -> tuple[pl.Series, pl.Series, pl.Series | None]:
+    tids = frame["tid"]
+    ts, end = frame["ts_ns"], frame["end_ns"]
+    rows: pl.Series | None = None
+    whole = frame.height > 0 and (tids.null_count() == frame.height if tid is None else (tids.null_count() == 0 and bool((tids == tid).all())))
+    if not whole or ts.null_count() or end.null_count():
+        keep = (pl.col("tid").is_null() if tid is None else (pl.col("tid") == tid)) & pl.col("ts_ns").is_not_null() & pl.col("end_ns").is_not_null()
+        sel = (
+            frame.lazy()
+            .select(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_row"), "ts_ns", "end_ns", "tid")
+            .filter(keep)
+            .collect()
+        )
+        ts, end, rows = sel["ts_ns"], sel["end_ns"], sel["_row"]
+    if not ts.is_sorted():
+        order = ts.arg_sort()
+        rows = order.cast(pl.Int64) if rows is None else rows.gather(order)
+        ts, end = ts.gather(order), end.gather(order)
+    return ts, end, rows
+
+
+class MaxTree:
+    """Maxima of an integer column over blocks of 64 rows, of 64 blocks, and so on: the rows of an
+    index range whose value exceeds a threshold are found by descending only into blocks whose
+    maximum exceeds it, in time about (rows found) x 64 x depth rather than the range's length."""
+
+    SHIFT = 6
+    FAN = 1 << SHIFT
+
+    def __init__(self, values: pl.Series) -> None:
+        self.levels = [values]
+        while len(self.levels[-1]) > self.FAN:
+            v = self.levels[-1]
+            full = len(v) // self.FAN * self.FAN
+            top = v.slice(0, full).reshape((-1, self.FAN)).arr.max()
+            if full < len(v):
+                top = top.append(pl.Series([v.slice(full).max()], dtype=top.dtype))
+            self.levels.append(top)
+
+    def above(self, queries: pl.DataFrame) -> pl.DataFrame:
+        """queries (q, lo, hi, thr) -> the pairs (q, row) with lo <= row < hi and value[row] > thr
+        (a null value is not above anything), in no particular order."""
+        cur = queries.select("q", "lo", "hi", "thr").filter(pl.col("hi") > pl.col("lo"))
+        d = 1 << (self.SHIFT * (len(self.levels) - 1))  # rows per node of the top level
+        cur = cur.with_columns(pl.int_ranges(pl.col("lo") // d, (pl.col("hi") - 1) // d + 1, dtype=pl.Int64).alias("node"))
+        for level in range(len(self.levels) - 1, -1, -1):
+            cur = cur.explode("node")
+            cur = cur.filter(self.levels[level].gather(cur["node"]) > cur["thr"])
+            if level == 0 or cur.height == 0:
+                break
+            d = 1 << (self.SHIFT * (level - 1))  # rows per node of the level below
+            first = pl.max_horizontal(pl.col("node") * self.FAN, pl.col("lo") // d)
+            last = pl.min_horizontal(pl.col("node") * self.FAN + self.FAN, (pl.col("hi") - 1) // d + 1)
+            cur = cur.with_columns(pl.int_ranges(first, last, dtype=pl.Int64).alias("node"))
+        return cur.select("q", pl.col("node").alias("row"))
 
 
 def exclusive_top(events: list[tuple[int, int, str]], g0: int, g1: int, top: int = 3) -> list[str]:
@@ -72,26 +174,54 @@ def exclusive_top(events: list[tuple[int, int, str]], g0: int, g1: int, top: int
     """
     clipped = sorted(((max(ts, g0), min(end, g1), name) for ts, end, name in events if end > g0 and ts < g1),
                      key=lambda e: (e[0], -e[1]))
-    excl: dict[str, int] = defaultdict(int)
-    stack: list[list] = []  # [end, name, covered_until]
-    cursor = g0
+    if not clipped:
+        return []
+    starts, ends, names = (list(c) for c in zip(*clipped))
+    return exclusive_sweeps([0] * len(clipped), starts, ends, names, [g0], [g1], top)[0]
 
-    def advance(to: int) -> None:
-        nonlocal cursor
-        # time from cursor to `to` goes to the deepest open event, popping finished ones
-        while cursor < to:
-            while stack and stack[-1][0] <= cursor:
-                stack.pop()
-            if not stack:
-                cursor = to
-                return
-            seg_end = min(to, stack[-1][0])
-            excl[stack[-1][1]] += seg_end - cursor
+
+def exclusive_sweeps(group: list[int], starts: list[int], ends: list[int], names: list[str], g0s: list[int],
+                     g1s: list[int], top: int = 3) -> dict[int, list[str]]:
+    """exclusive_top for many windows at once: events (group[k], starts[k], ends[k], names[k]) clipped
+    to their group's [g0s[g], g1s[g]) and ordered by (group, start, -end); one pass for all.
+
+    Each instant goes to the deepest open event: the latest pushed that has not ended."""
+    out: dict[int, list[str]] = {}
+    n = len(group)
+    k = 0
+    while k < n:
+        g = group[k]
+        cursor, g1 = g0s[g], g1s[g]
+        excl: dict[str, int] = {}
+        get = excl.get
+        below: list[tuple[int, str]] = []  # the open events under the top one, (end, name)
+        push, pop = below.append, below.pop
+        top_end: int | None = None  # the latest pushed open event (None: none open)
+        top_name = ""
+        while k < n and group[k] == g:
+            s = starts[k]
+            # time from cursor to s goes to the deepest open event, popping finished ones
+            while cursor < s:
+                if top_end is None:
+                    cursor = s
+                    break
+                if top_end <= cursor:
+                    top_end, top_name = pop() if below else (None, "")
+                    continue
+                seg_end = top_end if top_end < s else s
+                excl[top_name] = get(top_name, 0) + (seg_end - cursor)
+                cursor = seg_end
+            if top_end is not None:
+                push((top_end, top_name))
+            top_end, top_name = ends[k], names[k]
+            k += 1
+        while cursor < g1 and top_end is not None:
+            if top_end <= cursor:
+                top_end, top_name = pop() if below else (None, "")
+                continue
+            seg_end = top_end if top_end < g1 else g1
+            excl[top_name] = get(top_name, 0) + (seg_end - cursor)
             cursor = seg_end
-
-    for s, e, name in clipped:
-        advance(s)
-        stack.append([e, name])
-    advance(g1)
-    ranked = sorted(excl.items(), key=lambda kv: (-kv[1], kv[0]))
-    return [name for name, t in ranked[:top] if t > 0]
+        ranked = sorted(excl.items(), key=lambda kv: (-kv[1], kv[0]))
+        out[g] = [name for name, t in ranked[:top] if t > 0]
+    return out

@@ -1,0 +1,187 @@
+"""The analysis' searches (a gap's CPU ops, the span around a call, MaxTree) against the plain
+definitions they implement, on random events with many ties, several threads and small lookbacks."""
+
+from __future__ import annotations
+
+import bisect
+import random
+from collections import defaultdict
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from profkit.analysis import rank
+from profkit.analysis.spans import MaxTree, exclusive_top, innermost_enclosing, innermost_enclosing_by
+from profkit.ingest import Trace
+from profkit.ingest.tables import CALLS_SCHEMA, CPU_SCHEMA, GPU_OPS_SCHEMA
+
+NAMES = ["a", "b", "c", "aa", "B", "é", "z"]
+TIDS = ["1", "2", "3"]
+
+
+def ref_exclusive_top(events, g0, g1, top=3):
+    """The sweep as first written: a stack of [end, name], time to the top one."""
+    clipped = sorted(((max(ts, g0), min(end, g1), name) for ts, end, name in events if end > g0 and ts < g1),
+                     key=lambda e: (e[0], -e[1]))
+    excl = defaultdict(int)
+    stack = []
+    cursor = g0
+
+    def advance(to):
+        nonlocal cursor
+        while cursor < to:
+            while stack and stack[-1][0] <= cursor:
+                stack.pop()
+            if not stack:
+                cursor = to
+                return
+            seg_end = min(to, stack[-1][0])
+            excl[stack[-1][1]] += seg_end - cursor
+            cursor = seg_end
+
+    for s, e, name in clipped:
+        advance(s)
+        stack.append([e, name])
+    advance(g1)
+    ranked = sorted(excl.items(), key=lambda kv: (-kv[1], kv[0]))
+    return [name for name, t in ranked[:top] if t > 0]
+
+
+def ref_gap_cpu_ops(trace, g0s, g1s, tids, lookback):
+    """The definition: per thread the cpu events and runtime calls ordered by (ts, end, name); a gap
+    takes the `lookback` events before the first one starting at or after g1, keeps those ending
+    after g0, and ranks them by exclusive time."""
+    by_tid = defaultdict(list)
+    for f in (trace.cpu, trace.calls):
+        for ts, end, tid, name in zip(f["ts_ns"].to_list(), f["end_ns"].to_list(), f["tid"].to_list(), f["name"].to_list()):
+            by_tid[tid].append((ts, end, name))
+    out = []
+    for g0, g1, t in zip(g0s, g1s, tids):
+        evs = sorted(by_tid.get(t, [])) if t is not None else []
+        j = bisect.bisect_left([e[0] for e in evs], g1)
+        window = [e for e in evs[max(0, j - lookback):j] if e[1] > g0]
+        out.append(ref_exclusive_top(window, g0, g1))
+    return out
+
+
+def ref_innermost(points, spans):
+    """The covering span on the point's thread latest in (ts, -end, row) order."""
+    sp = list(enumerate(zip(spans["ts_ns"].to_list(), spans["end_ns"].to_list(), spans["tid"].to_list())))
+    out = []
+    for ts, end, tid in zip(points["ts_ns"].to_list(), points["end_ns"].to_list(), points["tid"].to_list()):
+        cover = [(s, -e, i) for i, (s, e, t) in sp if t == tid and s <= ts and e >= end]
+        out.append(max(cover)[2] if cover else None)
+    return out
+
+
+def random_events(rng: random.Random, n: int, *, horizon: int, cat: str | None = None) -> list[tuple]:
+    rows = []
+    for _ in range(n):
+        ts = rng.randrange(horizon)
+        dur = rng.choice([0, 0, 1, 2, 3, rng.randrange(horizon // 4 + 1), rng.randrange(horizon)])
+        rows.append((rng.choice(NAMES), cat or rng.choice(["cpu_op", "user_annotation", "python_function"]), ts, dur, ts + dur,
+                     "p", rng.choice(TIDS)))
+    return rows
+
+
+def make_trace(rng: random.Random, *, n_cpu: int, n_calls: int, horizon: int, sort: bool) -> Trace:
+    cpu = pl.DataFrame(
+        [r + (None,) for r in random_events(rng, n_cpu, horizon=horizon)], schema=CPU_SCHEMA, orient="row"
+    )
+    calls = pl.DataFrame(
+        [(name, "cudaLaunchKernel", ts, dur, end, "p", tid, None, None)
+         for name, _, ts, dur, end, _, tid in random_events(rng, n_calls, horizon=horizon)],
+        schema=CALLS_SCHEMA, orient="row",
+    )
+    if sort:  # as ingest leaves them
+        cpu, calls = cpu.sort("ts_ns"), calls.sort("ts_ns")
+    return Trace(path=Path("t"), rank=0, device=None, gpu_ops=pl.DataFrame(schema=GPU_OPS_SCHEMA), calls=calls, cpu=cpu,
+                 gpu_annotations=pl.DataFrame(schema=CPU_SCHEMA), t0_ns=0, n_events=n_cpu + n_calls)
+
+
+def random_gaps(rng: random.Random, n: int, horizon: int) -> tuple[list[int], list[int], list[str | None]]:
+    g0s, g1s, tids = [], [], []
+    for _ in range(n):
+        g0 = rng.randrange(-2, horizon + 2)
+        g0s.append(g0)
+        g1s.append(g0 + rng.choice([1, 2, 3, rng.randrange(1, horizon // 3 + 2)]))
+        tids.append(rng.choice(TIDS + ["9", None]))
+    return g0s, g1s, tids
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_gap_cpu_ops_is_the_definition(seed, monkeypatch):
+    rng = random.Random(seed)
+    horizon = rng.choice([8, 30, 200])
+    trace = make_trace(rng, n_cpu=rng.randrange(0, 300), n_calls=rng.randrange(0, 40), horizon=horizon, sort=seed % 4 != 0)
+    g0s, g1s, tids = random_gaps(rng, rng.randrange(1, 30), horizon)
+    for lookback in (1, 2, 5, 17, 4000):
+        monkeypatch.setattr(rank, "GAP_LOOKBACK", lookback)
+        assert rank._gap_cpu_ops(trace, g0s, g1s, tids) == ref_gap_cpu_ops(trace, g0s, g1s, tids, lookback), lookback
+
+
+def test_gap_window_straddles_a_tie_group(monkeypatch):
+    # ten events with the same (ts, end) but different names: the window's first rows cut the
+    # group, and which names stay in is decided by name order, as in the full (ts, end, name) order
+    cpu = pl.DataFrame(
+        [(n, "python_function", 0, 50, 50, "p", "1", None) for n in "jihgfedcba"]
+        + [("late", "cpu_op", 60, 5, 65, "p", "1", None)],
+        schema=CPU_SCHEMA, orient="row",
+    )
+    trace = Trace(path=Path("t"), rank=0, device=None, gpu_ops=pl.DataFrame(schema=GPU_OPS_SCHEMA),
+                  calls=pl.DataFrame(schema=CALLS_SCHEMA), cpu=cpu, gpu_annotations=pl.DataFrame(schema=CPU_SCHEMA),
+                  t0_ns=0, n_events=11)
+    for lookback in range(1, 13):
+        monkeypatch.setattr(rank, "GAP_LOOKBACK", lookback)
+        got = rank._gap_cpu_ops(trace, [10, 40], [70, 55], ["1", "1"])
+        assert got == ref_gap_cpu_ops(trace, [10, 40], [70, 55], ["1", "1"], lookback)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_innermost_enclosing_is_the_definition(seed):
+    rng = random.Random(seed)
+    horizon = rng.choice([10, 100])
+    spans = pl.DataFrame([r + (None,) for r in random_events(rng, rng.randrange(0, 200), horizon=horizon)],
+                         schema=CPU_SCHEMA, orient="row")
+    if seed % 3:
+        spans = spans.sort("ts_ns")
+    if seed % 5 == 0 and spans.height:  # null threads match null threads only
+        spans = spans.with_columns(pl.when(pl.col("tid") == "3").then(None).otherwise(pl.col("tid")).alias("tid"))
+    pts = []
+    for _ in range(rng.randrange(0, 40)):
+        ts = rng.randrange(-1, horizon + 1)
+        pts.append((ts, ts + rng.choice([0, 0, 1, 5]), rng.choice(TIDS + [None])))
+    points = pl.DataFrame(pts, schema={"ts_ns": pl.Int64, "end_ns": pl.Int64, "tid": pl.String}, orient="row")
+    assert innermost_enclosing(points, spans) == ref_innermost(points, spans)
+    by = innermost_enclosing_by(points, spans, "cat", ("cpu_op", "python_function", "nothing"))
+    for cat, got in by.items():
+        rows = [i for i, c in enumerate(spans["cat"].to_list()) if c == cat]
+        want = ref_innermost(points, spans.filter(pl.col("cat") == cat))
+        assert got == [rows[i] if i is not None else None for i in want], cat
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_max_tree_finds_every_row_above(seed):
+    rng = random.Random(seed)
+    n = rng.choice([1, 63, 64, 65, 5000, 70000])
+    vals = [rng.randrange(1000) if rng.random() > 0.05 else None for _ in range(n)]
+    s = pl.Series(vals, dtype=pl.Int64)
+    qs = []
+    for q in range(30):
+        lo = rng.randrange(0, n + 1)
+        qs.append((q, lo, rng.randrange(lo, n + 1) if rng.random() > 0.1 else max(lo - 3, 0), rng.choice([-1, 500, 990, 999])))
+    queries = pl.DataFrame(qs, schema={"q": pl.Int64, "lo": pl.Int64, "hi": pl.Int64, "thr": pl.Int64}, orient="row")
+    got = sorted(MaxTree(s).above(queries).rows())
+    want = sorted((q, r) for q, lo, hi, thr in qs for r in range(lo, hi) if vals[r] is not None and vals[r] > thr)
+    assert got == want
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_exclusive_top_matches_the_first_sweep(seed):
+    rng = random.Random(seed)
+    events = [(ts, ts + d, rng.choice(NAMES)) for ts, d in ((rng.randrange(50), rng.choice([0, 1, 4, 20, 60])) for _ in range(rng.randrange(0, 40)))]
+    g0 = rng.randrange(-5, 40)
+    g1 = g0 + rng.randrange(1, 40)
+    for top in (1, 3, 10):
+        assert exclusive_top(events, g0, g1, top) == ref_exclusive_top(events, g0, g1, top)
