@@ -59,9 +59,9 @@ def test_cached_run_does_not_import_polars(tmp_path: Path) -> None:
     _analyze(str(t), str(tmp_path / "a.json"))
     code = (
         "import sys; import profkit.summary_cache as s; s._MIN_BYTES = 0\n"
-        "from profkit.cli import main\n"
+        "from profkit.cli import app\n"
         f"sys.argv = ['profkit', 'analyze', {str(t)!r}, '--json', {str(tmp_path / 'b.json')!r}]\n"
-        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "try:\n    app()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
         "print('POLARS' if 'polars' in sys.modules else 'NO-POLARS')\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PROFKIT_NO_CACHE"}
@@ -102,3 +102,26 @@ def test_no_cache_and_timeline_bypass(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert (tmp_path / "tl.csv").stat().st_size > 0
     assert _stored(t) == []  # --timeline needs the frames: it never uses (or writes) the stored summary
+
+
+def test_quick_exit_keeps_every_write(tmp_path: Path) -> None:
+    """`python -m profkit analyze` leaves with os._exit: output, --json, the tables cache written in
+    the background and the stored summary must all be complete when it returns."""
+    t = tmp_path / SRC.name
+    shutil.copyfile(SRC, t)
+    code = (
+        "import sys, runpy; import profkit.summary_cache as s; s._MIN_BYTES = 0\n"
+        "import profkit.ingest.cache as c; c.MIN_BYTES = 0\n"
+        f"sys.argv = ['profkit', 'analyze', {str(t)!r}, '--json', {str(tmp_path / 'a.json')!r}]\n"
+        "runpy.run_module('profkit', run_name='__main__')\n"
+        "print('NOT REACHED')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PROFKIT_NO_CACHE"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "NOT REACHED" not in r.stdout and "per iteration" in r.stdout and "wrote" in r.stderr
+    assert json.loads((tmp_path / "a.json").read_text())["schema_version"] == 1
+    assert (pcache.cache_dir(t) / "manifest.json").is_file() and len(_stored(t)) == 1
+    assert pcache.read(t) is not None  # the tables cache is complete and valid
+    bad = subprocess.run([sys.executable, "-m", "profkit", "analyze", str(tmp_path / "missing.json")], capture_output=True, text=True)
+    assert bad.returncode == 3 and "missing.json" in bad.stderr

@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 enum { E_SYNTAX = -1, E_TYPE = -2, E_CAP = -3, E_NUMBER = -4, E_PHASE = -5 };
 
@@ -38,6 +41,7 @@ typedef struct {
 static const char *PHASES = "BEiIbnesStTpFfPNODMVvRcC()X";
 
 static inline const char *ws(const char *p, const char *e) {
+    if (p < e && (unsigned char)*p > ' ') return p; /* compact JSON: no whitespace at all */
     while (p < e && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
     return p;
 }
@@ -59,12 +63,25 @@ static inline const char *str_span(const char *p, const char *e, const char **s,
     *s = p;
     *esc = 0;
     while (p < e) {
+#ifdef __SSE2__
+        /* 16 bytes at a time: jump to the first '"', '\\' or control character */
+        const __m128i quote = _mm_set1_epi8('"'), bslash = _mm_set1_epi8('\\'), c1f = _mm_set1_epi8(0x1F);
+        while (p + 16 <= e) {
+            __m128i x = _mm_loadu_si128((const __m128i *)p);
+            __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, bslash)),
+                                       _mm_cmpeq_epi8(_mm_max_epu8(x, c1f), c1f));
+            int m = _mm_movemask_epi8(hit);
+            if (m) { p += __builtin_ctz((unsigned)m); break; }
+            p += 16;
+        }
+#else
         while (p + 8 <= e) {
             uint64_t w;
             memcpy(&w, p, 8);
             if (specials(w)) break;
             p += 8;
         }
+#endif
         if (p >= e) break;
         unsigned char c = (unsigned char)*p;
         if (c == '"') { *n = p - *s; return p + 1; }
@@ -139,17 +156,27 @@ static const char *skip_value_d(const char *p, const char *e, int depth) {
 
 static inline const char *skip_value(const char *p, const char *e) { return skip_value_d(p, e, 1); }
 
+/* length, first 8 and last 16 bytes: enough to spread the names a trace repeats (equal hashes are
+ * told apart by the full compare in intern) */
 static inline uint64_t hash_bytes(const char *s, int64_t n) {
-    uint64_t h = 0x243F6A8885A308D3ULL ^ (uint64_t)n;
+    uint64_t h = 0x243F6A8885A308D3ULL ^ (uint64_t)n, w;
+    if (n >= 16) {
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
+        memcpy(&w, s + n - 16, 8);
+        h = (h ^ (h >> 29) ^ w) * 0x9E3779B97F4A7C15ULL;
+        memcpy(&w, s + n - 8, 8);
+        h = (h ^ (h >> 29) ^ w) * 0x9E3779B97F4A7C15ULL;
+        return h ^ (h >> 32);
+    }
     while (n >= 8) {
-        uint64_t w;
         memcpy(&w, s, 8);
         h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
         h ^= h >> 29;
         s += 8;
         n -= 8;
     }
-    uint64_t w = 0;
+    w = 0;
     memcpy(&w, s, (size_t)n);
     h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
     return h ^ (h >> 32);
@@ -201,42 +228,53 @@ static inline const char *num_token(const char *p, const char *e, int *is_int) {
 static const double POW10[23] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
                                  1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
+/* One pass over a JSON number: its end (NULL if it is not one) and its decimal parts. */
+typedef struct { uint64_t m; int digits, frac, ex, eneg, neg, is_int; } Num;
+
+static inline const char *scan_number(const char *p, const char *e, Num *x) {
+    x->m = 0; x->digits = 0; x->frac = 0; x->ex = 0; x->eneg = 0; x->neg = 0; x->is_int = 1;
+    if (p < e && *p == '-') { x->neg = 1; p++; }
+    if (p >= e || *p < '0' || *p > '9') return NULL;
+    if (*p == '0' && p + 1 < e && p[1] >= '0' && p[1] <= '9') return NULL; /* leading zero */
+    while (p < e && *p >= '0' && *p <= '9') { x->m = x->m * 10 + (uint64_t)(*p - '0'); x->digits++; p++; }
+    if (p < e && *p == '.') {
+        x->is_int = 0;
+        p++;
+        if (p >= e || *p < '0' || *p > '9') return NULL;
+        while (p < e && *p >= '0' && *p <= '9') { x->m = x->m * 10 + (uint64_t)(*p - '0'); x->digits++; x->frac++; p++; }
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        x->is_int = 0;
+        p++;
+        if (p < e && (*p == '+' || *p == '-')) { x->eneg = *p == '-'; p++; }
+        if (p >= e || *p < '0' || *p > '9') return NULL;
+        while (p < e && *p >= '0' && *p <= '9') { if (x->ex < 100000) x->ex = x->ex * 10 + (*p - '0'); p++; }
+    }
+    return p;
+}
+
 /* The exact fast path (Clinger): a decimal significand below 2^53 times or over a power of ten up
  * to 1e22 is one correctly rounded operation on exact operands; anything else goes to strtod. */
-static inline int fast_double(const char *p, const char *q, double *out) {
-    int neg = 0;
-    if (*p == '-') { neg = 1; p++; }
-    uint64_t m = 0;
-    int digits = 0, frac = 0, ex = 0, eneg = 0;
-    while (p < q && *p >= '0' && *p <= '9') { m = m * 10 + (uint64_t)(*p - '0'); digits++; p++; }
-    if (p < q && *p == '.') {
-        p++;
-        while (p < q && *p >= '0' && *p <= '9') { m = m * 10 + (uint64_t)(*p - '0'); digits++; frac++; p++; }
-    }
-    if (p < q && (*p == 'e' || *p == 'E')) {
-        p++;
-        if (*p == '+' || *p == '-') { eneg = *p == '-'; p++; }
-        while (p < q) { ex = ex * 10 + (*p - '0'); p++; if (ex > 1000) return 0; }
-    }
-    if (digits > 19 || m > (1ULL << 53)) return 0;
-    int e10 = (eneg ? -ex : ex) - frac;
-    double v = (double)m;
+static inline int fast_double(const Num *x, double *out) {
+    if (x->digits > 19 || x->m > (1ULL << 53)) return 0;
+    int e10 = (x->eneg ? -x->ex : x->ex) - x->frac;
     if (e10 < -22 || e10 > 22) return 0;
+    double v = (double)x->m;
     v = e10 < 0 ? v / POW10[-e10] : v * POW10[e10];
-    *out = neg ? -v : v;
+    *out = x->neg ? -v : v;
     return 1;
 }
 
 /* float | None field */
 static inline const char *read_float(const char *p, const char *e, double *out, int *valid, int *err) {
     if (is_null(p, e)) { *valid = 0; return p + 4; }
-    int is_int;
-    const char *q = num_token(p, e, &is_int);
+    Num x;
+    const char *q = scan_number(p, e, &x);
     if (!q) { *err = E_TYPE; return NULL; }
     int64_t n = q - p;
-    if (is_int && n - (p[0] == '-') > 18) { *err = E_NUMBER; return NULL; } /* beyond 64-bit integers: msgspec decides */
+    if (x.is_int && x.digits > 18) { *err = E_NUMBER; return NULL; } /* beyond 64-bit integers: msgspec decides */
     double v;
-    if (!fast_double(p, q, &v)) {
+    if (!fast_double(&x, &v)) {
         char buf[64];
         if (n >= (int64_t)sizeof buf) { *err = E_NUMBER; return NULL; }
         memcpy(buf, p, (size_t)n);
@@ -267,25 +305,34 @@ static inline const char *read_int(const char *p, const char *e, int64_t *out, i
 }
 
 /* str field: interned id */
-static inline const char *read_str(Out *o, const char *base, const char *p, const char *e, int32_t *id, int *err) {
+/* intern, first trying the id this field had in the previous event (cat, pid and tid rarely change) */
+static inline int32_t intern_last(Out *o, const char *base, const char *s, int64_t n, int esc, int32_t *last) {
+    int32_t l = *last;
+    if (l >= 0 && o->s_len[l] == n && memcmp(base + o->s_off[l], s, (size_t)n) == 0) return l;
+    int32_t k = intern(o, base, s, n, esc);
+    if (k >= 0) *last = k;
+    return k;
+}
+
+static inline const char *read_str(Out *o, const char *base, const char *p, const char *e, int32_t *id, int *err, int32_t *last) {
     if (*p != '"') { *err = E_TYPE; return NULL; }
     const char *s; int64_t n; int esc;
     const char *q = str_span(p, e, &s, &n, &esc);
     if (!q) { *err = E_SYNTAX; return NULL; }
-    int32_t k = intern(o, base, s, n, esc);
+    int32_t k = last ? intern_last(o, base, s, n, esc, last) : intern(o, base, s, n, esc);
     if (k < 0) { *err = k; return NULL; }
     *id = k;
     return q;
 }
 
 /* int | str field (pid, tid): the id of its text (an int's canonical digits, or the string) */
-static inline const char *read_id(Out *o, const char *base, const char *p, const char *e, int32_t *id, int *err) {
-    if (*p == '"') return read_str(o, base, p, e, id, err);
+static inline const char *read_id(Out *o, const char *base, const char *p, const char *e, int32_t *id, int *err, int32_t *last) {
+    if (*p == '"') return read_str(o, base, p, e, id, err, last);
     int is_int;
     const char *q = num_token(p, e, &is_int);
     if (!q || !is_int) { *err = E_TYPE; return NULL; }
     if (q - p - (p[0] == '-') > 18 || (q - p == 2 && p[0] == '-' && p[1] == '0')) { *err = E_NUMBER; return NULL; }
-    int32_t k = intern(o, base, p, q - p, 0);
+    int32_t k = intern_last(o, base, p, q - p, 0, last);
     if (k < 0) { *err = k; return NULL; }
     *id = k | (int32_t)0x40000000; /* marks "text of an int" (no quotes to strip, never escaped) */
     return q;
@@ -374,6 +421,7 @@ int64_t profkit_scan(const char *buf, int64_t len, Out *o) {
     if (p >= e || *p != '[') return E_SYNTAX;
     p = ws(p + 1, e);
     int64_t k = 0;
+    int32_t last_cat = -1, last_pid = -1, last_tid = -1;
     if (p < e && *p == ']') return ws(p + 1, e) == e ? 0 : E_SYNTAX;
     for (;;) {
         if (p >= e || *p != '{') return E_TYPE;
@@ -411,9 +459,9 @@ int64_t profkit_scan(const char *buf, int64_t len, Out *o) {
                     if (!f || ps[0] == 0) return E_PHASE;
                     o->ph[k] = (int8_t)(f - PHASES);
                 } else if (key_is(s, n, "name", 4)) {
-                    p = read_str(o, buf, p, e, &o->name[k], &err);
+                    p = read_str(o, buf, p, e, &o->name[k], &err, NULL);
                 } else if (key_is(s, n, "cat", 3)) {
-                    p = read_str(o, buf, p, e, &o->cat[k], &err);
+                    p = read_str(o, buf, p, e, &o->cat[k], &err, &last_cat);
                 } else if (key_is(s, n, "ts", 2)) {
                     p = read_float(p, e, &o->ts[k], &v, &err);
                     if (p) o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_TS) : (o->valid[k] & ~V_TS));
@@ -421,9 +469,9 @@ int64_t profkit_scan(const char *buf, int64_t len, Out *o) {
                     p = read_float(p, e, &o->dur[k], &v, &err);
                     if (p) o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_DUR) : (o->valid[k] & ~V_DUR));
                 } else if (key_is(s, n, "pid", 3)) {
-                    p = read_id(o, buf, p, e, &o->pid[k], &err);
+                    p = read_id(o, buf, p, e, &o->pid[k], &err, &last_pid);
                 } else if (key_is(s, n, "tid", 3)) {
-                    p = read_id(o, buf, p, e, &o->tid[k], &err);
+                    p = read_id(o, buf, p, e, &o->tid[k], &err, &last_tid);
                 } else if (key_is(s, n, "args", 4)) {
                     if (*p == '{') {
                         have_args_null = 0;
