@@ -80,14 +80,19 @@ def _looks_like_trace(path: Path) -> bool:
 
 
 def analyze_paths(paths: list[Path], opts: AnalyzeOptions) -> dict[str, Any]:
-    """Trace files or folders -> summary.json v1 (analyzed now, with `opts`)."""
-    from profkit.analysis import analyze_trace
+    """Trace files or folders -> summary.json v1 (analyzed now, with `opts`): as `profkit analyze`
+    does it, ranks in parallel and through the parquet cache beside each large trace (off with
+    PROFKIT_NO_CACHE=1)."""
+    from profkit.analysis.parallel import analyze_paths as analyze_files
     from profkit.analysis.summary import build_summary
-    from profkit.ingest import load_traces
 
-    traces = load_traces(paths)
-    analyses = [analyze_trace(t, marker=opts.marker, min_bubble_us=opts.min_bubble_us, catalog=opts.catalog) for t in traces]
-    return build_summary(analyses, marker=opts.marker)
+    analyses = analyze_files(paths, marker=opts.marker, min_bubble_us=opts.min_bubble_us, catalog=opts.catalog)
+    summary = build_summary(analyses, marker=opts.marker)
+    if len(analyses) > 1:
+        from profkit.analysis.ranks import cross_rank
+
+        summary["cross_rank"] = cross_rank(analyses)
+    return summary
 
 
 def load_document(path: Path, opts: AnalyzeOptions) -> dict[str, Any]:

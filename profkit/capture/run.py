@@ -305,14 +305,13 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
 
 
 def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any]) -> dict[str, Any]:
-    from profkit.analysis import analyze_trace
+    from profkit.analysis.parallel import analyze_paths
     from profkit.analysis.summary import build_summary
     from profkit.catalog import load_catalog
-    from profkit.ingest import load_traces
 
     cat = load_catalog(cfg.catalog) if cfg.catalog else (load_catalog("proxy") if cfg.target == "proxy" else None)
-    traces = load_traces(files)
-    analyses = [analyze_trace(t, marker=cfg.marker, min_bubble_us=cfg.min_bubble_us, catalog=cat) for t in traces]
+    # ranks in parallel, large traces through the parquet cache (a later diff/report reads it)
+    analyses = analyze_paths(files, marker=cfg.marker, min_bubble_us=cfg.min_bubble_us, catalog=cat)
     summary = build_summary(analyses, marker=cfg.marker)
     if len(analyses) > 1:
         from profkit.analysis.ranks import cross_rank

@@ -190,7 +190,10 @@ def decode_chunk_tables(data: Any) -> tuple[tuple[pl.DataFrame, ...], tuple[int,
     sorting, which need the whole file), the unusable-event counts, min ts and event count."""
     from profkit.ingest.tables import normalize_events, split_rows, unusable_counts, usable_events
 
-    df, tmin, n = decode_chunk(data)
+    from profkit.ingest.scan import scan_chunk
+
+    got = scan_chunk(data, canonical=True)
+    df, tmin, n = got if got is not None else decode_chunk_msgspec(data)
     df = normalize_events(df)
     counts = unusable_counts(df)
     return split_rows(usable_events(df)), counts, tmin, n

@@ -137,9 +137,12 @@ def _buffers(cap: int, s_cap: int) -> dict[str, Any]:
     return got
 
 
-def scan_chunk(data: Any) -> tuple[Any, float | None, int] | None:
+def scan_chunk(data: Any, *, canonical: bool = False) -> tuple[Any, float | None, int] | None:
     """(raw frame of the 'X' events, min ts of all events, event count) as columnar.decode_chunk
-    returns them, or None when the scanner is not there or does not accept the chunk."""
+    returns them, or None when the scanner is not there or does not accept the chunk.
+
+    canonical: `cat` already in tables.normalize_events' spelling, plus a `_t` column with each
+    row's table (tables.table_code), computed once per distinct category rather than per row."""
     fn = lib()
     if fn is None:
         return None
@@ -179,22 +182,31 @@ def scan_chunk(data: Any) -> tuple[Any, float | None, int] | None:
     tmin = float(ts_all[has_ts].min()) if has_ts.any() else None
     x = ph == X_PHASE
     if not x.any():
-        return pl.DataFrame(schema=RAW_SCHEMA), tmin, int(n)
+        return None if canonical else (pl.DataFrame(schema=RAW_SCHEMA), tmin, int(n))  # canonical: the generic path handles it
     strings = pl.Series("s", texts, dtype=pl.String)
     v = valid[x]
 
-    def ids(key: str) -> pl.Series:
-        return strings.gather(pl.Series(a[key][:n][x] & ~INT_TEXT))
+    def ids(key: str, table: pl.Series = strings) -> pl.Series:
+        return table.gather(pl.Series(a[key][:n][x] & ~INT_TEXT))
 
     def nullable(key: str, bit: int, name: str) -> pl.Series:
         s = pl.Series(name, a[key][:n][x])
         ok = pl.Series((v & bit) != 0)
         return s if ok.all() else pl.select(pl.when(ok).then(s).otherwise(None)).to_series().alias(name)
 
+    extra = []
+    if canonical:
+        from profkit.ingest.tables import canonical_cat, table_code
+
+        cats = [canonical_cat(t) for t in texts]
+        cat = ids("cat", pl.Series("s", cats, dtype=pl.String)).alias("cat")
+        extra = [ids("cat", pl.Series("s", [table_code(c) for c in cats], dtype=pl.Int8)).alias("_t")]
+    else:
+        cat = ids("cat").alias("cat")
     df = pl.DataFrame([
-        ids("name").alias("name"), ids("cat").alias("cat"), nullable("ts", V_TS, "ts"), nullable("dur", V_DUR, "dur"),
+        ids("name").alias("name"), cat, nullable("ts", V_TS, "ts"), nullable("dur", V_DUR, "dur"),
         ids("pid").alias("pid"), ids("tid").alias("tid"), nullable("corr", V_CORR, "correlation"),
         nullable("ext", V_EXT, "external_id"), nullable("stream", V_STREAM, "stream"), nullable("device", V_DEVICE, "device"),
-        nullable("nbytes", V_BYTES, "bytes"),
+        nullable("nbytes", V_BYTES, "bytes"), *extra,
     ])
     return df, tmin, int(n)

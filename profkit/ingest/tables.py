@@ -139,12 +139,31 @@ def finish_events_frame(df: pl.DataFrame, warnings: list[str]) -> pl.DataFrame:
     return usable_events(df)
 
 
+def canonical_cat(cat: str) -> str:
+    """One spelling per category (CAT_ALIASES), lower case otherwise."""
+    low = cat.lower()
+    return CAT_ALIASES.get(low, low)
+
+
+_TABLE_CODES = {**{c: 0 for c in GPU_OP_CATS}, **{c: 1 for c in CALL_CATS}, **{c: 2 for c in CPU_CATS}, "gpu_user_annotation": 3}
+
+
+def table_code(canonical: str) -> int:
+    """Which of split_rows' tables a canonical category goes to: 0 gpu_ops, 1 calls, 2 cpu, 3 gpu_annotations, -1 none."""
+    return _TABLE_CODES.get(canonical, -1)
+
+
 def normalize_events(df: pl.DataFrame) -> pl.DataFrame:
-    """Row by row: one spelling per category, times in integer ns (round(us * 1000))."""
-    # the mapping is built for the few distinct spellings present, not per row
-    spellings = {c: CAT_ALIASES.get(c.lower(), c.lower()) for c in df["cat"].unique().to_list() if c is not None}
+    """Row by row: one spelling per category, times in integer ns (round(us * 1000)).
+    A frame with a `_t` column (ingest/scan.py) has its categories spelled already."""
+    if "_t" in df.columns:
+        cat = pl.col("cat")
+    else:
+        # the mapping is built for the few distinct spellings present, not per row
+        spellings = {c: canonical_cat(c) for c in df["cat"].unique().to_list() if c is not None}
+        cat = pl.col("cat").replace_strict(spellings, default=None, return_dtype=pl.String)
     return df.with_columns(
-        pl.col("cat").replace_strict(spellings, default=None, return_dtype=pl.String),
+        cat,
         # a time beyond the 64-bit ns range (~292 years) is no time: null, and the event is skipped with a warning
         (pl.col("ts") * 1000).round().cast(pl.Int64, strict=False).alias("ts_ns"),
         (pl.col("dur") * 1000).round().cast(pl.Int64, strict=False).alias("dur_ns"),
@@ -189,7 +208,12 @@ def split_rows(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFra
     """The row-by-row part of split_tables: (gpu_ops, calls, cpu, gpu_annotations) in event order,
     with their columns, before de-duplication and sorting. Chunks of events can be split apart and
     their parts concatenated: the result is the split of the whole."""
-    gpu = df.filter(pl.col("cat").is_in(GPU_OP_CATS))
+    if "_t" in df.columns:  # the table of each row, computed per distinct category (ingest/scan.py)
+        in_gpu, in_calls, in_cpu, in_ann = (pl.col("_t") == k for k in range(4))
+    else:
+        in_gpu, in_calls = pl.col("cat").is_in(GPU_OP_CATS), pl.col("cat").is_in(CALL_CATS)
+        in_cpu, in_ann = pl.col("cat").is_in(CPU_CATS), pl.col("cat") == "gpu_user_annotation"
+    gpu = df.filter(in_gpu)
     gpu = gpu.with_columns(
         pl.col("stream").fill_null(pl.col("tid").cast(pl.Int64, strict=False)),
         pl.col("device").fill_null(pl.col("pid").cast(pl.Int64, strict=False)),
@@ -199,15 +223,15 @@ def split_rows(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFra
         ((pl.col("cat") == "gpu_memcpy") & pl.col("name").str.contains("Pageable")).alias("pageable"),
     ).select(list(GPU_OPS_SCHEMA))
 
-    calls = df.filter(pl.col("cat").is_in(CALL_CATS))
+    calls = df.filter(in_calls)
     names = calls["name"].unique().to_list()
     calls = calls.with_columns(
         pl.col("name").replace_strict({n: canonical_api(n) for n in names}, return_dtype=pl.String).alias("api")
     )
     calls = calls.select(list(CALLS_SCHEMA))
 
-    cpu = df.filter(pl.col("cat").is_in(CPU_CATS)).select(list(CPU_SCHEMA))
-    ann = df.filter(pl.col("cat") == "gpu_user_annotation").select(list(CPU_SCHEMA))
+    cpu = df.filter(in_cpu).select(list(CPU_SCHEMA))
+    ann = df.filter(in_ann).select(list(CPU_SCHEMA))
     return gpu, calls, cpu, ann
 
 
