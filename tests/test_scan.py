@@ -196,3 +196,16 @@ def test_random_valid_events_are_scanned(events: list, indent: int | None, ascii
         return  # a "bytes" string with escapes or non-ASCII text: the scanner leaves it to msgspec
     assert got is not None, "the scanner declined well-typed events"
     assert got[0].equals(ref[0]) and got[1:] == ref[1:]
+
+
+def test_scanner_never_loaded_from_a_shared_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache folder others can write to is skipped: nothing is built or loaded from it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(shared))
+    monkeypatch.setattr(scan, "_TRIED", False)
+    monkeypatch.setattr(scan, "_LIB", None)
+    scan.lib()
+    assert list(shared.iterdir()) == []
+    assert scan._private(tmp_path / "new-private") and (tmp_path / "new-private").stat().st_mode & 0o777 == 0o700

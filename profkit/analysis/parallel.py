@@ -73,7 +73,7 @@ def _load_and_analyze(path: Path, default_rank: int, cache: bool, marker: str | 
         hit = _cached_analysis(path, default_rank, options)
         if hit is not None:
             return hit
-    t = load_trace(path, default_rank=default_rank, cache=cache)
+    t = load_trace(path, default_rank=default_rank, cache=cache, defer_cache_write=True)
     n = len(t.warnings)
     a = analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog)
     if cache:
@@ -121,7 +121,8 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
         # as load_traces then analyze_trace: every file is read before any is analyzed
         ex = make_executor(jobs, chunks=True) if jobs > 1 and big else None
         try:
-            traces = {i: load_trace(files[i], default_rank=i, cache=cached_ok[i], jobs=jobs if ex else 1, executor=ex) for i in todo}
+            traces = {i: load_trace(files[i], default_rank=i, cache=cached_ok[i], jobs=jobs if ex else 1, executor=ex,
+                                    defer_cache_write=True) for i in todo}
         finally:
             if ex is not None:
                 ex.shutdown(cancel_futures=True)

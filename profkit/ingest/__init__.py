@@ -24,7 +24,8 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = False, jobs: int = 1, executor: Any = None) -> Trace:
+def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = False, jobs: int = 1, executor: Any = None,
+               defer_cache_write: bool = False) -> Trace:
     """Read one Kineto trace file (plain or gzipped JSON) into a `Trace`.
 
     Rank: `distributedInfo.rank` when the file has it, else SGLang's `-TP-<r>` in the file name,
@@ -35,6 +36,8 @@ def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = False,
     unless the environment sets PROFKIT_NO_CACHE=1 (what the CLI passes). Traces under
     cache.MIN_BYTES of JSON are never cached.
     jobs/executor: decode the file's chunks in that many worker processes (see ingest/columnar.py).
+    defer_cache_write: write the cache at the next cache.wait_pending() (after the caller's
+    analysis) instead of in a background thread now.
     The tables are the same whichever path produced them.
     """
     from profkit.ingest import cache as _cache
@@ -59,7 +62,7 @@ def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = False,
     sha = None
     if use_cache:
         sha = _cache.file_sha256(path)
-        _cache.write_async(path, _cache.Cached(
+        (_cache.write_later if defer_cache_write else _cache.write_async)(path, _cache.Cached(
             tables={"gpu_ops": gpu_ops, "calls": calls, "cpu": cpu, "gpu_annotations": ann}, t0_ns=t0, n_events=n_events,
             meta=meta, warnings=list(warnings), sha256=sha,
         ), key=key)

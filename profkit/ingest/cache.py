@@ -119,9 +119,20 @@ def write_async(path: Path, cached: Cached, *, key: dict[str, Any] | None = None
     _PENDING.append(t)
 
 
+_DEFERRED: list[Any] = []
+
+
+def write_later(path: Path, cached: Cached, *, key: dict[str, Any] | None = None) -> None:
+    """`write` when `wait_pending` is next called (the analysis cache calls it after the analysis):
+    written during the analysis, the parquet encoding would take polars' threads from it."""
+    _DEFERRED.append(lambda: write(path, cached, key=key))
+
+
 def wait_pending() -> None:
     while _PENDING:
         _PENDING.pop().join()
+    while _DEFERRED:
+        _DEFERRED.pop(0)()
 
 
 def read(path: Path) -> Cached | None:

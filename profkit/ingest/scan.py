@@ -53,9 +53,21 @@ def cache_folder() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "profkit"
 
 
+def _private(folder: Path) -> bool:
+    """The folder exists (made 0700 if new), belongs to this user and only this user can write it:
+    a library loaded from it cannot have been put there by someone else."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = folder.stat()
+    except OSError:
+        return False
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return False
+    return not st.st_mode & 0o022
+
+
 def _build(so: Path) -> bool:
     cc = os.environ.get("CC", "cc")
-    so.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".scan-", suffix=".so", dir=so.parent)
     os.close(fd)
     try:
@@ -88,6 +100,8 @@ def lib() -> Any:
     for folder in (cache_folder(), Path(tempfile.gettempdir()) / f"profkit-{os.getuid() if hasattr(os, 'getuid') else 'user'}"):
         so = folder / f"_scan-{tag}.so"
         try:
+            if not _private(folder):
+                continue
             if not so.exists() and not _build(so):
                 continue
             dll = ctypes.CDLL(str(so))
