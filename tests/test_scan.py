@@ -209,3 +209,24 @@ def test_scanner_never_loaded_from_a_shared_folder(tmp_path: Path, monkeypatch: 
     scan.lib()
     assert list(shared.iterdir()) == []
     assert scan._private(tmp_path / "new-private") and (tmp_path / "new-private").stat().st_mode & 0o777 == 0o700
+
+
+def test_damaged_library_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A truncated or foreign file where the scanner should be: no crash, the next folder or msgspec."""
+    import hashlib
+    import os
+    import sys
+
+    private = tmp_path / "cache"
+    private.mkdir(mode=0o700)
+    tag = hashlib.blake2b(scan._SRC.read_bytes() + f"{sys.platform}|{os.uname().machine}".encode(), digest_size=8).hexdigest()
+    (private / f"_scan-{tag}.so").write_bytes(b"not a library")
+    monkeypatch.setenv("PROFKIT_CACHE_DIR", str(private))
+    monkeypatch.setattr(scan, "_TRIED", False)
+    monkeypatch.setattr(scan, "_LIB", None)
+    scan.lib()  # must not raise
+    chunk = b'[{"ph":"X","cat":"kernel","name":"k","ts":1,"dur":2,"pid":0,"tid":7}]'
+    from profkit.ingest.columnar import decode_chunk
+
+    df, tmin, n = decode_chunk(chunk)
+    assert (df.height, tmin, n) == (1, 1.0, 1)

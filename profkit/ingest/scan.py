@@ -43,6 +43,7 @@ class _Out(ctypes.Structure):
 
 _LIB: Any = None
 _TRIED = False
+_BUILD_LOCK = threading.Lock()
 
 
 def cache_folder() -> Path:
@@ -90,7 +91,14 @@ def lib() -> Any:
     global _LIB, _TRIED
     if _TRIED:
         return _LIB
-    _TRIED = True
+    with _BUILD_LOCK:  # threads asking at once wait for one build
+        if not _TRIED:
+            _LIB = _load()
+            _TRIED = True
+    return _LIB
+
+
+def _load() -> Any:
     if os.environ.get("PROFKIT_NO_SCANNER", "").strip() not in ("", "0", "false", "no"):
         return None
     try:
@@ -104,14 +112,12 @@ def lib() -> Any:
                 continue
             if not so.exists() and not _build(so):
                 continue
-            dll = ctypes.CDLL(str(so))
-        except OSError:
+            fn = ctypes.CDLL(str(so)).profkit_scan
+        except (OSError, AttributeError):  # not loadable here, or not our library: next folder, else msgspec
             continue
-        fn = dll.profkit_scan
         fn.restype = ctypes.c_int64
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(_Out)]
-        _LIB = fn
-        return _LIB
+        return fn
     return None
 
 
