@@ -209,10 +209,12 @@ def scan_chunk(data: Any, *, canonical: bool = False) -> tuple[Any, float | None
     def ids(key: str, table: pl.Series = strings) -> pl.Series:
         return table.gather(pl.Series(a[key][:n][x] & ~INT_TEXT))
 
-    def nullable(key: str, bit: int, name: str) -> pl.Series:
-        s = pl.Series(name, a[key][:n][x])
-        ok = pl.Series((v & bit) != 0)
-        return s if ok.all() else pl.select(pl.when(ok).then(s).otherwise(None)).to_series().alias(name)
+    numeric = (("ts", V_TS, "ts"), ("dur", V_DUR, "dur"), ("corr", V_CORR, "correlation"), ("ext", V_EXT, "external_id"),
+               ("stream", V_STREAM, "stream"), ("device", V_DEVICE, "device"), ("nbytes", V_BYTES, "bytes"))
+
+    def nullable(key: str, bit: int, name: str) -> pl.Expr:
+        # one with_columns for all seven: the values where their validity bit is set, else null
+        return pl.when((pl.col("_v") & bit) != 0).then(pl.col(name)).otherwise(None).alias(name)
 
     extra = []
     if canonical:
@@ -223,10 +225,11 @@ def scan_chunk(data: Any, *, canonical: bool = False) -> tuple[Any, float | None
         extra = [ids("cat", pl.Series("s", [table_code(c) for c in cats], dtype=pl.Int8)).alias("_t")]
     else:
         cat = ids("cat").alias("cat")
-    df = pl.DataFrame([
-        ids("name").alias("name"), cat, nullable("ts", V_TS, "ts"), nullable("dur", V_DUR, "dur"),
-        ids("pid").alias("pid"), ids("tid").alias("tid"), nullable("corr", V_CORR, "correlation"),
-        nullable("ext", V_EXT, "external_id"), nullable("stream", V_STREAM, "stream"), nullable("device", V_DEVICE, "device"),
-        nullable("nbytes", V_BYTES, "bytes"), *extra,
-    ])
+    raw = pl.DataFrame(
+        [ids("name").alias("name"), cat, ids("pid").alias("pid"), ids("tid").alias("tid"), *extra, pl.Series("_v", v)]
+        + [pl.Series(name, a[key][:n][x]) for key, _, name in numeric]
+    )
+    df = raw.with_columns(nullable(*k) for k in numeric).select(
+        "name", "cat", "ts", "dur", "pid", "tid", "correlation", "external_id", "stream", "device", "bytes", *(["_t"] if extra else [])
+    )
     return df, tmin, int(n)
