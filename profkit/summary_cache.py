@@ -3,7 +3,7 @@ trace (`<trace>.profkit-cache/summary/<key>.json`), so a repeated `analyze` of u
 with the same options prints and writes it without importing polars or reading any table.
 
 The key covers everything the summary depends on: each input's path as given and its
-ingest/cache.py source key (size, mtime_ns, hash of the first and last MiB), the options that
+ingest/identity.py source key (size, mtime_ns, hash of the first and last MiB), the options that
 change results (marker, minimum bubble, catalog: name, or the content of a .toml), the profkit
 version, the installed polars version and a hash of the analysis code and the shipped kernel
 catalogs. Output-only options (--top, --json, stdout) are not in it. A file whose key or digest does
@@ -51,32 +51,20 @@ def _fingerprint() -> str:
     return _FINGERPRINT
 
 
-def _source_key(path: Path) -> dict[str, Any]:
-    # the same identity ingest/cache.py checks before trusting its tables (kept in step by a test)
-    st = path.stat()
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        h.update(f.read(1 << 20))
-        if st.st_size > 2 << 20:
-            f.seek(st.st_size - (1 << 20))
-            h.update(f.read(1 << 20))
-        elif st.st_size > 1 << 20:
-            h.update(f.read())
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "head_tail_sha256": h.hexdigest()}
-
-
 def summary_key(files: list[Path], *, marker: str | None, min_bubble_us: float, catalog: str | None) -> str | None:
     """The key of this run's summary, or None when it is not to be cached (small or unreadable inputs)."""
+    from profkit.ingest.identity import estimated_json_bytes, source_key
+
     try:
         for f in files:
-            if _estimated_json_bytes(f) < _MIN_BYTES:
+            if estimated_json_bytes(f) < _MIN_BYTES:
                 return None
         cat: Any = catalog
         if catalog is not None and (catalog.endswith(".toml") or "/" in catalog or "\\" in catalog):
             cat = {"path": catalog, "sha256": hashlib.sha256(Path(catalog).read_bytes()).hexdigest()}
         blob = {
             "code": _fingerprint(),
-            "inputs": [[str(f), _source_key(f)] for f in files],
+            "inputs": [[str(f), source_key(f)] for f in files],
             "options": {"marker": marker, "min_bubble_us": repr(float(min_bubble_us)), "catalog": cat},
         }
     except OSError:
@@ -85,13 +73,6 @@ def summary_key(files: list[Path], *, marker: str | None, min_bubble_us: float, 
 
 
 _MIN_BYTES = 16 << 20  # as ingest/cache.MIN_BYTES: small traces are analyzed in well under a second
-
-
-def _estimated_json_bytes(path: Path) -> int:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        gz = f.read(2) == b"\x1f\x8b"
-    return size * 8 if gz else size
 
 
 def _file(first: Path, key: str) -> Path:

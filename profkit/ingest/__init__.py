@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profkit.errors import TraceInputError
 from profkit.ingest.decode import check_reachable, check_readable, decode_events, read_bytes
+
+if TYPE_CHECKING:
+    from profkit.ingest.tables import Trace
 
 __all__ = ["Trace", "load_trace", "load_traces", "find_trace_files"]
 
@@ -154,13 +157,12 @@ PARALLEL_MIN_BYTES = 96 << 20
 
 
 def estimated_raw_bytes(path: Path) -> int:
+    from profkit.ingest.identity import estimated_json_bytes
+
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            gz = f.read(2) == b"\x1f\x8b"
+        return estimated_json_bytes(path)
     except OSError:
         return 0
-    return size * 8 if gz else size
 
 
 def _load_one(path: Path, default_rank: int, cache: bool | None) -> Trace:

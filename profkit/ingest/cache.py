@@ -26,11 +26,12 @@ from typing import Any
 
 import polars as pl
 
+from profkit.ingest.identity import estimated_json_bytes, source_key  # noqa: F401  (source_key: used here and by callers)
+
 CACHE_SCHEMA = 1
 SUFFIX = ".profkit-cache"
 TABLES = ("gpu_ops", "calls", "cpu", "gpu_annotations")
-_MIB = 1 << 20
-_CODE_FILES = ("decode.py", "tables.py", "columnar.py", "cache.py", "__init__.py")
+_CODE_FILES = ("decode.py", "tables.py", "columnar.py", "cache.py", "identity.py", "scan.py", "_scan.c", "__init__.py")
 
 
 # Traces smaller than this (estimated JSON: gzip counts 8x) decode in well under a second: they are
@@ -40,12 +41,9 @@ MIN_BYTES = 16 << 20
 
 def worth_caching(path: Path) -> bool:
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            gz = f.read(2) == b"\x1f\x8b"
+        return estimated_json_bytes(path) >= MIN_BYTES
     except OSError:
         return False
-    return (size * 8 if gz else size) >= MIN_BYTES
 
 
 def cache_disabled_by_env() -> bool:
@@ -79,20 +77,6 @@ def code_fingerprint() -> str:
             pass
         _FINGERPRINT = h.hexdigest()
     return _FINGERPRINT
-
-
-def source_key(path: Path) -> dict[str, Any]:
-    """size, mtime_ns and a hash of the first and last MiB of the trace file."""
-    st = path.stat()
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        h.update(f.read(_MIB))
-        if st.st_size > 2 * _MIB:
-            f.seek(st.st_size - _MIB)
-            h.update(f.read(_MIB))
-        elif st.st_size > _MIB:
-            h.update(f.read())
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "head_tail_sha256": h.hexdigest()}
 
 
 @dataclass
