@@ -338,6 +338,18 @@ static inline const char *read_id(Out *o, const char *base, const char *p, const
     return q;
 }
 
+static inline void set_valid(uint8_t *valid, int bit, int on) {
+    *valid = (uint8_t)(on ? (*valid | bit) : (*valid & ~bit));
+}
+
+/* int | None field with a validity bit */
+static inline const char *read_int_field(const char *p, const char *e, int64_t *out, uint8_t *valid, int bit, int *err) {
+    int v = 0;
+    p = read_int(p, e, out, &v, err);
+    if (p) set_valid(valid, bit, v);
+    return p;
+}
+
 static inline int key_is(const char *s, int64_t n, const char *lit, int64_t ln) {
     return n == ln && memcmp(s, lit, (size_t)ln) == 0;
 }
@@ -358,24 +370,15 @@ static const char *read_args(Out *o, int64_t k, const char *p, const char *e, in
         if (p >= e || *p != ':') { *err = E_SYNTAX; return NULL; }
         p = ws(p + 1, e);
         if (p >= e) { *err = E_SYNTAX; return NULL; }
-        int v = 0;
         if (esc) { *err = E_TYPE; return NULL; } /* an escaped key: let msgspec decide */
         if (key_is(s, n, "correlation", 11)) {
-            p = read_int(p, e, &o->corr[k], &v, err);
-            if (!p) return NULL;
-            o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_CORR) : (o->valid[k] & ~V_CORR));
+            if (!(p = read_int_field(p, e, &o->corr[k], &o->valid[k], V_CORR, err))) return NULL;
         } else if (key_is(s, n, "External id", 11)) {
-            p = read_int(p, e, &o->ext[k], &v, err);
-            if (!p) return NULL;
-            o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_EXT) : (o->valid[k] & ~V_EXT));
+            if (!(p = read_int_field(p, e, &o->ext[k], &o->valid[k], V_EXT, err))) return NULL;
         } else if (key_is(s, n, "stream", 6)) {
-            p = read_int(p, e, &o->stream[k], &v, err);
-            if (!p) return NULL;
-            o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_STREAM) : (o->valid[k] & ~V_STREAM));
+            if (!(p = read_int_field(p, e, &o->stream[k], &o->valid[k], V_STREAM, err))) return NULL;
         } else if (key_is(s, n, "device", 6)) {
-            p = read_int(p, e, &o->device[k], &v, err);
-            if (!p) return NULL;
-            o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_DEVICE) : (o->valid[k] & ~V_DEVICE));
+            if (!(p = read_int_field(p, e, &o->device[k], &o->valid[k], V_DEVICE, err))) return NULL;
         } else if (key_is(s, n, "bytes", 5)) {
             /* int | str | None; a string of ASCII digits counts as its int, any other string as None */
             if (*p == '"') {
@@ -396,9 +399,7 @@ static const char *read_args(Out *o, int64_t k, const char *p, const char *e, in
                     o->valid[k] |= V_BYTES;
                 }
             } else {
-                p = read_int(p, e, &o->nbytes[k], &v, err);
-                if (!p) return NULL;
-                o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_BYTES) : (o->valid[k] & ~V_BYTES));
+                if (!(p = read_int_field(p, e, &o->nbytes[k], &o->valid[k], V_BYTES, err))) return NULL;
             }
         } else {
             p = skip_value(p, e);
@@ -464,10 +465,10 @@ int64_t profkit_scan(const char *buf, int64_t len, Out *o) {
                     p = read_str(o, buf, p, e, &o->cat[k], &err, &last_cat);
                 } else if (key_is(s, n, "ts", 2)) {
                     p = read_float(p, e, &o->ts[k], &v, &err);
-                    if (p) o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_TS) : (o->valid[k] & ~V_TS));
+                    if (p) set_valid(&o->valid[k], V_TS, v);
                 } else if (key_is(s, n, "dur", 3)) {
                     p = read_float(p, e, &o->dur[k], &v, &err);
-                    if (p) o->valid[k] = (uint8_t)(v ? (o->valid[k] | V_DUR) : (o->valid[k] & ~V_DUR));
+                    if (p) set_valid(&o->valid[k], V_DUR, v);
                 } else if (key_is(s, n, "pid", 3)) {
                     p = read_id(o, buf, p, e, &o->pid[k], &err, &last_pid);
                 } else if (key_is(s, n, "tid", 3)) {

@@ -166,7 +166,6 @@ def scan_chunk(data: Any, *, canonical: bool = False) -> tuple[Any, float | None
     fn = lib()
     if fn is None:
         return None
-    import numpy as np
     import polars as pl
 
     from profkit.ingest.columnar import RAW_SCHEMA
@@ -221,8 +220,9 @@ def scan_chunk(data: Any, *, canonical: bool = False) -> tuple[Any, float | None
         from profkit.ingest.tables import canonical_cat, table_code
 
         cats = [canonical_cat(t) for t in texts]
-        cat = ids("cat", pl.Series("s", cats, dtype=pl.String)).alias("cat")
-        extra = [ids("cat", pl.Series("s", [table_code(c) for c in cats], dtype=pl.Int8)).alias("_t")]
+        cat_ids = pl.Series(a["cat"][:n][x])  # cat ids are plain string ids (never INT_TEXT)
+        cat = pl.Series("cat", cats, dtype=pl.String).gather(cat_ids)
+        extra = [pl.Series("_t", [table_code(c) for c in cats], dtype=pl.Int8).gather(cat_ids)]
     else:
         cat = ids("cat").alias("cat")
     raw = pl.DataFrame(
