@@ -63,3 +63,18 @@ class TraceBuilder:
             data = gzip.compress(data)
         path.write_bytes(data)
         return path
+
+
+def http(url: str, body: Any = None, timeout: float = 60) -> tuple[int, str]:
+    """GET (no body) or POST JSON to a test server: (status, text), HTTP errors included."""
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()

@@ -9,10 +9,10 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
+
+from factories import http as _http
 
 pytest.importorskip("torch")
 
@@ -24,17 +24,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _http(url, body=None, timeout=60):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,12 @@ def _analyze(*args: str) -> tuple[str, dict]:
     return r.output, json.loads(out.read_text())
 
 
+def _python(code: str) -> subprocess.CompletedProcess:
+    """`python -c code` in a fresh process, with the cache on."""
+    env = {k: v for k, v in os.environ.items() if k != "PROFKIT_NO_CACHE"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
 def _stored(trace: Path) -> list[Path]:
     return sorted((pcache.cache_dir(trace) / "summary").glob("*.json"))
 
@@ -64,8 +70,7 @@ def test_cached_run_does_not_import_polars(tmp_path: Path) -> None:
         "try:\n    app()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
         "print('POLARS' if 'polars' in sys.modules else 'NO-POLARS')\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "PROFKIT_NO_CACHE"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    r = _python(code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("NO-POLARS"), r.stdout + r.stderr
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
@@ -116,8 +121,7 @@ def test_quick_exit_keeps_every_write(tmp_path: Path) -> None:
         "runpy.run_module('profkit', run_name='__main__')\n"
         "print('NOT REACHED')\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "PROFKIT_NO_CACHE"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    r = _python(code)
     assert r.returncode == 0, r.stderr
     assert "NOT REACHED" not in r.stdout and "per iteration" in r.stdout and "wrote" in r.stderr
     assert json.loads((tmp_path / "a.json").read_text())["schema_version"] == 1

@@ -184,15 +184,19 @@ class Scheduler:
         self.inbox.put(None)
         if self.thread is not None:
             self.thread.join(timeout)
-        for r in self._carry + list(self.waiting) + self.prefilling + self.running:
+        for r in self._carry + list(self.waiting) + self.prefilling + self.running + self._drain_inbox():
             r.fail("server shutting down")
+
+    def _drain_inbox(self) -> list:
+        """Every request queued so far (None entries are wake-ups, not requests)."""
+        got = []
         while True:
             try:
                 r = self.inbox.get_nowait()
             except queue.Empty:
-                break
+                return got
             if r is not None:
-                r.fail("server shutting down")
+                got.append(r)
 
     def _run(self):
         try:
@@ -298,14 +302,7 @@ class Scheduler:
     def _recv(self):
         """Rank 0: new requests + control latches (broadcast with TP). Others: receive them."""
         if self.rank == 0:
-            got, self._carry = self._carry, []
-            while True:
-                try:
-                    r = self.inbox.get_nowait()
-                except queue.Empty:
-                    break
-                if r is not None:
-                    got.append(r)
+            got, self._carry = self._carry + self._drain_inbox(), []
             with self.plock:
                 prof, self._prof_cmd = self._prof_cmd, None
                 pstop, self._prof_stop_cmd = self._prof_stop_cmd, False
