@@ -46,9 +46,22 @@ def json_text(obj: Any) -> str:
         body = msgspec.json.encode(obj)
     except (TypeError, msgspec.EncodeError):
         return json.dumps(obj, indent=1, allow_nan=False) + "\n"  # types msgspec does not know: the stdlib's error
-    if b"null" in body:  # msgspec writes NaN/inf as null: check with the stdlib, which raises
-        json.dumps(obj, allow_nan=False)
+    _refuse_non_finite(obj)  # msgspec would write NaN/inf as null
     return msgspec.json.format(body, indent=1).decode() + "\n"
+
+
+def _refuse_non_finite(obj: Any) -> None:
+    """ValueError on a NaN or infinity anywhere in obj, as json.dumps(allow_nan=False) raises."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, float):
+            if x != x or x in (float("inf"), float("-inf")):
+                raise ValueError(f"Out of range float values are not JSON compliant: {x!r}")
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
