@@ -198,8 +198,9 @@ def exclusive_sweeps(group: list[int], starts: list[int], ends: list[int], names
         push, pop = below.append, below.pop
         top_end: int | None = None  # the latest pushed open event (None: none open)
         top_name = ""
-        while k < n and group[k] == g:
-            s = starts[k]
+        while True:
+            done = not (k < n and group[k] == g)
+            s = g1 if done else starts[k]  # after the group's last event: run out to the window's end
             # time from cursor to s goes to the deepest open event, popping finished ones
             while cursor < s:
                 if top_end is None:
@@ -211,17 +212,12 @@ def exclusive_sweeps(group: list[int], starts: list[int], ends: list[int], names
                 seg_end = top_end if top_end < s else s
                 excl[top_name] = get(top_name, 0) + (seg_end - cursor)
                 cursor = seg_end
+            if done:
+                break
             if top_end is not None:
                 push((top_end, top_name))
             top_end, top_name = ends[k], names[k]
             k += 1
-        while cursor < g1 and top_end is not None:
-            if top_end <= cursor:
-                top_end, top_name = pop() if below else (None, "")
-                continue
-            seg_end = top_end if top_end < g1 else g1
-            excl[top_name] = get(top_name, 0) + (seg_end - cursor)
-            cursor = seg_end
         ranked = sorted(excl.items(), key=lambda kv: (-kv[1], kv[0]))
         out[g] = [name for name, t in ranked[:top] if t > 0]
     return out
