@@ -108,6 +108,7 @@ def analyze(
             from profkit.catalog import load_catalog
 
             cat = load_catalog(catalog) if catalog else None
+            _numpy_without_blas_threads()
             analyses = analyze_paths(paths, marker=marker, min_bubble_us=min_bubble_us, catalog=cat, cache=False if no_cache else None, jobs=jobs)
             t_analyzed = time.perf_counter()
             summary = build_summary(analyses, marker=marker)
@@ -186,6 +187,24 @@ def _write_timings(path: str, analyses: list, t_start: float, t_analyzed: float,
         Path(path).write_text(json.dumps(data))
     except OSError:
         pass
+
+
+def _numpy_without_blas_threads() -> None:
+    """Import numpy with one OpenBLAS thread: profkit does no linear algebra, and OpenBLAS's idle
+    threads otherwise spin on the cores the decoding needs. The environment is left as it was."""
+    if "numpy" in sys.modules:
+        return
+    import os
+
+    before = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        if before is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = before
 
 
 def main() -> None:

@@ -402,13 +402,13 @@ def test_chunked_tables_match_tiered_tables(path: Path) -> None:
     """Chunks normalized and split where they are decoded, then de-duplicated and sorted: the tables
     of the whole-file path."""
     from profkit.ingest.columnar import load_tables_fast
-    from profkit.ingest.tables import add_unusable_warnings, finish_tables, split_tables
+    from profkit.ingest.tables import add_unusable_warnings, split_tables
 
     fast = load_tables_fast(path, chunk_bytes=64 << 10)
     assert fast is not None
     w_fast: list[str] = []
     add_unusable_warnings(fast.unusable, w_fast)
-    got = finish_tables(*fast.parts, w_fast)
+    got = fast.tables(w_fast)
     events, _, w_slow = decode_events(path, read_bytes(path))
     df, t0 = events_frame(events, w_slow)
     want = split_tables(df, w_slow)
@@ -429,7 +429,7 @@ def test_stdlib_gzip_fallback_same_tables(monkeypatch: pytest.MonkeyPatch) -> No
     assert gzip_library() == "zlib"
     slow = load_tables_fast(path)
     assert fast is not None and slow is not None
-    assert all(a.equals(b) for a, b in zip(fast.parts, slow.parts))
+    assert all(a.equals(b) for a, b in zip(fast.tables([]), slow.tables([])))
 
 
 def test_chunked_tables_in_worker_processes_identical() -> None:
@@ -444,7 +444,10 @@ def test_chunked_tables_in_worker_processes_identical() -> None:
         ex.shutdown()
     ser = load_tables_fast(path, chunk_bytes=512 << 10)
     assert par is not None and ser is not None
-    for a, b in zip(par.parts, ser.parts):
+    from profkit.ingest.scan import lib
+
+    assert par.strings is None and (ser.strings is not None) == (lib() is not None)  # workers: strings; here: coded with the scanner
+    for a, b in zip(par.tables([]), ser.tables([])):
         assert a.schema == b.schema and a.equals(b)
     assert (par.unusable, par.t0_ns, par.n_events, par.meta) == (ser.unusable, ser.t0_ns, ser.n_events, ser.meta)
 
@@ -462,4 +465,4 @@ def test_parallel_decode_without_room_in_dev_shm(monkeypatch: pytest.MonkeyPatch
         ex.shutdown()
     ser = col.load_tables_fast(path)
     assert par is not None and ser is not None
-    assert all(a.equals(b) for a, b in zip(par.parts, ser.parts))
+    assert all(a.equals(b) for a, b in zip(par.tables([]), ser.tables([])))

@@ -75,7 +75,7 @@ def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = False,
 def _ingest(path: Path, *, jobs: int = 1, executor: Any = None):
     """Decode one file: the chunked fast path when it applies, else the tiered decoder (same tables)."""
     from profkit.ingest.columnar import load_tables_fast
-    from profkit.ingest.tables import add_unusable_warnings, finish_tables
+    from profkit.ingest.tables import add_unusable_warnings
 
     fast = load_tables_fast(path, executor=executor, jobs=jobs)
     if fast is not None:
@@ -83,7 +83,7 @@ def _ingest(path: Path, *, jobs: int = 1, executor: Any = None):
         if path.name.endswith(".gz") and _head(path) != b"\x1f\x8b":
             warnings.append(f"{path.name} is named .gz but is not gzip-compressed; read as plain JSON")
         add_unusable_warnings(fast.unusable, warnings)
-        gpu_ops, calls, cpu, ann = finish_tables(*fast.parts, warnings)
+        gpu_ops, calls, cpu, ann = fast.tables(warnings)
         return gpu_ops, calls, cpu, ann, fast.t0_ns, fast.n_events, fast.meta, warnings
     from profkit.ingest.tables import events_frame, split_tables
 

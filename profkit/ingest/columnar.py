@@ -185,18 +185,29 @@ def _columns(xs: list) -> pl.DataFrame:
 _SLOT_FILES: dict[str, Any] = {}
 
 
-def decode_chunk_tables(data: Any) -> tuple[tuple[pl.DataFrame, ...], tuple[int, int, int], float | None, int]:
+def decode_chunk_tables(data: Any, strings: Any = None) -> tuple[tuple[pl.DataFrame, ...], tuple[int, int, int], float | None, int]:
     """One chunk -> its rows of the four tables (tables.split_rows: before de-duplication and
-    sorting, which need the whole file), the unusable-event counts, min ts and event count."""
+    sorting, which need the whole file), the unusable-event counts, min ts and event count.
+
+    strings: an ingest.coded.Strings shared by the file's chunks: the rows are then coded (string
+    columns as ids into it, see coded.py), which is what the scanner gives fastest."""
     from profkit.ingest.tables import normalize_events, split_rows, unusable_counts, usable_events
 
-    from profkit.ingest.scan import scan_chunk
+    if strings is not None:
+        from profkit.ingest.coded import encode, split_coded
+        from profkit.ingest.scan import scan_chunk_coded
 
-    got = scan_chunk(data, canonical=True)
-    df, tmin, n = got if got is not None else decode_chunk_msgspec(data)
+        got = scan_chunk_coded(data, strings)
+        if got is None:  # msgspec's frame, coded the same way
+            df, tmin, n = decode_chunk_msgspec(data)
+            df = encode(normalize_events(df), strings)
+        else:
+            df, tmin, n = got
+            df = normalize_events(df)
+        return split_coded(usable_events(df)), unusable_counts(df), tmin, n
+    df, tmin, n = decode_chunk(data)
     df = normalize_events(df)
-    counts = unusable_counts(df)
-    return split_rows(usable_events(df)), counts, tmin, n
+    return split_rows(usable_events(df)), unusable_counts(df), tmin, n
 
 
 def decode_slot(path: str, offset: int, length: int, tables: bool = False) -> Any:
@@ -221,12 +232,12 @@ def decode_slot(path: str, offset: int, length: int, tables: bool = False) -> An
     return tuple(_to_ipc(df) for df in parts), counts, tmin, n
 
 
-def decode_view(view: memoryview, offset: int, length: int, tables: bool) -> Any:
+def decode_view(view: memoryview, offset: int, length: int, tables: bool, strings: Any = None) -> Any:
     """Thread side: decode the chunk at [offset, offset+length) of the slots' memory (the scanner
     and polars release the GIL, so chunks decode in parallel with the decompression)."""
     v = view[offset: offset + length]
     try:
-        return decode_chunk_tables(v) if tables else decode_chunk(v)
+        return decode_chunk_tables(v, strings) if tables else decode_chunk(v)
     finally:
         v.release()
 
@@ -485,8 +496,10 @@ class RawLoad:
     raw_bytes: int
 
 
-def _decode_file(path: Path, executor: Executor | None, jobs: int, chunk_bytes: int, tables: bool) -> tuple[list[Any], Cut, dict[str, Any]] | None:
-    """Decode every chunk of the file (in the workers when there is an executor); None: not fast-path material."""
+def _decode_file(path: Path, executor: Executor | None, jobs: int, chunk_bytes: int, tables: bool,
+                 strings: Any = None) -> tuple[list[Any], Cut, dict[str, Any]] | None:
+    """Decode every chunk of the file (in the workers when there is an executor); None: not fast-path material.
+    strings: decode_chunk_tables' (not for worker processes)."""
     from concurrent.futures import ThreadPoolExecutor
 
     cut = Cut()
@@ -512,7 +525,7 @@ def _decode_file(path: Path, executor: Executor | None, jobs: int, chunk_bytes: 
             for i, off, length in iter_slot_chunks(fh, slots, cut, wait_slot):
                 if parallel:
                     if threaded:
-                        fut = executor.submit(decode_view, slots.view, off, length, tables)  # type: ignore[union-attr]
+                        fut = executor.submit(decode_view, slots.view, off, length, tables, strings)  # type: ignore[union-attr]
                     else:
                         fut = executor.submit(decode_slot, slots.path, off, length, tables)  # type: ignore[union-attr]
                     pending[i] = fut
@@ -520,7 +533,7 @@ def _decode_file(path: Path, executor: Executor | None, jobs: int, chunk_bytes: 
                 else:
                     v = slots.view[off: off + length]
                     try:
-                        order.append(decode_chunk_tables(v) if tables else decode_chunk(v))
+                        order.append(decode_chunk_tables(v, strings) if tables else decode_chunk(v))
                     finally:
                         v.release()
         if parallel:
@@ -576,33 +589,55 @@ def load_raw_frame(path: Path, *, executor: Executor | None = None, jobs: int = 
 
 @dataclass
 class TablesLoad:
-    parts: tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]  # tables.split_rows of the whole file
+    # the chunks' parts of the four tables, in file order: tables.split_rows's, or coded (see
+    # ingest/coded.py) when `strings` is set
+    parts: list[tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]]
     unusable: tuple[int, int, int]  # tables.unusable_counts of the whole file
     t0_ns: int
     n_events: int
     meta: dict[str, Any]
     raw_bytes: int
+    strings: Any = None  # coded.Strings of coded parts
+
+    def tables(self, warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+        """The four tables (tables.finish_tables of the whole file's rows), duplicates warned about in `warnings`."""
+        if self.strings is not None:
+            from profkit.ingest.coded import finish_coded
+
+            return finish_coded(self.parts, self.strings, warnings)
+        from profkit.ingest.tables import finish_tables, normalize_events, split_rows, usable_events
+
+        if not self.parts:
+            whole = split_rows(usable_events(normalize_events(pl.DataFrame(schema=RAW_SCHEMA))))
+        else:
+            whole = tuple(pl.concat([p[k] for p in self.parts], how="vertical", rechunk=False) for k in range(4))
+        return finish_tables(*whole, warnings)  # type: ignore[arg-type]
 
 
 def load_tables_fast(path: Path, *, executor: Executor | None = None, jobs: int = 1,
                      chunk_bytes: int = CHUNK_BYTES) -> TablesLoad | None:
     """Like load_raw_frame, but each chunk is also normalized and split into the four tables where
-    it was decoded (in parallel), leaving only de-duplication and sorting (tables.finish_tables)."""
-    got = _decode_file(path, executor, jobs, chunk_bytes, tables=True)
+    it was decoded (in parallel), leaving only de-duplication and sorting (TablesLoad.tables).
+    Where the C scanner is there and the chunks are decoded in this process, the parts are coded
+    (ingest/coded.py)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from profkit.ingest.scan import lib
+
+    strings = None
+    if lib() is not None and not (isinstance(executor, ProcessPoolExecutor) and jobs > 1):
+        from profkit.ingest.coded import Strings
+
+        strings = Strings()
+    got = _decode_file(path, executor, jobs, chunk_bytes, tables=True, strings=strings)
     if got is None:
         return None
     results, cut, meta = got
-    if results:
-        parts = tuple(pl.concat([r[0][k] for r in results], how="vertical", rechunk=False) for k in range(4))
-    else:
-        from profkit.ingest.tables import normalize_events, split_rows, usable_events
-
-        parts = split_rows(usable_events(normalize_events(pl.DataFrame(schema=RAW_SCHEMA))))
     unusable = tuple(sum(r[1][k] for r in results) for k in range(3))
     tmins = [r[2] for r in results if r[2] is not None]
     t0 = round(min(tmins) * 1000) if tmins else 0
-    return TablesLoad(parts=parts, unusable=unusable, t0_ns=t0, n_events=sum(r[3] for r in results), meta=meta,  # type: ignore[arg-type]
-                      raw_bytes=cut.raw_bytes)
+    return TablesLoad(parts=[r[0] for r in results], unusable=unusable, t0_ns=t0,  # type: ignore[arg-type]
+                      n_events=sum(r[3] for r in results), meta=meta, raw_bytes=cut.raw_bytes, strings=strings)
 
 
 def _is_decompress_error(e: Exception) -> bool:

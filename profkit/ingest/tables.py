@@ -155,7 +155,7 @@ def table_code(canonical: str) -> int:
 
 def normalize_events(df: pl.DataFrame) -> pl.DataFrame:
     """Row by row: one spelling per category, times in integer ns (round(us * 1000)).
-    A frame with a `_t` column (ingest/scan.py) has its categories spelled already."""
+    A frame with a `_t` column (ingest/coded.py) has its categories spelled already."""
     if "_t" in df.columns:
         cat = pl.col("cat")
     else:
@@ -208,13 +208,16 @@ def split_rows(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFra
     """The row-by-row part of split_tables: (gpu_ops, calls, cpu, gpu_annotations) in event order,
     with their columns, before de-duplication and sorting. Chunks of events can be split apart and
     their parts concatenated: the result is the split of the whole."""
-    if "_t" in df.columns:  # the table of each row, computed per distinct category (ingest/scan.py)
-        in_gpu, in_calls, in_cpu, in_ann = (pl.col("_t") == k for k in range(4))
-    else:
-        in_gpu, in_calls = pl.col("cat").is_in(GPU_OP_CATS), pl.col("cat").is_in(CALL_CATS)
-        in_cpu, in_ann = pl.col("cat").is_in(CPU_CATS), pl.col("cat") == "gpu_user_annotation"
-    gpu = df.filter(in_gpu)
-    gpu = gpu.with_columns(
+    in_gpu, in_calls = pl.col("cat").is_in(GPU_OP_CATS), pl.col("cat").is_in(CALL_CATS)
+    in_cpu, in_ann = pl.col("cat").is_in(CPU_CATS), pl.col("cat") == "gpu_user_annotation"
+    return (gpu_columns(df.filter(in_gpu)), call_columns(df.filter(in_calls)), df.filter(in_cpu).select(list(CPU_SCHEMA)),
+            df.filter(in_ann).select(list(CPU_SCHEMA)))
+
+
+def gpu_columns(gpu: pl.DataFrame) -> pl.DataFrame:
+    """GPU-op rows (events columns) -> GPU_OPS_SCHEMA: stream and device from tid and pid where the
+    args lack them, the direction and pageable flag of memcpys."""
+    return gpu.with_columns(
         pl.col("stream").fill_null(pl.col("tid").cast(pl.Int64, strict=False)),
         pl.col("device").fill_null(pl.col("pid").cast(pl.Int64, strict=False)),
         pl.when(pl.col("cat") == "gpu_memcpy")
@@ -223,16 +226,13 @@ def split_rows(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFra
         ((pl.col("cat") == "gpu_memcpy") & pl.col("name").str.contains("Pageable")).alias("pageable"),
     ).select(list(GPU_OPS_SCHEMA))
 
-    calls = df.filter(in_calls)
-    names = calls["name"].unique().to_list()
-    calls = calls.with_columns(
-        pl.col("name").replace_strict({n: canonical_api(n) for n in names}, return_dtype=pl.String).alias("api")
-    )
-    calls = calls.select(list(CALLS_SCHEMA))
 
-    cpu = df.filter(in_cpu).select(list(CPU_SCHEMA))
-    ann = df.filter(in_ann).select(list(CPU_SCHEMA))
-    return gpu, calls, cpu, ann
+def call_columns(calls: pl.DataFrame) -> pl.DataFrame:
+    """Runtime-call rows (events columns) -> CALLS_SCHEMA: `api` is the name's canonical CUDA spelling."""
+    names = calls["name"].unique().to_list()
+    return calls.with_columns(
+        pl.col("name").replace_strict({n: canonical_api(n) for n in names}, return_dtype=pl.String).alias("api")
+    ).select(list(CALLS_SCHEMA))
 
 
 def finish_tables(gpu: pl.DataFrame, calls: pl.DataFrame, cpu: pl.DataFrame, ann: pl.DataFrame,

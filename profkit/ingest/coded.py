@@ -1,0 +1,112 @@
+"""The tables of one file with strings as ids until the end: the chunk-parallel ingest's format.
+
+A chunk's rows carry, in place of name, cat, pid and tid, ids into the file's `Strings` (each
+distinct string once, shared by the chunks, which may be decoded in parallel threads). Filtering,
+concatenating, de-duplicating and sorting millions of rows then moves integers, not strings; the
+strings are put in once per table at the end (`finish_coded`), as views into one buffer. The
+result is tables.finish_tables(*tables.split_rows(...)) of the same events: the same functions
+compute every derived column (tables.gpu_columns, tables.call_columns), and two rows have equal ids
+exactly when they have equal strings, so de-duplication keeps the same rows.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from profkit.ingest.tables import (
+    CPU_SCHEMA, _dedupe, by_start, call_columns, canonical_cat, gpu_columns, table_code,
+)
+
+# the columns of a chunk's coded parts, per table (ids for the string columns)
+GPU_CODED = ["name", "cat", "ts_ns", "dur_ns", "end_ns", "device", "stream", "correlation", "bytes", "pid", "tid"]
+CALLS_CODED = ["name", "ts_ns", "dur_ns", "end_ns", "pid", "tid", "correlation", "external_id"]
+CPU_CODED = list(CPU_SCHEMA)
+_STRING_COLS = ("name", "cat", "pid", "tid")
+
+
+class Strings:
+    """A file's distinct strings: id <-> text, filled by the chunks as they are decoded (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self._ids: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def ids(self, texts: list[str]) -> np.ndarray:
+        """The ids of `texts` (new ones added), as a uint32 array."""
+        out = np.empty(len(texts), np.uint32)
+        with self._lock:
+            known, all_texts = self._ids, self.texts
+            for i, t in enumerate(texts):
+                g = known.get(t)
+                if g is None:
+                    g = known[t] = len(all_texts)
+                    all_texts.append(t)
+                out[i] = g
+        return out
+
+    def series(self) -> pl.Series:
+        return pl.Series("s", self.texts, dtype=pl.String)
+
+
+def cat_codes(strings: Strings, texts: list[str], used: Any) -> tuple[np.ndarray, np.ndarray]:
+    """For a chunk whose categories are `texts[i]` for i in `used`: per local id, the id of the
+    canonical spelling (tables.canonical_cat) and its table (tables.table_code; -1 elsewhere)."""
+    canon = np.zeros(len(texts), np.uint32)
+    table = np.full(len(texts), -1, np.int8)
+    spelled = [canonical_cat(texts[i]) for i in used]
+    if spelled:
+        canon[used] = strings.ids(spelled)
+        table[used] = [table_code(c) for c in spelled]
+    return canon, table
+
+
+def encode(df: pl.DataFrame, strings: Strings) -> pl.DataFrame:
+    """A normalized events frame with strings (tables.normalize_events of msgspec's chunk) -> the
+    coded frame scan.scan_chunk_coded gives: string columns as ids, `_t` the table of each row."""
+    cols = []
+    for c in _STRING_COLS:
+        distinct = df[c].drop_nulls().unique()
+        cols.append(pl.col(c).replace_strict(distinct, pl.Series(strings.ids(distinct.to_list())), default=None,
+                                             return_dtype=pl.UInt32))
+    cats = df["cat"].drop_nulls().unique()
+    tables = pl.Series([table_code(c) for c in cats.to_list()], dtype=pl.Int8)
+    return df.with_columns(*cols, pl.col("cat").replace_strict(cats, tables, default=-1, return_dtype=pl.Int8).alias("_t"))
+
+
+def split_coded(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The usable coded events of a chunk -> its coded parts of the four tables, in event order."""
+    t = pl.col("_t")
+    return (df.filter(t == 0).select(GPU_CODED), df.filter(t == 1).select(CALLS_CODED),
+            df.filter(t == 2).select(CPU_CODED), df.filter(t == 3).select(CPU_CODED))
+
+
+def empty_parts() -> tuple[pl.DataFrame, ...]:
+    schema = {"name": pl.UInt32, "cat": pl.UInt32, "pid": pl.UInt32, "tid": pl.UInt32}
+    ints = {c: pl.Int64 for c in ("ts_ns", "dur_ns", "end_ns", "device", "stream", "correlation", "bytes", "external_id")}
+    both = {**schema, **ints}
+    return tuple(pl.DataFrame(schema={c: both[c] for c in cols}) for cols in (GPU_CODED, CALLS_CODED, CPU_CODED, CPU_CODED))
+
+
+def _decoded(df: pl.DataFrame, strings: pl.Series) -> pl.DataFrame:
+    return df.with_columns(strings.gather(df[c]).alias(c) for c in _STRING_COLS if c in df.columns)
+
+
+def finish_coded(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,
+                 warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The chunks' coded parts, in file order -> the four tables (as tables.finish_tables gives them)."""
+    if not parts:
+        parts = [empty_parts()]
+    gpu, calls, cpu, ann = (pl.concat([p[k] for p in parts], how="vertical", rechunk=True) for k in range(4))
+    s = strings.series()
+    # GPU ops and runtime calls are few next to the CPU events: their strings go in first, for the
+    # derived columns (stream and device from tid and pid, memcpy direction, api) and de-duplication
+    gpu = by_start(_dedupe(gpu_columns(_decoded(gpu, s)), "GPU op", ["name", "ts_ns", "dur_ns", "stream", "correlation"], warnings))
+    calls = by_start(_dedupe(call_columns(_decoded(calls, s)), "runtime call", ["name", "ts_ns", "dur_ns", "tid", "correlation"], warnings))
+    cpu = _decoded(by_start(cpu), s)
+    ann = _decoded(by_start(ann), s)
+    return gpu, calls, cpu, ann
