@@ -117,7 +117,42 @@ EDGE = [
     '[{"ph":"X","ts":1,"dur":1}',
     '[{"ph":"X","ts":1,"dur":1,"\\u0070h":"i"}]',
     '[{"ph":"M","name":"process_name","pid":1,"args":{"name":"python"}},{"ph":"X","ts":3,"dur":1},{"ph":"f","ts":0.5,"id":1,"bp":"e"}]',
+    # keys told from their first bytes: longer keys sharing a prefix, spaces around the colon, keys near the end
+    '[{"phase":"i","ph":"X","tsx":5,"ts":1,"dur":1,"names":"a","name":"n","cats":"d","cat":"c","argsx":1,"pidx":"p","tid2":3}]',
+    '[{"ph" : "X", "ts" :1 ,"dur": 1 , "args" : {"stream" : 7}}]',
+    '[{"dur":1,"ph":"X","ts":1}]',
+    '[{"ph":"X","ts":1,"dur":1,"tid":7}]',
+    '[{"ph":"X","ts":1,"dur":1,"p\u0069d":7}]',
+    # digit runs ending inside and past an 8-byte word, and a byte above 0x7f right after digits
+    '[{"ph":"X","ts":12345678é,"dur":1}]',
+    '[{"ph":"X","ts":1,"dur":1,"x":1234567890123456789012345678901234567890}]',
+    '[{"ph":"X","ts":1,"dur":1,"x":-98765432109876543210.123456789e-5}]',
+    '[{"ph":"X","ts":1,"dur":1,"args":{"correlation":123456789012345678}}]',
+    '[{"ph":"X","ts":1,"dur":1,"args":{"correlation":1234567890123456789}}]',
 ]
+
+# JSON numbers of every digit count from 1 to 20, with fractions of 0 to 9 digits, in each numeric
+# field (ts and dur are floats, pid/tid ids, args ints) and in a skipped field: the 8-digits-at-a-time
+# parsing and skipping against msgspec's
+_NUMS = [("-" if (i + f) % 3 == 0 else "") + "9876543210123456789012"[: i].lstrip("0") + ("." + "1357924680"[:f] if f else "")
+         for i in range(1, 21) for f in range(0, 10)]
+
+
+@pytest.mark.parametrize("field", ["ts", "dur", "pid", "args.correlation", "args.External id", "args.bytes", "skipped"])
+def test_numbers_of_every_length_scan_like_msgspec(field: str) -> None:
+    if scan.lib() is None:
+        pytest.skip("no C compiler here: the msgspec decoder is used")
+    for num in _NUMS:
+        if field.startswith("args."):
+            ev = f'{{"ph":"X","ts":1,"dur":1,"args":{{"{field[5:]}":{num}}}}}'
+        elif field == "skipped":
+            ev = f'{{"ph":"X","ts":1,"dur":1,"Python id":{num}}}'
+        else:
+            ev = f'{{"ph":"X","ts":1,"dur":1,"{field}":{num}}}'
+        _same(f"[{ev}]".encode())
+        _same(f"[{ev},{ev}]".encode())
+        if len(num.strip("-").replace(".", "")) <= 15 and (field in ("ts", "dur", "skipped") or "." not in num):
+            assert scan.scan_chunk(f"[{ev}]".encode()) is not None, f"{field}={num} should be scanned, not declined"
 
 
 @needs_scanner

@@ -111,6 +111,10 @@ static inline const char *num_token(const char *p, const char *e, int *is_int);
 static const char *skip_value_d(const char *p, const char *e, int depth) {
     if (p >= e || depth > 256) return NULL;
     char c = *p;
+    if ((c >= '0' && c <= '9') || c == '-') { /* numbers first: the values profkit skips are mostly ids */
+        int is_int;
+        return num_token(p, e, &is_int);
+    }
     if (c == '"') {
         const char *s; int64_t n; int esc;
         return str_span(p, e, &s, &n, &esc);
@@ -182,6 +186,14 @@ static inline uint64_t hash_bytes(const char *s, int64_t n) {
     return h ^ (h >> 32);
 }
 
+/* a == b over n bytes: short strings (ids, categories) compared here, longer ones by memcmp */
+static inline int same_bytes(const char *a, const char *b, int64_t n) {
+    if (n > 16) return memcmp(a, b, (size_t)n) == 0;
+    for (int64_t i = 0; i < n; i++)
+        if (a[i] != b[i]) return 0;
+    return 1;
+}
+
 static int32_t intern(Out *o, const char *base, const char *s, int64_t n, int esc) {
     uint64_t h = hash_bytes(s, n);
     int64_t mask = o->n_slots - 1;
@@ -189,7 +201,7 @@ static int32_t intern(Out *o, const char *base, const char *s, int64_t n, int es
     for (;;) {
         int32_t id = o->slots[i];
         if (id < 0) break;
-        if (o->s_len[id] == n && memcmp(base + o->s_off[id], s, (size_t)n) == 0) return id;
+        if (o->s_len[id] == n && same_bytes(base + o->s_off[id], s, n)) return id;
         i = (i + 1) & mask;
     }
     if (o->s_n >= o->s_cap || o->s_n * 2 >= o->n_slots) return E_CAP;
@@ -201,26 +213,59 @@ static int32_t intern(Out *o, const char *base, const char *s, int64_t n, int es
     return id;
 }
 
+/* the end of the run of ASCII digits at q (8 bytes at a time: a byte b is a digit when neither
+ * b - '0' nor b - '0' + 0x76 has its high bit set; borrows and carries only move towards later
+ * bytes, so the first flagged byte is the first non-digit) */
+static inline const char *skip_digits(const char *q, const char *e) {
+    while (e - q >= 8) {
+        uint64_t w;
+        memcpy(&w, q, 8);
+        uint64_t x = w - 0x3030303030303030ULL;
+        uint64_t nd = (x | (x + 0x7676767676767676ULL)) & 0x8080808080808080ULL;
+        if (nd) return q + (__builtin_ctzll(nd) >> 3);
+        q += 8;
+    }
+    while (q < e && *q >= '0' && *q <= '9') q++;
+    return q;
+}
+
+/* the value of 8 ASCII digits (first digit most significant) */
+static inline uint64_t parse8(const char *s) {
+    uint64_t v;
+    memcpy(&v, s, 8);
+    v -= 0x3030303030303030ULL;
+    v = (v * 10 + (v >> 8)) & 0x00FF00FF00FF00FFULL;
+    v = (v * 100 + (v >> 16)) & 0x0000FFFF0000FFFFULL;
+    return (v * 10000 + (v >> 32)) & 0xFFFFFFFFULL;
+}
+
+/* m * 10^n + the value of the n digits at s (wrapping past 2^64: callers check the digit count) */
+static inline uint64_t acc_digits(uint64_t m, const char *s, int64_t n) {
+    for (; n >= 8; s += 8, n -= 8) m = m * 100000000ULL + parse8(s);
+    for (; n > 0; s++, n--) m = m * 10 + (uint64_t)(*s - '0');
+    return m;
+}
+
 /* a JSON number token at p: its end, and whether it is an integer literal */
 static inline const char *num_token(const char *p, const char *e, int *is_int) {
     const char *q = p;
     if (q < e && *q == '-') q++;
     if (q >= e || *q < '0' || *q > '9') return NULL;
     if (*q == '0' && q + 1 < e && q[1] >= '0' && q[1] <= '9') return NULL; /* leading zero */
-    while (q < e && *q >= '0' && *q <= '9') q++;
+    q = skip_digits(q, e);
     *is_int = 1;
     if (q < e && *q == '.') {
         *is_int = 0;
         q++;
         if (q >= e || *q < '0' || *q > '9') return NULL;
-        while (q < e && *q >= '0' && *q <= '9') q++;
+        q = skip_digits(q, e);
     }
     if (q < e && (*q == 'e' || *q == 'E')) {
         *is_int = 0;
         q++;
         if (q < e && (*q == '+' || *q == '-')) q++;
         if (q >= e || *q < '0' || *q > '9') return NULL;
-        while (q < e && *q >= '0' && *q <= '9') q++;
+        q = skip_digits(q, e);
     }
     return q;
 }
@@ -236,12 +281,19 @@ static inline const char *scan_number(const char *p, const char *e, Num *x) {
     if (p < e && *p == '-') { x->neg = 1; p++; }
     if (p >= e || *p < '0' || *p > '9') return NULL;
     if (*p == '0' && p + 1 < e && p[1] >= '0' && p[1] <= '9') return NULL; /* leading zero */
-    while (p < e && *p >= '0' && *p <= '9') { x->m = x->m * 10 + (uint64_t)(*p - '0'); x->digits++; p++; }
+    const char *d = skip_digits(p, e);
+    x->m = acc_digits(0, p, d - p);
+    x->digits = (int)(d - p);
+    p = d;
     if (p < e && *p == '.') {
         x->is_int = 0;
         p++;
         if (p >= e || *p < '0' || *p > '9') return NULL;
-        while (p < e && *p >= '0' && *p <= '9') { x->m = x->m * 10 + (uint64_t)(*p - '0'); x->digits++; x->frac++; p++; }
+        d = skip_digits(p, e);
+        x->m = acc_digits(x->m, p, d - p);
+        x->digits += (int)(d - p);
+        x->frac = (int)(d - p);
+        p = d;
     }
     if (p < e && (*p == 'e' || *p == 'E')) {
         x->is_int = 0;
@@ -297,8 +349,7 @@ static inline const char *read_int(const char *p, const char *e, int64_t *out, i
     int neg = 0;
     if (*d == '-') { neg = 1; d++; }
     if (q - d > 18) { *err = E_NUMBER; return NULL; }
-    int64_t v = 0;
-    for (; d < q; d++) v = v * 10 + (*d - '0');
+    int64_t v = (int64_t)acc_digits(0, d, q - d);
     *out = neg ? -v : v;
     *valid = 1;
     return q;
@@ -308,7 +359,7 @@ static inline const char *read_int(const char *p, const char *e, int64_t *out, i
 /* intern, first trying the id this field had in the previous event (cat, pid and tid rarely change) */
 static inline int32_t intern_last(Out *o, const char *base, const char *s, int64_t n, int esc, int32_t *last) {
     int32_t l = *last;
-    if (l >= 0 && o->s_len[l] == n && memcmp(base + o->s_off[l], s, (size_t)n) == 0) return l;
+    if (l >= 0 && o->s_len[l] == n && same_bytes(base + o->s_off[l], s, n)) return l;
     int32_t k = intern(o, base, s, n, esc);
     if (k >= 0) *last = k;
     return k;
@@ -351,7 +402,7 @@ static inline const char *read_int_field(const char *p, const char *e, int64_t *
 }
 
 static inline int key_is(const char *s, int64_t n, const char *lit, int64_t ln) {
-    return n == ln && memcmp(s, lit, (size_t)ln) == 0;
+    return n == ln && same_bytes(s, lit, ln);
 }
 
 /* args object: the typed fields; returns position after '}' */
@@ -414,6 +465,39 @@ static const char *read_args(Out *o, int64_t k, const char *p, const char *e, in
     }
 }
 
+enum { K_OTHER, K_PH, K_NAME, K_CAT, K_TS, K_DUR, K_PID, K_TID, K_ARGS };
+
+#define LE4(a, b, c, d) ((uint64_t)(a) | (uint64_t)(b) << 8 | (uint64_t)(c) << 16 | (uint64_t)(d) << 24)
+#define LE5(a, b, c, d, f) (LE4(a, b, c, d) | (uint64_t)(f) << 32)
+#define LE6(a, b, c, d, f, g) (LE5(a, b, c, d, f) | (uint64_t)(g) << 40)
+
+/* p at the opening quote of an event's key: the position after its closing quote, the key's code
+ * and whether it holds an escape. The keys Kineto writes are told from the first bytes, quotes
+ * included (so `"ph"` never matches `"phase"`); any other key is read as a string. */
+static inline const char *event_key(const char *p, const char *e, int *code, int *esc) {
+    *esc = 0;
+    if (e - p >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        uint64_t w4 = w & 0xFFFFFFFFULL, w5 = w & 0xFFFFFFFFFFULL, w6 = w & 0xFFFFFFFFFFFFULL;
+        if (w4 == LE4('"', 'p', 'h', '"')) { *code = K_PH; return p + 4; }
+        if (w4 == LE4('"', 't', 's', '"')) { *code = K_TS; return p + 4; }
+        if (w5 == LE5('"', 'c', 'a', 't', '"')) { *code = K_CAT; return p + 5; }
+        if (w5 == LE5('"', 'd', 'u', 'r', '"')) { *code = K_DUR; return p + 5; }
+        if (w5 == LE5('"', 'p', 'i', 'd', '"')) { *code = K_PID; return p + 5; }
+        if (w5 == LE5('"', 't', 'i', 'd', '"')) { *code = K_TID; return p + 5; }
+        if (w6 == LE6('"', 'n', 'a', 'm', 'e', '"')) { *code = K_NAME; return p + 6; }
+        if (w6 == LE6('"', 'a', 'r', 'g', 's', '"')) { *code = K_ARGS; return p + 6; }
+    }
+    const char *s; int64_t n;
+    p = str_span(p, e, &s, &n, esc);
+    if (!p) return NULL;
+    *code = key_is(s, n, "ph", 2) ? K_PH : key_is(s, n, "name", 4) ? K_NAME : key_is(s, n, "cat", 3) ? K_CAT
+          : key_is(s, n, "ts", 2) ? K_TS : key_is(s, n, "dur", 3) ? K_DUR : key_is(s, n, "pid", 3) ? K_PID
+          : key_is(s, n, "tid", 3) ? K_TID : key_is(s, n, "args", 4) ? K_ARGS : K_OTHER;
+    return p;
+}
+
 /* Scan `[ev, ...]`. Returns the number of events, or a negative error code. */
 int64_t profkit_scan(const char *buf, int64_t len, Out *o) {
     const char *p = buf, *e = buf + len;
@@ -441,8 +525,8 @@ int64_t profkit_scan(const char *buf, int64_t len, Out *o) {
             for (;;) {
                 p = ws(p, e);
                 if (p >= e || *p != '"') return E_SYNTAX;
-                const char *s; int64_t n; int esc;
-                p = str_span(p, e, &s, &n, &esc);
+                int key, esc;
+                p = event_key(p, e, &key, &esc);
                 if (!p) return E_SYNTAX;
                 p = ws(p, e);
                 if (p >= e || *p != ':') return E_SYNTAX;
@@ -450,7 +534,7 @@ int64_t profkit_scan(const char *buf, int64_t len, Out *o) {
                 if (p >= e) return E_SYNTAX;
                 if (esc) return E_TYPE;
                 int v = 0;
-                if (n == 2 && s[0] == 'p' && s[1] == 'h') {
+                if (key == K_PH) {
                     const char *ps; int64_t pn; int pesc;
                     if (*p != '"') return E_TYPE;
                     p = str_span(p, e, &ps, &pn, &pesc);
@@ -459,21 +543,21 @@ int64_t profkit_scan(const char *buf, int64_t len, Out *o) {
                     const char *f = strchr(PHASES, ps[0]);
                     if (!f || ps[0] == 0) return E_PHASE;
                     o->ph[k] = (int8_t)(f - PHASES);
-                } else if (key_is(s, n, "name", 4)) {
+                } else if (key == K_NAME) {
                     p = read_str(o, buf, p, e, &o->name[k], &err, NULL);
-                } else if (key_is(s, n, "cat", 3)) {
+                } else if (key == K_CAT) {
                     p = read_str(o, buf, p, e, &o->cat[k], &err, &last_cat);
-                } else if (key_is(s, n, "ts", 2)) {
+                } else if (key == K_TS) {
                     p = read_float(p, e, &o->ts[k], &v, &err);
                     if (p) set_valid(&o->valid[k], V_TS, v);
-                } else if (key_is(s, n, "dur", 3)) {
+                } else if (key == K_DUR) {
                     p = read_float(p, e, &o->dur[k], &v, &err);
                     if (p) set_valid(&o->valid[k], V_DUR, v);
-                } else if (key_is(s, n, "pid", 3)) {
+                } else if (key == K_PID) {
                     p = read_id(o, buf, p, e, &o->pid[k], &err, &last_pid);
-                } else if (key_is(s, n, "tid", 3)) {
+                } else if (key == K_TID) {
                     p = read_id(o, buf, p, e, &o->tid[k], &err, &last_tid);
-                } else if (key_is(s, n, "args", 4)) {
+                } else if (key == K_ARGS) {
                     if (*p == '{') {
                         have_args_null = 0;
                         p = read_args(o, k, p, e, &err);

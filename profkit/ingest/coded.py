@@ -93,7 +93,8 @@ def empty_parts() -> tuple[pl.DataFrame, ...]:
 
 
 def _decoded(df: pl.DataFrame, strings: pl.Series) -> pl.DataFrame:
-    return df.with_columns(strings.gather(df[c]).alias(c) for c in _STRING_COLS if c in df.columns)
+    # as expressions, so polars gathers the columns in parallel
+    return df.with_columns(pl.lit(strings).gather(pl.col(c)).alias(c) for c in _STRING_COLS if c in df.columns)
 
 
 def finish_coded(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,
