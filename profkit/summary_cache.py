@@ -18,8 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-SUFFIX = ".profkit-cache"  # as ingest/cache.py
-_CODE_GLOBS = ("ingest/*.py", "analysis/*.py", "catalog.py", "apis.py", "summary_cache.py", "__init__.py")
+from profkit.ingest.identity import CACHE_SUFFIX as SUFFIX  # the folder ingest/cache.py writes
+
+_CODE_GLOBS = ("ingest/*.py", "ingest/_scan.c", "analysis/*.py", "catalog.py", "apis.py", "summary_cache.py", "__init__.py")
 _FINGERPRINT: str | None = None
 
 

@@ -456,7 +456,9 @@ def test_parallel_decode_without_room_in_dev_shm(monkeypatch: pytest.MonkeyPatch
     """A small /dev/shm (containers): the slots go to the temp folder instead, same result."""
     import profkit.ingest.columnar as col
 
-    monkeypatch.setattr(col, "_room_in", lambda folder, need: False)
+    import profkit.ingest.reading as reading
+
+    monkeypatch.setattr(reading, "_room_in", lambda folder, need: False)
     path = PUBLIC / "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz"
     ex = make_executor(2)
     try:

@@ -248,14 +248,9 @@ def test_scanner_never_loaded_from_a_shared_folder(tmp_path: Path, monkeypatch: 
 
 def test_damaged_library_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A truncated or foreign file where the scanner should be: no crash, the next folder or msgspec."""
-    import hashlib
-    import os
-    import sys
-
     private = tmp_path / "cache"
     private.mkdir(mode=0o700)
-    tag = hashlib.blake2b(scan._SRC.read_bytes() + f"{sys.platform}|{os.uname().machine}".encode(), digest_size=8).hexdigest()
-    (private / f"_scan-{tag}.so").write_bytes(b"not a library")
+    (private / f"_scan-{scan._tag()}.so").write_bytes(b"not a library")
     monkeypatch.setenv("PROFKIT_CACHE_DIR", str(private))
     monkeypatch.setattr(scan, "_TRIED", False)
     monkeypatch.setattr(scan, "_LIB", None)

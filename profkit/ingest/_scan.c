@@ -590,3 +590,80 @@ int64_t profkit_scan(const char *buf, int64_t len, Out *o) {
         return E_SYNTAX;
     }
 }
+
+/* ---- the scanned events of a chunk -> the rows of profkit's four tables ------------------------ */
+
+typedef struct {
+    /* per local string id (the scan's ids): the file's id, and for categories the file's id of
+     * the canonical spelling and the table (0 GPU ops, 1 runtime calls, 2 CPU events, 3 GPU
+     * annotations, -1 none) */
+    const uint32_t *gid, *canon;
+    const int8_t *table;
+    /* rows (capacity: the chunk's event count), grouped by table: table t at [start[t], start[t] + count[t]) */
+    uint32_t *name, *cat, *pid, *tid;
+    int64_t *ts, *dur, *end, *corr, *ext, *stream, *device, *nbytes;
+    uint8_t *valid;
+    int64_t start[4], count[4];
+    int64_t unusable[3]; /* 'X' events without a timestamp; without a duration (with one); with a negative duration */
+    double tmin;         /* the earliest timestamp of any event (has_tmin: there is one) */
+    int64_t has_tmin;
+} Emit;
+
+/* µs -> ns as tables.normalize_events computes it: round(us * 1000) half to even, as a 64-bit
+ * integer, none (0) when out of range */
+static inline int to_ns(double us, int64_t *out) {
+    double r = nearbyint(us * 1000.0);
+    if (!(r >= -9223372036854775808.0 && r < 9223372036854775808.0)) return 0;
+    *out = (int64_t)r;
+    return 1;
+}
+
+/* one 'X' event: its table when it is usable (a timestamp, a duration >= 0 and a table), else -1;
+ * counts the unusable ones as tables.unusable_counts does */
+static inline int usable_row(const Out *o, const Emit *e, int64_t k, int64_t *ts, int64_t *dur, int64_t *unusable) {
+    int has_ts = (o->valid[k] & V_TS) && to_ns(o->ts[k], ts);
+    int has_dur = (o->valid[k] & V_DUR) && to_ns(o->dur[k], dur);
+    if (unusable) {
+        if (!has_ts) unusable[0]++;
+        else if (!has_dur) unusable[1]++;
+        if (has_dur && *dur < 0) unusable[2]++;
+    }
+    if (!has_ts || !has_dur || *dur < 0) return -1;
+    return e->table[o->cat[k]];
+}
+
+int64_t profkit_emit(const Out *o, int64_t n, Emit *e) {
+    const int8_t X = (int8_t)(strchr(PHASES, 'X') - PHASES);
+    int64_t ts = 0, dur = 0, cursor[4];
+    for (int t = 0; t < 4; t++) e->count[t] = 0;
+    for (int u = 0; u < 3; u++) e->unusable[u] = 0;
+    e->has_tmin = 0;
+    for (int64_t k = 0; k < n; k++) {
+        if ((o->valid[k] & V_TS) && (!e->has_tmin || o->ts[k] < e->tmin)) { e->tmin = o->ts[k]; e->has_tmin = 1; }
+        if (o->ph[k] != X) continue;
+        int t = usable_row(o, e, k, &ts, &dur, e->unusable);
+        if (t >= 0) e->count[t]++;
+    }
+    int64_t at = 0;
+    for (int t = 0; t < 4; t++) { e->start[t] = cursor[t] = at; at += e->count[t]; }
+    for (int64_t k = 0; k < n; k++) {
+        if (o->ph[k] != X) continue;
+        int t = usable_row(o, e, k, &ts, &dur, NULL);
+        if (t < 0) continue;
+        int64_t r = cursor[t]++;
+        e->name[r] = e->gid[o->name[k]];
+        e->cat[r] = e->canon[o->cat[k]];
+        e->pid[r] = e->gid[o->pid[k] & ~0x40000000];
+        e->tid[r] = e->gid[o->tid[k] & ~0x40000000];
+        e->ts[r] = ts;
+        e->dur[r] = dur;
+        e->end[r] = (int64_t)((uint64_t)ts + (uint64_t)dur); /* wraps like polars' addition */
+        e->corr[r] = o->corr[k];
+        e->ext[r] = o->ext[k];
+        e->stream[r] = o->stream[k];
+        e->device[r] = o->device[k];
+        e->nbytes[r] = o->nbytes[k];
+        e->valid[r] = o->valid[k];
+    }
+    return at;
+}

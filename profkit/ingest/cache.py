@@ -26,12 +26,13 @@ from typing import Any
 
 import polars as pl
 
-from profkit.ingest.identity import estimated_json_bytes, source_key  # noqa: F401  (source_key: used here and by callers)
+from profkit.ingest.identity import CACHE_SUFFIX, estimated_json_bytes, source_key  # noqa: F401  (source_key: used here and by callers)
 
 CACHE_SCHEMA = 1
-SUFFIX = ".profkit-cache"
+SUFFIX = CACHE_SUFFIX
 TABLES = ("gpu_ops", "calls", "cpu", "gpu_annotations")
-_CODE_FILES = ("decode.py", "tables.py", "columnar.py", "cache.py", "identity.py", "scan.py", "_scan.c", "__init__.py")
+_CODE_FILES = ("decode.py", "tables.py", "columnar.py", "reading.py", "coded.py", "cache.py", "identity.py", "scan.py",
+               "_scan.c", "__init__.py")
 
 
 # Traces smaller than this (estimated JSON: gzip counts 8x) decode in well under a second: they are

@@ -78,6 +78,27 @@ def encode(df: pl.DataFrame, strings: Strings) -> pl.DataFrame:
     return df.with_columns(*cols, pl.col("cat").replace_strict(cats, tables, default=-1, return_dtype=pl.Int8).alias("_t"))
 
 
+# validity bits of the scanner's nullable columns (ingest/_scan.c), by coded column
+_NULLABLE = {"correlation": ("corr", 4), "external_id": ("ext", 8), "stream": ("stream", 16), "device": ("device", 32),
+             "bytes": ("nbytes", 64)}
+_PLAIN = {"name": "name", "cat": "cat", "pid": "pid", "tid": "tid", "ts_ns": "ts", "dur_ns": "dur", "end_ns": "end"}
+_COLUMNS = (GPU_CODED, CALLS_CODED, CPU_CODED, CPU_CODED)
+
+
+def coded_frame(table: int, cols: dict[str, np.ndarray]) -> pl.DataFrame:
+    """Table `table`'s coded part from the scanner's row arrays (scan.scan_chunk_tables): the
+    columns share the arrays' memory; a nullable column is null where its validity bit is unset."""
+    valid = cols["valid"]
+    series = []
+    for c in _COLUMNS[table]:
+        if c in _PLAIN:
+            series.append(pl.Series(c, cols[_PLAIN[c]]))
+        else:
+            key, bit = _NULLABLE[c]
+            series.append(pl.Series(c, np.ma.masked_array(cols[key], (valid & bit) == 0)))
+    return pl.DataFrame(series)
+
+
 def split_coded(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """The usable coded events of a chunk -> its coded parts of the four tables, in event order."""
     t = pl.col("_t")
@@ -99,15 +120,25 @@ def _decoded(df: pl.DataFrame, strings: pl.Series) -> pl.DataFrame:
 
 def finish_coded(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,
                  warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """The chunks' coded parts, in file order -> the four tables (as tables.finish_tables gives them)."""
+    """The chunks' coded parts, in file order -> the four tables (as tables.finish_tables gives them).
+
+    `parts` is emptied as it is used: each step's input is dropped as soon as its output exists, so
+    the next step's allocations reuse that memory instead of touching new pages (on a VM, first
+    touches of memory cost about as much as the copying itself)."""
     if not parts:
-        parts = [empty_parts()]
-    gpu, calls, cpu, ann = (pl.concat([p[k] for p in parts], how="vertical", rechunk=True) for k in range(4))
+        parts.append(empty_parts())
+    tables = [pl.concat([p[k] for p in parts], how="vertical", rechunk=True) for k in range(4)]
+    parts.clear()
     s = strings.series()
     # GPU ops and runtime calls are few next to the CPU events: their strings go in first, for the
     # derived columns (stream and device from tid and pid, memcpy direction, api) and de-duplication
-    gpu = by_start(_dedupe(gpu_columns(_decoded(gpu, s)), "GPU op", ["name", "ts_ns", "dur_ns", "stream", "correlation"], warnings))
-    calls = by_start(_dedupe(call_columns(_decoded(calls, s)), "runtime call", ["name", "ts_ns", "dur_ns", "tid", "correlation"], warnings))
-    cpu = _decoded(by_start(cpu), s)
-    ann = _decoded(by_start(ann), s)
-    return gpu, calls, cpu, ann
+    gpu = by_start(_dedupe(gpu_columns(_decoded(tables[0], s)), "GPU op", ["name", "ts_ns", "dur_ns", "stream", "correlation"], warnings))
+    calls = by_start(_dedupe(call_columns(_decoded(tables[1], s)), "runtime call", ["name", "ts_ns", "dur_ns", "tid", "correlation"], warnings))
+    tables[:2] = [None, None]
+    out = [gpu, calls]
+    for k in (2, 3):  # CPU events, GPU annotations
+        ordered = by_start(tables[k])
+        tables[k] = None
+        out.append(_decoded(ordered, s))
+        del ordered
+    return tuple(out)  # type: ignore[return-value]

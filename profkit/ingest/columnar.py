@@ -1,8 +1,9 @@
 """The fast ingest path: a Kineto file -> its tables, decoded in chunks, in parallel.
 
 The file is decompressed as a stream (ISA-L's igzip or zlib-ng when installed, the stdlib
-otherwise) straight into a few chunk-sized slots of shared memory, and the `traceEvents` array is
-cut at event boundaries into chunks of a few tens of MB; each chunk is decoded with msgspec into
+otherwise) straight into a few chunk-sized slots of memory, and the `traceEvents` array is cut at
+event boundaries into chunks of a few tens of MB (ingest/reading.py, in a thread of its own); each
+chunk is decoded by the C scanner (scan.py) or with msgspec into
 GC-free typed Structs (only the fields profkit reads), turned into columns, normalized and split
 into the four tables' rows (tables.split_rows), in worker processes when `jobs > 1`; only
 de-duplication and sorting (tables.finish_tables) are left for the whole file. Memory stays
@@ -22,19 +23,18 @@ from __future__ import annotations
 
 import gc
 import io
-import os
-import re
-import tempfile
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import msgspec
 import polars as pl
 
-CHUNK_BYTES = 24 << 20  # raw JSON per decoded chunk
-READ_BYTES = 8 << 20  # decompressed bytes per read
+from profkit.ingest.reading import (  # noqa: F401  (re-exported: the reading half of this path)
+    CHUNK_BYTES, Cut, NotFast, Reader, _is_decompress_error, default_jobs, gzip_library, open_decompressed,
+    parse_meta, slot_count, take_early,
+)
 
 # Chrome trace-event phases. The complete events ('X') carry every field profkit uses; of the others
 # only the timestamp is used (t0 is the earliest timestamp of any event).
@@ -77,33 +77,11 @@ for _t in _OTHER[1:]:
 _CHUNK_DEC = msgspec.json.Decoder(list[_EventU])  # type: ignore[valid-type]
 
 
-class _DevProp(msgspec.Struct):
-    name: str = ""
-
-
-class _Dist(msgspec.Struct):
-    rank: int | None = None
-    world_size: int | None = None
-
-
-class _Meta(msgspec.Struct):
-    traceEvents: list[int]  # always [] here: the events are cut out
-    deviceProperties: list[_DevProp] | None = None
-    distributedInfo: _Dist | None = None
-    baseTimeNanoseconds: int | None = None  # typed as decode.TraceDoc types it, for the same verdict
-
-
-_META_DEC = msgspec.json.Decoder(_Meta)
-
 RAW_SCHEMA = {
     "name": pl.String, "cat": pl.String, "ts": pl.Float64, "dur": pl.Float64, "pid": pl.String,
     "tid": pl.String, "correlation": pl.Int64, "external_id": pl.Int64, "stream": pl.Int64,
     "device": pl.Int64, "bytes": pl.Int64,
 }
-
-
-class NotFast(Exception):
-    """The file is not in the shape the fast path handles; use the tiered decoder."""
 
 
 def _ids(values: list, name: str) -> pl.Series:
@@ -195,15 +173,13 @@ def decode_chunk_tables(data: Any, strings: Any = None) -> tuple[tuple[pl.DataFr
 
     if strings is not None:
         from profkit.ingest.coded import encode, split_coded
-        from profkit.ingest.scan import scan_chunk_coded
+        from profkit.ingest.scan import scan_chunk_tables
 
-        got = scan_chunk_coded(data, strings)
-        if got is None:  # msgspec's frame, coded the same way
-            df, tmin, n = decode_chunk_msgspec(data)
-            df = encode(normalize_events(df), strings)
-        else:
-            df, tmin, n = got
-            df = normalize_events(df)
+        got = scan_chunk_tables(data, strings)
+        if got is not None:
+            return got
+        df, tmin, n = decode_chunk_msgspec(data)  # msgspec's frame, coded the same way
+        df = encode(normalize_events(df), strings)
         return split_coded(usable_events(df)), unusable_counts(df), tmin, n
     df, tmin, n = decode_chunk(data)
     df = normalize_events(df)
@@ -255,238 +231,6 @@ def _from_ipc(data: bytes) -> pl.DataFrame:
 # ---------------------------------------------------------------- reading and cutting
 
 
-def open_decompressed(path: Path, head: bytes):
-    """A binary file object yielding the JSON bytes: gunzipped (fastest library available) or plain."""
-    if head[:2] != b"\x1f\x8b":
-        return open(path, "rb")
-    try:
-        from isal import igzip
-
-        return igzip.open(path, "rb")
-    except ImportError:
-        pass
-    try:
-        from zlib_ng import gzip_ng
-
-        return gzip_ng.open(path, "rb")
-    except ImportError:
-        import gzip
-
-        return gzip.open(path, "rb")
-
-
-def gzip_library() -> str:
-    for mod, label in (("isal", "isal"), ("zlib_ng", "zlib-ng")):
-        try:
-            __import__(mod)
-            return label
-        except ImportError:
-            pass
-    return "zlib"
-
-
-_WS = b" \t\r\n"
-_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-
-
-def _last_boundary(buf: bytes | bytearray, lo: int) -> int:
-    """Position just after the ',' of the last `} , {` (between two events) in buf[lo:], or -1."""
-    pos = len(buf)
-    while True:
-        pos = buf.rfind(b"{", lo, pos)
-        if pos <= lo:
-            return -1
-        j = pos - 1
-        while j > lo and buf[j] in _WS:
-            j -= 1
-        if buf[j] == 0x2C:  # ','
-            k = j - 1
-            while k > lo and buf[k] in _WS:
-                k -= 1
-            if buf[k] == 0x7D:  # '}'
-                return j + 1
-        # not a boundary: keep looking further back
-
-
-@dataclass
-class Cut:
-    head: bytes = b""  # the document up to and including the array's '['
-    tail: bytes = b""  # the document after the array's ']'
-    raw_bytes: int = 0
-    chunks: int = 0
-
-
-_LB = ord("[")
-_RB = ord("]")
-_SEARCH = 1 << 20  # look for a cut in the last MiB of a chunk first
-
-
-class _Slots:
-    """k buffers of `size` bytes: one shared-memory file that the workers map, or plain memory."""
-
-    def __init__(self, k: int, size: int, shared: bool) -> None:
-        import mmap
-
-        self.k, self.size, self.path, self.mm = k, size, None, None
-        self._fd: int | None = None
-        self._name: str | None = None
-        if shared:
-            d = "/dev/shm" if _room_in("/dev/shm", 2 * k * size) else None  # else the temp folder (page cache)
-            fd, name = tempfile.mkstemp(prefix="profkit-ingest-", dir=d)
-            try:
-                os.ftruncate(fd, k * size)
-                self.mm = mmap.mmap(fd, k * size)
-            except BaseException:
-                os.close(fd)
-                os.unlink(name)
-                raise
-            proc = f"/proc/{os.getpid()}/fd/{fd}"
-            if os.path.exists(proc):
-                # Linux: the workers open it through /proc, so the name can go now and a killed
-                # process leaves nothing behind; '#name' keeps the key unique when fds are reused
-                os.unlink(name)
-                self._fd, self.path = fd, f"{proc}#{name}"
-            else:
-                os.close(fd)
-                self._name = self.path = name
-            self.view = memoryview(self.mm)
-        else:
-            self.view = memoryview(bytearray(k * size))
-
-    def close(self) -> None:
-        self.view.release()
-        if self.mm is not None:
-            self.mm.close()
-        if self._fd is not None:
-            os.close(self._fd)
-        if self._name:
-            try:
-                os.unlink(self._name)
-            except OSError:
-                pass
-
-
-def _room_in(folder: str, need: int) -> bool:
-    """Whether `folder` is writable with `need` bytes free: a small /dev/shm (containers often have
-    64 MB) would end in SIGBUS when the mapping's pages are touched."""
-    try:
-        st = os.statvfs(folder)
-        return os.access(folder, os.W_OK) and st.f_bavail * st.f_frsize >= need
-    except OSError:
-        return False
-
-
-def _read_into(fh: Any, view: memoryview) -> int:
-    """Fill view from fh; the bytes read (fewer only at the end of the file)."""
-    got = 0
-    n = len(view)
-    while got < n:
-        k = fh.readinto(view[got: min(n, got + READ_BYTES)])
-        if not k:
-            break
-        got += k
-    return got
-
-
-def _cut_in(view: memoryview, lo: int, hi: int) -> int:
-    """Index of the ',' of the last event boundary in view[lo:hi], or -1."""
-    start = max(lo, hi - _SEARCH)
-    while True:
-        b = _last_boundary(bytes(view[start:hi]), 0)
-        if b > 0:
-            return start + b - 1
-        if start == lo:
-            return -1
-        start = max(lo, start - 8 * _SEARCH)
-
-
-def iter_slot_chunks(fh: Any, slots: _Slots, cut: Cut, wait_slot: Callable[[int], None]) -> Iterator[tuple[int, int, int]]:
-    """Fill the slots round-robin with `[ev, ..., ev]` chunks of the traceEvents array, decompressing
-    straight into them; yields (slot, offset, length). `wait_slot(i)` returns once slot i is free."""
-    size = slots.size
-    view = slots.view
-    carry = b""
-    first = True
-    i = -1
-    total = 0
-    while True:
-        i = (i + 1) % slots.k
-        wait_slot(i)
-        base = i * size
-        pos = base + 1  # view[base] becomes the chunk's '['
-        if len(carry) >= size - 1:
-            raise NotFast("an event larger than a chunk")
-        view[pos: pos + len(carry)] = carry
-        room = size - 1 - len(carry)
-        got = _read_into(fh, view[pos + len(carry): base + size])
-        total += got
-        data_end = pos + len(carry) + got
-        eof = got < room
-        if first:
-            first = False
-            probe = bytes(view[pos: min(data_end, pos + (1 << 20))])
-            m = _KEY.search(probe)
-            if m is None or probe.lstrip()[:1] != b"{":
-                raise NotFast("no traceEvents array near the start")
-            cut.head = probe[: m.end()]
-            rest = bytes(view[pos + m.end(): data_end])
-            view[pos: pos + len(rest)] = rest
-            data_end = pos + len(rest)
-        if eof:
-            end = _array_end(view, pos, data_end)
-            cut.tail = bytes(view[end + 1: data_end])
-            view[base] = _LB
-            view[end] = _RB
-            cut.raw_bytes = total
-            cut.chunks += 1
-            yield i, base, end + 1 - base
-            return
-        c = _cut_in(view, pos, data_end)
-        if c < 0:
-            raise NotFast("no event boundary inside a chunk (an event larger than a chunk?)")
-        carry = bytes(view[c + 1: data_end])
-        view[base] = _LB
-        view[c] = _RB
-        cut.chunks += 1
-        yield i, base, c + 1 - base
-
-
-def _array_end(view: memoryview, lo: int, hi: int) -> int:
-    """Index of the ']' closing the events array: the last ']' after which the document's tail
-    (`}` or `, "key": value ... }`) decodes; the chunk before it is validated by its decode."""
-    start = max(lo, hi - _SEARCH)
-    window = bytes(view[start:hi])
-    pos = len(window)
-    while True:
-        pos = window.rfind(b"]", 0, pos)
-        if pos < 0:
-            if start == lo:
-                raise NotFast("no end of the traceEvents array")
-            start = lo
-            window = bytes(view[start:hi])
-            pos = len(window)
-            continue
-        try:
-            msgspec.json.decode(b'{"traceEvents": []' + window[pos + 1:])
-            return start + pos
-        except msgspec.DecodeError:
-            continue
-
-
-def parse_meta(cut: Cut) -> dict[str, Any]:
-    try:
-        doc = _META_DEC.decode(cut.head + b"]" + cut.tail)
-    except (msgspec.ValidationError, msgspec.DecodeError) as e:
-        raise NotFast(f"document around the events: {e}") from None
-    meta: dict[str, Any] = {}
-    if doc.deviceProperties:
-        meta["devices"] = [d.name for d in doc.deviceProperties]
-    if doc.distributedInfo is not None:
-        meta["rank"] = doc.distributedInfo.rank
-        meta["world_size"] = doc.distributedInfo.world_size
-    return meta
-
-
 @dataclass
 class RawLoad:
     frame: pl.DataFrame  # RAW_SCHEMA: every 'X' event, in file order
@@ -499,53 +243,48 @@ class RawLoad:
 def _decode_file(path: Path, executor: Executor | None, jobs: int, chunk_bytes: int, tables: bool,
                  strings: Any = None) -> tuple[list[Any], Cut, dict[str, Any]] | None:
     """Decode every chunk of the file (in the workers when there is an executor); None: not fast-path material.
-    strings: decode_chunk_tables' (not for worker processes)."""
+    strings: decode_chunk_tables' (not for worker processes). A Reader started early for the file
+    (reading.start_early) is taken over; else one is started here."""
     from concurrent.futures import ThreadPoolExecutor
 
-    cut = Cut()
     parallel = executor is not None and jobs > 1
     threaded = isinstance(executor, ThreadPoolExecutor)
-    k = 2 * jobs + 1 if parallel else 1
-    pending: dict[int, Any] = {}
+    shared = parallel and not threaded
+    k = slot_count(jobs if parallel else 1)
+    reader = take_early(path, chunk_bytes, shared, k)
+    if reader is None:
+        try:
+            reader = Reader(path, chunk_bytes, k, shared)
+        except OSError:
+            return None
     order: list[Any] = []
-    try:
-        with open(path, "rb") as f:
-            head = f.read(2)
-    except OSError:
-        return None
-    slots = _Slots(k, chunk_bytes + (1 << 20), shared=parallel and not threaded)
     ok = False
     try:
-        def wait_slot(i: int) -> None:
-            fut = pending.pop(i, None)
-            if fut is not None:
-                fut.result()  # re-raises NotFast from the worker
-
-        with open_decompressed(path, head) as fh:
-            for i, off, length in iter_slot_chunks(fh, slots, cut, wait_slot):
-                if parallel:
-                    if threaded:
-                        fut = executor.submit(decode_view, slots.view, off, length, tables, strings)  # type: ignore[union-attr]
-                    else:
-                        fut = executor.submit(decode_slot, slots.path, off, length, tables)  # type: ignore[union-attr]
-                    pending[i] = fut
-                    order.append(fut)
+        for i, off, length in reader:
+            if parallel:
+                if threaded:
+                    fut = executor.submit(decode_view, reader.slots.view, off, length, tables, strings)  # type: ignore[union-attr]
                 else:
-                    v = slots.view[off: off + length]
-                    try:
-                        order.append(decode_chunk_tables(v, strings) if tables else decode_chunk(v))
-                    finally:
-                        v.release()
+                    fut = executor.submit(decode_slot, reader.slots.path, off, length, tables)  # type: ignore[union-attr]
+                fut.add_done_callback(lambda _f, i=i: reader.release(i))
+                order.append(fut)
+            else:
+                v = reader.slots.view[off: off + length]
+                try:
+                    order.append(decode_chunk_tables(v, strings) if tables else decode_chunk(v))
+                finally:
+                    v.release()
+                    reader.release(i)
         if parallel:
             results = []
             for r in order:
-                got = r.result()
+                got = r.result()  # re-raises NotFast from the worker
                 if tables and not threaded:
                     got = (tuple(_from_ipc(b) for b in got[0]),) + tuple(got[1:])
                 results.append(got)
         else:
             results = order
-        meta = parse_meta(cut)
+        meta = parse_meta(reader.cut)
         ok = True
     except NotFast:
         return None
@@ -556,16 +295,17 @@ def _decode_file(path: Path, executor: Executor | None, jobs: int, chunk_bytes: 
             return None
         raise
     finally:
+        futs = order if parallel else []
         if not ok:
-            for fut in pending.values():
+            for fut in futs:
                 fut.cancel()
-        for fut in pending.values():
+        for fut in futs:
             try:
                 fut.result()
             except BaseException:
                 pass
-        slots.close()
-    return results, cut, meta
+        reader.close()
+    return results, reader.cut, meta
 
 
 def load_raw_frame(path: Path, *, executor: Executor | None = None, jobs: int = 1,
@@ -604,7 +344,8 @@ class TablesLoad:
         if self.strings is not None:
             from profkit.ingest.coded import finish_coded
 
-            return finish_coded(self.parts, self.strings, warnings)
+            parts, self.parts = self.parts, []  # finish_coded drops each part once it is copied
+            return finish_coded(parts, self.strings, warnings)
         from profkit.ingest.tables import finish_tables, normalize_events, split_rows, usable_events
 
         if not self.parts:
@@ -638,20 +379,6 @@ def load_tables_fast(path: Path, *, executor: Executor | None = None, jobs: int 
     t0 = round(min(tmins) * 1000) if tmins else 0
     return TablesLoad(parts=[r[0] for r in results], unusable=unusable, t0_ns=t0,  # type: ignore[arg-type]
                       n_events=sum(r[3] for r in results), meta=meta, raw_bytes=cut.raw_bytes, strings=strings)
-
-
-def _is_decompress_error(e: Exception) -> bool:
-    s = f"{type(e).__name__} {e}".lower()
-    return any(w in s for w in ("gzip", "deflate", "compress", "crc", "header", "zlib", "isal", "igzip"))
-
-
-def default_jobs(n_files: int = 1) -> int:
-    """min(cores, files): the cores this process may use, at most one per file for several files."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, cores if n_files <= 1 else min(cores, n_files))
 
 
 def make_executor(jobs: int, *, chunks: bool = False) -> Executor | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 _MIB = 1 << 20
+CACHE_SUFFIX = ".profkit-cache"  # the cache folder beside a trace: <trace>.profkit-cache/
 
 
 def source_key(path: Path) -> dict[str, Any]:

@@ -87,8 +87,36 @@ def _build(so: Path) -> bool:
             pass
 
 
+class _Emit(ctypes.Structure):
+    _fields_ = [
+        ("gid", ctypes.c_void_p), ("canon", ctypes.c_void_p), ("table", ctypes.c_void_p),
+        ("name", ctypes.c_void_p), ("cat", ctypes.c_void_p), ("pid", ctypes.c_void_p), ("tid", ctypes.c_void_p),
+        ("ts", ctypes.c_void_p), ("dur", ctypes.c_void_p), ("end", ctypes.c_void_p), ("corr", ctypes.c_void_p),
+        ("ext", ctypes.c_void_p), ("stream", ctypes.c_void_p), ("device", ctypes.c_void_p), ("nbytes", ctypes.c_void_p),
+        ("valid", ctypes.c_void_p), ("start", ctypes.c_int64 * 4), ("count", ctypes.c_int64 * 4),
+        ("unusable", ctypes.c_int64 * 3), ("tmin", ctypes.c_double), ("has_tmin", ctypes.c_int64),
+    ]
+
+
+class _Lib:
+    """The scanner's two functions: profkit_scan (chunk -> events) and profkit_emit (events -> table rows)."""
+
+    def __init__(self, dll: Any) -> None:
+        self.scan = dll.profkit_scan
+        self.scan.restype = ctypes.c_int64
+        self.scan.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(_Out)]
+        self.emit = dll.profkit_emit
+        self.emit.restype = ctypes.c_int64
+        self.emit.argtypes = [ctypes.POINTER(_Out), ctypes.c_int64, ctypes.POINTER(_Emit)]
+
+
+def _tag() -> str:
+    """The library's file tag: its source, the platform and the compiler flags."""
+    return hashlib.blake2b(_SRC.read_bytes() + f"{sys.platform}|{os.uname().machine}|{CFLAGS}".encode(), digest_size=8).hexdigest()
+
+
 def lib() -> Any:
-    """The loaded scanner, building it on first use; None where it cannot be built or is switched off."""
+    """The loaded scanner (a _Lib), building it on first use; None where it cannot be built or is switched off."""
     global _LIB, _TRIED
     if _TRIED:
         return _LIB
@@ -103,7 +131,7 @@ def _load() -> Any:
     if os.environ.get("PROFKIT_NO_SCANNER", "").strip() not in ("", "0", "false", "no"):
         return None
     try:
-        tag = hashlib.blake2b(_SRC.read_bytes() + f"{sys.platform}|{os.uname().machine}|{CFLAGS}".encode(), digest_size=8).hexdigest()
+        tag = _tag()
     except (OSError, AttributeError):
         return None
     for folder in (cache_folder(), Path(tempfile.gettempdir()) / f"profkit-{os.getuid() if hasattr(os, 'getuid') else 'user'}"):
@@ -113,12 +141,9 @@ def _load() -> Any:
                 continue
             if not so.exists() and not _build(so):
                 continue
-            fn = ctypes.CDLL(str(so)).profkit_scan
+            return _Lib(ctypes.CDLL(str(so)))
         except (OSError, AttributeError):  # not loadable here, or not our library: next folder, else msgspec
             continue
-        fn.restype = ctypes.c_int64
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(_Out)]
-        return fn
     return None
 
 
@@ -158,12 +183,13 @@ def _buffers(cap: int, s_cap: int) -> dict[str, Any]:
     return got
 
 
-def _scan(data: Any) -> tuple[dict[str, Any], int, list[str]] | None:
+def _scan(data: Any) -> tuple[dict[str, Any], int, list[str], _Out] | None:
     """Run the scanner over a chunk: (its output arrays, event count, the chunk's distinct strings
-    by local id), or None when the scanner is not there or does not accept the chunk."""
-    fn = lib()
-    if fn is None:
+    by local id, the output struct), or None when the scanner is not there or does not accept the chunk."""
+    got = lib()
+    if got is None:
         return None
+    fn = got.scan
     n_bytes = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
     addr, keep = _address(data)
     cap = n_bytes // 48 + 1024
@@ -188,7 +214,7 @@ def _scan(data: Any) -> tuple[dict[str, Any], int, list[str]] | None:
             texts.append(json.loads(b'"' + raw + b'"') if esc else raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return None  # invalid UTF-8 or escape: msgspec's verdict
-    return a, int(n), texts
+    return a, int(n), texts, out
 
 
 def _tmin(a: dict[str, Any], n: int) -> float | None:
@@ -225,7 +251,7 @@ def scan_chunk(data: Any) -> tuple[Any, float | None, int] | None:
 
     from profkit.ingest.columnar import RAW_SCHEMA
 
-    a, n, texts = got
+    a, n, texts, _ = got
     tmin = _tmin(a, n)
     x = a["ph"][:n] == X_PHASE
     if not x.any():
@@ -240,27 +266,29 @@ def scan_chunk(data: Any) -> tuple[Any, float | None, int] | None:
     return df, tmin, n
 
 
-def scan_chunk_coded(data: Any, strings: Any) -> tuple[Any, float | None, int] | None:
-    """Like scan_chunk, but the string columns hold ids into `strings` (an ingest.coded.Strings
-    shared by the file's chunks) instead of the strings, `cat` already in its canonical
-    spelling, with a `_t` column naming each row's table (ingest.coded.CODED_RAW)."""
+def scan_chunk_tables(data: Any, strings: Any) -> tuple[tuple[Any, ...], tuple[int, int, int], float | None, int] | None:
+    """A chunk -> what columnar.decode_chunk_tables returns for it, coded (ingest/coded.py): its
+    rows of the four tables with the string columns as ids into `strings` (an ingest.coded.Strings
+    shared by the file's chunks) and `cat` in its canonical spelling, the unusable-event counts,
+    min ts and event count; None when the scanner is not there or does not accept the chunk.
+
+    The scanner's second pass (profkit_emit) computes the integer times and sorts the usable rows
+    into the tables, grouped by table, into fresh arrays the tables' columns then share."""
     got = _scan(data)
     if got is None:
         return None
     import numpy as np
-    import polars as pl
 
-    from profkit.ingest.coded import cat_codes
+    from profkit.ingest.coded import cat_codes, coded_frame
 
-    a, n, texts = got
-    tmin = _tmin(a, n)
-    x = a["ph"][:n] == X_PHASE
+    a, n, texts, out = got
     gid = strings.ids(texts)  # chunk id -> file id
-    cat_local = a["cat"][:n][x]
-    canon, table = cat_codes(strings, texts, np.flatnonzero(np.bincount(cat_local, minlength=len(texts))))
-    raw = pl.DataFrame([
-        pl.Series("name", gid[a["name"][:n][x]]), pl.Series("cat", canon[cat_local]),
-        pl.Series("pid", gid[a["pid"][:n][x] & ~INT_TEXT]), pl.Series("tid", gid[a["tid"][:n][x] & ~INT_TEXT]),
-        pl.Series("_t", table[cat_local]), *_numeric_columns(a, n, x),
-    ])
-    return raw.with_columns(_nullable()).drop("_v"), tmin, n
+    x = a["ph"][:n] == X_PHASE
+    canon, table = cat_codes(strings, texts, np.flatnonzero(np.bincount(a["cat"][:n][x], minlength=len(texts))))
+    cols = {k: np.empty(n, np.uint32) for k in ("name", "cat", "pid", "tid")}
+    cols.update({k: np.empty(n, np.int64) for k in ("ts", "dur", "end", "corr", "ext", "stream", "device", "nbytes")})
+    cols["valid"] = np.empty(n, np.uint8)
+    e = _Emit(gid=gid.ctypes.data, canon=canon.ctypes.data, table=table.ctypes.data, **{k: v.ctypes.data for k, v in cols.items()})
+    lib().emit(ctypes.byref(out), n, ctypes.byref(e))
+    parts = tuple(coded_frame(t, {k: v[e.start[t]: e.start[t] + e.count[t]] for k, v in cols.items()}) for t in range(4))
+    return parts, (e.unusable[0], e.unusable[1], e.unusable[2]), (e.tmin if e.has_tmin else None), n
