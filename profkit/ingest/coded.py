@@ -1,7 +1,9 @@
 """The tables of one file with strings as ids until the end: the chunk-parallel ingest's format.
 
 A chunk's rows carry, in place of name, cat, pid and tid, ids into the file's `Strings` (each
-distinct string once, shared by the chunks, which may be decoded in parallel threads). Filtering,
+distinct string once, shared by the chunks, which may be decoded in parallel threads). The C
+scanner writes them so directly (scan.scan_chunk_tables); a chunk it declines is decoded by msgspec
+and encoded (`encode`, `split_coded`). Filtering,
 concatenating, de-duplicating and sorting millions of rows then moves integers, not strings; the
 strings are put in once per table at the end (`finish_coded`), as views into one buffer. The
 result is tables.finish_tables(*tables.split_rows(...)) of the same events: the same functions
@@ -66,8 +68,9 @@ def cat_codes(strings: Strings, texts: list[str], used: Any) -> tuple[np.ndarray
 
 
 def encode(df: pl.DataFrame, strings: Strings) -> pl.DataFrame:
-    """A normalized events frame with strings (tables.normalize_events of msgspec's chunk) -> the
-    coded frame scan.scan_chunk_coded gives: string columns as ids, `_t` the table of each row."""
+    """A normalized events frame with strings (tables.normalize_events of msgspec's chunk, for
+    the chunks the scanner declines) -> the same with the string columns as ids and `_t` the table
+    of each row, for split_coded."""
     cols = []
     for c in _STRING_COLS:
         distinct = df[c].drop_nulls().unique()
@@ -100,7 +103,8 @@ def coded_frame(table: int, cols: dict[str, np.ndarray]) -> pl.DataFrame:
 
 
 def split_coded(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """The usable coded events of a chunk -> its coded parts of the four tables, in event order."""
+    """The usable encoded events of a chunk -> its coded parts of the four tables, in event order:
+    what scan.scan_chunk_tables gives for the chunks it reads."""
     t = pl.col("_t")
     return (df.filter(t == 0).select(GPU_CODED), df.filter(t == 1).select(CALLS_CODED),
             df.filter(t == 2).select(CPU_CODED), df.filter(t == 3).select(CPU_CODED))

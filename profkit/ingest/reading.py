@@ -150,9 +150,12 @@ class _Slots:
             self.view = memoryview(self.mm)
 
     def close(self) -> None:
-        self.view.release()
-        if self.mm is not None:
-            self.mm.close()
+        try:
+            self.view.release()
+            if self.mm is not None:
+                self.mm.close()
+        except BufferError:
+            pass  # a slice of it is still held (by an exception's traceback): freed with that
         if self._fd is not None:
             os.close(self._fd)
         if self._name:
@@ -330,8 +333,8 @@ class Reader:
             self._out.put(None)
         except _Stopped:
             pass
-        except BaseException as e:  # handed to the consumer, raised there
-            self._out.put(e)
+        except BaseException as e:  # handed to the consumer, raised there (without this thread's frames)
+            self._out.put(e.with_traceback(None))
 
     def __iter__(self) -> Iterator[tuple[int, int, int]]:
         while True:

@@ -154,16 +154,12 @@ def table_code(canonical: str) -> int:
 
 
 def normalize_events(df: pl.DataFrame) -> pl.DataFrame:
-    """Row by row: one spelling per category, times in integer ns (round(us * 1000)).
-    A frame with a `_t` column (ingest/coded.py) has its categories spelled already."""
-    if "_t" in df.columns:
-        cat = pl.col("cat")
-    else:
-        # the mapping is built for the few distinct spellings present, not per row
-        spellings = {c: canonical_cat(c) for c in df["cat"].unique().to_list() if c is not None}
-        cat = pl.col("cat").replace_strict(spellings, default=None, return_dtype=pl.String)
+    """Row by row: one spelling per category, times in integer ns (round(us * 1000), half to even;
+    the C scanner's profkit_emit computes the same)."""
+    # the mapping is built for the few distinct spellings present, not per row
+    spellings = {c: canonical_cat(c) for c in df["cat"].unique().to_list() if c is not None}
     return df.with_columns(
-        cat,
+        pl.col("cat").replace_strict(spellings, default=None, return_dtype=pl.String),
         # a time beyond the 64-bit ns range (~292 years) is no time: null, and the event is skipped with a warning
         (pl.col("ts") * 1000).round().cast(pl.Int64, strict=False).alias("ts_ns"),
         (pl.col("dur") * 1000).round().cast(pl.Int64, strict=False).alias("dur_ns"),
