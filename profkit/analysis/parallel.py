@@ -118,11 +118,13 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
         finally:
             ex.shutdown(cancel_futures=True)  # type: ignore[union-attr]
     elif todo:
-        # as load_traces then analyze_trace: every file is read before any is analyzed
+        # as load_traces then analyze_trace: every file is read before any is analyzed. The tables'
+        # cache is written meanwhile, in a thread (the analysis leaves a core free; in worker
+        # processes, whose analyses fill both cores, it is written after the analysis instead)
         ex = make_executor(jobs, chunks=True) if jobs > 1 and big else None
         try:
-            traces = {i: load_trace(files[i], default_rank=i, cache=cached_ok[i], jobs=jobs if ex else 1, executor=ex,
-                                    defer_cache_write=True) for i in todo}
+            traces = {i: load_trace(files[i], default_rank=i, cache=cached_ok[i], jobs=jobs if ex else 1, executor=ex)
+                      for i in todo}
         finally:
             if ex is not None:
                 ex.shutdown(cancel_futures=True)
