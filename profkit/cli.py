@@ -103,15 +103,16 @@ def analyze(
             if os.environ.get("PROFKIT_TIMINGS"):
                 _write_timings(os.environ["PROFKIT_TIMINGS"], [], t_start, time.perf_counter(), time.perf_counter())
         else:
-            _read_early(files or None, paths, cache_on, jobs)
+            early = _decode_early(files or None, paths, cache_on, jobs)
             from profkit.analysis.parallel import analyze_paths
             from profkit.analysis.summary import build_summary
             from profkit.catalog import load_catalog
-            from profkit.ingest.reading import discard_early
+            from profkit.ingest.early import discard as discard_early
 
             try:
                 cat = load_catalog(catalog) if catalog else None
-                _numpy_without_blas_threads()
+                if not early:
+                    _numpy_without_blas_threads()
                 analyses = analyze_paths(paths, marker=marker, min_bubble_us=min_bubble_us, catalog=cat, cache=False if no_cache else None, jobs=jobs)
             finally:
                 discard_early()
@@ -194,23 +195,25 @@ def _write_timings(path: str, analyses: list, t_start: float, t_analyzed: float,
         pass
 
 
-def _read_early(files: list[Path] | None, paths: list[Path], cache_on: bool, jobs: int | None) -> None:
-    """One large trace to decode (not cached yet): start decompressing it now, in a thread, while
-    the analysis modules and polars are imported (about half a second on two cores)."""
-    from profkit.ingest import PARALLEL_MIN_BYTES, estimated_raw_bytes, expand_inputs
+def _decode_early(files: list[Path] | None, paths: list[Path], cache_on: bool, jobs: int | None) -> bool:
+    """One large trace to decode (not cached yet): start decoding it now, in threads, while polars
+    and the analysis are imported (about half a second on two cores); load_trace takes the result
+    (ingest/early.py). Whether it started."""
+    from profkit.ingest import PARALLEL_MIN_BYTES, early, estimated_raw_bytes, expand_inputs
     from profkit.ingest.identity import CACHE_SUFFIX
-    from profkit.ingest.reading import default_jobs, start_early
+    from profkit.ingest.reading import default_jobs
 
     try:
         files = files if files is not None else expand_inputs(paths)
     except ProfkitError:
-        return  # analyze_paths says what is wrong with the inputs
+        return False  # analyze_paths says what is wrong with the inputs
     if len(files) != 1 or estimated_raw_bytes(files[0]) < PARALLEL_MIN_BYTES:
-        return
+        return False
     f = files[0]
     if cache_on and f.with_name(f.name + CACHE_SUFFIX).exists():
-        return  # likely read from the cache: nothing to decompress
-    start_early(f, jobs=jobs or default_jobs(1))
+        return False  # likely read from the cache: nothing to decode
+    # the chunk threads analyze_paths gives one large file: the cores (or --jobs)
+    return early.start(f, jobs=default_jobs(1) if jobs is None else max(1, jobs), prepare=_numpy_without_blas_threads)
 
 
 def _numpy_without_blas_threads() -> None:

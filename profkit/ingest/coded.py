@@ -13,58 +13,19 @@ exactly when they have equal strings, so de-duplication keeps the same rows.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 import polars as pl
 
-from profkit.ingest.tables import (
-    CPU_SCHEMA, _dedupe, by_start, call_columns, canonical_cat, gpu_columns, table_code,
-)
+from profkit.ingest.strings import Strings, cat_codes  # noqa: F401  (re-exported)
+from profkit.ingest.tables import CPU_SCHEMA, _dedupe, by_start, call_columns, gpu_columns, table_code
 
 # the columns of a chunk's coded parts, per table (ids for the string columns)
 GPU_CODED = ["name", "cat", "ts_ns", "dur_ns", "end_ns", "device", "stream", "correlation", "bytes", "pid", "tid"]
 CALLS_CODED = ["name", "ts_ns", "dur_ns", "end_ns", "pid", "tid", "correlation", "external_id"]
 CPU_CODED = list(CPU_SCHEMA)
 _STRING_COLS = ("name", "cat", "pid", "tid")
-
-
-class Strings:
-    """A file's distinct strings: id <-> text, filled by the chunks as they are decoded (thread-safe)."""
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-        self._ids: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def ids(self, texts: list[str]) -> np.ndarray:
-        """The ids of `texts` (new ones added), as a uint32 array."""
-        out = np.empty(len(texts), np.uint32)
-        with self._lock:
-            known, all_texts = self._ids, self.texts
-            for i, t in enumerate(texts):
-                g = known.get(t)
-                if g is None:
-                    g = known[t] = len(all_texts)
-                    all_texts.append(t)
-                out[i] = g
-        return out
-
-    def series(self) -> pl.Series:
-        return pl.Series("s", self.texts, dtype=pl.String)
-
-
-def cat_codes(strings: Strings, texts: list[str], used: Any) -> tuple[np.ndarray, np.ndarray]:
-    """For a chunk whose categories are `texts[i]` for i in `used`: per local id, the id of the
-    canonical spelling (tables.canonical_cat) and its table (tables.table_code; -1 elsewhere)."""
-    canon = np.zeros(len(texts), np.uint32)
-    table = np.full(len(texts), -1, np.int8)
-    spelled = [canonical_cat(texts[i]) for i in used]
-    if spelled:
-        canon[used] = strings.ids(spelled)
-        table[used] = [table_code(c) for c in spelled]
-    return canon, table
 
 
 def encode(df: pl.DataFrame, strings: Strings) -> pl.DataFrame:
@@ -100,6 +61,11 @@ def coded_frame(table: int, cols: dict[str, np.ndarray]) -> pl.DataFrame:
             key, bit = _NULLABLE[c]
             series.append(pl.Series(c, np.ma.masked_array(cols[key], (valid & bit) == 0)))
     return pl.DataFrame(series)
+
+
+def frames_of(rows: Any) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """scan.Rows -> the chunk's coded parts of the four tables."""
+    return tuple(coded_frame(t, rows.table(t)) for t in range(4))  # type: ignore[return-value]
 
 
 def split_coded(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:

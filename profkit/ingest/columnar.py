@@ -33,7 +33,7 @@ import polars as pl
 
 from profkit.ingest.reading import (  # noqa: F401  (re-exported: the reading half of this path)
     CHUNK_BYTES, Cut, NotFast, Reader, _is_decompress_error, default_jobs, gzip_library, open_decompressed,
-    parse_meta, slot_count, take_early,
+    parse_meta, slot_count,
 )
 
 # Chrome trace-event phases. The complete events ('X') carry every field profkit uses; of the others
@@ -243,20 +243,16 @@ class RawLoad:
 def _decode_file(path: Path, executor: Executor | None, jobs: int, chunk_bytes: int, tables: bool,
                  strings: Any = None) -> tuple[list[Any], Cut, dict[str, Any]] | None:
     """Decode every chunk of the file (in the workers when there is an executor); None: not fast-path material.
-    strings: decode_chunk_tables' (not for worker processes). A Reader started early for the file
-    (reading.start_early) is taken over; else one is started here."""
+    strings: decode_chunk_tables' (not for worker processes)."""
     from concurrent.futures import ThreadPoolExecutor
 
     parallel = executor is not None and jobs > 1
     threaded = isinstance(executor, ThreadPoolExecutor)
     shared = parallel and not threaded
-    k = slot_count(jobs if parallel else 1)
-    reader = take_early(path, chunk_bytes, shared, k)
-    if reader is None:
-        try:
-            reader = Reader(path, chunk_bytes, k, shared)
-        except OSError:
-            return None
+    try:
+        reader = Reader(path, chunk_bytes, slot_count(jobs if parallel else 1), shared)
+    except OSError:
+        return None
     order: list[Any] = []
     ok = False
     try:
@@ -355,6 +351,29 @@ class TablesLoad:
         return finish_tables(*whole, warnings)  # type: ignore[arg-type]
 
 
+def _from_early(run: Any) -> TablesLoad | None:
+    """The TablesLoad of a decode early.start began: the scanner's rows made into coded parts, the
+    chunks it declined decoded by msgspec here, as decode_chunk_tables would."""
+    if run.fallback:
+        return None
+    from profkit.ingest.coded import frames_of
+
+    got, cut, meta = run.result
+    results = []
+    try:
+        for item in got:
+            if isinstance(item, bytes):
+                results.append(decode_chunk_tables(item, run.strings))
+            else:
+                results.append((frames_of(item), item.unusable, item.tmin, item.n_events))
+    except NotFast:
+        return None
+    unusable = tuple(sum(r[1][k] for r in results) for k in range(3))
+    tmins = [r[2] for r in results if r[2] is not None]
+    return TablesLoad(parts=[r[0] for r in results], unusable=unusable, t0_ns=round(min(tmins) * 1000) if tmins else 0,  # type: ignore[arg-type]
+                      n_events=sum(r[3] for r in results), meta=meta, raw_bytes=cut.raw_bytes, strings=run.strings)
+
+
 def load_tables_fast(path: Path, *, executor: Executor | None = None, jobs: int = 1,
                      chunk_bytes: int = CHUNK_BYTES) -> TablesLoad | None:
     """Like load_raw_frame, but each chunk is also normalized and split into the four tables where
@@ -367,8 +386,12 @@ def load_tables_fast(path: Path, *, executor: Executor | None = None, jobs: int 
 
     strings = None
     if lib() is not None and not (isinstance(executor, ProcessPoolExecutor) and jobs > 1):
+        from profkit.ingest import early
         from profkit.ingest.coded import Strings
 
+        run = early.take(path, chunk_bytes=chunk_bytes, jobs=jobs)
+        if run is not None:
+            return _from_early(run)
         strings = Strings()
     got = _decode_file(path, executor, jobs, chunk_bytes, tables=True, strings=strings)
     if got is None:

@@ -1,8 +1,7 @@
 """Reading a Kineto file for the chunked ingest: decompressed as a stream straight into a few
 chunk-sized slots of memory, the `traceEvents` array cut at event boundaries into chunks
 (`[ev, ..., ev]`, each checked by its decoder), the document around the array kept for its
-metadata. Polars-free, so reading can start while the rest of profkit is still being imported
-(`start_early`): a `Reader` fills the slots in its own thread, ahead of the decoding.
+metadata. Polars-free. A `Reader` fills the slots in its own thread, a few chunks ahead of the decoding.
 """
 
 from __future__ import annotations
@@ -361,61 +360,7 @@ class _Stopped(Exception):
     pass
 
 
-_EARLY: dict[tuple[str, int, int], Reader] = {}
-_EARLY_LOCK = threading.Lock()
-
-
-def _identity(path: Path) -> tuple[str, int, int]:
-    st = os.stat(path)
-    return str(Path(path).resolve()), st.st_size, st.st_mtime_ns
-
-
 def slot_count(jobs: int) -> int:
     """Chunks in flight: one being decoded by each worker, as many filled and waiting, one filling.
     (More would let reading run further ahead, but each slot's memory costs page faults once.)"""
     return 2 * jobs + 1 if jobs > 1 else 2
-
-
-def start_early(path: Path, *, jobs: int, chunk_bytes: int = CHUNK_BYTES) -> None:
-    """Start reading `path` now, for a load_tables_fast of it that comes later (while the caller
-    imports what decoding needs), filling the slots the decoding will use. Threads decode the
-    chunks where the C scanner is there, so the slots are plain memory; else shared memory for
-    worker processes. Nothing happens when the file cannot be opened."""
-    from profkit.ingest.scan import lib
-
-    shared = jobs > 1 and lib() is None
-    try:
-        key = _identity(path)
-        reader = Reader(path, chunk_bytes, slot_count(jobs), shared)
-    except OSError:
-        return
-    with _EARLY_LOCK:
-        old = _EARLY.pop(key, None)
-        _EARLY[key] = reader
-    if old is not None:
-        old.close()
-
-
-def take_early(path: Path, chunk_bytes: int, shared: bool, k: int) -> Reader | None:
-    """The reader start_early started for this file (unchanged since), if it suits; None otherwise."""
-    try:
-        key = _identity(path)
-    except OSError:
-        return None
-    with _EARLY_LOCK:
-        reader = _EARLY.pop(key, None)
-    if reader is None:
-        return None
-    if (reader.chunk_bytes, reader.shared, reader.k) != (chunk_bytes, shared, k):
-        reader.close()
-        return None
-    return reader
-
-
-def discard_early() -> None:
-    """Close the readers nobody took (the trace came from a cache, or took another path)."""
-    with _EARLY_LOCK:
-        readers = list(_EARLY.values())
-        _EARLY.clear()
-    for r in readers:
-        r.close()

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -266,20 +267,36 @@ def scan_chunk(data: Any) -> tuple[Any, float | None, int] | None:
     return df, tmin, n
 
 
-def scan_chunk_tables(data: Any, strings: Any) -> tuple[tuple[Any, ...], tuple[int, int, int], float | None, int] | None:
-    """A chunk -> what columnar.decode_chunk_tables returns for it, coded (ingest/coded.py): its
-    rows of the four tables with the string columns as ids into `strings` (an ingest.coded.Strings
-    shared by the file's chunks) and `cat` in its canonical spelling, the unusable-event counts,
-    min ts and event count; None when the scanner is not there or does not accept the chunk.
+@dataclass
+class Rows:
+    """A chunk's rows of the four tables as the scanner's second pass writes them: one array per
+    column (name, cat, pid, tid, ts, dur, end, corr, ext, stream, device, nbytes, valid), the rows
+    of table t at [start[t], start[t] + count[t]); plus what columnar.decode_chunk_tables returns
+    besides the rows."""
 
-    The scanner's second pass (profkit_emit) computes the integer times and sorts the usable rows
-    into the tables, grouped by table, into fresh arrays the tables' columns then share."""
+    cols: dict[str, Any]
+    start: tuple[int, int, int, int]
+    count: tuple[int, int, int, int]
+    unusable: tuple[int, int, int]
+    tmin: float | None
+    n_events: int
+
+    def table(self, t: int) -> dict[str, Any]:
+        a, b = self.start[t], self.start[t] + self.count[t]
+        return {k: v[a:b] for k, v in self.cols.items()}
+
+
+def scan_chunk_rows(data: Any, strings: Any) -> Rows | None:
+    """A chunk -> its Rows, with the string columns as ids into `strings` (an ingest.strings.Strings
+    shared by the file's chunks) and `cat` in its canonical spelling; None when the scanner is not
+    there or does not accept the chunk. Polars-free: the scanner's second pass (profkit_emit)
+    computes the integer times and groups the usable rows by table, into fresh arrays."""
     got = _scan(data)
     if got is None:
         return None
     import numpy as np
 
-    from profkit.ingest.coded import cat_codes, coded_frame
+    from profkit.ingest.strings import cat_codes
 
     a, n, texts, out = got
     gid = strings.ids(texts)  # chunk id -> file id
@@ -290,5 +307,16 @@ def scan_chunk_tables(data: Any, strings: Any) -> tuple[tuple[Any, ...], tuple[i
     cols["valid"] = np.empty(n, np.uint8)
     e = _Emit(gid=gid.ctypes.data, canon=canon.ctypes.data, table=table.ctypes.data, **{k: v.ctypes.data for k, v in cols.items()})
     lib().emit(ctypes.byref(out), n, ctypes.byref(e))
-    parts = tuple(coded_frame(t, {k: v[e.start[t]: e.start[t] + e.count[t]] for k, v in cols.items()}) for t in range(4))
-    return parts, (e.unusable[0], e.unusable[1], e.unusable[2]), (e.tmin if e.has_tmin else None), n
+    return Rows(cols, tuple(e.start), tuple(e.count), tuple(e.unusable), e.tmin if e.has_tmin else None, n)  # type: ignore[arg-type]
+
+
+def scan_chunk_tables(data: Any, strings: Any) -> tuple[tuple[Any, ...], tuple[int, int, int], float | None, int] | None:
+    """A chunk -> what columnar.decode_chunk_tables returns for it, coded (ingest/coded.py): its
+    parts of the four tables (frames sharing scan_chunk_rows' arrays), the unusable-event counts,
+    min ts and event count; None when the scanner is not there or does not accept the chunk."""
+    rows = scan_chunk_rows(data, strings)
+    if rows is None:
+        return None
+    from profkit.ingest.coded import frames_of
+
+    return frames_of(rows), rows.unusable, rows.tmin, rows.n_events

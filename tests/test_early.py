@@ -1,0 +1,115 @@
+"""Decoding a large trace ahead of the caller (profkit/ingest/early.py): `analyze` starts it before
+importing polars, load_tables_fast takes it over. The tables, warnings and errors are those of the
+ordinary path, whichever chunks the scanner declines and whatever is wrong with the file."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from profkit.cli import app
+from profkit.ingest import early
+from profkit.ingest.columnar import load_tables_fast
+from profkit.ingest.scan import lib
+
+ROOT = Path(__file__).resolve().parent.parent
+PUBLIC = ROOT / "tests" / "data" / "public"
+BAD = ROOT / "tests" / "data" / "bad"
+SMALL_CHUNKS = 256 << 10
+
+pytestmark = pytest.mark.skipif(lib() is None, reason="no C compiler here: nothing is decoded early")
+
+
+def _load(path: Path, *, ahead: bool, jobs: int = 2):
+    if ahead:
+        assert early.start(path, jobs=jobs, chunk_bytes=SMALL_CHUNKS)
+    with ThreadPoolExecutor(jobs) as ex:
+        got = load_tables_fast(path, executor=ex if jobs > 1 else None, jobs=jobs, chunk_bytes=SMALL_CHUNKS)
+    assert early._RUNS == {}, "the run was not taken over"
+    return got
+
+
+def _same(a, b) -> None:
+    assert (a is None) == (b is None)
+    if a is None:
+        return
+    wa: list[str] = []
+    wb: list[str] = []
+    for x, y in zip(a.tables(wa), b.tables(wb)):
+        assert x.schema == y.schema and x.equals(y)
+    assert (a.unusable, a.t0_ns, a.n_events, a.meta, wa) == (b.unusable, b.t0_ns, b.n_events, b.meta, wb)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("name", ["tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz",
+                                  "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz"])
+def test_early_decode_gives_the_same_tables(name: str, jobs: int) -> None:
+    path = PUBLIC / name
+    _same(_load(path, ahead=True, jobs=jobs), _load(path, ahead=False, jobs=jobs))
+
+
+def test_chunks_the_scanner_declines_are_decoded_by_msgspec(tmp_path: Path) -> None:
+    """An escaped key in a few events: their chunks go to msgspec later, the rest is scanned early."""
+    src = json.loads(gzip.decompress((PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz").read_bytes()))
+    text = json.dumps(src)
+    n = text.count('"ph": "X"')
+    text = text.replace('"ph": "X"', '"\\u0070h": "X"', n // 50)  # msgspec reads the key; the scanner declines
+    path = tmp_path / "declined.json.gz"
+    path.write_bytes(gzip.compress(text.encode()))
+    assert early.start(path, jobs=2, chunk_bytes=SMALL_CHUNKS)
+    run = early.take(path, chunk_bytes=SMALL_CHUNKS, jobs=2)
+    assert run is not None and run.result is not None
+    kinds = {type(item).__name__ for item in run.result[0]}
+    assert kinds == {"bytes", "Rows"}, kinds  # some chunks declined, some scanned
+    from profkit.ingest.columnar import _from_early
+
+    a, b = _from_early(run), _load(path, ahead=False)
+    _same(a, b)
+    assert a is not None and a.n_events == len(src["traceEvents"])
+
+
+@pytest.mark.parametrize("name", ["truncated.json.gz", "gzip_of_truncated_json.json.gz", "not_gzip.json.gz",
+                                  "plain_json_named_gz.json.gz", "duplicated_events.json.gz", "negative_dur.json.gz"])
+def test_bad_files_take_the_same_path(name: str) -> None:
+    """What sends a file to the tiered decoder (a broken gzip, a cut document) does so early too."""
+    _same(_load(BAD / name, ahead=True), _load(BAD / name, ahead=False))
+
+
+def test_analyze_decodes_early_and_says_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI path: a trace over the size threshold is decoded early; the summary is the same."""
+    import profkit.ingest as ingest
+
+    path = tmp_path / "t.json.gz"
+    shutil.copy(PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz", path)
+    runner = CliRunner()
+    r = runner.invoke(app, ["analyze", str(path), "--no-cache", "--json", str(tmp_path / "plain.json")])
+    assert r.exit_code == 0, r.output
+    started: list[Path] = []
+    real_start = early.start
+    monkeypatch.setattr(ingest, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(early, "start", lambda p, **kw: started.append(p) or real_start(p, **kw))
+    r = runner.invoke(app, ["analyze", str(path), "--no-cache", "--json", str(tmp_path / "early.json")])
+    assert r.exit_code == 0, r.output
+    assert started == [path] and early._RUNS == {}
+
+    def strip(d):
+        drop = ("generated_at", "timings")
+        return {k: strip(v) for k, v in d.items() if k not in drop} if isinstance(d, dict) else d
+
+    assert strip(json.loads((tmp_path / "early.json").read_text())) == strip(json.loads((tmp_path / "plain.json").read_text()))
+
+
+def test_a_run_nobody_takes_is_stopped() -> None:
+    path = PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"
+    assert early.start(path, jobs=2, chunk_bytes=SMALL_CHUNKS)
+    runs = list(early._RUNS.values())
+    early.discard()
+    for r in runs:
+        r.wait()
+    assert early._RUNS == {} and all(r.result is None or r._stop for r in runs)
