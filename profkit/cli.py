@@ -90,7 +90,9 @@ def analyze(
             raise ProfkitError(f"--timeline {timeline}: use a .parquet or .csv file name", hint="e.g. --timeline timeline.parquet")
         t_start = time.perf_counter()
         summary, skey, files = None, None, []
-        cache_on = not no_cache and os.environ.get("PROFKIT_NO_CACHE", "").strip() in ("", "0", "false", "no")
+        from profkit.ingest.identity import cache_disabled_by_env
+
+        cache_on = not no_cache and not cache_disabled_by_env()
         if cache_on and timeline is None:
             # a repeated run on unchanged traces: the stored summary, without importing polars
             from profkit.ingest import expand_inputs

@@ -26,7 +26,9 @@ from typing import Any
 
 import polars as pl
 
-from profkit.ingest.identity import CACHE_SUFFIX, estimated_json_bytes, source_key  # noqa: F401  (source_key: used here and by callers)
+from profkit.ingest.identity import (  # noqa: F401  (source_key, cache_disabled_by_env: used here and by callers)
+    CACHE_SUFFIX, cache_disabled_by_env, estimated_json_bytes, source_key,
+)
 
 CACHE_SCHEMA = 1
 SUFFIX = CACHE_SUFFIX
@@ -45,10 +47,6 @@ def worth_caching(path: Path) -> bool:
         return estimated_json_bytes(path) >= MIN_BYTES
     except OSError:
         return False
-
-
-def cache_disabled_by_env() -> bool:
-    return os.environ.get("PROFKIT_NO_CACHE", "").strip() not in ("", "0", "false", "no")
 
 
 def cache_dir(path: Path) -> Path:

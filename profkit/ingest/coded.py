@@ -18,8 +18,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from profkit.ingest.strings import Strings, cat_codes  # noqa: F401  (re-exported)
-from profkit.ingest.tables import CPU_SCHEMA, _dedupe, by_start, call_columns, gpu_columns, table_code
+from profkit.ingest.categories import table_code
+from profkit.ingest.scan import V_BYTES, V_CORR, V_DEVICE, V_EXT, V_STREAM
+from profkit.ingest.strings import Strings
+from profkit.ingest.tables import CPU_SCHEMA, _dedupe, by_start, call_columns, gpu_columns
 
 # the columns of a chunk's coded parts, per table (ids for the string columns)
 GPU_CODED = ["name", "cat", "ts_ns", "dur_ns", "end_ns", "device", "stream", "correlation", "bytes", "pid", "tid"]
@@ -42,9 +44,9 @@ def encode(df: pl.DataFrame, strings: Strings) -> pl.DataFrame:
     return df.with_columns(*cols, pl.col("cat").replace_strict(cats, tables, default=-1, return_dtype=pl.Int8).alias("_t"))
 
 
-# validity bits of the scanner's nullable columns (ingest/_scan.c), by coded column
-_NULLABLE = {"correlation": ("corr", 4), "external_id": ("ext", 8), "stream": ("stream", 16), "device": ("device", 32),
-             "bytes": ("nbytes", 64)}
+# the scanner's array and validity bit of each nullable coded column
+_NULLABLE = {"correlation": ("corr", V_CORR), "external_id": ("ext", V_EXT), "stream": ("stream", V_STREAM),
+             "device": ("device", V_DEVICE), "bytes": ("nbytes", V_BYTES)}
 _PLAIN = {"name": "name", "cat": "cat", "pid": "pid", "tid": "tid", "ts_ns": "ts", "dur_ns": "dur", "end_ns": "end"}
 _COLUMNS = (GPU_CODED, CALLS_CODED, CPU_CODED, CPU_CODED)
 

@@ -32,7 +32,7 @@ import msgspec
 import polars as pl
 
 from profkit.ingest.reading import (  # noqa: F401  (re-exported: the reading half of this path)
-    CHUNK_BYTES, Cut, NotFast, Reader, _is_decompress_error, default_jobs, gzip_library, open_decompressed,
+    CHUNK_BYTES, Cut, NotFast, Reader, decode_chunks, default_jobs, done, falls_back, gzip_library, open_decompressed,
     parse_meta, slot_count,
 )
 
@@ -167,7 +167,7 @@ def decode_chunk_tables(data: Any, strings: Any = None) -> tuple[tuple[pl.DataFr
     """One chunk -> its rows of the four tables (tables.split_rows: before de-duplication and
     sorting, which need the whole file), the unusable-event counts, min ts and event count.
 
-    strings: an ingest.coded.Strings shared by the file's chunks: the rows are then coded (string
+    strings: an ingest.strings.Strings shared by the file's chunks: the rows are then coded (string
     columns as ids into it, see coded.py), which is what the scanner gives fastest."""
     from profkit.ingest.tables import normalize_events, split_rows, unusable_counts, usable_events
 
@@ -253,53 +253,23 @@ def _decode_file(path: Path, executor: Executor | None, jobs: int, chunk_bytes: 
         reader = Reader(path, chunk_bytes, slot_count(jobs if parallel else 1), shared)
     except OSError:
         return None
-    order: list[Any] = []
-    ok = False
+    view = reader.slots.view
+    if not parallel:
+        submit = lambda off, n: done(decode_view, view, off, n, tables, strings)  # noqa: E731
+    elif threaded:
+        submit = lambda off, n: executor.submit(decode_view, view, off, n, tables, strings)  # type: ignore[union-attr]  # noqa: E731
+    else:
+        submit = lambda off, n: executor.submit(decode_slot, reader.slots.path, off, n, tables)  # type: ignore[union-attr]  # noqa: E731
     try:
-        for i, off, length in reader:
-            if parallel:
-                if threaded:
-                    fut = executor.submit(decode_view, reader.slots.view, off, length, tables, strings)  # type: ignore[union-attr]
-                else:
-                    fut = executor.submit(decode_slot, reader.slots.path, off, length, tables)  # type: ignore[union-attr]
-                fut.add_done_callback(lambda _f, i=i: reader.release(i))
-                order.append(fut)
-            else:
-                v = reader.slots.view[off: off + length]
-                try:
-                    order.append(decode_chunk_tables(v, strings) if tables else decode_chunk(v))
-                finally:
-                    v.release()
-                    reader.release(i)
-        if parallel:
-            results = []
-            for r in order:
-                got = r.result()  # re-raises NotFast from the worker
-                if tables and not threaded:
-                    got = (tuple(_from_ipc(b) for b in got[0]),) + tuple(got[1:])
-                results.append(got)
-        else:
-            results = order
+        results = decode_chunks(reader, submit)
+        if tables and shared:  # Arrow IPC from the worker processes
+            results = [(tuple(_from_ipc(b) for b in got[0]),) + tuple(got[1:]) for got in results]
         meta = parse_meta(reader.cut)
-        ok = True
-    except NotFast:
-        return None
-    except (OSError, EOFError):  # a broken gzip and the like: the tiered path reports it
-        return None
     except Exception as e:
-        if _is_decompress_error(e):
+        if falls_back(e):
             return None
         raise
     finally:
-        futs = order if parallel else []
-        if not ok:
-            for fut in futs:
-                fut.cancel()
-        for fut in futs:
-            try:
-                fut.result()
-            except BaseException:
-                pass
         reader.close()
     return results, reader.cut, meta
 
@@ -333,7 +303,7 @@ class TablesLoad:
     n_events: int
     meta: dict[str, Any]
     raw_bytes: int
-    strings: Any = None  # coded.Strings of coded parts
+    strings: Any = None  # strings.Strings of coded parts
 
     def tables(self, warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
         """The four tables (tables.finish_tables of the whole file's rows), duplicates warned about in `warnings`."""
@@ -387,7 +357,7 @@ def load_tables_fast(path: Path, *, executor: Executor | None = None, jobs: int 
     strings = None
     if lib() is not None and not (isinstance(executor, ProcessPoolExecutor) and jobs > 1):
         from profkit.ingest import early
-        from profkit.ingest.coded import Strings
+        from profkit.ingest.strings import Strings
 
         run = early.take(path, chunk_bytes=chunk_bytes, jobs=jobs)
         if run is not None:

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from profkit.ingest.reading import CHUNK_BYTES, NotFast, Reader, _is_decompress_error, parse_meta, slot_count
+from profkit.ingest.reading import CHUNK_BYTES, Reader, decode_chunks, falls_back, parse_meta, slot_count
 
 _RUNS: dict[tuple[Any, ...], "_Run"] = {}
 _LOCK = threading.Lock()
@@ -54,31 +54,12 @@ class _Run:
             if prepare is not None:
                 prepare()
             with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="profkit-chunk") as ex:
-                futs = []
-                try:
-                    for i, off, length in reader:
-                        if self._stop:
-                            break
-                        fut = ex.submit(_rows, reader.slots.view, off, length, self.strings)
-                        fut.add_done_callback(lambda _f, i=i: reader.release(i))
-                        futs.append(fut)
-                    got = [f.result() for f in futs]
-                finally:
-                    for f in futs:
-                        f.cancel()
-                    for f in futs:
-                        try:
-                            f.result()
-                        except BaseException:
-                            pass
+                got = decode_chunks(reader, lambda off, n: ex.submit(_rows, reader.slots.view, off, n, self.strings),
+                                    stopped=lambda: self._stop)
             if not self._stop:
                 self.result = (got, reader.cut, parse_meta(reader.cut))
-        except NotFast:
-            self.fallback = True
-        except (OSError, EOFError):
-            self.fallback = True
         except BaseException as e:
-            if isinstance(e, Exception) and _is_decompress_error(e):
+            if falls_back(e):
                 self.fallback = True
             else:
                 self.error = e

@@ -4,6 +4,7 @@ summary cache (profkit/summary_cache.py) can use it without importing the tables
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -31,3 +32,8 @@ def estimated_json_bytes(path: Path) -> int:
     with open(path, "rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
     return size * 8 if gz else size
+
+
+def cache_disabled_by_env() -> bool:
+    """PROFKIT_NO_CACHE set (to anything but 0/false/no): no cache is read or written."""
+    return os.environ.get("PROFKIT_NO_CACHE", "").strip() not in ("", "0", "false", "no")

@@ -11,37 +11,33 @@ import queue
 import re
 import tempfile
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import msgspec
 
+from profkit.ingest.decode import DeviceProp, DistInfo
 CHUNK_BYTES = 24 << 20  # raw JSON per decoded chunk
 READ_BYTES = 8 << 20  # decompressed bytes per read
+
 
 class NotFast(Exception):
     """The file is not in the shape the fast path handles; use the tiered decoder."""
 
 
-
-class _DevProp(msgspec.Struct):
-    name: str = ""
-
-
-class _Dist(msgspec.Struct):
-    rank: int | None = None
-    world_size: int | None = None
-
-
 class _Meta(msgspec.Struct):
-    traceEvents: list[int]  # always [] here: the events are cut out
-    deviceProperties: list[_DevProp] | None = None
-    distributedInfo: _Dist | None = None
-    baseTimeNanoseconds: int | None = None  # typed as decode.TraceDoc types it, for the same verdict
+    """decode.TraceDoc without its events (they are cut out: always []), for the same verdict on the rest."""
+
+    traceEvents: list[int]
+    deviceProperties: list[DeviceProp] | None = None
+    distributedInfo: DistInfo | None = None
+    baseTimeNanoseconds: int | None = None
 
 
 _META_DEC = msgspec.json.Decoder(_Meta)
+
 
 def open_decompressed(path: Path, head: bytes):
     """A binary file object yielding the JSON bytes: gunzipped (fastest library available) or plain."""
@@ -285,6 +281,12 @@ def parse_meta(cut: Cut) -> dict[str, Any]:
     return meta
 
 
+def falls_back(e: BaseException) -> bool:
+    """Whether an error while reading or decoding a file's chunks sends the file to the tiered
+    decoder (which then reports it precisely): not fast-path material, a broken gzip and the like."""
+    return isinstance(e, (NotFast, OSError, EOFError)) or (isinstance(e, Exception) and _is_decompress_error(e))
+
+
 def _is_decompress_error(e: Exception) -> bool:
     s = f"{type(e).__name__} {e}".lower()
     return any(w in s for w in ("gzip", "deflate", "compress", "crc", "header", "zlib", "isal", "igzip"))
@@ -358,6 +360,42 @@ class Reader:
 
 class _Stopped(Exception):
     pass
+
+
+def decode_chunks(reader: Reader, submit: Callable[[int, int], Future], stopped: Callable[[], bool] | None = None) -> list[Any]:
+    """submit(offset, length) -> a Future decoding that chunk of the reader's slots, for each chunk
+    in turn; each slot is given back once its future is done. The results in file order; the
+    first error (raised at its place in that order) stops the reading. Pending futures are
+    cancelled or waited for before this returns or raises, so the slots can be freed then."""
+    futs: list[Future] = []
+    try:
+        for i, off, length in reader:
+            if stopped is not None and stopped():
+                break
+            fut = submit(off, length)
+            fut.add_done_callback(lambda _f, i=i: reader.release(i))
+            futs.append(fut)
+            if fut.done() and fut.exception() is not None:
+                break  # decoded in place, and failed: no need to read on
+        return [f.result() for f in futs]
+    finally:
+        for f in futs:
+            f.cancel()
+        for f in futs:
+            try:
+                f.result()
+            except BaseException:
+                pass
+
+
+def done(fn: Callable[..., Any], *args: Any) -> Future:
+    """fn(*args) called here, as a finished Future (decode_chunks' `submit` without workers)."""
+    fut: Future = Future()
+    try:
+        fut.set_result(fn(*args))
+    except Exception as e:
+        fut.set_exception(e)
+    return fut
 
 
 def slot_count(jobs: int) -> int:

@@ -16,9 +16,7 @@ import polars as pl
 from profkit.apis import canonical_api
 from profkit.ingest.decode import Event
 
-from profkit.ingest.categories import (  # noqa: F401  (re-exported: the tables' categories)
-    CALL_CATS, CAT_ALIASES, CPU_CATS, GPU_OP_CATS, canonical_cat, table_code,
-)
+from profkit.ingest.categories import CALL_CATS, CPU_CATS, GPU_OP_CATS, canonical_cat
 
 GPU_OPS_SCHEMA = {
     "name": pl.String, "cat": pl.String, "ts_ns": pl.Int64, "dur_ns": pl.Int64, "end_ns": pl.Int64,
