@@ -4,11 +4,11 @@ with the same options prints and writes it without importing polars or reading a
 
 The key covers everything the summary depends on: each input's path as given and its
 ingest/identity.py source key (size, mtime_ns, hash of the first and last MiB), the options that
-change results (marker, minimum bubble, catalog: name, or the content of a .toml), the profkit
-version, the installed polars version and a hash of the analysis code and the shipped kernel
-catalogs. Output-only options (--top, --json, stdout) are not in it. A file whose key or digest does
-not match, or that does not parse, is a miss. Nothing here imports polars: this module is what
-keeps a cached `analyze` near interpreter start-up time.
+change results (marker, minimum bubble, catalog: name, or the content of a .toml), SCHEMA and
+identity.code_fingerprint (profkit's version, the installed polars version, every source file of
+the package and the shipped kernel catalogs). Output-only options (--top, --json, stdout) are not
+in it. A file whose key or digest does not match, or that does not parse, is a miss. Nothing here
+imports polars: this module is what keeps a cached `analyze` near interpreter start-up time.
 """
 
 from __future__ import annotations
@@ -20,41 +20,12 @@ from typing import Any
 
 from profkit.ingest.identity import CACHE_SUFFIX as SUFFIX  # the folder ingest/cache.py writes
 
-_CODE_GLOBS = ("ingest/*.py", "ingest/_scan.c", "analysis/*.py", "catalog.py", "apis.py", "summary_cache.py", "__init__.py")
-_FINGERPRINT: str | None = None
-
-
-def _fingerprint() -> str:
-    global _FINGERPRINT
-    if _FINGERPRINT is None:
-        from importlib import metadata
-
-        from profkit import __version__
-
-        h = hashlib.blake2b(digest_size=16)
-        try:
-            pv = metadata.version("polars")
-        except metadata.PackageNotFoundError:
-            pv = "?"
-        h.update(f"{__version__}|{pv}".encode())
-        here = Path(__file__).resolve().parent
-        files = sorted(p for g in _CODE_GLOBS for p in here.glob(g))
-        repo_kernels = here.parent / "kernels"
-        kdir = repo_kernels if repo_kernels.is_dir() else here / "_kernels"
-        files += sorted(kdir.glob("*.toml"))
-        for p in files:
-            h.update(p.name.encode())
-            try:
-                h.update(p.read_bytes())
-            except OSError:
-                pass
-        _FINGERPRINT = h.hexdigest()
-    return _FINGERPRINT
+SCHEMA = 1  # the stored summary's own layout: bump it when the key or the file changes shape
 
 
 def summary_key(files: list[Path], *, marker: str | None, min_bubble_us: float, catalog: str | None) -> str | None:
     """The key of this run's summary, or None when it is not to be cached (small or unreadable inputs)."""
-    from profkit.ingest.identity import estimated_json_bytes, source_key
+    from profkit.ingest.identity import code_fingerprint, estimated_json_bytes, source_key
 
     try:
         for f in files:
@@ -64,7 +35,8 @@ def summary_key(files: list[Path], *, marker: str | None, min_bubble_us: float, 
         if catalog is not None and (catalog.endswith(".toml") or "/" in catalog or "\\" in catalog):
             cat = {"path": catalog, "sha256": hashlib.sha256(Path(catalog).read_bytes()).hexdigest()}
         blob = {
-            "code": _fingerprint(),
+            "schema": SCHEMA,
+            "code": code_fingerprint(),
             "inputs": [[str(f), source_key(f)] for f in files],
             "options": {"marker": marker, "min_bubble_us": repr(float(min_bubble_us)), "catalog": cat},
         }

@@ -17,6 +17,7 @@ from profkit.analysis.parallel import analyze_paths
 from profkit.analysis.summary import build_summary
 from profkit.ingest import load_trace, load_traces
 from profkit.ingest import cache as pcache
+from profkit.ingest import identity
 from profkit.ingest.columnar import load_raw_frame, make_executor
 from profkit.ingest.decode import decode_events, read_bytes
 from profkit.ingest.tables import events_frame, finish_events_frame
@@ -200,7 +201,7 @@ def test_other_code_version_is_a_miss(tmp_path: Path, monkeypatch: pytest.Monkey
     load_trace(src, cache=True)
     pcache.wait_pending()
     assert pcache.read(src) is not None
-    monkeypatch.setattr(pcache, "_FINGERPRINT", "another profkit")
+    monkeypatch.setattr(identity, "_FINGERPRINT", "another profkit")
     assert pcache.read(src) is None
 
 

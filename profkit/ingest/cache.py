@@ -4,7 +4,8 @@ A second `analyze` (or `diff`, `report`) of the same trace reads four parquet fi
 decoding the JSON. The cache is used only when everything matches:
 
 - the trace file's size, mtime_ns and a hash of its first and last MiB (checked on every read);
-- CACHE_SCHEMA and a fingerprint of the ingest code (so a profkit change never reuses old tables);
+- CACHE_SCHEMA and the code fingerprint (identity.code_fingerprint: every source file of the package
+  and the kernel catalogs, so a profkit change never reuses old tables);
 - each parquet file's size and BLAKE2b digest, recorded in `manifest.json` when profkit wrote them
   (so a truncated, corrupted or hand-edited cache is never read as data).
 
@@ -27,14 +28,12 @@ from typing import Any
 import polars as pl
 
 from profkit.ingest.identity import (  # noqa: F401  (source_key, cache_disabled_by_env: used here and by callers)
-    CACHE_SUFFIX, cache_disabled_by_env, estimated_json_bytes, source_key,
+    CACHE_SUFFIX, cache_disabled_by_env, code_fingerprint, estimated_json_bytes, source_key,
 )
 
 CACHE_SCHEMA = 1
 SUFFIX = CACHE_SUFFIX
 TABLES = ("gpu_ops", "calls", "cpu", "gpu_annotations")
-_CODE_FILES = ("decode.py", "tables.py", "columnar.py", "reading.py", "coded.py", "cache.py", "identity.py", "scan.py",
-               "_scan.c", "__init__.py")
 
 
 # Traces smaller than this (estimated JSON: gzip counts 8x) decode in well under a second: they are
@@ -51,31 +50,6 @@ def worth_caching(path: Path) -> bool:
 
 def cache_dir(path: Path) -> Path:
     return path.with_name(path.name + SUFFIX)
-
-
-_FINGERPRINT: str | None = None
-
-
-def code_fingerprint() -> str:
-    """Hash of the ingest code and profkit's API table: tables written by other code never match."""
-    global _FINGERPRINT
-    if _FINGERPRINT is None:
-        from profkit import __version__
-
-        h = hashlib.blake2b(digest_size=16)
-        h.update(f"{CACHE_SCHEMA}|{__version__}|{pl.__version__}".encode())
-        here = Path(__file__).resolve().parent
-        for name in _CODE_FILES:
-            try:
-                h.update((here / name).read_bytes())
-            except OSError:
-                h.update(name.encode())
-        try:
-            h.update((here.parent / "apis.py").read_bytes())
-        except OSError:
-            pass
-        _FINGERPRINT = h.hexdigest()
-    return _FINGERPRINT
 
 
 @dataclass
@@ -199,34 +173,12 @@ def file_sha256(path: Path) -> str:
 #
 # A second layer in the same folder: `analysis/<key>/`, one entry per set of analysis options, so
 # that re-running `analyze` with the same options reads the per-rank results (small frames)
-# instead of the tables. The key covers the trace (source_key), the ingest and analysis code,
-# the kernel catalogs and the options; entries carry the same size + BLAKE2b checks as the tables.
+# instead of the tables. The key covers the trace (source_key), CACHE_SCHEMA, the code fingerprint
+# (every source file and the kernel catalogs) and the options; entries carry the same size +
+# BLAKE2b checks as the tables.
 
 ANALYSIS_FRAMES = ("iterations", "categories", "launch_calls", "ops", "bubbles", "syncs")
 MAX_ANALYSIS_ENTRIES = 4
-_ANALYSIS_FP: str | None = None
-
-
-def analysis_fingerprint() -> str:
-    global _ANALYSIS_FP
-    if _ANALYSIS_FP is None:
-        h = hashlib.blake2b(digest_size=16)
-        h.update(code_fingerprint().encode())
-        pk = Path(__file__).resolve().parent.parent
-        for f in sorted((pk / "analysis").glob("*.py")) + [pk / "catalog.py", pk / "apis.py"]:
-            try:
-                h.update(f.name.encode() + f.read_bytes())
-            except OSError:
-                h.update(f.name.encode())
-        try:
-            from profkit.catalog import catalog_dir
-
-            for f in sorted(Path(catalog_dir()).glob("*.toml")):
-                h.update(f.name.encode() + f.read_bytes())
-        except Exception:
-            h.update(b"no catalogs")
-        _ANALYSIS_FP = h.hexdigest()
-    return _ANALYSIS_FP
 
 
 def catalog_identity(catalog: Any) -> Any:
@@ -247,7 +199,7 @@ def catalog_identity(catalog: Any) -> Any:
 
 
 def analysis_key(source: dict[str, Any], options: dict[str, Any]) -> str:
-    blob = json.dumps({"source": source, "code": analysis_fingerprint(), "options": options}, sort_keys=True, default=str)
+    blob = json.dumps({"schema": CACHE_SCHEMA, "source": source, "code": code_fingerprint(), "options": options}, sort_keys=True, default=str)
     return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
 
 
