@@ -45,7 +45,7 @@ def ref_exclusive_top(events, g0, g1, top=3):
         stack.append([e, name])
     advance(g1)
     ranked = sorted(excl.items(), key=lambda kv: (-kv[1], kv[0]))
-    return [name for name, t in ranked[:top] if t > 0]
+    return [(name, t) for name, t in ranked[:top] if t > 0]
 
 
 def ref_gap_cpu_ops(trace, g0s, g1s, tids, lookback):
@@ -184,4 +184,4 @@ def test_exclusive_top_matches_the_first_sweep(seed):
     g0 = rng.randrange(-5, 40)
     g1 = g0 + rng.randrange(1, 40)
     for top in (1, 3, 10):
-        assert exclusive_top(events, g0, g1, top) == ref_exclusive_top(events, g0, g1, top)
+        assert exclusive_top(events, g0, g1, top) == [n for n, _ in ref_exclusive_top(events, g0, g1, top)]

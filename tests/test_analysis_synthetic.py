@@ -54,7 +54,11 @@ def test_windows_busy_idle_exact(analysis):
     assert col(analysis, "gpu_window_ns") == [195 * US, 205 * US, 20 * US]
     assert col(analysis, "gpu_busy_ns") == [40 * US, 35 * US, 20 * US]
     assert col(analysis, "gpu_idle_ns") == [155 * US, 170 * US, 0]
-    assert col(analysis, "overlap_ns") == [0, 15 * US, 0]
+    # x_late (it1's, stream 8) runs at 445-460, past it1's window [215, 420) and past the last
+    # window's end (440): by the clock it is in no window, so no overlap anywhere; it is it1's spill
+    assert col(analysis, "overlap_ns") == [0, 0, 0]
+    assert col(analysis, "owned_gpu_ns") == [40 * US, 50 * US, 20 * US]
+    assert col(analysis, "spill_ns") == [0, 15 * US, 0]
 
 
 def test_identities_hold_exactly(analysis):
@@ -114,7 +118,7 @@ def test_sync_direction_and_trigger(analysis):
 
 def test_summary_json_fields(analysis):
     s = build_summary([analysis])
-    assert s["schema_version"] == 1
+    assert s["schema_version"] == 2
     r = s["ranks"][0]
     it1 = r["iterations"][1]
     assert it1["bubble_us_by_cause"] == {"sync": 25.0, "launch": 0.0, "iteration_boundary": 120.0, "gpu_wait": 25.0}
@@ -126,6 +130,12 @@ def test_summary_json_fields(analysis):
     assert {k["name"] for k in r["kernels"]} == {"k1", "k2", "k3", "k4", "k5", "k6", "x_late", "g1", "g2", "Memcpy DtoH (Device -> Pageable)"}
     assert [x["trigger"] for x in r["syncs"]] == ["aten::_local_scalar_dense"] * 2
     assert r["warnings"] == []
+    # schema v2: phase by the launch's enclosing step[...] span, time by the clock; it1's late kernel is its spill
+    assert [i["phase_us"] for i in r["iterations"]] == [{"decode": 40.0}, {"decode": 35.0}, {"decode": 20.0}]
+    assert [i["spill_us"] for i in r["iterations"]] == [0.0, 15.0, 0.0]
+    assert r["outside_iterations"] == {"gpu_ops": 0, "gpu_us": 0.0, "before_first": 0, "after_last": 0, "no_launch_in_trace": 0,
+                                       "device_busy_us": 110.0}
+    assert r["device_records"] == "present" and r["syncs_total"] == 2 and r["bubbles_total"] == len(r["bubbles"])
 
 
 def test_hip_names_count_as_cuda_twins(tmp_path):

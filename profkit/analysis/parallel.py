@@ -30,10 +30,14 @@ def _cached_analysis(path: Path, default_rank: int, options: dict[str, Any]) -> 
         return None
     frames, f = got
     rank = f["rank"]
+    import polars as pl
+
+    phases = pl.DataFrame(f["phases"], schema={"iteration": pl.Int64, "phase": pl.String, "dur_ns": pl.Int64}, orient="row")
     a = RankAnalysis(
         rank=rank if f["rank_from_trace"] else default_rank, device=f["device"], path=path, marker=f["marker"],
         catalog=f["catalog"], t0_ns=int(f["t0_ns"]), warnings=list(f["warnings"]), device_timeline=f["device_timeline"],
-        input_sha256=f["input_sha256"], **frames,
+        input_sha256=f["input_sha256"], phases=phases, outside={k: int(v) for k, v in f["outside"].items()},
+        device_records=f["device_records"], **frames,
     )
     return a, int(f["n_ingest_warnings"])
 
@@ -48,7 +52,9 @@ def _store_analysis(path: Path, a: RankAnalysis, n_ingest_warnings: int, rank_fr
     fields = {
         "rank": a.rank, "rank_from_trace": rank_from_trace, "device": a.device, "marker": a.marker, "catalog": a.catalog,
         "t0_ns": a.t0_ns, "warnings": list(a.warnings), "device_timeline": a.device_timeline, "input_sha256": a.input_sha256,
-        "n_ingest_warnings": n_ingest_warnings,
+        "n_ingest_warnings": n_ingest_warnings, "outside": dict(a.outside), "device_records": a.device_records,
+        # small (iterations x phases): kept with the fields rather than as a frame of its own
+        "phases": [list(r) for r in a.phases.select("iteration", "phase", "dur_ns").iter_rows()],
     }
     frames = {"iterations": a.iterations, "categories": a.categories, "launch_calls": a.launch_calls, "ops": a.ops,
               "bubbles": a.bubbles, "syncs": a.syncs}

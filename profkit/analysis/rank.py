@@ -1,15 +1,21 @@
 """One rank's trace -> per-iteration metrics (DESIGN.md "Definitions"), all times integer ns.
 
-Ownership: a GPU op belongs to the iteration whose CPU window holds the start of its launch call
-(same correlation id; kernels replayed from a CUDA graph share the cudaGraphLaunch's id).
-GPU window of iteration i: from its first owned op's start to the next iteration's first owned op
-start (the last: to its last owned op's end); starts are made monotone so the windows tile the
-GPU timeline. busy = union of owned ops clipped to the window; idle = window - busy;
-overlap = sum(category) - busy. So window = busy + idle and sum(category) - overlap = busy, exactly.
+Counts by ownership: a GPU op belongs to the iteration whose CPU window holds the start of its
+launch call (same correlation id; kernels replayed from a CUDA graph share the cudaGraphLaunch's
+id). GPU window of iteration i: from its first owned op's start to the next iteration's first
+owned op start (the last: to its last owned op's end); starts are made monotone so the windows tile
+the GPU timeline.
+Time by the clock (analysis/clock.py): busy = the union of every GPU op of the device inside the
+window, whoever owns it; category_us and phase_us = op time inside the window; idle = window - busy;
+overlap = sum(category) - busy. So window = busy + idle and sum(category) - overlap = busy exactly,
+and summed over iterations busy is the device's busy union over the analyzed span. owned_gpu_us
+and spill_us say how much of an iteration's own work ran outside its window. GPU ops launched
+outside every iteration (or whose launch is not in the trace) are counted in `outside`.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +31,12 @@ from profkit.apis import (
     LAUNCH_APIS,
     SYNC_APIS,
 )
+from profkit.analysis.clock import busy_by_window, by_window, owned_and_spill, tiles, union_ns
 from profkit.analysis.iterations import WHOLE_TRACE, find_iterations
-from profkit.analysis.spans import MaxTree, exclusive_sweeps, innermost_enclosing, innermost_enclosing_by, thread_rows
+from profkit.analysis.phases import op_phases
+from profkit.analysis.spans import (
+    MaxTree, enclosing_stacks, exclusive_sweeps, innermost_enclosing, innermost_enclosing_by, thread_rows,
+)
 from profkit.ingest import Trace
 
 CAUSES = ("sync", "launch", "iteration_boundary", "gpu_wait")
@@ -52,9 +62,14 @@ class RankAnalysis:
     ops: pl.DataFrame  # owned GPU ops with iteration, category, owner, launch_api, launch_ts_ns
     bubbles: pl.DataFrame  # iteration, start_ns, dur_ns, cause, cpu_ops
     syncs: pl.DataFrame  # iteration, api, kind (sync|sync_copy), direction, ts_ns, blocked_ns, trigger, stack
+    phases: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema={"iteration": pl.Int64, "phase": pl.String, "dur_ns": pl.Int64}))
     warnings: list[str] = field(default_factory=list)
     device_timeline: str = "gpu"  # "cpu": a CPU-only trace, outermost aten ops stand in for device ops
     input_sha256: str | None = None  # of the trace file, when ingest knew it (cached); else summary hashes it
+    # GPU ops outside every iteration: gpu_ops, gpu_ns (their busy union), before_first, after_last,
+    # no_launch_in_trace; plus device_busy_ns, the device's busy union over the whole trace
+    outside: dict[str, int] = field(default_factory=dict)
+    device_records: str = "present"  # "missing": launch calls but no GPU activity records; "none": CPU-only
 
 
 def cpu_as_device(trace: Trace, iterations: pl.DataFrame) -> Trace:
@@ -112,44 +127,87 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     if its.marker == WHOLE_TRACE:
         win = win.with_columns(pl.col("cpu_end_ns") + 1)
 
-    device_timeline = "gpu"
-    if trace.gpu_ops.height == 0 and trace.cpu.filter(pl.col("cat") == "cpu_op").height:
+    device_timeline, device_records = "gpu", "present"
+    n_launches = trace.calls.filter(pl.col("api").is_in(LAUNCH_APIS)).height if trace.gpu_ops.height == 0 else 0
+    if trace.gpu_ops.height == 0 and n_launches:
+        # launch calls but no activity records: the device ran, its records were lost (DESIGN.md
+        # "Work outside every iteration"); not a CPU run, so no CPU timeline stands in for it
+        device_records = "missing"
+        kernels = trace.calls.filter(pl.col("api").is_in(KERNEL_LAUNCH_APIS | GRAPH_LAUNCH_APIS)).height
+        warnings.append(
+            f"the trace has {n_launches} launch calls ({kernels} kernel or graph launches) but no GPU activity records: the device "
+            "records are missing (recorded with the CUPTI range profiler on, or the activity buffer overflowed); GPU time, "
+            "kernel and bubble figures are 0, host-side launch and sync figures are real. Re-record with the profiler's "
+            "default activities (ProfilerActivity.CUDA) and without CUPTI range profiling"
+        )
+    elif trace.gpu_ops.height == 0 and trace.cpu.filter(pl.col("cat") == "cpu_op").height:
         trace = cpu_as_device(trace, its.frame)
-        device_timeline = "cpu"
+        device_timeline, device_records = "cpu", "none"
         warnings.append("CPU-only trace: the outermost aten ops on the iteration thread stand in for device ops (device_timeline: cpu)")
     elif trace.gpu_ops.height and trace.calls.height == 0:
         trace = gpu_by_time(trace)
         warnings.append("no runtime calls in the trace (GPU-only?): GPU ops are assigned to iterations by their start time, launch figures are 0")
     calls = _own_calls(trace.calls, win)
-    ops = _own_ops(trace.gpu_ops, calls)
-    owned = ops.filter(pl.col("iteration").is_not_null())
+    ops = _own_ops(trace.gpu_ops, calls)  # every GPU op; iteration null when no iteration owns it
+    owned_names = ops.filter(pl.col("iteration").is_not_null())["name"].unique().to_list() if ops.height else []
     if catalog is None:
-        catalog = auto_catalog(owned["name"].unique().to_list() if owned.height else [])
-    owned = _classify(owned, calls, trace, catalog)
+        catalog = auto_catalog(owned_names)
+    ops = _classify(ops, calls, trace, catalog)
+    ops = ops.with_columns(op_phases(ops, trace.cpu))
+    owned = ops.filter(pl.col("iteration").is_not_null())
 
     windows = _gpu_windows(win, owned)
     owned = owned.join(windows.select("iteration", "gpu_start_ns", "gpu_end_ns"), on="iteration", how="left")
-    busy = _busy(owned)
+    w = tiles(windows)
+    busy = busy_by_window(ops, w)
+    clocked = ops.select(pl.col("ts_ns").alias("a"), pl.col("end_ns").alias("b"), pl.col("category").fill_null("other"), "phase")
+    categories = by_window(clocked, w, ("category",))
+    phases = by_window(clocked, w, ("phase",))
+    spill = owned_and_spill(owned)
+    outside = _outside(ops, win)
     rows_cache: dict = {}  # spans.thread_rows of trace.cpu / trace.calls, shared by the two below
     syncs = _syncs(trace, calls, ops, rows_cache)
     bubbles = _bubbles(trace, ops, calls, windows, syncs, int(round(min_bubble_us * 1000)), rows_cache)
 
-    per = _per_iteration(win, windows, busy, owned, calls, syncs, bubbles)
-    categories = owned.group_by("iteration", "category").agg(pl.col("dur_ns").sum()).sort("iteration", "category")
+    per = _per_iteration(win, windows, busy, categories, spill, owned, calls, syncs, bubbles)
     launch_calls = (
         calls.filter(pl.col("iteration").is_not_null() & pl.col("api").is_in(LAUNCH_APIS))
         .group_by("iteration", "api")
         .agg(pl.len().cast(pl.Int64).alias("n"), pl.col("dur_ns").sum())
         .sort("iteration", "api")
     )
-    if owned.height == 0:
+    if owned.height == 0 and device_records == "present":
         warnings.append("no GPU ops launched inside the iterations (a CPU-only trace?): GPU figures are 0")
+    share = outside["gpu_ns"] / outside["device_busy_ns"] if outside["device_busy_ns"] else 0.0
+    if device_timeline == "gpu" and share > 0.01:
+        parts = [f"{outside[k]} {label}" for k, label in (("before_first", "launched before the first iteration"),
+                                                          ("after_last", "launched after the last"),
+                                                          ("no_launch_in_trace", "with no launch call in the trace")) if outside[k]]
+        warnings.append(
+            f"{outside['gpu_ops']} GPU ops ({outside['gpu_ns'] / 1000:,.1f} µs, {100 * share:.1f}% of the device's busy time) ran "
+            f"outside every iteration: {', '.join(parts)}; their time inside a GPU window is counted there by the clock, "
+            "their counts in no iteration (see outside_iterations)"
+        )
     return RankAnalysis(
         rank=trace.rank, device=trace.device, path=trace.path, marker=its.marker, catalog=getattr(catalog, "name", str(catalog)),
-        t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls, ops=owned,
-        bubbles=bubbles, syncs=syncs, warnings=warnings, device_timeline=device_timeline,
-        input_sha256=getattr(trace, "sha256", None),
+        t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls,
+        ops=owned, bubbles=bubbles, syncs=syncs, phases=phases, warnings=warnings,
+        device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None), outside=outside,
+        device_records=device_records,
     )
+
+
+def _outside(ops: pl.DataFrame, win: pl.DataFrame) -> dict[str, int]:
+    """GPU ops no iteration owns, by why: launched before the first iteration's window, after the
+    last one's, or with no launch call in the trace; their count and busy union."""
+    out = ops.filter(pl.col("iteration").is_null())
+    first = win["cpu_start_ns"].min() if win.height else None
+    no_launch = out.filter(pl.col("launch_ts_ns").is_null()).height
+    before = out.filter(pl.col("launch_ts_ns") < first).height if first is not None else 0
+    return {
+        "gpu_ops": out.height, "gpu_ns": union_ns(out), "before_first": before,
+        "after_last": out.height - no_launch - before, "no_launch_in_trace": no_launch, "device_busy_ns": union_ns(ops),
+    }
 
 
 def _own_calls(calls: pl.DataFrame, win: pl.DataFrame) -> pl.DataFrame:
@@ -179,10 +237,15 @@ def _classify(owned: pl.DataFrame, calls: pl.DataFrame, trace: Trace, catalog: A
     ann: list[str | None] = [None] * owned.height
     if getattr(catalog, "uses_annotations", False):
         spans = trace.cpu.filter(pl.col("cat") == "user_annotation")
-        pts = owned.select(pl.col("launch_ts_ns").alias("ts_ns"), pl.col("launch_ts_ns").alias("end_ns"), pl.col("launch_tid").alias("tid"))
+        has = owned["launch_ts_ns"].is_not_null() & owned["launch_tid"].is_not_null()
+        pos = has.arg_true()
+        sub = owned.filter(has)
+        pts = sub.select(pl.col("launch_ts_ns").alias("ts_ns"), pl.col("launch_ts_ns").alias("end_ns"), pl.col("launch_tid").alias("tid"))
         idx = innermost_enclosing(pts, spans)
         names = spans["name"].to_list()
-        ann = [names[i] if i is not None else None for i in idx]
+        for p, i in zip(pos.to_list(), idx):
+            if i is not None:
+                ann[p] = names[i]
     owned = owned.with_columns(pl.Series("annotation", ann, dtype=pl.String))
     return catalog.classify_frame(owned)
 
@@ -217,29 +280,37 @@ def _gpu_windows(win: pl.DataFrame, owned: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _busy(owned: pl.DataFrame) -> pl.DataFrame:
-    """Union length of each iteration's owned ops, clipped to its GPU window."""
-    clipped = (
-        owned.select(
-            "iteration",
-            pl.max_horizontal("ts_ns", "gpu_start_ns").alias("a"),
-            pl.min_horizontal("end_ns", "gpu_end_ns").alias("b"),
-        )
-        .filter(pl.col("b") > pl.col("a"))
-        .sort("iteration", "a")
-    )
-    return (
-        clipped.with_columns(pl.col("b").cum_max().shift(1).over("iteration").alias("prev"))
-        .with_columns((pl.col("b") - pl.max_horizontal("a", pl.col("prev").fill_null(pl.col("a")))).clip(lower_bound=0).alias("add"))
-        .group_by("iteration")
-        .agg(pl.col("add").sum().alias("gpu_busy_ns"))
-    )
-
-
 def _pick(col: pl.Series, idx: list[int | None]) -> list[Any]:
     """col[i] for each i in idx (None stays None), gathering only those rows."""
     got = col.gather(pl.Series([i for i in idx], dtype=pl.Int64)).to_list() if idx else []
     return [v if i is not None else None for v, i in zip(got, idx)]
+
+
+# A Python frame in user code, as Kineto names it: "path/file.py(123): function"
+_USER_FRAME = re.compile(r"\.py\(\d+\): ")
+STACK_DEPTH = 6  # frames kept: the innermost one in a .py file, then its callers
+STACK_SEP = " ← "
+
+
+def _user_stacks(pts: pl.DataFrame, cpu: pl.DataFrame) -> list[str | None]:
+    """For each point: its enclosing Python frames in .py files (never a built-in method or an
+    address), innermost first, at most STACK_DEPTH, joined by STACK_SEP; None without any."""
+    out: list[str | None] = [None] * pts.height
+    if pts.height == 0 or cpu.height == 0:
+        return out
+    py = cpu["cat"] == "python_function"
+    if not py.any():
+        return out
+    frames = cpu.select("name", "ts_ns", "end_ns", "tid").filter(py)
+    stacks = enclosing_stacks(pts, frames)  # no rows cache: `frames` is a temporary (the cache keys by id)
+    names = frames["name"]
+    for k, rows in enumerate(stacks):
+        if not rows:
+            continue
+        got = [n for n in names.gather(rows).to_list() if n and _USER_FRAME.search(n)]
+        if got:
+            out[k] = STACK_SEP.join(got[:STACK_DEPTH])
+    return out
 
 
 def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, rows_cache: dict | None = None) -> pl.DataFrame:
@@ -266,10 +337,11 @@ def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, rows_cache: dic
     # the innermost cpu_op, annotation and Python frame around each call, as rows of trace.cpu
     # (one search for the three; a trace with stacks has millions of frames)
     found = innermost_enclosing_by(pts, trace.cpu, "cat", ("cpu_op", "user_annotation", "python_function"), cache=rows_cache)
-    trig_idx, ann_idx, py_idx = found["cpu_op"], found["user_annotation"], found["python_function"]
+    trig_idx, ann_idx = found["cpu_op"], found["user_annotation"]
     # only the rows found above, not whole columns
     op_names, op_ts = _pick(trace.cpu["name"], trig_idx), _pick(trace.cpu["ts_ns"], trig_idx)
-    ann_names, py_names = _pick(trace.cpu["name"], ann_idx), _pick(trace.cpu["name"], py_idx)
+    ann_names = _pick(trace.cpu["name"], ann_idx)
+    py_names = _user_stacks(pts, trace.cpu)
     # For a sync call: the direction of the latest copy on its thread inside the same trigger op.
     copy_rows = list(zip(copies["tid"].to_list(), copies["ts_ns"].to_list(), copies["op_direction"].to_list()))
     copies_by_tid: dict[str, list[tuple[int, str | None]]] = defaultdict(list)
@@ -281,7 +353,7 @@ def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, rows_cache: dic
     ):
         ti = trig_idx[k]
         triggers.append(op_names[k] if ti is not None else (ann_names[k] if ann_idx[k] is not None else None))
-        stacks.append(py_names[k] if py_idx[k] is not None else None)
+        stacks.append(py_names[k])
         if kind == "sync_copy":
             directions.append(opd or "none")
             continue
@@ -302,7 +374,8 @@ def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, rows_cache: dic
 
 def _bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.DataFrame, syncs: pl.DataFrame,
              min_ns: int, rows_cache: dict | None = None) -> pl.DataFrame:
-    schema = {"iteration": pl.Int64, "start_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String, "cpu_ops": pl.List(pl.String)}
+    schema = {"iteration": pl.Int64, "start_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String, "cpu_ops": pl.List(pl.String),
+              "cpu_ops_ns": pl.List(pl.Int64)}
     w = windows.filter(pl.col("gpu_start_ns").is_not_null()).sort("gpu_start_ns")
     if w.height == 0 or ops.height == 0:
         return pl.DataFrame(schema=schema)
@@ -353,22 +426,23 @@ def _bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.D
     cpu_lists = _gap_cpu_ops(trace, g0s, g1s, [t if t is not None else default_tid for t in ltids], rows_cache)
     return gaps.select(
         "iteration", pl.col("g0").alias("start_ns"), (pl.col("g1") - pl.col("g0")).alias("dur_ns"),
-        pl.Series("cause", causes, dtype=pl.String), _string_lists("cpu_ops", cpu_lists),
+        pl.Series("cause", causes, dtype=pl.String), _string_lists("cpu_ops", [[n for n, _ in got] for got in cpu_lists]),
+        _string_lists("cpu_ops_ns", [[t for _, t in got] for got in cpu_lists], pl.Int64),
     )
 
 
-def _string_lists(name: str, lists: list[list[str]]) -> pl.Series:
-    """pl.Series(name, lists, dtype=pl.List(pl.String)), built from the flat values (polars builds a
+def _string_lists(name: str, lists: list[list[Any]], dtype: Any = pl.String) -> pl.Series:
+    """pl.Series(name, lists, dtype=pl.List(dtype)), built from the flat values (polars builds a
     Series per inner list otherwise)."""
     flat = pl.DataFrame(
         {"_i": [i for i, got in enumerate(lists) for _ in got], name: [v for got in lists for v in got]},
-        schema={"_i": pl.Int64, name: pl.String},
+        schema={"_i": pl.Int64, name: dtype},
     )
     grouped = flat.group_by("_i", maintain_order=True).agg(pl.col(name))
     full = pl.DataFrame({"_i": pl.int_range(0, len(lists), dtype=pl.Int64, eager=True)}).join(
         grouped, on="_i", how="left", maintain_order="left"
     )
-    return full.select(pl.col(name).fill_null(pl.lit([], dtype=pl.List(pl.String))))[name]
+    return full.select(pl.col(name).fill_null(pl.lit([], dtype=pl.List(dtype))))[name]
 
 
 # A gap's CPU ops come from the events on its thread that start before the gap ends, looking back
@@ -377,16 +451,16 @@ GAP_LOOKBACK = 4000
 
 
 def _gap_cpu_ops(trace: Trace, g0s: list[int], g1s: list[int], tids: list[str | None],
-                 rows_cache: dict | None = None) -> list[list[str]]:
+                 rows_cache: dict | None = None) -> list[list[tuple[str, int]]]:
     """For each gap [g0, g1) on thread tid: the CPU ops (cpu_op, annotations, Python frames, runtime
-    calls) with the most exclusive time inside it. Per thread the events are ordered by (ts, end,
+    calls) with the most exclusive time inside it, with that time (ns). Per thread the events are ordered by (ts, end,
     name); a gap looks at the GAP_LOOKBACK events before the first one starting at or after g1 and
     keeps those ending after g0.
 
     Each gap's kept events are found without sorting the thread's events or looking at each row of
     the window (_gap_rows); only they (a few per gap) go to Python, ordered as exclusive_top orders
     them: by (clipped start, -clipped end), then by (ts, end, name), the order of the window."""
-    out: list[list[str]] = [[] for _ in g0s]
+    out: list[list[tuple[str, int]]] = [[] for _ in g0s]
     gaps_by_tid: dict[str, list[int]] = defaultdict(list)
     for i, t in enumerate(tids):
         if t is not None:
@@ -415,7 +489,7 @@ def _gap_cpu_ops(trace: Trace, g0s: list[int], g1s: list[int], tids: list[str | 
         if kept.select(pl.all_horizontal(pl.col(k) == pl.col(k).shift(1) for k in keys).any()).item():
             kept = kept.sort(*keys, "name")  # events equal but for the name: the name decides, as in the window
         tops = exclusive_sweeps(kept["gap"].to_list(), kept["s"].to_list(), kept["e"].to_list(), kept["name"].to_list(),
-                                g0.to_list(), g1.to_list())
+                                g0.to_list(), g1.to_list(), times=True)
         for g, names in tops.items():
             out[idx[g]] = names
     return out
@@ -499,16 +573,16 @@ def _gap_rows(parts: list[_Events], g0: pl.Series, g1: pl.Series) -> pl.DataFram
     return pl.concat(found)
 
 
-def _per_iteration(win, windows, busy, owned, calls, syncs, bubbles) -> pl.DataFrame:
-    it = win.join(windows, on="iteration", how="left").join(busy, on="iteration", how="left")
+def _per_iteration(win, windows, busy, categories, spill, owned, calls, syncs, bubbles) -> pl.DataFrame:
+    it = win.join(windows, on="iteration", how="left").join(busy, on="iteration", how="left").join(spill, on="iteration", how="left")
     it = it.with_columns(
         pl.when(pl.col("gpu_start_ns").is_not_null()).then(pl.col("gpu_end_ns") - pl.col("gpu_start_ns")).otherwise(0).alias("gpu_window_ns"),
         pl.col("gpu_busy_ns").fill_null(0),
         (pl.col("cpu_end_ns") - pl.col("cpu_start_ns")).alias("wall_ns"),
     ).with_columns((pl.col("gpu_window_ns") - pl.col("gpu_busy_ns")).alias("gpu_idle_ns"))
+    it = it.join(categories.group_by("iteration").agg(pl.col("dur_ns").sum().alias("category_sum_ns")), on="iteration", how="left")
 
     o = owned.group_by("iteration").agg(
-        pl.col("dur_ns").sum().alias("category_sum_ns"),
         (pl.col("cat") == "kernel").sum().cast(pl.Int64).alias("gpu_kernels"),
         *[((pl.col("cat") == "gpu_memcpy") & (pl.col("direction") == d)).sum().cast(pl.Int64).alias(f"memcpy_{d}") for d in DIRECTIONS],
         (pl.col("cat") == "gpu_memset").sum().cast(pl.Int64).alias("memset"),
@@ -542,6 +616,7 @@ def _per_iteration(win, windows, busy, owned, calls, syncs, bubbles) -> pl.DataF
     ints = [
         "category_sum_ns", "gpu_kernels", *[f"memcpy_{d}" for d in DIRECTIONS], "memset", "kernel_launches", "graph_launches",
         "launch_ns", "syncs", "sync_ns", "sync_copies", "sync_copy_ns", "bubble_count", "bubble_ns", *[f"bubble_{c}_ns" for c in CAUSES],
+        "owned_gpu_ns", "spill_ns",
     ]
     it = it.with_columns([pl.col(c).fill_null(0).cast(pl.Int64) for c in ints])
     it = it.with_columns((pl.col("category_sum_ns") - pl.col("gpu_busy_ns")).alias("overlap_ns"))

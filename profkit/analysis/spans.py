@@ -64,6 +64,32 @@ def _sweep_enclosing(points: pl.DataFrame, cand: pl.DataFrame) -> list[int | Non
     return result
 
 
+def enclosing_stacks(points: pl.DataFrame, spans: pl.DataFrame, *, cache: dict | None = None) -> list[list[int]]:
+    """For each point (ts_ns, end_ns, tid): the row indices into `spans` of every span on its thread
+    with span.ts <= point.ts and span.end >= point.end, innermost first."""
+    result: list[list[int]] = [[] for _ in range(points.height)]
+    if points.height == 0 or spans.height == 0:
+        return result
+    cand = candidate_spans(points, spans, cache=cache)
+    by_tid: dict[Any, list[tuple[int, int, int, int]]] = defaultdict(list)
+    for i, ts, end, tid in zip(cand["_row"].to_list(), cand["ts_ns"].to_list(), cand["end_ns"].to_list(), cand["tid"].to_list()):
+        by_tid[tid].append((ts, 0, -end, i))
+    for i, (ts, end, tid) in enumerate(zip(points["ts_ns"].to_list(), points["end_ns"].to_list(), points["tid"].to_list())):
+        if tid in by_tid and ts is not None and end is not None:
+            by_tid[tid].append((ts, 1, end, i))
+    for items in by_tid.values():
+        items.sort()
+        stack: list[tuple[int, int]] = []  # (end, span index), outermost first
+        for ts, kind, x, i in items:
+            while stack and stack[-1][0] < ts:
+                stack.pop()
+            if kind == 0:
+                stack.append((-x, i))
+            else:
+                result[i] = [s_idx for s_end, s_idx in reversed(stack) if s_end >= x]
+    return result
+
+
 def candidate_spans(points: pl.DataFrame, spans: pl.DataFrame, *, cache: dict | None = None) -> pl.DataFrame:
     """Rows of `spans` (with their row number as `_row`) whose [ts, end] holds the start of some
     point on the same thread: a superset of the spans that enclose a point. In `spans` order.
@@ -181,9 +207,10 @@ def exclusive_top(events: list[tuple[int, int, str]], g0: int, g1: int, top: int
 
 
 def exclusive_sweeps(group: list[int], starts: list[int], ends: list[int], names: list[str], g0s: list[int],
-                     g1s: list[int], top: int = 3) -> dict[int, list[str]]:
+                     g1s: list[int], top: int = 3, *, times: bool = False) -> dict[int, list[Any]]:
     """exclusive_top for many windows at once: events (group[k], starts[k], ends[k], names[k]) clipped
     to their group's [g0s[g], g1s[g]) and ordered by (group, start, -end); one pass for all.
+    times=True: (name, exclusive ns) pairs instead of names.
 
     Each instant goes to the deepest open event: the latest pushed that has not ended."""
     out: dict[int, list[str]] = {}
@@ -219,5 +246,5 @@ def exclusive_sweeps(group: list[int], starts: list[int], ends: list[int], names
             top_end, top_name = ends[k], names[k]
             k += 1
         ranked = sorted(excl.items(), key=lambda kv: (-kv[1], kv[0]))
-        out[g] = [name for name, t in ranked[:top] if t > 0]
+        out[g] = [(name, t) if times else name for name, t in ranked[:top] if t > 0]
     return out

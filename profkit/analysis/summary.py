@@ -1,4 +1,9 @@
-"""RankAnalysis frames -> summary.json schema v1 (DESIGN.md), times in µs relative to the trace start."""
+"""RankAnalysis frames -> summary.json schema v2 (DESIGN.md), times in µs relative to the trace start.
+
+Version 2: time inside a window by the clock (owned_gpu_us, spill_us, phase_us per iteration),
+work outside every iteration (outside_iterations), whether the device records exist
+(device_records), and bounded lists: the `max_items` largest bubbles and syncs, with every bubble
+and sync still counted in the aggregates (bubbles_by_cause, bubble_cpu_ops, sync_groups)."""
 
 from __future__ import annotations
 
@@ -13,7 +18,8 @@ from profkit import __version__
 from profkit.analysis.rank import CAUSES, DIRECTIONS, RankAnalysis
 from profkit.analysis.timeline import representative_timeline
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+MAX_ITEMS = 100  # bubbles and syncs listed per rank (the largest); the aggregates count them all
 
 
 def _us(ns: int | float | None) -> float | None:
@@ -21,10 +27,13 @@ def _us(ns: int | float | None) -> float | None:
 
 
 def iteration_records(a: RankAnalysis) -> list[dict[str, Any]]:
-    """One dict per iteration with every summary.json v1 field."""
+    """One dict per iteration with every summary.json v2 field."""
     cats: dict[int, dict[str, float]] = {}
     for it, cat, dur in a.categories.select("iteration", "category", "dur_ns").iter_rows():
         cats.setdefault(it, {})[cat] = _us(dur)
+    phases: dict[int, dict[str, float]] = {}
+    for it, ph, dur in a.phases.select("iteration", "phase", "dur_ns").iter_rows():
+        phases.setdefault(it, {})[ph] = _us(dur)
     lcalls: dict[int, dict[str, int]] = {}
     for it, api, n in a.launch_calls.select("iteration", "api", "n").iter_rows():
         lcalls.setdefault(it, {})[api] = n
@@ -59,6 +68,9 @@ def iteration_records(a: RankAnalysis) -> list[dict[str, Any]]:
                 "bubble_us": _us(r["bubble_ns"]),
                 "bubble_us_by_cause": {c: _us(r[f"bubble_{c}_ns"]) for c in CAUSES},
                 "category_us": dict(sorted(cats.get(i, {}).items())),
+                "phase_us": dict(sorted(phases.get(i, {}).items())),
+                "owned_gpu_us": _us(r["owned_gpu_ns"]),
+                "spill_us": _us(r["spill_ns"]),
             }
         )
     return out
@@ -84,24 +96,26 @@ def medians(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def rank_summary(a: RankAnalysis) -> dict[str, Any]:
+def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, Any]:
     records = iteration_records(a)
+    sy = a.syncs.filter(pl.col("iteration").is_not_null())
     syncs = [
         {
             "iteration": r["iteration"], "api": r["api"], "kind": r["kind"], "direction": r["direction"],
             "start_us": _us(r["ts_ns"] - a.t0_ns), "blocked_us": _us(r["blocked_ns"]), "trigger": r["trigger"], "stack": r["stack"],
         }
-        for r in a.syncs.filter(pl.col("iteration").is_not_null()).iter_rows(named=True)
+        for r in sy.sort("blocked_ns", "ts_ns", descending=[True, False]).head(max_items).sort("ts_ns").iter_rows(named=True)
     ]
     bubbles = [
         {"iteration": r["iteration"], "start_us": _us(r["start_ns"] - a.t0_ns), "dur_us": _us(r["dur_ns"]), "cause": r["cause"],
-         "cpu_ops": r["cpu_ops"]}
-        for r in a.bubbles.iter_rows(named=True)
+         "cpu_ops": r["cpu_ops"], "cpu_ops_us": [_us(t) for t in r["cpu_ops_ns"]]}
+        for r in a.bubbles.sort("dur_ns", "start_ns", descending=[True, False]).head(max_items).sort("start_ns").iter_rows(named=True)
     ]
     kernels = (
         a.ops.group_by("name", "category").agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("total_ns"))
         .sort("total_ns", "name", descending=[True, False])
     )
+    o = a.outside or {}
     return {
         "rank": a.rank,
         "device": a.device,
@@ -109,15 +123,69 @@ def rank_summary(a: RankAnalysis) -> dict[str, Any]:
         "marker": a.marker,
         "catalog": a.catalog,
         "device_timeline": a.device_timeline,
+        "device_records": a.device_records,
+        "t0_us": _us(a.t0_ns),
         "iterations": records,
         "median": medians(records),
         "syncs": syncs,
+        "syncs_total": sy.height,
+        "sync_groups": sync_groups(sy),
         "bubbles": bubbles,
+        "bubbles_total": a.bubbles.height,
+        "bubbles_by_cause": bubbles_by_cause(a.bubbles),
+        "bubble_cpu_ops": bubble_cpu_ops(a.bubbles, max_items=max_items),
         "kernels": [{"name": n, "category": c, "count": k, "total_us": _us(t)} for n, c, k, t in kernels.iter_rows()],
+        "outside_iterations": {
+            "gpu_ops": int(o.get("gpu_ops", 0)), "gpu_us": _us(o.get("gpu_ns", 0)), "before_first": int(o.get("before_first", 0)),
+            "after_last": int(o.get("after_last", 0)), "no_launch_in_trace": int(o.get("no_launch_in_trace", 0)),
+            "device_busy_us": _us(o.get("device_busy_ns", 0)),
+        },
         "warnings": list(a.warnings),
         # Added after v1 shipped (a new key; readers must treat it as optional): see analysis/timeline.py.
         "timeline": representative_timeline(a),
     }
+
+
+def bubbles_by_cause(bubbles: pl.DataFrame) -> dict[str, dict[str, Any]]:
+    """cause -> {count, us}: every bubble of the rank (inside the iterations' GPU windows)."""
+    got = {c: {"count": 0, "us": 0.0} for c in CAUSES}
+    for c, n, t in bubbles.group_by("cause").agg(pl.len(), pl.col("dur_ns").sum()).iter_rows():
+        got[c] = {"count": int(n), "us": _us(t)}
+    return got
+
+
+def bubble_cpu_ops(bubbles: pl.DataFrame, *, max_items: int = MAX_ITEMS) -> list[dict[str, Any]]:
+    """The CPU ops the GPU's idle time went to: per (cause, CPU op), the exclusive time of that op
+    inside the bubbles (`idle_us`) and how many bubbles it appears in, largest idle time first
+    (DESIGN.md: ranked by the idle time they account for, not by how many gaps they appear in)."""
+    if bubbles.height == 0:
+        return []
+    x = (
+        bubbles.select("cause", "cpu_ops", "cpu_ops_ns").explode("cpu_ops", "cpu_ops_ns").drop_nulls("cpu_ops")
+        .group_by("cause", "cpu_ops").agg(pl.col("cpu_ops_ns").sum().alias("ns"), pl.len().alias("n"))
+        .sort("ns", "cause", "cpu_ops", descending=[True, False, False]).head(max_items)
+    )
+    return [{"cause": c, "cpu_op": op, "idle_us": _us(ns), "bubbles": int(n)} for c, op, ns, n in x.iter_rows()]
+
+
+def sync_groups(syncs: pl.DataFrame) -> list[dict[str, Any]]:
+    """Every sync and blocking copy of the iterations by (kind, api, direction, trigger): count,
+    blocked µs, and the count per iteration (`by_iteration`, keyed by the iteration index)."""
+    if syncs.height == 0:
+        return []
+    keys = ("kind", "api", "direction", "trigger")
+    per = syncs.group_by(*keys, "iteration").agg(pl.len().alias("n"), pl.col("blocked_ns").sum().alias("b"))
+    out: dict[tuple, dict[str, Any]] = {}
+    for kind, api, d, trig, it, n, b in per.sort("iteration").iter_rows():
+        g = out.setdefault((kind, api, d, trig), {"kind": kind, "api": api, "direction": d, "trigger": trig, "count": 0, "blocked_ns": 0,
+                                                  "by_iteration": {}})
+        g["count"] += int(n)
+        g["blocked_ns"] += int(b or 0)
+        g["by_iteration"][str(it)] = int(n)
+    groups = sorted(out.values(), key=lambda g: (-g["blocked_ns"], -g["count"], str(g["api"]), str(g["trigger"])))
+    for g in groups:
+        g["blocked_us"] = _us(g.pop("blocked_ns"))
+    return groups
 
 
 def sha256(path: Path) -> str:
@@ -128,15 +196,15 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def build_summary(analyses: list[RankAnalysis], *, marker: str | None = None) -> dict[str, Any]:
-    """summary.json v1 for one run (one entry per rank)."""
+def build_summary(analyses: list[RankAnalysis], *, marker: str | None = None, max_items: int = MAX_ITEMS) -> dict[str, Any]:
+    """summary.json v2 for one run (one entry per rank)."""
     markers = sorted({a.marker for a in analyses})
     return {
         "schema_version": SCHEMA_VERSION,
         "profkit_version": __version__,
         "inputs": [{"path": str(a.path), "sha256": a.input_sha256 or sha256(a.path), "rank": a.rank} for a in analyses],
         "marker": marker if marker is not None else (markers[0] if len(markers) == 1 else markers),
-        "ranks": [rank_summary(a) for a in analyses],
+        "ranks": [rank_summary(a, max_items=max_items) for a in analyses],
     }
 
 

@@ -173,6 +173,7 @@ def _components(it: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "window": _ns(it.get("gpu_window_us")), "busy": _ns(it.get("gpu_busy_us")), "wall": _ns(it.get("wall_us")),
         "overlap": _ns(it.get("overlap_us")), "idle": idle, "cats": cats, "idle_by": by_cause,
+        "phases": {k: _ns(v) for k, v in (it.get("phase_us") or {}).items()},  # schema v2; {} for v1
     }
 
 
@@ -182,16 +183,20 @@ def _means(its: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     comps = [_components(i) for i in its]
     if n == 0:
         zero = Fraction(0)
-        return {"n": 0, "window": zero, "busy": zero, "wall": zero, "overlap": zero, "idle": zero, "cats": {},
+        return {"n": 0, "window": zero, "busy": zero, "wall": zero, "overlap": zero, "idle": zero, "cats": {}, "phases": {},
                 "idle_by": {k: zero for k in IDLE_KEYS}}
     cats: dict[str, int] = defaultdict(int)
+    phases: dict[str, int] = defaultdict(int)
     for c in comps:
         for k, v in c["cats"].items():
             cats[k] += v
+        for k, v in c["phases"].items():
+            phases[k] += v
     return {
         "n": n,
         **{k: Fraction(sum(c[k] for c in comps), n) for k in ("window", "busy", "wall", "overlap", "idle")},
         "cats": {k: Fraction(v, n) for k, v in sorted(cats.items())},
+        "phases": {k: Fraction(v, n) for k, v in sorted(phases.items())},
         "idle_by": {k: Fraction(sum(c["idle_by"][k] for c in comps), n) for k in IDLE_KEYS},
     }
 
@@ -262,6 +267,12 @@ def _sync_groups(rank: Mapping[str, Any], its: Sequence[Mapping[str, Any]]) -> d
     """(kind, api, direction, trigger) -> syncs per iteration over the selected iterations."""
     idx = {i["index"] for i in its}
     c: Counter[tuple[str, str, str, str]] = Counter()
+    if "sync_groups" in rank:  # schema v2: every sync counted per group and iteration (the list holds the largest only)
+        for g in rank.get("sync_groups") or []:
+            n = sum(v for k, v in (g.get("by_iteration") or {}).items() if int(k) in idx)
+            if n:
+                c[(str(g.get("kind") or "sync"), str(g.get("api") or "?"), str(g.get("direction") or "none"), str(g.get("trigger") or "?"))] += n
+        return {k: Fraction(v, max(len(its), 1)) for k, v in c.items()}
     for s in rank.get("syncs") or []:
         if s.get("iteration") in idx:
             c[(str(s.get("kind") or "sync"), str(s.get("api") or "?"), str(s.get("direction") or "none"), str(s.get("trigger") or "?"))] += 1
@@ -444,6 +455,8 @@ def compare_summaries(
     # --- the exact decomposition --------------------------------------------------------------
     cats = sorted(set(mb["cats"]) | set(mc["cats"]))
     d_cat = {k: mc["cats"].get(k, Fraction(0)) - mb["cats"].get(k, Fraction(0)) for k in cats}
+    phases = sorted(set(mb["phases"]) | set(mc["phases"]))
+    d_phase = {k: mc["phases"].get(k, Fraction(0)) - mb["phases"].get(k, Fraction(0)) for k in phases}
     d_overlap = mc["overlap"] - mb["overlap"]
     d_idle_by = {k: mc["idle_by"][k] - mb["idle_by"][k] for k in IDLE_KEYS}
     d_window = mc["window"] - mb["window"]
@@ -455,6 +468,7 @@ def compare_summaries(
         return {
             "gpu_window_us": _us(m["window"]), "gpu_busy_us": _us(m["busy"]),
             "category_us": {k: _us(m["cats"].get(k, Fraction(0))) for k in cats},
+            "phase_us": {k: _us(m["phases"].get(k, Fraction(0))) for k in phases},
             "overlap_us": _us(m["overlap"]), "idle_us": _us(m["idle"]),
             "idle_us_by_cause": {k: _us(m["idle_by"][k]) for k in IDLE_KEYS},
         }
@@ -469,6 +483,9 @@ def compare_summaries(
         "idle_us_by_cause": {k: _us(v) for k, v in d_idle_by.items()},
         "residual_us": _us(residual),
         "exact": residual == 0,
+        # the same change in GPU time by phase (draft, verify, ...; schema v2 inputs only): the
+        # phases sum to the categories, so sum(delta phase) - delta overlap = delta busy as well
+        "phase_us": {k: _us(v) for k, v in sorted(d_phase.items(), key=lambda kv: (-abs(kv[1]), kv[0]))},
         "baseline": side_terms(mb),
         "candidate": side_terms(mc),
     }
@@ -539,10 +556,24 @@ def compare_summaries(
         "warnings": warnings,
         # for reports, so that `profkit report diff.json` needs nothing else
         "timelines": {"baseline": rb.get("timeline"), "candidate": rc.get("timeline")},
+        # why the GPU is idle on each side: the longest bubbles of the compared iterations with
+        # their CPU ops, and the CPU ops ranked by the idle time inside the bubbles
+        "bubbles": {"baseline": _bubble_view(rb, ib), "candidate": _bubble_view(rc, ic)},
         "series": {"baseline": _series(rb, ib), "candidate": _series(rc, ic)},
         "manifests": {"baseline": baseline.get("manifest"), "candidate": candidate.get("manifest")},
         # unprofiled throughput, the headline, when the run manifests carry it (first workload point)
         "throughput": {"baseline": _first_point(baseline.get("manifest")), "candidate": _first_point(candidate.get("manifest"))},
+    }
+
+
+def _bubble_view(rank: Mapping[str, Any], its: Sequence[Mapping[str, Any]], n: int = 5) -> dict[str, Any]:
+    from profkit.findings import idle_cpu_ops, largest_bubbles
+
+    idx = {i["index"] for i in its}
+    sub = {**rank, "bubbles": [b for b in rank.get("bubbles") or [] if b.get("iteration") in idx]}
+    return {
+        "largest": [{**b, "cpu_ops": [{"name": nm, "us": us} for nm, us in b["cpu_ops"]]} for b in largest_bubbles(sub, n)],
+        "idle_cpu_ops": [{"name": nm, "idle_us": us} for nm, us in idle_cpu_ops(rank, None, n)],
     }
 
 

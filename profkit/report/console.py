@@ -1,4 +1,4 @@
-"""summary.json v1 -> rich tables for the terminal (human output goes to stderr or stdout as the CLI decides)."""
+"""summary.json (v1 or v2) -> rich tables for the terminal (human output goes to stderr or stdout as the CLI decides)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from profkit.findings import (
+    bubble_causes, cpu_ops_text, host_gap_text, idle_cpu_ops, largest_bubbles, outside_text, sync_groups,
+)
 
 
 def _f(x: float | None, digits: int = 1) -> str:
@@ -28,6 +32,8 @@ def _render_ranks(summary: dict[str, Any], console: Console, *, top: int) -> Non
             f"[bold]rank {r['rank']}[/] {escape(r['device'] or '')}  [dim]{escape(r['path'])}[/]\n"
             f"  {len(its)} iterations ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r['marker']))}[/]; catalog {escape(r['catalog'])}"
         )
+        for line in filter(None, (host_gap_text(r), outside_text(r))):
+            console.print(f"  [bold magenta]{escape(line)}[/]", soft_wrap=True)
         m = r["median"]
         if not m:
             continue
@@ -61,28 +67,31 @@ def _render_ranks(summary: dict[str, Any], console: Console, *, top: int) -> Non
                 t.add_row(escape(k), _f(v), f"{100 * v / total:.1f}%")
             console.print(t)
         by_cause = m.get("bubble_us_by_cause") or {}
-        if r["bubbles"]:
-            n_cause = Counter(b["cause"] for b in r["bubbles"])
-            ops: dict[str, Counter[str]] = defaultdict(Counter)
-            for b in r["bubbles"]:
-                for op in b["cpu_ops"][:1]:
-                    ops[b["cause"]][op] += 1
-            t = Table(title="bubbles by cause (median µs per iteration; count over all iterations)", title_justify="left", box=None)
+        causes = bubble_causes(r)
+        if causes and any(v["count"] for v in causes.values()):
+            t = Table(title="bubbles by cause (median µs per iteration; count over all iterations; CPU ops by the idle time inside the bubbles)",
+                      title_justify="left", box=None)
             for c in ("cause", "µs", "count", "CPU was in"):
                 t.add_column(c, justify="right" if c in ("µs", "count") else "left")
             for c, v in sorted(by_cause.items(), key=lambda kv: -kv[1]):
-                top_ops = escape(", ".join(o for o, _ in ops[c].most_common(2)))
-                t.add_row(c, _f(v), str(n_cause.get(c, 0)), top_ops)
+                t.add_row(c, _f(v), str(causes.get(c, {}).get("count", 0)), escape(cpu_ops_text(idle_cpu_ops(r, c, 2))))
             console.print(t)
-        if r["syncs"]:
-            groups: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
-            for s in r["syncs"]:
-                groups[(s["kind"], s["api"], s["direction"], s["trigger"] or "?")].append(s["blocked_us"])
+            big = largest_bubbles(r, top)
+            t = Table(title=f"largest bubbles (of {r.get('bubbles_total', len(r['bubbles']))})", title_justify="left", box=None)
+            for c in ("µs", "cause", "iteration", "CPU ops (exclusive µs inside the bubble)"):
+                t.add_column(c, justify="right" if c in ("µs", "iteration") else "left")
+            for b in big:
+                t.add_row(_f(b["dur_us"]), b["cause"], str(b["iteration"]), escape(cpu_ops_text(b["cpu_ops"])))
+            console.print(t)
+        groups = sync_groups(r)
+        if groups:
             t = Table(title="host syncs and blocking copies (all iterations)", title_justify="left", box=None)
-            for c in ("kind", "api", "dir", "trigger", "count", "blocked µs"):
+            cols = ["kind", "api", "dir", "trigger", "count", "blocked µs"] + (["Python frame"] if any(g["frame"] for g in groups) else [])
+            for c in cols:
                 t.add_column(c, justify="right" if c in ("count", "blocked µs") else "left")
-            for (kind, api, d, trig), v in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
-                t.add_row(kind, escape(api), d, escape(trig), str(len(v)), _f(sum(v)))
+            for g in groups[:top]:
+                row = [g["kind"], escape(str(g["api"])), str(g["direction"]), escape(str(g["trigger"] or "?")), str(g["count"]), _f(g["blocked_us"])]
+                t.add_row(*row, *([escape(g["frame"] or "")] if len(cols) > 6 else []))
             console.print(t)
         if r["kernels"]:
             n_it = max(len(its), 1)

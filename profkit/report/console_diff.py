@@ -1,4 +1,4 @@
-"""diff.json v1 -> rich tables for the terminal. Trace strings go through rich.markup.escape."""
+"""diff.json -> rich tables for the terminal. Trace strings go through rich.markup.escape."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from profkit.attribution.diff import decomposition_rows, headline, throughput_rows, within_noise
+from profkit.findings import cpu_ops_text
 
 
 def _f(x: float | None, digits: int = 1, *, sign: bool = False) -> str:
@@ -69,6 +70,16 @@ def render_diff(diff: Mapping[str, Any], console: Console, *, top: int = 10) -> 
     t.add_row("residual", "", "", _f(diff["decomposition"]["residual_us"], 3), "exact" if diff["decomposition"].get("exact") else "[red]inexact[/]")
     console.print(t)
 
+    ph = diff["decomposition"].get("phase_us") or {}
+    if ph:
+        sb, sc = diff["decomposition"]["baseline"].get("phase_us") or {}, diff["decomposition"]["candidate"].get("phase_us") or {}
+        t = Table(title="the same change in GPU time by phase (mean µs per iteration)", title_justify="left", box=None)
+        for col in ("phase", "baseline µs", "candidate µs", "Δ µs"):
+            t.add_column(col, justify="left" if col == "phase" else "right")
+        for k, d in ph.items():
+            t.add_row(escape(k), _f(sb.get(k)), _f(sc.get(k)), _f(d, sign=True))
+        console.print(t)
+
     t = Table(title="per iteration (medians)", title_justify="left", box=None)
     for col in ("", "baseline", "candidate", "Δ", ""):
         t.add_column(col, justify="left" if col == "" else "right")
@@ -89,6 +100,19 @@ def render_diff(diff: Mapping[str, Any], console: Console, *, top: int = 10) -> 
             t.add_column(col, justify="left" if col in ("category", "kernel") else "right", overflow="ellipsis", no_wrap=col == "kernel")
         for m in diff["top_movers"][:top]:
             t.add_row(_f(m["delta_us"], sign=True), _f(m["baseline_us"]), _f(m["candidate_us"]), escape(m["category"]), escape(m["name"]))
+        console.print(t)
+    bub = diff.get("bubbles") or {}
+    for side in ("baseline", "candidate"):
+        v = bub.get(side) or {}
+        if not v.get("largest"):
+            continue
+        t = Table(title=f"largest bubbles: {escape(diff[side]['label'])} (CPU ops with their exclusive µs inside the bubble)",
+                  title_justify="left", box=None)
+        for col in ("µs", "cause", "iteration", "CPU ops"):
+            t.add_column(col, justify="right" if col in ("µs", "iteration") else "left")
+        for x in v["largest"][:top]:
+            t.add_row(_f(x["dur_us"]), escape(str(x["cause"])), str(x["iteration"]),
+                      escape(cpu_ops_text([(o["name"], o["us"]) for o in x["cpu_ops"]])))
         console.print(t)
     for key, what in (("kernels_added", "added"), ("kernels_removed", "removed")):
         ks = diff.get(key) or []

@@ -43,6 +43,12 @@ def _layout(fig: go.Figure, *, title: str, height: int = 380, **kw: Any) -> go.F
     return fig
 
 
+def _bubble_ops(b: Mapping[str, Any]) -> str:
+    """The CPU ops inside a bubble with their exclusive µs, one per hover line (schema v2)."""
+    names, us = list(b.get("cpu_ops") or []), list(b.get("cpu_ops_us") or [])
+    return "".join(f"<br>CPU in {esc(n, 120)}" + (f": {us[i]:,.1f} µs" if i < len(us) else "") for i, n in enumerate(names))
+
+
 def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, colors: Mapping[str, str] | None = None) -> go.Figure:
     """One representative iteration per side, stacked: GPU ops as bars on stream rows (colour =
     category), bubbles on their own row (colour = cause), host syncs on a row of their own.
@@ -81,7 +87,8 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
                 y=["bubbles"] * len(bs), x=[b["dur_us"] for b in bs], base=[b["start_us"] for b in bs], orientation="h",
                 name=esc(f"bubble: {cause}"), legendgroup=key, showlegend=key not in shown,
                 marker=dict(color=CAUSE_COLORS.get(cause, "#999999"), pattern=dict(shape="/")),
-                hovertext=[f"bubble · {esc(cause)} · {b['dur_us']:,.1f} µs at {b['start_us']:,.1f} µs" for b in bs], hoverinfo="text",
+                hovertext=[f"bubble · {esc(cause)} · {b['dur_us']:,.1f} µs at {b['start_us']:,.1f} µs" + _bubble_ops(b) for b in bs],
+                hoverinfo="text",
             ), row=row, col=1)
             shown.add(key)
         if t["syncs"]:

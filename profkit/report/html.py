@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 from markupsafe import Markup
 
 from profkit import __version__
+from profkit.findings import cpu_ops_text, host_gap_text, largest_bubbles, outside_text
 from profkit.attribution.diff import IDLE_KEYS, compare_summaries, decomposition_rows, headline, throughput_points, throughput_rows, within_noise
 from profkit.report import figures as F
 
@@ -274,8 +275,14 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], figs: _Figures) 
             ("wall_us", "wall µs", 1), ("gpu_window_us", "GPU window µs", 1), ("gpu_busy_us", "GPU busy µs", 1), ("gpu_idle_us", "GPU idle µs", 1),
             ("kernel_launches", "kernel launches", 0), ("graph_launches", "graph launches", 0), ("syncs", "host syncs", 0), ("bubble_count", "bubbles", 0))]
         notes = [f"rank {r.get('rank')} · {r.get('device') or 'unknown device'} · {len(its)} iterations · marker {r.get('marker')} · catalog {r.get('catalog')}"]
+        notes += [x for x in (host_gap_text(r), outside_text(r)) if x]
         notes += [f"warning: {w}" for w in r.get("warnings") or []]
-        out.append(_section(f"run-{i}", label, cards=cards, notes=notes))
+        big = largest_bubbles(r, 10)
+        tables = [_table(["µs", "cause", "iteration", "CPU ops (exclusive µs inside the bubble)"],
+                         [[_n(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"])] for b in big],
+                         align="rlrl", caption=f"largest bubbles: {label} (of {r.get('bubbles_total', len(r.get('bubbles') or []))})",
+                         name_cols=(3,))] if big else []
+        out.append(_section(f"run-{i}", label, cards=cards, notes=notes, tables=tables))
     sides = [(label, _rank0(s).get("timeline")) for label, s in runs]
     s = _section("runs-timeline", "Timeline of a representative iteration")
     if any(t for _, t in sides):

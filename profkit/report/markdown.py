@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from profkit.findings import cpu_ops_text
 from profkit.attribution.diff import decomposition_rows, headline, throughput_rows, within_noise
 
 GITHUB_COMMENT_LIMIT = 65_536
@@ -129,6 +130,14 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     out += ["", f"Wall (CPU) per iteration: {_n(w['baseline'])} → {_n(w['candidate'])} µs ({_n(w['delta'], sign=True)} µs)."
             f" {_noise_mark(diff, 'wall_us')}".rstrip(), ""]
 
+    ph = dec.get("phase_us") or {}
+    if ph:
+        pb, pc = dec["baseline"].get("phase_us") or {}, dec["candidate"].get("phase_us") or {}
+        out += ["#### The same change by phase (GPU time, mean µs per iteration)", ""]
+        out += _table(["phase", "baseline", "candidate", "Δ µs"], "lrrr",
+                      [[md_escape(k), _n(pb.get(k)), _n(pc.get(k)), _n(d, sign=True)] for k, d in ph.items()])
+        out.append("")
+
     # counts
     out.append("#### Per iteration (medians)")
     out.append("")
@@ -155,6 +164,17 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
                  _n(s["baseline_per_iteration"], 2), _n(s["candidate_per_iteration"], 2), _n(s["delta"], 2, sign=True)] for s in cut]
         out += _table(["kind", "API", "dir", "trigger", "baseline", "candidate", "Δ"], "llllrrr", rows)
         out += _more(len(syncs), len(cut), "sync groups")
+        out.append("")
+
+    bub = diff.get("bubbles") or {}
+    if limit and any((bub.get(k) or {}).get("largest") for k in ("baseline", "candidate")):
+        out += ["#### Largest bubbles (GPU idle, with the CPU ops' exclusive µs inside each)", ""]
+        rows = []
+        for side in ("baseline", "candidate"):
+            for x in ((bub.get(side) or {}).get("largest") or [])[: min(limit, 5)]:
+                rows.append([side, _n(x["dur_us"]), md_escape(x["cause"]), str(x["iteration"]),
+                             md_escape(cpu_ops_text([(o["name"], o["us"]) for o in x["cpu_ops"]]), max_len=300)])
+        out += _table(["side", "µs", "cause", "iteration", "CPU ops"], "lrlrl", rows)
         out.append("")
 
     movers = diff.get("top_movers") or []

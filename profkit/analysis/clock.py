@@ -1,0 +1,93 @@
+"""Time inside a window is accounted by the clock (DESIGN.md "Definitions").
+
+The GPU windows tile the device timeline: each iteration's window runs from its first owned op's
+start to the next iteration's. Under an overlap scheduler an iteration's ops run past its window's
+end (into the next one), so the busy time of a window is the union of *every* GPU op of the device
+inside it, whichever iteration owns it (or none), and each op's time is split among the windows it
+crosses. Summed over the windows this is the device's busy union over the analyzed span: no busy
+time is lost and none is counted twice. All times integer ns.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+
+def merge_intervals(iv: pl.DataFrame, by: str | None = None) -> pl.DataFrame:
+    """Intervals (a, b), optionally grouped by `by`, -> their union as disjoint (by, a, b), sorted."""
+    keys = [by] if by else []
+    x = iv.filter(pl.col("b") > pl.col("a")).sort(*keys, "a", "b")
+    if x.height == 0:
+        return x.select(*keys, "a", "b")
+    prev = pl.col("b").cum_max().shift(1)
+    if by:
+        prev = prev.over(by)
+    x = x.with_columns(prev.alias("_prev"))
+    # a run starts where an interval begins after every earlier one (of its group) has ended
+    new = pl.col("_prev").is_null() | (pl.col("a") > pl.col("_prev"))
+    x = x.with_columns(new.cast(pl.Int64).cum_sum().alias("_run"))
+    return x.group_by(*keys, "_run", maintain_order=True).agg(pl.col("a").min(), pl.col("b").max()).drop("_run")
+
+
+def tiles(windows: pl.DataFrame) -> pl.DataFrame:
+    """The GPU windows that exist (iteration, gpu_start_ns, gpu_end_ns), in start order: contiguous,
+    each one ending where the next starts (some may be empty)."""
+    return windows.filter(pl.col("gpu_start_ns").is_not_null()).select("iteration", "gpu_start_ns", "gpu_end_ns").sort(
+        "gpu_start_ns", "iteration"
+    )
+
+
+def by_window(iv: pl.DataFrame, w: pl.DataFrame, keys: tuple[str, ...] = ()) -> pl.DataFrame:
+    """Intervals (a, b, *keys) split at the window edges `w` (from `tiles`): the time inside each
+    window, summed per (iteration, *keys) as dur_ns. Time outside every window is left out."""
+    schema = {"iteration": pl.Int64, **{k: iv.schema[k] for k in keys}, "dur_ns": pl.Int64}
+    if w.height == 0 or iv.height == 0:
+        return pl.DataFrame(schema=schema)
+    starts, ends = w["gpu_start_ns"], w["gpu_end_ns"]
+    lo, hi = starts.min(), ends.max()
+    x = iv.select(pl.col("a").clip(lo, hi), pl.col("b").clip(lo, hi), *keys).filter(pl.col("b") > pl.col("a"))
+    if x.height == 0:
+        return pl.DataFrame(schema=schema)
+    # first window holding a (the last starting at or before it) .. last window starting before b
+    i0 = (starts.search_sorted(x["a"], side="right").cast(pl.Int64) - 1).clip(lower_bound=0)
+    i1 = (starts.search_sorted(x["b"], side="left").cast(pl.Int64) - 1).clip(lower_bound=0)
+    x = x.with_columns(pl.int_ranges(i0, pl.max_horizontal(i0, i1) + 1, dtype=pl.Int64).alias("_k")).explode("_k")
+    k = x["_k"]
+    x = x.with_columns(
+        w["iteration"].gather(k).alias("iteration"),
+        (pl.min_horizontal(pl.col("b"), ends.gather(k)) - pl.max_horizontal(pl.col("a"), starts.gather(k))).alias("dur_ns"),
+    ).filter(pl.col("dur_ns") > 0)
+    return x.group_by("iteration", *keys).agg(pl.col("dur_ns").sum()).sort("iteration", *keys).select(list(schema))
+
+
+def busy_by_window(ops: pl.DataFrame, w: pl.DataFrame) -> pl.DataFrame:
+    """iteration, gpu_busy_ns: the length of the device's busy union (all ops) inside each window."""
+    union = merge_intervals(ops.select(pl.col("ts_ns").alias("a"), pl.col("end_ns").alias("b")))
+    return by_window(union, w).rename({"dur_ns": "gpu_busy_ns"})
+
+
+def owned_and_spill(owned: pl.DataFrame) -> pl.DataFrame:
+    """iteration, owned_gpu_ns (union of the iteration's own ops, unclipped), spill_ns (the part of
+    it outside the iteration's window). `owned` needs gpu_start_ns / gpu_end_ns per row."""
+    schema = {"iteration": pl.Int64, "owned_gpu_ns": pl.Int64, "spill_ns": pl.Int64}
+    if owned.height == 0:
+        return pl.DataFrame(schema=schema)
+    u = merge_intervals(owned.select("iteration", pl.col("ts_ns").alias("a"), pl.col("end_ns").alias("b")), by="iteration")
+    win = owned.group_by("iteration").agg(pl.col("gpu_start_ns").first(), pl.col("gpu_end_ns").first())
+    u = u.join(win, on="iteration", how="left")
+    inside = (pl.min_horizontal("b", "gpu_end_ns") - pl.max_horizontal("a", "gpu_start_ns")).clip(lower_bound=0).fill_null(0)
+    return (
+        u.group_by("iteration")
+        .agg((pl.col("b") - pl.col("a")).sum().alias("owned_gpu_ns"), inside.sum().alias("_in"))
+        .with_columns((pl.col("owned_gpu_ns") - pl.col("_in")).alias("spill_ns"))
+        .select(list(schema))
+        .sort("iteration")
+    )
+
+
+def union_ns(ops: pl.DataFrame) -> int:
+    """Length of the union of the ops' [ts_ns, end_ns)."""
+    if ops.height == 0:
+        return 0
+    u = merge_intervals(ops.select(pl.col("ts_ns").alias("a"), pl.col("end_ns").alias("b")))
+    return int((u["b"] - u["a"]).sum() or 0)

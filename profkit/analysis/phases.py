@@ -1,0 +1,58 @@
+"""Phase: where in the iteration a GPU op ran, apart from what kind of kernel it is (DESIGN.md "Phase").
+
+From the engine's spans (user annotations) that enclose the op's launch call on the launching
+thread. SGLang 0.5.23 (`sglang/srt/utils/profile_utils.py` build_step_span_name,
+`sglang/srt/speculative/eagle_worker_v2.py`): `draft` around the multi-step draft decode,
+`draft_extend` around the draft-extend forward (its eager fallback holds a `step[DRAFT ...]`),
+`step[VERIFY ...]` the target verify forward, `step[DECODE ...]`, `step[EXTEND|MIXED|...]`, and any
+forward of a draft runner `step[DRAFT ...]`. The proxy engine emits the same names. An op launched
+under none of them (sampling helpers, metadata copies between the forwards, work outside every
+iteration) is `other`; an enclosing `sample`/`sampling` span makes it `sampling`.
+When spans of several phases enclose a launch, the first in PHASES' precedence wins (a
+`step[DRAFT]` inside `draft_extend` is draft-extend work).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+PHASES = ("draft_extend", "draft", "verify", "decode", "extend", "sampling", "other")
+# (phase, regex over user_annotation names), in precedence order
+_RULES: tuple[tuple[str, str], ...] = (
+    ("draft_extend", r"^(draft_extend|spec\.draft_extend)\b"),
+    ("draft", r"^(draft\b|step\[DRAFT)"),  # \b: not draft_extend
+    ("verify", r"^step\[(VERIFY|TARGET_VERIFY)\b"),
+    ("decode", r"^step\[DECODE\b"),
+    ("extend", r"^step\[(EXTEND|MIXED|SPLIT_PREFILL|PREFILL)\b"),
+    ("sampling", r"^(sample|sampling)\b"),
+)
+
+
+def op_phases(ops: pl.DataFrame, cpu: pl.DataFrame) -> pl.Series:
+    """The phase of each op (a String Series, ops' order) from the spans around its launch
+    (ops' launch_ts_ns / launch_tid; an op without a launch call is `other`)."""
+    ann = cpu.filter(pl.col("cat") == "user_annotation").select("name", "ts_ns", "end_ns", "tid")
+    pts = ops.select(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_i"), pl.col("launch_ts_ns").alias("t"),
+                     pl.col("launch_tid").cast(pl.String).alias("tid"))
+    phase = pl.Series("phase", ["other"] * ops.height, dtype=pl.String)
+    if ann.height == 0 or ops.height == 0:
+        return phase
+    pts = pts.filter(pl.col("t").is_not_null() & pl.col("tid").is_not_null()).sort("t")
+    found = pl.Series("phase", [None] * ops.height, dtype=pl.String)
+    for name, regex in _RULES:
+        spans = (
+            ann.filter(pl.col("name").str.contains(regex))
+            .select(pl.col("ts_ns").alias("t"), "end_ns", pl.col("tid").cast(pl.String))
+            .sort("t")
+        )
+        if spans.height == 0 or pts.height == 0:
+            continue
+        # spans of one phase do not nest on a thread: the latest one starting at or before the
+        # launch encloses it when it has not ended yet
+        hit = pts.join_asof(spans, on="t", by="tid", strategy="backward", check_sortedness=False).filter(pl.col("end_ns") >= pl.col("t"))
+        if hit.height == 0:
+            continue
+        got = pl.Series("phase", [None] * ops.height, dtype=pl.String).scatter(hit["_i"], name)
+        found = pl.select(pl.coalesce(found, got)).to_series()
+        pts = pts.filter(~pl.col("_i").is_in(hit["_i"].implode()))
+    return pl.select(pl.coalesce(found, phase).alias("phase")).to_series()
