@@ -609,12 +609,14 @@ typedef struct {
     int64_t has_tmin;
 } Emit;
 
-/* µs -> ns as tables.normalize_events computes it: round(us * 1000) half to even, as a 64-bit
- * integer, none (0) when out of range */
+/* µs -> ns as tables.normalize_events computes it: the whole µs times 1000 in integers, plus the
+ * fraction's ns rounded half to even (so an epoch timestamp of ~1.7e15 µs keeps every ns: us * 1000
+ * in floating point would not), none (0) beyond US_LIMIT (~285 years) */
+#define US_LIMIT 9.0e15
 static inline int to_ns(double us, int64_t *out) {
-    double r = nearbyint(us * 1000.0);
-    if (!(r >= -9223372036854775808.0 && r < 9223372036854775808.0)) return 0;
-    *out = (int64_t)r;
+    if (!(us > -US_LIMIT && us < US_LIMIT)) return 0;
+    double whole = trunc(us);
+    *out = (int64_t)whole * 1000 + (int64_t)nearbyint((us - whole) * 1000.0);
     return 1;
 }
 

@@ -31,6 +31,8 @@ from typing import Any
 import msgspec
 import polars as pl
 
+from profkit.ingest.units import us_to_ns
+
 from profkit.ingest.reading import (  # noqa: F401  (re-exported: the reading half of this path)
     CHUNK_BYTES, Cut, NotFast, Reader, decode_chunks, default_jobs, done, falls_back, gzip_library, open_decompressed,
     parse_meta, slot_count,
@@ -289,7 +291,7 @@ def load_raw_frame(path: Path, *, executor: Executor | None = None, jobs: int = 
     tmins = [r[1] for r in results if r[1] is not None]
     n = sum(r[2] for r in results)
     frame = pl.concat(frames, how="vertical", rechunk=True) if frames else pl.DataFrame(schema=RAW_SCHEMA)
-    t0 = round(min(tmins) * 1000) if tmins else 0
+    t0 = us_to_ns(min(tmins)) if tmins else 0
     return RawLoad(frame=frame, t0_ns=t0, n_events=n, meta=meta, raw_bytes=cut.raw_bytes)
 
 
@@ -340,7 +342,7 @@ def _from_early(run: Any) -> TablesLoad | None:
         return None
     unusable = tuple(sum(r[1][k] for r in results) for k in range(3))
     tmins = [r[2] for r in results if r[2] is not None]
-    return TablesLoad(parts=[r[0] for r in results], unusable=unusable, t0_ns=round(min(tmins) * 1000) if tmins else 0,  # type: ignore[arg-type]
+    return TablesLoad(parts=[r[0] for r in results], unusable=unusable, t0_ns=us_to_ns(min(tmins)) if tmins else 0,  # type: ignore[arg-type]
                       n_events=sum(r[3] for r in results), meta=meta, raw_bytes=cut.raw_bytes, strings=run.strings)
 
 
@@ -369,7 +371,7 @@ def load_tables_fast(path: Path, *, executor: Executor | None = None, jobs: int 
     results, cut, meta = got
     unusable = tuple(sum(r[1][k] for r in results) for k in range(3))
     tmins = [r[2] for r in results if r[2] is not None]
-    t0 = round(min(tmins) * 1000) if tmins else 0
+    t0 = us_to_ns(min(tmins)) if tmins else 0
     return TablesLoad(parts=[r[0] for r in results], unusable=unusable, t0_ns=t0,  # type: ignore[arg-type]
                       n_events=sum(r[3] for r in results), meta=meta, raw_bytes=cut.raw_bytes, strings=strings)
 

@@ -17,6 +17,7 @@ from profkit.apis import canonical_api
 from profkit.ingest.decode import Event
 
 from profkit.ingest.categories import CALL_CATS, CPU_CATS, GPU_OP_CATS, canonical_cat
+from profkit.ingest.units import US_LIMIT, us_to_ns
 
 GPU_OPS_SCHEMA = {
     "name": pl.String, "cat": pl.String, "ts_ns": pl.Int64, "dur_ns": pl.Int64, "end_ns": pl.Int64,
@@ -87,7 +88,7 @@ def events_frame(events: list[Event], warnings: list[str]) -> tuple[pl.DataFrame
     """
     xs = [e for e in events if e.ph == "X"]
     ts_all = [e.ts for e in events if e.ts is not None]
-    t0 = round(min(ts_all) * 1000) if ts_all else 0
+    t0 = us_to_ns(min(ts_all)) if ts_all else 0
     args = [e.args for e in xs]
     df = pl.DataFrame(
         {
@@ -120,6 +121,15 @@ def finish_events_frame(df: pl.DataFrame, warnings: list[str]) -> pl.DataFrame:
     return usable_events(df)
 
 
+def _ns(us: pl.Expr) -> pl.Expr:
+    """µs (float) -> integer ns: the whole µs times 1000 exactly, plus the fraction's ns rounded half
+    to even (us * 1000 in floating point loses ns on epoch timestamps ~1.7e15 µs); null beyond
+    units.US_LIMIT. The C scanner's to_ns computes the same."""
+    whole = us.cast(pl.Int64, strict=False)
+    ns = whole * 1000 + ((us - whole.cast(pl.Float64)) * 1000).round().cast(pl.Int64)
+    return pl.when(us.abs() < US_LIMIT).then(ns).otherwise(None)
+
+
 def normalize_events(df: pl.DataFrame) -> pl.DataFrame:
     """Row by row: one spelling per category, times in integer ns (round(us * 1000), half to even;
     the C scanner's profkit_emit computes the same)."""
@@ -127,9 +137,9 @@ def normalize_events(df: pl.DataFrame) -> pl.DataFrame:
     spellings = {c: canonical_cat(c) for c in df["cat"].unique().to_list() if c is not None}
     return df.with_columns(
         pl.col("cat").replace_strict(spellings, default=None, return_dtype=pl.String),
-        # a time beyond the 64-bit ns range (~292 years) is no time: null, and the event is skipped with a warning
-        (pl.col("ts") * 1000).round().cast(pl.Int64, strict=False).alias("ts_ns"),
-        (pl.col("dur") * 1000).round().cast(pl.Int64, strict=False).alias("dur_ns"),
+        # a time beyond units.US_LIMIT (~285 years) is no time: null, and the event is skipped with a warning
+        _ns(pl.col("ts")).alias("ts_ns"),
+        _ns(pl.col("dur")).alias("dur_ns"),
     ).drop("ts", "dur")
 
 
