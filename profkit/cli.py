@@ -65,7 +65,7 @@ def analyze(
     marker: Annotated[Optional[str], typer.Option("--marker", help="Regex for the CPU span that opens one iteration (default: scheduler.run_batch, step[...], execute_..., ProfilerStep#N).")] = None,
     min_bubble_us: Annotated[float, typer.Option("--min-bubble-us", min=0.0, help="Shortest GPU idle gap counted as a bubble.")] = 2.0,
     catalog: Annotated[Optional[str], typer.Option("--catalog", help="Kernel catalog: a name in kernels/ (generic, sglang-glm52, proxy) or a .toml path; default: picked from the kernel names.")] = None,
-    json_out: Annotated[Optional[str], typer.Option("--json", help="Write summary.json (schema v1) to FILE, or '-' for stdout.")] = None,
+    json_out: Annotated[Optional[str], typer.Option("--json", help="Write summary.json (schema v2) to FILE, or '-' for stdout.")] = None,
     timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Write the per-iteration kernel timeline (.parquet or .csv).")] = None,
     top: Annotated[int, typer.Option("--top", help="How many kernels to list.")] = 10,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the parquet cache beside each trace (<trace>.profkit-cache/).")] = False,
