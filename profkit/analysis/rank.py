@@ -15,6 +15,7 @@ outside every iteration (or whose launch is not in the trace) are counted in `ou
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -343,10 +344,11 @@ def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, rows_cache: dic
     ann_names = _pick(trace.cpu["name"], ann_idx)
     py_names = _user_stacks(pts, trace.cpu)
     # For a sync call: the direction of the latest copy on its thread inside the same trigger op.
-    copy_rows = list(zip(copies["tid"].to_list(), copies["ts_ns"].to_list(), copies["op_direction"].to_list()))
-    copies_by_tid: dict[str, list[tuple[int, str | None]]] = defaultdict(list)
-    for tid, ts, d in copy_rows:
-        copies_by_tid[tid].append((ts, d))
+    copies_by_tid: dict[str, tuple[list[int], list[str | None]]] = {}
+    for tid, ts, d in copies.sort("ts_ns", maintain_order=True).select("tid", "ts_ns", "op_direction").iter_rows():
+        got = copies_by_tid.setdefault(tid, ([], []))
+        got[0].append(ts)
+        got[1].append(d)
     directions, triggers, stacks = [], [], []
     for k, (kind, tid, ts, opd) in enumerate(
         zip(blocking["kind"].to_list(), blocking["tid"].to_list(), blocking["ts_ns"].to_list(), blocking["op_direction"].to_list())
@@ -359,11 +361,12 @@ def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, rows_cache: dic
             continue
         lo = op_ts[k] if ti is not None else None
         d = "none"
-        if lo is not None:
-            for cts, cd in reversed(copies_by_tid.get(tid, [])):
-                if lo <= cts <= ts:
-                    d = cd or "none"
-                    break
+        if lo is not None and tid in copies_by_tid:
+            # the latest copy on the thread starting at or before the sync, if inside the trigger op
+            cts, cds = copies_by_tid[tid]
+            j = bisect.bisect_right(cts, ts) - 1
+            if j >= 0 and cts[j] >= lo:
+                d = cds[j] or "none"
         directions.append(d)
     return blocking.select(
         "iteration", "api", "kind",
@@ -395,7 +398,6 @@ def _bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.D
     gaps = gaps.join_asof(w.select("iteration", "gpu_start_ns", "first_op_ns"), left_on="g0", right_on="gpu_start_ns", strategy="backward")
     firsts = set(windows.filter(pl.col("first_op_ns").is_not_null())["first_op_ns"].to_list())
     first_iteration = w["iteration"].min()
-    import bisect
 
     # host-blocking calls per thread (None: all threads), sorted by their end
     by_end = syncs.select("tid", "ts_ns", "end_ns").sort("end_ns", "ts_ns")

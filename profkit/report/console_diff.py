@@ -110,7 +110,7 @@ def render_diff(diff: Mapping[str, Any], console: Console, *, top: int = 10) -> 
                   title_justify="left", box=None)
         for col in ("µs", "cause", "iteration", "CPU ops"):
             t.add_column(col, justify="right" if col in ("µs", "iteration") else "left")
-        for x in v["largest"][:top]:
+        for x in v["largest"][:5]:
             t.add_row(_f(x["dur_us"]), escape(str(x["cause"])), str(x["iteration"]),
                       escape(cpu_ops_text([(o["name"], o["us"]) for o in x["cpu_ops"]])))
         console.print(t)
