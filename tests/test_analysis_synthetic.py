@@ -227,3 +227,36 @@ def test_cpu_only_trace(tmp_path):
     assert col(a, "kernel_launches") == [0, 0]
     assert col(a, "wall_ns") == [20 * US, 10 * US]
     assert any("CPU-only" in w for w in a.warnings)
+
+
+def test_another_accelerators_device_is_named_not_called_a_gpu(tmp_path, monkeypatch):
+    # an MTIA trace (as in HTA's test data): device ops and runtime calls in their own categories
+    from profkit.ingest import scan
+
+    b = TraceBuilder()
+    b.cpu("ProfilerStep#1", 0, 100 * US)
+    b.cpu("aten::mm", 10 * US, 20 * US, cat="cpu_op")
+    b.op("pe_exe", 40 * US, 10 * US, 7, cat="mtia_ccp_events")
+    b.op("launch", 12 * US, 2 * US, 7, cat="mtia_runtime")
+    for decoder in ("scanner", "msgspec"):
+        if decoder == "msgspec":  # the C scanner's absence: msgspec decodes every chunk
+            monkeypatch.setattr(scan, "_LIB", None)
+            monkeypatch.setattr(scan, "_TRIED", True)
+        a = analyze_trace(load_trace(b.write(tmp_path / f"{decoder}.pt.trace.json.gz")), catalog=load_catalog("generic"))
+        assert sum("MTIA accelerator" in w and "mtia_ccp_events" in w for w in a.warnings) == 1, (decoder, a.warnings)
+        assert a.device_timeline == "cpu"
+
+
+def test_launch_calls_without_device_records_are_missing_records_not_a_cpu_run(tmp_path):
+    # the CUPTI range profiler's traces (HTA's cupti_profiler data): launches, no kernel records
+    b = TraceBuilder()
+    for i in range(3):
+        b.cpu("ProfilerStep#%d" % i, i * 100 * US, 90 * US)
+        b.cpu("aten::mm", (i * 100 + 5) * US, 30 * US, cat="cpu_op")
+        b.call("cudaLaunchKernel", (i * 100 + 10) * US, 5 * US)
+    a = analyze_trace(load_trace(b.write(tmp_path / "t.pt.trace.json.gz")), catalog=load_catalog("generic"))
+    assert a.device_records == "missing" and a.device_timeline == "gpu"
+    assert sum("device records are missing" in w for w in a.warnings) == 1
+    assert not any("CPU-only" in w for w in a.warnings)
+    assert a.iterations["kernel_launches"].to_list() == [1, 1, 1]
+    assert a.iterations["gpu_busy_ns"].to_list() == [0, 0, 0]

@@ -37,3 +37,22 @@ _TABLE_CODES = {**{c: 0 for c in GPU_OP_CATS}, **{c: 1 for c in CALL_CATS}, **{c
 def table_code(canonical: str) -> int:
     """Which of split_rows' tables a canonical category goes to: 0 gpu_ops, 1 calls, 2 cpu, 3 gpu_annotations, -1 none."""
     return _TABLE_CODES.get(canonical, -1)
+
+
+# Device timelines of accelerators that are not CUDA/HIP GPUs: Kineto names their events apart, and
+# profkit does not analyze them (it says so rather than calling the trace CPU-only without a word).
+FOREIGN_DEVICE_CATS: dict[str, str] = {
+    "mtia_ccp_events": "MTIA",  # MTIA device ops (HTA's test data: dma_request, pe_exe, event_record, ...)
+    "mtia_runtime": "MTIA",     # MTIA runtime calls
+}
+
+
+def foreign_device_warning(cats: object) -> str | None:
+    """A warning when the trace's categories (any iterable of strings) include another
+    accelerator's device or runtime events, else None."""
+    found = sorted({c for c in cats if isinstance(c, str) and c in FOREIGN_DEVICE_CATS})  # type: ignore[attr-defined]
+    if not found:
+        return None
+    kinds = sorted({FOREIGN_DEVICE_CATS[c] for c in found})
+    return (f"the trace records an {'/'.join(kinds)} accelerator (event categories {', '.join(found)}), not a CUDA/HIP GPU: "
+            "profkit analyzes GPU device timelines only, so that device's work is left out and the CPU timeline stands in")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from profkit.ingest.categories import table_code
+from profkit.ingest.categories import foreign_device_warning, table_code
 from profkit.ingest.scan import V_BYTES, V_CORR, V_DEVICE, V_EXT, V_STREAM
 from profkit.ingest.strings import Strings
 from profkit.ingest.tables import CPU_SCHEMA, _dedupe, by_start, call_columns, gpu_columns
@@ -99,6 +99,9 @@ def finish_coded(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,
     touches of memory cost about as much as the copying itself)."""
     if not parts:
         parts.append(empty_parts())
+    foreign = foreign_device_warning(strings.texts)
+    if foreign:
+        warnings.append(foreign)
     tables = [pl.concat([p[k] for p in parts], how="vertical", rechunk=True) for k in range(4)]
     parts.clear()
     s = strings.series()

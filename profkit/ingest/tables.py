@@ -16,7 +16,7 @@ import polars as pl
 from profkit.apis import canonical_api
 from profkit.ingest.decode import Event
 
-from profkit.ingest.categories import CALL_CATS, CPU_CATS, GPU_OP_CATS, canonical_cat
+from profkit.ingest.categories import CALL_CATS, CPU_CATS, GPU_OP_CATS, canonical_cat, foreign_device_warning
 from profkit.ingest.units import US_LIMIT, us_to_ns
 
 GPU_OPS_SCHEMA = {
@@ -226,4 +226,7 @@ def by_start(df: pl.DataFrame) -> pl.DataFrame:
 
 def split_tables(df: pl.DataFrame, warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(gpu_ops, calls, cpu, gpu_annotations) from the events frame."""
+    foreign = foreign_device_warning(df["cat"].drop_nulls().unique().to_list()) if "cat" in df.columns else None
+    if foreign:
+        warnings.append(foreign)
     return finish_tables(*split_rows(df), warnings)
