@@ -20,8 +20,9 @@ SWITCHES: tuple[str, ...] = (
 )
 
 SWITCH_HELP: dict[str, str] = {
-    "overlap": "no host read-back in the decode loop; next-step metadata prepared on the host "
-    "from host bookkeeping, results copied non_blocking and consumed one iteration later",
+    "overlap": "no host read-back in the decode loop; each step's KV slots and metadata "
+    "planned from host bookkeeping on a CUDA plan stream (the forward waits by event), the CPU "
+    "one step ahead, results copied non_blocking and consumed one iteration later",
     "topk_v2": "radix/histogram select fused with the index -> cache-slot translation "
     "(off: full sort of the score row, slice, gather)",
     "indexer_fusion": "wk_weights_proj GEMM + fused k-side (norm+rope+quant+store) + fused q-side "

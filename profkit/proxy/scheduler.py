@@ -4,14 +4,34 @@ overlap (sync-free) or synchronous result handling, and the profiler window.
 Loop (spans named like SGLang's, see README.md):
   scheduler.recv_requests -> scheduler.process_input_requests -> scheduler.get_next_batch_to_run
   -> scheduler.run_batch -> scheduler.process_batch_result
-With `overlap` ON the result of iteration N is processed in iteration N+1 (after run_batch(N+1)
-was launched) and nothing in the decode loop reads a device value back; with it OFF every decode
-step reads accept lengths and sequence lengths back (.tolist()/.item()) before the host goes on.
+
+Every decode step starts with its `plan` (span `plan`, inside `scheduler.run_batch`): the step's
+KV slots (`out_slots`, gathered from the page table whose pages were reserved at admission, as
+SGLang's over-allocation does) and metadata (pool indices, sequence lengths -> positions, the page
+table -> slot table, and with overlap the host-decided accept lengths) staged in ONE pinned host
+buffer, copied to the device with one H2D copy, and turned into the forward's tensors by a few
+kernels.
+
+`overlap` ON (SGLang 0.5.23's event_loop_overlap with the Spec-V2 worker and its plan stream):
+  * the plan runs on a separate CUDA **plan stream**; the main (forward) stream waits for it with
+    `wait_event`, never with a host sync. The CPU reaches run_batch(N+1) while forward N still
+    runs on the GPU, so plan N+1 executes on the GPU concurrently with forward N;
+  * the CPU runs one step ahead: run_batch(N+1) (plan and forward launched) comes before
+    process_batch_result(N), which is when step N's tokens are consumed;
+  * nothing in the decode loop reads a device value back; the only host wait is
+    process_batch_result's `cudaEventSynchronize` on the previous step's D2H copy, which has
+    (nearly always) finished by then.
+  On CPU there is no stream: the same plan runs in line and the ordering is the same.
+`overlap` OFF (event_loop_normal): the plan runs on the main stream, and every decode step reads
+accept lengths and sequence lengths back (.tolist()/.item()) and processes its own result before
+the next step is planned.
+`Scheduler.order` records ("plan" | "launch" | "result", step) in the order the host did them.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import os
@@ -54,6 +74,7 @@ class Req:
         self.max_new = max(int(max_new_tokens), 1)
         self.output_ids: list[int] = []
         self.pages: list[int] = []
+        self.page_row: torch.Tensor | None = None  # host int64 copy of `pages` (for the plan)
         self.locked: list = []
         self.cached_len = 0
         self.prefill_pos = 0  # next prompt position to compute
@@ -93,10 +114,26 @@ class Req:
 
 
 class Result:
-    __slots__ = ("reqs", "takes", "host", "event", "acc")
+    """One step's outcome. `keep` holds the step's plan (device tensors made on the plan stream
+    and read by the forward on the main stream) until the result is consumed, i.e. until the
+    event sync has shown that the main stream is past them; only then may the allocator reuse
+    their memory."""
 
-    def __init__(self, reqs, takes, host, event=None, acc=None):
+    __slots__ = ("reqs", "takes", "host", "event", "acc", "step", "keep")
+
+    def __init__(self, reqs, takes, host, event=None, acc=None, keep=None):
         self.reqs, self.takes, self.host, self.event, self.acc = reqs, takes, host, event, acc
+        self.step = 0
+        self.keep = keep
+
+
+class Plan:
+    """The device-side inputs of one decode step (see `Scheduler._plan_decode`)."""
+
+    __slots__ = ("step", "pool", "fb", "acc", "event")
+
+    def __init__(self, step, pool, fb, acc, event):
+        self.step, self.pool, self.fb, self.acc, self.event = step, pool, fb, acc, event
 
 
 class ProfileError(Exception):
@@ -117,6 +154,11 @@ class Scheduler:
         self.cuda = self.dev.type == "cuda"
         self.S = cfg.speculative_num_steps
         self.overlap = cfg.on("overlap")
+        # SGLang's Spec-V2 plan stream: next-step metadata prepared beside the running forward
+        self.plan_stream = torch.cuda.Stream(self.dev) if self.cuda and self.overlap else None
+        self.order: collections.deque = collections.deque(maxlen=4096)
+        self.plans = 0
+        self.plans_ahead = 0  # plans issued while the previous step's result was still pending
         self.index_share = cfg.on("index_share")
         self.pool = PagedKVPool(cfg.num_pages, cfg.page_size)
         R = cfg.max_running_requests
@@ -359,6 +401,8 @@ class Scheduler:
         with rng("scheduler.run_batch"):
             self.forward_ct += 1
             result = self.run_batch(batch)
+            result.step = self.forward_ct
+            self.order.append(("launch", self.forward_ct))
         if self.prof is not None:
             self.prof_steps += 1
         with rng("scheduler.process_batch_result"):
@@ -504,25 +548,65 @@ class Scheduler:
         u = torch.rand(n, generator=self.dev_gen, device=self.dev)
         return (base + (u < a - base).to(torch.int64)).clamp(1, self.S + 1)
 
-    def decode_meta(self, reqs, q: int, bucket: bool = False):
-        """Host-prepared metadata of a decode/verify step over q tokens per request."""
+    def _page_row(self, r: Req) -> torch.Tensor:
+        """The request's page list as a host tensor (pages are fixed from admission to finish)."""
+        if r.page_row is None or r.page_row.numel() != len(r.pages):
+            r.page_row = torch.tensor(r.pages, dtype=torch.int64)
+        return r.page_row
+
+    def _plan_decode(self, reqs, q: int, bucket: bool = False, acc_host=None) -> Plan:
+        """KV slots and metadata of a decode/verify step over q tokens per request.
+
+        Host side: one pinned staging buffer [pool idx | seq lens | accept lens | page table].
+        Device side (the plan stream with overlap on CUDA, else the current stream): one H2D copy,
+        then positions = seq_len + arange(q), slot table = page table expanded to cache slots over
+        `width` positions (bucketed for CUDA graphs), out_slots = the slots this step's tokens
+        write (their pages were reserved at admission). With a plan stream the main stream waits
+        for the plan's event (a device-side dependency, no host sync)."""
+        ps = self.cfg.page_size
+        B = len(reqs)
         p = [r.seq_len for r in reqs]
         width = max(p) + q
         if bucket:
             width = max(256, 1 << (width - 1).bit_length())
-        st = self.slot_table(reqs, width)
-        pos = self.h2d(p).unsqueeze(1) + torch.arange(q, device=self.dev)
-        return pos, st.gather(1, pos), st
+        npg = max(1, math.ceil(width / ps))
+        head = [r.pool_idx for r in reqs] + p + list(acc_host or [])
+        n0 = len(head)
+        with rng("plan"):
+            self.plans += 1
+            if self.pending is not None and self.pending.reqs:
+                self.plans_ahead += 1
+            self.order.append(("plan", self.forward_ct))
+            stage = torch.zeros(n0 + B * npg, dtype=torch.int64, pin_memory=self.cuda)
+            stage[:n0] = torch.tensor(head, dtype=torch.int64)
+            for i, r in enumerate(reqs):
+                row = self._page_row(r)
+                k = min(npg, row.numel())
+                stage[n0 + i * npg:n0 + i * npg + k] = row[:k]
+            stream = self.plan_stream
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                d = stage.to(self.dev, non_blocking=True) if self.cuda else stage
+                pool, seq = d[:B], d[B:2 * B]
+                acc = d[2 * B:n0] if acc_host is not None else None
+                pt = d[n0:].view(B, npg)
+                ar = torch.arange(width, device=self.dev)
+                st = pt[:, ar // ps] * ps + ar % ps
+                pos = seq.unsqueeze(1) + torch.arange(q, device=self.dev)
+                out = st.gather(1, pos)
+                ev = None
+                if stream is not None:
+                    ev = torch.cuda.Event()
+                    ev.record(stream)
+            if ev is not None:
+                torch.cuda.current_stream(self.dev).wait_event(ev)
+        return Plan(self.forward_ct, pool, FwdBatch(pos, out, st), acc, ev)
 
     def _run_spec_decode(self, reqs):
         m, S, B = self.model, self.S, len(reqs)
         acc_host = self._sim_accept_host(B) if self.overlap else None
-        pool = self.h2d([r.pool_idx for r in reqs])
-        if self.graphs is not None:
-            pos, out, st = self.decode_meta(reqs, S + 1, bucket=True)
-        else:
-            pos, out, st = self.decode_meta(reqs, S + 1)
-        fbv = FwdBatch(pos, out, st)
+        plan = self._plan_decode(reqs, S + 1, bucket=self.graphs is not None, acc_host=acc_host)
+        pool, fbv = plan.pool, plan.fb
+        st = fbv.slot_table
         with rng("draft"):
             if self.graphs is not None:
                 draft = self.graphs.run("draft", B, st.shape[1], self._draft, pool, fbv)
@@ -535,7 +619,7 @@ class Scheduler:
             else:
                 hidden, g = self._verify(pool, draft, fbv)
         # accept (simulated; like SGLang's verify kernels it runs between verify and draft_extend)
-        acc = self.h2d(acc_host) if self.overlap else self._sim_accept_device(B)
+        acc = plan.acc if self.overlap else self._sim_accept_device(B)
         ar = torch.arange(S + 1, device=self.dev)
         gsel = g.gather(1, (acc - 1).unsqueeze(1))
         dpad = torch.cat([draft, draft[:, :1]], 1)
@@ -555,9 +639,9 @@ class Scheduler:
                 seq = self.h2d([r.seq_len for r in reqs]) + acc
                 self.last_seq_lens_max = int(seq.max().item())
             takes = self._account(reqs, acc_host)
-            return Result(reqs, takes, host)
+            return Result(reqs, takes, host, keep=plan)
         takes = self._account(reqs, acc_host)
-        return self._finish_launch(reqs, takes, emitted, acc_host)
+        return self._finish_launch(reqs, takes, emitted, acc_host, keep=plan)
 
     def _draft(self, pool, fbv: FwdBatch):
         """S-1 MTP steps (the first draft token came from the previous draft_extend)."""
@@ -589,9 +673,9 @@ class Scheduler:
 
     def _run_decode(self, reqs):
         m, B = self.model, len(reqs)
-        pool = self.h2d([r.pool_idx for r in reqs])
-        pos, out, st = self.decode_meta(reqs, 1, bucket=self.graphs is not None)
-        fb = FwdBatch(pos, out, st)
+        plan = self._plan_decode(reqs, 1, bucket=self.graphs is not None)
+        pool, fb = plan.pool, plan.fb
+        st = fb.slot_table
         with rng(f"step[DECODE bs={B}]"):
             if self.graphs is not None:
                 logits = self.graphs.run("decode", B, st.shape[1], self._decode_fwd, pool, fb)
@@ -605,9 +689,9 @@ class Scheduler:
                 seq = self.h2d([r.seq_len for r in reqs]) + 1
                 self.last_seq_lens_max = int(seq.max().item())
             takes = self._account(reqs, [1] * B)
-            return Result(reqs, takes, host)
+            return Result(reqs, takes, host, keep=plan)
         takes = self._account(reqs, [1] * B)
-        return self._finish_launch(reqs, takes, nt.unsqueeze(1), None)
+        return self._finish_launch(reqs, takes, nt.unsqueeze(1), None, keep=plan)
 
     def _decode_fwd(self, pool, fb):
         m = self.model
@@ -641,11 +725,12 @@ class Scheduler:
                 r.done = True
         return takes
 
-    def _finish_launch(self, reqs, takes, dev_tokens, acc):
+    def _finish_launch(self, reqs, takes, dev_tokens, acc, keep=None):
         """Copy the sampled tokens to the host: blocking when overlap is off, otherwise
-        non_blocking into pinned memory, consumed one iteration later."""
+        non_blocking into pinned memory (an event recorded after the copy on the main stream),
+        consumed one iteration later."""
         if dev_tokens is None:
-            return Result(reqs, takes, None)
+            return Result(reqs, takes, None, keep=keep)
         with rng("copy_result_to_cpu"):
             if self.overlap:
                 host = torch.empty(dev_tokens.shape, dtype=dev_tokens.dtype,
@@ -655,13 +740,17 @@ class Scheduler:
                 if self.cuda:
                     ev = torch.cuda.Event()
                     ev.record()
-                return Result(reqs, takes, host, ev, acc)
-            return Result(reqs, takes, dev_tokens.to("cpu"))
+                return Result(reqs, takes, host, ev, acc, keep=keep)
+            return Result(reqs, takes, dev_tokens.to("cpu"), keep=keep)
 
     # ---------------------------------------------------------------- results ----------------
     def process_result(self, res: Result):
+        """Consume a step's tokens. With overlap this is step N-1's result, after run_batch(N)
+        was launched; its event sync waits for a copy the GPU has (nearly always) finished."""
+        self.order.append(("result", res.step))
         if res.event is not None:
             res.event.synchronize()
+        res.keep = None
         rows = res.host.tolist() if res.host is not None else []
         for i, r in enumerate(res.reqs):
             if i < len(rows):
@@ -676,7 +765,7 @@ class Scheduler:
     def _finalize(self, r: Req):
         self.running.remove(r)
         self.pool.insert_and_release(r.input_ids + r.output_ids, r.pages, r.seq_len, r.locked)
-        r.pages, r.locked = [], []
+        r.pages, r.locked, r.page_row = [], [], None
         self.free_slots.append(r.pool_idx)
         r.latency = time.perf_counter() - r.t_start
         r.finished.set()
@@ -688,4 +777,5 @@ class Scheduler:
         al = (self.spec_accept_tokens / self.spec_verify_ct) if self.spec_verify_ct else None
         return {"avg_spec_accept_length": al, "forward_ct": self.forward_ct,
                 "generated_tokens": self.gen_tokens, "running": len(self.running),
+                "plans": self.plans, "plans_ahead": self.plans_ahead,
                 "waiting": len(self.waiting) + len(self.prefilling), **st}
