@@ -287,6 +287,7 @@ def _pick(col: pl.Series, idx: list[int | None]) -> list[Any]:
     return [v if i is not None else None for v, i in zip(got, idx)]
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
 # A Python frame in user code, as Kineto names it: "path/file.py(123): function"
 _USER_FRAME = re.compile(r"\.py\(\d+\): ")
 STACK_DEPTH = 6  # frames kept: the innermost one in a .py file, then its callers
@@ -426,6 +427,9 @@ def _bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.D
             cause = "gpu_wait"
         causes.append(cause)
     cpu_lists = _gap_cpu_ops(trace, g0s, g1s, [t if t is not None else default_tid for t in ltids], rows_cache)
+    # a built-in's frame names its object's address ("<built-in method x of y object at 0x7f…>"):
+    # dropped, so one function is one name across bubbles and runs
+    cpu_lists = [[(_ADDRESS.sub(">", n) if "at 0x" in n else n, t) for n, t in got] for got in cpu_lists]
     return gaps.select(
         "iteration", pl.col("g0").alias("start_ns"), (pl.col("g1") - pl.col("g0")).alias("dur_ns"),
         pl.Series("cause", causes, dtype=pl.String), _string_lists("cpu_ops", [[n for n, _ in got] for got in cpu_lists]),
