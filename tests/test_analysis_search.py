@@ -48,21 +48,35 @@ def ref_exclusive_top(events, g0, g1, top=3):
     return [(name, t) for name, t in ranked[:top] if t > 0]
 
 
-def ref_gap_cpu_ops(trace, g0s, g1s, tids, lookback):
-    """The definition: per thread the cpu events and runtime calls ordered by (ts, end, name); a gap
-    takes the `lookback` events before the first one starting at or after g1, keeps those ending
-    after g0, and ranks them by exclusive time."""
+def ref_gap_cpu_ops(trace, g0s, g1s, tids, top=3):
+    """The definition: per thread the cpu events and runtime calls ordered by (ts, -end, name);
+    each instant of a gap goes to the last event in that order that has started and not ended;
+    per gap the `top` names with the most such time, by (-time, name)."""
     by_tid = defaultdict(list)
     for f in (trace.cpu, trace.calls):
         for ts, end, tid, name in zip(f["ts_ns"].to_list(), f["end_ns"].to_list(), f["tid"].to_list(), f["name"].to_list()):
-            by_tid[tid].append((ts, end, name))
+            by_tid[tid].append((ts, -end, name or ""))
     out = []
     for g0, g1, t in zip(g0s, g1s, tids):
         evs = sorted(by_tid.get(t, [])) if t is not None else []
-        j = bisect.bisect_left([e[0] for e in evs], g1)
-        window = [e for e in evs[max(0, j - lookback):j] if e[1] > g0]
-        out.append(ref_exclusive_top(window, g0, g1))
+        cuts = sorted({g0, g1} | {x for ts, ne, _ in evs for x in (ts, -ne) if g0 < x < g1})
+        excl = defaultdict(int)
+        for a, b in zip(cuts, cuts[1:]):
+            owner = None
+            for ts, ne, name in evs:  # the last one in order covering a
+                if ts <= a < -ne:
+                    owner = name
+            if owner is not None:
+                excl[owner] += b - a
+        out.append(sorted(((n, x) for n, x in excl.items() if x > 0), key=lambda kv: (-kv[1], kv[0]))[:top])
     return out
+
+
+def _as_lists(frame, n):
+    got = [[] for _ in range(n)]
+    for g, name, ns in frame.iter_rows():
+        got[g].append((name, ns))
+    return got
 
 
 def ref_innermost(points, spans):
@@ -101,29 +115,32 @@ def make_trace(rng: random.Random, *, n_cpu: int, n_calls: int, horizon: int, so
 
 
 def random_gaps(rng: random.Random, n: int, horizon: int) -> tuple[list[int], list[int], list[str | None]]:
-    g0s, g1s, tids = [], [], []
-    for _ in range(n):
-        g0 = rng.randrange(-2, horizon + 2)
-        g0s.append(g0)
-        g1s.append(g0 + rng.choice([1, 2, 3, rng.randrange(1, horizon // 3 + 2)]))
-        tids.append(rng.choice(TIDS + ["9", None]))
-    return g0s, g1s, tids
+    """Disjoint gaps (as the gaps of a device's busy union are), in random order, on random threads."""
+    cuts = sorted(rng.sample(range(-2, horizon + 3), min(2 * n, horizon + 5) // 2 * 2))
+    pairs = [(a, b) for a, b in zip(cuts[::2], cuts[1::2]) if b > a]
+    rng.shuffle(pairs)
+    return [a for a, _ in pairs], [b for _, b in pairs], [rng.choice(TIDS + ["9", None]) for _ in pairs]
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_gap_cpu_ops_is_the_definition(seed, monkeypatch):
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+def test_gap_cpu_ops_is_the_definition(seed, native, monkeypatch):
+    from profkit.ingest import scan
+
+    if native and scan.lib() is None:
+        pytest.skip("no C compiler: the native sweep is not built")
+    if not native:
+        monkeypatch.setattr(scan, "gap_exclusive", lambda *a, **k: None)
     rng = random.Random(seed)
     horizon = rng.choice([8, 30, 200])
     trace = make_trace(rng, n_cpu=rng.randrange(0, 300), n_calls=rng.randrange(0, 40), horizon=horizon, sort=seed % 4 != 0)
     g0s, g1s, tids = random_gaps(rng, rng.randrange(1, 30), horizon)
-    for lookback in (1, 2, 5, 17, 4000):
-        monkeypatch.setattr(rank, "GAP_LOOKBACK", lookback)
-        assert rank._gap_cpu_ops(trace, g0s, g1s, tids) == ref_gap_cpu_ops(trace, g0s, g1s, tids, lookback), lookback
+    got = rank._gap_cpu_ops(trace, pl.Series(g0s, dtype=pl.Int64), pl.Series(g1s, dtype=pl.Int64), pl.Series(tids, dtype=pl.String))
+    assert _as_lists(got, len(g0s)) == ref_gap_cpu_ops(trace, g0s, g1s, tids)
 
 
-def test_gap_window_straddles_a_tie_group(monkeypatch):
-    # ten events with the same (ts, end) but different names: the window's first rows cut the
-    # group, and which names stay in is decided by name order, as in the full (ts, end, name) order
+def test_gap_ties_are_decided_by_name():
+    # ten events with the same (ts, end) but different names: the last in name order owns the time
     cpu = pl.DataFrame(
         [(n, "python_function", 0, 50, 50, "p", "1", None) for n in "jihgfedcba"]
         + [("late", "cpu_op", 60, 5, 65, "p", "1", None)],
@@ -132,10 +149,8 @@ def test_gap_window_straddles_a_tie_group(monkeypatch):
     trace = Trace(path=Path("t"), rank=0, device=None, gpu_ops=pl.DataFrame(schema=GPU_OPS_SCHEMA),
                   calls=pl.DataFrame(schema=CALLS_SCHEMA), cpu=cpu, gpu_annotations=pl.DataFrame(schema=CPU_SCHEMA),
                   t0_ns=0, n_events=11)
-    for lookback in range(1, 13):
-        monkeypatch.setattr(rank, "GAP_LOOKBACK", lookback)
-        got = rank._gap_cpu_ops(trace, [10, 40], [70, 55], ["1", "1"])
-        assert got == ref_gap_cpu_ops(trace, [10, 40], [70, 55], ["1", "1"], lookback)
+    got = rank._gap_cpu_ops(trace, pl.Series([10, 55], dtype=pl.Int64), pl.Series([40, 70], dtype=pl.Int64), pl.Series(["1", "1"]))
+    assert _as_lists(got, 2) == ref_gap_cpu_ops(trace, [10, 55], [40, 70], ["1", "1"]) == [[("j", 30)], [("late", 5)]]
 
 
 @pytest.mark.parametrize("seed", range(30))

@@ -35,9 +35,7 @@ from profkit.apis import (
 from profkit.analysis.clock import busy_by_window, by_window, owned_and_spill, tiles, union_ns
 from profkit.analysis.iterations import WHOLE_TRACE, find_iterations
 from profkit.analysis.phases import op_phases
-from profkit.analysis.spans import (
-    MaxTree, enclosing_stacks, exclusive_sweeps, innermost_enclosing, innermost_enclosing_by, thread_rows,
-)
+from profkit.analysis.spans import enclosing_stacks, innermost_enclosing, innermost_enclosing_by, thread_rows
 from profkit.ingest import Trace
 
 CAUSES = ("sync", "launch", "iteration_boundary", "gpu_wait")
@@ -287,7 +285,6 @@ def _pick(col: pl.Series, idx: list[int | None]) -> list[Any]:
     return [v if i is not None else None for v, i in zip(got, idx)]
 
 
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
 # A Python frame in user code, as Kineto names it: "path/file.py(123): function"
 _USER_FRAME = re.compile(r"\.py\(\d+\): ")
 STACK_DEPTH = 6  # frames kept: the innermost one in a .py file, then its callers
@@ -400,183 +397,133 @@ def _bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.D
     firsts = set(windows.filter(pl.col("first_op_ns").is_not_null())["first_op_ns"].to_list())
     first_iteration = w["iteration"].min()
 
-    # host-blocking calls per thread (None: all threads), sorted by their end
-    by_end = syncs.select("tid", "ts_ns", "end_ns").sort("end_ns", "ts_ns")
-    blocking: dict[str | None, tuple[list[int], list[int]]] = {}
-    if by_end.height:
-        for (key,), frame in by_end.partition_by("tid", as_dict=True).items():
-            if key is not None:
-                blocking[key] = (frame["end_ns"].to_list(), frame["ts_ns"].to_list())
-    blocking[None] = (by_end["end_ns"].to_list(), by_end["ts_ns"].to_list())
     main_tid = calls.filter(pl.col("api").is_in(LAUNCH_APIS))["tid"].mode().to_list() if calls.height else []
     default_tid = main_tid[0] if main_tid else None
-
-    g0s, g1s = gaps["g0"].to_list(), gaps["g1"].to_list()
-    ltids = gaps["launch_tid"].to_list()
-    causes = []
-    for g0, g1, nxt_it, lts, ltid in zip(g0s, g1s, gaps["next_iteration"].to_list(), gaps["launch_ts_ns"].to_list(), ltids):
-        ends, tss = blocking.get(ltid, ((), ()))
-        k0, k1 = bisect.bisect_left(ends, g0 - SYNC_SLACK_NS), bisect.bisect_right(ends, g1)
-        if any(tss[k] <= g0 for k in range(k0, k1)):
-            cause = "sync"
-        elif nxt_it is not None and nxt_it != first_iteration and g1 in firsts:
-            cause = "iteration_boundary"
-        elif lts is not None and lts > g0:
-            cause = "launch"
-        else:
-            cause = "gpu_wait"
-        causes.append(cause)
-    cpu_lists = _gap_cpu_ops(trace, g0s, g1s, [t if t is not None else default_tid for t in ltids], rows_cache)
+    gaps = gaps.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_g"))
+    synced = _sync_gaps(gaps, syncs)
+    firsts = windows.filter(pl.col("first_op_ns").is_not_null())["first_op_ns"].implode()
+    cause = (
+        pl.when(pl.col("_g").is_in(synced.implode())).then(pl.lit("sync"))
+        .when(pl.col("next_iteration").is_not_null() & (pl.col("next_iteration") != w["iteration"].min()) & pl.col("g1").is_in(firsts))
+        .then(pl.lit("iteration_boundary"))
+        .when(pl.col("launch_ts_ns").is_not_null() & (pl.col("launch_ts_ns") > pl.col("g0"))).then(pl.lit("launch"))
+        .otherwise(pl.lit("gpu_wait"))
+    )
+    tids = gaps["launch_tid"].fill_null(default_tid) if default_tid is not None else gaps["launch_tid"]
+    ops_of = _gap_cpu_ops(trace, gaps["g0"], gaps["g1"], tids, rows_cache)
     # a built-in's frame names its object's address ("<built-in method x of y object at 0x7f…>"):
     # dropped, so one function is one name across bubbles and runs
-    cpu_lists = [[(_ADDRESS.sub(">", n) if "at 0x" in n else n, t) for n, t in got] for got in cpu_lists]
-    return gaps.select(
-        "iteration", pl.col("g0").alias("start_ns"), (pl.col("g1") - pl.col("g0")).alias("dur_ns"),
-        pl.Series("cause", causes, dtype=pl.String), _string_lists("cpu_ops", [[n for n, _ in got] for got in cpu_lists]),
-        _string_lists("cpu_ops_ns", [[t for _, t in got] for got in cpu_lists], pl.Int64),
+    ops_of = ops_of.with_columns(pl.col("name").str.replace(r" at 0x[0-9a-fA-F]+>", ">"))
+    lists = ops_of.group_by("_g").agg(pl.col("name").alias("cpu_ops"), pl.col("ns").alias("cpu_ops_ns"))
+    return (
+        gaps.join(lists, on="_g", how="left", maintain_order="left")
+        .select(
+            "iteration", pl.col("g0").alias("start_ns"), (pl.col("g1") - pl.col("g0")).alias("dur_ns"), cause.alias("cause"),
+            pl.col("cpu_ops").fill_null(pl.lit([], dtype=pl.List(pl.String))),
+            pl.col("cpu_ops_ns").fill_null(pl.lit([], dtype=pl.List(pl.Int64))),
+        )
     )
 
 
-def _string_lists(name: str, lists: list[list[Any]], dtype: Any = pl.String) -> pl.Series:
-    """pl.Series(name, lists, dtype=pl.List(dtype)), built from the flat values (polars builds a
-    Series per inner list otherwise)."""
-    flat = pl.DataFrame(
-        {"_i": [i for i, got in enumerate(lists) for _ in got], name: [v for got in lists for v in got]},
-        schema={"_i": pl.Int64, name: dtype},
-    )
-    grouped = flat.group_by("_i", maintain_order=True).agg(pl.col(name))
-    full = pl.DataFrame({"_i": pl.int_range(0, len(lists), dtype=pl.Int64, eager=True)}).join(
-        grouped, on="_i", how="left", maintain_order="left"
-    )
-    return full.select(pl.col(name).fill_null(pl.lit([], dtype=pl.List(dtype))))[name]
+def _sync_gaps(gaps: pl.DataFrame, syncs: pl.DataFrame) -> pl.Series:
+    """The gaps (`_g`) a host-blocking call explains: one on the launching thread (any thread when
+    the launch is not in the trace) that started at or before the gap began and returned inside it
+    (or up to SYNC_SLACK_NS before it began: host and device clocks differ by ~1 µs)."""
+    found = [pl.Series("_g", [], dtype=pl.Int64)]
+    if syncs.height == 0:
+        return found[0]
+    for tid, frame in gaps.select("_g", "g0", "g1", "launch_tid").group_by("launch_tid"):
+        key = tid[0]
+        b = (syncs if key is None else syncs.filter(pl.col("tid") == key)).select("ts_ns", "end_ns").sort("end_ns", "ts_ns")
+        if b.height == 0:
+            continue
+        k0 = b["end_ns"].search_sorted(frame["g0"] - SYNC_SLACK_NS, side="left").cast(pl.Int64)
+        k1 = b["end_ns"].search_sorted(frame["g1"], side="right").cast(pl.Int64)
+        pairs = frame.select("_g", "g0", pl.int_ranges(k0, k1, dtype=pl.Int64).alias("k")).explode("k").drop_nulls("k")
+        if pairs.height:
+            found.append(pairs.filter(b["ts_ns"].gather(pairs["k"]) <= pairs["g0"])["_g"].unique())
+    return pl.concat(found).unique()
 
 
-# A gap's CPU ops come from the events on its thread that start before the gap ends, looking back
-# at most this many events (enclosing spans that still cover the gap's start; nesting is shallow).
-GAP_LOOKBACK = 4000
+GAP_TOP = 3  # CPU ops kept per gap
 
 
-def _gap_cpu_ops(trace: Trace, g0s: list[int], g1s: list[int], tids: list[str | None],
-                 rows_cache: dict | None = None) -> list[list[tuple[str, int]]]:
-    """For each gap [g0, g1) on thread tid: the CPU ops (cpu_op, annotations, Python frames, runtime
-    calls) with the most exclusive time inside it, with that time (ns). Per thread the events are ordered by (ts, end,
-    name); a gap looks at the GAP_LOOKBACK events before the first one starting at or after g1 and
-    keeps those ending after g0.
+def _gap_cpu_ops(trace: Trace, g0s: pl.Series, g1s: pl.Series, tids: pl.Series,
+                 rows_cache: dict | None = None) -> pl.DataFrame:
+    """For each gap [g0, g1) on thread tid: the CPU events of that thread (cpu_op, annotations,
+    Python frames, runtime calls) with the most exclusive time inside it, with that time (ns), as
+    rows (_g: the gap's position, name, ns), most time first within a gap.
 
-    Each gap's kept events are found without sorting the thread's events or looking at each row of
-    the window (_gap_rows); only they (a few per gap) go to Python, ordered as exclusive_top orders
-    them: by (clipped start, -clipped end), then by (ts, end, name), the order of the window."""
-    out: list[list[tuple[str, int]]] = [[] for _ in g0s]
-    gaps_by_tid: dict[str, list[int]] = defaultdict(list)
-    for i, t in enumerate(tids):
-        if t is not None:
-            gaps_by_tid[t].append(i)
-    srcs = (trace.cpu, trace.calls)
-    for t, idx in gaps_by_tid.items():
+    The thread's events are ordered by (ts, -end, name); each instant of a gap goes to the event
+    latest in that order that has started and not yet ended (for nested spans: the innermost), so
+    an enclosing span that began long before the gap counts as well as the calls inside it. One
+    pass over the thread's events for all its gaps: in the native library when it is built
+    (ingest/scan.py), else the same sweep in Python (_sweep_gaps)."""
+    from profkit.ingest import scan
+
+    schema = {"_g": pl.Int64, "name": pl.String, "ns": pl.Int64}
+    found = [pl.DataFrame(schema=schema)]
+    gaps = pl.DataFrame({"_g": pl.int_range(0, len(g0s), dtype=pl.Int64, eager=True), "g0": g0s, "g1": g1s, "tid": tids})
+    for (t,), mine in gaps.filter(pl.col("tid").is_not_null()).sort("g0").group_by("tid", maintain_order=True):
         parts = []
-        for f in srcs:
+        for f in (trace.cpu, trace.calls):
             ts, end, rows = thread_rows(f, t, cache=rows_cache)
             if len(ts):
-                parts.append(_Events(f, ts, end, rows))
+                parts.append(pl.DataFrame({"ts": ts, "end": end, "name": f["name"] if rows is None else f["name"].gather(rows)}))
         if not parts:
             continue
-        g0 = pl.Series("g0", [g0s[i] for i in idx], dtype=pl.Int64)
-        g1 = pl.Series("g1", [g1s[i] for i in idx], dtype=pl.Int64)
-        kept = _gap_rows(parts, g0, g1)
-        if kept.height == 0:
-            continue
-        keys = ["gap", "s", "neg_e", "ts_ns", "end_ns"]
-        kept = (
-            kept.with_columns(g0.gather(kept["gap"]), g1.gather(kept["gap"]))
-            .with_columns(pl.max_horizontal("ts_ns", "g0").alias("s"), pl.min_horizontal("end_ns", "g1").alias("e"))
-            .with_columns((-pl.col("e")).alias("neg_e"))
-            .sort(keys)
-        )
-        if kept.select(pl.all_horizontal(pl.col(k) == pl.col(k).shift(1) for k in keys).any()).item():
-            kept = kept.sort(*keys, "name")  # events equal but for the name: the name decides, as in the window
-        tops = exclusive_sweeps(kept["gap"].to_list(), kept["s"].to_list(), kept["e"].to_list(), kept["name"].to_list(),
-                                g0.to_list(), g1.to_list(), times=True)
-        for g, names in tops.items():
-            out[idx[g]] = names
-    return out
-
-
-@dataclass
-class _Events:
-    """One table's events on one thread, ordered by start: thread_rows' (ts, end, row)."""
-
-    table: pl.DataFrame
-    ts: pl.Series
-    end: pl.Series
-    rows: pl.Series | None  # row in `table` (None: the position itself)
-
-    def pick(self, pos: pl.Series) -> pl.DataFrame:
-        """ts_ns, end_ns and name of the events at these positions."""
-        rows = pos if self.rows is None else self.rows.gather(pos)
-        return pl.DataFrame({"ts_ns": self.ts.gather(pos), "end_ns": self.end.gather(pos), "name": self.table["name"].gather(rows)})
-
-
-def _order_stat(parts: list[_Events], pos: pl.Series) -> pl.Series:
-    """The start at each position of the parts' events merged by start (a valid position each)."""
-    if len(parts) == 1:
-        return parts[0].ts.gather(pos)
-    assert len(parts) == 2
-    big, small = sorted(parts, key=lambda p: -len(p.ts))
-    # where the small part's events go in the merge (before the big part's at equal starts)
-    at = big.ts.search_sorted(small.ts, side="left").cast(pl.Int64) + pl.int_range(0, len(small.ts), dtype=pl.Int64, eager=True)
-    c = at.search_sorted(pos, side="left").cast(pl.Int64)  # small events before pos
-    cc = c.clip(upper_bound=len(at) - 1)
-    is_small = (c < len(at)) & (at.gather(cc) == pos)
-    from_big = big.ts.gather((pos - c).clip(0, len(big.ts) - 1))
-    return pl.select(pl.when(is_small).then(small.ts.gather(cc)).otherwise(from_big)).to_series()
-
-
-def _gap_rows(parts: list[_Events], g0: pl.Series, g1: pl.Series) -> pl.DataFrame:
-    """The events (gap, ts_ns, end_ns, name) in each gap's window that end after its g0, in no order.
-
-    The window is positions [lo, j) of the thread's events in (ts, end, name) order: j counts the
-    events starting before g1, lo = j - GAP_LOOKBACK. With x the start at position lo, those are
-    the events starting in (x, g1), plus those starting at x, unless the group of events starting
-    at x straddles lo: then only its last ones in (end, name) order, as the full order has them.
-    Per part, that is an index range of its start-ordered events. Of it, the events starting at or
-    after g0 are all looked at; of those starting before g0, the ones ending after g0 are found
-    with a MaxTree of the ends (the open enclosing spans), not by looking at the whole lookback."""
-    js = [p.ts.search_sorted(g1, side="left").cast(pl.Int64) for p in parts]
-    total = sum(js[1:], js[0])
-    lo = (total - GAP_LOOKBACK).clip(lower_bound=0)
-    has = lo < total
-    x = _order_stat(parts, pl.select(pl.when(has).then(lo).otherwise(0)).to_series())
-    a_s = [p.ts.search_sorted(x, side="left").cast(pl.Int64) for p in parts]
-    b_s = [p.ts.search_sorted(x, side="right").cast(pl.Int64) for p in parts]
-    before = sum(a_s[1:], a_s[0])
-    straddle = has & (before < lo)
-    gap = pl.int_range(0, len(g0), dtype=pl.Int64, eager=True)
-    found = []
-    for p, j, a, b in zip(parts, js, a_s, b_s):
-        start = pl.select(pl.when(~has).then(j).when(straddle).then(b).otherwise(a)).to_series()
-        p0 = p.ts.search_sorted(g0, side="left").cast(pl.Int64).clip(upper_bound=j).rename("p0")
-        p0 = pl.select(pl.max_horizontal(p0, start)).to_series()  # [start, p0): before g0; [p0, j): at or after
-        inside = (
-            pl.DataFrame({"q": gap, "r": pl.int_ranges(p0, j, dtype=pl.Int64, eager=True)})
-            .explode("r").drop_nulls("r")
-        )
-        inside = inside.filter(p.end.gather(inside["r"]) > g0.gather(inside["q"]))
-        opened = MaxTree(p.end).above(pl.DataFrame({"q": gap, "lo": start, "hi": p0, "thr": g0}))
-        pos = pl.concat([inside.rename({"r": "row"}), opened])
-        found.append(pl.concat([pos.select(pl.col("q").alias("gap")), p.pick(pos["row"])], how="horizontal"))
-    for g in straddle.arg_true().to_list():
-        # the group starting at x straddles lo: its first lo - before in (end, name) order are out
-        grp = []
-        for p, a, b in zip(parts, a_s, b_s):
-            got = p.pick(pl.int_range(a[g], b[g], dtype=pl.Int64, eager=True))
-            grp.extend(zip(got["end_ns"].to_list(), got["name"].to_list(), got["ts_ns"].to_list()))
-        grp.sort(key=lambda e: (e[0], e[1]))
-        keep = [e for e in grp[lo[g] - before[g]:] if e[0] > g0[g]]
-        if keep:
-            found.append(pl.DataFrame({"gap": [g] * len(keep), "ts_ns": [e[2] for e in keep], "end_ns": [e[0] for e in keep],
-                                       "name": [e[1] for e in keep]},
-                                      schema={"gap": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64, "name": pl.String}))
+        ev = pl.concat(parts).with_columns(pl.col("name").fill_null(""))
+        names = ev["name"].unique().sort()
+        # name ids in the names' order: ties in time are broken by the name, as in (ts, -end, name)
+        ev = ev.with_columns(pl.col("name").replace_strict(names, pl.int_range(0, len(names), dtype=pl.Int32, eager=True),
+                                                           return_dtype=pl.Int32).alias("id"))
+        ev = ev.sort("ts", "end", "id", descending=[False, True, False])
+        got = scan.gap_exclusive(ev["ts"].to_numpy(), ev["end"].to_numpy(), ev["id"].to_numpy(), mine["g0"].to_numpy(),
+                                 mine["g1"].to_numpy(), GAP_TOP)
+        if got is None:
+            tops = _sweep_gaps(ev["ts"].to_list(), ev["end"].to_list(), ev["id"].to_list(), mine["g0"].to_list(), mine["g1"].to_list(), GAP_TOP)
+            flat = pl.DataFrame({"_k": [k for k, top in enumerate(tops) for _ in top], "id": [n for top in tops for n, _ in top],
+                                 "ns": [x for top in tops for _, x in top]}, schema={"_k": pl.Int64, "id": pl.Int64, "ns": pl.Int64})
+        else:
+            m = mine.height
+            flat = pl.DataFrame({"_k": pl.int_range(0, m, dtype=pl.Int64, eager=True).repeat_by(GAP_TOP).explode(),
+                                 "id": got[0].reshape(-1).astype("int64"), "ns": got[1].reshape(-1)}).filter(pl.col("id") >= 0)
+        found.append(flat.select(mine["_g"].gather(flat["_k"]).alias("_g"), names.gather(flat["id"]).alias("name"), "ns"))
     return pl.concat(found)
+
+
+def _sweep_gaps(ts: list[int], end: list[int], name: list[int], g0: list[int], g1: list[int], top: int) -> list[list[tuple[int, int]]]:
+    """profkit_gap_exclusive (ingest/_scan.c) in Python: the same sweep, for where no compiler is."""
+    out: list[list[tuple[int, int]]] = []
+    stack: list[tuple[int, int]] = []  # (end, name) of pushed events, latest last
+    n, k = len(ts), 0
+    for a, b in zip(g0, g1):
+        while k < n and ts[k] <= a:
+            while stack and stack[-1][0] <= ts[k]:
+                stack.pop()
+            stack.append((end[k], name[k]))
+            k += 1
+        acc: dict[int, int] = {}
+        t = a
+        while True:
+            nxt = ts[k] if k < n and ts[k] < b else b
+            while t < nxt:
+                while stack and stack[-1][0] <= t:
+                    stack.pop()
+                if not stack:
+                    t = nxt
+                    break
+                e = min(stack[-1][0], nxt)
+                acc[stack[-1][1]] = acc.get(stack[-1][1], 0) + (e - t)
+                t = e
+            if nxt == b:
+                break
+            while stack and stack[-1][0] <= ts[k]:
+                stack.pop()
+            stack.append((end[k], name[k]))
+            k += 1
+        out.append(sorted(((nm, x) for nm, x in acc.items() if x > 0), key=lambda kv: (-kv[1], kv[0]))[:top])
+    return out
 
 
 def _per_iteration(win, windows, busy, categories, spill, owned, calls, syncs, bubbles) -> pl.DataFrame:

@@ -669,3 +669,69 @@ int64_t profkit_emit(const Out *o, int64_t n, Emit *e) {
     }
     return at;
 }
+
+/* ---------------------------------------------------------------- analysis: exclusive time in gaps
+ *
+ * One thread's events (ts, end, name id), ordered by (ts, -end, name id), and disjoint gaps [g0, g1)
+ * ordered by g0. Each instant of a gap goes to the event latest in that order that has started and
+ * not yet ended (for nested spans: the innermost); per gap, the `top` names with the most such
+ * time, most first (ties: the smaller name id), written to out_name / out_ns (-1 / 0 where fewer).
+ * One pass over the events and the gaps. Returns 0, or -1 when out of memory. */
+typedef struct { int32_t name; int64_t ns; } Acc;
+
+static void acc_add(Acc **acc, int64_t *n, int64_t *cap, int32_t name, int64_t ns) {
+    for (int64_t i = 0; i < *n; i++) if ((*acc)[i].name == name) { (*acc)[i].ns += ns; return; }
+    if (*n == *cap) {
+        int64_t c = *cap * 2;
+        Acc *a = realloc(*acc, (size_t)c * sizeof(Acc));
+        if (!a) return; /* keeps what fits: the top entries come from the time already counted */
+        *acc = a; *cap = c;
+    }
+    (*acc)[*n].name = name; (*acc)[*n].ns = ns; (*n)++;
+}
+
+int64_t profkit_gap_exclusive(const int64_t *ts, const int64_t *end, const int32_t *name, int64_t n,
+                              const int64_t *g0, const int64_t *g1, int64_t m, int32_t top,
+                              int32_t *out_name, int64_t *out_ns) {
+    int64_t *st_end = malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    int32_t *st_name = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int64_t acap = 64, an = 0;
+    Acc *acc = malloc((size_t)acap * sizeof(Acc));
+    if (!st_end || !st_name || !acc) { free(st_end); free(st_name); free(acc); return -1; }
+    int64_t sp = 0, k = 0;
+    for (int64_t j = 0; j < m; j++) {
+        int64_t a = g0[j], b = g1[j];
+        /* the events that start at or before the gap's start: pushed (ended tops popped first) */
+        while (k < n && ts[k] <= a) {
+            while (sp > 0 && st_end[sp - 1] <= ts[k]) sp--;
+            st_end[sp] = end[k]; st_name[sp] = name[k]; sp++; k++;
+        }
+        an = 0;
+        int64_t t = a;
+        for (;;) {
+            int64_t next = (k < n && ts[k] < b) ? ts[k] : b;
+            while (t < next) {
+                while (sp > 0 && st_end[sp - 1] <= t) sp--;
+                if (sp == 0) { t = next; break; }
+                int64_t e = st_end[sp - 1] < next ? st_end[sp - 1] : next;
+                acc_add(&acc, &an, &acap, st_name[sp - 1], e - t);
+                t = e;
+            }
+            if (next == b) break;
+            while (sp > 0 && st_end[sp - 1] <= ts[k]) sp--;
+            st_end[sp] = end[k]; st_name[sp] = name[k]; sp++; k++;
+        }
+        for (int32_t r = 0; r < top; r++) {
+            int64_t best = -1;
+            for (int64_t i = 0; i < an; i++) {
+                if (acc[i].ns <= 0) continue;
+                if (best < 0 || acc[i].ns > acc[best].ns || (acc[i].ns == acc[best].ns && acc[i].name < acc[best].name)) best = i;
+            }
+            if (best < 0) { out_name[j * top + r] = -1; out_ns[j * top + r] = 0; continue; }
+            out_name[j * top + r] = acc[best].name; out_ns[j * top + r] = acc[best].ns;
+            acc[best].ns = -acc[best].ns - 1; /* taken */
+        }
+    }
+    free(st_end); free(st_name); free(acc);
+    return 0;
+}

@@ -100,9 +100,14 @@ class _Emit(ctypes.Structure):
 
 
 class _Lib:
-    """The scanner's two functions: profkit_scan (chunk -> events) and profkit_emit (events -> table rows)."""
+    """The library's functions: profkit_scan (chunk -> events), profkit_emit (events -> table rows)
+    and, for the analysis, profkit_gap_exclusive (a thread's exclusive time in each GPU gap)."""
 
     def __init__(self, dll: Any) -> None:
+        p64, p32 = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int32)
+        self.gap_exclusive = dll.profkit_gap_exclusive
+        self.gap_exclusive.restype = ctypes.c_int64
+        self.gap_exclusive.argtypes = [p64, p64, p32, ctypes.c_int64, p64, p64, ctypes.c_int64, ctypes.c_int32, p32, p64]
         self.scan = dll.profkit_scan
         self.scan.restype = ctypes.c_int64
         self.scan.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(_Out)]
@@ -320,3 +325,26 @@ def scan_chunk_tables(data: Any, strings: Any) -> tuple[tuple[Any, ...], tuple[i
     from profkit.ingest.coded import frames_of
 
     return frames_of(rows), rows.unusable, rows.tmin, rows.n_events
+
+
+def gap_exclusive(ts: Any, end: Any, name: Any, g0: Any, g1: Any, top: int) -> tuple[Any, Any] | None:
+    """profkit_gap_exclusive over numpy arrays (int64 ts/end/g0/g1, int32 name ids; events ordered
+    by (ts, -end, name), gaps disjoint and ordered): (names, ns), each of shape (gaps, top), name -1
+    where a gap has fewer; None without the native library (the caller sweeps in Python)."""
+    import numpy as np
+
+    got = lib()
+    if got is None:
+        return None
+    ts, end, g0, g1 = (np.ascontiguousarray(x, dtype=np.int64) for x in (ts, end, g0, g1))
+    name = np.ascontiguousarray(name, dtype=np.int32)
+    m = len(g0)
+    out_name = np.empty(max(m * top, 1), np.int32)
+    out_ns = np.empty(max(m * top, 1), np.int64)
+    p64, p32 = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int32)
+    rc = got.gap_exclusive(ts.ctypes.data_as(p64), end.ctypes.data_as(p64), name.ctypes.data_as(p32), len(ts),
+                           g0.ctypes.data_as(p64), g1.ctypes.data_as(p64), m, top, out_name.ctypes.data_as(p32),
+                           out_ns.ctypes.data_as(p64))
+    if rc != 0:
+        raise MemoryError("profkit_gap_exclusive: out of memory")
+    return out_name[: m * top].reshape(m, top), out_ns[: m * top].reshape(m, top)
