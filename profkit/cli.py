@@ -70,6 +70,7 @@ def analyze(
     top: Annotated[int, typer.Option("--top", help="How many kernels to list.")] = 10,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the parquet cache beside each trace (<trace>.profkit-cache/).")] = False,
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes: rank files in parallel, or one large file's chunks (default: min(cores, files)).")] = None,
+    tables: Annotated[Optional[Path], typer.Option("--tables", help="Write every iteration, GPU op, bubble, sync and launch as parquet under DIR (DIR/<table>/run=<run>/rank=<rank>/, hive layout: DuckDB and Spark read it as it is).")] = None,
 ) -> None:
     """Analyze traces: per-iteration wall, GPU busy/idle, bubbles by cause, syncs, launches, time by category.
 
@@ -93,7 +94,7 @@ def analyze(
         from profkit.ingest.identity import cache_disabled_by_env
 
         cache_on = not no_cache and not cache_disabled_by_env()
-        if cache_on and timeline is None:
+        if cache_on and timeline is None and tables is None:
             # a repeated run on unchanged traces: the stored summary, without importing polars
             from profkit.ingest import expand_inputs
             from profkit.summary_cache import read_summary, summary_key
@@ -140,6 +141,14 @@ def analyze(
             else:
                 write_json_atomic(Path(json_out), summary)
                 err.print(f"wrote {escape(json_out)}")
+        if tables is not None:
+            from profkit.export.tables import write_tables
+
+            try:
+                written = write_tables(analyses, tables)
+            except OSError as e:
+                raise ProfkitError(f"--tables {tables}: cannot write ({e.strerror or e})", hint="pick a writable folder") from None
+            err.print(f"wrote {escape(str(tables))} ({len(written)} parquet files)")
         if timeline is not None:
             from profkit.analysis.summary import timeline_frame
 
