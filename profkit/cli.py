@@ -82,7 +82,7 @@ def analyze(
     import time
 
     from profkit.report.console import render_summary
-    from profkit.store import write_bytes_atomic, write_json_atomic
+    from profkit.store import write_bytes_atomic
 
     _state["quick_exit"] = True  # see _quick_exit
 
@@ -134,12 +134,14 @@ def analyze(
         to_stdout = json_out == "-"
         render_summary(summary, err if to_stdout else out, top=top)
         if json_out:
-            if to_stdout:
-                from profkit.store import json_text
+            from profkit.store import json_text
+            from profkit.summary_cache import stored_text
 
-                sys.stdout.write(json_text(summary))
+            text = stored_text(summary) or json_text(summary)  # a cached summary: its stored text, not encoded again
+            if to_stdout:
+                sys.stdout.write(text)
             else:
-                write_json_atomic(Path(json_out), summary)
+                write_bytes_atomic(Path(json_out), text.encode())
                 err.print(f"wrote {escape(json_out)}")
         if tables is not None:
             from profkit.export.tables import write_tables

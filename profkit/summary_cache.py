@@ -20,7 +20,7 @@ from typing import Any
 
 from profkit.ingest.identity import CACHE_SUFFIX as SUFFIX  # the folder ingest/cache.py writes
 
-SCHEMA = 1  # the stored summary's own layout: bump it when the key or the file changes shape
+SCHEMA = 2  # the stored summary's own layout: bump it when the key or the file changes shape
 
 
 def summary_key(files: list[Path], *, marker: str | None, min_bubble_us: float, catalog: str | None) -> str | None:
@@ -52,34 +52,56 @@ def _file(first: Path, key: str) -> Path:
     return first.with_name(first.name + SUFFIX) / "summary" / f"{key}.json"
 
 
+def _meta(first: Path, key: str) -> Path:
+    return first.with_name(first.name + SUFFIX) / "summary" / f"{key}.meta"
+
+
+# The stored summary is the exact text `--json` writes (store.json_text), beside a small meta file
+# with its key and digest: a cached `analyze --json` writes those bytes as they are, without encoding
+# the summary again, and they are the bytes an uncached run writes.
+_TEXTS: dict[int, str] = {}
+
+
 def read_summary(first: Path, key: str) -> dict[str, Any] | None:
+    """The stored summary, or None (a miss). Its text is stored_text(summary)."""
     import msgspec
 
     try:
-        doc = msgspec.json.decode(_file(first, key).read_bytes())
-        body = msgspec.json.encode(doc["summary"])
-        if doc.get("key") != key or doc.get("blake2b") != hashlib.blake2b(body, digest_size=16).hexdigest():
+        meta = msgspec.json.decode(_meta(first, key).read_bytes())
+        body = _file(first, key).read_bytes()
+        if meta.get("key") != key or meta.get("schema") != SCHEMA or meta.get("blake2b") != hashlib.blake2b(body, digest_size=16).hexdigest():
             return None
-        return doc["summary"]
-    except (OSError, msgspec.DecodeError, KeyError, TypeError):
+        summary = msgspec.json.decode(body)
+        if not isinstance(summary, dict):
+            return None
+        _TEXTS[id(summary)] = body.decode()
+        return summary
+    except (OSError, msgspec.DecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
         return None
 
 
+def stored_text(summary: dict[str, Any]) -> str | None:
+    """The JSON text a summary from read_summary was stored as (None for any other dict)."""
+    return _TEXTS.get(id(summary))
+
+
 def write_summary(first: Path, key: str, summary: dict[str, Any]) -> bool:
-    """Store the summary (atomically); False, silently, when the cache folder cannot be written."""
+    """Store the summary (atomically: the text, then the meta that makes it valid); False,
+    silently, when the cache folder cannot be written."""
     import msgspec
 
     from profkit.errors import ProfkitError
-    from profkit.store import write_bytes_atomic
+    from profkit.store import json_text, write_bytes_atomic
 
     d = first.with_name(first.name + SUFFIX)
     if not d.is_dir():
         return False  # no tables cache beside this trace (not writable, or disabled): no summary either
     try:
-        body = msgspec.json.encode(summary)
-        doc = {"key": key, "blake2b": hashlib.blake2b(body, digest_size=16).hexdigest(), "summary": msgspec.json.decode(body)}
+        body = json_text(summary).encode()
         (d / "summary").mkdir(exist_ok=True)
-        write_bytes_atomic(_file(first, key), msgspec.json.encode(doc))
+        write_bytes_atomic(_file(first, key), body)
+        meta = {"key": key, "schema": SCHEMA, "blake2b": hashlib.blake2b(body, digest_size=16).hexdigest()}
+        write_bytes_atomic(_meta(first, key), msgspec.json.encode(meta))
         return True
-    except (OSError, ProfkitError, TypeError, msgspec.EncodeError):
+    except (OSError, ProfkitError, TypeError, ValueError, msgspec.EncodeError):
         return False

@@ -85,8 +85,8 @@ def test_changed_trace_options_or_damage_miss(tmp_path: Path) -> None:
     assert len(_stored(t)) == 2 and big != base
     # a damaged stored summary is never used: the answer is recomputed (and stored again)
     for p in _stored(t):
-        doc = json.loads(p.read_text())
-        doc["summary"]["ranks"][0]["iterations"][0]["wall_us"] = -1.0
+        doc = json.loads(p.read_text())  # the stored text is the summary as --json writes it
+        doc["ranks"][0]["iterations"][0]["wall_us"] = -1.0
         p.write_text(json.dumps(doc))
     _, again = _analyze(str(t), str(tmp_path / "c.json"))
     assert again == base
@@ -129,3 +129,14 @@ def test_quick_exit_keeps_every_write(tmp_path: Path) -> None:
     assert pcache.read(t) is not None  # the tables cache is complete and valid
     bad = subprocess.run([sys.executable, "-m", "profkit", "analyze", str(tmp_path / "missing.json")], capture_output=True, text=True)
     assert bad.returncode == 3 and "missing.json" in bad.stderr
+
+
+def test_cached_json_is_the_uncached_bytes_as_stored(tmp_path: Path) -> None:
+    t = tmp_path / SRC.name
+    shutil.copyfile(SRC, t)
+    _analyze(str(t), "--no-cache", str(tmp_path / "fresh.json"))
+    _analyze(str(t), str(tmp_path / "first.json"))  # writes the cache
+    _analyze(str(t), str(tmp_path / "cached.json"))  # reads it
+    fresh = (tmp_path / "fresh.json").read_bytes()
+    assert (tmp_path / "first.json").read_bytes() == fresh == (tmp_path / "cached.json").read_bytes()
+    assert _stored(t)[0].read_bytes() == fresh  # written once, at the first run; printed as stored afterwards
