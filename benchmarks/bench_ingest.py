@@ -34,6 +34,9 @@ TEMPLATES = {
     "sglang": ROOT / "tests/data/public/tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz",
     # real H200 eager decode with host syncs, recorded for profkit (Kineto's own pretty layout)
     "eager_sync": ROOT / "tests/data/gpu/eager_sync.pt.trace.json.gz",
+    # kernel-dense: the proxy engine's eager decode on the H200 (the study's "before" shape: ~1,400
+    # kernels and as many launch gaps per iteration, every launch leaving a bubble)
+    "dense": ROOT / "tests/data/gpu_proxy/baseline.trace.json.gz",
 }
 ID_ARGS = ("correlation", "External id", "Python id", "Python parent id", "Record function id", "Ev Idx")
 
@@ -307,7 +310,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="250MB,1GB", help="raw JSON sizes of single-file traces (comma-separated)")
     ap.add_argument("--ranks", type=int, default=8, help="also analyze this many rank files of --rank-size at once (0: skip)")
     ap.add_argument("--rank-size", default="250MB")
-    ap.add_argument("--template", default="sglang", help=f"one of {sorted(TEMPLATES)} or a trace path")
+    ap.add_argument("--template", "--templates", dest="templates", default="sglang,dense",
+                    help=f"comma-separated, measured side by side: each one of {sorted(TEMPLATES)} or a trace path")
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "profkit-bench")
     ap.add_argument("--repeat", type=int, default=2, help="time each figure this many times")
     ap.add_argument("--hta-python", default=None, help="a python with holistictraceanalysis installed (default: this one, /tmp/htavenv)")
@@ -315,11 +319,20 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args()
 
-    template = TEMPLATES.get(args.template, Path(args.template))
+    shapes = [t.strip() for t in args.templates.split(",") if t.strip()]
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     args.workdir.mkdir(parents=True, exist_ok=True)
-    results: dict = {"machine": machine(), "template": str(template), "runs": [], "hta": []}
+    results: dict = {"machine": machine(), "templates": {sh: str(TEMPLATES.get(sh, Path(sh))) for sh in shapes}, "runs": [], "hta": []}
     rows: list[tuple] = []
+    hta_py = None if args.no_hta else hta_python(args.hta_python)
+    for shape in shapes:
+        _measure(args, shape, TEMPLATES.get(shape, Path(shape)), sizes, hta_py, results, rows)
+    _report(args, results, rows)
+
+
+def _measure(args: argparse.Namespace, shape: str, template: Path, sizes: list[int], hta_py: str | None, results: dict,
+             rows: list[tuple]) -> None:
+    """Every figure of one template (shape): single files of each size, HTA's load at <= 300 MB, rank files."""
 
     def file_for(size: int, rank: int | None = None) -> tuple[Path, dict]:
         stem = f"{Path(template).name.split('.')[0]}-{size // 10**6}MB"
@@ -343,17 +356,17 @@ def main() -> None:
             load_before = os.getloadavg()[0]
             r = profkit_analyze(paths, extra, label)
             r["loadavg_1min_before"] = load_before
-            r.update(run=i + 1, label=label, raw_bytes=info["raw_bytes"], gz_bytes=info["gz_bytes"], events=info["events"], files=len(paths))
+            r.update(run=i + 1, label=label, shape=shape, raw_bytes=info["raw_bytes"], gz_bytes=info["gz_bytes"], events=info["events"],
+                     files=len(paths))
             results["runs"].append(r)
             rows.append((label, i + 1, r))
             print(f"{label} run {i + 1}: {r['wall_s']:.2f} s, tree peak {human(r['tree_peak_rss_bytes'])}", file=sys.stderr)
             out = r
         return out
 
-    hta_py = None if args.no_hta else hta_python(args.hta_python)
     for size in sizes:
         path, info = file_for(size)
-        label = human(info["raw_bytes"])
+        label = f"{shape} {human(info['raw_bytes'])}"
         record(f"{label} uncached", [path], info, ["--no-cache"], clear=False)
         record(f"{label} first (writes cache)", [path], info, [], clear=True)
         record(f"{label} cached", [path], info, [], clear=False)
@@ -362,7 +375,7 @@ def main() -> None:
                 load_before = os.getloadavg()[0]
                 h = hta_load(hta_py, path)
                 h["loadavg_1min_before"] = load_before
-                h.update(run=i + 1, raw_bytes=info["raw_bytes"], events=info["events"])
+                h.update(run=i + 1, shape=shape, raw_bytes=info["raw_bytes"], events=info["events"])
                 results["hta"].append(h)
                 print(f"HTA load {label} run {i + 1}: {h.get('load_s', float('nan')):.1f} s", file=sys.stderr)
     if args.ranks:
@@ -372,10 +385,13 @@ def main() -> None:
         info = {"raw_bytes": sum(i["raw_bytes"] for _, i in files), "gz_bytes": sum(i["gz_bytes"] for _, i in files),
                 "events": sum(i["events"] for _, i in files)}
         each = human(files[0][1]["raw_bytes"])
-        record(f"{args.ranks} ranks x {each} uncached", paths, info, ["--no-cache"], clear=False)
-        record(f"{args.ranks} ranks x {each} first (writes cache)", paths, info, [], clear=True)
-        record(f"{args.ranks} ranks x {each} cached", paths, info, [], clear=False)
+        record(f"{shape} {args.ranks} ranks x {each} uncached", paths, info, ["--no-cache"], clear=False)
+        record(f"{shape} {args.ranks} ranks x {each} first (writes cache)", paths, info, [], clear=True)
+        record(f"{shape} {args.ranks} ranks x {each} cached", paths, info, [], clear=False)
 
+
+def _report(args: argparse.Namespace, results: dict, rows: list[tuple]) -> None:
+    """The table (every run), then per shape: HTA's ratio and how the time grows with the size."""
     if args.json:  # before the table: a formatting slip must not lose the measurements
         args.json.write_text(json.dumps(results, indent=1))
     # table
@@ -389,14 +405,27 @@ def main() -> None:
             f"{human(r['maxrss_bytes']):>9} {ev_s:>6.2f} {r.get('loadavg_1min_before', float('nan')):>5.1f}"
         )
     for h in results["hta"]:
-        lines.append(f"HTA 0.5.0 TraceAnalysis load {human(h['raw_bytes']):>9}, run {h['run']}: load {h.get('load_s', float('nan')):.1f} s, "
+        lines.append(f"HTA 0.5.0 TraceAnalysis load, {h['shape']} {human(h['raw_bytes']):>9}, run {h['run']}: load {h.get('load_s', float('nan')):.1f} s, "
                      f"process {h['wall_s']:.1f} s, peak RSS {human(h['tree_peak_rss_bytes'])}, load {h.get('loadavg_1min_before', float('nan')):.1f}")
-    if results["hta"]:
-        ref = [r for r in results["runs"] if r["label"].endswith("uncached") and r["files"] == 1 and r["raw_bytes"] == results["hta"][0]["raw_bytes"]]
-        if ref:
-            ratio = min(h.get("load_s", float("nan")) for h in results["hta"]) / min(r["wall_s"] for r in ref)
-            results["hta_ratio"] = ratio
-            lines.append(f"HTA load / profkit analyze end to end (uncached, same file, best of each): {ratio:.1f}x")
+    results["per_shape"] = {}
+    for shape in results["templates"]:
+        mine = [r for r in results["runs"] if r.get("shape") == shape and r["files"] == 1 and r["label"].endswith("uncached")]
+        got: dict = {}
+        hta = [h for h in results["hta"] if h.get("shape") == shape]
+        if hta:
+            ref = [r for r in mine if r["raw_bytes"] == hta[0]["raw_bytes"]]
+            if ref:
+                got["hta_ratio"] = min(h.get("load_s", float("nan")) for h in hta) / min(r["wall_s"] for r in ref)
+                lines.append(f"{shape}: HTA load / profkit analyze end to end (uncached, same file, best of each): {got['hta_ratio']:.1f}x")
+        by_size = sorted({r["raw_bytes"] for r in mine})
+        if len(by_size) >= 2:
+            small, big = by_size[0], by_size[-1]
+            t_small = min(r["wall_s"] for r in mine if r["raw_bytes"] == small)
+            t_big = min(r["wall_s"] for r in mine if r["raw_bytes"] == big)
+            got["growth"] = {"sizes": [small, big], "time_ratio": t_big / t_small, "size_ratio": big / small}
+            lines.append(f"{shape}: uncached {human(big)} / {human(small)} time ratio {t_big / t_small:.2f} "
+                         f"(size ratio {big / small:.2f}; best of each)")
+        results["per_shape"][shape] = got
     m = results["machine"]
     lines.insert(0, f"machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GiB, Python {m['python']}, {m['packages']}")
     text = "\n".join(lines)
