@@ -200,3 +200,28 @@ def test_exclusive_top_matches_the_first_sweep(seed):
     g1 = g0 + rng.randrange(1, 40)
     for top in (1, 3, 10):
         assert exclusive_top(events, g0, g1, top) == [n for n, _ in ref_exclusive_top(events, g0, g1, top)]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_launch_annotations_native_is_innermost_enclosing(seed):
+    from profkit.ingest import scan
+
+    if scan.lib() is None:
+        pytest.skip("no C compiler: the native sweep is not built")
+    rng = random.Random(seed)
+    horizon = rng.choice([8, 30, 200])
+    spans = pl.DataFrame([r + (None,) for r in random_events(rng, rng.randrange(0, 200), horizon=horizon, cat="user_annotation")],
+                         schema=CPU_SCHEMA, orient="row")
+    n = rng.randrange(1, 60)
+    ops = pl.DataFrame({"launch_ts_ns": [rng.choice([None, rng.randrange(-2, horizon + 2)]) for _ in range(n)],
+                        "launch_tid": [rng.choice(TIDS + ["9", None]) for _ in range(n)]}, schema={"launch_ts_ns": pl.Int64, "launch_tid": pl.String})
+    got = rank._launch_annotations(ops, spans).to_list()
+    names = spans["name"].to_list()
+    want = []
+    for ts, tid in zip(ops["launch_ts_ns"].to_list(), ops["launch_tid"].to_list()):
+        if ts is None or tid is None:
+            want.append(None)
+            continue
+        i = ref_innermost(pl.DataFrame({"ts_ns": [ts], "end_ns": [ts], "tid": [tid]}), spans)[0]
+        want.append(names[i] if i is not None else None)
+    assert got == want

@@ -236,17 +236,47 @@ def _classify(owned: pl.DataFrame, calls: pl.DataFrame, trace: Trace, catalog: A
     ann: list[str | None] = [None] * owned.height
     if getattr(catalog, "uses_annotations", False):
         spans = trace.cpu.filter(pl.col("cat") == "user_annotation")
-        has = owned["launch_ts_ns"].is_not_null() & owned["launch_tid"].is_not_null()
-        pos = has.arg_true()
-        sub = owned.filter(has)
-        pts = sub.select(pl.col("launch_ts_ns").alias("ts_ns"), pl.col("launch_ts_ns").alias("end_ns"), pl.col("launch_tid").alias("tid"))
-        idx = innermost_enclosing(pts, spans)
-        names = spans["name"].to_list()
-        for p, i in zip(pos.to_list(), idx):
-            if i is not None:
-                ann[p] = names[i]
-    owned = owned.with_columns(pl.Series("annotation", ann, dtype=pl.String))
+        got = _launch_annotations(owned, spans)
+        if got is not None:
+            ann = got
+        else:
+            has = owned["launch_ts_ns"].is_not_null() & owned["launch_tid"].is_not_null()
+            pos = has.arg_true()
+            sub = owned.filter(has)
+            pts = sub.select(pl.col("launch_ts_ns").alias("ts_ns"), pl.col("launch_ts_ns").alias("end_ns"), pl.col("launch_tid").alias("tid"))
+            idx = innermost_enclosing(pts, spans)
+            names = spans["name"].to_list()
+            for p, i in zip(pos.to_list(), idx):
+                if i is not None:
+                    ann[p] = names[i]
+    owned = owned.with_columns(ann if isinstance(ann, pl.Series) else pl.Series("annotation", ann, dtype=pl.String))
     return catalog.classify_frame(owned)
+
+
+def _launch_annotations(ops: pl.DataFrame, spans: pl.DataFrame) -> pl.Series | None:
+    """The innermost user annotation around each op's launch (spans.innermost_enclosing of the
+    launch points), one sweep per thread in the native library; None without it."""
+    from profkit.ingest import scan
+
+    if scan.lib() is None:
+        return None
+    pts = ops.select(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_i"), pl.col("launch_ts_ns").alias("t"), pl.col("launch_tid").alias("tid"))
+    pts = pts.filter(pl.col("t").is_not_null() & pl.col("tid").is_not_null())
+    out = [pl.DataFrame(schema={"_i": pl.Int64, "annotation": pl.String})]
+    sp = spans.select("name", "ts_ns", "end_ns", "tid").filter(pl.col("ts_ns").is_not_null() & pl.col("end_ns").is_not_null())
+    for (tid,), mine in pts.group_by("tid"):
+        s = sp.filter(pl.col("tid") == tid).with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_r")).sort(
+            "ts_ns", "end_ns", "_r", descending=[False, True, False])
+        if s.height == 0:
+            continue
+        mine = mine.sort("t")
+        at = scan.point_owner(s["ts_ns"].to_numpy(), s["end_ns"].to_numpy(), mine["t"].to_numpy())
+        hit = pl.Series(at)
+        keep = hit >= 0
+        out.append(pl.DataFrame({"_i": mine["_i"].filter(keep), "annotation": s["name"].gather(hit.filter(keep))}))
+    got = pl.concat(out)
+    full = pl.DataFrame({"_i": pl.int_range(0, ops.height, dtype=pl.Int64, eager=True)}).join(got, on="_i", how="left", maintain_order="left")
+    return full["annotation"]
 
 
 def _gpu_windows(win: pl.DataFrame, owned: pl.DataFrame) -> pl.DataFrame:

@@ -735,3 +735,30 @@ int64_t profkit_gap_exclusive(const int64_t *ts, const int64_t *end, const int32
     free(st_end); free(st_name); free(acc);
     return 0;
 }
+
+/* ---------------------------------------------------------------- analysis: the span around points
+ *
+ * One thread's spans (ts, end), ordered by (ts, -end, row), and points ordered by ts. For each
+ * point: the index of the innermost span holding it (span.ts <= t <= span.end; the latest such span
+ * in that order), or -1. A span starting at a point's time holds it. Returns 0, or -1 when out of
+ * memory. */
+int64_t profkit_point_owner(const int64_t *ts, const int64_t *end, int64_t n, const int64_t *pt, int64_t m, int64_t *out) {
+    int64_t *st = malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    if (!st) return -1;
+    int64_t sp = 0, k = 0;
+    for (int64_t j = 0; j < m; j++) {
+        int64_t t = pt[j];
+        while (k < n && ts[k] <= t) {
+            while (sp > 0 && end[st[sp - 1]] < ts[k]) sp--;
+            st[sp++] = k++;
+        }
+        /* the latest pushed span that has not ended before t (a span below an ended one is found
+           by looking down: the stack holds every span pushed since its parent was popped) */
+        int64_t got = -1;
+        for (int64_t i = sp - 1; i >= 0; i--) if (end[st[i]] >= t) { got = st[i]; break; }
+        while (sp > 0 && end[st[sp - 1]] < t) sp--;
+        out[j] = got;
+    }
+    free(st);
+    return 0;
+}

@@ -108,6 +108,9 @@ class _Lib:
         self.gap_exclusive = dll.profkit_gap_exclusive
         self.gap_exclusive.restype = ctypes.c_int64
         self.gap_exclusive.argtypes = [p64, p64, p32, ctypes.c_int64, p64, p64, ctypes.c_int64, ctypes.c_int32, p32, p64]
+        self.point_owner = dll.profkit_point_owner
+        self.point_owner.restype = ctypes.c_int64
+        self.point_owner.argtypes = [p64, p64, ctypes.c_int64, p64, ctypes.c_int64, p64]
         self.scan = dll.profkit_scan
         self.scan.restype = ctypes.c_int64
         self.scan.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(_Out)]
@@ -348,3 +351,20 @@ def gap_exclusive(ts: Any, end: Any, name: Any, g0: Any, g1: Any, top: int) -> t
     if rc != 0:
         raise MemoryError("profkit_gap_exclusive: out of memory")
     return out_name[: m * top].reshape(m, top), out_ns[: m * top].reshape(m, top)
+
+
+def point_owner(ts: Any, end: Any, points: Any) -> Any | None:
+    """profkit_point_owner over numpy arrays (spans ordered by (ts, -end), points by time): per point
+    the position of the innermost span holding it, -1 for none; None without the native library."""
+    import numpy as np
+
+    got = lib()
+    if got is None:
+        return None
+    ts, end, points = (np.ascontiguousarray(x, dtype=np.int64) for x in (ts, end, points))
+    out = np.empty(max(len(points), 1), np.int64)
+    p64 = ctypes.POINTER(ctypes.c_int64)
+    if got.point_owner(ts.ctypes.data_as(p64), end.ctypes.data_as(p64), len(ts), points.ctypes.data_as(p64), len(points),
+                       out.ctypes.data_as(p64)) != 0:
+        raise MemoryError("profkit_point_owner: out of memory")
+    return out[: len(points)]
