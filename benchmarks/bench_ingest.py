@@ -316,6 +316,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="time each figure this many times")
     ap.add_argument("--hta-python", default=None, help="a python with holistictraceanalysis installed (default: this one, /tmp/htavenv)")
     ap.add_argument("--no-hta", action="store_true")
+    ap.add_argument("--hta-repeat", type=int, default=1, help="HTA loads per file (a dense 250 MB file takes HTA minutes)")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args()
 
@@ -371,7 +372,7 @@ def _measure(args: argparse.Namespace, shape: str, template: Path, sizes: list[i
         record(f"{label} first (writes cache)", [path], info, [], clear=True)
         record(f"{label} cached", [path], info, [], clear=False)
         if hta_py and size <= 300 * 10**6:
-            for i in range(args.repeat):
+            for i in range(args.hta_repeat):
                 load_before = os.getloadavg()[0]
                 h = hta_load(hta_py, path)
                 h["loadavg_1min_before"] = load_before
