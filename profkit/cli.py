@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from profkit import __version__
-from profkit.errors import EXIT_INTERRUPTED, ProfkitError
+from profkit.errors import EXIT_BUG, EXIT_INTERRUPTED, OutputError, ProfkitError, UsageError
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -70,7 +70,9 @@ def analyze(
     top: Annotated[int, typer.Option("--top", help="How many kernels to list.")] = 10,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the parquet cache beside each trace (<trace>.profkit-cache/).")] = False,
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes: rank files in parallel, or one large file's chunks (default: min(cores, files)).")] = None,
+    capture: Annotated[Optional[list[Path]], typer.Option("--capture", help="Graph-capture profile(s) (SGLang's or the proxy's graph_capture_profile/*.json.gz): replayed kernels categorized as in eager mode (default: the run folder's).")] = None,
     tables: Annotated[Optional[Path], typer.Option("--tables", help="Write every iteration, GPU op, bubble, sync and launch as parquet under DIR (DIR/<table>/run=<run>/rank=<rank>/, hive layout: DuckDB and Spark read it as it is).")] = None,
+    list_markers: Annotated[bool, typer.Option("--list-markers", help="List the CPU spans that could mark iterations (user annotations, engine step spans), with counts and the --marker regex for each; analyze nothing.")] = False,
 ) -> None:
     """Analyze traces: per-iteration wall, GPU busy/idle, bubbles by cause, syncs, launches, time by category.
 
@@ -87,14 +89,20 @@ def analyze(
     _state["quick_exit"] = True  # see _quick_exit
 
     with user_errors():
+        if list_markers:
+            _list_markers(paths)
+            return
         if timeline is not None and timeline.suffix not in (".parquet", ".csv"):
-            raise ProfkitError(f"--timeline {timeline}: use a .parquet or .csv file name", hint="e.g. --timeline timeline.parquet")
+            raise UsageError(f"--timeline {timeline}: use a .parquet or .csv file name", hint="e.g. --timeline timeline.parquet")
         t_start = time.perf_counter()
         summary, skey, files = None, None, []
         from profkit.ingest.identity import cache_disabled_by_env
 
         cache_on = not no_cache and not cache_disabled_by_env()
-        if cache_on and timeline is None and tables is None:
+        from profkit.analysis.graphs import find_capture_files
+
+        captures = list(capture or []) or find_capture_files(paths)
+        if cache_on and timeline is None and tables is None and not captures:  # the stored summary knows no capture profiles
             # a repeated run on unchanged traces: the stored summary, without importing polars
             from profkit.ingest import expand_inputs
             from profkit.summary_cache import read_summary, summary_key
@@ -116,7 +124,8 @@ def analyze(
                 cat = load_catalog(catalog) if catalog else None
                 if not early:
                     _numpy_without_blas_threads()
-                analyses = analyze_paths(paths, marker=marker, min_bubble_us=min_bubble_us, catalog=cat, cache=False if no_cache else None, jobs=jobs)
+                analyses = analyze_paths(paths, marker=marker, min_bubble_us=min_bubble_us, catalog=cat, cache=False if no_cache else None, jobs=jobs,
+                                         captures=captures or None)
             finally:
                 discard_early()
             t_analyzed = time.perf_counter()
@@ -149,7 +158,7 @@ def analyze(
             try:
                 written = write_tables(analyses, tables)
             except OSError as e:
-                raise ProfkitError(f"--tables {tables}: cannot write ({e.strerror or e})", hint="pick a writable folder") from None
+                raise OutputError(f"--tables {tables}: cannot write ({e.strerror or e})", hint="pick a writable folder") from None
             err.print(f"wrote {escape(str(tables))} ({len(written)} parquet files)")
         if timeline is not None:
             from profkit.analysis.summary import timeline_frame
@@ -164,6 +173,22 @@ def analyze(
                 frame.write_csv(buf)
             write_bytes_atomic(timeline, buf.getvalue())
             err.print(f"wrote {escape(str(timeline))} ({frame.height} GPU ops)")
+
+
+def _list_markers(paths: list[Path]) -> None:
+    """`analyze --list-markers`: per file, the spans that could mark iterations, with counts."""
+    from profkit.analysis.iterations import list_markers
+    from profkit.ingest import load_traces
+    from profkit.report.fit import COPY, NUM, TEXT, fit_table
+
+    for t in load_traces(paths):
+        found = list_markers(t)
+        out.print(f"[bold]{escape(str(t.path))}[/]: spans that could mark iterations (numbers shown as N)", soft_wrap=True)
+        if not found:
+            out.print("  none: no user annotation or engine step span; the whole trace is one window")
+            continue
+        out.print(fit_table(out, None, (("count", NUM), ("span", COPY), ("--marker", COPY), ("", TEXT)),
+                            [(f"{m['count']:,}", m["name"], m["regex"], "default" if m["default"] else "") for m in found]))
 
 
 def _quick_exit(code: object) -> None:
@@ -258,12 +283,31 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]")
         sys.exit(EXIT_INTERRUPTED)
-    except Exception as e:  # a bug: say so in one line; --debug shows the traceback
+    except Exception as e:  # a bug: one line and the traceback in a file; --debug prints it
         if _state["debug"] or "--debug" in sys.argv:
             traceback.print_exc()
         else:
-            err.print(f"[bold red]internal error:[/] {escape(type(e).__name__)}: {escape(str(e))} (run with --debug for the traceback)", soft_wrap=True)
-        sys.exit(1)
+            where = _write_crash_report()
+            err.print(f"[bold red]internal error (a bug in profkit):[/] {escape(type(e).__name__)}: {escape(str(e))}"
+                      + (f"; traceback in {escape(str(where))}" if where else " (run with --debug for the traceback)"), soft_wrap=True)
+        sys.exit(EXIT_BUG)
+
+
+def _write_crash_report() -> Path | None:
+    """The current exception's traceback, with profkit's version and the command line, in a new
+    file under the temporary folder; its path, or None when it cannot be written."""
+    import os
+    import tempfile
+    import time
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=f"profkit-crash-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".txt")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"profkit {__version__}\ncommand: {' '.join(sys.argv)}\n\n")
+            traceback.print_exc(file=f)
+        return Path(name)
+    except OSError:
+        return None
 
 
 from profkit import cli_capture as _cli_capture  # noqa: E402,F401  (registers trace/sweep/opts)

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-# Exit codes (DESIGN.md): 0 ok, 1 nothing to analyze, 2 usage, 3 input, 4 target, 130 interrupted.
+# Exit codes (DESIGN.md): 0 ok, 1 nothing to analyze, 2 usage, 3 input (and files profkit cannot
+# write), 4 target, 130 interrupted, 70 a bug in profkit (one line; the traceback goes to a file).
 EXIT_OK = 0
 EXIT_NOTHING = 1
 EXIT_USAGE = 2
 EXIT_INPUT = 3
 EXIT_TARGET = 4
+EXIT_BUG = 70
 EXIT_INTERRUPTED = 130
 
 
 class ProfkitError(Exception):
-    """Base class: an error with an exit code and an optional hint (what to try)."""
+    """Base class: an error with an exit code and an optional hint (what to try). Raise one of the
+    subclasses below; each names its exit code. (Exit 1 belongs to NothingToAnalyze alone.)"""
 
-    exit_code: int = EXIT_NOTHING
+    exit_code: int = EXIT_USAGE
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
@@ -33,6 +36,12 @@ class UsageError(ProfkitError):
 
 class TraceInputError(ProfkitError):
     """A file is missing, unreadable, corrupt, or not a Kineto trace profkit can read."""
+
+    exit_code = EXIT_INPUT
+
+
+class OutputError(ProfkitError):
+    """A file profkit was asked to write cannot be written (missing folder, permissions, disk full)."""
 
     exit_code = EXIT_INPUT
 

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from profkit.errors import ProfkitError
+from profkit.errors import OutputError
 
 
 def _umask() -> int:
@@ -24,7 +24,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
-        raise ProfkitError(f"{path}: cannot write ({e.strerror})", hint="check the folder exists, is writable and has space") from None
+        raise OutputError(f"{path}: cannot write ({e.strerror})", hint="check the folder exists, is writable and has space") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -35,13 +35,15 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        raise ProfkitError(f"{path}: cannot write ({e.strerror})", hint="check free space and permissions") from None
+        raise OutputError(f"{path}: cannot write ({e.strerror})", hint="check free space and permissions") from None
 
 
 def json_text(obj: Any) -> str:
     """Indented JSON (one space) ending in a newline; NaN and infinities are refused, as json.dumps(allow_nan=False) does."""
-    import msgspec
-
+    try:
+        import msgspec
+    except ImportError:  # a GPU box recording with --capture-only has no msgspec: the stdlib writes the manifest
+        return json.dumps(obj, indent=1, allow_nan=False) + "\n"
     try:
         body = msgspec.json.encode(obj)
     except (TypeError, msgspec.EncodeError):

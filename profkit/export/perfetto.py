@@ -26,7 +26,7 @@ from typing import Any
 import polars as pl
 
 from profkit.analysis.rank import RankAnalysis
-from profkit.errors import ProfkitError
+from profkit.errors import UsageError
 from profkit.ingest import Trace
 
 SEQUENCE_ID = 0x50F7  # one writer sequence for the whole file
@@ -57,7 +57,7 @@ def _require_perfetto() -> Any:
         from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
         from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
     except ImportError:  # pragma: no cover - exercised only without the extra
-        raise ProfkitError(
+        raise UsageError(
             "export-perfetto needs the 'perfetto' package", hint="pip install 'profkit[report]' (or pip install perfetto)"
         ) from None
     return pb, StreamingTraceProtoBuilder
