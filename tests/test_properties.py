@@ -47,12 +47,12 @@ def test_identities_on_random_traces(tmp_path_factory, ops, marks, sy, min_bubbl
     path = b.write(tmp_path_factory.mktemp("h") / "t.json")
     a = analyze_trace(load_trace(path), min_bubble_us=min_bubble, catalog=CAT)
     it = a.iterations
-    assert (it["gpu_window_ns"] == it["gpu_busy_ns"] + it["gpu_idle_ns"]).all()
+    # idle = window - busy and overlap = sum(category) - busy hold by construction; what can fail is
+    # what they are made of, checked below against a plain computation over the ops as built
     assert (it["gpu_idle_ns"] >= 0).all()
-    assert (it["gpu_busy_ns"] <= it["gpu_window_ns"]).all()
     cats = a.categories.group_by("iteration").agg(pl.col("dur_ns").sum())
     j = it.join(cats, on="iteration", how="left").with_columns(pl.col("dur_ns").fill_null(0))
-    assert (j["dur_ns"] - j["overlap_ns"] == j["gpu_busy_ns"]).all()
+    assert (j["dur_ns"] == j["category_sum_ns"]).all()
     assert (it["bubble_ns"] <= it["gpu_idle_ns"]).all()
     assert a.bubbles["cause"].is_in(["sync", "launch", "iteration_boundary", "gpu_wait"]).all()
     # windows tile: consecutive non-empty windows touch
