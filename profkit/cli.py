@@ -23,8 +23,41 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+def _flags_without_type() -> None:
+    """--help lists a flag without a type column entry (typer prints `<bool>` for every flag)."""
+    try:
+        from typer.core import TyperOption
+    except ImportError:  # another typer layout: leave its help as it is
+        return
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
+        return None if getattr(self, "is_flag", False) and self.metavar is None else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_without_type()
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
+
+
+def _reader_left() -> None:
+    """stdout's reader went away (`profkit diff ... | head -3`): not an error. Every file the
+    command writes is written before it prints, so stop quietly with 0."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    raise SystemExit(0)
+
+
+out.on_broken_pipe = err.on_broken_pipe = _reader_left  # type: ignore[method-assign]  (rich's default exits 1)
 _state = {"debug": False}
 
 
@@ -141,7 +174,6 @@ def analyze(
 
                 write_summary(files[0], skey, summary)
         to_stdout = json_out == "-"
-        render_summary(summary, err if to_stdout else out, top=top)
         if json_out:
             from profkit.store import json_text
             from profkit.summary_cache import stored_text
@@ -173,6 +205,8 @@ def analyze(
                 frame.write_csv(buf)
             write_bytes_atomic(timeline, buf.getvalue())
             err.print(f"wrote {escape(str(timeline))} ({frame.height} GPU ops)")
+        # printed last: every file is written before a reader that stops early (`| head`) can cut the output
+        render_summary(summary, err if to_stdout else out, top=top)
 
 
 def _list_markers(paths: list[Path]) -> None:

@@ -21,6 +21,32 @@ Target = Annotated[str, typer.Option("--target", help="proxy (the built-in engin
 Opt = Annotated[list[str], typer.Option("--opt", help="Optimization to attribute (repeatable); see `profkit opts`.")]
 
 
+# help for the options that trace and sweep share (rich markup: a literal "[" is written "\\[")
+OPTION_HELP = {
+    "--seed": "Workload seed (token ids, prompt lengths): the same seed gives the same requests.",
+    "--traces-dir": "Where run folders go: DIR/<run_id>/ (manifest.json, traces, server.log).",
+    "--reports-dir": "Where reports go: DIR/<run_id>/summary.json and the attribution folder.",
+    "--marker": "Regex for the CPU span that opens one iteration (default chain: scheduler.run_batch, step\\[...], execute_..., ProfilerStep#N).",
+    "--min-bubble-us": "Shortest GPU idle gap counted as a bubble (µs).",
+    "--catalog": "Kernel catalog: a name in kernels/ or a .toml path (default: the target's).",
+    "--preset": "SGLang study preset: glm52-nvfp4-tp4, -tp8, -tep4, -tep8.",
+    "--model-path": "Override the preset's model path.",
+    "--server-python": "Python of the engine's environment (e.g. a before/after build of SGLang).",
+    "--extra-server-args": "More server flags, as one shell-quoted string.",
+    "--turns": "Turns per conversation.",
+    "--turn-tokens": "New tokens per later turn (default 800; 32 on the proxy).",
+    "--output-tokens": "Output tokens per turn, ignore_eos (default 220; 32 on the proxy).",
+    "--workload-file": "JSONL replay: one conversation per line, {\"turns\": \\[\\[ids...], ...]}.",
+    "--repeat": "Repeat the unprofiled measurement N times (median and spread).",
+    "--num-steps": "Iterations (run_batch steps) per profile window.",
+    "--profile-turn": "Turn (0-based) whose decode is profiled.",
+    "--port": "Server port (default: a free one).",
+    "--health-timeout": "Seconds to wait for /health (default 180 proxy, 3600 sglang).",
+    "--profile-timeout": "Seconds to wait for the trace files.",
+    "--dry-run": "Print every command line and environment variable; start nothing.",
+}
+
+
 def _sigterm_as_interrupt() -> None:
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -165,8 +191,8 @@ def trace(
     turn_tokens: Annotated[Optional[int], typer.Option("--turn-tokens", help="New tokens per later turn (default 800; 32 on the proxy).")] = None,
     output_tokens: Annotated[Optional[int], typer.Option("--output-tokens", help="Output tokens per turn, ignore_eos (default 220; 32 on the proxy).")] = None,
     concurrency: Annotated[str, typer.Option("--concurrency", help="Conversations in flight; a list (1,2,4) measures each, the first is profiled.")] = "1",
-    workload_file: Annotated[Optional[Path], typer.Option("--workload-file", help="JSONL replay: one conversation per line {\"turns\": [[ids], ...]}.")] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    workload_file: Annotated[Optional[Path], typer.Option("--workload-file", help=OPTION_HELP["--workload-file"])] = None,
+    seed: Annotated[int, typer.Option("--seed", help=OPTION_HELP["--seed"])] = 0,
     repeat: Annotated[int, typer.Option("--repeat", help="Repeat the unprofiled measurement N times (median and spread).")] = 1,
     num_steps: Annotated[int, typer.Option("--num-steps", help="run_batch iterations to profile.")] = 20,
     with_stack: Annotated[bool, typer.Option("--with-stack", help="Record Python stacks (bigger traces, more overhead).")] = False,
@@ -175,11 +201,11 @@ def trace(
     port: Annotated[Optional[int], typer.Option("--port", help="Server port (default: a free one).")] = None,
     health_timeout: Annotated[Optional[float], typer.Option("--health-timeout", help="Seconds to wait for /health (default 180 proxy, 3600 sglang).")] = None,
     profile_timeout: Annotated[float, typer.Option("--profile-timeout", help="Seconds to wait for the trace files.")] = 120.0,
-    traces_dir: Annotated[Path, typer.Option("--traces-dir")] = Path("traces"),
-    reports_dir: Annotated[Path, typer.Option("--reports-dir")] = Path("reports"),
-    marker: Annotated[Optional[str], typer.Option("--marker")] = None,
-    min_bubble_us: Annotated[float, typer.Option("--min-bubble-us")] = 2.0,
-    catalog: Annotated[Optional[str], typer.Option("--catalog")] = None,
+    traces_dir: Annotated[Path, typer.Option("--traces-dir", help=OPTION_HELP["--traces-dir"])] = Path("traces"),
+    reports_dir: Annotated[Path, typer.Option("--reports-dir", help=OPTION_HELP["--reports-dir"])] = Path("reports"),
+    marker: Annotated[Optional[str], typer.Option("--marker", help=OPTION_HELP["--marker"])] = None,
+    min_bubble_us: Annotated[float, typer.Option("--min-bubble-us", help=OPTION_HELP["--min-bubble-us"])] = 2.0,
+    catalog: Annotated[Optional[str], typer.Option("--catalog", help=OPTION_HELP["--catalog"])] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every command line and environment variable; start nothing.")] = False,
     capture_only: Annotated[bool, typer.Option("--capture-only", help="Record traces and manifests only; analyze later with `profkit diff RUN_A RUN_B` (for GPU boxes without the analysis packages).")] = False,
     nsys: Annotated[bool, typer.Option("--nsys", help="Wrap the server in `nsys profile --capture-range=cudaProfilerApi` and open the window with the CUDA_PROFILER activity (writes .nsys-rep; implies --capture-only).")] = False,
@@ -222,7 +248,7 @@ def trace(
 
 
 @app.command()
-def opts(target: Target = "sglang") -> None:
+def opts(target: Target = "proxy") -> None:
     """The optimization registry: each optimization's real on/off switch and what it should touch.
 
     Example:
@@ -285,27 +311,27 @@ def sweep(
     opts_: Annotated[str, typer.Option("--opts", help="Comma-separated optimizations, e.g. overlap,topk_v2,indexer_fusion.")],
     mode: Annotated[str, typer.Option("--mode", help="one-at-a-time (each alone vs baseline, then all), ladder (cumulative), leave-one-out (all on, each off).")] = "one-at-a-time",
     target: Target = "proxy",
-    preset: Annotated[Optional[str], typer.Option("--preset")] = None,
-    model_path: Annotated[Optional[str], typer.Option("--model-path")] = None,
-    server_python: Annotated[Optional[str], typer.Option("--server-python")] = None,
-    extra_server_args: Annotated[str, typer.Option("--extra-server-args")] = "",
+    preset: Annotated[Optional[str], typer.Option("--preset", help=OPTION_HELP["--preset"])] = None,
+    model_path: Annotated[Optional[str], typer.Option("--model-path", help=OPTION_HELP["--model-path"])] = None,
+    server_python: Annotated[Optional[str], typer.Option("--server-python", help=OPTION_HELP["--server-python"])] = None,
+    extra_server_args: Annotated[str, typer.Option("--extra-server-args", help=OPTION_HELP["--extra-server-args"])] = "",
     isl: Annotated[Optional[str], typer.Option("--isl", help="Input length(s); a list gives the input-length curve (the study's Figure 8).")] = None,
-    turns: Annotated[int, typer.Option("--turns")] = 13,
-    turn_tokens: Annotated[Optional[int], typer.Option("--turn-tokens")] = None,
-    output_tokens: Annotated[Optional[int], typer.Option("--output-tokens")] = None,
+    turns: Annotated[int, typer.Option("--turns", help=OPTION_HELP["--turns"])] = 13,
+    turn_tokens: Annotated[Optional[int], typer.Option("--turn-tokens", help=OPTION_HELP["--turn-tokens"])] = None,
+    output_tokens: Annotated[Optional[int], typer.Option("--output-tokens", help=OPTION_HELP["--output-tokens"])] = None,
     concurrency: Annotated[str, typer.Option("--concurrency", help="A list (1,2,4,8,16) gives the Pareto curve: tokens/s per GPU vs per user.")] = "1",
-    workload_file: Annotated[Optional[Path], typer.Option("--workload-file")] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
-    repeat: Annotated[int, typer.Option("--repeat")] = 1,
-    num_steps: Annotated[int, typer.Option("--num-steps")] = 20,
-    profile_turn: Annotated[int, typer.Option("--profile-turn")] = 1,
-    port: Annotated[Optional[int], typer.Option("--port")] = None,
-    health_timeout: Annotated[Optional[float], typer.Option("--health-timeout")] = None,
-    profile_timeout: Annotated[float, typer.Option("--profile-timeout")] = 120.0,
-    traces_dir: Annotated[Path, typer.Option("--traces-dir")] = Path("traces"),
-    reports_dir: Annotated[Path, typer.Option("--reports-dir")] = Path("reports"),
-    catalog: Annotated[Optional[str], typer.Option("--catalog")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
+    workload_file: Annotated[Optional[Path], typer.Option("--workload-file", help=OPTION_HELP["--workload-file"])] = None,
+    seed: Annotated[int, typer.Option("--seed", help=OPTION_HELP["--seed"])] = 0,
+    repeat: Annotated[int, typer.Option("--repeat", help=OPTION_HELP["--repeat"])] = 1,
+    num_steps: Annotated[int, typer.Option("--num-steps", help=OPTION_HELP["--num-steps"])] = 20,
+    profile_turn: Annotated[int, typer.Option("--profile-turn", help=OPTION_HELP["--profile-turn"])] = 1,
+    port: Annotated[Optional[int], typer.Option("--port", help=OPTION_HELP["--port"])] = None,
+    health_timeout: Annotated[Optional[float], typer.Option("--health-timeout", help=OPTION_HELP["--health-timeout"])] = None,
+    profile_timeout: Annotated[float, typer.Option("--profile-timeout", help=OPTION_HELP["--profile-timeout"])] = 120.0,
+    traces_dir: Annotated[Path, typer.Option("--traces-dir", help=OPTION_HELP["--traces-dir"])] = Path("traces"),
+    reports_dir: Annotated[Path, typer.Option("--reports-dir", help=OPTION_HELP["--reports-dir"])] = Path("reports"),
+    catalog: Annotated[Optional[str], typer.Option("--catalog", help=OPTION_HELP["--catalog"])] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help=OPTION_HELP["--dry-run"])] = False,
     capture_only: Annotated[bool, typer.Option("--capture-only", help="Record traces and manifests only (attribute later with `profkit diff`).")] = False,
 ) -> None:
     """Run a set of optimizations one at a time, as a ladder, or leave-one-out; one attribution table.

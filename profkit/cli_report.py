@@ -59,11 +59,12 @@ def _catalog_for_effect(spec_catalog: Any, summary: dict[str, Any], rank: int) -
     return None
 
 
-def _write_text(path: Path, text: str) -> None:
+def _write_text(path: Path, text: str, *, announce: bool = True) -> None:
     from profkit.store import write_bytes_atomic
 
     write_bytes_atomic(path, text.encode("utf-8"))
-    err.print(f"wrote {escape(str(path))}")
+    if announce:
+        err.print(f"wrote {escape(str(path))}")
 
 
 @app.command()
@@ -118,23 +119,28 @@ def diff(
             baseline_repeats=b.repeats, candidate_repeats=c.repeats, rank=rank, labels=(lb, lc),
         )
         to_stdout = json_out == "-"
-        render_diff(d, err if to_stdout else out, top=top)
-        if json_out:
-            if to_stdout:
-                sys.stdout.write(json.dumps(d, indent=1, allow_nan=False) + "\n")
-            else:
-                from profkit.store import write_json_atomic
+        # the files first: a reader that stops early (`| head -3`) must not cost them
+        wrote: list[str] = []
+        if json_out and not to_stdout:
+            from profkit.store import write_json_atomic
 
-                write_json_atomic(Path(json_out), d)
-                err.print(f"wrote {escape(json_out)}")
+            write_json_atomic(Path(json_out), d)
+            wrote.append(json_out)
         if md is not None:
             from profkit.report.markdown import render_diff_markdown
 
-            _write_text(md, render_diff_markdown(d))
+            _write_text(md, render_diff_markdown(d), announce=False)
+            wrote.append(str(md))
         if html is not None:
             from profkit.report.html import render_report
 
-            _write_text(html, render_report(diffs=[d], cdn=cdn))
+            _write_text(html, render_report(diffs=[d], cdn=cdn), announce=False)
+            wrote.append(str(html))
+        render_diff(d, err if to_stdout else out, top=top)
+        if to_stdout:
+            sys.stdout.write(json.dumps(d, indent=1, allow_nan=False) + "\n")
+        for w in wrote:
+            err.print(f"wrote {escape(w)}")
 
 
 @app.command()

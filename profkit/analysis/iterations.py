@@ -27,9 +27,11 @@ WHOLE_TRACE = "<whole trace>"
 
 _STEP = re.compile(r"^step\[([A-Z_]+)(?:[^\]]*?\bbs=(\d+))?")
 _VLLM = re.compile(r"^execute_(?:\d+_)?context_(\d+)\(.*?\)_generation_(\d+)\(")
-_KIND = {"DECODE": "decode", "VERIFY": "verify", "TARGET_VERIFY": "verify", "EXTEND": "extend", "MIXED": "extend",
+_KIND = {"DECODE": "decode", "VERIFY": "verify", "TARGET_VERIFY": "verify", "EXTEND": "extend", "MIXED": "mixed",
          "SPLIT_PREFILL": "extend", "PREFILL": "extend"}
-_PRIORITY = {"verify": 0, "decode": 1, "extend": 2}
+_PRIORITY = {"verify": 0, "decode": 1, "mixed": 2, "extend": 3}
+GRAPH_CAPTURE = "graph_capture"  # an iteration that captured a CUDA/HIP graph: its launches were recorded, its kernels did not run
+_CAPTURE_BEGIN = re.compile(r"^(cuda|hip)StreamBeginCapture")
 
 ITERATIONS_SCHEMA = {
     "iteration": pl.Int64, "cpu_start_ns": pl.Int64, "cpu_end_ns": pl.Int64, "marker": pl.String,
@@ -80,7 +82,7 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
         if found.height == 0:
             raise NothingToAnalyze(
                 f"{trace.path}: no CPU event matches the iteration marker {marker!r}",
-                hint="list span names with `profkit analyze --marker` omitted, or check the regex",
+                hint=f"list the span names that could mark iterations, with counts: `profkit analyze {trace.path} --list-markers`",
             )
         used = marker
     else:
@@ -113,6 +115,20 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
     names = found["name"].to_list()
     cpu_end = starts[1:] + [ends[-1]]
     kinds, sizes = _kinds(cpu, names, starts, cpu_end)
+    if marker is not None:
+        # a user's marker: iterations with no engine step span inside are named after the marker
+        # ("decode_step iterations"), not "unknown"
+        own = marker_kind(names, marker)
+        kinds = [own if k == "unknown" else k for k in kinds]
+    captures = _captures(trace, starts, cpu_end)
+    if captures:
+        kinds = [GRAPH_CAPTURE if i in captures else k for i, k in enumerate(kinds)]
+        sizes = [None if i in captures else b for i, b in enumerate(sizes)]
+        warnings.append(
+            f"{len(captures)} of {len(starts)} iteration(s) capture a CUDA graph ({_CAPTURE_BEGIN.pattern[1:].replace('(cuda|hip)', 'cuda/hip')}): "
+            "their kernel launches were recorded into the graph, the kernels did not run, so their GPU time says nothing about the step; "
+            "profile a replayed step instead"
+        )
     frame = pl.DataFrame(
         {
             "iteration": list(range(len(starts))), "cpu_start_ns": starts, "cpu_end_ns": cpu_end, "marker": names,
@@ -124,15 +140,67 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
 
 
 def parse_kind(name: str) -> tuple[str | None, int | None]:
-    """(kind, batch size) from an SGLang `step[...]` or vLLM `execute_...` span name."""
+    """(kind, batch size) from an SGLang `step[...]` or vLLM `execute_...` span name. vLLM's
+    ``execute_<tokens>_context_<n>(...)_generation_<m>(...)`` is decode with no context request,
+    prefill (extend) with no generation request, else mixed; its batch size counts both."""
     m = _STEP.match(name)
     if m:
         return _KIND.get(m.group(1)), int(m.group(2)) if m.group(2) else None
     m = _VLLM.match(name)
     if m:
         ctx, gen = int(m.group(1)), int(m.group(2))
-        return ("decode" if ctx == 0 else "extend"), ctx + gen
+        return ("decode" if ctx == 0 else "extend" if gen == 0 else "mixed"), ctx + gen
     return None, None
+
+
+def marker_kind(names: list[str], marker: str) -> str:
+    """A name for iterations of a user's marker: the marked span's name with its numbers as N when
+    every marked span has the same such name (``decode_step``, ``ProfilerStep#N``), else the regex
+    without its anchors."""
+    forms = {re.sub(r"\d+", "N", n) for n in names}
+    if len(forms) == 1:
+        return next(iter(forms))[:60]
+    return marker.strip("^$")[:60] or "marked"
+
+
+def _captures(trace: Trace, starts: list[int], ends: list[int]) -> set[int]:
+    """Iterations whose window holds a graph-capture call (cudaStreamBeginCapture, hipStreamBeginCapture)."""
+    calls = trace.calls
+    if not calls.height:
+        return set()
+    ts = calls.filter(pl.col("name").str.contains(_CAPTURE_BEGIN.pattern))["ts_ns"].to_list()
+    out = set()
+    for t in ts:
+        i = bisect.bisect_right(starts, t) - 1
+        if 0 <= i < len(starts) and t < ends[i]:
+            out.add(i)
+    return out
+
+
+def list_markers(trace: Trace, *, limit: int = 25) -> list[dict[str, object]]:
+    """The CPU spans that could mark iterations, most frequent first: user annotations (any name)
+    and cpu ops that match the default chain, grouped with their numbers as N. Each: name (as
+    grouped), count, regex (for --marker), default (the chain's pick for this trace)."""
+    cpu = _marker_candidates(trace.cpu)
+    chain = "|".join(f"(?:{r})" for _, r in MARKER_CHAIN)
+    cand = cpu.filter((pl.col("cat") == "user_annotation") | pl.col("name").str.contains(chain))
+    groups: dict[tuple[str, ...], int] = {}
+    for n in cand["name"].to_list():
+        base = n.split("(")[0].split(" ")[0] if n.startswith(("step[", "execute_")) else n
+        parts = tuple(re.split(r"\d+", base))
+        groups[parts] = groups.get(parts, 0) + 1
+    picked = None
+    for _, regex in MARKER_CHAIN:
+        if _markers(cpu, regex).height:
+            picked = regex
+            break
+    out = []
+    for parts, n in sorted(groups.items(), key=lambda kv: (-kv[1], "N".join(kv[0])))[:limit]:
+        prefix = parts[0].startswith(("step[", "execute_"))
+        regex = "^" + r"\d+".join(re.escape(p).replace("\\#", "#") for p in parts) + ("" if prefix else "$")
+        example = "1".join(parts)
+        out.append({"name": "N".join(parts), "count": n, "regex": regex, "default": bool(picked and re.search(picked, example))})
+    return out
 
 
 def _kinds(cpu: pl.DataFrame, marker_names: list[str], starts: list[int], ends: list[int]) -> tuple[list[str], list[int | None]]:

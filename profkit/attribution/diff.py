@@ -115,8 +115,17 @@ def shape_of(it: Mapping[str, Any]) -> Shape:
     return (str(it.get("kind") or "unknown"), it.get("batch_size"))
 
 
+ENGINE_KINDS = ("decode", "extend", "verify", "mixed", "unknown")
+
+
 def shape_label(shape: Shape) -> str:
+    """``decode bs=4``, ``mixed bs=46``; a graph capture says its kernels did not run; iterations of
+    a user's --marker are named after it (``decode_step iterations``)."""
     kind, bs = shape
+    if kind == "graph_capture":
+        return "graph capture (kernels did not run)"
+    if kind not in ENGINE_KINDS:
+        kind = f"{kind} iterations"
     return kind if bs is None else f"{kind} bs={bs}"
 
 

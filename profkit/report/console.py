@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from profkit.attribution.diff import shape_label, shape_of
+from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
 from profkit.findings import (
     bubble_causes, cpu_ops_text, host_gap_text, idle_cpu_ops, largest_bubbles, outside_text, sync_groups,
 )
@@ -27,10 +29,11 @@ def render_summary(summary: dict[str, Any], console: Console, *, top: int = 10) 
 def _render_ranks(summary: dict[str, Any], console: Console, *, top: int) -> None:
     for r in summary["ranks"]:
         its = r["iterations"]
-        kinds = Counter(f"{i['kind']}" + (f" bs={i['batch_size']}" if i["batch_size"] is not None else "") for i in its)
+        kinds = Counter(shape_label(shape_of(i)) for i in its)
         console.print(
             f"[bold]rank {r['rank']}[/] {escape(r['device'] or '')}  [dim]{escape(r['path'])}[/]\n"
-            f"  {len(its)} iterations ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r['marker']))}[/]; catalog {escape(r['catalog'])}"
+            f"  {len(its)} iterations ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r['marker']))}[/]; catalog {escape(r['catalog'])}",
+            soft_wrap=True,
         )
         for line in filter(None, (host_gap_text(r), outside_text(r))):
             console.print(f"  [bold magenta]{escape(line)}[/]", soft_wrap=True)
@@ -59,49 +62,34 @@ def _render_ranks(summary: dict[str, Any], console: Console, *, top: int) -> Non
         cat = m.get("category_us") or {}
         total = sum(cat.values()) or 1.0
         if cat:
-            t = Table(title="time by category (median µs per iteration)", title_justify="left", box=None)
-            t.add_column("category")
-            t.add_column("µs", justify="right")
-            t.add_column("share", justify="right")
-            for k, v in sorted(cat.items(), key=lambda kv: -kv[1]):
-                t.add_row(escape(k), _f(v), f"{100 * v / total:.1f}%")
-            console.print(t)
+            console.print(fit_table(console, "time by category (median µs per iteration)", (("category", COPY), ("µs", NUM), ("share", NUM)),
+                                    [(k, _f(v), f"{100 * v / total:.1f}%") for k, v in sorted(cat.items(), key=lambda kv: -kv[1])]))
         by_cause = m.get("bubble_us_by_cause") or {}
         causes = bubble_causes(r)
         if causes and any(v["count"] for v in causes.values()):
-            t = Table(title="bubbles by cause (median µs per iteration; count over all iterations; CPU ops by the idle time inside the bubbles)",
-                      title_justify="left", box=None)
-            for c in ("cause", "µs", "count", "CPU was in"):
-                t.add_column(c, justify="right" if c in ("µs", "count") else "left")
-            for c, v in sorted(by_cause.items(), key=lambda kv: -kv[1]):
-                t.add_row(c, _f(v), str(causes.get(c, {}).get("count", 0)), escape(cpu_ops_text(idle_cpu_ops(r, c, 2))))
-            console.print(t)
+            console.print(fit_table(
+                console, "bubbles by cause (median µs per iteration; count over all iterations; CPU ops by the idle time inside the bubbles)",
+                (("cause", COPY), ("µs", NUM), ("count", NUM), ("CPU was in", TEXT)),
+                [(c, _f(v), str(causes.get(c, {}).get("count", 0)), cpu_ops_text(idle_cpu_ops(r, c, 2)))
+                 for c, v in sorted(by_cause.items(), key=lambda kv: -kv[1])]))
             big = largest_bubbles(r, top)
-            t = Table(title=f"largest bubbles (of {r.get('bubbles_total', len(r['bubbles']))})", title_justify="left", box=None)
-            for c in ("µs", "cause", "iteration", "CPU ops (exclusive µs inside the bubble)"):
-                t.add_column(c, justify="right" if c in ("µs", "iteration") else "left")
-            for b in big:
-                t.add_row(_f(b["dur_us"]), b["cause"], str(b["iteration"]), escape(cpu_ops_text(b["cpu_ops"])))
-            console.print(t)
+            console.print(fit_table(
+                console, f"largest bubbles (of {r.get('bubbles_total', len(r['bubbles']))}; CPU ops with their exclusive µs inside the bubble)",
+                (("µs", NUM), ("cause", COPY), ("iteration", NUM), ("CPU ops", TEXT)),
+                [(_f(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"])) for b in big]))
         groups = sync_groups(r)
         if groups:
-            t = Table(title="host syncs and blocking copies (all iterations)", title_justify="left", box=None)
-            cols = ["kind", "api", "dir", "trigger", "count", "blocked µs"] + (["Python frame"] if any(g["frame"] for g in groups) else [])
-            for c in cols:
-                t.add_column(c, justify="right" if c in ("count", "blocked µs") else "left")
-            for g in groups[:top]:
-                row = [g["kind"], escape(str(g["api"])), str(g["direction"]), escape(str(g["trigger"] or "?")), str(g["count"]), _f(g["blocked_us"])]
-                t.add_row(*row, *([escape(g["frame"] or "")] if len(cols) > 6 else []))
-            console.print(t)
+            frames = any(g["frame"] for g in groups)
+            cols = (("count", NUM), ("blocked µs", NUM), ("kind", COPY), ("dir", COPY), ("api", COPY), ("trigger", COPY)) + ((("Python frame", COPY),) if frames else ())
+            console.print(fit_table(console, "host syncs and blocking copies (all iterations)", cols, [
+                (str(g["count"]), _f(g["blocked_us"]), g["kind"], str(g["direction"]), str(g["api"]), str(g["trigger"] or "?"), *([g["frame"] or ""] if frames else []))
+                for g in groups[:top]]))
         if r["kernels"]:
             n_it = max(len(its), 1)
-            t = Table(title=f"top {'kernels' if r.get('device_timeline') != 'cpu' else 'aten ops'} (of {len(r['kernels'])})", title_justify="left", box=None)
-            for c in ("total µs", "per iter", "category", "name"):
-                t.add_column(c, justify="right" if c in ("per iter", "total µs") else "left", overflow="ellipsis", no_wrap=True,
-                             min_width=10 if c != "name" else 20, ratio=1 if c == "name" else None)
-            for k in r["kernels"][:top]:
-                t.add_row(_f(k["total_us"]), _f(k["count"] / n_it, 1), escape(k["category"] or "-"), escape(k["name"]))
-            console.print(t)
+            what = "kernels" if r.get("device_timeline") != "cpu" else "aten ops"
+            console.print(fit_table(console, f"top {what} (of {len(r['kernels'])}; names demangled, long ones cut in the middle)",
+                                    (("total µs", NUM), ("calls/iter", NUM), ("category", COPY), ("name", NAME)),
+                                    [(_f(k["total_us"]), _f(k["count"] / n_it, 1), k["category"] or "-", k["name"]) for k in r["kernels"][:top]]))
         for w in r["warnings"]:
             console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
 from profkit.report.console_diff import render_diff  # noqa: E402,F401  (diff tables live in console_diff; re-exported for callers)

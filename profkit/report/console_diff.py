@@ -9,8 +9,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from profkit.attribution.diff import decomposition_rows, headline, throughput_rows, within_noise
+from profkit.attribution.diff import decomposition_rows, headline, headline_lines, throughput_rows, within_noise
 from profkit.findings import cpu_ops_text
+from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
 
 
 def _f(x: float | None, digits: int = 1, *, sign: bool = False) -> str:
@@ -23,11 +24,13 @@ def _f(x: float | None, digits: int = 1, *, sign: bool = False) -> str:
 
 def _noise(diff: Mapping[str, Any], metric: str) -> str:
     w = within_noise(diff, metric)
-    return "" if w is None else ("[dim]within noise[/]" if w else "[bold]beyond noise[/]")
+    return "" if w is None else ("within noise" if w else "beyond noise")
 
 
 def render_diff(diff: Mapping[str, Any], console: Console, *, top: int = 10) -> None:
     b, c = diff["baseline"], diff["candidate"]
+    for line in headline_lines(diff):  # the headline first (what bounds it, its own effect, what else moved, throughput)
+        console.print(f"[bold]{escape(line)}[/]", soft_wrap=True)
     console.print(f"[bold]{escape(b['label'])}[/] → [bold]{escape(c['label'])}[/]"
                   + (f"  [cyan]{escape(diff['optimization'])}[/]" if diff.get("optimization") else ""))
     console.print(escape(headline(diff)))
@@ -55,65 +58,49 @@ def render_diff(diff: Mapping[str, Any], console: Console, *, top: int = 10) -> 
         console.print(f"[dim]{escape(noise.get('note', 'no noise estimate'))}[/]", soft_wrap=True)
 
     g = diff["decomposition"]["gpu_window_us"]
-    t = Table(title=f"change in mean GPU window per iteration ({escape(diff['shape']['label'])})", title_justify="left", box=None)
-    for col in ("term", "baseline µs", "candidate µs", "Δ µs", ""):
-        t.add_column(col, justify="left" if col in ("term", "") else "right")
+    rows: list[tuple[str, ...]] = []
     for group, term, delta, bv, cv in decomposition_rows(diff):
         metric = {"category": f"category_us.{term}", "overlap": "overlap_us", "idle": f"idle_us_by_cause.{term}"}[group]
         if group == "overlap":
             bv, cv = -(bv or 0), -(cv or 0)
             label = "− overlap"
         else:
-            label = escape(term if group == "category" else f"idle: {term.replace('_', ' ')}")
-        t.add_row(label, _f(bv), _f(cv), _f(delta, sign=True), _noise(diff, metric))
-    t.add_row("[bold]GPU window[/]", _f(g["baseline"]), _f(g["candidate"]), _f(g["delta"], sign=True), _noise(diff, "gpu_window_us"))
-    t.add_row("residual", "", "", _f(diff["decomposition"]["residual_us"], 3), "exact" if diff["decomposition"].get("exact") else "[red]inexact[/]")
-    console.print(t)
+            label = term if group == "category" else f"idle: {term.replace('_', ' ')}"
+        rows.append((label, _f(bv), _f(cv), _f(delta, sign=True), _noise(diff, metric)))
+    rows.append(("GPU window", _f(g["baseline"]), _f(g["candidate"]), _f(g["delta"], sign=True), _noise(diff, "gpu_window_us")))
+    rows.append(("residual", "", "", _f(diff["decomposition"]["residual_us"], 3), "exact" if diff["decomposition"].get("exact") else "inexact"))
+    console.print(fit_table(console, f"change in mean GPU window per iteration ({diff['shape']['label']})",
+                            (("term", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)), rows))
 
     ph = diff["decomposition"].get("phase_us") or {}
     if ph:
         sb, sc = diff["decomposition"]["baseline"].get("phase_us") or {}, diff["decomposition"]["candidate"].get("phase_us") or {}
-        t = Table(title="the same change in GPU time by phase (mean µs per iteration)", title_justify="left", box=None)
-        for col in ("phase", "baseline µs", "candidate µs", "Δ µs"):
-            t.add_column(col, justify="left" if col == "phase" else "right")
-        for k, d in ph.items():
-            t.add_row(escape(k), _f(sb.get(k)), _f(sc.get(k)), _f(d, sign=True))
-        console.print(t)
+        console.print(fit_table(console, "the same change in GPU time by phase (mean µs per iteration)",
+                                (("phase", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM)),
+                                [(k, _f(sb.get(k)), _f(sc.get(k)), _f(d, sign=True)) for k, d in ph.items()]))
 
-    t = Table(title="per iteration (medians)", title_justify="left", box=None)
-    for col in ("", "baseline", "candidate", "Δ", ""):
-        t.add_column(col, justify="left" if col == "" else "right")
-    for k, v in diff["counts"].items():
-        t.add_row(k.replace("_", " "), _f(v["baseline"], 0), _f(v["candidate"], 0), _f(v["delta"], 0, sign=True), _noise(diff, f"counts.{k}"))
-    console.print(t)
+    console.print(fit_table(console, "per iteration (medians)", (("count", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
+                            [(k.replace("_", " "), _f(v["baseline"], 0), _f(v["candidate"], 0), _f(v["delta"], 0, sign=True), _noise(diff, f"counts.{k}"))
+                             for k, v in diff["counts"].items()]))
     if diff.get("syncs"):
-        t = Table(title="host syncs and blocking copies per iteration", title_justify="left", box=None)
-        for col in ("kind", "api", "dir", "trigger", "baseline", "candidate", "Δ"):
-            t.add_column(col, justify="right" if col in ("baseline", "candidate", "Δ") else "left")
-        for s in diff["syncs"][:top]:
-            t.add_row(escape(s["kind"]), escape(s["api"]), escape(s["direction"]), escape(s["trigger"]), _f(s["baseline_per_iteration"], 2),
-                      _f(s["candidate_per_iteration"], 2), _f(s["delta"], 2, sign=True))
-        console.print(t)
+        console.print(fit_table(console, "host syncs and blocking copies per iteration",
+                                (("Δ", NUM), ("baseline", NUM), ("candidate", NUM), ("kind", COPY), ("dir", COPY), ("api", COPY), ("trigger", COPY)),
+                                [(_f(s["delta"], 2, sign=True), _f(s["baseline_per_iteration"], 2), _f(s["candidate_per_iteration"], 2),
+                                  s["kind"], s["direction"], s["api"], s["trigger"]) for s in diff["syncs"][:top]]))
     if diff.get("top_movers"):
-        t = Table(title="top movers (µs per iteration, normalized names)", title_justify="left", box=None)
-        for col in ("Δ µs", "baseline", "candidate", "category", "kernel"):
-            t.add_column(col, justify="left" if col in ("category", "kernel") else "right", overflow="ellipsis", no_wrap=col == "kernel")
-        for m in diff["top_movers"][:top]:
-            t.add_row(_f(m["delta_us"], sign=True), _f(m["baseline_us"]), _f(m["candidate_us"]), escape(m["category"]), escape(m["name"]))
-        console.print(t)
+        console.print(fit_table(console, "top movers (µs per iteration, normalized names)",
+                                (("Δ µs", NUM), ("baseline", NUM), ("candidate", NUM), ("category", COPY), ("kernel", NAME)),
+                                [(_f(m["delta_us"], sign=True), _f(m["baseline_us"]), _f(m["candidate_us"]), m["category"], m["name"])
+                                 for m in diff["top_movers"][:top]]))
     bub = diff.get("bubbles") or {}
     for side in ("baseline", "candidate"):
         v = bub.get(side) or {}
         if not v.get("largest"):
             continue
-        t = Table(title=f"largest bubbles: {escape(diff[side]['label'])} (CPU ops with their exclusive µs inside the bubble)",
-                  title_justify="left", box=None)
-        for col in ("µs", "cause", "iteration", "CPU ops"):
-            t.add_column(col, justify="right" if col in ("µs", "iteration") else "left")
-        for x in v["largest"][:5]:
-            t.add_row(_f(x["dur_us"]), escape(str(x["cause"])), str(x["iteration"]),
-                      escape(cpu_ops_text([(o["name"], o["us"]) for o in x["cpu_ops"]])))
-        console.print(t)
+        console.print(fit_table(console, f"largest bubbles: {diff[side]['label']} (CPU ops with their exclusive µs inside the bubble)",
+                                (("µs", NUM), ("cause", COPY), ("iteration", NUM), ("CPU ops", TEXT)),
+                                [(_f(x["dur_us"]), str(x["cause"]), str(x["iteration"]), cpu_ops_text([(o["name"], o["us"]) for o in x["cpu_ops"]]))
+                                 for x in v["largest"][:5]]))
     for key, what in (("kernels_added", "added"), ("kernels_removed", "removed")):
         ks = diff.get(key) or []
         if ks:

@@ -1,0 +1,142 @@
+"""Terminal tables that keep their numbers at any width (80 columns and up).
+
+Three kinds of column: numbers (never cut, never wrapped), names (kernel names: demangled, then cut
+in the middle with an ellipsis to what the numbers leave), and strings a user copies (switches, APIs,
+triggers, paths, CPU-op lists: never cut; folded onto more lines when they do not fit). Rich draws
+the table; this module only decides the widths before it does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from collections.abc import Sequence
+from functools import lru_cache
+
+from rich.cells import cell_len
+from rich.console import Console, Group, RenderableType
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+NUM, NAME, COPY, TEXT = "num", "name", "copy", "text"
+MIN_NAME = 16
+ELLIPSIS = "…"
+
+
+@lru_cache(maxsize=1)
+def _cxa_demangle():  # the C++ runtime's own demangler (libstdc++), through ctypes: no dependency
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("stdc++") or "libstdc++.so.6")
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+        f = lib.__cxa_demangle
+        f.restype = ctypes.c_void_p
+        f.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+        libc.free.argtypes = [ctypes.c_void_p]
+        return f, libc.free
+    except (OSError, AttributeError):
+        return None
+
+
+@lru_cache(maxsize=4096)
+def demangle(name: str) -> str:
+    """An Itanium-mangled C++ name (``_Z...``) as C++ (libstdc++'s __cxa_demangle); any other name,
+    or one the runtime cannot demangle (or no libstdc++), unchanged."""
+    if not name.startswith("_Z"):
+        return name
+    fns = _cxa_demangle()
+    if fns is None:
+        return name
+    f, free = fns
+    status = ctypes.c_int(1)
+    try:
+        p = f(name.encode("utf-8", "replace"), None, None, ctypes.byref(status))
+    except (ValueError, OSError):
+        return name
+    if not p:
+        return name
+    try:
+        return ctypes.string_at(p).decode("utf-8", "replace") if status.value == 0 else name
+    finally:
+        free(p)
+
+
+def middle_ellipsis(text: str, width: int) -> str:
+    """`text` in at most `width` cells: its head and tail kept, the middle replaced by one ``…``."""
+    if cell_len(text) <= width:
+        return text
+    if width <= 1:
+        return ELLIPSIS[:width]
+    keep = width - 1
+    head = (keep + 1) // 2
+    tail = keep - head
+    return text[:head] + ELLIPSIS + (text[-tail:] if tail else "")
+
+
+def fit_table(console: Console, title: str | None, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[object]],
+              *, width: int | None = None) -> RenderableType:
+    """A rich Table whose NUM columns keep every digit at the console's width.
+
+    `columns`: (header, kind) with kind NUM, NAME, COPY or TEXT; `rows`: plain strings (not markup;
+    escaped here). NAME cells are demangled and cut in the middle to the width the other columns
+    leave (at least MIN_NAME); TEXT cells wrap at spaces. When a COPY column cannot have its full
+    width, the table becomes one block per row: the row's other columns, then its COPY strings
+    whole on a line of their own ("api: cudaStreamSynchronize · trigger: aten::item")."""
+    width = width or console.width
+    cells = [["" if v is None else str(v) for v in r] for r in rows]
+    natural = [max([cell_len(h)] + [cell_len(r[i]) for r in cells]) for i, (h, _) in enumerate(columns)]
+    kinds = [k for _, k in columns]
+    pad = 2 * len(columns)
+    fixed = sum(w for w, k in zip(natural, kinds) if k == NUM)
+    flex = [i for i, k in enumerate(kinds) if k != NUM]
+    room = max(width - pad - fixed, sum(MIN_NAME if kinds[i] == NAME else 4 for i in flex))
+    # share the room among the non-number columns: each gets what it needs if all fit, else a fair share
+    share = dict.fromkeys(flex, 0)
+    left, todo = room, sorted(flex, key=lambda i: natural[i])
+    while todo:
+        fair = left // len(todo)
+        i = todo.pop(0)
+        w = min(natural[i], max(fair, MIN_NAME if kinds[i] == NAME else 4))
+        share[i] = w
+        left -= w
+    over = [i for i in flex if kinds[i] == COPY and share[i] < natural[i]]
+    if over:
+        return _blocks(title, columns, cells, natural, over, width)
+    t = Table(box=None)  # the title goes above as a line of its own: a table's title wraps at the table's width
+    for i, (h, k) in enumerate(columns):
+        if k == NUM:
+            t.add_column(escape(h), justify="right", no_wrap=True, min_width=natural[i])
+        elif k == NAME:
+            t.add_column(escape(h), no_wrap=True, width=share[i], overflow="ellipsis")
+        else:
+            t.add_column(escape(h), width=share[i], overflow="fold")
+    for r in cells:
+        out = []
+        for i, v in enumerate(r):
+            if kinds[i] == NAME:
+                v = middle_ellipsis(demangle(v), share[i])
+            out.append(Text(v))
+        t.add_row(*out)
+    if not title:
+        return t
+    return Group(Text(title, style="italic"), t)
+
+
+def _blocks(title: str | None, columns: Sequence[tuple[str, str]], cells: list[list[str]], natural: list[int], over: list[int],
+            width: int) -> RenderableType:
+    """One block per row: a table of the columns that fit (fixed widths, so the blocks line up),
+    then the long COPY strings of that row on their own indented line, never cut."""
+    keep = [i for i in range(len(columns)) if i not in over]
+    parts: list[RenderableType] = []
+    if title:
+        parts.append(Text(title, style="italic"))
+    for n, r in enumerate(cells):
+        t = Table(box=None, show_header=n == 0)
+        for i in keep:
+            h, k = columns[i]
+            w = natural[i] if k != NAME else max(MIN_NAME, min(natural[i], width - 2 * len(keep) - sum(natural[j] for j in keep if j != i)))
+            t.add_column(escape(h), justify="right" if k == NUM else "left", no_wrap=True, width=w, overflow="ellipsis")
+        t.add_row(*(Text(middle_ellipsis(demangle(r[i]), natural[i]) if columns[i][1] == NAME else r[i]) for i in keep))
+        parts.append(t)
+        parts.append(Text("    " + " · ".join(f"{columns[i][0]}: {r[i]}" for i in over if r[i]), overflow="fold"))
+    return Group(*parts)
