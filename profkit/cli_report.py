@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from profkit.cli import app, err, out, user_errors
-from profkit.errors import ProfkitError, TraceInputError
+from profkit.errors import ProfkitError, TraceInputError, UsageError
 
 Marker = Annotated[Optional[str], typer.Option("--marker", help="Regex for the CPU span that opens one iteration, for inputs analyzed now (traces).")]
 MinBubble = Annotated[float, typer.Option("--min-bubble-us", min=0.0, help="Shortest GPU idle gap counted as a bubble, for inputs analyzed now.")]
@@ -28,20 +28,53 @@ def _safe(name: str) -> str:
     return re.sub(r"[^\w.-]+", "_", name).strip("_")[:80] or "run"
 
 
-def _catalog_from_manifests(*paths: Path) -> Any:
-    """The catalog a run's manifest implies (profkit's proxy engine -> proxy), else None (auto)."""
-    from profkit.catalog import load_catalog
+def manifest_catalog_name(paths: Any) -> str | None:
+    """The catalog a run's manifest implies, from its target (profkit's proxy engine -> proxy;
+    SGLang running a GLM-5.x preset or model -> sglang-glm52), else None (pick by kernel names).
+    The manifest: the run folder's manifest.json, one beside the trace, or <trace stem>.manifest.json."""
+    from profkit.attribution.diff import short_label
 
     for p in paths:
         p = Path(p)
-        for m in ((p / "manifest.json",) if p.is_dir() else (p.parent / "manifest.json",)):
+        cands = (p / "manifest.json",) if p.is_dir() else (p.parent / "manifest.json", p.with_name(f"{short_label(p.name)}.manifest.json"))
+        for m in cands:
             try:
-                target = json.loads(m.read_text()).get("target")
-            except (OSError, ValueError, AttributeError):
+                doc = json.loads(m.read_text())
+            except (OSError, ValueError):
                 continue
+            if not isinstance(doc, dict):
+                continue
+            target = doc.get("target")
             if target == "proxy":
-                return load_catalog("proxy")
+                return "proxy"
+            if target == "sglang" and "glm" in json.dumps([doc.get("preset"), doc.get("model_path"), doc.get("model")]).lower():
+                return "sglang-glm52"
     return None
+
+
+def _catalog_from_manifests(*paths: Path) -> Any:
+    """The catalog the runs' manifests imply (manifest_catalog_name), loaded, else None (auto)."""
+    from profkit.catalog import load_catalog
+
+    name = manifest_catalog_name(paths)
+    if name:
+        err.print(f"[dim]catalog {name}: from the run manifest's target (--catalog to choose another)[/]")
+        return load_catalog(name)
+    return None
+
+
+def _align_single_ranks(b: Any, c: Any, rank: int | None) -> tuple[int, list[str]]:
+    """Two single-rank sides are compared whatever their ranks (rank 3 of one run against rank 1
+    of another): the candidate's rank entry is renumbered to the baseline's, and said. Else --rank
+    (default 0) on both."""
+    rb, rc = b.summary.get("ranks") or [], c.summary.get("ranks") or []
+    if rank is None and len(rb) == 1 and len(rc) == 1 and not b.repeats and not c.repeats:
+        want, have = rb[0].get("rank"), rc[0].get("rank")
+        if want != have:
+            c.summary = {**c.summary, "ranks": [{**rc[0], "rank": want}]}
+            return want, [f"single-rank sides: rank {want} of the baseline compared with rank {have} of the candidate"]
+        return want, []
+    return (0 if rank is None else rank), []
 
 
 def _catalog_for_effect(spec_catalog: Any, summary: dict[str, Any], rank: int) -> Any:
@@ -78,9 +111,11 @@ def diff(
     json_out: Annotated[Optional[str], typer.Option("--json", help="Write diff.json (schema v1) to FILE, or '-' for stdout.")] = None,
     marker: Marker = None,
     min_bubble_us: MinBubble = 2.0,
-    rank: Annotated[int, typer.Option("--rank", help="Which rank to compare.")] = 0,
+    rank: Annotated[Optional[int], typer.Option("--rank", help="Which rank to compare (default 0; two single-rank sides are compared whatever their ranks).")] = None,
+    allow_shape_mismatch: Annotated[bool, typer.Option("--allow-shape-mismatch", help="Compare sides that share no iteration shape (kind, batch size), mixing shapes; refused without it.")] = False,
     cdn: Cdn = False,
     top: Annotated[int, typer.Option("--top", help="How many movers and sync groups to print.")] = 10,
+    capture: Annotated[Optional[list[Path]], typer.Option("--capture", help="Graph-capture profile(s) for the replayed kernels' categories (default: graph_capture_profile/ of each run folder).")] = None,
 ) -> None:
     """Attribute the change between two runs: per-category time, overlap and idle by bubble cause
     (exact, mean per iteration), launches and syncs per iteration, kernels added and removed, and
@@ -97,7 +132,7 @@ def diff(
 
     with user_errors():
         cat = load_catalog(catalog) if catalog else _catalog_from_manifests(before, after)
-        opts = AnalyzeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=cat)
+        opts = AnalyzeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=cat, captures=capture or None)
         b = load_side(before, opts)
         c = load_side(after, opts)
         if cat is None:
@@ -107,17 +142,28 @@ def diff(
             specific = sorted(n for n in names if n and n != "generic")
             if len(names) > 1 and specific:
                 cat = load_catalog(specific[0])
-                opts = AnalyzeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=cat)
+                opts = AnalyzeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=cat, captures=capture or None)
                 b, c = load_side(before, opts), load_side(after, opts)
                 if {s.summary["ranks"][0].get("catalog") for s in (b, c)} != {cat.name}:
                     err.print(f"[yellow]warning:[/] the two sides were categorized with different kernel catalogs; "
                               f"pass --catalog {cat.name} when analyzing them", soft_wrap=True)
         lb, lc = (b.label, c.label) if b.label != c.label else (f"{b.label} (before)", f"{c.label} (after)")
         opt_name = opt or infer_optimization(b.manifest, c.manifest)
+        rank, notes = _align_single_ranks(b, c, rank)
         d = compare_summaries(
             b.summary, c.summary, opt=opt_name, catalog=_catalog_for_effect(cat, c.summary, rank) if opt_name else None,
             baseline_repeats=b.repeats, candidate_repeats=c.repeats, rank=rank, labels=(lb, lc),
         )
+        if d["shape"].get("kind") is None:
+            have = "; ".join(f"{side}: {', '.join(d[side].get('shapes') or {}) or 'none'}" for side in ("baseline", "candidate"))
+            if not allow_shape_mismatch:
+                raise UsageError(f"the two sides share no iteration shape ({have}): comparing them would mix shapes",
+                                 hint="compare runs of the same shape, or pass --allow-shape-mismatch to compare all iterations anyway")
+            notes.append(f"the two sides share no iteration shape ({have}); comparing all iterations (--allow-shape-mismatch)")
+        d.setdefault("warnings", [])
+        d["warnings"][:0] = [n for n in notes if n not in d["warnings"]]
+        for n in notes:  # before every table: the reader must know what is compared
+            err.print(f"[yellow]warning:[/] {escape(n)}", soft_wrap=True)
         to_stdout = json_out == "-"
         # the files first: a reader that stops early (`| head -3`) must not cost them
         wrote: list[str] = []

@@ -24,6 +24,7 @@ class AnalyzeOptions:
     marker: str | None = None
     min_bubble_us: float = 2.0
     catalog: Any = None  # a Catalog, or None to pick by kernel names
+    captures: list[Path] | None = None  # graph-capture profiles (--capture); None: graph_capture_profile/ beside the traces
 
 
 @dataclass
@@ -89,7 +90,10 @@ def analyze_paths(paths: list[Path], opts: AnalyzeOptions) -> dict[str, Any]:
     from profkit.analysis.parallel import analyze_paths as analyze_files
     from profkit.analysis.summary import build_summary
 
-    analyses = analyze_files(paths, marker=opts.marker, min_bubble_us=opts.min_bubble_us, catalog=opts.catalog)
+    from profkit.analysis.graphs import find_capture_files
+
+    caps = list(opts.captures) if opts.captures else find_capture_files(paths)
+    analyses = analyze_files(paths, marker=opts.marker, min_bubble_us=opts.min_bubble_us, catalog=opts.catalog, captures=caps or None)
     summary = build_summary(analyses, marker=opts.marker)
     if len(analyses) > 1:
         from profkit.analysis.ranks import cross_rank
@@ -146,7 +150,9 @@ def load_side(path: Path, opts: AnalyzeOptions) -> Side:
         if manifest is not None and "manifest" not in doc:
             doc["manifest"] = manifest  # a new key in the in-memory summary: reports and diff.json carry it
         return Side(path, _label(path), doc, [], manifest)
-    repeat_dirs = sorted(p for p in path.iterdir() if p.is_dir() and p.name.startswith("repeat"))
+    # repeats: repeat-*/ folders, or the profile windows of one run (window-<i>/, `trace --profile-windows`)
+    repeat_dirs = sorted((p for p in path.iterdir() if p.is_dir() and p.name.startswith(("repeat", "window-"))),
+                         key=lambda p: (p.name.split("-")[0], int(p.name.split("-")[1]) if p.name.split("-")[-1].isdigit() else 0, p.name))
     summaries: list[dict[str, Any]] = []
     for d in repeat_dirs:
         s = d / "summary.json"

@@ -12,10 +12,13 @@ from typing import Any
 from profkit.analysis.rank import RankAnalysis, analyze_trace
 
 
-def _options(marker: str | None, min_bubble_us: float, catalog: Any) -> dict[str, Any]:
+def _options(marker: str | None, min_bubble_us: float, catalog: Any, captures: Any = None) -> dict[str, Any]:
     from profkit.ingest.cache import catalog_identity
 
-    return {"marker": marker, "min_bubble_us": repr(float(min_bubble_us)), "catalog": catalog_identity(catalog)}
+    out = {"marker": marker, "min_bubble_us": repr(float(min_bubble_us)), "catalog": catalog_identity(catalog)}
+    if captures is not None:  # the graph-capture profiles change the categories of replayed ops
+        out["graph_captures"] = captures.identity
+    return out
 
 
 def _cached_analysis(path: Path, default_rank: int, options: dict[str, Any]) -> tuple[RankAnalysis, int] | None:
@@ -37,7 +40,7 @@ def _cached_analysis(path: Path, default_rank: int, options: dict[str, Any]) -> 
         rank=rank if f["rank_from_trace"] else default_rank, device=f["device"], path=path, marker=f["marker"],
         catalog=f["catalog"], t0_ns=int(f["t0_ns"]), warnings=list(f["warnings"]), device_timeline=f["device_timeline"],
         input_sha256=f["input_sha256"], phases=phases, outside={k: int(v) for k, v in f["outside"].items()},
-        device_records=f["device_records"], **frames,
+        device_records=f["device_records"], graph_capture=f.get("graph_capture"), **frames,
     )
     return a, int(f["n_ingest_warnings"])
 
@@ -53,6 +56,7 @@ def _store_analysis(path: Path, a: RankAnalysis, n_ingest_warnings: int, rank_fr
         "rank": a.rank, "rank_from_trace": rank_from_trace, "device": a.device, "marker": a.marker, "catalog": a.catalog,
         "t0_ns": a.t0_ns, "warnings": list(a.warnings), "device_timeline": a.device_timeline, "input_sha256": a.input_sha256,
         "n_ingest_warnings": n_ingest_warnings, "outside": dict(a.outside), "device_records": a.device_records,
+        "graph_capture": a.graph_capture,
         # small (iterations x phases): kept with the fields rather than as a frame of its own
         "phases": [list(r) for r in a.phases.select("iteration", "phase", "dur_ns").iter_rows()],
     }
@@ -69,7 +73,7 @@ def _rank_from_trace(t: Any, default_rank: int) -> bool:
 
 
 def _load_and_analyze(path: Path, default_rank: int, cache: bool, marker: str | None, min_bubble_us: float,
-                      catalog: Any, options: dict[str, Any]) -> tuple[RankAnalysis, int]:
+                      catalog: Any, options: dict[str, Any], captures: Any = None) -> tuple[RankAnalysis, int]:
     from profkit.ingest import load_trace
 
     from profkit.ingest import cache as pcache
@@ -81,14 +85,15 @@ def _load_and_analyze(path: Path, default_rank: int, cache: bool, marker: str | 
             return hit
     t = load_trace(path, default_rank=default_rank, cache=cache, defer_cache_write=True)
     n = len(t.warnings)
-    a = analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog)
+    a = analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog, captures=captures)
     if cache:
         _store_analysis(path, a, n, _rank_from_trace(t, default_rank), options)
     return a, n
 
 
 def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Any = None,
-                  cache: bool | None = None, jobs: int | None = None, min_parallel_bytes: int | None = None) -> list[RankAnalysis]:
+                  cache: bool | None = None, jobs: int | None = None, min_parallel_bytes: int | None = None,
+                  captures: Any = None) -> list[RankAnalysis]:
     """Files or run folders -> one RankAnalysis per rank file, sorted by rank (see module doc).
 
     cache: None = on unless PROFKIT_NO_CACHE is set. jobs: worker processes (default: the cores,
@@ -103,7 +108,11 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
     use_cache = (not pcache.cache_disabled_by_env()) if cache is None else cache
     jobs = default_jobs(len(files)) if jobs is None else max(1, jobs)
     threshold = PARALLEL_MIN_BYTES if min_parallel_bytes is None else min_parallel_bytes
-    options = _options(marker, min_bubble_us, catalog)
+    if captures is not None and not hasattr(captures, "graphs"):  # paths: graph-capture profiles (analysis/graphs.py)
+        from profkit.analysis.graphs import load_captures
+
+        captures = load_captures([Path(p) for p in captures])
+    options = _options(marker, min_bubble_us, catalog, captures)
     t_start = time.perf_counter()
 
     done: list[tuple[RankAnalysis, int] | None] = [None] * len(files)
@@ -117,7 +126,7 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
     if todo and jobs > 1 and len(todo) > 1 and big:
         ex = make_executor(min(jobs, len(todo)))
         try:
-            futs = {i: ex.submit(_load_and_analyze, files[i], i, use_cache, marker, min_bubble_us, catalog, options)  # type: ignore[union-attr]
+            futs = {i: ex.submit(_load_and_analyze, files[i], i, use_cache, marker, min_bubble_us, catalog, options, captures)  # type: ignore[union-attr]
                     for i in todo}
             for i, fut in futs.items():
                 done[i] = fut.result()
@@ -138,7 +147,7 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
         for i in todo:
             t = traces.pop(i)
             n = len(t.warnings)
-            a = analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog)
+            a = analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog, captures=captures)
             if cached_ok[i]:
                 _store_analysis(files[i], a, n, _rank_from_trace(t, i), options)
             done[i] = (a, n)

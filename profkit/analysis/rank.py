@@ -69,6 +69,7 @@ class RankAnalysis:
     # no_launch_in_trace; plus device_busy_ns, the device's busy union over the whole trace
     outside: dict[str, int] = field(default_factory=dict)
     device_records: str = "present"  # "missing": launch calls but no GPU activity records; "none": CPU-only
+    graph_capture: dict[str, Any] | None = None  # analysis/graphs.py: replayed ops mapped to their capture (with a capture profile)
 
 
 def cpu_as_device(trace: Trace, iterations: pl.DataFrame) -> Trace:
@@ -115,7 +116,8 @@ def gpu_by_time(trace: Trace) -> Trace:
     return replace(trace, gpu_ops=ops, calls=calls)
 
 
-def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Any = None) -> RankAnalysis:
+def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Any = None,
+                  captures: Any = None) -> RankAnalysis:
     """Analyze one rank. `catalog`: a profkit.catalog.Catalog, or None to auto-pick by kernel names."""
     from profkit.catalog import auto_catalog
 
@@ -151,7 +153,13 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     owned_names = ops.filter(pl.col("iteration").is_not_null())["name"].unique().to_list() if ops.height else []
     if catalog is None:
         catalog = auto_catalog(owned_names)
-    ops = _classify(ops, calls, trace, catalog)
+    ops = _classify(ops, calls, trace, catalog, captures)
+    gcap = trace.meta.pop("_graph_capture", None)
+    if gcap is not None and gcap["replays_refused"]:
+        warnings.append(
+            f"graph capture: {gcap['replays_refused']} of {gcap['replays']} graph replays match no captured graph "
+            f"({'; '.join(r['why'] for r in gcap['refused'][:3])}); their {gcap['unmapped_us']:,.1f} µs keep the name rules, "
+            f"{gcap['unmapped_other_us']:,.1f} µs of it in \"other\"")
     ops = ops.with_columns(op_phases(ops, trace.cpu))
     owned = ops.filter(pl.col("iteration").is_not_null())
 
@@ -192,7 +200,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls,
         ops=owned, bubbles=bubbles, syncs=syncs, phases=phases, warnings=warnings,
         device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None), outside=outside,
-        device_records=device_records,
+        device_records=device_records, graph_capture=gcap,
     )
 
 
@@ -229,7 +237,7 @@ def _own_ops(gpu_ops: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
     return gpu_ops.join(launches, on="correlation", how="left").sort("ts_ns")
 
 
-def _classify(owned: pl.DataFrame, calls: pl.DataFrame, trace: Trace, catalog: Any) -> pl.DataFrame:
+def _classify(owned: pl.DataFrame, calls: pl.DataFrame, trace: Trace, catalog: Any, captures: Any = None) -> pl.DataFrame:
     if owned.height == 0:
         return owned.with_columns(pl.lit(None, pl.String).alias("category"), pl.lit(None, pl.String).alias("owner"),
                                   pl.lit(None, pl.String).alias("annotation"))
@@ -249,8 +257,16 @@ def _classify(owned: pl.DataFrame, calls: pl.DataFrame, trace: Trace, catalog: A
             for p, i in zip(pos.to_list(), idx):
                 if i is not None:
                     ann[p] = names[i]
+    mask = None
+    if captures is not None:  # graph-replayed ops take their capture-time ranges (analysis/graphs.py)
+        from profkit.analysis import graphs
+
+        ann, mask, gstats = graphs.apply(owned, trace, captures, ann.to_list() if isinstance(ann, pl.Series) else ann)
     owned = owned.with_columns(ann if isinstance(ann, pl.Series) else pl.Series("annotation", ann, dtype=pl.String))
-    return catalog.classify_frame(owned)
+    out = catalog.classify_frame(owned)
+    if mask is not None:
+        trace.meta["_graph_capture"] = graphs.finish_stats(gstats, out, mask, captures)
+    return out
 
 
 def _launch_annotations(ops: pl.DataFrame, spans: pl.DataFrame) -> pl.Series | None:

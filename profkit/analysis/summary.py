@@ -124,6 +124,7 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, An
         "catalog": a.catalog,
         "device_timeline": a.device_timeline,
         "device_records": a.device_records,
+        **({"graph_capture": a.graph_capture} if a.graph_capture is not None else {}),
         "t0_us": _us(a.t0_ns),
         "iterations": records,
         "median": medians(records),

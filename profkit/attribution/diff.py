@@ -310,6 +310,8 @@ def _repeat_metrics(summary: Mapping[str, Any], rank: int, shape: Shape | None) 
         out[f"category_us.{k}"] = _us(v)
     for k, v in m["idle_by"].items():
         out[f"idle_us_by_cause.{k}"] = _us(v)
+    for k, v in m["phases"].items():
+        out[f"phase_us.{k}"] = _us(v)
     for k, v in _counts(its).items():
         out[f"counts.{k}"] = float(v or 0)
     return out  # type: ignore[return-value]
@@ -325,7 +327,7 @@ def _noise(base_reps: Sequence[Mapping[str, Any]], cand_reps: Sequence[Mapping[s
         return {
             "available": False,
             "repeats": {"baseline": len(bm), "candidate": len(cm)},
-            "note": "no noise estimate: each side ran once; profile with --repeat N (N >= 2) to tell changes from run-to-run noise",
+            "note": "not judged: one profile window per side, so no noise estimate; profile with --profile-windows N (N >= 2)",
         }
     metrics: dict[str, Any] = {}
     keys = sorted({k for m in bm + cm for k in m})
@@ -385,8 +387,8 @@ def _expected_effect(opt: str | None, catalog: Any, base: dict[str, Any], cand: 
         nm = (noise.get("metrics") or {}).get(f"category_us.{cat}") if use_noise else None
         if nm is not None:
             exceeds = abs(float(nm["delta"])) >= nm["spread"] and abs(d) >= ABS_THRESHOLD_NS
-        else:
-            exceeds = abs(d) > ABS_THRESHOLD_NS and (b == 0 or abs(d) > REL_THRESHOLD * b)
+        else:  # one profile window a side: no noise estimate, so the change is not judged (never flagged)
+            exceeds = False
         pct = float(d / b * 100) if b else None
         flagged = (not inside) and exceeds
         changes.append({
@@ -398,9 +400,26 @@ def _expected_effect(opt: str | None, catalog: Any, base: dict[str, Any], cand: 
             how = f"by {pct:+.1f}%" if pct is not None else f"by {_us(d):+.1f} µs (absent in the baseline)"
             flags.append(f"{opt} changed {cat} time {how}, outside its categories ({_us(d):+.1f} µs per iteration)")
     changes.sort(key=lambda ch: -abs(ch["delta_us"]))
+    metrics = noise.get("metrics") or {}
+
+    def term(key: str, d_ns: Fraction) -> dict[str, Any]:
+        nm = metrics.get(key)
+        return {"term": key, "delta_us": _us(d_ns), "spread_us": None if nm is None else nm["spread"],
+                "within_noise": None if nm is None else bool(nm["within_noise"])}
+
+    # its own effect first: the owned categories (expected to shrink), then what else moved beyond the noise
+    own = [{**term(f"category_us.{c}", cand["cats"].get(c, Fraction(0)) - base["cats"].get(c, Fraction(0))), "expected": "decrease"}
+           for c in owned]
+    elsewhere = [term(f"category_us.{c}", cand["cats"].get(c, Fraction(0)) - base["cats"].get(c, Fraction(0)))
+                 for c in sorted(set(base["cats"]) | set(cand["cats"])) if c not in owned]
+    elsewhere += [term(f"idle_us_by_cause.{k}", cand["idle_by"][k] - base["idle_by"][k]) for k in IDLE_KEYS]
+    beyond = sorted((t for t in elsewhere if t["within_noise"] is False and abs(t["delta_us"]) >= ABS_THRESHOLD_NS / 1000),
+                    key=lambda t: -abs(t["delta_us"]))
     return {
         "optimization": opt, "known": True, "catalog": cat_name, "categories": owned,
-        "threshold": "the noise (spread over repeats) and 1 µs" if use_noise else f"{REL_THRESHOLD:.0%} of the baseline and {ABS_THRESHOLD_NS / 1000:g} µs per iteration",
+        "judged": use_noise,
+        "threshold": "the noise (spread over profile windows) and 1 µs" if use_noise else "not judged: one profile window per side (no noise estimate)",
+        "own": own, "beyond_noise": beyond,
         "changes": changes, "flags": flags, "ok": not flags,
     }
 
@@ -420,6 +439,7 @@ def _side_info(summary: Mapping[str, Any], rank: Mapping[str, Any], its: Sequenc
         "inputs": inputs,
         "rank": rank.get("rank"),
         "device": rank.get("device"),
+        "device_timeline": rank.get("device_timeline", "gpu"),  # "cpu": a CPU-only run (aten ops stand in for device ops)
         "catalog": rank.get("catalog"),
         "marker": rank.get("marker", summary.get("marker")),
         "iterations": {"total": len(all_its), "used": [i["index"] for i in its]},
@@ -562,6 +582,8 @@ def compare_summaries(
         "top_movers": movers[:TOP_MOVERS],
         "expected_effect": expected,
         "noise": noise,
+        "stability": {"baseline": stability(list(baseline_repeats) or [baseline], rank, shape),
+                      "candidate": stability(list(candidate_repeats) or [candidate], rank, shape)},
         "warnings": warnings,
         # for reports, so that `profkit report diff.json` needs nothing else
         "timelines": {"baseline": rb.get("timeline"), "candidate": rc.get("timeline")},
@@ -655,6 +677,75 @@ def headline(diff: Mapping[str, Any]) -> str:
     parts = [f"{diff['shape']['label']}: wall {w['baseline']:,.1f} → {w['candidate']:,.1f} µs per iteration ({_pct(w)})"]
     parts.append(f"GPU window {g['baseline']:,.1f} → {g['candidate']:,.1f} µs ({_pct(g)})")
     return "; ".join(parts)
+
+
+def headline_lines(diff: Mapping[str, Any]) -> list[str]:
+    """The report headline (issue 19; plain text, renderers escape it): what bounds the iteration, what the
+    optimization did to its own categories and phase, what else moved beyond noise, the unprofiled
+    throughput change with its spread, and the regime warnings (exploration baseline, unstable windows)."""
+    lines: list[str] = []
+    dec = diff["decomposition"]
+    c = dec["candidate"]
+    idle = c.get("idle_us_by_cause") or {}
+    win = c.get("gpu_window_us") or 0.0
+    busy = c.get("gpu_busy_us") or 0.0
+    cause, us = max(((k, idle.get(k) or 0.0) for k in ("launch", "sync", "iteration_boundary", "gpu_wait")), key=lambda kv: kv[1])
+    if win and busy >= 0.8 * win:
+        bound = f"GPU-bound (busy {busy:,.0f} of {win:,.0f} µs)"
+    else:
+        name = {"launch": "launch-bound", "sync": "sync-bound", "iteration_boundary": "scheduler-bound", "gpu_wait": "dependency-bound"}[cause]
+        bound = f"{name} ({cause} idle {us:,.0f} µs of a {win:,.0f} µs GPU window; busy {busy:,.0f} µs)"
+    lines.append(f"The candidate's iteration is {bound}; {headline(diff)}.")
+    ee = diff.get("expected_effect") or {}
+    if ee.get("known"):
+        own = ", ".join(f"{t['term'].split('.', 1)[1]} {t['delta_us']:+,.1f} µs" + (f" (spread {t['spread_us']:,.1f})" if t.get("spread_us") is not None else "")
+                        + (" within noise" if t.get("within_noise") else "") for t in ee.get("own") or []) or "no kernel category of its own"
+        ph = dec.get("phase_us") or {}
+        top = max(ph.items(), key=lambda kv: abs(kv[1]), default=None)
+        phase = f"; largest phase change {top[0]} {top[1]:+,.1f} µs" if top else ""
+        lines.append(f"{ee['optimization']}: {own}{phase}.")
+        if not ee.get("judged"):
+            lines.append("Changes are not judged: one profile window per side (no noise estimate).")
+        else:
+            beyond = ee.get("beyond_noise") or []
+            lines.append("Beyond noise elsewhere: " + (", ".join(f"{t['term'].replace('category_us.', '').replace('idle_us_by_cause.', 'idle: ')} {t['delta_us']:+,.1f} µs"
+                                                                   for t in beyond[:5]) or "nothing") + ".")
+    tp = [r for r in throughput_rows(diff) if r["key"] == "tokens_per_s_per_user_p50"]
+    if tp and tp[0]["change_pct"] is not None:
+        r = tp[0]
+        noise = "" if r["within_noise"] is None else (" (within noise)" if r["within_noise"] else " (beyond noise)")
+        lines.append(f"Unprofiled tokens/s per user {r['baseline']:,.0f} → {r['candidate']:,.0f} ({r['change_pct']:+.1f}%){noise}.")
+    if _exploration(diff):
+        lines.append("Exploration mode (--base off): the baseline is everything off, eager and launch-bound, a regime the study never ran.")
+    for side in ("baseline", "candidate"):
+        u = (diff.get("stability") or {}).get(side)
+        if u:
+            lines.append(f"Unstable {side}: {u}.")
+    return lines
+
+
+def _exploration(diff: Mapping[str, Any]) -> bool:
+    m = (diff.get("manifests") or {}).get("baseline")
+    if not isinstance(m, Mapping):
+        return False
+    if m.get("base") == "off":
+        return True
+    states = m.get("optimizations")
+    return isinstance(states, Mapping) and bool(states) and not any(states.values())
+
+
+def stability(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> str | None:
+    """A sentence when some profile window's GPU window varies by more than 2x (max/min), else None."""
+    bad = []
+    for i, s in enumerate(reps):
+        try:
+            its = _select(pick_rank(s, rank, "window"), shape)
+        except UsageError:
+            continue
+        ws = [it.get("gpu_window_us") or 0 for it in its]
+        if len(ws) > 1 and min(ws) > 0 and max(ws) / min(ws) > 2:
+            bad.append(f"window {i}: GPU window {min(ws):,.0f}–{max(ws):,.0f} µs")
+    return "; ".join(bad) if bad else None
 
 
 def _pct(x: Mapping[str, Any]) -> str:

@@ -11,11 +11,12 @@ time a shape is seen (SGLang captures a fixed batch-size list at start-up instea
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import torch
 
-from .model import FwdBatch
+from .model import FwdBatch, rng
 
 log = logging.getLogger("profkit.proxy")
 
@@ -74,11 +75,48 @@ class GraphRunner:
             fn(*static_args)  # warm-up (also allocator warm-up); idempotent
         torch.cuda.current_stream().wait_stream(side)
         e.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(e.graph, pool=self.mempool):
-            e.outputs = fn(*static_args)
+        name, batch, width = key
+        prof = self._capture_profiler()
+        if prof is not None:
+            try:
+                prof.start()
+            except Exception:  # pragma: no cover - a profiler that cannot start must not stop serving
+                log.exception("the capture profiler did not start; capturing unprofiled")
+                prof = None
+        try:
+            with rng(f"cuda_graph_capture[{name} bs={batch} width={width}]"):
+                with torch.cuda.graph(e.graph, pool=self.mempool):
+                    e.outputs = fn(*static_args)
+        finally:
+            if prof is not None:
+                prof.stop()
+        if prof is not None:
+            self._export_capture(prof, f"Proxy{name}_bs{batch}_w{width}")
         self.entries[key] = e
         e.graph.replay()  # the real run of this step
         dt = time.perf_counter() - t
         self.capture_s += dt
         log.info("captured CUDA graph %s bs=%d width=%d in %.2fs", *key, dt)
         return e.outputs
+
+    def _capture_profiler(self):
+        if os.environ.get("SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE", "").lower() not in ("1", "true", "yes", "on"):
+            return None
+        if getattr(self.sched, "prof", None) is not None:
+            return None  # the serving window's profiler records this capture itself
+        from torch.profiler import ProfilerActivity, profile
+
+        return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True)
+
+    def _export_capture(self, prof, runner: str) -> None:
+        out = os.path.join(os.environ.get("SGLANG_TORCH_PROFILER_DIR") or "/tmp", "graph_capture_profile")
+        rank = getattr(self.sched, "rank", 0)
+        path = os.path.join(out, f"cuda_graph_capture-{runner}-TP-{rank}.json.gz")
+        try:
+            os.makedirs(out, exist_ok=True)
+            tmp = path + f".tmp{os.getpid()}.json.gz"
+            prof.export_chrome_trace(tmp)
+            os.replace(tmp, path)
+            log.info("CUDA graph capture trace saved to: %s", path)
+        except Exception:  # a capture profile is optional: serving goes on without it
+            log.exception("writing the capture trace %s failed", path)

@@ -20,7 +20,7 @@ from markupsafe import Markup
 
 from profkit import __version__
 from profkit.findings import cpu_ops_text, host_gap_text, largest_bubbles, outside_text
-from profkit.attribution.diff import IDLE_KEYS, compare_summaries, decomposition_rows, headline, throughput_points, throughput_rows, within_noise
+from profkit.attribution.diff import IDLE_KEYS, compare_summaries, decomposition_rows, headline, headline_lines, throughput_points, throughput_rows, within_noise
 from profkit.report import figures as F
 
 MAX_ROWS = 50
@@ -138,7 +138,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         cards.append({"label": f"{label} per iteration (median)", "value": f"{_n(x['baseline'], 0)} → {_n(x['candidate'], 0)}",
                       "sub": _n(x["delta"], 0, sign=True) if x["delta"] else "no change", "tone": ""})
     cards.append({"label": "residual", "value": f"{_n(dec['residual_us'], 3)} µs", "sub": "exact" if dec.get("exact") else "inexact", "tone": ""})
-    head = _section(f"{prefix}-summary", f"{b['label']} → {c['label']}", headline=headline(diff), cards=cards)
+    head = _section(f"{prefix}-summary", f"{b['label']} → {c['label']}", headline=" ".join(headline_lines(diff)), cards=cards)
     ee = diff.get("expected_effect")
     if ee and ee.get("known"):
         if ee["flags"]:

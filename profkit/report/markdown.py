@@ -12,25 +12,31 @@ from collections.abc import Mapping
 from typing import Any
 
 from profkit.findings import cpu_ops_text
-from profkit.attribution.diff import decomposition_rows, headline, throughput_rows, within_noise
+from profkit.report.vocab import banner, count_label, diff_timeline, words
+from profkit.attribution.diff import decomposition_rows, headline, headline_lines, throughput_rows, within_noise
 
 GITHUB_COMMENT_LIMIT = 65_536
 # Headroom under GitHub's limit for whatever the bot that posts the comment adds around it.
 DEFAULT_MAX_CHARS = 60_000
 MAX_CELL = 140
+MAX_NAME = 90  # a kernel name in a table: longer ones are cut in the middle, so the numbers stay in a GitHub-width column
 
+# Markdown's own specials get a backslash (readable in raw text, email and `gh`: `\_`); HTML's and
+# GitHub's (a mention, a table's pipe, a code span) get character references.
 _MD_ESCAPES = {
     "&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "&#124;", "`": "&#96;", "@": "&#64;",
-    "\\": "&#92;", "*": "&#42;", "_": "&#95;", "[": "&#91;", "]": "&#93;", "~": "&#126;",
+    "\\": "\\\\", "*": "\\*", "_": "\\_", "[": "\\[", "]": "\\]", "~": "\\~", "#": "\\#",
     "\n": " ", "\r": " ", "\t": " ",
 }
 
 
 def md_escape(s: object, *, max_len: int | None = MAX_CELL) -> str:
-    """Text safe inside a GFM table cell: Markdown/HTML specials as character references."""
+    """Text safe inside a GFM table cell: Markdown specials backslash-escaped, HTML's and GitHub's as
+    character references; longer than `max_len`, cut in the middle (a kernel name's head and tail)."""
     text = "" if s is None else str(s)
     if max_len is not None and len(text) > max_len:
-        text = text[: max_len - 1] + "…"
+        head = (max_len - 1 + 1) // 2
+        text = text[:head] + "…" + text[len(text) - (max_len - 1 - head):] if max_len > 1 else "…"
     return "".join(_MD_ESCAPES.get(ch, ch) for ch in text)
 
 
@@ -70,13 +76,18 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     title = f"### profkit diff: {md_escape(b['label'], max_len=80)} → {md_escape(c['label'], max_len=80)}"
     if opt:
         title += f" — {md_escape(opt, max_len=60)}"
-    out += [title, "", f"**{md_escape(headline(diff), max_len=None)}**", ""]
+    out += [title, "", *(f"> {md_escape(line, max_len=None)}" for line in headline_lines(diff)), "",
+            f"**{md_escape(headline(diff), max_len=None)}**", ""]
 
+    tl = diff_timeline(diff)
+    W = words(tl)
+    if banner(tl):
+        out += [f"> [!WARNING]\n> {md_escape(banner(tl), max_len=None)}", ""]
     tp = throughput_rows(diff)
     if tp:
         out += ["#### Unprofiled throughput", ""]
         mark = {None: "", True: "within noise", False: "**beyond noise**"}
-        out += _table(["", "baseline", "candidate", "change", ""], "lrrrl",
+        out += _table(["metric", "baseline", "candidate", "change", "noise"], "lrrrl",
                       [[t["label"], _n(t["baseline"], 2), _n(t["candidate"], 2),
                         "–" if t["change_pct"] is None else f"{t['change_pct']:+.1f}%", mark[t["within_noise"]]] for t in tp])
         out.append("")
@@ -104,14 +115,15 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
 
     # decomposition
     dec = diff["decomposition"]
-    out.append(f"#### Where the GPU window went (mean µs per iteration, {md_escape(diff['shape']['label'])}, "
+    out.append(f"#### Where the {W['window']} went (mean µs per iteration, {md_escape(diff['shape']['label'])}, "
                f"{diff['shape']['iterations']['baseline']} vs {diff['shape']['iterations']['candidate']} iterations)")
     out.append("")
     rows = []
     drows = decomposition_rows(diff)
     cats = [r for r in drows if r[0] == "category"]
-    shown = cats if limit == 0 or len(cats) <= limit else cats[:limit]
-    for group, term, delta, bv, cv in shown + [r for r in drows if r[0] != "category"]:
+    shown = cats if limit == 0 or len(cats) <= limit else sorted(cats, key=lambda r: -abs(r[2] or 0))[:limit]
+    # every term, the largest change first: the reader sees what moved the window in the first rows
+    for group, term, delta, bv, cv in sorted(shown + [r for r in drows if r[0] != "category"], key=lambda r: -abs(r[2] or 0)):
         metric = {"category": f"category_us.{term}", "overlap": "overlap_us", "idle": f"idle_us_by_cause.{term}"}[group]
         label = {"category": f"{md_escape(term)}", "overlap": "− overlap (multi-stream, counted once)",
                  "idle": f"idle: {md_escape(term.replace('_', ' '))}"}[group]
@@ -119,13 +131,13 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
             bv, cv = (-bv if bv is not None else None), (-cv if cv is not None else None)
         rows.append([label, _n(bv), _n(cv), _n(delta, sign=True), _noise_mark(diff, metric)])
     if len(shown) < len(cats):
-        rest = sum(r[2] for r in cats[len(shown):])
-        rows.insert(len(shown), [f"*{len(cats) - len(shown)} more categories*", "", "", _n(rest, sign=True), ""])
+        rest = sum(r[2] for r in cats if r not in shown)
+        rows.append([f"*{len(cats) - len(shown)} more categories*", "", "", _n(rest, sign=True), ""])
     g = dec["gpu_window_us"]
-    rows.append(["**GPU window**", f"**{_n(g['baseline'])}**", f"**{_n(g['candidate'])}**", f"**{_n(g['delta'], sign=True)}**",
+    rows.append([f"**{W['window']}**", f"**{_n(g['baseline'])}**", f"**{_n(g['candidate'])}**", f"**{_n(g['delta'], sign=True)}**",
                  _noise_mark(diff, "gpu_window_us")])
     rows.append(["residual", "", "", _n(dec["residual_us"], 3, sign=True), "exact" if dec.get("exact") else "**inexact**"])
-    out += _table(["term", "baseline", "candidate", "Δ µs", ""], "lrrrl", rows)
+    out += _table(["term (largest change first)", "baseline µs", "candidate µs", "Δ µs", "noise"], "lrrrl", rows)
     w = diff["wall_us"]
     out += ["", f"Wall (CPU) per iteration: {_n(w['baseline'])} → {_n(w['candidate'])} µs ({_n(w['delta'], sign=True)} µs)."
             f" {_noise_mark(diff, 'wall_us')}".rstrip(), ""]
@@ -133,7 +145,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     ph = dec.get("phase_us") or {}
     if ph:
         pb, pc = dec["baseline"].get("phase_us") or {}, dec["candidate"].get("phase_us") or {}
-        out += ["#### The same change by phase (GPU time, mean µs per iteration)", ""]
+        out += [f"#### The same change by phase ({W['device']} time, mean µs per iteration)", ""]
         out += _table(["phase", "baseline", "candidate", "Δ µs"], "lrrr",
                       [[md_escape(k), _n(pb.get(k)), _n(pc.get(k)), _n(d, sign=True)] for k, d in ph.items()])
         out.append("")
@@ -141,11 +153,8 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     # counts
     out.append("#### Per iteration (medians)")
     out.append("")
-    labels = {
-        "gpu_kernels": "GPU kernels", "kernel_launches": "kernel launches", "graph_launches": "graph launches",
-        "syncs": "host syncs", "sync_copies": "blocking copies", "memcpy_d2h": "D2H copies", "memcpy_h2d": "H2D copies",
-        "bubble_count": "bubbles",
-    }
+    labels = {k: count_label(k, tl) for k in ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h",
+                                                "memcpy_h2d", "bubble_count")}
     rows = [[lab, _n(diff["counts"][k]["baseline"], 0), _n(diff["counts"][k]["candidate"], 0), _n(diff["counts"][k]["delta"], 0, sign=True),
              _noise_mark(diff, f"counts.{k}")] for k, lab in labels.items()]
     tl = {"launch_us": "launch host µs", "sync_us": "sync blocked µs", "bubble_us": "bubble µs"}
@@ -153,16 +162,16 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         t = (diff.get("timings") or {}).get(k)
         if t:
             rows.append([lab, _n(t["baseline"]), _n(t["candidate"]), _n(t["delta"], sign=True), ""])
-    out += _table(["", "baseline", "candidate", "Δ", ""], "lrrrl", rows)
+    out += _table(["per iteration (median)", "baseline", "candidate", "Δ", "noise"], "lrrrl", rows)
     out.append("")
 
     syncs = [s for s in diff.get("syncs") or [] if s["delta"] != 0 or limit]
     if syncs:
         out += ["#### Host syncs and blocking copies (per iteration)", ""]
         cut = syncs if limit == 0 else syncs[:limit]
-        rows = [[md_escape(s["kind"]), md_escape(s["api"]), md_escape(s["direction"]), md_escape(s["trigger"]),
-                 _n(s["baseline_per_iteration"], 2), _n(s["candidate_per_iteration"], 2), _n(s["delta"], 2, sign=True)] for s in cut]
-        out += _table(["kind", "API", "dir", "trigger", "baseline", "candidate", "Δ"], "llllrrr", rows)
+        rows = [[_n(s["delta"], 2, sign=True), _n(s["baseline_per_iteration"], 2), _n(s["candidate_per_iteration"], 2), md_escape(s["kind"]),
+                 md_escape(s["direction"]), md_escape(s["api"], max_len=None), md_escape(s["trigger"], max_len=None)] for s in cut]
+        out += _table(["Δ", "baseline", "candidate", "kind", "dir", "API", "trigger"], "rrrllll", rows)
         out += _more(len(syncs), len(cut), "sync groups")
         out.append("")
 
@@ -181,9 +190,9 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     if movers and limit:
         cut = movers[:limit]
         out += ["#### Top movers (µs per iteration, by normalized kernel name)", ""]
-        rows = [[md_escape(m["name"]), md_escape(m["category"]), _n(m["baseline_us"]), _n(m["candidate_us"]), _n(m["delta_us"], sign=True),
-                 m["status"]] for m in cut]
-        out += _table(["kernel", "category", "baseline", "candidate", "Δ", ""], "llrrrl", rows)
+        rows = [[_n(m["delta_us"], sign=True), _n(m["baseline_us"]), _n(m["candidate_us"]), md_escape(m["category"]),
+                 md_escape(m["name"], max_len=MAX_NAME), md_escape(m["status"])] for m in cut]
+        out += _table(["Δ µs", "baseline µs", "candidate µs", "category", W["kernel"], "status"], "rrrlll", rows)
         out += _more(len(movers), len(cut), "movers")
         out.append("")
 
@@ -195,8 +204,9 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         cut = ks[:limit] if limit else []
         out += [f"<details><summary>{total} kernel(s) {what}</summary>", ""]
         if cut:
-            rows = [[md_escape(k["name"]), md_escape(k["category"]), _n(k["count_per_iteration"], 2), _n(k["us_per_iteration"])] for k in cut]
-            out += _table(["kernel", "category", "per iteration", "µs per iteration"], "llrr", rows)
+            rows = [[_n(k["us_per_iteration"]), _n(k["count_per_iteration"], 2), md_escape(k["category"]), md_escape(k["name"], max_len=MAX_NAME)]
+                    for k in cut]
+            out += _table(["µs per iteration", "calls/iter", "category", "kernel"], "rrll", rows)
         out += _more(total, len(cut), f"{what} kernels")
         out += ["", "</details>", ""]
 

@@ -1,0 +1,149 @@
+"""Issue 19 on real H200 traces (tests/data/gpu_loo, README there): the proxy engine with everything on
+(CUDA graphs too), leave-one-out, 3 profile windows a side, graph-capture profiles. The CPU suite
+re-checks the issue's "Done when" list; the points the data does not meet are strict xfails that say
+why (found on the data, not tuned away)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from profkit.analysis.parallel import analyze_paths
+from profkit.analysis.summary import build_summary
+from profkit.attribution.diff import compare_summaries
+from profkit.catalog import load_catalog
+
+DATA = Path(__file__).parent / "data" / "gpu_loo"
+CAT = load_catalog("proxy")
+
+
+def _windows(run: str, captures: bool = True) -> list[dict]:
+    d = DATA / run
+    caps = sorted((d / "graph_capture_profile").glob("*.json.gz")) if captures else []
+    return [build_summary(analyze_paths([w], catalog=CAT, captures=caps or None, cache=False)) for w in sorted(d.glob("window-*"))]
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, list[dict]]:
+    return {r: _windows(r) for r in ("all", "all-topk_v2", "all-indexer_fusion", "all-index_share", "all-overlap", "all-cuda_graph")}
+
+
+def _diff(runs, opt: str) -> dict:
+    b, c = runs[f"all-{opt}"], runs["all"]
+    return compare_summaries(b[0], c[0], opt=opt, catalog=CAT, baseline_repeats=b, candidate_repeats=c)
+
+
+def _kernel_time(d: dict) -> float:
+    return sum(d["decomposition"]["category_us"].values())
+
+
+def test_every_replay_maps_to_its_capture(runs):
+    for run, ws in runs.items():
+        for s in ws:
+            g = s["ranks"][0].get("graph_capture")
+            if run == "all-cuda_graph":
+                assert g is None  # eager: no capture profile, nothing replayed
+                continue
+            assert g["replays"] > 0 and g["replays_mapped"] == g["replays"] and g["unmapped_us"] == 0, (run, g)
+
+
+def test_no_spec_category(runs):
+    for ws in runs.values():
+        assert "spec" not in ws[0]["ranks"][0]["median"]["category_us"]
+
+
+def test_topk_v2(runs):
+    d = _diff(runs, "topk_v2")
+    cats = d["decomposition"]["category_us"]
+    assert cats["topk"] < 0
+    assert d["noise"]["metrics"]["category_us.other"]["within_noise"]  # "other" moves within noise
+
+
+def test_topk_v2_share(runs):
+    # 83% on these trimmed windows (3 compared iterations each); 77% over the full 8-iteration windows of the
+    # recording: the sort path's cub memsets/DtoD copies (-63 µs) are gpu_memset/gpu_memcpy records, which
+    # rule 1 of kernels/proxy.toml puts in memcpy wherever they run (README there)
+    d = _diff(runs, "topk_v2")
+    assert d["decomposition"]["category_us"]["topk"] / _kernel_time(d) >= 0.80
+
+
+def test_indexer_fusion(runs):
+    d = _diff(runs, "indexer_fusion")
+    ix = d["decomposition"]["category_us"]["indexer"]
+    assert ix < 0 and ix / _kernel_time(d) >= 0.70
+
+
+def test_index_share_in_draft_phase(runs):
+    d = _diff(runs, "index_share")
+    assert d["decomposition"]["phase_us"]["draft"] / _kernel_time(d) >= 0.80
+
+
+def test_overlap_sync_and_launch_carry_the_change(runs):
+    d = _diff(runs, "overlap")
+    dec = d["decomposition"]
+    terms = {**{f"cat:{k}": v for k, v in dec["category_us"].items()}, **{f"idle:{k}": v for k, v in dec["idle_us_by_cause"].items()}}
+    top2 = sorted(terms, key=lambda k: -abs(terms[k]))[:2]
+    assert set(top2) == {"idle:sync", "idle:launch"}
+    assert dec["idle_us_by_cause"]["sync"] < 0
+
+
+def test_no_flag_within_noise(runs):
+    for opt in ("topk_v2", "indexer_fusion", "index_share", "overlap"):
+        d = _diff(runs, opt)
+        m = d["noise"]["metrics"]
+        for ch in d["expected_effect"]["changes"]:
+            if ch["flagged"]:
+                assert not m[f"category_us.{ch['category']}"]["within_noise"], (opt, ch)
+
+
+def test_one_window_is_not_judged(runs):
+    b, c = runs["all-topk_v2"], runs["all"]
+    d = compare_summaries(b[0], c[0], opt="topk_v2", catalog=CAT)
+    assert not d["noise"]["available"] and d["expected_effect"]["flags"] == []
+
+
+@pytest.mark.xfail(strict=True, reason="with the capture trace 'other' is 6.3% of GPU time: the MTP head's glue under proxy.mtp "
+                                       "(embedding gathers, concat, fills: ~120 µs/iteration) has no range of its own and no telling name")
+def test_other_at_most_5_percent(runs):
+    m = runs["all"][0]["ranks"][0]["median"]
+    assert m["category_us"].get("other", 0) <= 0.05 * m["gpu_busy_us"]
+
+
+def test_other_share_with_capture(runs):
+    m = runs["all"][0]["ranks"][0]["median"]
+    assert m["category_us"].get("other", 0) <= 0.08 * m["gpu_busy_us"]  # 28.5% by the name rules alone
+
+
+@pytest.mark.xfail(strict=True, reason="graph mode pads the slot table to a power-of-two bucket (16384 vs ~8.4K positions): the indexer "
+                                       "scores ~2x the positions (+17%), and the graph input copies add memcpy (+43%): real extra work")
+def test_eager_vs_graphs_within_10_percent(runs):
+    e, g = runs["all-cuda_graph"][0]["ranks"][0]["median"]["category_us"], runs["all"][0]["ranks"][0]["median"]["category_us"]
+    for k in ("attention", "moe", "topk", "indexer", "gemm", "memcpy"):
+        assert abs(g[k] - e[k]) <= 0.10 * e[k], k
+
+
+def test_eager_vs_graphs_model_categories(runs):
+    e, g = runs["all-cuda_graph"][0]["ranks"][0]["median"]["category_us"], runs["all"][0]["ranks"][0]["median"]["category_us"]
+    for k in ("attention", "moe", "topk", "gemm", "norm", "sampling", "rope"):
+        assert abs(g[k] - e[k]) <= 0.10 * e[k], (k, e[k], g[k])
+
+
+def test_public_tracelens_capture_pair_aligns_by_name():
+    """The public SGLang MI300X pair: ROCm capture launches carry kernel names; all 544 replayed kernels align."""
+    pub = Path(__file__).parent / "data" / "public"
+    a = analyze_paths([pub / "tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz"],
+                      captures=[pub / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"], cache=False)
+    g = a[0].graph_capture
+    assert g["graphs"] == 1 and g["replays_mapped"] == 1 and g["ops_mapped"] == 544 and g["unmapped_us"] == 0
+
+
+def test_capture_count_mismatch_is_refused():
+    from profkit.analysis.graphs import CapturedGraph, GraphCaptures, map_replays
+
+    caps = GraphCaptures(graphs=[CapturedGraph("x", 0, None, "draft", 1, ((False, None, "proxy.moe"),) * 3)])
+    rows = [(i, 7, "k", "kernel", 1000) for i in range(4)]
+    mapped, st = map_replays(rows, {7: "draft"}, caps, 0)
+    assert mapped == {} and st["replays_refused"] == 1
+    mapped, st = map_replays(rows[:3], {7: "draft"}, caps, 0)
+    assert mapped == {0: "proxy.moe", 1: "proxy.moe", 2: "proxy.moe"} and st["replays_mapped"] == 1
