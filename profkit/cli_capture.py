@@ -19,6 +19,8 @@ from profkit.errors import UsageError
 
 Target = Annotated[str, typer.Option("--target", help="proxy (the built-in engine) or sglang.")]
 Opt = Annotated[list[str], typer.Option("--opt", help="Optimization to attribute (repeatable); see `profkit opts`.")]
+FitContext = Annotated[bool, typer.Option("--fit-context", help="Trim the oldest history (the first prompt) so every turn fits the server's context length, instead of refusing the run.")]
+AcceptLength = Annotated[Optional[float], typer.Option("--accept-length", help="sglang: fix the speculative accept length (SGLANG_SIMULATE_ACC_LEN; the study's Figure 8 used 5). Random token ids otherwise give whatever the model makes of noise.")]
 
 
 # help for the options that trace and sweep share (rich markup: a literal "[" is written "\\[")
@@ -46,6 +48,16 @@ OPTION_HELP = {
     "--dry-run": "Print every command line and environment variable; start nothing.",
 }
 
+SGLANG_ISL = 74_000
+
+
+def _caps(target: str) -> list[str] | None:
+    if target != "sglang":
+        return None
+    from profkit.targets.sglang import gpu_compute_capabilities
+
+    return gpu_compute_capabilities()
+
 
 def _sigterm_as_interrupt() -> None:
     def handler(signum: int, frame: Any) -> None:
@@ -68,7 +80,8 @@ def _config(target: str, preset: Optional[str], model_path: Optional[str], serve
             isl: Optional[str], turns: int, turn_tokens: Optional[int], output_tokens: Optional[int], concurrency: str, workload_file: Optional[Path],
             seed: int, repeat: int, num_steps: int, with_stack: bool, record_shapes: bool, port: Optional[int], health_timeout: Optional[float],
             profile_timeout: float, traces_dir: Path, reports_dir: Path, marker: Optional[str], min_bubble_us: float, catalog: Optional[str],
-            profile_turn: int, capture_only: bool = False, nsys: bool = False):
+            profile_turn: int, capture_only: bool = False, nsys: bool = False, base: str = "on", fit_context: bool = False,
+            accept_length: Optional[float] = None):
     from profkit.capture.run import RunConfig
     from profkit.workloads.agentic import Workload, load_workload_file
 
@@ -77,7 +90,9 @@ def _config(target: str, preset: Optional[str], model_path: Optional[str], serve
     if preset and target != "sglang":
         raise UsageError("--preset goes with --target sglang")
     gpu = target == "sglang"
-    isls = _ints(isl, "--isl") if isl else ((80_000,) if gpu else (256,))
+    # 74K first prompt: the 13 requests average 80K tokens (the study's "mean input ~ 80k tokens/request")
+    # and the last one, 86,466 tokens with its output and EAGLE's reserved slots, fits --context-length 90000
+    isls = _ints(isl, "--isl") if isl else ((SGLANG_ISL,) if gpu else (256,))
     out_tok = output_tokens if output_tokens is not None else (220 if gpu else 32)
     if workload_file:
         wl = load_workload_file(workload_file, output_tokens=out_tok)
@@ -86,14 +101,24 @@ def _config(target: str, preset: Optional[str], model_path: Optional[str], serve
                       output_tokens=out_tok, seed=seed, vocab=1000)
     if repeat < 1 or num_steps < 1:
         raise UsageError("--repeat and --num-steps must be at least 1")
+    if base not in ("on", "off"):
+        raise UsageError(f"--base {base!r}: use on (leave-one-out, the study's regime) or off (exploration: everything off)")
+    if accept_length is not None and (target != "sglang" or accept_length < 1):
+        raise UsageError("--accept-length goes with --target sglang and is at least 1 (tokens per verify, bonus token included)")
     return RunConfig(
         target=target, preset=preset, model_path=model_path, server_python=server_python,
         extra_server_args=tuple(shlex.split(extra_server_args)), workload=wl, concurrency=_ints(concurrency, "--concurrency"),
         isl=isls if len(isls) > 1 else (), repeat=repeat, num_steps=num_steps, with_stack=with_stack, record_shapes=record_shapes,
         profile_turn=profile_turn, health_timeout_s=health_timeout or (3600.0 if gpu else 180.0), profile_timeout_s=profile_timeout,
         port=port, traces_dir=traces_dir, reports_dir=reports_dir, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
-        capture_only=capture_only, nsys=nsys,
+        capture_only=capture_only, nsys=nsys, base=base, fit_context=fit_context, accept_length=accept_length,
     )
+
+
+def _windows(cfg: Any, n: int) -> Any:
+    if n < 1:
+        raise UsageError(f"--profile-windows {n}: at least 1")
+    return replace(cfg, profile_windows=n)
 
 
 def _stamp() -> str:
@@ -113,6 +138,8 @@ def _run(cfg, states: dict[str, bool], run_id: str, label: str, progress) -> Any
     res = run_one(cfg, states, run_id, label=label, progress=lambda s: progress.update(task, description=escape(s)))
     progress.update(task, description=escape(f"{label}: done -> {res.summary_path}"))
     progress.stop_task(task)
+    for w in res.manifest.get("warnings") or []:  # no-op switches, --fit-context trims, an uncontrolled accept length
+        err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}", soft_wrap=True)
     return res
 
 
@@ -124,9 +151,20 @@ def _dry_run(cfg, plans: list[tuple[str, dict[str, bool]]]) -> None:
         spec = compose(cfg, states, cfg.port or 30000)
         on = [k for k, v in states.items() if v]
         out.print(f"[bold]# {escape(label)}[/]  (on: {escape(', '.join(on) or 'none')})", soft_wrap=True)
+        if spec.unset:
+            out.print(f"unset {' '.join(spec.unset)}", soft_wrap=True, markup=False)
         for k, v in sorted(spec.env.items()):
             out.print(f"export {k}={shlex.quote(v)}", soft_wrap=True, markup=False)
         out.print(shlex.join(spec.argv), soft_wrap=True, markup=False)
+        for n in spec.notes:
+            out.print(f"# note: {n}", soft_wrap=True, markup=False)
+        if spec.context_length is not None:
+            over = [cfg.workload if cfg.workload.replay is not None else replace(cfg.workload, isl=i) for i in (list(cfg.isl) or [cfg.workload.isl])]
+            bad = [(w, w.overflow(spec.context_length, spec.reserved_tokens)) for w in over]
+            bad = [(w, o) for w, o in bad if o is not None]
+            msg = (f"turn {bad[0][1][1]} needs {bad[0][1][2]} tokens: over; " + ("--fit-context trims it" if cfg.fit_context else "the run would be refused")
+                   if bad else "every turn fits")
+            out.print(f"# context length {spec.context_length} (reserved {spec.reserved_tokens}): {msg}", soft_wrap=True, markup=False)
         if cfg.target == "sglang":
             sg.check_gpu(spec, sg.gpu_compute_capabilities())
             res = sg.validate(spec)
@@ -146,7 +184,8 @@ def _attribute(before: Any, after: Any, opts: list[str], group_dir: Path, catalo
     write_json_atomic(group_dir / "before.json", before.summary)
     write_json_atomic(group_dir / "after.json", after.summary)
     diff = compare_summaries(before.summary, after.summary, opt=opts[0] if len(opts) == 1 else None, catalog=cat,
-                             labels=(before.run_id, after.run_id))
+                             labels=(before.run_id, after.run_id), baseline_repeats=getattr(before, "windows", None) or (),
+                             candidate_repeats=getattr(after, "windows", None) or ())
     diff["throughput"] = {
         "baseline": (before.manifest.get("throughput") or [{}])[0], "candidate": (after.manifest.get("throughput") or [{}])[0],
     }
@@ -181,12 +220,12 @@ def _render_attribution(diff: dict[str, Any], group_dir: Path) -> None:
 def trace(
     opt: Opt,
     target: Target = "proxy",
-    base: Annotated[str, typer.Option("--base", help="off: baseline all off, candidate = baseline + opts (isolates each); on: all on, baseline = all on minus opts (leave-one-out).")] = "off",
+    base: Annotated[str, typer.Option("--base", help="on (default, the study's regime): all on, baseline = all on minus opts (leave-one-out); off (exploration): baseline all off, candidate = baseline + opts.")] = "on",
     preset: Annotated[Optional[str], typer.Option("--preset", help="SGLang study preset: glm52-nvfp4-tp4, -tp8, -tep4, -tep8.")] = None,
     model_path: Annotated[Optional[str], typer.Option("--model-path", help="Override the preset's model path.")] = None,
     server_python: Annotated[Optional[str], typer.Option("--server-python", help="Python of the engine's environment (e.g. a before/after build of SGLang).")] = None,
     extra_server_args: Annotated[str, typer.Option("--extra-server-args", help="More server flags, as one shell-quoted string.")] = "",
-    isl: Annotated[Optional[str], typer.Option("--isl", help="First-prompt tokens (default 80000 on sglang, 256 on the proxy); a list measures each.")] = None,
+    isl: Annotated[Optional[str], typer.Option("--isl", help="First-prompt tokens (default 74000 on sglang: requests average 80K over 13 turns; 256 on the proxy); a list measures each.")] = None,
     turns: Annotated[int, typer.Option("--turns", help="Turns per conversation.")] = 13,
     turn_tokens: Annotated[Optional[int], typer.Option("--turn-tokens", help="New tokens per later turn (default 800; 32 on the proxy).")] = None,
     output_tokens: Annotated[Optional[int], typer.Option("--output-tokens", help="Output tokens per turn, ignore_eos (default 220; 32 on the proxy).")] = None,
@@ -195,6 +234,7 @@ def trace(
     seed: Annotated[int, typer.Option("--seed", help=OPTION_HELP["--seed"])] = 0,
     repeat: Annotated[int, typer.Option("--repeat", help="Repeat the unprofiled measurement N times (median and spread).")] = 1,
     num_steps: Annotated[int, typer.Option("--num-steps", help="run_batch iterations to profile.")] = 20,
+    profile_windows: Annotated[int, typer.Option("--profile-windows", help="Profile windows of --num-steps iterations per side (median and spread of every trace figure; 1: changes are not judged).")] = 3,
     with_stack: Annotated[bool, typer.Option("--with-stack", help="Record Python stacks (bigger traces, more overhead).")] = False,
     record_shapes: Annotated[bool, typer.Option("--record-shapes", help="Record op shapes.")] = False,
     profile_turn: Annotated[int, typer.Option("--profile-turn", help="Turn (0-based) whose decode is profiled.")] = 1,
@@ -209,6 +249,8 @@ def trace(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print every command line and environment variable; start nothing.")] = False,
     capture_only: Annotated[bool, typer.Option("--capture-only", help="Record traces and manifests only; analyze later with `profkit diff RUN_A RUN_B` (for GPU boxes without the analysis packages).")] = False,
     nsys: Annotated[bool, typer.Option("--nsys", help="Wrap the server in `nsys profile --capture-range=cudaProfilerApi` and open the window with the CUDA_PROFILER activity (writes .nsys-rep; implies --capture-only).")] = False,
+    fit_context: FitContext = False,
+    accept_length: AcceptLength = None,
 ) -> None:
     """Baseline vs baseline+OPT: launch, drive the agentic workload, profile decode, attribute the change.
 
@@ -218,17 +260,18 @@ def trace(
 
         profkit trace --target sglang --preset glm52-nvfp4-tp8 --opt topk_v2 --dry-run
     """
-    from profkit.targets.registry import check_opts, opt_states
+    from profkit.targets.registry import check_comparison, check_opts, opt_states
 
     with user_errors():
         cfg = _config(target, preset, model_path, server_python, extra_server_args, isl, turns, turn_tokens, output_tokens, concurrency,
                       workload_file, seed, repeat, num_steps, with_stack, record_shapes, port, health_timeout, profile_timeout, traces_dir,
-                      reports_dir, marker, min_bubble_us, catalog, profile_turn, capture_only or nsys, nsys)
+                      reports_dir, marker, min_bubble_us, catalog, profile_turn, capture_only or nsys, nsys, base, fit_context, accept_length)
+        cfg = _windows(cfg, profile_windows)
         opts = check_opts(target, opt)
-        if base not in ("on", "off"):
-            raise UsageError(f"--base {base!r}: use off or on")
         s_base = opt_states(target, opts, base=base, candidate=False)
         s_cand = opt_states(target, opts, base=base, candidate=True)
+        for w in check_comparison(target, s_base, s_cand, opts, _caps(target)):
+            err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
         tag = "+".join(opts)
         if dry_run:
             _dry_run(cfg, [("baseline", s_base), (f"candidate ({tag})", s_cand)])
@@ -249,7 +292,7 @@ def trace(
 
 @app.command()
 def opts(target: Target = "proxy") -> None:
-    """The optimization registry: each optimization's real on/off switch and what it should touch.
+    """The optimization registry: each optimization's real on/off switch, what it means in the engine, what it depends on.
 
     Example:
 
@@ -259,29 +302,42 @@ def opts(target: Target = "proxy") -> None:
 
     with user_errors():
         reg = registry(target)
-        t = Table(title=f"optimizations for --target {target}", title_justify="left")
-        for c in ("name", "what", "on", "off", "touches"):
-            t.add_column(c, overflow="fold")
+        title = ("optimizations for --target sglang (SGLang 0.5.23: every one is on by default; on = that default or the study's "
+                 "own setting, off = the switch that removes it; --base on switches one off at a time)" if target == "sglang"
+                 else f"optimizations for --target {target}")
+        out.print(f"[bold]{escape(title)}[/]", soft_wrap=True)
 
         def fmt(sw: Any) -> str:
             parts = [f"{k}={v}" for k, v in sw.env.items()] + list(sw.args)
             if sw.model_override:
-                parts.append(f"--json-model-override-args {json.dumps(sw.model_override)}")
-            return " ".join(parts) or ("(default)" if target == "sglang" else f"--opts includes it")
+                parts.append(f"--json-model-override-args '{json.dumps(sw.model_override)}'")
+            return " ".join(parts) or ("(SGLang's default)" if target == "sglang" else "--opts includes it")
 
         for o in reg.values():
             off = fmt(o.off) if target == "sglang" else "--opts omits it"
-            t.add_row(o.name, o.title + (f" [dim]({escape(o.note)})[/]" if o.note else ""), escape(fmt(o.on)), escape(off), escape(o.kernels))
-        out.print(t)
+            out.print(f"\n[bold cyan]{o.name}[/]: {escape(o.title)}", soft_wrap=True)
+            rows = [("meaning", o.meaning), ("on", fmt(o.on)), ("off", off),
+                    ("requires", ", ".join(o.requires) + (f" ({o.requires_why})" if o.requires_why else "") if o.requires else ""),
+                    ("touches", o.kernels), ("note", o.note)]
+            for k, v in rows:
+                if v:
+                    out.print(f"  [dim]{k + ':':<9}[/] {escape(v)}", soft_wrap=True)
 
 
-def sweep_plan(target: str, opts: list[str], mode: str) -> list[tuple[str, dict[str, bool], str | None, str | None]]:
-    """(label, states, compare_against_label, attributed_opt) for every run of a sweep."""
+def sweep_plan(target: str, opts: list[str], mode: str, base: str = "on") -> list[tuple[str, dict[str, bool], str | None, str | None]]:
+    """(label, states, compare_against_label, attributed_opt) for every run of a sweep.
+
+    "all" is the full configuration: with `base` "on" (default) every optimization the sweep does
+    not list stays on in every run (the study's regime: CUDA graphs, overlap, ...), so the ladder
+    ends at the study's own launch command and leave-one-out removes one thing from it. With
+    `base` "off" the unlisted ones are off everywhere (exploration).
+    """
     from profkit.targets.registry import registry
 
     names = list(registry(target))
-    none = {n: False for n in names}
-    allon = {n: (n in opts) for n in names}
+    rest = base == "on"
+    allon = {n: (n in opts) or rest for n in names}
+    none = {n: (n not in opts) and rest for n in names}
     plan: list[tuple[str, dict[str, bool], str | None, str | None]] = []
     if mode == "one-at-a-time":
         plan.append(("baseline", none, None, None))
@@ -306,10 +362,26 @@ def sweep_plan(target: str, opts: list[str], mode: str) -> list[tuple[str, dict[
     return plan
 
 
+def check_sweep(target: str, plan: list[tuple[str, dict[str, bool], str | None, str | None]], caps: list[str] | None) -> list[str]:
+    """Refuse a sweep with a no-op comparison (registry.check_comparison); the warnings of the rest."""
+    from profkit.targets.registry import check_comparison
+
+    runs = {label: st for label, st, _, _ in plan}
+    warnings: list[str] = []
+    for label, states, against, opt in plan:
+        if opt is None:
+            continue
+        before, after = (states, runs["all"]) if against is None else (runs[against], states)
+        for w in check_comparison(target, before, after, [opt], caps):
+            warnings.append(f"{label}: {w}")
+    return warnings
+
+
 @app.command()
 def sweep(
     opts_: Annotated[str, typer.Option("--opts", help="Comma-separated optimizations, e.g. overlap,topk_v2,indexer_fusion.")],
     mode: Annotated[str, typer.Option("--mode", help="one-at-a-time (each alone vs baseline, then all), ladder (cumulative), leave-one-out (all on, each off).")] = "one-at-a-time",
+    base: Annotated[str, typer.Option("--base", help="on (default): optimizations not in --opts stay on in every run, so 'all' is the full configuration; off (exploration): they are off everywhere.")] = "on",
     target: Target = "proxy",
     preset: Annotated[Optional[str], typer.Option("--preset", help=OPTION_HELP["--preset"])] = None,
     model_path: Annotated[Optional[str], typer.Option("--model-path", help=OPTION_HELP["--model-path"])] = None,
@@ -324,6 +396,7 @@ def sweep(
     seed: Annotated[int, typer.Option("--seed", help=OPTION_HELP["--seed"])] = 0,
     repeat: Annotated[int, typer.Option("--repeat", help=OPTION_HELP["--repeat"])] = 1,
     num_steps: Annotated[int, typer.Option("--num-steps", help=OPTION_HELP["--num-steps"])] = 20,
+    profile_windows: Annotated[int, typer.Option("--profile-windows", help="Profile windows of --num-steps iterations per run.")] = 3,
     profile_turn: Annotated[int, typer.Option("--profile-turn", help=OPTION_HELP["--profile-turn"])] = 1,
     port: Annotated[Optional[int], typer.Option("--port", help=OPTION_HELP["--port"])] = None,
     health_timeout: Annotated[Optional[float], typer.Option("--health-timeout", help=OPTION_HELP["--health-timeout"])] = None,
@@ -333,6 +406,8 @@ def sweep(
     catalog: Annotated[Optional[str], typer.Option("--catalog", help=OPTION_HELP["--catalog"])] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help=OPTION_HELP["--dry-run"])] = False,
     capture_only: Annotated[bool, typer.Option("--capture-only", help="Record traces and manifests only (attribute later with `profkit diff`).")] = False,
+    fit_context: FitContext = False,
+    accept_length: AcceptLength = None,
 ) -> None:
     """Run a set of optimizations one at a time, as a ladder, or leave-one-out; one attribution table.
 
@@ -346,11 +421,14 @@ def sweep(
     with user_errors():
         cfg = _config(target, preset, model_path, server_python, extra_server_args, isl, turns, turn_tokens, output_tokens, concurrency,
                       workload_file, seed, repeat, num_steps, False, False, port, health_timeout, profile_timeout, traces_dir, reports_dir,
-                      None, 2.0, catalog, profile_turn, capture_only)
+                      None, 2.0, catalog, profile_turn, capture_only, False, base, fit_context, accept_length)
+        cfg = _windows(cfg, profile_windows)
         chosen = check_opts(target, [o.strip() for o in opts_.split(",") if o.strip()])
         if not chosen:
             raise UsageError("--opts is empty")
-        plan = sweep_plan(target, chosen, mode)
+        plan = sweep_plan(target, chosen, mode, base)
+        for w in check_sweep(target, plan, _caps(target)):
+            err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
         if dry_run:
             _dry_run(cfg, [(label, st) for label, st, _, _ in plan])
             return
@@ -358,7 +436,7 @@ def sweep(
         stamp = _stamp()
         sweep_dir = reports_dir / f"{stamp}-{target}-sweep-{mode}"
         results: dict[str, Any] = {}
-        doc: dict[str, Any] = {"schema_version": 1, "kind": "sweep", "mode": mode, "target": target, "optimizations": chosen, "runs": [],
+        doc: dict[str, Any] = {"schema_version": 1, "kind": "sweep", "mode": mode, "base": base, "target": target, "optimizations": chosen, "runs": [],
                                "attribution": [], "status": "running"}
         with _progress_runner() as progress:
             for label, states, _, _ in plan:

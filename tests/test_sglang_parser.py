@@ -38,13 +38,18 @@ def test_release_under_test():
 
 
 def test_every_preset_and_switch_state_parses():
-    """Every preset x every optimization on/off under both baselines (one parser process for all)."""
+    """Every preset x every optimization on/off under both baselines, every run of every sweep mode
+    on the study's six, and bf16_gemm's Hopper spelling (one parser process for all)."""
+    from profkit.cli_capture import sweep_plan
+
     names = list(registry("sglang"))
     states = [opt_states("sglang", [o], base=b, candidate=c) for o in names for b in ("off", "on") for c in (False, True)]
-    specs = [sglang.compose(st, preset=preset, model_path=None, extra_args=["--load-format", "dummy"], server_python=PY, port=30000)
-             for preset in sorted(sglang.PRESETS) for st in states]
+    six = ["overlap", "index_share", "topk_v2", "indexer_fusion", "bf16_gemm", "moe_deferred_finalize"]
+    states += [st for mode in ("one-at-a-time", "ladder", "leave-one-out") for b in ("on", "off") for _, st, _, _ in sweep_plan("sglang", six, mode, b)]
+    specs = [sglang.compose(st, preset=preset, model_path=None, extra_args=["--load-format", "dummy"], server_python=PY, port=30000, caps=caps)
+             for preset in sorted(sglang.PRESETS) for st in states for caps in (None, ["9.0"])]
     results = sglang.validate_many(specs)
-    assert isinstance(results, list) and len(results) == len(specs) == 4 * len(names) * 4
+    assert isinstance(results, list) and len(results) == len(specs)
     assert [(sp.shell(), r) for sp, r in zip(specs, results) if r is not None] == []
 
 
@@ -63,13 +68,22 @@ def test_parser_rejects_a_bad_flag():
         sglang.validate(spec)
 
 
-def test_bf16_gemm_refused_before_launch_off_blackwell():
-    spec = sglang.compose({n: True for n in registry("sglang")}, preset="glm52-nvfp4-tp8", model_path=None, extra_args=[],
-                          server_python=PY, port=30000)
+def test_bf16_gemm_on_hopper_is_auto_and_cutedsl_is_refused_off_sm10x():
+    """SGLang accepts cutedsl on compute capability major 10 (unquant.py: platform.is_sm100 =
+    major 10); "on" is the study's cutedsl where the GPU is SM10x or unknown, auto elsewhere, so
+    --base on can run on Hopper (where bf16_gemm is then a no-op, and profkit says so)."""
     from profkit.errors import TargetError
+    from profkit.targets.sglang import flag_value
 
-    with pytest.raises(TargetError, match="SM100/SM103"):
-        sglang.check_gpu(spec, ["9.0"])
-    sglang.check_gpu(spec, ["10.0"])  # B200/B300: fine
-    sglang.check_gpu(spec, None)  # unknown GPU: SGLang decides
-    assert list(itertools.chain(spec.argv)).count("--bf16-gemm-backend") == 1
+    allon = {n: True for n in registry("sglang")}
+    study = sglang.compose(allon, preset="glm52-nvfp4-tp8", model_path=None, extra_args=[], server_python=PY, port=30000)
+    assert flag_value(study.argv, "--bf16-gemm-backend") == "cutedsl"
+    with pytest.raises(TargetError, match="SM10x"):
+        sglang.check_gpu(study, ["9.0"])
+    for cap in ("10.0", "10.3", "10.1"):
+        sglang.check_gpu(study, [cap])
+    sglang.check_gpu(study, None)  # unknown GPU: SGLang decides
+    hopper = sglang.compose(allon, preset="glm52-nvfp4-tp8", model_path=None, extra_args=[], server_python=PY, port=30000, caps=["9.0"])
+    assert flag_value(hopper.argv, "--bf16-gemm-backend") == "auto" and hopper.argv.count("--bf16-gemm-backend") == 1
+    sglang.check_gpu(hopper, ["9.0"])
+    assert any("bf16_gemm does nothing on compute capability 9.0" in n for n in hopper.notes)

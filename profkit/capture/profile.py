@@ -26,28 +26,56 @@ def rank_files(output_dir: Path, profile_id: str) -> list[Path]:
     return sorted(p for p in output_dir.glob(f"{profile_id}-TP-*.trace.json.gz") if not p.name.startswith("."))
 
 
-def wait_for_traces(base_url: str, output_dir: Path, profile_id: str, world_size: int, *, timeout_s: float,
-                    alive: Callable[[], bool] = lambda: True, idle: Callable[[], bool] = lambda: False) -> list[Path]:
-    """Poll until `world_size` rank files exist and their sizes stopped changing.
+DONE_LINE = "Profiling done. Traces are saved to:"
 
-    /start_profile returns at once and schedulers write later (SGLang §0 #9); if the window never
-    closes (an idle server never auto-stops), /stop_profile is called once, then polling resumes.
+
+def log_size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
+
+
+def _done_lines(log_path: Path | None, offset: int, output_dir: Path) -> int:
+    """How many `Profiling done. Traces are saved to: <output_dir>...` lines the server logged after `offset`."""
+    if log_path is None:
+        return 0
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return 0
+    want = str(output_dir.resolve())
+    return sum(1 for ln in text.splitlines() if DONE_LINE in ln and want in ln.split(DONE_LINE, 1)[1])
+
+
+def wait_for_traces(base_url: str, output_dir: Path, profile_id: str, world_size: int, *, timeout_s: float,
+                    alive: Callable[[], bool] = lambda: True, idle: Callable[[], bool] = lambda: False,
+                    log_path: Path | None = None, log_offset: int = 0) -> list[Path]:
+    """Wait until the server says the window's traces are written, then return the rank files.
+
+    torch exports gzip straight into the final file name, so a file's existence or a pause in its
+    growth says nothing. SGLang's schedulers log `Profiling done. Traces are saved to: <dir>` after
+    every rank exported and passed a barrier across the TP group (profiler_manager._stop_profile),
+    so that line in the server log (after `log_offset`) plus `world_size` files is the signal.
+    /start_profile returns at once (SGLang §0 #9); if the window never closes (an idle server never
+    auto-stops), /stop_profile is called once, then waiting resumes.
     """
     deadline = time.monotonic() + timeout_s
     stopped = False
-    last: dict[Path, int] = {}
-    stable = 0
     half = time.monotonic() + timeout_s / 2
+    reported_at: float | None = None
     while time.monotonic() < deadline:
         files = rank_files(output_dir, profile_id)
-        sizes = {p: p.stat().st_size for p in files if p.exists()}
-        if len(files) >= world_size and sizes == last and all(sizes.values()):
-            stable += 1
-            if stable >= 2:
+        if _done_lines(log_path, log_offset, output_dir):
+            if len(files) >= world_size:
                 return files
-        else:
-            stable = 0
-        last = sizes
+            reported_at = reported_at or time.monotonic()
+            if time.monotonic() - reported_at > 30:
+                raise TargetError(f"the server logged '{DONE_LINE} {output_dir}' but only {len(files)} of {world_size} "
+                                  f"'{profile_id}-TP-*.trace.json.gz' files are there",
+                                  hint="a rank failed to export its trace; see the server log")
         if not alive():
             raise TargetError("the server died while profiling")
         if not stopped and (time.monotonic() > half or idle()):
@@ -56,9 +84,10 @@ def wait_for_traces(base_url: str, output_dir: Path, profile_id: str, world_size
                 request(base_url + "/stop_profile", {}, timeout=max(5.0, deadline - time.monotonic()))
             except HTTPFailure:
                 pass
-        time.sleep(0.3)
+        time.sleep(0.2)
     found = rank_files(output_dir, profile_id)
     raise TargetError(
-        f"profile files never appeared: {len(found)} of {world_size} '{profile_id}-TP-*.trace.json.gz' in {output_dir} after {timeout_s:.0f} s",
+        f"profile files never appeared: {len(found)} of {world_size} '{profile_id}-TP-*.trace.json.gz' in {output_dir} after {timeout_s:.0f} s"
+        + f" (no '{DONE_LINE}' line in the server log)",
         hint="the server may not have run enough batches to close the window; raise --profile-timeout or lower --num-steps",
     )

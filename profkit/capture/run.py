@@ -8,6 +8,7 @@ leaves a manifest that says where it stopped and lists what was written.
 from __future__ import annotations
 
 import statistics
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -16,9 +17,10 @@ from typing import Any, Callable
 
 from profkit.capture.http import HTTPFailure, free_port, get_json
 from profkit.capture.manifest import Manifest
-from profkit.capture.profile import start_profile, wait_for_traces
+from profkit.capture.gpu import wait_gpus_free
+from profkit.capture.profile import log_size, start_profile, wait_for_traces
 from profkit.capture.server import Server
-from profkit.errors import Interrupted, ProfkitError, TargetError
+from profkit.errors import Interrupted, ProfkitError, TargetError, UsageError
 from profkit.targets import proxy as proxy_target
 from profkit.targets import sglang as sglang_target
 from profkit.targets.spec import LaunchSpec
@@ -54,6 +56,11 @@ class RunConfig:
     warmup: bool = True
     capture_only: bool = False  # record traces and the manifest; analyze elsewhere (e.g. a GPU box without polars)
     nsys: bool = False  # wrap the server in `nsys profile --capture-range=cudaProfilerApi`; the window uses CUDA_PROFILER
+    base: str = "on"  # how the states were chosen (recorded: reports of --base off say so)
+    fit_context: bool = False  # trim the oldest history instead of refusing a workload that overflows the context
+    accept_length: float | None = None  # SGLANG_SIMULATE_ACC_LEN: a fixed speculative accept length
+    request_timeout_s: float = 3600.0
+    profile_windows: int = 3  # profile windows of num_steps iterations each (the trace figures' noise estimate)
 
 
 @dataclass
@@ -65,6 +72,7 @@ class RunResult:
     summary_path: Path
     summary: dict[str, Any]
     manifest: dict[str, Any]
+    windows: list[dict[str, Any]] = field(default_factory=list)  # one summary per profile window (when more than one)
 
 
 NSYS_ARGS = ("profile", "--trace-fork-before-exec=true", "--cuda-graph-trace=node", "--capture-range=cudaProfilerApi",
@@ -76,7 +84,11 @@ def compose(cfg: RunConfig, states: dict[str, bool], port: int, *, nsys_output: 
         spec = proxy_target.compose(states, extra_args=list(cfg.extra_server_args), port=port, python=cfg.server_python)
     else:
         spec = sglang_target.compose(states, preset=cfg.preset, model_path=cfg.model_path, extra_args=list(cfg.extra_server_args),
-                                     server_python=cfg.server_python, port=port)
+                                     server_python=cfg.server_python, port=port, caps=sglang_target.gpu_compute_capabilities())
+        if cfg.accept_length is not None:
+            # spec_utils.py reads it at import in every scheduler: fixed acceptance after the real verify
+            spec = replace(spec, env={**spec.env, "SGLANG_SIMULATE_ACC_LEN": f"{cfg.accept_length:g}"},
+                           unset=tuple(n for n in spec.unset if n != "SGLANG_SIMULATE_ACC_LEN"))
     if cfg.nsys:
         import shutil
 
@@ -110,56 +122,84 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
     report_dir = cfg.reports_dir / run_id
     port = cfg.port or free_port()
     spec = compose(cfg, states, port, nsys_output=trace_dir / run_id)
+    # graph-capture profiles (SGLang 0.5.23's SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE; the proxy does the
+    # same) land in traces/<run_id>/graph_capture_profile/: analyze/diff categorize replayed kernels from them
+    spec = replace(spec, env={**spec.env, "SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE": "1",
+                              "SGLANG_TORCH_PROFILER_DIR": str(trace_dir.resolve())})
     trace_dir.mkdir(parents=True, exist_ok=False)
+    warnings = list(spec.notes) + _accept_length_warning(cfg, spec)
     manifest = Manifest.create(
         trace_dir / "manifest.json",
-        label=label, target=cfg.target, preset=cfg.preset, optimizations=states,
-        command=spec.shell(), argv=spec.argv, env=spec.env, world_size=spec.world_size,
+        label=label, target=cfg.target, preset=cfg.preset, optimizations=states, base=cfg.base,
+        command=spec.shell(), argv=spec.argv, env=spec.env, env_unset=list(spec.unset), world_size=spec.world_size,
         workload={**cfg.workload.describe(), "concurrency": list(cfg.concurrency), "isl_sweep": list(cfg.isl), "repeat": cfg.repeat},
-        profile={"num_steps": cfg.num_steps, "with_stack": cfg.with_stack, "record_shapes": cfg.record_shapes, "profile_turn": cfg.profile_turn},
-        versions={"profkit": manifest_version()},
+        profile={"num_steps": cfg.num_steps, "windows": cfg.profile_windows, "with_stack": cfg.with_stack, "record_shapes": cfg.record_shapes, "profile_turn": cfg.profile_turn},
+        versions={"profkit": manifest_version()}, warnings=warnings, failed_requests=[],
     )
     server = Server(spec, trace_dir / "server.log")
     try:
+        manifest.stage("validate")
         if cfg.target == "sglang":
-            manifest.stage("validate")
             sglang_target.check_gpu(spec, sglang_target.gpu_compute_capabilities())
-            manifest.update(parser_check=sglang_target.validate(spec) or "passed")
+            manifest.update(parser_check=sglang_target.validate(spec) or "passed",
+                            versions={"profkit": manifest_version(), **_local_versions(spec)})
+        variants: dict[int, Workload] = {}
+        if spec.context_length is not None:
+            variants = _fit_workloads(cfg, spec.context_length, spec.reserved_tokens, "the command line's --context-length", manifest)
+        if cfg.target == "sglang":
+            manifest.update(gpu_check=wait_gpus_free(spec.world_size))
         manifest.stage("server_start")
         progress(f"{label}: starting the {cfg.target} server on port {port}")
         server.start()
         manifest.update(server_pid=server.pid)
         server.wait_healthy(cfg.health_timeout_s)
         info = _server_info(spec.base_url)
-        manifest.update(server_info=info, versions={"profkit": manifest_version(), **_versions(info)})
+        manifest.update(server_info=info, versions={**manifest.data["versions"], **_versions(info)})
+        if not variants:
+            ctx = sglang_target.context_from_server_info(info) if cfg.target == "sglang" else None
+            if ctx is not None:
+                manifest.stage("context_check")
+                variants = _fit_workloads(cfg, ctx, spec.reserved_tokens, "the server's context length (/server_info)", manifest)
+        isls = list(cfg.isl) or [cfg.workload.isl]
+        variants = variants or {isl: replace(cfg.workload, isl=isl) if cfg.workload.replay is None else cfg.workload for isl in isls}
         if cfg.warmup:
             manifest.stage("warmup")
             progress(f"{label}: warm-up")
-            w = replace(cfg.workload, seed=cfg.workload.seed + 999_983, turns=2, output_tokens=min(8, cfg.workload.output_tokens))
-            _check(drive(spec.base_url, w, concurrency=1), server, "warm-up")
+            w = replace(variants[isls[0]], seed=cfg.workload.seed + 999_983, turns=2, output_tokens=min(8, cfg.workload.output_tokens))
+            _check(drive(spec.base_url, w, concurrency=1, timeout_s=cfg.request_timeout_s), server, "warm-up")
 
         manifest.stage("workload")
         points: list[dict[str, Any]] = []
         primary: list[dict[str, Any]] = []
-        isls = list(cfg.isl) or [cfg.workload.isl]
+        failed: list[dict[str, Any]] = []
         for isl in isls:
             for conc in cfg.concurrency:
                 reps = []
                 for r in range(cfg.repeat):
                     progress(f"{label}: workload isl={isl} concurrency={conc} repeat {r + 1}/{cfg.repeat}")
-                    wl = replace(cfg.workload, isl=isl, seed=cfg.workload.seed + 7919 * (r + 1) + isl + 131 * conc)
-                    res = _check(drive(spec.base_url, wl, concurrency=conc), server, "workload")
+                    wl = replace(variants[isl], seed=cfg.workload.seed + 7919 * (r + 1) + isl + 131 * conc)
+                    res = drive(spec.base_url, wl, concurrency=conc, timeout_s=cfg.request_timeout_s)
+                    _check_transport(res, server, "workload")
+                    failed += [{"isl": isl, "concurrency": conc, "repeat": r, **f} for f in res.failed_json()]
                     reps.append(res.metrics(spec.world_size))
                 points.append({"isl": isl, "concurrency": conc, "repeats": reps, **summarize_repeats(reps)})
                 if isl == isls[0] and conc == cfg.concurrency[0]:
                     primary = reps
-                manifest.update(throughput=points)
+                manifest.update(throughput=points, failed_requests=failed)
+        if failed:
+            n = sum(m.get("requests", 0) + m.get("failed_requests", 0) for p in points for m in p["repeats"])
+            f0 = failed[0]
+            raise TargetError(f"{len(failed)} of {n} requests of the measured pass failed (excluded from the throughput); "
+                              f"first: conversation {f0['conversation']} turn {f0['turn']} ({f0['prompt_tokens']} prompt tokens): {f0['error']}",
+                              hint=f"every failed request is listed under failed_requests in {manifest.path}; see {server.log_path}")
         manifest.stage("capture")
         progress(f"{label}: capturing {cfg.num_steps} iterations")
-        files, overhead = _capture(cfg, spec, server, run_id, trace_dir, primary, manifest)
-        manifest.update(trace_files=[f.name for f in files], profiler_overhead=overhead)
+        files, overhead = _capture(cfg, spec, server, run_id, trace_dir, primary, manifest, variants[isls[0]])
+        manifest.update(trace_files=[str(f.relative_to(trace_dir)) for f in files], profiler_overhead=overhead,
+                        capture_traces=[str(p.relative_to(trace_dir)) for p in capture_traces(trace_dir)])
         manifest.stage("server_stop")
-        server.stop(grace_s=60 if cfg.nsys else 20)
+        progress(f"{label}: stopping the server (up to {spec.teardown_s:.0f} s for its own teardown)")
+        server.stop(grace_s=max(spec.teardown_s, 60) if cfg.nsys else None)
         manifest.update(leftover_pids=server.leftovers())
         if cfg.nsys:
             rep = _wait_file(trace_dir / f"{run_id}.nsys-rep", cfg.profile_timeout_s)
@@ -172,30 +212,95 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
             return RunResult(run_id, states, trace_dir, report_dir, trace_dir, {}, manifest.data)
         manifest.stage("analysis")
         progress(f"{label}: analyzing")
-        summary = analyze_run(files, cfg, manifest.data)
-        report_dir.mkdir(parents=True, exist_ok=True)
         from profkit.store import write_json_atomic
 
+        report_dir.mkdir(parents=True, exist_ok=True)
+        windows = []
+        for name, wfiles in _by_window(files, trace_dir):
+            s = analyze_run(wfiles, cfg, manifest.data, captures=capture_traces(trace_dir))
+            if name:
+                write_json_atomic(report_dir / name / "summary.json", s)
+            windows.append(s)
+        summary = windows[0]
         summary_path = report_dir / "summary.json"
         write_json_atomic(summary_path, summary)
         manifest.update(summary=str(summary_path))
         manifest.finish("ok")
-        return RunResult(run_id, states, trace_dir, report_dir, summary_path, summary, manifest.data)
+        return RunResult(run_id, states, trace_dir, report_dir, summary_path, summary, manifest.data,
+                         windows if len(windows) > 1 else [])
     except KeyboardInterrupt:
         server.stop(grace_s=5)
-        manifest.update(trace_files=_written(trace_dir))
+        manifest.update(trace_files=_written(trace_dir), leftover_pids=server.leftovers())
         manifest.finish("interrupted", error=f"interrupted during {manifest.data['stage']}")
         raise Interrupted(f"interrupted during {manifest.data['stage']}; kept {trace_dir}", hint=f"see {trace_dir / 'manifest.json'}") from None
     except (ProfkitError, HTTPFailure) as e:
         if isinstance(e, HTTPFailure):  # the server stopped answering: say whether it died
             e = server.died(f"died during the {manifest.data['stage']}") if not server.alive() else TargetError(
                 f"the server stopped answering during the {manifest.data['stage']}: {e}", hint=f"see {server.log_path}")
-        server.stop(grace_s=5)
-        manifest.update(trace_files=_written(trace_dir))
+        server.stop()
+        manifest.update(trace_files=_written(trace_dir), leftover_pids=server.leftovers())
         manifest.finish("failed", error=str(e))
         raise e from None
     finally:
         server.stop(grace_s=5)
+
+
+def _accept_length_warning(cfg: RunConfig, spec: LaunchSpec) -> list[str]:
+    if cfg.target != "sglang" or cfg.accept_length is not None or cfg.workload.replay is not None:
+        return []
+    if sglang_target.reserved_tokens(spec.argv) == 0:  # not speculative
+        return []
+    return ["random token ids make the speculative accept length whatever the model makes of noise: pass --accept-length 5 "
+            "(SGLANG_SIMULATE_ACC_LEN, the study's Figure 8 setting) or replay real conversations with --workload-file"]
+
+
+def _fit_workloads(cfg: RunConfig, context_length: int, reserved: int, source: str, manifest: Manifest) -> dict[int, Workload]:
+    """The workload of every input length, checked against the context length (refused) or,
+    with --fit-context, trimmed to it (and the manifest says so)."""
+    out: dict[int, Workload] = {}
+    notes: list[str] = []
+    for isl in list(cfg.isl) or [cfg.workload.isl]:
+        wl = replace(cfg.workload, isl=isl) if cfg.workload.replay is None else cfg.workload
+        over = wl.overflow(context_length, reserved)
+        if over is not None and cfg.fit_context:
+            wl, note = wl.fit(context_length, reserved)
+            if note:
+                notes.append(note)
+        elif over is not None:
+            conv, turn, need = over
+            lens = wl.prompt_lengths(conv)
+            what = f"conversation {conv} of the workload file" if wl.replay is not None else f"--isl {isl} --turns {wl.turns} --turn-tokens {wl.turn_tokens} --output-tokens {wl.output_tokens}"
+            raise UsageError(
+                f"the workload overflows the context: turn {turn} (0-based) of {what} needs {need} tokens "
+                f"({lens[turn]} input + {wl.output_tokens} output + {reserved} reserved for speculative decoding) "
+                f"but {source} is {context_length}",
+                hint="lower --isl, --turns, --turn-tokens or --output-tokens, or pass --fit-context to trim the oldest history",
+            )
+        out[isl] = wl
+    manifest.update(context={"length": context_length, "source": source, "reserved_tokens": reserved, "fit": notes})
+    if notes:
+        manifest.update(warnings=[*manifest.data.get("warnings", []), *notes])
+    return out
+
+
+def _local_versions(spec: LaunchSpec) -> dict[str, Any]:
+    """The GPU and the engine's torch, asked of this machine: /server_info reports neither
+    (it is the resolved server args, scheduler info, internal states and `version`)."""
+    out: dict[str, Any] = {}
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        names = [x.strip() for x in p.stdout.splitlines() if x.strip()] if p.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired):
+        names = []
+    out["gpu"] = names[0] if names else None
+    out["gpu_count"] = len(names)
+    try:
+        p = subprocess.run([spec.argv[0], "-c", "import importlib.metadata as m; print(m.version('torch'))"], capture_output=True,
+                           text=True, timeout=60)
+        out["torch"] = p.stdout.strip() or None if p.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        out["torch"] = None
+    return out
 
 
 def _wait_file(path: Path, timeout_s: float) -> Path:
@@ -214,7 +319,20 @@ def manifest_version() -> str:
 
 
 def _written(trace_dir: Path) -> list[str]:
-    return sorted(p.name for p in trace_dir.glob("*.trace.json.gz"))
+    return sorted(str(p.relative_to(trace_dir)) for p in [*trace_dir.glob("*.trace.json.gz"), *trace_dir.glob("window-*/*.trace.json.gz")])
+
+
+def capture_traces(trace_dir: Path) -> list[Path]:
+    """The run's CUDA-graph capture profiles (SGLang's and the proxy's graph_capture_profile/ folder)."""
+    return sorted(p for p in (trace_dir / "graph_capture_profile").glob("*.json.gz") if not p.name.startswith(".") and ".tmp" not in p.name)
+
+
+def _by_window(files: list[Path], trace_dir: Path) -> list[tuple[str | None, list[Path]]]:
+    """Trace files grouped by profile window (window-<i>/ folders; files at the top: one window)."""
+    groups: dict[str | None, list[Path]] = {}
+    for f in files:
+        groups.setdefault(f.parent.name if f.parent.name.startswith("window-") else None, []).append(f)
+    return sorted(groups.items(), key=lambda kv: int(kv[0].split("-")[1]) if kv[0] else -1)
 
 
 def _server_info(base_url: str) -> dict[str, Any]:
@@ -228,27 +346,53 @@ def _server_info(base_url: str) -> dict[str, Any]:
 
 
 def _versions(info: dict[str, Any]) -> dict[str, Any]:
+    """What /server_info says about versions: SGLang's `version`; the proxy also reports its torch and device."""
     out = {}
-    for k in ("version", "torch_version", "device", "gpu"):
-        if k in info:
-            out["engine" if k == "version" else k] = info[k]
+    for k, name in (("version", "engine"), ("torch_version", "torch"), ("device", "gpu")):
+        if info.get(k) is not None:
+            out[name] = info[k]
     return out
 
 
-def _check(res: DriveResult, server: Server, what: str) -> DriveResult:
-    if res.errors:
+def _check_transport(res: DriveResult, server: Server, what: str) -> DriveResult:
+    if res.errors or res.failed:  # a stream cut off may be a dead server: say so first
         if not server.alive():
             raise server.died(f"died during the {what}")
-        raise TargetError(f"requests failed during the {what}: {res.errors[0]}", hint=f"see {server.log_path}")
+    if res.errors:
+        raise TargetError(f"the server stopped answering during the {what}: {res.errors[0]}", hint=f"see {server.log_path}")
+    return res
+
+
+def _check(res: DriveResult, server: Server, what: str) -> DriveResult:
+    _check_transport(res, server, what)
+    if res.failed:
+        f = res.failed[0]
+        raise TargetError(f"{len(res.failed)} request(s) failed during the {what}; first: conversation {f.conversation} turn {f.turn}: {f.error}",
+                          hint=f"see {server.log_path}")
     return res
 
 
 def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trace_dir: Path, primary: list[dict[str, Any]],
-             manifest: Manifest) -> tuple[list[Path], dict[str, Any]]:
+             manifest: Manifest, workload: Workload) -> tuple[list[Path], dict[str, Any]]:
+    """`--profile-windows` windows, each in its own fresh pass (DESIGN.md "Noise": repeated profile windows;
+    a short decode would end before a second window could open in the same pass); one window: at the top."""
+    n = 1 if cfg.nsys else max(1, cfg.profile_windows)
+    files: list[Path] = []
+    overheads: list[dict[str, Any]] = []
+    for w in range(n):
+        out_dir = trace_dir / f"window-{w}" if n > 1 else trace_dir
+        out_dir.mkdir(parents=True, exist_ok=True)
+        got, oh = _capture_window(cfg, spec, server, run_id, out_dir, primary, manifest, workload, seed=cfg.workload.seed + 424_242 + 7 * w)
+        files += got
+        overheads.append(oh)
+    return files, overheads[0] if n == 1 else {**overheads[0], "windows": overheads}
+
+
+def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trace_dir: Path, primary: list[dict[str, Any]],
+                    manifest: Manifest, workload: Workload, *, seed: int) -> tuple[list[Path], dict[str, Any]]:
     """Drive a fresh pass; once every conversation is inside `profile_turn` and decoding, open the window."""
     conc = cfg.concurrency[0]
-    isl = (list(cfg.isl) or [cfg.workload.isl])[0]
-    wl = replace(cfg.workload, isl=isl, seed=cfg.workload.seed + 424_242)
+    wl = replace(workload, seed=seed)
     turn = min(cfg.profile_turn, wl.turns - 1)
     e2e = statistics.median([m["e2e_s_p50"] for m in primary if m.get("e2e_s_p50")] or [1.0])
     submitted: dict[int, int] = {}
@@ -264,7 +408,8 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
 
     result: dict[str, DriveResult] = {}
     stop = threading.Event()
-    th = threading.Thread(target=lambda: result.setdefault("r", drive(spec.base_url, wl, concurrency=conc, on_submit=on_submit, stop=stop)), daemon=True)
+    th = threading.Thread(target=lambda: result.setdefault("r", drive(spec.base_url, wl, concurrency=conc, on_submit=on_submit, stop=stop,
+                                                                      timeout_s=cfg.request_timeout_s)), daemon=True)
     th.start()
     while not ready.wait(0.2):
         if not th.is_alive():
@@ -274,6 +419,7 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
         if not server.alive():
             raise server.died("died during the capture pass")
     time.sleep(0.3 * e2e)  # past prefill, into decode
+    log_offset = log_size(server.log_path)
     t_start = time.perf_counter()
     body = start_profile(spec.base_url, output_dir=trace_dir, profile_id=run_id, num_steps=cfg.num_steps, with_stack=cfg.with_stack,
                          record_shapes=cfg.record_shapes, activities=("CUDA_PROFILER",) if cfg.nsys else ("CPU", "GPU"))
@@ -283,14 +429,14 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
             th.join(0.2)
         return [], {"note": "nsys mode: profiler overhead not measured"}
     files = wait_for_traces(spec.base_url, trace_dir, run_id, spec.world_size, timeout_s=cfg.profile_timeout_s, alive=server.alive,
-                            idle=lambda: not th.is_alive())
+                            idle=lambda: not th.is_alive(), log_path=server.log_path, log_offset=log_offset)
     t_end = time.perf_counter()
     while th.is_alive():
         th.join(0.2)
         if not server.alive():
             raise server.died("died during the capture pass")
     res = _check(result["r"], server, "capture pass")
-    during = [r for r in res.records if r.start_s < t_end and r.start_s + r.e2e_s > t_start and r.ttft_s is not None and r.completion_tokens > 1
+    during = [r for r in res.records if r.ok and r.start_s < t_end and r.start_s + r.e2e_s > t_start and r.ttft_s is not None and r.completion_tokens > 1
               and r.e2e_s > r.ttft_s]
     prof_user = statistics.median([(r.completion_tokens - 1) / (r.e2e_s - r.ttft_s) for r in during]) if during else None
     base_user = statistics.median([m["tokens_per_s_per_user_p50"] for m in primary if m.get("tokens_per_s_per_user_p50")] or [0]) or None
@@ -304,14 +450,14 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
     return files, overhead
 
 
-def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any]) -> dict[str, Any]:
+def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any], captures: list[Path] | None = None) -> dict[str, Any]:
     from profkit.analysis.parallel import analyze_paths
     from profkit.analysis.summary import build_summary
     from profkit.catalog import load_catalog
 
     cat = load_catalog(cfg.catalog) if cfg.catalog else (load_catalog("proxy") if cfg.target == "proxy" else None)
     # ranks in parallel, large traces through the parquet cache (a later diff/report reads it)
-    analyses = analyze_paths(files, marker=cfg.marker, min_bubble_us=cfg.min_bubble_us, catalog=cat)
+    analyses = analyze_paths(files, marker=cfg.marker, min_bubble_us=cfg.min_bubble_us, catalog=cat, captures=captures or None)
     summary = build_summary(analyses, marker=cfg.marker)
     if len(analyses) > 1:
         from profkit.analysis.ranks import cross_rank
@@ -319,7 +465,7 @@ def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any]) -> 
         summary["cross_rank"] = cross_rank(analyses)
     summary["run"] = {
         "run_id": manifest["run_id"], "label": manifest["label"], "target": manifest["target"], "preset": manifest.get("preset"),
-        "optimizations": manifest["optimizations"], "command": manifest["command"], "throughput": manifest.get("throughput"),
+        "optimizations": manifest["optimizations"], "base": manifest.get("base"), "command": manifest["command"], "throughput": manifest.get("throughput"),
         "profiler_overhead": manifest.get("profiler_overhead"), "versions": manifest.get("versions"), "workload": manifest.get("workload"),
     }
     return summary

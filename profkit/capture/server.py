@@ -1,7 +1,9 @@
 """Start the server under test in its own process group, wait for /health, always stop it.
 
-Stop = SIGTERM to the server, a grace period, then SIGKILL to its process group and to every
-descendant seen while it ran (psutil): a server that forks schedulers must leave no orphans.
+Stop = SIGTERM to the server, as long as the engine's own teardown needs (SGLang: ~90 s, see
+targets/sglang.TEARDOWN_S), then SIGKILL to its process group and to every descendant seen while
+it ran (psutil, polled during the teardown too): a server that forks schedulers, whose children
+start JIT compilers in sessions of their own, must leave no orphans.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class Server:
         if not port_free(self.spec.host, self.spec.port):
             raise TargetError(f"port {self.spec.port} on {self.spec.host} is already in use", hint="pass another --port, or stop whatever listens there")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"}
+        env = {k: v for k, v in os.environ.items() if k not in self.spec.unset}
+        env.update({**self.spec.env, "PYTHONUNBUFFERED": "1"})
         with open(self.log_path, "ab") as log:
             log.write(f"# profkit: {self.spec.shell()}\n".encode())
             log.flush()
@@ -97,26 +100,36 @@ class Server:
                                   hint="raise --health-timeout for big models, or read the server log")
             if tick:
                 tick()
+            self._remember()
             time.sleep(0.25)
 
-    def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM, wait, then SIGKILL the group and every descendant seen. Idempotent."""
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM, wait up to `grace_s` (default: the engine's teardown time) while noting every
+        descendant, then SIGKILL the group and every descendant seen. Idempotent."""
         if self.proc is None:
             return
+        grace = self.spec.teardown_s if grace_s is None else grace_s
         self._remember()
         if self.proc.poll() is None:
             try:
                 self.proc.send_signal(signal.SIGTERM)
             except ProcessLookupError:
                 pass
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
+            deadline = time.monotonic() + grace
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                self._remember()
+                time.sleep(0.1)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        for p in list(self._seen.values()):
+            try:
+                if p.is_running():
+                    for c in p.children(recursive=True):
+                        self._seen.setdefault(c.pid, c)
+            except psutil.Error:
+                pass
         for p in list(self._seen.values()):
             try:
                 if p.is_running():
@@ -127,7 +140,7 @@ class Server:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        psutil.wait_procs([p for p in self._seen.values()], timeout=5)
+        psutil.wait_procs([p for p in self._seen.values()], timeout=10)
 
     def leftovers(self) -> list[int]:
         """Pids of processes this server started that still run (should be empty after stop)."""

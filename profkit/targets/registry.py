@@ -1,9 +1,12 @@
-"""The optimization registry: every studied optimization, its real on/off switch per target.
+"""The optimization registry: every studied optimization, its real on/off switch per target, and
+which switches depend on which.
 
-SGLang 0.5.23 turns all of them on by default (sglang-0.5.23.md §0 #2), so a baseline must be
-explicit: `--base off` starts from everything off and switches the chosen ones on (isolates each);
-`--base on` starts from everything on and switches the chosen ones off for the baseline
-(leave-one-out).
+SGLang 0.5.23 turns every one of them on by default (sglang-0.5.23.md §0 #2), and the study
+measured each against the engine with everything else on. So "on" is SGLang's default (or the
+study's own explicit setting), "off" is the switch that removes it, and the default baseline is
+leave-one-out: `--base on` starts from everything on and switches the chosen ones off for the
+baseline. `--base off` (everything off, the chosen ones on) is an exploration of an eager regime
+the study never ran.
 """
 
 from __future__ import annotations
@@ -30,58 +33,83 @@ class Optimization:
     off: Switch
     kernels: str  # what it is expected to touch, in words (the catalog holds the categories)
     note: str = ""
+    meaning: str = ""  # what the switch really does in the engine release profkit targets
+    requires: tuple[str, ...] = ()  # optimizations that must be on for this one to do anything
+    requires_why: str = ""
 
 
 SGLANG: tuple[Optimization, ...] = (
     Optimization(
-        "overlap", "Spec V2 overlap scheduling (sync-free spec decoding)",
+        "overlap", "overlap scheduler under Spec V2",
         on=Switch(), off=Switch(args=("--disable-overlap-schedule",)),
-        kernels="no kernels: removes host syncs and the bubbles between run_batch iterations",
-        note="there is no Spec-V2 env switch in 0.5.23 (SGLANG_ENABLE_SPEC_V2 was removed); off = synchronous V2",
+        kernels="no kernels: the CPU prepares step N+1 while the GPU runs step N; changes idle time between run_batch iterations",
+        meaning="SGLang 0.5.23: --disable-overlap-schedule switches the overlap scheduler off, i.e. Spec V2 runs synchronously "
+                "(EAGLE always uses EAGLEWorkerV2; SGLANG_ENABLE_SPEC_V2 no longer exists). The study's own Spec V2 work "
+                "(seq_lens_cpu made optional for DSA, H2D syncs removed, _apply_cuda_graph_metadata ops fused: #29415, "
+                "#29499) has no switch in 0.5.23: it is always in; measure it by comparing two builds with --server-python",
+        note="not the study's sync removal: that has no switch",
     ),
     Optimization(
         "topk_v2", "TopK-V2 radix-select top-k fused with the page-table transform",
         on=Switch(env={"SGLANG_OPT_USE_TOPK_V2": "1"}), off=Switch(env={"SGLANG_OPT_USE_TOPK_V2": "0"}),
         kernels="topk: topk_main_kernel/topk_*_cluster_kernel instead of topk_transform_decode_kernel",
+        meaning="SGLANG_OPT_USE_TOPK_V2 (default 1): 0 selects the legacy sgl-kernel topk_transform_* path",
+        note="on = the study's `export SGLANG_OPT_USE_TOPK_V2=1` (also 0.5.23's default)",
     ),
     Optimization(
         "indexer_fusion", "DSA indexer prologue fusion (12 kernels -> 4)",
-        on=Switch(env={"SGLANG_DISABLE_DSA_INDEXER_FUSION": "0"}), off=Switch(env={"SGLANG_DISABLE_DSA_INDEXER_FUSION": "1"}),
+        on=Switch(), off=Switch(env={"SGLANG_DISABLE_DSA_INDEXER_FUSION": "1"}),
         kernels="indexer prologue: wk_weights_proj GEMM, fused_q_indexer_rope_hadamard_quant, fused_k_indexer_norm_rope_store",
-        note="needs indexer_rope_interleave: true in the checkpoint config (GLM-5.x sets it)",
+        meaning="SGLANG_DISABLE_DSA_INDEXER_FUSION (a kill switch, default unset = fused); the fusion also needs "
+                "indexer_rope_interleave: true in the checkpoint config (GLM-5.x sets it). --enable-dsa-fused-indexer is a "
+                "different, AMD-only feature",
     ),
     Optimization(
         "index_share", "IndexShare MTP: draft steps reuse the indexer top-k",
-        on=Switch(model_override={"index_share_for_mtp_iteration": True}),
-        off=Switch(model_override={"index_share_for_mtp_iteration": False}),
+        on=Switch(), off=Switch(model_override={"index_share_for_mtp_iteration": False}),
         kernels="fewer paged_mqa_logits/top-k kernels inside the draft range",
-        note="no CLI/env switch; a model-config attribute set through --json-model-override-args",
+        meaning="no CLI/env switch: the model-config attribute index_share_for_mtp_iteration (GLM-5.2's checkpoint sets it; "
+                "on = the checkpoint's value), honoured only with --speculative-eagle-topk 1; off = "
+                "--json-model-override-args '{\"index_share_for_mtp_iteration\": false}' (applies to the draft config too)",
     ),
     Optimization(
         "draft_extend_graph", "CUDA graph for the DSA draft-extend path",
-        on=Switch(env={"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "0"}), off=Switch(env={"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "1"}),
+        on=Switch(), off=Switch(env={"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "1"}),
         kernels="no kernels: fewer launches inside draft_extend",
+        meaning="SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH (default unset = captured)",
+        requires=("cuda_graph",),
+        requires_why="eagle_worker_v2.py (_capture_cuda_graphs) returns before capturing any draft graph when decode CUDA graphs are disabled",
     ),
     Optimization(
         "cuda_graph", "CUDA graphs for decode (and prefill)",
-        on=Switch(args=("--cuda-graph-backend-decode", "full", "--cuda-graph-backend-prefill", "breakable")),
-        off=Switch(args=("--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled")),
+        on=Switch(), off=Switch(args=("--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled")),
         kernels="no kernels: kernel launches replaced by graph launches",
-        note="decode disabled also disables the draft and draft-extend graphs",
+        meaning="--cuda-graph-backend-decode/--cuda-graph-backend-prefill (defaults: decode graphs on, breakable prefill graph "
+                "on CUDA); decode disabled also disables the draft and draft-extend graphs",
     ),
     Optimization(
         "bf16_gemm", "CuTe DSL BF16 GEMM backend",
         on=Switch(args=("--bf16-gemm-backend", "cutedsl")), off=Switch(args=("--bf16-gemm-backend", "torch")),
         kernels="gemm: TgvGemm CuTe kernels instead of cuBLAS nvjet_* for the BF16 attention projections",
-        note="cutedsl raises ValueError at start-up on GPUs other than SM100/SM103; profkit refuses it before launch",
+        meaning="--bf16-gemm-backend: cutedsl needs an SM10x GPU (SGLang raises ValueError elsewhere); auto = cutedsl on "
+                "SM10x, cuBLAS elsewhere; torch = cuBLAS",
+        note="on = the study's --bf16-gemm-backend cutedsl on SM10x (or an unknown GPU); auto on other GPUs, where it is a no-op",
     ),
     Optimization(
         "moe_deferred_finalize", "MoE deferred finalize (shared-expert add folded into finalize)",
         on=Switch(env={"SGLANG_ENABLE_MOE_DEFERRED_FINALIZE": "1"}), off=Switch(env={"SGLANG_ENABLE_MOE_DEFERRED_FINALIZE": "0"}),
         kernels="moe: moeFinalizeKernel / moe_finalize_all_reduce_kernel instead of finalizeKernel + add",
-        note="engages only with NVFP4 trtllm-gen MoE on Blackwell",
+        meaning="SGLANG_ENABLE_MOE_DEFERRED_FINALIZE (default 1); engages only with NVFP4 trtllm-gen MoE on Blackwell "
+                "(Hopper runs NVFP4 through Marlin, where it is a no-op)",
+        note="on = the study's `export SGLANG_ENABLE_MOE_DEFERRED_FINALIZE=1`",
     ),
 )
+
+# Optimizations that do nothing on GPUs outside these compute-capability majors (SGLang decides at start-up).
+HARDWARE: dict[str, tuple[tuple[int, ...], str]] = {
+    "bf16_gemm": ((10,), "--bf16-gemm-backend cutedsl needs SM10x; elsewhere profkit sends auto, which SGLang resolves to cuBLAS"),
+    "moe_deferred_finalize": ((10,), "deferred finalize engages only with NVFP4 trtllm-gen MoE on Blackwell (Hopper uses Marlin)"),
+}
 
 PROXY: tuple[Optimization, ...] = (
     Optimization("overlap", "overlap scheduling without host syncs", on=Switch(), off=Switch(),
@@ -132,3 +160,58 @@ def opt_states(target: str, chosen: list[str], *, base: str, candidate: bool) ->
     if base == "on":
         return {n: (candidate or n not in chosen) for n in names}
     raise UsageError(f"--base {base!r}: use 'off' or 'on'")
+
+
+def inactive(target: str, states: dict[str, bool], caps: list[str] | None = None) -> dict[str, str]:
+    """Optimizations switched on in `states` that do nothing there, with the reason.
+
+    A switch whose requirement is off (draft_extend_graph without cuda_graph), or one that SGLang
+    ignores on this GPU (bf16_gemm, moe_deferred_finalize off Blackwell; `caps` as '9.0', ...).
+    """
+    reg = registry(target)
+    out: dict[str, str] = {}
+    for name, on in states.items():
+        if not on or name not in reg:
+            continue
+        o = reg[name]
+        missing = [r for r in o.requires if not states.get(r, False)]
+        if missing:
+            out[name] = f"{name} does nothing while {', '.join(missing)} is off ({o.requires_why})"
+            continue
+        if target == "sglang" and caps and name in HARDWARE:
+            majors, why = HARDWARE[name]
+            bad = sorted({c for c in caps if _major(c) not in majors})
+            if bad:
+                out[name] = f"{name} does nothing on compute capability {', '.join(bad)}: {why}"
+    return out
+
+
+def _major(cap: str) -> int:
+    try:
+        return int(cap.split(".", 1)[0])
+    except ValueError:
+        return -1
+
+
+def check_comparison(target: str, baseline: dict[str, bool], candidate: dict[str, bool], attributed: list[str],
+                     caps: list[str] | None = None) -> list[str]:
+    """Refuse a comparison whose attributed optimization cannot change anything; return warnings.
+
+    Refused (UsageError): the optimization is a no-op in the candidate because an optimization it
+    depends on is off on both sides, so the two runs would be the same configuration. Warned: it
+    is a no-op on this hardware (the runs still go, and the warning says so).
+    """
+    reg = registry(target)
+    warnings: list[str] = []
+    dead = inactive(target, candidate, caps)
+    for name in attributed:
+        o = reg[name]
+        off_both = [r for r in o.requires if not baseline.get(r, False) and not candidate.get(r, False)]
+        if off_both:
+            raise UsageError(
+                f"{name} would be a no-op here: {', '.join(off_both)} is off in both runs and {o.requires_why}",
+                hint=f"measure it with {', '.join(off_both)} on (the default --base on, or add {' '.join('--opt ' + r for r in off_both)})",
+            )
+        if name in dead:
+            warnings.append(f"{dead[name]}; the baseline and candidate of {name} are the same configuration")
+    return warnings

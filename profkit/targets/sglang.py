@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 from profkit.errors import TargetError, UsageError
-from profkit.targets.registry import registry
+from profkit.targets.registry import inactive, registry
 from profkit.targets.spec import LaunchSpec
 
 STUDY_MODEL = "nvidia/GLM-5.2-NVFP4"
 
-# The study's launch command (seeds/000, "Reproduction"), without host/port, the bf16 backend and the
-# two env switches: those come from the registry so the baseline is explicit.
+# The study's launch commands (seeds/000, "Reproduction"), flag for flag and in its order, without
+# --model-path (first), --host and --port (profkit's own, last). The two `export`s of the study are
+# the registry's "on" switches of topk_v2 and moe_deferred_finalize, so all-on is exactly the study.
 _COMMON = [
     "--quantization", "modelopt_fp4",
     "--context-length", "90000",
@@ -25,6 +27,7 @@ _COMMON = [
     "--mem-fraction-static", "0.87",
     "--trust-remote-code",
     "--kv-cache-dtype", "fp8_e4m3",
+    "--bf16-gemm-backend", "cutedsl",
     "--reasoning-parser", "glm45",
     "--tool-call-parser", "glm47",
     "--speculative-algorithm", "EAGLE",
@@ -39,26 +42,88 @@ PRESETS: dict[str, tuple[int, list[str]]] = {
     "glm52-nvfp4-tep4": (4, ["--tensor-parallel-size", "4", "--ep-size", "4", *_COMMON]),
     "glm52-nvfp4-tep8": (8, ["--tensor-parallel-size", "8", "--ep-size", "8", *_COMMON]),
 }
+STUDY_ENV = {"SGLANG_OPT_USE_TOPK_V2": "1", "SGLANG_ENABLE_MOE_DEFERRED_FINALIZE": "1"}
+
+# SGLang's own SIGTERM teardown (sglang-0.5.23.md §6.3): the sigterm watchdog polls every 5 s,
+# drains in-flight requests, gives the schedulers up to 15 s to release GPU memory, then
+# kill_process_tree waits up to 60 s; plus a margin for uvicorn and the interpreter's exit.
+TEARDOWN_S = 5 + 15 + 60 + 10.0
 
 # Flags the registry owns: the user may not also pass them in --extra-server-args.
 _OWNED = {"--disable-overlap-schedule", "--cuda-graph-backend-decode", "--cuda-graph-backend-prefill", "--bf16-gemm-backend",
           "--disable-cuda-graph", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph", "--host", "--port"}
 
 
+def owned_env() -> tuple[str, ...]:
+    """Every environment variable a registry switch sets: never inherited from the user's shell."""
+    names: set[str] = set()
+    for o in registry("sglang").values():
+        names |= set(o.on.env) | set(o.off.env)
+    return tuple(sorted(names))
+
+
+def flag_value(argv: list[str], *flags: str) -> str | None:
+    """The last value given to any of `flags` (`--f v` or `--f=v`), as argparse would keep it."""
+    val = None
+    for i, a in enumerate(argv):
+        flag, eq, v = a.partition("=")
+        if flag in flags:
+            val = v if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return val
+
+
 def _tp(args: list[str]) -> int:
-    for flag in ("--tensor-parallel-size", "--tp-size", "--tp"):
-        if flag in args:
-            i = args.index(flag)
-            if i + 1 < len(args) and args[i + 1].isdigit():
-                return int(args[i + 1])
-    return 1
+    v = flag_value(args, "--tensor-parallel-size", "--tp-size", "--tp")
+    return int(v) if v and v.isdigit() else 1
+
+
+def _int(v: str | None) -> int | None:
+    return int(v) if v is not None and v.lstrip("-").isdigit() else None
+
+
+def reserved_tokens(argv: list[str]) -> int:
+    """Token slots SGLang reserves per request on top of its input (managers/utils.py
+    compute_num_reserved_tokens): EAGLE stores draft tokens in the output slots, so
+    max(topk * num_steps, num_draft_tokens); every other algorithm reserves nothing."""
+    algo = (flag_value(argv, "--speculative-algorithm") or "").upper()
+    if algo not in ("EAGLE", "EAGLE3", "NEXTN", "FROZEN_KV_MTP"):
+        return 0
+    topk = _int(flag_value(argv, "--speculative-eagle-topk")) or 1
+    steps = _int(flag_value(argv, "--speculative-num-steps")) or 0
+    draft = _int(flag_value(argv, "--speculative-num-draft-tokens")) or 0
+    return max(topk * steps, draft)
+
+
+def _apply(argv: list[str], args: tuple[str, ...]) -> None:
+    """Put a switch's flags into argv: a flag already there gets its value replaced in place (the
+    preset keeps the study's order), a new one is appended."""
+    i = 0
+    while i < len(args):
+        flag = args[i]
+        has_val = i + 1 < len(args) and not args[i + 1].startswith("--")
+        if has_val:
+            val = args[i + 1]
+            if flag in argv:
+                argv[argv.index(flag) + 1] = val
+            else:
+                argv += [flag, val]
+            i += 2
+        else:
+            if flag not in argv:
+                argv.append(flag)
+            i += 1
 
 
 def compose(
     states: dict[str, bool], *, preset: str | None, model_path: str | None, extra_args: list[str], server_python: str | None,
-    port: int, host: str = "127.0.0.1",
+    port: int, host: str = "127.0.0.1", caps: list[str] | None = None,
 ) -> LaunchSpec:
-    """The sglang.launch_server command for one optimization state."""
+    """The sglang.launch_server command for one optimization state.
+
+    `caps`: the GPUs' compute capabilities when known. bf16_gemm "on" is the study's
+    `--bf16-gemm-backend cutedsl` on SM10x or an unknown GPU, and `auto` on any other GPU (where
+    cutedsl would make SGLang raise at start-up and auto means cuBLAS: on and off are the same).
+    """
     reg = registry("sglang")
     if preset is not None and preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}", hint=f"choose one of: {', '.join(PRESETS)}")
@@ -80,11 +145,18 @@ def compose(
         except (IndexError, ValueError) as e:
             raise UsageError(f"--json-model-override-args in --extra-server-args is not JSON ({e})") from None
         del extra[i : i + 2]
-    args: list[str] = []
+    args: list[str] = list(base)
     env: dict[str, str] = {}
+    notes: list[str] = []
+    off_blackwell = bool(caps) and any(c.split(".")[0] != "10" for c in caps or [])
     for name, on in states.items():
         sw = reg[name].on if on else reg[name].off
-        args.extend(sw.args)
+        sw_args = sw.args
+        if name == "bf16_gemm" and on and off_blackwell:
+            sw_args = ("--bf16-gemm-backend", "auto")
+            notes.append(f"bf16_gemm on is --bf16-gemm-backend auto on compute capability {', '.join(sorted(set(caps or [])))} "
+                         "(cutedsl needs SM10x; auto = cuBLAS there)")
+        _apply(args, sw_args)
         env.update(sw.env)
         overrides.update(sw.model_override)
     if overrides:
@@ -92,31 +164,54 @@ def compose(
     argv = [server_python or sys.executable, "-m", "sglang.launch_server"]
     if model is not None:
         argv += ["--model-path", model]
-    argv += base + args + extra + ["--host", host, "--port", str(port)]
+    argv += args + extra + ["--host", host, "--port", str(port)]
     world = _tp(argv) if not preset else world
-    return LaunchSpec(target="sglang", argv=argv, env=env, host=host, port=port, world_size=world, preset=preset, states=dict(states))
+    notes += list(inactive("sglang", states, caps).values())
+    return LaunchSpec(target="sglang", argv=argv, env=env, host=host, port=port, world_size=world, preset=preset, states=dict(states),
+                      notes=notes, unset=tuple(n for n in owned_env() if n not in env),
+                      context_length=_int(flag_value(argv, "--context-length")), reserved_tokens=reserved_tokens(argv),
+                      teardown_s=TEARDOWN_S)
 
 
-def gpu_compute_capabilities() -> list[str] | None:
-    """Compute capabilities of the local GPUs from nvidia-smi (e.g. ['9.0']), or None when unknown."""
+@lru_cache(maxsize=1)
+def _caps_cached() -> tuple[str, ...] | None:
     try:
         p = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if p.returncode != 0:
         return None
-    return [x.strip() for x in p.stdout.splitlines() if x.strip()]
+    return tuple(x.strip() for x in p.stdout.splitlines() if x.strip()) or None
+
+
+def gpu_compute_capabilities() -> list[str] | None:
+    """Compute capabilities of the local GPUs from nvidia-smi (e.g. ['9.0']), or None when unknown."""
+    caps = _caps_cached()
+    return list(caps) if caps else None
 
 
 def check_gpu(spec: LaunchSpec, caps: list[str] | None) -> None:
-    """Refuse what SGLang would die on at start-up: cutedsl BF16 GEMM off SM100/SM103."""
-    if spec.states.get("bf16_gemm") and caps:
-        bad = [c for c in caps if c not in ("10.0", "10.3")]
+    """Refuse what SGLang would die on at start-up: --bf16-gemm-backend cutedsl off SM10x
+    (unquant.py: `get_platform().is_sm100`, i.e. compute capability major 10: B200, B300, GB300)."""
+    if flag_value(spec.argv, "--bf16-gemm-backend") == "cutedsl" and caps:
+        bad = [c for c in caps if c.split(".")[0] != "10"]
         if bad:
             raise TargetError(
-                f"bf16_gemm on needs an SM100/SM103 GPU (B200/B300/GB300); this machine has compute capability {', '.join(sorted(set(bad)))}",
-                hint="SGLang raises ValueError for --bf16-gemm-backend cutedsl here; leave bf16_gemm off (e.g. --base off without --opt bf16_gemm)",
+                f"--bf16-gemm-backend cutedsl needs an SM10x GPU (B200/B300/GB300); this machine has compute capability {', '.join(sorted(set(bad)))}",
+                hint="SGLang raises ValueError for it here; profkit composes `auto` for bf16_gemm on when it can read the GPUs (nvidia-smi)",
             )
+
+
+def context_from_server_info(info: dict[str, object]) -> int | None:
+    """The context length a running server enforces, from /server_info (resolved args), else
+    the scheduler's max_req_input_len (one less than the context, at most)."""
+    v = info.get("context_length")
+    if isinstance(v, int) and v > 0:
+        return v
+    m = info.get("max_req_input_len")
+    if isinstance(m, int) and m > 0:
+        return m + 1
+    return None
 
 
 _PARSE = r"""

@@ -17,6 +17,10 @@ class LaunchSpec:
     preset: str | None = None
     states: dict[str, bool] = field(default_factory=dict)  # optimization -> on/off
     notes: list[str] = field(default_factory=list)
+    unset: tuple[str, ...] = ()  # removed from the inherited environment (switches the registry owns)
+    context_length: int | None = None  # from the command line; None: ask the server
+    reserved_tokens: int = 0  # per-request slots the engine reserves on top of the input (EAGLE draft tokens)
+    teardown_s: float = 20.0  # how long the engine's own graceful shutdown may take before profkit kills it
 
     @property
     def base_url(self) -> str:
@@ -25,4 +29,6 @@ class LaunchSpec:
     def shell(self) -> str:
         """The command as one copy-pasteable shell line, environment first."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        return (env + " " if env else "") + shlex.join(self.argv)
+        unset = " ".join(f"-u {k}" for k in self.unset)
+        prefix = f"env {unset} " if unset else ""
+        return prefix + (env + " " if env else "") + shlex.join(self.argv)

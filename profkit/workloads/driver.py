@@ -3,14 +3,22 @@
 Each request is SGLang's native POST /generate with input_ids (the whole history) and
 ignore_eos. With streaming the first chunk gives TTFT; the final meta_info gives prompt,
 completion and cached tokens and the speculative verify count.
+
+A request fails when SGLang says so inside the stream (HTTP 200 with `data: {"error": ...}`,
+http_server.py `stream_results`), answers with an HTTP error, aborts it (finish_reason
+`{"type": "abort", ...}`), times out, or returns fewer tokens than asked for (ignore_eos makes
+the length exact). A failed request is recorded with the server's text and ends its
+conversation (the next turn would need its reply); it never counts in the throughput.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import statistics
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -30,18 +38,41 @@ class RequestRecord:
     start_s: float
     ttft_s: float | None
     e2e_s: float
+    error: str | None = None  # None: the request succeeded
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class RequestFailed(Exception):
+    """The server refused or broke off one request; the message is its own text where it gave one."""
+
+    def __init__(self, message: str, *, completion_tokens: int = 0, meta: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.completion_tokens = completion_tokens
+        self.meta = meta or {}
 
 
 @dataclass
 class DriveResult:
     records: list[RequestRecord] = field(default_factory=list)
     duration_s: float = 0.0
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # transport errors: the server stopped answering
+
+    @property
+    def failed(self) -> list[RequestRecord]:
+        return [r for r in self.records if not r.ok]
+
+    def failed_json(self, limit: int = 100) -> list[dict[str, Any]]:
+        return [{"conversation": r.conversation, "turn": r.turn, "prompt_tokens": r.prompt_tokens,
+                 "completion_tokens": r.completion_tokens, "error": r.error} for r in self.failed[:limit]]
 
     def metrics(self, world_size: int = 1) -> dict[str, Any]:
-        r = self.records
+        r = [x for x in self.records if x.ok]
+        failed = len(self.records) - len(r)
         if not r:
-            return {"requests": 0, "errors": self.errors[:5]}
+            return {"requests": 0, "failed_requests": failed, "errors": len(self.errors)}
         out_tok = sum(x.completion_tokens for x in r)
         prompt = sum(x.prompt_tokens for x in r)
         cached = sum(x.cached_tokens for x in r)
@@ -58,6 +89,7 @@ class DriveResult:
         total_tps = out_tok / self.duration_s if self.duration_s > 0 else 0.0
         return {
             "requests": len(r),
+            "failed_requests": failed,
             "errors": len(self.errors),
             "duration_s": self.duration_s,
             "output_tokens": out_tok,
@@ -74,8 +106,21 @@ class DriveResult:
         }
 
 
+def _error_text(obj: Any) -> str:
+    """SGLang's error bodies: {"error": {"message": ...}} (also in a stream), {"error": "..."}, {"detail": ...}."""
+    if isinstance(obj, dict):
+        e = obj.get("error", obj.get("detail", obj))
+        if isinstance(e, dict):
+            return str(e.get("message") or e)
+        return str(e)
+    return str(obj)
+
+
 def _generate(base_url: str, ids: list[int], max_new: int, timeout: float) -> tuple[list[int], dict[str, Any], float | None]:
-    """One /generate call, streamed. Returns output ids, final meta_info and TTFT (s from send)."""
+    """One /generate call, streamed. Returns output ids, final meta_info and TTFT (s from send).
+
+    Raises RequestFailed for anything the server refused or broke off, HTTPFailure when it does
+    not answer at all (connection refused: it may have died)."""
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new, "ignore_eos": True, "temperature": 0}, "stream": True}
     req = urllib.request.Request(base_url + "/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
@@ -87,26 +132,55 @@ def _generate(base_url: str, ids: list[int], max_new: int, timeout: float) -> tu
             ctype = resp.headers.get("Content-Type", "")
             if "text/event-stream" not in ctype:
                 obj = json.loads(resp.read())
-                return list(obj.get("output_ids") or []), obj.get("meta_info") or {}, None
-            for raw in resp:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    break
-                chunk = json.loads(payload)
-                ids_ = chunk.get("output_ids") or []
-                if ids_ and ttft is None:
-                    ttft = time.perf_counter() - t0
-                meta = chunk.get("meta_info") or meta
-                ids_ = list(ids_)
-                # SGLang streams incremental ids; completion_tokens tells the total
-                out.extend(ids_) if len(ids_) < meta.get("completion_tokens", 0) or not out else None
-                if meta.get("completion_tokens") == len(ids_):
-                    out = ids_
-    except OSError as e:
-        raise HTTPFailure(f"{base_url}/generate: {getattr(e, 'reason', e)}") from None
+                if isinstance(obj, dict) and "error" in obj:
+                    raise RequestFailed(_error_text(obj))
+                out, meta = list(obj.get("output_ids") or []), obj.get("meta_info") or {}
+            else:
+                done = False
+                for raw in resp:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                        break
+                    chunk = json.loads(payload)
+                    if "error" in chunk:  # SGLang: HTTP 200, the error inside the stream
+                        raise RequestFailed(_error_text(chunk), completion_tokens=len(out), meta=meta)
+                    ids_ = list(chunk.get("output_ids") or [])
+                    if ids_ and ttft is None:
+                        ttft = time.perf_counter() - t0
+                    meta = chunk.get("meta_info") or meta
+                    # default: every chunk carries all ids so far; --incremental-streaming-output: only the new ones
+                    n = meta.get("completion_tokens")
+                    if n is not None and len(out) + len(ids_) == n and len(ids_) != n:
+                        out = out + ids_
+                    else:
+                        out = ids_
+                if not done:
+                    raise RequestFailed("the stream ended without data: [DONE]", completion_tokens=len(out), meta=meta)
+    except urllib.error.HTTPError as e:
+        text = e.read()[:500]
+        try:
+            msg = _error_text(json.loads(text))
+        except ValueError:
+            msg = text.decode(errors="replace").strip()
+        raise RequestFailed(f"HTTP {e.code}: {msg}") from None
+    except (socket.timeout, TimeoutError):
+        raise RequestFailed(f"timed out after {timeout:.0f} s", completion_tokens=len(out), meta=meta) from None
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, (socket.timeout, TimeoutError)):
+            raise RequestFailed(f"timed out after {timeout:.0f} s", completion_tokens=len(out), meta=meta) from None
+        raise HTTPFailure(f"{base_url}/generate: {e.reason}") from None
+    except (ConnectionError, OSError) as e:
+        raise HTTPFailure(f"{base_url}/generate: {e}") from None
+    fr = meta.get("finish_reason")
+    if isinstance(fr, dict) and fr.get("type") == "abort":
+        raise RequestFailed(f"aborted by the server: {fr.get('message') or fr}", completion_tokens=len(out), meta=meta)
+    got = int(meta.get("completion_tokens", len(out)))
+    if got < max_new:
+        raise RequestFailed(f"short reply: {got} of {max_new} tokens (finish_reason {json.dumps(fr)})", completion_tokens=got, meta=meta)
     return out, meta, ttft
 
 
@@ -137,6 +211,14 @@ def drive(
                 start = time.perf_counter()
                 try:
                     out, meta, ttft = _generate(base_url, history, workload.output_tokens, timeout_s)
+                except RequestFailed as e:
+                    with lock:
+                        result.records.append(RequestRecord(
+                            conversation=c, turn=t, prompt_tokens=int(e.meta.get("prompt_tokens", len(history))),
+                            completion_tokens=e.completion_tokens, cached_tokens=int(e.meta.get("cached_tokens", 0)),
+                            spec_verify_ct=e.meta.get("spec_verify_ct"), start_s=start, ttft_s=None,
+                            e2e_s=time.perf_counter() - start, error=str(e)))
+                    break  # the conversation cannot go on without this reply
                 except (HTTPFailure, ValueError) as e:
                     with lock:
                         result.errors.append(str(e))
