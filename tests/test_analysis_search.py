@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from profkit.analysis import rank
+from profkit.analysis import bubbles, rank
 from profkit.analysis.spans import MaxTree, exclusive_top, innermost_enclosing, innermost_enclosing_by
 from profkit.ingest import Trace
 from profkit.ingest.tables import CALLS_SCHEMA, CPU_SCHEMA, GPU_OPS_SCHEMA
@@ -135,7 +135,7 @@ def test_gap_cpu_ops_is_the_definition(seed, native, monkeypatch):
     horizon = rng.choice([8, 30, 200])
     trace = make_trace(rng, n_cpu=rng.randrange(0, 300), n_calls=rng.randrange(0, 40), horizon=horizon, sort=seed % 4 != 0)
     g0s, g1s, tids = random_gaps(rng, rng.randrange(1, 30), horizon)
-    got = rank._gap_cpu_ops(trace, pl.Series(g0s, dtype=pl.Int64), pl.Series(g1s, dtype=pl.Int64), pl.Series(tids, dtype=pl.String))
+    got = bubbles.gap_cpu_ops(trace, pl.Series(g0s, dtype=pl.Int64), pl.Series(g1s, dtype=pl.Int64), pl.Series(tids, dtype=pl.String))
     assert _as_lists(got, len(g0s)) == ref_gap_cpu_ops(trace, g0s, g1s, tids)
 
 
@@ -149,7 +149,7 @@ def test_gap_ties_are_decided_by_name():
     trace = Trace(path=Path("t"), rank=0, device=None, gpu_ops=pl.DataFrame(schema=GPU_OPS_SCHEMA),
                   calls=pl.DataFrame(schema=CALLS_SCHEMA), cpu=cpu, gpu_annotations=pl.DataFrame(schema=CPU_SCHEMA),
                   t0_ns=0, n_events=11)
-    got = rank._gap_cpu_ops(trace, pl.Series([10, 55], dtype=pl.Int64), pl.Series([40, 70], dtype=pl.Int64), pl.Series(["1", "1"]))
+    got = bubbles.gap_cpu_ops(trace, pl.Series([10, 55], dtype=pl.Int64), pl.Series([40, 70], dtype=pl.Int64), pl.Series(["1", "1"]))
     assert _as_lists(got, 2) == ref_gap_cpu_ops(trace, [10, 55], [40, 70], ["1", "1"]) == [[("j", 30)], [("late", 5)]]
 
 

@@ -15,34 +15,23 @@ outside every iteration (or whose launch is not in the trace) are counted in `ou
 
 from __future__ import annotations
 
-import bisect
-import re
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from profkit.apis import (
-    ASYNC_COPY_APIS,
-    BLOCKING_COPY_APIS,
-    GRAPH_LAUNCH_APIS,
-    KERNEL_LAUNCH_APIS,
-    LAUNCH_APIS,
-    SYNC_APIS,
-)
-from profkit.analysis.clock import busy_by_window, by_window, owned_and_spill, tiles, union_ns
+from profkit.apis import GRAPH_LAUNCH_APIS, KERNEL_LAUNCH_APIS, LAUNCH_APIS
+from profkit.analysis.bubbles import CAUSES, find_bubbles
+from profkit.analysis.clock import busy_by_window, by_window, owned_and_spill, tiles
 from profkit.analysis.iterations import WHOLE_TRACE, find_iterations
+from profkit.analysis.ownership import gpu_windows, outside_work, own_calls, own_ops
 from profkit.analysis.phases import op_phases
-from profkit.analysis.spans import enclosing_stacks, innermost_enclosing, innermost_enclosing_by, thread_rows
+from profkit.analysis.spans import innermost_enclosing
+from profkit.analysis.syncs import find_syncs
 from profkit.ingest import Trace
 
-CAUSES = ("sync", "launch", "iteration_boundary", "gpu_wait")
 DIRECTIONS = ("h2d", "d2h", "d2d", "other")
-# A blocking call that returns within this long before the GPU went idle still counts as the
-# gap's cause: CUPTI's host and device timestamps come from different clocks (~1 µs apart).
-SYNC_SLACK_NS = 2_000
 
 
 @dataclass
@@ -148,8 +137,8 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     elif trace.gpu_ops.height and trace.calls.height == 0:
         trace = gpu_by_time(trace)
         warnings.append("no runtime calls in the trace (GPU-only?): GPU ops are assigned to iterations by their start time, launch figures are 0")
-    calls = _own_calls(trace.calls, win)
-    ops = _own_ops(trace.gpu_ops, calls)  # every GPU op; iteration null when no iteration owns it
+    calls = own_calls(trace.calls, win)
+    ops = own_ops(trace.gpu_ops, calls)  # every GPU op; iteration null when no iteration owns it
     owned_names = ops.filter(pl.col("iteration").is_not_null())["name"].unique().to_list() if ops.height else []
     if catalog is None:
         catalog = auto_catalog(owned_names)
@@ -163,7 +152,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     ops = ops.with_columns(op_phases(ops, trace.cpu))
     owned = ops.filter(pl.col("iteration").is_not_null())
 
-    windows = _gpu_windows(win, owned)
+    windows = gpu_windows(win, owned)
     owned = owned.join(windows.select("iteration", "gpu_start_ns", "gpu_end_ns"), on="iteration", how="left")
     w = tiles(windows)
     busy = busy_by_window(ops, w)
@@ -171,10 +160,10 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     categories = by_window(clocked, w, ("category",))
     phases = by_window(clocked, w, ("phase",))
     spill = owned_and_spill(owned)
-    outside = _outside(ops, win)
+    outside = outside_work(ops, win)
     rows_cache: dict = {}  # spans.thread_rows of trace.cpu / trace.calls, shared by the two below
-    syncs = _syncs(trace, calls, ops, rows_cache)
-    bubbles = _bubbles(trace, ops, calls, windows, syncs, int(round(min_bubble_us * 1000)), rows_cache)
+    syncs = find_syncs(trace, calls, ops, rows_cache)
+    bubbles = find_bubbles(trace, ops, calls, windows, syncs, int(round(min_bubble_us * 1000)), rows_cache)
 
     per = _per_iteration(win, windows, busy, categories, spill, owned, calls, syncs, bubbles)
     launch_calls = (
@@ -202,39 +191,6 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None), outside=outside,
         device_records=device_records, graph_capture=gcap,
     )
-
-
-def _outside(ops: pl.DataFrame, win: pl.DataFrame) -> dict[str, int]:
-    """GPU ops no iteration owns, by why: launched before the first iteration's window, after the
-    last one's, or with no launch call in the trace; their count and busy union."""
-    out = ops.filter(pl.col("iteration").is_null())
-    first = win["cpu_start_ns"].min() if win.height else None
-    no_launch = out.filter(pl.col("launch_ts_ns").is_null()).height
-    before = out.filter(pl.col("launch_ts_ns") < first).height if first is not None else 0
-    return {
-        "gpu_ops": out.height, "gpu_ns": union_ns(out), "before_first": before,
-        "after_last": out.height - no_launch - before, "no_launch_in_trace": no_launch, "device_busy_ns": union_ns(ops),
-    }
-
-
-def _own_calls(calls: pl.DataFrame, win: pl.DataFrame) -> pl.DataFrame:
-    w = win.select("iteration", "cpu_start_ns", "cpu_end_ns").sort("cpu_start_ns")
-    out = calls.sort("ts_ns").join_asof(w, left_on="ts_ns", right_on="cpu_start_ns", strategy="backward")
-    return out.with_columns(
-        pl.when(pl.col("ts_ns") < pl.col("cpu_end_ns")).then(pl.col("iteration")).otherwise(None).alias("iteration")
-    ).drop("cpu_start_ns", "cpu_end_ns")
-
-
-def _own_ops(gpu_ops: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
-    launches = (
-        calls.filter(pl.col("correlation").is_not_null())
-        .unique(subset="correlation", keep="first", maintain_order=True)
-        .select(
-            "correlation", "iteration", pl.col("api").alias("launch_api"), pl.col("ts_ns").alias("launch_ts_ns"),
-            pl.col("tid").alias("launch_tid"),
-        )
-    )
-    return gpu_ops.join(launches, on="correlation", how="left").sort("ts_ns")
 
 
 def _classify(owned: pl.DataFrame, calls: pl.DataFrame, trace: Trace, catalog: Any, captures: Any = None) -> pl.DataFrame:
@@ -293,283 +249,6 @@ def _launch_annotations(ops: pl.DataFrame, spans: pl.DataFrame) -> pl.Series | N
     got = pl.concat(out)
     full = pl.DataFrame({"_i": pl.int_range(0, ops.height, dtype=pl.Int64, eager=True)}).join(got, on="_i", how="left", maintain_order="left")
     return full["annotation"]
-
-
-def _gpu_windows(win: pl.DataFrame, owned: pl.DataFrame) -> pl.DataFrame:
-    first = owned.group_by("iteration").agg(pl.col("ts_ns").min().alias("s"), pl.col("end_ns").max().alias("e"))
-    rows = win.select("iteration").join(first, on="iteration", how="left").sort("iteration")
-    its, ss, es = rows["iteration"].to_list(), rows["s"].to_list(), rows["e"].to_list()
-    starts: list[int | None] = []
-    running: int | None = None
-    for s in ss:
-        if s is None:
-            starts.append(None)
-            continue
-        running = s if running is None else max(running, s)
-        starts.append(running)
-    ends: list[int | None] = [None] * len(its)
-    nxt: int | None = None
-    last_seen = True
-    for i in range(len(its) - 1, -1, -1):
-        if starts[i] is None:
-            continue
-        if last_seen:
-            ends[i] = max(starts[i], es[i])
-            last_seen = False
-        else:
-            ends[i] = nxt
-        nxt = starts[i]
-    return pl.DataFrame(
-        {"iteration": its, "first_op_ns": ss, "gpu_start_ns": starts, "gpu_end_ns": ends},
-        schema={"iteration": pl.Int64, "first_op_ns": pl.Int64, "gpu_start_ns": pl.Int64, "gpu_end_ns": pl.Int64},
-    )
-
-
-def _pick(col: pl.Series, idx: list[int | None]) -> list[Any]:
-    """col[i] for each i in idx (None stays None), gathering only those rows."""
-    got = col.gather(pl.Series([i for i in idx], dtype=pl.Int64)).to_list() if idx else []
-    return [v if i is not None else None for v, i in zip(got, idx)]
-
-
-# A Python frame in user code, as Kineto names it: "path/file.py(123): function"
-_USER_FRAME = re.compile(r"\.py\(\d+\): ")
-STACK_DEPTH = 6  # frames kept: the innermost one in a .py file, then its callers
-STACK_SEP = " ← "
-
-
-def _user_stacks(pts: pl.DataFrame, cpu: pl.DataFrame) -> list[str | None]:
-    """For each point: its enclosing Python frames in .py files (never a built-in method or an
-    address), innermost first, at most STACK_DEPTH, joined by STACK_SEP; None without any."""
-    out: list[str | None] = [None] * pts.height
-    if pts.height == 0 or cpu.height == 0:
-        return out
-    py = cpu["cat"] == "python_function"
-    if not py.any():
-        return out
-    frames = cpu.select("name", "ts_ns", "end_ns", "tid").filter(py)
-    stacks = enclosing_stacks(pts, frames)  # no rows cache: `frames` is a temporary (the cache keys by id)
-    names = frames["name"]
-    for k, rows in enumerate(stacks):
-        if not rows:
-            continue
-        got = [n for n in names.gather(rows).to_list() if n and _USER_FRAME.search(n)]
-        if got:
-            out[k] = STACK_SEP.join(got[:STACK_DEPTH])
-    return out
-
-
-def _syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, rows_cache: dict | None = None) -> pl.DataFrame:
-    """Host-blocking calls: synchronize calls (kind sync) and blocking copies (kind sync_copy)."""
-    op_info = (
-        ops.filter(pl.col("cat") == "gpu_memcpy")
-        .unique(subset="correlation", keep="first")
-        .select("correlation", pl.col("direction").alias("op_direction"), "pageable")
-    )
-    c = calls.join(op_info, on="correlation", how="left")
-    copies = c.filter(pl.col("api").is_in(ASYNC_COPY_APIS | BLOCKING_COPY_APIS))
-    blocking = c.filter(
-        pl.col("api").is_in(SYNC_APIS)
-        | pl.col("api").is_in(BLOCKING_COPY_APIS)
-        | (pl.col("api").is_in(ASYNC_COPY_APIS) & pl.col("pageable").fill_null(False))
-    ).with_columns(pl.when(pl.col("api").is_in(SYNC_APIS)).then(pl.lit("sync")).otherwise(pl.lit("sync_copy")).alias("kind"))
-    schema = {
-        "iteration": pl.Int64, "api": pl.String, "kind": pl.String, "direction": pl.String, "ts_ns": pl.Int64,
-        "end_ns": pl.Int64, "blocked_ns": pl.Int64, "tid": pl.String, "trigger": pl.String, "stack": pl.String,
-    }
-    if blocking.height == 0:
-        return pl.DataFrame(schema=schema)
-    pts = blocking.select("ts_ns", "end_ns", "tid")
-    # the innermost cpu_op, annotation and Python frame around each call, as rows of trace.cpu
-    # (one search for the three; a trace with stacks has millions of frames)
-    found = innermost_enclosing_by(pts, trace.cpu, "cat", ("cpu_op", "user_annotation", "python_function"), cache=rows_cache)
-    trig_idx, ann_idx = found["cpu_op"], found["user_annotation"]
-    # only the rows found above, not whole columns
-    op_names, op_ts = _pick(trace.cpu["name"], trig_idx), _pick(trace.cpu["ts_ns"], trig_idx)
-    ann_names = _pick(trace.cpu["name"], ann_idx)
-    py_names = _user_stacks(pts, trace.cpu)
-    # For a sync call: the direction of the latest copy on its thread inside the same trigger op.
-    copies_by_tid: dict[str, tuple[list[int], list[str | None]]] = {}
-    for tid, ts, d in copies.sort("ts_ns", maintain_order=True).select("tid", "ts_ns", "op_direction").iter_rows():
-        got = copies_by_tid.setdefault(tid, ([], []))
-        got[0].append(ts)
-        got[1].append(d)
-    directions, triggers, stacks = [], [], []
-    for k, (kind, tid, ts, opd) in enumerate(
-        zip(blocking["kind"].to_list(), blocking["tid"].to_list(), blocking["ts_ns"].to_list(), blocking["op_direction"].to_list())
-    ):
-        ti = trig_idx[k]
-        triggers.append(op_names[k] if ti is not None else (ann_names[k] if ann_idx[k] is not None else None))
-        stacks.append(py_names[k])
-        if kind == "sync_copy":
-            directions.append(opd or "none")
-            continue
-        lo = op_ts[k] if ti is not None else None
-        d = "none"
-        if lo is not None and tid in copies_by_tid:
-            # the latest copy on the thread starting at or before the sync, if inside the trigger op
-            cts, cds = copies_by_tid[tid]
-            j = bisect.bisect_right(cts, ts) - 1
-            if j >= 0 and cts[j] >= lo:
-                d = cds[j] or "none"
-        directions.append(d)
-    return blocking.select(
-        "iteration", "api", "kind",
-        pl.Series("direction", directions, dtype=pl.String), "ts_ns", "end_ns", pl.col("dur_ns").alias("blocked_ns"), "tid",
-        pl.Series("trigger", triggers, dtype=pl.String), pl.Series("stack", stacks, dtype=pl.String),
-    ).sort("ts_ns")
-
-
-def _bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.DataFrame, syncs: pl.DataFrame,
-             min_ns: int, rows_cache: dict | None = None) -> pl.DataFrame:
-    schema = {"iteration": pl.Int64, "start_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String, "cpu_ops": pl.List(pl.String),
-              "cpu_ops_ns": pl.List(pl.Int64)}
-    w = windows.filter(pl.col("gpu_start_ns").is_not_null()).sort("gpu_start_ns")
-    if w.height == 0 or ops.height == 0:
-        return pl.DataFrame(schema=schema)
-    lo, hi = w["gpu_start_ns"].min(), w["gpu_end_ns"].max()
-    gaps = (
-        ops.sort("ts_ns", "end_ns")
-        .with_columns(pl.col("end_ns").cum_max().shift(1).alias("g0"))
-        .filter(pl.col("g0").is_not_null() & (pl.col("ts_ns") - pl.col("g0") >= max(min_ns, 1)))
-        .filter((pl.col("g0") >= lo) & (pl.col("ts_ns") <= hi))
-        .select(
-            pl.col("g0"), pl.col("ts_ns").alias("g1"), pl.col("iteration").alias("next_iteration"),
-            "launch_ts_ns", "launch_tid",
-        )
-    )
-    if gaps.height == 0:
-        return pl.DataFrame(schema=schema)
-    gaps = gaps.join_asof(w.select("iteration", "gpu_start_ns", "first_op_ns"), left_on="g0", right_on="gpu_start_ns", strategy="backward")
-    firsts = set(windows.filter(pl.col("first_op_ns").is_not_null())["first_op_ns"].to_list())
-    first_iteration = w["iteration"].min()
-
-    main_tid = calls.filter(pl.col("api").is_in(LAUNCH_APIS))["tid"].mode().to_list() if calls.height else []
-    default_tid = main_tid[0] if main_tid else None
-    gaps = gaps.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_g"))
-    synced = _sync_gaps(gaps, syncs)
-    firsts = windows.filter(pl.col("first_op_ns").is_not_null())["first_op_ns"].implode()
-    cause = (
-        pl.when(pl.col("_g").is_in(synced.implode())).then(pl.lit("sync"))
-        .when(pl.col("next_iteration").is_not_null() & (pl.col("next_iteration") != w["iteration"].min()) & pl.col("g1").is_in(firsts))
-        .then(pl.lit("iteration_boundary"))
-        .when(pl.col("launch_ts_ns").is_not_null() & (pl.col("launch_ts_ns") > pl.col("g0"))).then(pl.lit("launch"))
-        .otherwise(pl.lit("gpu_wait"))
-    )
-    tids = gaps["launch_tid"].fill_null(default_tid) if default_tid is not None else gaps["launch_tid"]
-    ops_of = _gap_cpu_ops(trace, gaps["g0"], gaps["g1"], tids, rows_cache)
-    # a built-in's frame names its object's address ("<built-in method x of y object at 0x7f…>"):
-    # dropped, so one function is one name across bubbles and runs
-    ops_of = ops_of.with_columns(pl.col("name").str.replace(r" at 0x[0-9a-fA-F]+>", ">"))
-    lists = ops_of.group_by("_g").agg(pl.col("name").alias("cpu_ops"), pl.col("ns").alias("cpu_ops_ns"))
-    return (
-        gaps.join(lists, on="_g", how="left", maintain_order="left")
-        .select(
-            "iteration", pl.col("g0").alias("start_ns"), (pl.col("g1") - pl.col("g0")).alias("dur_ns"), cause.alias("cause"),
-            pl.col("cpu_ops").fill_null(pl.lit([], dtype=pl.List(pl.String))),
-            pl.col("cpu_ops_ns").fill_null(pl.lit([], dtype=pl.List(pl.Int64))),
-        )
-    )
-
-
-def _sync_gaps(gaps: pl.DataFrame, syncs: pl.DataFrame) -> pl.Series:
-    """The gaps (`_g`) a host-blocking call explains: one on the launching thread (any thread when
-    the launch is not in the trace) that started at or before the gap began and returned inside it
-    (or up to SYNC_SLACK_NS before it began: host and device clocks differ by ~1 µs)."""
-    found = [pl.Series("_g", [], dtype=pl.Int64)]
-    if syncs.height == 0:
-        return found[0]
-    for tid, frame in gaps.select("_g", "g0", "g1", "launch_tid").group_by("launch_tid"):
-        key = tid[0]
-        b = (syncs if key is None else syncs.filter(pl.col("tid") == key)).select("ts_ns", "end_ns").sort("end_ns", "ts_ns")
-        if b.height == 0:
-            continue
-        k0 = b["end_ns"].search_sorted(frame["g0"] - SYNC_SLACK_NS, side="left").cast(pl.Int64)
-        k1 = b["end_ns"].search_sorted(frame["g1"], side="right").cast(pl.Int64)
-        pairs = frame.select("_g", "g0", pl.int_ranges(k0, k1, dtype=pl.Int64).alias("k")).explode("k").drop_nulls("k")
-        if pairs.height:
-            found.append(pairs.filter(b["ts_ns"].gather(pairs["k"]) <= pairs["g0"])["_g"].unique())
-    return pl.concat(found).unique()
-
-
-GAP_TOP = 3  # CPU ops kept per gap
-
-
-def _gap_cpu_ops(trace: Trace, g0s: pl.Series, g1s: pl.Series, tids: pl.Series,
-                 rows_cache: dict | None = None) -> pl.DataFrame:
-    """For each gap [g0, g1) on thread tid: the CPU events of that thread (cpu_op, annotations,
-    Python frames, runtime calls) with the most exclusive time inside it, with that time (ns), as
-    rows (_g: the gap's position, name, ns), most time first within a gap.
-
-    The thread's events are ordered by (ts, -end, name); each instant of a gap goes to the event
-    latest in that order that has started and not yet ended (for nested spans: the innermost), so
-    an enclosing span that began long before the gap counts as well as the calls inside it. One
-    pass over the thread's events for all its gaps: in the native library when it is built
-    (ingest/scan.py), else the same sweep in Python (_sweep_gaps)."""
-    from profkit.ingest import scan
-
-    schema = {"_g": pl.Int64, "name": pl.String, "ns": pl.Int64}
-    found = [pl.DataFrame(schema=schema)]
-    gaps = pl.DataFrame({"_g": pl.int_range(0, len(g0s), dtype=pl.Int64, eager=True), "g0": g0s, "g1": g1s, "tid": tids})
-    for (t,), mine in gaps.filter(pl.col("tid").is_not_null()).sort("g0").group_by("tid", maintain_order=True):
-        parts = []
-        for f in (trace.cpu, trace.calls):
-            ts, end, rows = thread_rows(f, t, cache=rows_cache)
-            if len(ts):
-                parts.append(pl.DataFrame({"ts": ts, "end": end, "name": f["name"] if rows is None else f["name"].gather(rows)}))
-        if not parts:
-            continue
-        ev = pl.concat(parts).with_columns(pl.col("name").fill_null(""))
-        names = ev["name"].unique().sort()
-        # name ids in the names' order: ties in time are broken by the name, as in (ts, -end, name)
-        ev = ev.with_columns(pl.col("name").replace_strict(names, pl.int_range(0, len(names), dtype=pl.Int32, eager=True),
-                                                           return_dtype=pl.Int32).alias("id"))
-        ev = ev.sort("ts", "end", "id", descending=[False, True, False])
-        got = scan.gap_exclusive(ev["ts"].to_numpy(), ev["end"].to_numpy(), ev["id"].to_numpy(), mine["g0"].to_numpy(),
-                                 mine["g1"].to_numpy(), GAP_TOP)
-        if got is None:
-            tops = _sweep_gaps(ev["ts"].to_list(), ev["end"].to_list(), ev["id"].to_list(), mine["g0"].to_list(), mine["g1"].to_list(), GAP_TOP)
-            flat = pl.DataFrame({"_k": [k for k, top in enumerate(tops) for _ in top], "id": [n for top in tops for n, _ in top],
-                                 "ns": [x for top in tops for _, x in top]}, schema={"_k": pl.Int64, "id": pl.Int64, "ns": pl.Int64})
-        else:
-            m = mine.height
-            flat = pl.DataFrame({"_k": pl.int_range(0, m, dtype=pl.Int64, eager=True).repeat_by(GAP_TOP).explode(),
-                                 "id": got[0].reshape(-1).astype("int64"), "ns": got[1].reshape(-1)}).filter(pl.col("id") >= 0)
-        found.append(flat.select(mine["_g"].gather(flat["_k"]).alias("_g"), names.gather(flat["id"]).alias("name"), "ns"))
-    return pl.concat(found)
-
-
-def _sweep_gaps(ts: list[int], end: list[int], name: list[int], g0: list[int], g1: list[int], top: int) -> list[list[tuple[int, int]]]:
-    """profkit_gap_exclusive (ingest/_scan.c) in Python: the same sweep, for where no compiler is."""
-    out: list[list[tuple[int, int]]] = []
-    stack: list[tuple[int, int]] = []  # (end, name) of pushed events, latest last
-    n, k = len(ts), 0
-    for a, b in zip(g0, g1):
-        while k < n and ts[k] <= a:
-            while stack and stack[-1][0] <= ts[k]:
-                stack.pop()
-            stack.append((end[k], name[k]))
-            k += 1
-        acc: dict[int, int] = {}
-        t = a
-        while True:
-            nxt = ts[k] if k < n and ts[k] < b else b
-            while t < nxt:
-                while stack and stack[-1][0] <= t:
-                    stack.pop()
-                if not stack:
-                    t = nxt
-                    break
-                e = min(stack[-1][0], nxt)
-                acc[stack[-1][1]] = acc.get(stack[-1][1], 0) + (e - t)
-                t = e
-            if nxt == b:
-                break
-            while stack and stack[-1][0] <= ts[k]:
-                stack.pop()
-            stack.append((end[k], name[k]))
-            k += 1
-        out.append(sorted(((nm, x) for nm, x in acc.items() if x > 0), key=lambda kv: (-kv[1], kv[0]))[:top])
-    return out
 
 
 def _per_iteration(win, windows, busy, categories, spill, owned, calls, syncs, bubbles) -> pl.DataFrame:

@@ -15,7 +15,8 @@ from typing import Any
 import polars as pl
 
 from profkit import __version__
-from profkit.analysis.rank import CAUSES, DIRECTIONS, RankAnalysis
+from profkit.analysis.bubbles import CAUSES
+from profkit.analysis.rank import DIRECTIONS, RankAnalysis
 from profkit.analysis.timeline import representative_timeline
 
 SCHEMA_VERSION = 2
