@@ -128,6 +128,12 @@ def analyze(
         if timeline is not None and timeline.suffix not in (".parquet", ".csv"):
             raise UsageError(f"--timeline {timeline}: use a .parquet or .csv file name", hint="e.g. --timeline timeline.parquet")
         t_start = time.perf_counter()
+        catalog_note = None
+        if catalog is None:
+            from profkit.cli_report import manifest_catalog_name
+
+            catalog = manifest_catalog_name(paths)
+            catalog_note = f"catalog {catalog}: from the run manifest's target (--catalog to choose another)" if catalog else None
         summary, skey, files = None, None, []
         from profkit.ingest.identity import cache_disabled_by_env
 
@@ -207,6 +213,9 @@ def analyze(
             err.print(f"wrote {escape(str(timeline))} ({frame.height} GPU ops)")
         # printed last: every file is written before a reader that stops early (`| head`) can cut the output
         render_summary(summary, err if to_stdout else out, top=top)
+        picked = sorted({str(r.get("catalog")) for r in summary.get("ranks") or []})
+        err.print(f"[dim]{escape(catalog_note or 'catalog ' + ', '.join(picked) + ': picked from the kernel names (--catalog NAME to choose)')}[/]",
+                  soft_wrap=True)
 
 
 def _list_markers(paths: list[Path]) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -58,7 +59,7 @@ def test_diff_report_escapes_every_trace_string(hostile):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # the kernel name, as text, in the tables
     assert "cand &lt;i&gt;" in html
     assert "&lt;/script&gt;&lt;script&gt;alert(3)&lt;/script&gt;" in html  # the manifest
-    assert html.count('<div id="profkit-fig-') == 5
+    assert html.count('<div id="profkit-fig-') == 6
 
 
 def test_report_is_byte_stable_and_plotly_inline_once(hostile):
@@ -66,8 +67,9 @@ def test_report_is_byte_stable_and_plotly_inline_once(hostile):
     a, b = render_report(diffs=[d]), render_report(diffs=[d])
     assert a == b
     assert 'src="http' not in a  # self-contained
-    assert a.count("Plotly.newPlot") == 5
-    assert len(a) > 3_000_000  # plotly.js inline, once
+    assert a.count("Plotly.newPlot") == 6
+    assert 1_000_000 < len(a) <= 2_000_000  # plotly.js's cartesian bundle inline, once: a self-contained report within 2 MB
+    assert a.count("plotly.js (finance - minified)") == 1
     small = render_report(diffs=[d], cdn=True)
     assert len(small) < 500_000 and small.count('src="https://cdn.plot.ly/') == 1
 
@@ -156,7 +158,7 @@ def test_html_renders_in_headless_chromium_and_runs_no_injected_script(tmp_path,
     assert "data-pwned=" not in dom
     console = [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
     assert console == [], console
-    assert dom.count('class="plot-container plotly"') == expected_figures == 10
+    assert dom.count('class="plot-container plotly"') == expected_figures == 12
     assert dom.count("js-plotly-plot") >= expected_figures
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom  # shown as text
     assert shot.exists() and shot.stat().st_size > 20_000
@@ -180,7 +182,7 @@ def test_throughput_headline_and_curves(hostile):
     assert d["throughput"]["baseline"]["concurrency"] == 1
     html = render_report(diffs=[d])
     assert "tokens/s per user (p50) (unprofiled)" in html and "+10.0%" in html
-    assert "Unprofiled throughput curves" in html and html.count('<div id="profkit-fig-') == 7
+    assert "Unprofiled throughput curves" in html and html.count('<div id="profkit-fig-') == 8
     md = render_diff_markdown(d)
     assert "#### Unprofiled throughput" in md and "| tokens/s per user (p50) | 100.00 | 110.00 | +10.0% | **beyond noise** |" in md
     sweep = render_report(runs=[("base", base), ("cand", cand)])
@@ -197,3 +199,48 @@ def test_manifest_json_beside_a_summary_reaches_the_report(tmp_path, hostile):
     assert r.exit_code == 0, r.output
     html = (tmp_path / "r.html").read_text()
     assert "Run manifests" in html and "--x &lt;y&gt;" in html
+
+
+SHOTS = os.environ.get("PROFKIT_SCREENSHOTS")  # a folder: keep the screenshots there to look at them
+
+
+@needs_chromium
+@pytest.mark.parametrize("width", [1400, 900])
+def test_diff_report_in_chromium_at_two_widths(tmp_path, width):
+    """The sample pair's diff report at 1400 and 900 px: it draws every figure, logs no console
+    error, has its banner-free top (a GPU run), per-side x-axes and the GPU window per iteration."""
+    from pathlib import Path as P
+
+    sample = P(__file__).resolve().parent.parent / "traces" / "sample"
+    page = tmp_path / "diff.html"
+    r = runner.invoke(app, ["diff", str(sample / "eager_sync.pt.trace.json.gz"), str(sample / "graph_decode.pt.trace.json.gz"), "--html", str(page)])
+    assert r.exit_code == 0, r.output
+    html = page.read_text()
+    assert len(html.encode()) <= 2_000_000
+    assert "before and after" in html and "GPU window per iteration" in html and "x-axis per side" in html
+    shot = (P(SHOTS) if SHOTS else tmp_path) / f"diff-{width}.png"
+    r = _chromium(f"--window-size={width},2400", f"--screenshot={shot}", "--dump-dom", page.as_uri())
+    assert r.returncode == 0, r.stderr[-2000:]
+    console = [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
+    assert console == [], console
+    n = html.count('<div id="profkit-fig-')
+    assert r.stdout.count('class="plot-container plotly"') == n >= 6
+    assert "waterfalllayer" in r.stdout  # the bundle draws the waterfall (plotly.js's cartesian bundle has none)
+    assert shot.stat().st_size > 20_000
+
+
+@needs_chromium
+def test_cpu_only_run_report_has_the_banner_first(tmp_path):
+    from pathlib import Path as P
+
+    trace = P(__file__).resolve().parent / "data" / "bad" / "cpu_only.json.gz"
+    page = tmp_path / "cpu.html"
+    r = runner.invoke(app, ["report", str(trace), "-o", str(page)])
+    assert r.exit_code == 0, r.output
+    html = page.read_text()
+    body = html.split("<body>", 1)[1]
+    assert body.index('class="banner"') < body.index("<section")
+    assert "CPU-op window" in html and "GPU window µs" not in html
+    assert "before and after" not in html  # one run: not a before/after timeline
+    r = _chromium("--window-size=900,1600", "--dump-dom", page.as_uri())
+    assert [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln] == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from html import unescape
 
 import pytest
 from markdown_it import MarkdownIt
@@ -22,16 +23,19 @@ def _table_rows(md: str) -> list[str]:
 
 def test_md_escape():
     assert md_escape("a|b`c`<d>&e@f") == "a&#124;b&#96;c&#96;&lt;d&gt;&amp;e&#64;f"
-    assert md_escape("x" * 500).endswith("…") and len(md_escape("x" * 500)) == 140
+    cut = md_escape("a" * 300 + "b" * 300)
+    assert len(cut) == 140 and cut.startswith("a") and cut.endswith("b") and "…" in cut  # cut in the middle
+    assert md_escape("gemm_kernel<*>[x]") == "gemm\\_kernel&lt;\\*&gt;\\[x\\]"  # Markdown's specials get a backslash
     assert md_escape("line\nbreak") == "line break"
 
 
 def test_comment_escapes_hostile_names_and_renders_tables(hostile):  # noqa: F811
     _, _, d = hostile
     md = render_diff_markdown(d)
-    for raw in ("<script>", "<img", "`tick`", "@everyone", "|pipe", "](javascript:"):
+    for raw in ("<script>", "<img", "`tick`", "@everyone", "|pipe"):
         assert raw not in md, raw
     html = gfm(md)
+    assert 'href="javascript' not in html
     assert "<script>" not in html and "<img" not in html and "<b>x</b>" not in html
     assert html.count("<table>") >= 3
     # every row of a table has as many cells as its header: no name broke out of its cell
@@ -74,3 +78,38 @@ def test_noise_wording(hostile, noise):  # noqa: F811
         assert "within noise" in md and "**beyond noise**" in md
     else:
         assert "no noise estimate" in md
+
+
+def _tables(html: str) -> list[tuple[list[str], list[list[str]]]]:
+    out = []
+    for t in html.split("<table>")[1:]:
+        body = t.split("</table>")[0]
+        head = [unescape(re.sub("<[^>]+>", "", h)).strip() for h in re.findall(r"<th[^>]*>(.*?)</th>", body)]
+        rows = [[unescape(re.sub("<[^>]+>", "", c)).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", r)]
+                for r in body.split("<tbody>")[-1].split("<tr>")[1:]]
+        out.append((head, rows))
+    return out
+
+
+def test_rendered_comment_reads_as_a_reviewer_needs(hostile):  # noqa: F811
+    """Rendered with markdown-it as GitHub would: every column labelled, the decomposition's largest
+    change first, Δ first among the movers, `_` readable (a backslash in the raw text, never &#95;)."""
+    _, _, d = hostile
+    d = copy.deepcopy(d)
+    d["top_movers"][0]["name"] = "void flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>, " + "x" * 300 + ">(Flash_fwd_params)"
+    md = render_diff_markdown(d)
+    assert "&#95;" not in md and "\\_" in md
+    html = gfm(md)
+    tables = _tables(html)
+    assert tables
+    for head, _ in tables:
+        assert all(head), head  # no unlabelled column
+    dec = next((h, r) for h, r in tables if h and h[0].startswith("term"))
+    deltas = [abs(float(r[3].replace(",", "").replace("*", "") or 0)) for r in dec[1] if r[0] not in ("GPU window", "residual") and r[3]]
+    assert deltas == sorted(deltas, reverse=True)
+    movers = next((h, r) for h, r in tables if "kernel" in h and h[0].startswith("Δ"))
+    assert movers[0][:3] == ["Δ µs", "baseline µs", "candidate µs"]
+    long = next(r for r in movers[1] if "flash" in r[4])
+    assert len(long[4]) <= 90 and long[4].startswith("void flash_fwd_splitkv_kernel") and long[4].endswith("(Flash_fwd_params)")
+    assert "flash_fwd_splitkv_kernel" in html  # `_` renders as `_`
+    assert len(md) < GITHUB_COMMENT_LIMIT

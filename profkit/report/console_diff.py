@@ -12,6 +12,7 @@ from rich.table import Table
 from profkit.attribution.diff import decomposition_rows, headline, headline_lines, throughput_rows, within_noise
 from profkit.findings import cpu_ops_text
 from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
+from profkit.report.vocab import banner, count_label, diff_timeline, words
 
 
 def _f(x: float | None, digits: int = 1, *, sign: bool = False) -> str:
@@ -57,6 +58,10 @@ def render_diff(diff: Mapping[str, Any], console: Console, *, top: int = 10) -> 
     if not noise.get("available"):
         console.print(f"[dim]{escape(noise.get('note', 'no noise estimate'))}[/]", soft_wrap=True)
 
+    tl = diff_timeline(diff)
+    W = words(tl)
+    if banner(tl):
+        console.print(f"[bold yellow]{escape(banner(tl) or '')}[/]", soft_wrap=True)
     g = diff["decomposition"]["gpu_window_us"]
     rows: list[tuple[str, ...]] = []
     for group, term, delta, bv, cv in decomposition_rows(diff):
@@ -67,20 +72,20 @@ def render_diff(diff: Mapping[str, Any], console: Console, *, top: int = 10) -> 
         else:
             label = term if group == "category" else f"idle: {term.replace('_', ' ')}"
         rows.append((label, _f(bv), _f(cv), _f(delta, sign=True), _noise(diff, metric)))
-    rows.append(("GPU window", _f(g["baseline"]), _f(g["candidate"]), _f(g["delta"], sign=True), _noise(diff, "gpu_window_us")))
+    rows.append((W["window"], _f(g["baseline"]), _f(g["candidate"]), _f(g["delta"], sign=True), _noise(diff, "gpu_window_us")))
     rows.append(("residual", "", "", _f(diff["decomposition"]["residual_us"], 3), "exact" if diff["decomposition"].get("exact") else "inexact"))
-    console.print(fit_table(console, f"change in mean GPU window per iteration ({diff['shape']['label']})",
+    console.print(fit_table(console, f"change in mean {W['window']} per iteration ({diff['shape']['label']})",
                             (("term", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)), rows))
 
     ph = diff["decomposition"].get("phase_us") or {}
     if ph:
         sb, sc = diff["decomposition"]["baseline"].get("phase_us") or {}, diff["decomposition"]["candidate"].get("phase_us") or {}
-        console.print(fit_table(console, "the same change in GPU time by phase (mean µs per iteration)",
+        console.print(fit_table(console, f"the same change in {W['device']} time by phase (mean µs per iteration)",
                                 (("phase", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM)),
                                 [(k, _f(sb.get(k)), _f(sc.get(k)), _f(d, sign=True)) for k, d in ph.items()]))
 
     console.print(fit_table(console, "per iteration (medians)", (("count", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
-                            [(k.replace("_", " "), _f(v["baseline"], 0), _f(v["candidate"], 0), _f(v["delta"], 0, sign=True), _noise(diff, f"counts.{k}"))
+                            [(count_label(k, tl), _f(v["baseline"], 0), _f(v["candidate"], 0), _f(v["delta"], 0, sign=True), _noise(diff, f"counts.{k}"))
                              for k, v in diff["counts"].items()]))
     if diff.get("syncs"):
         console.print(fit_table(console, "host syncs and blocking copies per iteration",
@@ -89,7 +94,7 @@ def render_diff(diff: Mapping[str, Any], console: Console, *, top: int = 10) -> 
                                   s["kind"], s["direction"], s["api"], s["trigger"]) for s in diff["syncs"][:top]]))
     if diff.get("top_movers"):
         console.print(fit_table(console, "top movers (µs per iteration, normalized names)",
-                                (("Δ µs", NUM), ("baseline", NUM), ("candidate", NUM), ("category", COPY), ("kernel", NAME)),
+                                (("Δ µs", NUM), ("baseline", NUM), ("candidate", NUM), ("category", COPY), (W["kernel"], NAME)),
                                 [(_f(m["delta_us"], sign=True), _f(m["baseline_us"]), _f(m["candidate_us"]), m["category"], m["name"])
                                  for m in diff["top_movers"][:top]]))
     bub = diff.get("bubbles") or {}

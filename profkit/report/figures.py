@@ -58,7 +58,8 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
     titles = [esc(f"{lab}: iteration {t['iteration']} ({t['kind']}"
                   + (f" bs={t['batch_size']}" if t.get("batch_size") is not None else "")
                   + f"), GPU window {t['gpu_window_us']:,.1f} µs", 200) for lab, t in present] or ["no timeline"]
-    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.12, subplot_titles=titles)
+    # each side on its own x-axis (a 60 ms baseline would make a 1 ms candidate a sliver); a button shares them
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=False, vertical_spacing=0.16 if n > 1 else 0.1, subplot_titles=titles)
     cats = sorted({c for _, t in present for c in t["ops"]["category"]})
     colors = dict(colors or category_colors(cats))
     shown: set[str] = set()
@@ -101,11 +102,37 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
             ), row=row, col=1)
             shown.add("sync")
         fig.update_yaxes(type="category", categoryorder="category descending", row=row, col=1)
-    fig.update_xaxes(title_text="µs from the start of the iteration's GPU window", row=n, col=1)
-    return _layout(fig, title="Representative iteration (median GPU window), before and after", height=260 + 230 * n, barmode="overlay")
+    for row in range(1, n + 1):
+        fig.update_xaxes(title_text="µs from the start of the iteration's GPU window", row=row, col=1)
+    if n > 1:
+        share = {f"xaxis{i}.matches": "x" for i in range(2, n + 1)}
+        own = {f"xaxis{i}.matches": None for i in range(2, n + 1)}
+        fig.update_layout(updatemenus=[dict(type="buttons", direction="left", x=1.0, xanchor="right", y=1.0 + 40 / (260 + 230 * n),
+                                            yanchor="bottom", showactive=True, active=0,
+                                            buttons=[dict(label="x-axis per side", method="relayout", args=[own]),
+                                                     dict(label="share x-axis", method="relayout", args=[share])])])
+    what = {1: "", 2: ", before and after"}.get(len(present), f", {len(present)} configurations")
+    return _layout(fig, title=f"Representative iteration (median GPU window){what}", height=260 + 230 * n, barmode="overlay")
 
 
-def waterfall_figure(diff: Mapping[str, Any], *, max_terms: int = 12) -> go.Figure:
+def gpu_window_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], *, window: str = "GPU window") -> go.Figure:
+    """The GPU window of every iteration, one line per side (compared iterations as filled markers):
+    a run whose iterations swing shows it here before its mean is read as a finding."""
+    fig = go.Figure()
+    for i, (label, its) in enumerate(sides):
+        color = SIDE_COLORS[i % len(SIDE_COLORS)]
+        fig.add_trace(go.Scatter(
+            x=[it["index"] for it in its], y=[it.get("gpu_window_us") for it in its], mode="lines+markers", name=esc(label, 80),
+            line=dict(color=color), marker=dict(symbol=["circle" if it.get("used", True) else "circle-open" for it in its], size=7),
+            text=[esc(it.get("shape") or "", 60) for it in its],
+            hovertemplate="iteration %{x}: %{y:,.1f} µs · %{text}<extra>" + esc(label, 80) + "</extra>",
+        ))
+    fig.update_xaxes(title_text="iteration")
+    fig.update_yaxes(title_text=f"{window} µs", rangemode="tozero")
+    return _layout(fig, title=f"{window} per iteration (open markers: not compared)", height=360)
+
+
+def waterfall_figure(diff: Mapping[str, Any], *, max_terms: int = 12, window: str = "GPU window") -> go.Figure:
     """Baseline GPU window -> per-term changes -> candidate GPU window (mean µs per iteration)."""
     from profkit.attribution.diff import decomposition_rows
 
@@ -125,8 +152,16 @@ def waterfall_figure(diff: Mapping[str, Any], *, max_terms: int = 12) -> go.Figu
         totals=dict(marker=dict(color="#4C78A8")), connector=dict(line=dict(color="#BBBBBB")),
         hovertemplate="%{x}: %{y:,.1f} µs<extra></extra>",
     ))
-    fig.update_yaxes(title_text="µs per iteration (mean)")
-    return _layout(fig, title=f"Where the GPU window went: {g['delta']:+,.1f} µs per iteration", height=420)
+    # zoomed to the changes: from a little below the lowest running total to a little above the highest
+    # (a 200 µs change on a 12 ms window is a flat line on an axis that starts at zero)
+    levels, level = [g["baseline"], g["candidate"]], g["baseline"]
+    for v in values:
+        level += v
+        levels.append(level)
+    lo, hi = min(levels), max(levels)
+    pad = max((hi - lo) * 0.25, abs(hi) * 0.002, 1.0)
+    fig.update_yaxes(title_text="µs per iteration (mean; axis zoomed to the changes)", range=[max(lo - pad, 0.0), hi + pad])
+    return _layout(fig, title=f"Where the {window} went: {g['delta']:+,.1f} µs per iteration", height=420)
 
 
 def grouped_bars_figure(sides: Sequence[tuple[str, Mapping[str, float]]], *, title: str, y_title: str,

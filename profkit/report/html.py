@@ -22,6 +22,7 @@ from profkit import __version__
 from profkit.findings import cpu_ops_text, host_gap_text, largest_bubbles, outside_text
 from profkit.attribution.diff import IDLE_KEYS, compare_summaries, decomposition_rows, headline, headline_lines, throughput_points, throughput_rows, within_noise
 from profkit.report import figures as F
+from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
 
 MAX_ROWS = 50
 MAX_MANIFEST_ROWS = 200
@@ -48,10 +49,39 @@ class _Figures:
         self.n = 0
 
     def div(self, fig: go.Figure) -> Markup:
-        include: bool | str = ("cdn" if self.cdn else True) if self.n == 0 else False
+        include: bool | str = "cdn" if self.cdn and self.n == 0 else False
+        bundle = "" if self.cdn or self.n else _inline_bundle()
         self.n += 1
-        return Markup(fig.to_html(full_html=False, include_plotlyjs=include, div_id=f"profkit-fig-{self.n}",
-                                  config={"displaylogo": False, "responsive": True}))
+        return Markup(bundle + fig.to_html(full_html=False, include_plotlyjs=include, div_id=f"profkit-fig-{self.n}",
+                                           config={"displaylogo": False, "responsive": True}))
+
+
+BUNDLE = "plotly-finance.min.js"  # plotly.js's finance partial bundle (bar, scatter, waterfall): 1.3 MB, not 4.8 (assets/README.md)
+
+
+@lru_cache(maxsize=1)
+def _inline_bundle() -> str:
+    """plotly.js's smallest bundle that draws these charts, inline; plotly.py's full one if it is missing."""
+    from importlib.resources import files
+
+    try:
+        js = (files("profkit.report") / "assets" / BUNDLE).read_text(encoding="utf-8")
+    except (OSError, FileNotFoundError):
+        from plotly.offline import get_plotlyjs
+
+        js = get_plotlyjs()
+    return ('<script type="text/javascript">window.PlotlyConfig = {MathJaxConfig: \'local\'};</script>\n'
+            f'<script type="text/javascript">{js}</script>\n')
+
+
+def _instability(label: str, series: Sequence[Mapping[str, Any]], window: str) -> str | None:
+    """A warning when the compared iterations' windows swing (max over min above 1.5): their mean
+    then says little, and a change between two such runs may be the swing, not the change."""
+    vals = [x["gpu_window_us"] for x in series if x.get("used", True) and x.get("gpu_window_us")]
+    if len(vals) < 2 or min(vals) <= 0 or max(vals) / min(vals) <= 1.5:
+        return None
+    return (f"unstable: {label}'s {window} per iteration swings {min(vals):,.1f} – {max(vals):,.1f} µs ({max(vals) / min(vals):.1f}×) "
+            "over the compared iterations; its mean says little, and a change may be that swing (see the plot of every iteration)")
 
 
 def _section(id: str, title: str, **kw: Any) -> dict[str, Any]:
@@ -121,6 +151,8 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     b, c = diff["baseline"], diff["candidate"]
     lb, lc = f"baseline: {b['label']}", f"candidate: {c['label']}"
     w, g = diff["wall_us"], diff["gpu_window_us"]
+    tl = diff_timeline(diff)
+    W = words(tl)
     dec = diff["decomposition"]
     cards = [
         {"label": f"{t['label']} (unprofiled)", "value": f"{_n(t['baseline'], 2)} → {_n(t['candidate'], 2)}",
@@ -130,7 +162,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     ] + [
         {"label": "wall µs per iteration (mean)", "value": f"{_n(w['baseline'])} → {_n(w['candidate'])}", "sub": f"{_n(w['delta'], sign=True)} µs {_pct(w['ratio'])}",
          "tone": "good" if (w["delta"] or 0) < 0 else "bad" if (w["delta"] or 0) > 0 else ""},
-        {"label": "GPU window µs (mean)", "value": f"{_n(g['baseline'])} → {_n(g['candidate'])}", "sub": f"{_n(g['delta'], sign=True)} µs {_pct(g['ratio'])}",
+        {"label": f"{W['window']} µs (mean)", "value": f"{_n(g['baseline'])} → {_n(g['candidate'])}", "sub": f"{_n(g['delta'], sign=True)} µs {_pct(g['ratio'])}",
          "tone": "good" if (g["delta"] or 0) < 0 else "bad" if (g["delta"] or 0) > 0 else ""},
     ]
     for key, label in (("kernel_launches", "kernel launches"), ("syncs", "host syncs"), ("bubble_count", "bubbles")):
@@ -158,6 +190,15 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     head["notes"] += [f"warning: {x}" for x in diff.get("warnings") or []]
 
     out = [head]
+    series = diff.get("series") or {}
+    if series.get("baseline") or series.get("candidate"):
+        # first among the figures: a side whose iterations swing must be seen before its mean is read
+        swing = [x for x in (_instability(lb, series.get("baseline") or [], W["window"]),
+                             _instability(lc, series.get("candidate") or [], W["window"])) if x]
+        head["notes"][:0] = [f"warning: {x}" for x in swing]
+        out.append(_section(f"{prefix}-windows", f"{W['window']} per iteration, each side", notes=[f"warning: {x}" for x in swing],
+                            figures=[figs.div(F.gpu_window_figure([(lb, series.get("baseline") or []), (lc, series.get("candidate") or [])],
+                                                                  window=W["window"]))]))
     tl = diff.get("timelines") or {}
     sides = [(lb, tl.get("baseline")), (lc, tl.get("candidate"))]
     cats = sorted(set(dec["baseline"]["category_us"]) | set(dec["candidate"]["category_us"]))
@@ -176,11 +217,11 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
             bv, cv = -(bv or 0), -(cv or 0)
         label = {"category": term, "overlap": "− overlap (multi-stream, counted once)", "idle": f"idle: {term.replace('_', ' ')}"}[group]
         rows.append([label, _n(bv), _n(cv), _n(delta, sign=True), _noise(diff, metric)])
-    rows.append(["GPU window", _n(g["baseline"]), _n(g["candidate"]), _n(g["delta"], sign=True), _noise(diff, "gpu_window_us")])
+    rows.append([W["window"], _n(g["baseline"]), _n(g["candidate"]), _n(g["delta"], sign=True), _noise(diff, "gpu_window_us")])
     rows.append(["residual", "", "", _n(dec["residual_us"], 3), "exact" if dec.get("exact") else "inexact"])
     out.append(_section(
-        f"{prefix}-decomposition", "Where the GPU window went (mean µs per iteration)",
-        figures=[figs.div(F.waterfall_figure(diff))],
+        f"{prefix}-decomposition", f"Where the {W['window']} went (mean µs per iteration)",
+        figures=[figs.div(F.waterfall_figure(diff, window=W["window"]))],
         tables=[_table(["term", "baseline", "candidate", "Δ µs", "noise"], rows, align="lrrrl")],
     ))
     out.append(_section(
@@ -189,8 +230,8 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
                  figs.div(F.bubbles_figure([(lb, dec["baseline"]["idle_us_by_cause"]), (lc, dec["candidate"]["idle_us_by_cause"])]))],
     ))
 
-    labels = {"gpu_kernels": "GPU kernels", "kernel_launches": "kernel launches", "graph_launches": "graph launches", "syncs": "host syncs",
-              "sync_copies": "blocking copies", "memcpy_d2h": "D2H copies", "memcpy_h2d": "H2D copies", "bubble_count": "bubbles"}
+    labels = {k: count_label(k, tl) for k in ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h",
+                                                "memcpy_h2d", "bubble_count")}
     crow = [[lab, _n(diff["counts"][k]["baseline"], 0), _n(diff["counts"][k]["candidate"], 0), _n(diff["counts"][k]["delta"], 0, sign=True),
              _noise(diff, f"counts.{k}")] for k, lab in labels.items()]
     for k, t in (diff.get("timings") or {}).items():
@@ -271,20 +312,29 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], figs: _Figures) 
         r = _rank0(s)
         m = r.get("median") or {}
         its = r.get("iterations") or []
+        W = words(rank_timeline(r))
         cards = [{"label": lab, "value": _n(m.get(k), d), "sub": "median per iteration", "tone": ""} for k, lab, d in (
-            ("wall_us", "wall µs", 1), ("gpu_window_us", "GPU window µs", 1), ("gpu_busy_us", "GPU busy µs", 1), ("gpu_idle_us", "GPU idle µs", 1),
-            ("kernel_launches", "kernel launches", 0), ("graph_launches", "graph launches", 0), ("syncs", "host syncs", 0), ("bubble_count", "bubbles", 0))]
+            ("wall_us", "wall µs", 1), ("gpu_window_us", f"{W['window']} µs", 1), ("gpu_busy_us", f"{W['busy']} µs", 1), ("gpu_idle_us", f"{W['idle']} µs", 1),
+            ("gpu_kernels", W["kernels"], 0), ("kernel_launches", "kernel launches", 0), ("graph_launches", "graph launches", 0), ("syncs", "host syncs", 0),
+            ("bubble_count", "bubbles", 0))]
+        swing = _instability(label, [{"gpu_window_us": i.get("gpu_window_us")} for i in its[:-1]], W["window"])
         notes = [f"rank {r.get('rank')} · {r.get('device') or 'unknown device'} · {len(its)} iterations · marker {r.get('marker')} · catalog {r.get('catalog')}"]
         notes += [x for x in (host_gap_text(r), outside_text(r)) if x]
         notes += [f"warning: {w}" for w in r.get("warnings") or []]
+        if swing:
+            notes.insert(0, f"warning: {swing}")
         big = largest_bubbles(r, 10)
         tables = [_table(["µs", "cause", "iteration", "CPU ops (exclusive µs inside the bubble)"],
                          [[_n(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"])] for b in big],
                          align="rlrl", caption=f"largest bubbles: {label} (of {r.get('bubbles_total', len(r.get('bubbles') or []))})",
                          name_cols=(3,))] if big else []
         out.append(_section(f"run-{i}", label, cards=cards, notes=notes, tables=tables))
+    W = words("cpu" if runs and all(rank_timeline(_rank0(s)) == "cpu" for _, s in runs) else "gpu")
+    out.append(_section("runs-windows", f"{W['window']} per iteration", figures=[figs.div(F.gpu_window_figure(
+        [(label, [{**i, "used": True, "shape": f"{i.get('kind')}" + (f" bs={i['batch_size']}" if i.get("batch_size") is not None else "")}
+                  for i in _rank0(s).get("iterations") or []]) for label, s in runs], window=W["window"]))]))
     sides = [(label, _rank0(s).get("timeline")) for label, s in runs]
-    s = _section("runs-timeline", "Timeline of a representative iteration")
+    s = _section("runs-timeline", "Timeline of a representative iteration" + (" per configuration" if len(runs) > 1 else ""))
     if any(t for _, t in sides):
         s["figures"].append(figs.div(F.timeline_figure(sides)))
     else:
@@ -371,8 +421,10 @@ def render_report(*, diffs: Sequence[Mapping[str, Any]] = (), runs: Sequence[tup
         "runs": [label for label, _ in runs],
         "figures": figs.n,
     }
+    tls = {diff_timeline(d) for d in diffs} | {rank_timeline(_rank0(s)) for _, s in runs}
+    page_banner = banner("mixed" if "mixed" in tls or len(tls) > 1 else (tls.pop() if tls else "gpu"))
     return _env().get_template("report.html").render(
-        title=title, subtitle=None, profkit_version=__version__, sections=sections,
+        title=title, subtitle=None, profkit_version=__version__, sections=sections, banner=page_banner,
         nav=[{"id": s["id"], "title": s["title"]} for s in sections if s["id"].endswith(("summary", "ladder"))],
         footer="times are µs per iteration; decompositions use means, counts use medians",
         data=data,

@@ -1,0 +1,48 @@
+"""One vocabulary per device timeline, the same in every renderer.
+
+A CPU-only trace has no device records: profkit takes the outermost aten ops on the iteration's
+thread as its "device" timeline (summary.json's ``device_timeline: "cpu"``). Its windows, busy and
+idle time are of that CPU-op timeline and its "kernels" are aten ops, and every renderer says so
+(plain data: no rich, no HTML).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+GPU_WORDS = {"device": "GPU", "window": "GPU window", "busy": "GPU busy", "idle": "GPU idle", "kernels": "GPU kernels", "kernel": "kernel",
+             "kernels_plain": "kernels"}
+CPU_WORDS = {"device": "CPU-op", "window": "CPU-op window", "busy": "CPU-op busy", "idle": "CPU-op idle", "kernels": "aten ops",
+             "kernel": "aten op", "kernels_plain": "aten ops"}
+CPU_BANNER = ("CPU-only run: these traces hold no GPU activity. The outermost aten ops on the iteration thread stand in for device "
+              "ops, so window, busy and idle are of that CPU-op timeline and aten ops take the place of kernels; kernel launches, "
+              "graph launches and syncs are 0.")
+MIXED_BANNER = ("One side is a CPU-only run (its aten ops stand in for device ops) and the other a GPU run: their windows, busy "
+                "and idle times are of different timelines and do not compare.")
+
+
+def rank_timeline(rank: Mapping[str, Any]) -> str:
+    return "cpu" if rank.get("device_timeline") == "cpu" else "gpu"
+
+
+def diff_timeline(diff: Mapping[str, Any]) -> str:
+    """"cpu" when both sides are CPU-only, "mixed" when one is, else "gpu" (diff.json's sides)."""
+    t = {str((diff.get(s) or {}).get("device_timeline") or "gpu") for s in ("baseline", "candidate")}
+    return "mixed" if len(t) > 1 else t.pop()
+
+
+def words(timeline: str) -> dict[str, str]:
+    return CPU_WORDS if timeline == "cpu" else GPU_WORDS
+
+
+def banner(timeline: str) -> str | None:
+    return CPU_BANNER if timeline == "cpu" else MIXED_BANNER if timeline == "mixed" else None
+
+
+def count_label(key: str, timeline: str) -> str:
+    """The label of a per-iteration count in diff.json's ``counts``."""
+    if key == "gpu_kernels":
+        return words(timeline)["kernels"]
+    return {"kernel_launches": "kernel launches", "graph_launches": "graph launches", "syncs": "host syncs", "sync_copies": "blocking copies",
+            "memcpy_d2h": "D2H copies", "memcpy_h2d": "H2D copies", "bubble_count": "bubbles"}.get(key, key.replace("_", " "))

@@ -1,0 +1,70 @@
+"""What reports are made from (issue 17, points 3, 6, 11): two single-rank sides compare whatever
+their ranks, sides without a common shape need --allow-shape-mismatch (warned first), the catalog
+comes from the run manifest's target, and a reader that leaves early (`| head`) costs neither the
+exit status nor the files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from profkit.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "traces" / "sample"
+PUBLIC = ROOT / "tests" / "data" / "public"
+runner = CliRunner()
+
+
+def _with_rank(src: Path, rank: int, dst: Path) -> Path:
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    doc["distributedInfo"] = {"rank": rank, "world_size": 8}
+    dst.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return dst
+
+
+def test_single_rank_sides_compare_whatever_their_ranks(tmp_path):
+    b = _with_rank(SAMPLE / "eager_sync.pt.trace.json.gz", 3, tmp_path / "b.pt.trace.json.gz")
+    c = _with_rank(SAMPLE / "graph_decode.pt.trace.json.gz", 1, tmp_path / "c.pt.trace.json.gz")
+    r = runner.invoke(app, ["diff", str(b), str(c), "--json", "-"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert any("rank 3 of the baseline compared with rank 1 of the candidate" in w for w in d["warnings"])
+    assert r.stderr.splitlines()[0].startswith("warning: single-rank sides")
+
+
+def test_sides_without_a_common_shape_need_the_flag_and_warn_first():
+    dec, ext = (str(PUBLIC / f"tracelens_sglang_qwen3-8b_mi300x_{k}_step.json.gz") for k in ("decode", "extend"))
+    r = runner.invoke(app, ["diff", dec, ext])
+    assert r.exit_code == 2
+    assert "share no iteration shape" in r.output and "--allow-shape-mismatch" in r.output
+    r = runner.invoke(app, ["diff", dec, ext, "--allow-shape-mismatch"])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines()[0].startswith("warning: the two sides share no iteration shape")
+
+
+def test_catalog_from_the_run_manifest_and_an_auto_pick_is_said(tmp_path):
+    data = ROOT / "tests" / "data" / "gpu_proxy"
+    for name in ("baseline", "topk_v2"):
+        r = runner.invoke(app, ["analyze", str(data / f"{name}.trace.json.gz"), "--no-cache", "--json", str(tmp_path / f"{name}.json")])
+        assert r.exit_code == 0, r.output
+        assert "catalog proxy: from the run manifest's target" in r.output
+        assert json.loads((tmp_path / f"{name}.json").read_text())["ranks"][0]["catalog"] == "proxy"
+    r = runner.invoke(app, ["analyze", str(SAMPLE / "eager_sync.pt.trace.json.gz"), "--no-cache"])
+    assert "picked from the kernel names" in r.output
+
+
+def test_a_reader_that_leaves_early_costs_neither_exit_status_nor_files(tmp_path):
+    out = {k: tmp_path / f"d.{k}" for k in ("json", "md", "html")}
+    cmd = [sys.executable, "-m", "profkit", "diff", str(SAMPLE / "eager_sync.pt.trace.json.gz"), str(SAMPLE / "graph_decode.pt.trace.json.gz"),
+           "--json", str(out["json"]), "--md", str(out["md"]), "--html", str(out["html"]), "--cdn"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    p.stdout.close()  # the reader is gone before the first line: every write to stdout is EPIPE
+    assert p.wait(timeout=120) == 0
+    for f in out.values():
+        assert f.stat().st_size > 0, f
