@@ -68,3 +68,14 @@ def test_a_reader_that_leaves_early_costs_neither_exit_status_nor_files(tmp_path
     assert p.wait(timeout=120) == 0
     for f in out.values():
         assert f.stat().st_size > 0, f
+
+
+def test_cpu_only_diff_says_cpu_op_window_everywhere(tmp_path):
+    trace = ROOT / "tests" / "data" / "bad" / "cpu_only.json.gz"
+    md = tmp_path / "c.md"
+    r = runner.invoke(app, ["diff", str(trace), str(trace), "--md", str(md)])
+    assert r.exit_code == 0, r.output
+    assert "CPU-only run" in r.stdout and "CPU-op window" in r.stdout and "gpu kernels" not in r.stdout.lower()
+    text = md.read_text()
+    assert text.index("CPU-only run") < text.index("####")  # the banner before the first table
+    assert "CPU-op window" in text and "GPU kernels" not in text and "aten ops" in text
