@@ -108,6 +108,16 @@ class Engine:
             log.info("warm-up request done in %.2fs", time.perf_counter() - t)
         self.ready = True
 
+    def _kernels(self) -> dict:
+        if getattr(self, "_kernels_info", None) is None:
+            try:
+                from profkit.proxy import kernels
+
+                self._kernels_info = kernels.backends(self.cfg.device)
+            except Exception as ex:  # never fail /server_info over it
+                self._kernels_info = {"error": f"{type(ex).__name__}: {ex}"[:300]}
+        return self._kernels_info
+
     def server_info(self) -> dict:
         torch = self.torch
         dev = self.cfg.device
@@ -128,6 +138,7 @@ class Engine:
             "device_name": name,
             "dtype": self.cfg.dtype,
             "switches": self.cfg.switch_states(),
+            "kernels": self._kernels(),  # which implementation topk_v2 / indexer_fusion run
             "model": self.cfg.size.__dict__,
             "speculative_algorithm": "EAGLE" if self.cfg.spec else None,
             "speculative_num_steps": self.cfg.speculative_num_steps,

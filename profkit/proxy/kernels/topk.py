@@ -26,7 +26,18 @@ largest scores; among equal scores the lowest positions win; ``-0.0 == +0.0``; *
 **Order** of the selected entries inside a row: unspecified on CUDA (atomic emission order; compare
 as sets); the CPU twin returns them in ascending position order.
 
-Default plan (``path="sample"``; three Triton launches, kernel names ``topk_v2_*``)
+CUDA kernel (``path="cuda"``; what ``path="auto"`` runs on CUDA when it builds: sm_90+, ``nvcc``
+on the machine; one launch, kernel name ``topk_v2_cluster_kernel<C>``; topk_cuda.py and
+csrc/topk_v2.cu): the study's design. A score row is split across a thread-block cluster of C CTAs
+(C from the batch's shape: ``topk_cuda.plan``); each CTA keeps its chunk in registers when it fits
+(else streams it) and builds a 1,024-bin shared-memory histogram of the fp16-rounded keys
+(``coarse_bins``); a cluster-wide reduction through distributed shared memory finds the bin of the
+need-th largest score; scores above it are emitted directly, the bin's scores are selected exactly
+(11-bit radix rounds on the full fp32 key and the position) by the leader CTA. ``backend(device)``
+says which implementation runs; the Triton plans below are the fallback where the CUDA kernel is
+unavailable, and the CPU path is the torch twin.
+
+Triton default plan (``path="sample"``; three Triton launches, kernel names ``topk_v2_*``)
 1. ``topk_v2_sample_kernel`` (one program per row): order-preserving int32 keys of a sample of the
    row (runs of 8 consecutive positions = one 32-byte sector each, spread evenly; the whole row when
    it fits) give a threshold ``t``: the ``want``-th largest sampled key, ``want`` = the expected
@@ -812,6 +823,25 @@ def _workspace(device, rows: int, n: int, nb: int):
     return ws
 
 
+def cuda_available(device=None) -> bool:
+    """Whether topk_v2 uses the CUDA kernel on `device` (see topk_cuda.available)."""
+    from . import topk_cuda
+
+    return topk_cuda.available(device)
+
+
+def backend(device=None) -> str:
+    """Which TopK-V2 implementation `topk_v2(path="auto")` runs on `device`: "cuda" (the CUDA
+    C++ kernel, csrc/topk_v2.cu), "triton" or "torch" (the CPU twin). May build the CUDA library."""
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda" and torch.cuda.is_available():
+        if cuda_available(dev):
+            return "cuda"
+        return "triton" if HAVE_TRITON else "torch"
+    return "triton" if (HAVE_TRITON and dev is not None and use_triton(torch.empty(0, device=dev)))\
+        else "torch"
+
+
 def default_plan(n: int) -> tuple[int, int, int]:
     """(sample, block_r, select_warps) for rows of n positions: the per-size best configurations
     measured on the H200 (benchmarks/RESULTS_kernels.md, "V2 best")."""
@@ -828,11 +858,16 @@ def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None
             num_warps: int = NUM_WARPS, block_r: int | None = None,
             select_warps: int | None = None,
             log2nb: int = LOG2NB, block_c: int = BLOCK_C, fused_max_n: int = FUSED_MAX_N,
-            search: str = "bitwise", _stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+            search: str = "bitwise", cluster: int | None = None,
+            _stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k selection fused with the page-table translation (see the module doc).
 
-    Triton on CUDA tensors (and on CPU under TRITON_INTERPRET=1), the torch twin otherwise.
-    ``path``: "auto" = "sample" (sample -> filter -> select, the default plan) | "hist"
+    On CUDA tensors: the CUDA kernel (topk_cuda.py, sm_90+, built with nvcc at first use) when it
+    is available, else Triton; Triton on CPU under TRITON_INTERPRET=1; the torch twin otherwise.
+    ``path``: "auto" = "cuda" where available (and no Triton knob - sample, block_r,
+    select_warps, search - is given), else "sample" | "cuda" (the CUDA kernel; ``cluster``
+    overrides its planned cluster size: 1, 2, 4, 8, 16) | "sample" (Triton: sample -> filter ->
+    select, the Triton default plan) | "hist"
     (histogram plan: hist -> select -> refine) | "hist_fused" (histogram plan, one program per
     row) | "twin". ``search``: how the two one-program-per-row kernels of the sample plan find
     a k-th largest key: "bitwise" (32 block reductions; measured, the default) or "radix" (seven
@@ -845,13 +880,25 @@ def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None
         raise ValueError("k must be >= 1")
     if page_table is not None and (page_table.dim() != 2 or scores.shape[0] % page_table.shape[0]):
         raise ValueError("page_table must be [pt_rows, n_pages] with rows % pt_rows == 0")
+    if search not in ("bitwise", "radix"):
+        raise ValueError("search must be 'bitwise' or 'radix'")
+    radix = search == "radix"
+    if path in ("auto", "cuda") and scores.is_cuda:
+        triton_knobs = (sample is not None or block_r is not None or select_warps is not None
+                        or search != "bitwise")
+        if path == "cuda" or (not triton_knobs and cuda_available(scores.device)):
+            x = scores if scores.dtype == torch.float32 else scores.float()
+            if x.stride(1) != 1:
+                x = x.contiguous()
+            from . import topk_cuda
+
+            return topk_cuda.topk_v2_cuda(x, k, page_table, page_size, lengths, cluster=cluster)
+    if path == "cuda":
+        raise ValueError("path='cuda' needs a CUDA tensor")
     d_sample, d_block_r, d_select_warps = default_plan(scores.shape[-1])
     sample = d_sample if sample is None else sample
     block_r = d_block_r if block_r is None else block_r
     select_warps = d_select_warps if select_warps is None else select_warps
-    if search not in ("bitwise", "radix"):
-        raise ValueError("search must be 'bitwise' or 'radix'")
-    radix = search == "radix"
     if sample < 8 or sample & (sample - 1):
         raise ValueError("sample must be a power of two >= 8")
     if path == "twin" or not use_triton(scores):
