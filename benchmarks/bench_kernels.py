@@ -3,10 +3,12 @@
 Reproduces the study's kernel figures on the GPU at hand:
 
 * top-k latency at the verify shape (7 score rows = batch 1 x (6 draft tokens + 1), k = 2048) at
-  8K, 32K, 80K, 256K and 1M positions: sort-then-slice V1 (+ page-table gather), TopK-V2 (these
-  Triton kernels, fused translation), torch.topk (plain); each plain (triton.testing.do_bench,
-  median, L2 flushed between calls) and CUDA-graph replayed (a graph of REP calls over 4 rotating
-  score buffers, median of the replays / REP);
+  8K, 32K, 80K, 256K and 1M positions: sort-then-slice V1 (+ page-table gather), torch.topk
+  (plain), TopK-V2 in Triton (the sample plan, fused translation) and TopK-V2 in CUDA C++
+  (csrc/topk_v2.cu, clusters + DSMEM, fused translation; planned cluster size, plus a sweep of
+  the cluster sizes), and the bandwidth floor (one read of the scores; torch.amax as a real one-pass
+  read); each plain (triton.testing.do_bench, median, L2 flushed between calls) and CUDA-graph
+  replayed (a graph of REP calls over 4 rotating score buffers, median of the replays / REP);
 * indexer prologue: kernels per call (torch.profiler) and latency, unfused (the proxy's 12-step
   chain) vs fused (wk_weights_proj GEMM + wq_b GEMM + the two fused Triton kernels).
 
@@ -114,10 +116,23 @@ def v1_sort(scores, k, pt):
 # ----------------------------------------------------------------------------------------------
 
 
+def cuda_v2_ok():
+    if SMOKE:
+        return False
+    from profkit.proxy.kernels import topk_cuda
+
+    why = topk_cuda.unavailable_reason()
+    if why:
+        log(f"CUDA TopK-V2 unavailable: {why}")
+    return why is None
+
+
 def topk_section(args, results):
     dev = DEV
     g = torch.Generator(device=dev).manual_seed(0)
-    configs = [dict()]  # the defaults (auto = the sample plan)
+    have_cuda = cuda_v2_ok()
+    results["topk_v2_backend"] = TK.backend(dev)
+    configs = [dict(path="sample")]  # the Triton default (the sample plan)
     if args.tune:
         for smp, block, nw, prog in [(4096, 4096, 8, 264), (8192, 4096, 8, 264),
                                      (None, 4096, 8, 132), (None, 4096, 8, 528),
@@ -125,11 +140,7 @@ def topk_section(args, results):
             configs.append(dict(path="sample", sample=smp, block=block, num_warps=nw,
                                 programs=prog))
         configs.append(dict(path="sample", block_r=4096, select_warps=8))
-        # radix-round search in the one-program-per-row kernels (not measured before)
         configs.append(dict(search="radix"))
-        configs.append(dict(search="radix", sample=16384))
-        configs.append(dict(search="radix", block_r=4096, select_warps=8))
-        # the histogram plan with tl.histogram (1,024 bins), for comparison
         configs.append(dict(path="hist", log2nb=10, block=4096, num_warps=8, programs=264))
     rows_out = []
     for name, n in SIZES:
@@ -138,26 +149,30 @@ def topk_section(args, results):
         pt = torch.randperm(max(npages * 4, 1 << 16), device=dev, generator=g)[:npages]
         pt = pt.int().view(1, -1)
         rec = {"size": name, "n": n}
-        # correctness: random, and a tie-heavy row set
-        idx, slots = TK.topk_v2(bufs[0], K, pt, PAGE)
-        ok = sets_equal_gpu(bufs[0], idx, K)
-        want = pt[0].long()[idx.long() // PAGE] * PAGE + idx.long() % PAGE
-        ok = ok and bool(torch.equal(slots.long(), want))
         dup = torch.randint(-50, 50, (ROWS, n), device=dev, generator=g).float()
-        di, _ = TK.topk_v2(dup, K, pt, PAGE)
-        ok = ok and sets_equal_gpu(dup, di, K)
-        rec["correct"] = ok
+
+        def check(**kw):
+            # exact sets on random rows (and tie-heavy integer rows) + the fused translation
+            idx, slots = TK.topk_v2(bufs[0], K, pt, PAGE, **kw)
+            ok = sets_equal_gpu(bufs[0], idx, K)
+            want = pt[0].long()[idx.long() // PAGE] * PAGE + idx.long() % PAGE
+            ok = ok and bool(torch.equal(slots.long(), want))
+            di, _ = TK.topk_v2(dup, K, pt, PAGE, **kw)
+            return ok and sets_equal_gpu(dup, di, K)
+
+        ok_t = check(path="sample")
+        ok_c = check(path="cuda") if have_cuda else None
+        rec["correct"] = ok_t and ok_c is not False
+        rec["correct_triton"], rec["correct_cuda"] = ok_t, ok_c
         # baselines
         rec["torch.topk"] = (bench_plain(lambda: torch.topk(bufs[0], K)),
                              bench_graph(lambda b: (lambda: torch.topk(b, K)), bufs))
         if n <= 262144 or not args.quick:
             rec["V1 sort"] = (bench_plain(lambda: v1_sort(bufs[0], K, pt)),
                               bench_graph(lambda b: (lambda: v1_sort(b, K, pt)), bufs))
-        best = None
         tune = []
+        best = None
         for cfg in configs:
-            if cfg.get("path") == "fused" and n > 262144:
-                continue
             try:
                 fn = (lambda b, cfg=cfg: (lambda: TK.topk_v2(b, K, pt, PAGE, **cfg)))
                 ci, _ = fn(bufs[1])()
@@ -169,35 +184,32 @@ def topk_section(args, results):
                 log(f"  {name} cfg {cfg} FAILED {e!r}"[:400])
                 continue
             tune.append({"cfg": cfg, "plain_us": p, "graph_us": gr, "correct": cok})
-            log(f"  {name} {cfg or 'default'}: plain {p:.1f} us graph {gr:.1f} us ok={cok}")
-            if cfg == {}:
-                rec["V2"] = (p, gr)
+            log(f"  {name} triton {cfg}: plain {p:.1f} us graph {gr:.1f} us ok={cok}")
+            if cfg == dict(path="sample"):
+                rec["V2 triton"] = (p, gr)
             if cok and (best is None or gr < best[1]):
                 best = (p, gr, cfg)
-        rec["V2 best"] = best
-        # where the time goes (default plan), graph-replayed; and the candidate count
-        def zero():
-            for ws in TK._WS.values():
-                ws["hist"].zero_()
-                ws["cnt"].zero_()
-
-        def staged(st):
-            return lambda b: (lambda: (TK.topk_v2(b, K, pt, PAGE, _stages=st), zero()))
-        zero()
-        TK.topk_v2(bufs[0], K, pt, PAGE, _stages=2)
-        ws = next(iter(TK._WS.values()))
-        rec["candidates"] = ws["cnt"][:ROWS, 0].tolist()
-        zero()
-        z = bench_graph(lambda b: zero, bufs)
-        s1 = bench_graph(staged(1), bufs)
-        s2 = bench_graph(staged(2), bufs)
-        zero()
-        rec["breakdown_graph_us"] = {"memsets": z, "sample": s1 - z, "filter": s2 - s1,
-                                     "select": rec["V2"][1] - (s2 - z)}
-        rec["amax_read_graph_us"] = bench_graph(lambda b: (lambda: torch.amax(b, dim=1)), bufs)
-        log(f"  breakdown {name}: {rec['breakdown_graph_us']} candidates {rec['candidates']}"
-            f" amax {rec['amax_read_graph_us']:.1f}")
+        rec["V2 triton best"] = best
         rec["tune"] = tune
+        if have_cuda:
+            from profkit.proxy.kernels import topk_cuda
+
+            rec["cuda_plan_cluster"] = topk_cuda.plan(ROWS, n)
+            fn = (lambda b: (lambda: TK.topk_v2(b, K, pt, PAGE, path="cuda")))
+            rec["V2 cuda"] = (bench_plain(fn(bufs[0])), bench_graph(fn, bufs))
+            sweep = {}
+            for c in (1, 2, 4, 8, 16):
+                try:
+                    fc = (lambda b, c=c: (lambda: TK.topk_v2(b, K, pt, PAGE, path="cuda",
+                                                             cluster=c)))
+                    ci, _ = fc(bufs[1])()
+                    cok = sets_equal_gpu(bufs[1], ci, K)
+                    sweep[c] = (bench_graph(fc, bufs), cok)
+                except Exception as e:
+                    sweep[c] = (float("nan"), repr(e)[:200])
+            rec["cuda_clusters_graph_us"] = sweep
+            log(f"  {name} cuda: {rec['V2 cuda']} plan C={rec['cuda_plan_cluster']} sweep {sweep}")
+        rec["amax_read_graph_us"] = bench_graph(lambda b: (lambda: torch.amax(b, dim=1)), bufs)
         rec["read_once_us"] = ROWS * n * 4 / args.bw * 1e6
         log(f"{name}: {json.dumps({k: v for k, v in rec.items() if k != 'tune'}, default=str)}")
         rows_out.append(rec)
@@ -287,9 +299,10 @@ def indexer_section(args, results):
 
 def table(results):
     out = []
-    out.append("TopK (7 rows, k=2048): us, plain / graph-replayed; V2 = default config")
-    hdr = f"{'size':>5} | {'V1 sort':>15} | {'torch.topk':>15} | {'V2':>15} | {'V2 best':>15} | " \
-          f"{'read':>5} | {'amax':>5} | target | ok"
+    out.append(f"TopK (7 rows, k={K}, page size {PAGE}, translation fused): us, plain / "
+               f"graph-replayed; topk_v2 backend: {results.get('topk_v2_backend')}")
+    hdr = f"{'size':>5} | {'V1 sort':>15} | {'torch.topk':>15} | {'V2 Triton':>15} | " \
+          f"{'V2 CUDA':>15} | {'read':>5} | {'amax':>5} | target | ok"
     out.append(hdr)
     out.append("-" * len(hdr))
 
@@ -299,16 +312,20 @@ def table(results):
     for r in results.get("topk", []):
         tgt = TARGET.get(r["size"])
         out.append(f"{r['size']:>5} | {f(r.get('V1 sort')):>15} | {f(r.get('torch.topk')):>15} | "
-                   f"{f(r.get('V2')):>15} | {f(r.get('V2 best')):>15} | "
+                   f"{f(r.get('V2 triton')):>15} | {f(r.get('V2 cuda')):>15} | "
                    f"{r['read_once_us']:5.1f} | {r.get('amax_read_graph_us', float('nan')):5.1f} | "
                    f"{('<=' + str(tgt)) if tgt else '-':>6} | "
                    f"{r['correct']}")
     for r in results.get("topk", []):
-        if r.get("V2 best"):
-            out.append(f"  {r['size']}: best cfg {r['V2 best'][2]}; graph breakdown (us) "
-                       + ", ".join(f"{k} {v:.1f}" for k, v in r.get("breakdown_graph_us",
-                                                                      {}).items())
-                       + f"; candidates/row {r.get('candidates')}")
+        sw = r.get("cuda_clusters_graph_us")
+        if sw:
+            out.append(f"  {r['size']}: CUDA cluster size (graph us, exact): planned C="
+                       f"{r.get('cuda_plan_cluster')}; " + ", ".join(
+                           f"C={c} {v[0]:.1f}{'' if v[1] is True else ' (' + str(v[1]) + ')'}"
+                           for c, v in sw.items()))
+        if r.get("V2 triton best") and len(r.get("tune", [])) > 1:
+            out.append(f"  {r['size']}: Triton best cfg {r['V2 triton best'][2]} "
+                       f"{r['V2 triton best'][1]:.1f} us graph")
     ind = results.get("indexer")
     if ind:
         out.append("Indexer prologue (T=7, hidden 6144, 32 heads x 128, rope 64, bf16): "

@@ -303,3 +303,134 @@ def test_gpu_cuda_graph_replay():
         graph.replay()
         torch.cuda.synchronize()
         check_against_reference(s.cpu(), 2048, idx.cpu(), slots.cpu())
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: the CUDA C++ kernel (csrc/topk_v2.cu; sm_90+, built with nvcc at first use)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cuda_topk():
+    from profkit.proxy.kernels import topk_cuda
+
+    why = topk_cuda.unavailable_reason()
+    if why:
+        pytest.skip(f"CUDA TopK-V2 unavailable: {why}")
+    return topk_cuda
+
+
+def _cuda_check(s, k, lens=None, pt=None, ps=1, cluster=None):
+    dev = "cuda"
+    idx, slots = T.topk_v2(s.to(dev), k, None if pt is None else pt.to(dev), ps,
+                           None if lens is None else lens.to(dev), path="cuda", cluster=cluster)
+    torch.cuda.synchronize()
+    idx, slots = idx.cpu(), slots.cpu()
+    check_against_reference(s.float(), k, idx, slots, lens, pt, ps)
+    assert (idx[idx < 0] == -1).all()  # every output element written: positions or -1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1000, 8193, 81920, 262144])
+@pytest.mark.parametrize("kind", KINDS)
+def test_gpu_cuda_exact_sets(cuda_topk, n, kind):
+    g = torch.Generator().manual_seed(1000 + n + KINDS.index(kind))
+    rows = 7
+    s = make_scores(kind, rows, n, g)
+    for case, (k, cluster) in enumerate([(2048, None), (1, None), (int(torch.randint(2, 2049, (1,),
+                                         generator=g)), None), (2048, 1), (2048, 4), (777, 16)]):
+        if case >= 3 and n < 8000:
+            continue
+        ps = 64 if case % 2 == 0 else 1
+        npages = (n + ps - 1) // ps
+        dt = torch.int32 if case % 2 == 0 else torch.int64
+        pt = torch.randperm(max(4 * npages, 1 << 12), generator=g)[:npages].view(1, -1).to(dt)
+        lens = None
+        if case % 3 == 1:
+            lens = torch.tensor([n, n - 1, n // 2, 3000, 2048, 100, 0])
+        elif case % 3 == 2:
+            lens = torch.randint(0, n + 1, (rows,), generator=g)
+        _cuda_check(s, k, lens, pt, ps, cluster)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["random", "duplicates", "nan", "wide"])
+def test_gpu_cuda_1m(cuda_topk, kind):
+    g = torch.Generator().manual_seed(77)
+    n = 1 << 20
+    s = make_scores(kind, 7, n, g)
+    pt = torch.randperm(1 << 16, generator=g)[: n // 64].view(1, -1).int()
+    _cuda_check(s, 2048, None, pt, 64)
+    _cuda_check(s, 2048, torch.tensor([n, 999999, 500000, 81920, 2049, 2048, 1]), pt, 64)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_ragged_batches(cuda_topk):
+    """Rows of different lengths in one launch, batch 1-16 (x 7 rows per request: one page-table
+    row per request), for the planned and forced cluster sizes."""
+    g = torch.Generator().manual_seed(5)
+    for batch in (1, 3, 16):
+        for n in (20000, 300000):
+            rows = batch * 7
+            s = make_scores("random" if batch != 3 else "duplicates", rows, n, g)
+            lens = torch.randint(0, n + 1, (rows,), generator=g)
+            lens[torch.rand(rows, generator=g) < 0.2] = n
+            pt = torch.stack([torch.randperm(n, generator=g) for _ in range(batch)]).int()
+            for cluster in (None, 2, 8):
+                _cuda_check(s, 2048, lens, pt, 1, cluster)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_overflow_ties_and_misalignment(cuda_topk):
+    g = torch.Generator().manual_seed(6)
+    # boundary bins far beyond the 16K shared-memory candidates: the global workspace path
+    for kind, n in (("narrow", 262144), ("zeros", 100000), ("duplicates", 1 << 20)):
+        s = make_scores(kind, 3, n, g)
+        for k in (2048, 1, 20000):
+            _cuda_check(s, k)
+    # rows not 16-byte aligned: odd widths, and a view with a storage offset
+    for n in (8191, 81921):
+        big = torch.randn(5, n + 3, generator=g)
+        _cuda_check(big[:, 1:n + 1], 2048)
+        _cuda_check(big[:, 3:], 1000, torch.tensor([n, 7, 0, n - 5, 4096]))
+    # k larger than the row, lengths of 0 and 1, bf16 input (upcast)
+    s = torch.randn(4, 3000, generator=g)
+    _cuda_check(s, 2048 * 2, torch.tensor([3000, 1, 0, 2999]))
+    _cuda_check(s.bfloat16(), 500)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_kernel_graph_replay_kinds(cuda_topk):
+    n = 81920
+    s = torch.randn(7, n, device="cuda")
+    pt = torch.randperm(1 << 16, device="cuda")[: n // 64].view(1, -1).int()
+    T.topk_v2(s, 2048, pt, 64)  # build + workspace
+    assert T.backend("cuda") == "cuda"
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        idx, slots = T.topk_v2(s, 2048, pt, 64)
+    for kind in ("random", "duplicates", "nan"):
+        h = make_scores(kind, 7, n, torch.Generator().manual_seed(3))
+        s.copy_(h.cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        check_against_reference(h, 2048, idx.cpu(), slots.cpu(), None, pt.cpu(), 64)
+
+
+@pytest.mark.gpu
+def test_gpu_proxy_contract_uses_cuda(cuda_topk):
+    from profkit.proxy import kernels, ops
+
+    g = torch.Generator().manual_seed(11)
+    B, Q, N, k = 2, 7, 9000, 2048
+    s = torch.randint(-50, 50, (B, Q, N), generator=g).float()
+    lengths = torch.tensor([[8000], [9000]]).expand(B, Q)
+    st = torch.randperm(50000, generator=g)[: B * N].view(B, 1, N)
+    want = ops.topk_v1(s, lengths, k, st)
+    got = ops.topk_v2(s.cuda(), lengths.cuda(), k, st.cuda()).cpu()
+    assert got.shape == want.shape and got.dtype == torch.int64
+    for b in range(B):
+        for q in range(Q):
+            assert set(got[b, q].tolist()) == set(want[b, q].tolist())
+    assert kernels.backends("cuda")["topk_v2"] == "cuda"

@@ -147,8 +147,16 @@ def unavailable_reason(device=None) -> str | None:
     return None
 
 
+_AVAIL: dict = {}
+
+
 def available(device=None) -> bool:
-    return unavailable_reason(device) is None
+    """Cached per device (and PROFKIT_TOPK_CUDA's value)."""
+    key = (str(device), os.environ.get("PROFKIT_TOPK_CUDA", "1"))
+    ok = _AVAIL.get(key)
+    if ok is None:
+        ok = _AVAIL[key] = unavailable_reason(device) is None
+    return ok
 
 
 def _info(dev_index: int) -> dict:
