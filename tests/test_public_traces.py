@@ -35,7 +35,10 @@ def test_identities_and_no_warnings(analyses, name):
     joined = it.join(cats, on="iteration", how="left").with_columns(pl.col("dur_ns").fill_null(0))
     assert (joined["dur_ns"] - joined["overlap_ns"] == joined["gpu_busy_ns"]).all()
     assert (it["bubble_ns"] <= it["gpu_idle_ns"]).all()
-    assert a.warnings == []
+    if "graph_capture" in name:  # the one warning a capture step must carry: its kernels did not run (issue 17)
+        assert len(a.warnings) == 1 and "the kernels did not run" in a.warnings[0]
+    else:
+        assert a.warnings == []
     build_summary([a])  # serializable
 
 
