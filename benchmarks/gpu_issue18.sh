@@ -38,7 +38,10 @@ fi
 if [[ $STAGES == *loo* ]] && [ $tests_ok = 1 ] && [ $(el) -lt ${LOO_BY:-280} ]; then
   echo "== leave-one-out topk_v2 at $(el)s"
   L=/tmp/loo; mkdir -p $L
-  timeout $(( ${LOO_END:-570} - $(el) )) python3 -m profkit trace --opt topk_v2 --base on --capture-only --repeat 2 --isl 8000 --turns 3 \
+  # (profkit/cli.py wraps TyperOption.display_type_rich, which the machine's older typer lacks)
+  timeout $(( ${LOO_END:-570} - $(el) )) python3 -c "import sys, typer.core as tc
+tc.TyperOption.display_type_rich = getattr(tc.TyperOption, 'display_type_rich', lambda self, ctx: None)
+from profkit.cli import main; sys.argv = ['profkit'] + sys.argv[1:]; main()" trace --opt topk_v2 --base on --capture-only --repeat 2 --isl 8000 --turns 3 \
     --turn-tokens 256 --output-tokens 64 --num-steps 8 --profile-windows 3 --traces-dir $L/traces --reports-dir $L/reports \
     --extra-server-args "--device cuda:0" > "$OUT/loo.log" 2>&1
   tail -5 "$OUT/loo.log"; ls $L/traces

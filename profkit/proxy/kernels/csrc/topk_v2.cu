@@ -7,7 +7,9 @@
 //   pass 1  each CTA reads its chunk (kept in registers when it fits: <= 16,384 scores per CTA,
 //           "register-resident"; streamed in 16,384-score tiles otherwise) and builds a 1,024-bin
 //           histogram in shared memory of the top 10 bits of the FP16-rounded order-preserving key
-//           (one shared-memory atomic per score);
+//           (one shared-memory atomic per score; streamed chunks: the first tile of every CTA in
+//           full, then, after a cluster.sync, only the scores at or above a lower bound t0 of the
+//           threshold bin read off the union of those first tiles, which skips almost all atomics);
 //   cluster.sync #1, then every CTA reads all C histograms through distributed shared memory
 //           (DSMEM), finds the bin B* of the need-th largest score (need = min(k, length)) and,
 //           from the per-rank counts, its own output offsets: no global atomics, no counters to reset;
@@ -258,11 +260,56 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
       for (int i = 0; i < VPT4; ++i) t[i] = u[i];
     }
   };
+  int* h1b = h2;  // streamed chunks: histogram of the tiles after the first (h2 is free until #2)
   if (regs) {
 #pragma unroll
     for (int i = 0; i < VPT4; ++i) hist_vec(r[i], v0 + tid + i * THREADS);
   } else {
-    stream_chunk(hist_vec);
+    // Streamed chunks (long rows): the first tile of every CTA is histogrammed in full; the
+    // cluster's union of these tiles is a subset of the row, so the bin t0 of ITS need-th largest
+    // score is a lower bound of B* (the row has at least need scores in bins >= t0). The other
+    // tiles then count only scores in bins >= t0 (into h1b: h1 stays read-only for the peers),
+    // which is exact for every bin >= t0, hence for B* and everything above it, and skips the
+    // shared-memory atomic for almost every score.
+    h1b[tid] = 0;
+    float4 t[VPT4], u[VPT4];
+    load_tile(t, v0);
+    if (v0 + TILE4 < v1) load_tile(u, v0 + TILE4);
+#pragma unroll
+    for (int i = 0; i < VPT4; ++i) hist_vec(t[i], v0 + tid + i * THREADS);
+    cluster_barrier<C>();  // #0: first-tile histograms complete
+    int us = 0;
+    if constexpr (C == 1) {
+      us = h1[tid];
+    } else {
+      cg::cluster_group cl = cg::this_cluster();
+#pragma unroll
+      for (int j = 0; j < C; ++j) us += cl.map_shared_rank(h1, j)[tid];
+    }
+    int utot;
+    const int upre = block_scan(us, s_w, utot);
+    if (tid == 0) s_info[3] = 0;  // no bound when the union holds fewer than need scores
+    __syncthreads();
+    if (utot - upre + us >= need && utot - upre < need) s_info[3] = tid;
+    __syncthreads();
+    const int t0 = s_info[3];  // uniform over the cluster (same read-only histograms)
+    auto hist_ge = [&](const float4& f, int v) {
+      const int p0 = 4 * v - off;
+      const float e[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        int pos = p0 + j;
+        int b = coarse_bin(e[j]);
+        if (v < v1 && pos >= 0 && pos < L && b >= t0) atomicAdd(&h1b[b], 1);
+      }
+    };
+    for (int vt = v0 + TILE4; vt < v1; vt += TILE4) {  // uniform over the block
+#pragma unroll
+      for (int i = 0; i < VPT4; ++i) t[i] = u[i];
+      if (vt + TILE4 < v1) load_tile(u, vt + TILE4);
+#pragma unroll
+      for (int i = 0; i < VPT4; ++i) hist_ge(t[i], vt + tid + i * THREADS);
+    }
   }
 
   // ---- cluster-wide histogram: every CTA reads all C histograms (DSMEM) ----
@@ -270,16 +317,18 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
   int hj[C];
   int tot = 0;
   if constexpr (C == 1) {
-    hj[0] = h1[tid];
+    hj[0] = h1[tid] + (regs ? 0 : h1b[tid]);
     tot = hj[0];
   } else {
     cg::cluster_group cl = cg::this_cluster();
 #pragma unroll
     for (int j = 0; j < C; ++j) {
-      hj[j] = cl.map_shared_rank(h1, j)[tid];
+      hj[j] = cl.map_shared_rank(h1, j)[tid] + (regs ? 0 : cl.map_shared_rank(h1b, j)[tid]);
       tot += hj[j];
     }
   }
+  // (streamed chunks: bins below t0 are undercounted; the suffix sums at and above t0 are exact,
+  // and B* >= t0, so the search below still finds B* exactly)
   int total;
   const int pre = block_scan(tot, s_w, total);  // bins ascending with tid
   const int sfx = total - pre + tot;            // scores in bins >= tid
@@ -336,6 +385,7 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
       int b = ok ? coarse_bin(e[j]) : -1;
       bool up = ok && b > bstar;
       bool eq = ok && b == bstar;
+      if (!__any_sync(FULL, b >= bstar)) continue;  // warp-uniform: nothing to emit or push
       int o = warp_alloc(up, &s_ctr[0]);
       if (up) {
         o += above_base;
