@@ -219,6 +219,11 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
   const int v0 = rank * vpc;
   const int v1 = min(nv, v0 + vpc);
   const bool regs = vpc <= TILE4;  // uniform over the cluster
+  // register path: rank r holds the contiguous vectors [v0, v1). Streamed path: the row's tiles
+  // of TILE4 vectors are interleaved over the cluster (rank r takes tiles r, r + C, ...), so that
+  // at any time the cluster reads one contiguous span (no partition camping on 2^k-sized chunks).
+  const int vlim = regs ? v1 : nv;
+  const int ntiles = (nv + TILE4 - 1) / TILE4;
 
   float4 r[VPT4];
   if (regs) {
@@ -238,7 +243,7 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       int pos = p0 + j;
-      if (v < v1 && pos >= 0 && pos < L) atomicAdd(&h1[coarse_bin(e[j])], 1);
+      if (v < vlim && pos >= 0 && pos < L) atomicAdd(&h1[coarse_bin(e[j])], 1);
     }
   };
   // streamed chunk: tiles of TILE4 vectors, the next tile's loads in flight while one is used
@@ -246,14 +251,15 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
 #pragma unroll
     for (int i = 0; i < VPT4; ++i) {
       int v = vt + tid + i * THREADS;
-      t[i] = v < v1 ? __ldg(base4 + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+      t[i] = v < vlim ? __ldg(base4 + v) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
   };
   auto stream_chunk = [&](auto&& use) {
     float4 t[VPT4], u[VPT4];
-    load_tile(t, v0);
-    for (int vt = v0; vt < v1; vt += TILE4) {  // uniform over the block
-      if (vt + TILE4 < v1) load_tile(u, vt + TILE4);
+    load_tile(t, rank * TILE4);
+    for (int tt = rank; tt < ntiles; tt += C) {  // uniform over the block
+      const int vt = tt * TILE4;
+      if (tt + C < ntiles) load_tile(u, vt + C * TILE4);
 #pragma unroll
       for (int i = 0; i < VPT4; ++i) use(t[i], vt + tid + i * THREADS);
 #pragma unroll
@@ -265,7 +271,7 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
 #pragma unroll
     for (int i = 0; i < VPT4; ++i) hist_vec(r[i], v0 + tid + i * THREADS);
   } else {
-    // Streamed chunks (long rows): the first tile of every CTA is histogrammed in full; the
+    // Streamed chunks (long rows): the first tile of every CTA (tiles 0..C-1) in full; the
     // cluster's union of these tiles is a subset of the row, so the bin t0 of ITS need-th largest
     // score is a lower bound of B* (the row has at least need scores in bins >= t0). The other
     // tiles then count only scores in bins >= t0 (into h1b: h1 stays read-only for the peers),
@@ -273,10 +279,10 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
     // shared-memory atomic for almost every score.
     h1b[tid] = 0;
     float4 t[VPT4], u[VPT4];
-    load_tile(t, v0);
-    if (v0 + TILE4 < v1) load_tile(u, v0 + TILE4);
+    load_tile(t, rank * TILE4);
+    if (rank + C < ntiles) load_tile(u, (rank + C) * TILE4);
 #pragma unroll
-    for (int i = 0; i < VPT4; ++i) hist_vec(t[i], v0 + tid + i * THREADS);
+    for (int i = 0; i < VPT4; ++i) hist_vec(t[i], rank * TILE4 + tid + i * THREADS);
     cluster_barrier<C>();  // #0: first-tile histograms complete
     int us = 0;
     if constexpr (C == 1) {
@@ -300,13 +306,14 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
       for (int j = 0; j < 4; ++j) {
         int pos = p0 + j;
         int b = coarse_bin(e[j]);
-        if (v < v1 && pos >= 0 && pos < L && b >= t0) atomicAdd(&h1b[b], 1);
+        if (v < vlim && pos >= 0 && pos < L && b >= t0) atomicAdd(&h1b[b], 1);
       }
     };
-    for (int vt = v0 + TILE4; vt < v1; vt += TILE4) {  // uniform over the block
+    for (int tt = rank + C; tt < ntiles; tt += C) {  // uniform over the block
+      const int vt = tt * TILE4;
 #pragma unroll
       for (int i = 0; i < VPT4; ++i) t[i] = u[i];
-      if (vt + TILE4 < v1) load_tile(u, vt + TILE4);
+      if (tt + C < ntiles) load_tile(u, vt + C * TILE4);
 #pragma unroll
       for (int i = 0; i < VPT4; ++i) hist_ge(t[i], vt + tid + i * THREADS);
     }
@@ -381,7 +388,7 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       int pos = p0 + j;
-      bool ok = v < v1 && pos >= 0 && pos < L;
+      bool ok = v < vlim && pos >= 0 && pos < L;
       int b = ok ? coarse_bin(e[j]) : -1;
       bool up = ok && b > bstar;
       bool eq = ok && b == bstar;
