@@ -105,10 +105,19 @@ def gap_cpu_ops(trace: Trace, g0s: pl.Series, g1s: pl.Series, tids: pl.Series,
     gaps = pl.DataFrame({"_g": pl.int_range(0, len(g0s), dtype=pl.Int64, eager=True), "g0": g0s, "g1": g1s, "tid": tids})
     for (t,), mine in gaps.filter(pl.col("tid").is_not_null()).sort("g0").group_by("tid", maintain_order=True):
         parts = []
+        g0, g1 = mine["g0"], mine["g1"]  # disjoint, in order
         for f in (trace.cpu, trace.calls):
             ts, end, rows = thread_rows(f, t, cache=rows_cache)
             if len(ts):
-                parts.append(pl.DataFrame({"ts": ts, "end": end, "name": f["name"] if rows is None else f["name"].gather(rows)}))
+                # only events that overlap a gap can own any of its time (and dropping the others
+                # changes no owner): the first gap ending after an event's start must begin before its end
+                k = g1.search_sorted(ts, side="right").cast(pl.Int64)
+                hit = k < len(g1)
+                keep = hit & (g0.gather(k.clip(upper_bound=len(g1) - 1)) < end)
+                pos = keep.arg_true()
+                if len(pos):
+                    src = pos if rows is None else rows.gather(pos)
+                    parts.append(pl.DataFrame({"ts": ts.gather(pos), "end": end.gather(pos), "name": f["name"].gather(src)}))
         if not parts:
             continue
         ev = pl.concat(parts).with_columns(pl.col("name").fill_null(""))
