@@ -57,3 +57,49 @@ def test_nsys_mode_wraps_the_server(tmp_path):
     r = subprocess.run([sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", "--nsys", "--dry-run"], capture_output=True, text=True,
                        env={**os.environ, "PATH": "/usr/bin:/bin"}, cwd=Path(__file__).resolve().parent.parent)
     assert r.returncode == 2 and "no `nsys` on PATH" in r.stderr
+
+
+SITE = """
+import importlib.abc, os, sys
+if os.environ.get("PROFKIT_TEST_PIDS"):
+    with open(os.environ["PROFKIT_TEST_PIDS"], "a") as f:
+        f.write(f"{os.getpid()} {' '.join(sys.argv)[:200]}\\n")
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split('.')[0] in ('polars', 'msgspec', 'plotly', 'perfetto', 'nvtx', 'pyarrow'):
+            raise ImportError(f"blocked {name}")
+sys.meta_path.insert(0, _Block())
+"""
+
+
+def test_a_real_capture_runs_without_analysis_packages(tmp_path):
+    """`trace --capture-only` on the proxy engine (CPU), end to end, with the analysis packages
+    blocked in profkit and in the server it starts (a sitecustomize on PYTHONPATH applies to both)."""
+    import json
+    import os
+    import socket
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITE)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pids = tmp_path / "pids.txt"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(Path(__file__).resolve().parent.parent)]), "PROFKIT_TEST_PIDS": str(pids)}
+    r = subprocess.run([sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", "--capture-only", "--profile-windows", "1",
+                        "--isl", "64", "--turns", "2", "--turn-tokens", "16", "--output-tokens", "16", "--num-steps", "4",
+                        "--traces-dir", str(tmp_path / "traces"), "--reports-dir", str(tmp_path / "reports"), "--port", str(port)],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = sorted((tmp_path / "traces").glob("*/manifest.json"))
+    assert len(runs) == 2, runs  # the baseline and the candidate
+    for m in runs:
+        doc = json.loads(m.read_text())
+        assert doc["status"] == "ok" and doc.get("error") is None, (doc["status"], doc["stage"], doc.get("error"))
+        assert list(m.parent.rglob("*.trace.json.gz")), f"no trace in {m.parent}"
+    assert "blocked" not in r.stderr
+    started = pids.read_text().splitlines()
+    # the block reached the servers too (their argv: `-m --host 127.0.0.1 --port N --opts ...` at start-up)
+    assert sum("--host 127.0.0.1" in x for x in started) >= 2, started
+    assert not (tmp_path / "reports").exists() or not list((tmp_path / "reports").rglob("summary.json"))  # capture only: no analysis
