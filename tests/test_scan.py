@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from profkit.ingest import scan
+from profkit.ingest import columnar, scan
 from profkit.ingest.columnar import NotFast, decode_chunk_msgspec
 from profkit.ingest.decode import read_bytes
 
@@ -35,7 +35,7 @@ def _msgspec(chunk: bytes):
 
 
 def _same(chunk: bytes) -> None:
-    got = scan.scan_chunk(chunk)
+    got = columnar.scan_chunk(chunk)
     ref = _msgspec(chunk)
     if ref is None:
         assert got is None, "the scanner accepted what msgspec rejects"
@@ -62,12 +62,12 @@ def test_real_traces_scan_exactly(path: Path) -> None:
     arr = _events_array(path)
     if arr is None:
         pytest.skip("not a Kineto document")
-    got = scan.scan_chunk(arr)
+    got = columnar.scan_chunk(arr)
     assert got is not None, "the scanner should accept a real trace"
     _same(arr)
     pretty = json.dumps(json.loads(arr), indent=2).encode()
     _same(pretty)
-    assert scan.scan_chunk(pretty)[0].equals(got[0])
+    assert columnar.scan_chunk(pretty)[0].equals(got[0])
 
 
 EDGE = [
@@ -152,7 +152,7 @@ def test_numbers_of_every_length_scan_like_msgspec(field: str) -> None:
         _same(f"[{ev}]".encode())
         _same(f"[{ev},{ev}]".encode())
         if len(num.strip("-").replace(".", "")) <= 15 and (field in ("ts", "dur", "skipped") or "." not in num):
-            assert scan.scan_chunk(f"[{ev}]".encode()) is not None, f"{field}={num} should be scanned, not declined"
+            assert columnar.scan_chunk(f"[{ev}]".encode()) is not None, f"{field}={num} should be scanned, not declined"
 
 
 @needs_scanner
@@ -222,7 +222,7 @@ def test_random_valid_events_are_scanned(events: list, indent: int | None, ascii
     """Well-typed events (the shape real traces have): the scanner accepts them and agrees."""
     chunk = json.dumps(events, indent=indent, ensure_ascii=ascii_only).encode()
     ref = _msgspec(chunk)
-    got = scan.scan_chunk(chunk)
+    got = columnar.scan_chunk(chunk)
     assert ref is not None
     def escaped_or_unicode(b: object) -> bool:
         return isinstance(b, str) and any(not c.isascii() or c < " " or c in '"\\' for c in b)

@@ -2,7 +2,7 @@
 
 A chunk's rows carry, in place of name, cat, pid and tid, ids into the file's `Strings` (each
 distinct string once, shared by the chunks, which may be decoded in parallel threads). The C
-scanner writes them so directly (scan.scan_chunk_tables); a chunk it declines is decoded by msgspec
+scanner writes them so directly (coded.scan_chunk_tables); a chunk it declines is decoded by msgspec
 and encoded (`encode`, `split_coded`). Filtering,
 concatenating, de-duplicating and sorting millions of rows then moves integers, not strings; the
 strings are put in once per table at the end (`finish_coded`), as views into one buffer. The
@@ -52,7 +52,7 @@ _COLUMNS = (GPU_CODED, CALLS_CODED, CPU_CODED, CPU_CODED)
 
 
 def coded_frame(table: int, cols: dict[str, np.ndarray]) -> pl.DataFrame:
-    """Table `table`'s coded part from the scanner's row arrays (scan.scan_chunk_tables): the
+    """Table `table`'s coded part from the scanner's row arrays (coded.scan_chunk_tables): the
     columns share the arrays' memory; a nullable column is null where its validity bit is unset."""
     valid = cols["valid"]
     series = []
@@ -72,7 +72,7 @@ def frames_of(rows: Any) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.D
 
 def split_coded(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """The usable encoded events of a chunk -> its coded parts of the four tables, in event order:
-    what scan.scan_chunk_tables gives for the chunks it reads."""
+    what coded.scan_chunk_tables gives for the chunks it reads."""
     t = pl.col("_t")
     return (df.filter(t == 0).select(GPU_CODED), df.filter(t == 1).select(CALLS_CODED),
             df.filter(t == 2).select(CPU_CODED), df.filter(t == 3).select(CPU_CODED))
@@ -117,3 +117,15 @@ def finish_coded(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,
         out.append(_decoded(ordered, s))
         del ordered
     return tuple(out)  # type: ignore[return-value]
+
+
+def scan_chunk_tables(data: Any, strings: Any) -> tuple[tuple[Any, ...], tuple[int, int, int], float | None, int] | None:
+    """A chunk -> what columnar.decode_chunk_tables returns for it, coded (ingest/coded.py): its
+    parts of the four tables (frames sharing scan_chunk_rows' arrays), the unusable-event counts,
+    min ts and event count; None when the scanner is not there or does not accept the chunk."""
+    from profkit.ingest.scan import scan_chunk_rows
+
+    rows = scan_chunk_rows(data, strings)
+    if rows is None:
+        return None
+    return frames_of(rows), rows.unusable, rows.tmin, rows.n_events

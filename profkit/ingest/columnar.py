@@ -93,14 +93,62 @@ def _ids(values: list, name: str) -> pl.Series:
         return pl.Series(name, [str(v) for v in values], dtype=pl.String)
 
 
+# ---------------------------------------------------------------- the scanner's raw frame
+#
+# The C scanner's first pass (scan.py) read as a raw frame (RAW_SCHEMA), the form msgspec's decode
+# takes: the chunks of worker processes and of the tiered comparison tests go through it.
+
+from profkit.ingest.scan import V_BYTES, V_CORR, V_DEVICE, V_DUR, V_EXT, V_STREAM, V_TS  # noqa: E402
+
+_NUMERIC = (("ts", V_TS, "ts"), ("dur", V_DUR, "dur"), ("corr", V_CORR, "correlation"), ("ext", V_EXT, "external_id"),
+            ("stream", V_STREAM, "stream"), ("device", V_DEVICE, "device"), ("nbytes", V_BYTES, "bytes"))
+
+
+def _numeric_columns(a: dict[str, Any], n: int, x: Any) -> list[Any]:
+    """The seven numeric columns of the rows `x` (a mask over the events), null where their
+    validity bit is not set, plus the `_v` column holding those bits."""
+    import polars as pl
+
+    return [pl.Series("_v", a["valid"][:n][x])] + [pl.Series(name, a[key][:n][x]) for key, _, name in _NUMERIC]
+
+
+def _nullable() -> list[Any]:
+    import polars as pl
+
+    # one with_columns for all seven: the values where their validity bit is set, else null
+    return [pl.when((pl.col("_v") & bit) != 0).then(pl.col(name)).otherwise(None).alias(name) for _, bit, name in _NUMERIC]
+
+
+def scan_chunk(data: Any) -> tuple[Any, float | None, int] | None:
+    """(raw frame of the 'X' events, min ts of all events, event count) as columnar.decode_chunk
+    returns them, or None when the scanner is not there or does not accept the chunk."""
+    from profkit.ingest.scan import INT_TEXT, X_PHASE, _scan, _tmin
+
+    got = _scan(data)
+    if got is None:
+        return None
+    a, n, texts, _ = got
+    tmin = _tmin(a, n)
+    x = a["ph"][:n] == X_PHASE
+    if not x.any():
+        return pl.DataFrame(schema=RAW_SCHEMA), tmin, n
+    strings = pl.Series("s", texts, dtype=pl.String)
+
+    def ids(key: str) -> pl.Series:
+        return strings.gather(pl.Series(a[key][:n][x] & ~INT_TEXT)).alias(key)
+
+    raw = pl.DataFrame([ids("name"), ids("cat"), ids("pid"), ids("tid"), *_numeric_columns(a, n, x)])
+    df = raw.with_columns(_nullable()).select(*RAW_SCHEMA)
+    return df, tmin, n
+
+
+
 def decode_chunk(data: Any) -> tuple[pl.DataFrame, float | None, int]:
     """One chunk `[ev, ev, ...]` (any buffer) -> (raw frame of its 'X' events, min ts of all events, count).
 
     Raises NotFast when the chunk does not decode strictly (a bad cut, or a schema variant).
     The C scanner (scan.py) reads it when it is there and accepts the chunk; msgspec otherwise.
     """
-    from profkit.ingest.scan import scan_chunk
-
     got = scan_chunk(data)
     if got is not None:
         return got
@@ -174,8 +222,7 @@ def decode_chunk_tables(data: Any, strings: Any = None) -> tuple[tuple[pl.DataFr
     from profkit.ingest.tables import normalize_events, split_rows, unusable_counts, usable_events
 
     if strings is not None:
-        from profkit.ingest.coded import encode, split_coded
-        from profkit.ingest.scan import scan_chunk_tables
+        from profkit.ingest.coded import encode, scan_chunk_tables, split_coded
 
         got = scan_chunk_tables(data, strings)
         if got is not None:

@@ -6,7 +6,7 @@ its source, and loaded with ctypes. Where there is no compiler (or PROFKIT_NO_SC
 is None and columnar.decode_chunk decodes with msgspec instead: the same frame, several times slower.
 
 The scanner accepts only what msgspec's typed decode accepts and returns an error code for
-anything else; `scan_chunk` then returns None and the caller decodes that chunk with msgspec, which
+anything else; `columnar.scan_chunk` then returns None and the caller decodes that chunk with msgspec, which
 gives its own verdict (a NotFast, then the tiered decoder's warnings). So every table is the same
 whichever decoder produced it; tests/test_scan.py checks that on real and adversarial inputs.
 """
@@ -231,50 +231,6 @@ def _tmin(a: dict[str, Any], n: int) -> float | None:
     return float(a["ts"][:n][has_ts].min()) if has_ts.any() else None
 
 
-_NUMERIC = (("ts", V_TS, "ts"), ("dur", V_DUR, "dur"), ("corr", V_CORR, "correlation"), ("ext", V_EXT, "external_id"),
-            ("stream", V_STREAM, "stream"), ("device", V_DEVICE, "device"), ("nbytes", V_BYTES, "bytes"))
-
-
-def _numeric_columns(a: dict[str, Any], n: int, x: Any) -> list[Any]:
-    """The seven numeric columns of the rows `x` (a mask over the events), null where their
-    validity bit is not set, plus the `_v` column holding those bits."""
-    import polars as pl
-
-    return [pl.Series("_v", a["valid"][:n][x])] + [pl.Series(name, a[key][:n][x]) for key, _, name in _NUMERIC]
-
-
-def _nullable() -> list[Any]:
-    import polars as pl
-
-    # one with_columns for all seven: the values where their validity bit is set, else null
-    return [pl.when((pl.col("_v") & bit) != 0).then(pl.col(name)).otherwise(None).alias(name) for _, bit, name in _NUMERIC]
-
-
-def scan_chunk(data: Any) -> tuple[Any, float | None, int] | None:
-    """(raw frame of the 'X' events, min ts of all events, event count) as columnar.decode_chunk
-    returns them, or None when the scanner is not there or does not accept the chunk."""
-    got = _scan(data)
-    if got is None:
-        return None
-    import polars as pl
-
-    from profkit.ingest.columnar import RAW_SCHEMA
-
-    a, n, texts, _ = got
-    tmin = _tmin(a, n)
-    x = a["ph"][:n] == X_PHASE
-    if not x.any():
-        return pl.DataFrame(schema=RAW_SCHEMA), tmin, n
-    strings = pl.Series("s", texts, dtype=pl.String)
-
-    def ids(key: str) -> pl.Series:
-        return strings.gather(pl.Series(a[key][:n][x] & ~INT_TEXT)).alias(key)
-
-    raw = pl.DataFrame([ids("name"), ids("cat"), ids("pid"), ids("tid"), *_numeric_columns(a, n, x)])
-    df = raw.with_columns(_nullable()).select(*RAW_SCHEMA)
-    return df, tmin, n
-
-
 @dataclass
 class Rows:
     """A chunk's rows of the four tables as the scanner's second pass writes them: one array per
@@ -316,18 +272,6 @@ def scan_chunk_rows(data: Any, strings: Any) -> Rows | None:
     e = _Emit(gid=gid.ctypes.data, canon=canon.ctypes.data, table=table.ctypes.data, **{k: v.ctypes.data for k, v in cols.items()})
     lib().emit(ctypes.byref(out), n, ctypes.byref(e))
     return Rows(cols, tuple(e.start), tuple(e.count), tuple(e.unusable), e.tmin if e.has_tmin else None, n)  # type: ignore[arg-type]
-
-
-def scan_chunk_tables(data: Any, strings: Any) -> tuple[tuple[Any, ...], tuple[int, int, int], float | None, int] | None:
-    """A chunk -> what columnar.decode_chunk_tables returns for it, coded (ingest/coded.py): its
-    parts of the four tables (frames sharing scan_chunk_rows' arrays), the unusable-event counts,
-    min ts and event count; None when the scanner is not there or does not accept the chunk."""
-    rows = scan_chunk_rows(data, strings)
-    if rows is None:
-        return None
-    from profkit.ingest.coded import frames_of
-
-    return frames_of(rows), rows.unusable, rows.tmin, rows.n_events
 
 
 def gap_exclusive(ts: Any, end: Any, name: Any, g0: Any, g1: Any, top: int) -> tuple[Any, Any] | None:
