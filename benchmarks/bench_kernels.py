@@ -43,6 +43,9 @@ STUDY = {"torch.topk": {"80K": (75.5, 63.0), "1M": (157.0, 145.0)},
 TARGET = {"80K": 20.0, "1M": 40.0}
 PAGE = 64
 REP = 10
+# (name, stash entries, sample float4s per thread): the CUDA kernel's streamed-chunk variants
+CUDA_VARIANTS = [("no stash (re-read)", 0, 4), ("stash, sample 4/4", 8192, 4),
+                 ("stash, sample 2/4", 8192, 2), ("stash, sample 1/4", 8192, 1)]
 
 
 def log(*a):
@@ -143,7 +146,8 @@ def topk_section(args, results):
         configs.append(dict(search="radix"))
         configs.append(dict(path="hist", log2nb=10, block=4096, num_warps=8, programs=264))
     rows_out = []
-    for name, n in SIZES:
+    sizes = [(nm, n) for nm, n in SIZES if not args.sizes or nm in args.sizes.split(",")]
+    for name, n in sizes:
         bufs = [torch.randn(ROWS, n, device=dev, generator=g) for _ in range(4)]
         npages = (n + PAGE - 1) // PAGE
         pt = torch.randperm(max(npages * 4, 1 << 16), device=dev, generator=g)[:npages]
@@ -160,19 +164,23 @@ def topk_section(args, results):
             di, _ = TK.topk_v2(dup, K, pt, PAGE, **kw)
             return ok and sets_equal_gpu(dup, di, K)
 
-        ok_t = check(path="sample")
+        ok_t = True if args.cuda_only else check(path="sample")
         ok_c = check(path="cuda") if have_cuda else None
         rec["correct"] = ok_t and ok_c is not False
         rec["correct_triton"], rec["correct_cuda"] = ok_t, ok_c
         # baselines
-        rec["torch.topk"] = (bench_plain(lambda: torch.topk(bufs[0], K)),
-                             bench_graph(lambda b: (lambda: torch.topk(b, K)), bufs))
-        if n <= 262144 or not args.quick:
+        if args.cuda_only:
+            configs_here = []
+        else:
+            configs_here = configs
+            rec["torch.topk"] = (bench_plain(lambda: torch.topk(bufs[0], K)),
+                                 bench_graph(lambda b: (lambda: torch.topk(b, K)), bufs))
+        if not args.cuda_only and (n <= 262144 or not args.quick):
             rec["V1 sort"] = (bench_plain(lambda: v1_sort(bufs[0], K, pt)),
                               bench_graph(lambda b: (lambda: v1_sort(b, K, pt)), bufs))
         tune = []
         best = None
-        for cfg in configs:
+        for cfg in configs_here:
             try:
                 fn = (lambda b, cfg=cfg: (lambda: TK.topk_v2(b, K, pt, PAGE, **cfg)))
                 ci, _ = fn(bufs[1])()
@@ -208,6 +216,23 @@ def topk_section(args, results):
                 except Exception as e:
                     sweep[c] = (float("nan"), repr(e)[:200])
             rec["cuda_clusters_graph_us"] = sweep
+            if args.cuda_variants:
+                # the streamed chunks' variants (topk_cuda.STASH / SAMPLE4), planned cluster size
+                var = {}
+                for vname, st, s4 in CUDA_VARIANTS:
+                    try:
+                        fv = (lambda b, st=st, s4=s4: (lambda: topk_cuda.topk_v2_cuda(
+                            b, K, pt, PAGE, stash=st, sample4=s4)))
+                        vi, vs = fv(bufs[1])()
+                        vok = sets_equal_gpu(bufs[1], vi, K) and bool(torch.equal(
+                            vs.long(), pt[0].long()[vi.long() // PAGE] * PAGE + vi.long() % PAGE))
+                        di, _ = topk_cuda.topk_v2_cuda(dup, K, pt, PAGE, stash=st, sample4=s4)
+                        vok = vok and sets_equal_gpu(dup, di, K)
+                        var[vname] = (bench_plain(fv(bufs[0])), bench_graph(fv, bufs), vok)
+                    except Exception as e:
+                        var[vname] = (float("nan"), float("nan"), repr(e)[:200])
+                    log(f"  {name} cuda variant {vname}: {var[vname]}")
+                rec["cuda_variants"] = var
             log(f"  {name} cuda: {rec['V2 cuda']} plan C={rec['cuda_plan_cluster']} sweep {sweep}")
         rec["amax_read_graph_us"] = bench_graph(lambda b: (lambda: torch.amax(b, dim=1)), bufs)
         rec["read_once_us"] = ROWS * n * 4 / args.bw * 1e6
@@ -323,6 +348,9 @@ def table(results):
                        f"{r.get('cuda_plan_cluster')}; " + ", ".join(
                            f"C={c} {v[0]:.1f}{'' if v[1] is True else ' (' + str(v[1]) + ')'}"
                            for c, v in sw.items()))
+        for vname, v in (r.get("cuda_variants") or {}).items():
+            out.append(f"  {r['size']}: CUDA variant {vname:<22} {v[0]:6.1f} / {v[1]:6.1f} us "
+                       f"exact={v[2]}")
         if r.get("V2 triton best") and len(r.get("tune", [])) > 1:
             out.append(f"  {r['size']}: Triton best cfg {r['V2 triton best'][2]} "
                        f"{r['V2 triton best'][1]:.1f} us graph")
@@ -347,6 +375,11 @@ def main():
     ap.add_argument("--bw", type=float, default=4.3e12, help="read bandwidth for the floor, B/s")
     ap.add_argument("--skip-indexer", action="store_true")
     ap.add_argument("--skip-topk", action="store_true")
+    ap.add_argument("--sizes", default="", help="comma-separated subset of 8K,32K,80K,256K,1M")
+    ap.add_argument("--cuda-only", action="store_true",
+                    help="TopK: only the CUDA kernel (no V1, torch.topk, Triton)")
+    ap.add_argument("--cuda-variants", action="store_true",
+                    help="also time the CUDA kernel's streamed-chunk variants (CUDA_VARIANTS)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     import triton

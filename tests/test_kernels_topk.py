@@ -365,6 +365,44 @@ def test_gpu_cuda_1m(cuda_topk, kind):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("stash,sample4", [(0, 4), (8192, 4), (8192, 2), (8192, 1), (64, 4)])
+def test_gpu_cuda_streamed_variants(cuda_topk, stash, sample4):
+    """The streamed chunks' variants (topk_cuda.STASH / SAMPLE4): no stash (pass 2 re-reads the
+    chunk), the shared-memory stash with 1, 2 or 4 float4s per thread of the first tile counted
+    for the lower bound, and a tiny stash that overflows on random rows (the re-read fallback)."""
+    g = torch.Generator().manual_seed(90 + stash + sample4)
+    n = 1 << 20
+    pt = torch.randperm(1 << 16, generator=g)[: n // 64].view(1, -1).int()
+    for kind, lens, cluster, ks in (("random", None, None, (2048, 9000)),
+                                    ("nan", None, None, (2048,)),
+                                    ("duplicates", None, None, (2048,)),
+                                    ("wide", "mixed", None, (2048,)),
+                                    ("random", "mixed", 8, (1,)), ("neg_inf", None, 4, (2048,))):
+        s = make_scores(kind, 7, n, g)
+        if lens == "mixed":
+            lens = torch.tensor([n, n - 3, 700000, 300000, 262145, 5000, 0])
+        for k in ks:
+            idx, slots = cuda_topk.topk_v2_cuda(s.cuda(), k, pt.cuda(), 64,
+                                                None if lens is None else lens.cuda(),
+                                                cluster=cluster, stash=stash, sample4=sample4)
+            torch.cuda.synchronize()
+            check_against_reference(s, k, idx.cpu(), slots.cpu(), lens, pt, 64)
+    # rows ordered ascending: the first tiles (the sample) hold the lowest scores, so the bound
+    # is low and the stash overflows after the sample predicted that it fits (re-read fallback)
+    s = torch.arange(n, dtype=torch.float32).mul(1e-4).expand(7, n).contiguous()
+    idx, slots = cuda_topk.topk_v2_cuda(s.cuda(), 2048, stash=stash, sample4=sample4)
+    check_against_reference(s, 2048, idx.cpu(), slots.cpu())
+    # streamed on one CTA (81,921 positions, misaligned) and on 4 CTAs of a 262,144 row
+    big = torch.randn(7, 81925, generator=g)
+    x = big[:, 2:81923]
+    idx, slots = cuda_topk.topk_v2_cuda(x.cuda(), 2048, cluster=1, stash=stash, sample4=sample4)
+    check_against_reference(x.contiguous(), 2048, idx.cpu(), slots.cpu())
+    s = make_scores("random", 7, 262144, g)
+    idx, slots = cuda_topk.topk_v2_cuda(s.cuda(), 777, cluster=4, stash=stash, sample4=sample4)
+    check_against_reference(s, 777, idx.cpu(), slots.cpu())
+
+
+@pytest.mark.gpu
 def test_gpu_cuda_ragged_batches(cuda_topk):
     """Rows of different lengths in one launch, batch 1-16 (x 7 rows per request: one page-table
     row per request), for the planned and forced cluster sizes."""

@@ -3,7 +3,9 @@ page-table translation, built with the machine's ``nvcc`` at first use and calle
 
 The kernel (``topk_v2_cluster_kernel<C>``; the catalog's ``topk_v2_*`` rule owns it): one
 thread-block cluster of C CTAs per score row (C = 1 is the single-CTA path), each CTA's chunk in
-registers when it holds <= 16,384 scores (else streamed), a 1,024-bin shared-memory histogram of
+registers when it holds <= 16,384 scores (else streamed: a sample of each CTA's first tile gives a
+lower bound of the threshold bin, and the scores at or above it are kept in a shared-memory stash
+for the second pass instead of re-reading the row), a 1,024-bin shared-memory histogram of
 FP16-rounded order-preserving keys per CTA, a cluster-wide reduction through distributed shared
 memory that finds the bin of the need-th largest score, the scores above it emitted directly, the
 boundary bin's scores gathered in the leader CTA's shared memory (a global workspace when there are
@@ -37,6 +39,13 @@ SRC = Path(__file__).resolve().parent / "csrc" / "topk_v2.cu"
 CAP = 16384  # boundary candidates held in the leader CTA's shared memory (more: global workspace)
 REG = 16384  # positions per CTA held in registers
 MAX_CLUSTER = 16
+# Streamed chunks (more than REG positions per CTA, e.g. 1M positions on 16 CTAs): every score in a
+# bin at or above the first-tile lower bound t0 is kept in shared memory between the two passes
+# (STASH entries of 8 bytes per CTA; 0 = pass 2 re-reads the chunk, the kernel before the stash),
+# and SAMPLE4 of the 4 float4s per thread of each CTA's first tile are counted in full for t0.
+# Environment overrides (benchmarks): PROFKIT_TOPK_STASH, PROFKIT_TOPK_SAMPLE4.
+STASH = int(os.environ.get("PROFKIT_TOPK_STASH", "8192"))
+SAMPLE4 = int(os.environ.get("PROFKIT_TOPK_SAMPLE4", "4"))
 KERNEL_NAME = "topk_v2_cluster_kernel"
 
 _lock = threading.Lock()
@@ -108,7 +117,7 @@ def _load():
             lib = ctypes.CDLL(str(build()))
             vp, ll, i = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
             lib.topk_v2_cuda_launch.argtypes = [vp, ll, vp, i, vp, ll, i, i, i, vp, vp, vp, ll,
-                                                i, i, i, i, i, vp]
+                                                i, i, i, i, i, i, i, vp]
             lib.topk_v2_cuda_launch.restype = i
             lib.topk_v2_cuda_max_active_clusters.argtypes = [i, i]
             lib.topk_v2_cuda_max_active_clusters.restype = i
@@ -201,9 +210,11 @@ def _workspace(device, rows: int, n: int):
 
 
 def topk_v2_cuda(x, k: int, page_table=None, page_size: int = 1, lengths=None,
-                 cluster: int | None = None):
+                 cluster: int | None = None, stash: int | None = None,
+                 sample4: int | None = None):
     """topk_v2's contract (topk.py) on the CUDA kernel: x fp32 [rows, n] on an sm_90+ device,
-    last dim contiguous. Returns (indices, slots) int32 [rows, k], -1 padded."""
+    last dim contiguous. Returns (indices, slots) int32 [rows, k], -1 padded. ``stash`` /
+    ``sample4`` override STASH / SAMPLE4 (benchmarks, tests)."""
     import torch
 
     lib = _load()
@@ -240,10 +251,12 @@ def topk_v2_cuda(x, k: int, page_table=None, page_size: int = 1, lengths=None,
     di = dev.index if dev.index is not None else torch.cuda.current_device()
     c = plan(rows, n, di) if cluster is None else int(cluster)
     ws = _workspace(dev, rows, max(n, 1))
+    st = max(STASH if stash is None else int(stash), 0)  # (the library drops it where no row streams)
+    s4 = SAMPLE4 if sample4 is None else int(sample4)
     stream = torch.cuda.current_stream(dev).cuda_stream
     args = (x.data_ptr(), x.stride(0), len_ptr, len64, pt_ptr, pt_stride, pt64, rows_per_pt,
             page_size, out_idx.data_ptr(), out_slot.data_ptr(), ws.data_ptr(), max(n, 1), rows,
-            n, k, CAP, c, stream)
+            n, k, CAP, c, st, s4, stream)
     if di != torch.cuda.current_device():
         with torch.cuda.device(di):
             rc = lib.topk_v2_cuda_launch(*args)

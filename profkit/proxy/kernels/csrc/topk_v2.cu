@@ -7,13 +7,17 @@
 //   pass 1  each CTA reads its chunk (kept in registers when it fits: <= 16,384 scores per CTA,
 //           "register-resident"; streamed in 16,384-score tiles otherwise) and builds a 1,024-bin
 //           histogram in shared memory of the top 10 bits of the FP16-rounded order-preserving key
-//           (one shared-memory atomic per score; streamed chunks: the first tile of every CTA in
-//           full, then, after a cluster.sync, only the scores at or above a lower bound t0 of the
-//           threshold bin read off the union of those first tiles, which skips almost all atomics);
+//           (one shared-memory atomic per score; streamed chunks: part of the first tile of every
+//           CTA (sample4 of its 4 float4s per thread) in full, then, after a cluster.sync, only the
+//           scores at or above a lower bound t0 of the threshold bin read off the union of those
+//           samples: one float compare per score, and the few that pass are counted and kept in a
+//           shared-memory stash (score, position) for pass 2, when the sample predicts they fit);
 //   cluster.sync #1, then every CTA reads all C histograms through distributed shared memory
 //           (DSMEM), finds the bin B* of the need-th largest score (need = min(k, length)) and,
 //           from the per-rank counts, its own output offsets: no global atomics, no counters to reset;
-//   pass 2  scores above B* are emitted directly (position + page-table slot); scores in B* (the
+//   pass 2  (from the registers, the stash, or a second read of a streamed chunk whose stash was
+//           off or overflowed: tie-heavy rows, rows ordered ascending)
+//           scores above B* are emitted directly (position + page-table slot); scores in B* (the
 //           boundary candidates) are pushed as 64-bit composites (fp32 key << 32 | ~position) into
 //           the leader CTA's shared memory through DSMEM (into a global workspace when there are
 //           more than `cap` of them: tie-heavy rows; exact either way);
@@ -46,6 +50,10 @@ struct TopkV2Params {
   int* out_slot;              // [rows, k]
   int len64, pt64, rows_per_pt, page_size;
   int rows, n, k, cap;
+  int stash_cap;              // streamed chunks: (score, position) entries kept in shared memory
+                              // between pass 1 and pass 2 (0 = pass 2 re-reads the chunk)
+  int sample4;                // streamed chunks: float4s per thread of the first tile counted in
+                              // full for the lower bound t0 (1..4)
 };
 
 namespace topk_v2_detail {
@@ -169,19 +177,22 @@ __device__ __forceinline__ void cluster_barrier() {
 
 using namespace topk_v2_detail;
 
-template <int C>
+// STREAM = false: no row of the launch can need the streamed path (every chunk fits in registers;
+// the host decides from n, see launch_c), so its code is compiled out (register pressure).
+template <int C, bool STREAM>
 __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV2Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   int* h1 = reinterpret_cast<int*>(smem);                                    // [NB1]
   int* h2 = h1 + NB1;                                                        // [NB2]
   unsigned long long* cand = reinterpret_cast<unsigned long long*>(h2 + NB2);  // [cap]
+  uint2* stash = reinterpret_cast<uint2*>(cand + p.cap);                     // [stash_cap]
   __shared__ int s_w[WARPS];
   __shared__ unsigned long long s_w64[2 * WARPS];
   __shared__ int s_red[WARPS][C];
   __shared__ int s_above[C];
   __shared__ int s_candc[C];
   __shared__ int s_info[4];  // B*, count above B*, candidates in B*, (unused)
-  __shared__ int s_ctr[3];   // above emitted, candidates pushed, boundary emitted
+  __shared__ int s_ctr[4];   // above emitted, candidates pushed, boundary emitted, stashed
   __shared__ int s_dig[3];   // refinement: digit, count above it, count in it
 
   const int tid = threadIdx.x;
@@ -218,7 +229,7 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
   const int vpc = (nv + C - 1) / C;
   const int v0 = rank * vpc;
   const int v1 = min(nv, v0 + vpc);
-  const bool regs = vpc <= TILE4;  // uniform over the cluster
+  const bool regs = !STREAM || vpc <= TILE4;  // uniform over the cluster
   // register path: rank r holds the contiguous vectors [v0, v1). Streamed path: the row's tiles
   // of TILE4 vectors are interleaved over the cluster (rank r takes tiles r, r + C, ...), so that
   // at any time the cluster reads one contiguous span (no partition camping on 2^k-sized chunks).
@@ -234,7 +245,7 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
     }
   }
   h1[tid] = 0;
-  if (tid < 3) s_ctr[tid] = 0;
+  if (tid < 4) s_ctr[tid] = 0;
   __syncthreads();
 
   auto hist_vec = [&](const float4& f, int v) {
@@ -267,10 +278,11 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
     }
   };
   int* h1b = h2;  // streamed chunks: histogram of the tiles after the first (h2 is free until #2)
+  bool stash_on = false;  // streamed chunks: pass 2 reads the stash (uniform over the cluster)
   if (regs) {
 #pragma unroll
     for (int i = 0; i < VPT4; ++i) hist_vec(r[i], v0 + tid + i * THREADS);
-  } else {
+  } else if constexpr (STREAM) {
     // Streamed chunks (long rows): the first tile of every CTA (tiles 0..C-1) in full; the
     // cluster's union of these tiles is a subset of the row, so the bin t0 of ITS need-th largest
     // score is a lower bound of B* (the row has at least need scores in bins >= t0). The other
@@ -278,11 +290,19 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
     // which is exact for every bin >= t0, hence for B* and everything above it, and skips the
     // shared-memory atomic for almost every score.
     h1b[tid] = 0;
+    // With a stash (stash_cap > 0), only the first sample4 float4s of each thread's first tile are
+    // counted in full (the union stays a subset of the row, so t0 stays a lower bound of B*), and
+    // every score in a bin >= t0 is also kept in shared memory as (score bits, position): pass 2
+    // then reads the stash instead of the chunk (a second read of the row), unless it overflowed.
+    const bool use_stash = p.stash_cap > 0;  // uniform over the cluster
+    const int S = use_stash ? p.sample4 : VPT4;
+    __shared__ int s_t0[2];  // t0, sampled scores in bins >= t0
     float4 t[VPT4], u[VPT4];
     load_tile(t, rank * TILE4);
     if (rank + C < ntiles) load_tile(u, (rank + C) * TILE4);
 #pragma unroll
-    for (int i = 0; i < VPT4; ++i) hist_vec(t[i], rank * TILE4 + tid + i * THREADS);
+    for (int i = 0; i < VPT4; ++i)
+      if (i < S) hist_vec(t[i], rank * TILE4 + tid + i * THREADS);
     cluster_barrier<C>();  // #0: first-tile histograms complete
     int us = 0;
     if constexpr (C == 1) {
@@ -294,28 +314,81 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
     }
     int utot;
     const int upre = block_scan(us, s_w, utot);
-    if (tid == 0) s_info[3] = 0;  // no bound when the union holds fewer than need scores
+    if (tid == 0) { s_t0[0] = 0; s_t0[1] = utot; }  // no bound when the union has < need scores
     __syncthreads();
-    if (utot - upre + us >= need && utot - upre < need) s_info[3] = tid;
+    if (utot - upre + us >= need && utot - upre < need) { s_t0[0] = tid; s_t0[1] = utot - upre + us; }
     __syncthreads();
-    const int t0 = s_info[3];  // uniform over the cluster (same read-only histograms)
-    auto hist_ge = [&](const float4& f, int v) {
-      const int p0 = 4 * v - off;
-      const float e[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        int pos = p0 + j;
-        int b = coarse_bin(e[j]);
-        if (v < vlim && pos >= 0 && pos < L && b >= t0) atomicAdd(&h1b[b], 1);
+    const int t0 = s_t0[0];  // uniform over the cluster (same read-only histograms)
+    // the stash only where it is expected to hold at most half its capacity: the sampled share of
+    // scores in bins >= t0, times this CTA's share of the row (tie-heavy rows, one-CTA clusters
+    // of long rows and the like take the re-read path at once)
+    stash_on = use_stash && (long long)s_t0[1] * L <= (long long)p.stash_cap / 2 * utot * C;
+    if (stash_on) {
+      // f0: the FP16 value just below bin t0's lowest one, as fp32. x < f0 implies
+      // fp16(x) <= f0, so coarse_bin(x) < t0: the float compare is a conservative prefilter
+      // (NaN passes it; a NaN f0 passes everything), the exact bin is computed for what passes.
+      float f0 = -INFINITY;
+      if (t0 > 0) {
+        const unsigned uk = ((unsigned)t0 << 6) - 1u;
+        const unsigned short hb = (uk & 0x8000u) ? (unsigned short)(uk & 0x7FFFu)
+                                                 : (unsigned short)(~uk & 0xFFFFu);
+        f0 = __half2float(__ushort_as_half(hb));
       }
-    };
-    for (int tt = rank + C; tt < ntiles; tt += C) {  // uniform over the block
-      const int vt = tt * TILE4;
+      const int scap = p.stash_cap;
+      // per score: one compare; the few that pass (about 1% on random rows) take a divergent
+      // branch: exact bin, the histogram atomic (unless counted in the sample) and a stash slot
+      // from a coalesced-group allocation (no warp-wide collective inside the branch)
+      auto scan_vec = [&](const float4& f, int v, bool counted) {
+        const float e[4] = {f.x, f.y, f.z, f.w};
+        const int p0 = 4 * v - off;
 #pragma unroll
-      for (int i = 0; i < VPT4; ++i) t[i] = u[i];
-      if (tt + C < ntiles) load_tile(u, vt + C * TILE4);
+        for (int j = 0; j < 4; ++j) {
+          if (!(e[j] < f0)) {
+            const int pos = p0 + j;
+            const int b = coarse_bin(e[j]);
+            if (v < vlim && pos >= 0 && pos < L && b >= t0) {
+              if (!counted) atomicAdd(&h1b[b], 1);
+              cg::coalesced_group g = cg::coalesced_threads();
+              int q0 = 0;
+              if (g.thread_rank() == 0) q0 = atomicAdd(&s_ctr[3], (int)g.size());
+              const int q = g.shfl(q0, 0) + (int)g.thread_rank();
+              if (q < scap) stash[q] = make_uint2(__float_as_uint(e[j]), (unsigned)pos);
+            }
+          }
+        }
+      };
 #pragma unroll
-      for (int i = 0; i < VPT4; ++i) hist_ge(t[i], vt + tid + i * THREADS);
+      for (int i = 0; i < VPT4; ++i) scan_vec(t[i], rank * TILE4 + tid + i * THREADS, i < S);
+      for (int tt = rank + C; tt < ntiles; tt += C) {  // uniform over the block
+        const int vt = tt * TILE4;
+#pragma unroll
+        for (int i = 0; i < VPT4; ++i) t[i] = u[i];
+        if (tt + C < ntiles) load_tile(u, vt + C * TILE4);
+#pragma unroll
+        for (int i = 0; i < VPT4; ++i) scan_vec(t[i], vt + tid + i * THREADS, false);
+      }
+    } else {
+      auto hist_ge = [&](const float4& f, int v) {
+        const int p0 = 4 * v - off;
+        const float e[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          int pos = p0 + j;
+          int b = coarse_bin(e[j]);
+          if (v < vlim && pos >= 0 && pos < L && b >= t0) atomicAdd(&h1b[b], 1);
+        }
+      };
+#pragma unroll
+      for (int i = 0; i < VPT4; ++i)  // the first tile's part left out of the sample
+        if (i >= S) hist_ge(t[i], rank * TILE4 + tid + i * THREADS);
+      for (int tt = rank + C; tt < ntiles; tt += C) {  // uniform over the block
+        const int vt = tt * TILE4;
+#pragma unroll
+        for (int i = 0; i < VPT4; ++i) t[i] = u[i];
+        if (tt + C < ntiles) load_tile(u, vt + C * TILE4);
+#pragma unroll
+        for (int i = 0; i < VPT4; ++i) hist_ge(t[i], vt + tid + i * THREADS);
+      }
     }
   }
 
@@ -405,11 +478,38 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
       }
     }
   };
+  const int n_stash = s_ctr[3];  // complete: every stash write precedes #1
   if (regs) {
 #pragma unroll
     for (int i = 0; i < VPT4; ++i) emit_vec(r[i], v0 + tid + i * THREADS);
-  } else {
-    stream_chunk(emit_vec);
+  } else if constexpr (STREAM) {
+    if (stash_on && n_stash <= p.stash_cap) {
+      // the stash holds every score of this CTA's tiles in a bin >= t0 (<= B*): no second read
+      for (int i0 = 0; i0 < n_stash; i0 += THREADS) {  // uniform over the block
+        const int i = i0 + tid;
+        uint2 e = make_uint2(0u, 0u);
+        int b = -1;
+        if (i < n_stash) {
+          e = stash[i];
+          b = coarse_bin(__uint_as_float(e.x));
+        }
+        const bool up = b > bstar, eq = b == bstar;  // (b = -1: neither; bstar >= 0)
+        const int pos = (int)e.y;
+        int o = warp_alloc(up, &s_ctr[0]);
+        if (up) {
+          o += above_base;
+          oi[o] = pos;
+          os[o] = to_slot(p, pt_row, pos);
+        }
+        int q = warp_alloc(eq, &s_ctr[1]);
+        if (eq) {
+          cbuf[cand_base + q] = ((unsigned long long)full_key(__uint_as_float(e.x)) << 32) |
+                                (unsigned long long)(0xFFFFFFFFu - (unsigned)pos);
+        }
+      }
+    } else {
+      stream_chunk(emit_vec);  // no stash, or it overflowed (tie-heavy rows): re-read the chunk
+    }
   }
   if (overflow) __threadfence();
   cluster_barrier<C>();  // #2: candidates complete in the leader; peers done reading histograms
@@ -478,19 +578,19 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
 
 namespace {
 
-template <int C>
-cudaError_t launch_c(const TopkV2Params& p, cudaStream_t stream) {
-  const size_t smem = (size_t)(NB1 + NB2) * 4 + (size_t)p.cap * 8;
+template <int C, bool STREAM>
+cudaError_t launch_cs(const TopkV2Params& p, cudaStream_t stream) {
+  const size_t smem = (size_t)(NB1 + NB2) * 4 + (size_t)p.cap * 8 + (size_t)p.stash_cap * 8;
   static size_t configured[64] = {};  // per device of this process
   int dev = 0;
   cudaGetDevice(&dev);
   if (dev < 0 || dev >= 64) dev = 0;
   if (smem > configured[dev]) {
-    cudaError_t e = cudaFuncSetAttribute(topk_v2_cluster_kernel<C>,
+    cudaError_t e = cudaFuncSetAttribute(topk_v2_cluster_kernel<C, STREAM>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     if (C > 8) {
-      e = cudaFuncSetAttribute(topk_v2_cluster_kernel<C>,
+      e = cudaFuncSetAttribute(topk_v2_cluster_kernel<C, STREAM>,
                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
       if (e != cudaSuccess) return e;
     }
@@ -508,15 +608,27 @@ cudaError_t launch_c(const TopkV2Params& p, cudaStream_t stream) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, topk_v2_cluster_kernel<C>, p);
+  return cudaLaunchKernelEx(&cfg, topk_v2_cluster_kernel<C, STREAM>, p);
+}
+
+// the streamed instantiation only when a row of n positions (after the row's alignment padding:
+// none when every row starts 16-byte aligned, else up to 3 elements) can put more than TILE4
+// float4s on a CTA; the stash only there
+template <int C>
+cudaError_t launch_c(TopkV2Params p, cudaStream_t stream) {
+  const bool aligned = (reinterpret_cast<uintptr_t>(p.scores) & 15) == 0 && (p.stride & 3) == 0;
+  const long long nv = ((long long)p.n + (aligned ? 0 : 3) + 3) >> 2;
+  if ((nv + C - 1) / C > TILE4) return launch_cs<C, true>(p, stream);
+  p.stash_cap = 0;
+  return launch_cs<C, false>(p, stream);
 }
 
 template <int C>
 int max_active_clusters_c(int cap) {
   const size_t smem = (size_t)(NB1 + NB2) * 4 + (size_t)cap * 8;
-  if (cudaFuncSetAttribute(topk_v2_cluster_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (cudaFuncSetAttribute(topk_v2_cluster_kernel<C, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            (int)smem) != cudaSuccess) return -1;
-  if (C > 8 && cudaFuncSetAttribute(topk_v2_cluster_kernel<C>,
+  if (C > 8 && cudaFuncSetAttribute(topk_v2_cluster_kernel<C, false>,
                                     cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
     return -1;
   cudaLaunchConfig_t cfg = {};
@@ -531,7 +643,7 @@ int max_active_clusters_c(int cap) {
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, topk_v2_cluster_kernel<C>, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, topk_v2_cluster_kernel<C, false>, &cfg) != cudaSuccess) {
     cudaGetLastError();
     return -1;
   }
@@ -547,13 +659,14 @@ int topk_v2_cuda_launch(const float* scores, long long stride, const void* lengt
                         const void* pt, long long pt_stride, int pt64, int rows_per_pt,
                         int page_size, int* out_idx, int* out_slot, unsigned long long* gws,
                         long long ws_stride, int rows, int n, int k, int cap, int cluster,
-                        void* stream) {
+                        int stash_cap, int sample4, void* stream) {
   if (rows <= 0 || n < 0 || k < 1 || cap < 1 || rows_per_pt < 1 || page_size < 1) return 1000;
+  if (stash_cap < 0 || sample4 < 1 || sample4 > VPT4) return 1000;
   TopkV2Params p;
   p.scores = scores; p.stride = stride; p.lengths = lengths; p.pt = pt; p.pt_stride = pt_stride;
   p.gws = gws; p.ws_stride = ws_stride; p.out_idx = out_idx; p.out_slot = out_slot;
   p.len64 = len64; p.pt64 = pt64; p.rows_per_pt = rows_per_pt; p.page_size = page_size;
-  p.rows = rows; p.n = n; p.k = k; p.cap = cap;
+  p.rows = rows; p.n = n; p.k = k; p.cap = cap; p.stash_cap = stash_cap; p.sample4 = sample4;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   switch (cluster) {
     case 1: return (int)launch_c<1>(p, s);
