@@ -96,7 +96,7 @@ def test_category_sets_of_shipped_catalogs():
         "memcpy", "comm", "moe", "attention", "sampling", "topk", "gemm", "rope", "norm", "quant", "reduce", "elementwise", "other",
     )  # fmt: skip
     assert set(load_catalog("proxy").categories) == {
-        "indexer", "topk", "attention", "moe", "gemm", "norm", "rope", "sampling", "memcpy", "comm", "other",
+        "indexer", "topk", "attention", "moe", "gemm", "norm", "rope", "sampling", "memcpy", "comm", "reduce", "elementwise", "other",
     }  # fmt: skip
 
 

@@ -57,7 +57,8 @@ def test_topk_v2(runs):
     d = _diff(runs, "topk_v2")
     cats = d["decomposition"]["category_us"]
     assert cats["topk"] < 0
-    assert d["noise"]["metrics"]["category_us.other"]["within_noise"]  # "other" moves within noise
+    other = d["noise"]["metrics"].get("category_us.other")
+    assert other is None and "other" not in cats or other["within_noise"]  # "other" moves within noise (or holds nothing on either side)
 
 
 def test_topk_v2_share(runs):
@@ -103,16 +104,23 @@ def test_one_window_is_not_judged(runs):
     assert not d["noise"]["available"] and d["expected_effect"]["flags"] == []
 
 
-@pytest.mark.xfail(strict=True, reason="with the capture trace 'other' is 6.3% of GPU time: the MTP head's glue under proxy.mtp "
-                                       "(embedding gathers, concat, fills: ~120 µs/iteration) has no range of its own and no telling name")
 def test_other_at_most_5_percent(runs):
-    m = runs["all"][0]["ranks"][0]["median"]
-    assert m["category_us"].get("other", 0) <= 0.05 * m["gpu_busy_us"]
+    # with the capture trace: every replayed kernel gets its capture-time ranges; the glue outside
+    # every proxy.* sub-range (the MTP head's gathers, concatenations, fills: ~120 µs/iteration, 6.3%
+    # while the proxy catalog had no name rule for them) is elementwise/reduce by name
+    for s in runs["all"]:
+        m = s["ranks"][0]["median"]
+        assert m["category_us"].get("other", 0) <= 0.05 * m["gpu_busy_us"], m["category_us"]
 
 
-def test_other_share_with_capture(runs):
-    m = runs["all"][0]["ranks"][0]["median"]
-    assert m["category_us"].get("other", 0) <= 0.08 * m["gpu_busy_us"]  # 28.5% by the name rules alone
+def test_without_capture_replayed_kernels_lose_their_ranges(runs):
+    # the same windows without their capture profile: replayed kernels have only their names, so
+    # the range-defined categories (attention, moe: kernels named like any GEMM or elementwise op)
+    # vanish into gemm/elementwise; with it they are there
+    for with_cap, bare in zip(runs["all"], _windows("all", captures=False)):
+        c, b = with_cap["ranks"][0]["median"]["category_us"], bare["ranks"][0]["median"]["category_us"]
+        assert c.get("attention", 0) > 0 and c.get("moe", 0) > 0
+        assert b.get("attention", 0) == 0 and b.get("moe", 0) == 0 and b["gemm"] > c["gemm"]
 
 
 @pytest.mark.xfail(strict=True, reason="graph mode pads the slot table to a power-of-two bucket (16384 vs ~8.4K positions): the indexer "
