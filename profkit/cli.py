@@ -128,6 +128,12 @@ def analyze(
         if timeline is not None and timeline.suffix not in (".parquet", ".csv"):
             raise UsageError(f"--timeline {timeline}: use a .parquet or .csv file name", hint="e.g. --timeline timeline.parquet")
         t_start = time.perf_counter()
+        from profkit.ingest import expand_inputs
+        from profkit.ingest.runs import plan_runs
+
+        plan = plan_runs(expand_inputs(paths))  # several runs in one folder: each analyzed on its own
+        if len(plan) > 1:
+            _check_several_runs(plan, json_out, timeline)
         catalog_note = None
         if catalog is None:
             from profkit.cli_report import manifest_catalog_name
@@ -141,7 +147,7 @@ def analyze(
         from profkit.analysis.graphs import find_capture_files
 
         captures = list(capture or []) or find_capture_files(paths)
-        if cache_on and timeline is None and tables is None and not captures:  # the stored summary knows no capture profiles
+        if cache_on and timeline is None and tables is None and not captures and len(plan) == 1:  # the stored summary knows no capture profiles
             # a repeated run on unchanged traces: the stored summary, without importing polars
             from profkit.ingest import expand_inputs
             from profkit.summary_cache import read_summary, summary_key
@@ -154,7 +160,7 @@ def analyze(
                 _write_timings(os.environ["PROFKIT_TIMINGS"], [], t_start, time.perf_counter(), time.perf_counter())
         else:
             early = _decode_early(files or None, paths, cache_on, jobs)
-            from profkit.analysis.parallel import analyze_paths
+            from profkit.analysis.parallel import analyze_runs
             from profkit.analysis.summary import build_summary
             from profkit.catalog import load_catalog
             from profkit.ingest.early import discard as discard_early
@@ -163,10 +169,15 @@ def analyze(
                 cat = load_catalog(catalog) if catalog else None
                 if not early:
                     _numpy_without_blas_threads()
-                analyses = analyze_paths(paths, marker=marker, min_bubble_us=min_bubble_us, catalog=cat, cache=False if no_cache else None, jobs=jobs,
-                                         captures=captures or None)
+                runs = analyze_runs(paths, marker=marker, min_bubble_us=min_bubble_us, catalog=cat, cache=False if no_cache else None, jobs=jobs,
+                                    captures=captures or None, runs=plan)
             finally:
                 discard_early()
+            if len(runs) > 1:
+                _check_several_runs(runs, json_out, timeline)
+                _analyze_several(runs, marker=marker, json_out=json_out, tables=tables, top=top, catalog_note=catalog_note)
+                return
+            analyses = runs[0].analyses
             t_analyzed = time.perf_counter()
             summary = build_summary(analyses, marker=marker)
             if os.environ.get("PROFKIT_TIMINGS"):  # for benchmarks/bench_ingest.py
@@ -188,8 +199,13 @@ def analyze(
             if to_stdout:
                 sys.stdout.write(text)
             else:
-                write_bytes_atomic(Path(json_out), text.encode())
-                err.print(f"wrote {escape(json_out)}")
+                dest = Path(json_out)
+                if _json_dir(json_out):  # --json DIR/: DIR/<run>.summary.json, as for several runs
+                    from profkit.cli_report import _safe
+
+                    dest = dest / f"{_safe(plan[0].label)}.summary.json"
+                write_bytes_atomic(dest, text.encode())
+                err.print(f"wrote {escape(str(dest))}")
         if tables is not None:
             from profkit.export.tables import write_tables
 
@@ -216,6 +232,64 @@ def analyze(
         picked = sorted({str(r.get("catalog")) for r in summary.get("ranks") or []})
         err.print(f"[dim]{escape(catalog_note or 'catalog ' + ', '.join(picked) + ': picked from the kernel names (--catalog NAME to choose)')}[/]",
                   soft_wrap=True)
+
+
+def _check_several_runs(runs: list, json_out: Optional[str], timeline: Optional[Path]) -> None:
+    """Inputs that hold several runs: one summary.json cannot hold them (schema v2 is one run), so
+    --json FILE and --timeline are refused with the runs named; --json DIR/ writes one per run."""
+    from profkit.ingest.runs import several_runs_message
+
+    if json_out and not _json_dir(json_out):
+        raise UsageError(several_runs_message(runs, "these inputs", verb="hold") + f"; --json {json_out} would hold one run",
+                         hint="pass one run's files per command (e.g. `profkit analyze "
+                              + " ".join(str(f) for f in runs[0].files) + " --json a.json`), or --json DIR/ for one summary per run")
+    if timeline is not None:
+        raise UsageError(several_runs_message(runs, "these inputs", verb="hold") + f"; --timeline {timeline} holds one run",
+                         hint="pass one run's files per command")
+
+
+def _json_dir(json_out: str) -> bool:
+    return json_out != "-" and (json_out.endswith(("/", "\\")) or Path(json_out).is_dir())
+
+
+def _analyze_several(runs: list, *, marker: Optional[str], json_out: Optional[str], tables: Optional[Path], top: int,
+                     catalog_note: Optional[str]) -> None:
+    """Print (and write) each run on its own: its summary, cross-rank figures across its ranks only."""
+    from profkit.analysis.summary import build_summary
+    from profkit.ingest.runs import several_runs_message
+    from profkit.report.console import render_summary
+    from profkit.store import json_text, write_bytes_atomic
+
+    err.print(f"[yellow]warning:[/] {escape(several_runs_message(runs, 'these inputs', verb='hold'))}; each is analyzed on its own", soft_wrap=True)
+    summaries = []
+    for r in runs:
+        s = build_summary(r.analyses, marker=marker)
+        if len(r.analyses) > 1:
+            from profkit.analysis.ranks import cross_rank
+
+            s["cross_rank"] = cross_rank(r.analyses)
+        summaries.append(s)
+    if json_out:  # a folder (checked): one summary.json per run, named by the run
+        from profkit.cli_report import _safe
+
+        for r, s in zip(runs, summaries):
+            p = Path(json_out) / f"{_safe(r.label)}.summary.json"
+            write_bytes_atomic(p, json_text(s).encode())
+            err.print(f"wrote {escape(str(p))}")
+    if tables is not None:
+        from profkit.export.tables import write_tables
+
+        try:
+            written = write_tables([a for r in runs for a in r.analyses], tables)
+        except OSError as e:
+            raise OutputError(f"--tables {tables}: cannot write ({e.strerror or e})", hint="pick a writable folder") from None
+        err.print(f"wrote {escape(str(tables))} ({len(written)} parquet files)")
+    for k, (r, s) in enumerate(zip(runs, summaries)):
+        out.rule(f"run {k + 1} of {len(runs)}: {escape(r.label)}", align="left")
+        render_summary(s, out, top=top)
+    picked = sorted({str(x.get("catalog")) for s in summaries for x in s.get("ranks") or []})
+    err.print(f"[dim]{escape(catalog_note or 'catalog ' + ', '.join(picked) + ': picked from the kernel names (--catalog NAME to choose)')}[/]",
+              soft_wrap=True)
 
 
 def _list_markers(paths: list[Path]) -> None:

@@ -287,7 +287,21 @@ def trace(
         group = reports_dir / f"{stamp}-{target}-{tag}"
         diff = _attribute(before, after, opts, group, catalog, target)
         _render_attribution(diff, group)
-        err.print(f"reproduce the attribution: profkit diff {group / 'before.json'} {group / 'after.json'} --opt {tag}", soft_wrap=True)
+        err.print(f"reproduce the attribution: {reproduce_command(before, after, opts, catalog, target)}", soft_wrap=True)
+
+
+def reproduce_command(before: Any, after: Any, opts: list[str], catalog: Optional[str], target: str) -> str:
+    """The `profkit diff` that gives the diff.json `trace` wrote: the two runs' report folders (their
+    summary.json, the profile windows' summaries as repeats, the `run` section for the labels,
+    throughput and switches), --opt when one optimization was attributed (several: none, as trace
+    did), and the catalog trace judged the expected effect with when the folders do not imply it."""
+    parts = ["profkit", "diff", str(before.report_dir), str(after.report_dir)]
+    if len(opts) == 1:
+        parts += ["--opt", opts[0]]
+    cat = catalog or (None if target == "proxy" else "sglang-glm52")
+    if cat:
+        parts += ["--catalog", cat]
+    return shlex.join(parts)
 
 
 @app.command()
@@ -440,8 +454,7 @@ def sweep(
                                "attribution": [], "status": "running"}
         with _progress_runner() as progress:
             for label, states, _, _ in plan:
-                safe = label.replace("+", "plus-").replace("/", "_")
-                res = _run(cfg, states, f"{stamp}-{target}-{mode}-{safe}", label, progress)
+                res = _run(cfg, states, f"{stamp}-{target}-{mode}-{label_slug(label)}", label, progress)
                 results[label] = res
                 doc["runs"].append({"label": label, "run_id": res.run_id, "states": states, "summary": str(res.summary_path),
                                     "throughput": res.manifest.get("throughput")})
@@ -457,11 +470,12 @@ def sweep(
                 if opt is None:
                     continue
                 before, after = results[label], results["all"]
+                pair_dir = sweep_dir / f"{label_slug(label)}__all"
             elif against is None:
                 continue
             else:
                 before, after = results[against], results[label]
-            pair_dir = sweep_dir / f"{before.run_id.rsplit('-', 1)[-1]}__{label.replace('+', 'plus-')}"
+                pair_dir = sweep_dir / f"{label_slug(against)}__{label_slug(label)}"
             diff = _attribute(before, after, [opt] if opt else [], pair_dir, catalog, target)
             doc["attribution"].append(_attribution_row(label, opt, before, after, diff, pair_dir))
         doc["pareto"] = {r["label"]: [{"concurrency": p["concurrency"], "isl": p["isl"],
@@ -473,7 +487,18 @@ def sweep(
         write_reports(sweep_dir, diffs=[json.loads(Path(a["diff"]).read_text()) for a in doc["attribution"]],
                       runs=[(lbl, results[lbl].summary) for lbl, *_ in plan])
         _render_sweep(doc)
-        out.print(f"wrote {escape(str(sweep_dir / 'sweep.json'))}")
+        wrote = [sweep_dir / n for n in ("sweep.json", "report.html") if (sweep_dir / n).is_file()]
+        out.print(f"wrote {', '.join(escape(str(p)) for p in wrote)}", soft_wrap=True)
+
+
+def label_slug(label: str) -> str:
+    """A sweep label as a folder-name part, its steps kept apart: "+overlap+topk_v2" ->
+    "plus-overlap-plus-topk_v2", "all-topk_v2" stays, "baseline" stays."""
+    import re
+
+    first, *added = label.split("+")
+    slug = "-".join(([first] if first else []) + [f"plus-{p}" for p in added if p])
+    return re.sub(r"[^\w.-]+", "_", slug) or "run"
 
 
 def _attribution_row(label: str, opt: Optional[str], before: Any, after: Any, diff: dict[str, Any], pair_dir: Path) -> dict[str, Any]:

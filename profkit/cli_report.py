@@ -148,7 +148,9 @@ def diff(
                     err.print(f"[yellow]warning:[/] the two sides were categorized with different kernel catalogs; "
                               f"pass --catalog {cat.name} when analyzing them", soft_wrap=True)
         lb, lc = (b.label, c.label) if b.label != c.label else (f"{b.label} (before)", f"{c.label} (after)")
-        opt_name = opt or infer_optimization(b.manifest, c.manifest)
+        from profkit.attribution.diff import run_manifest
+
+        opt_name = opt or infer_optimization(run_manifest({"manifest": b.manifest, **b.summary}), run_manifest({"manifest": c.manifest, **c.summary}))
         rank, notes = _align_single_ranks(b, c, rank)
         d = compare_summaries(
             b.summary, c.summary, opt=opt_name, catalog=_catalog_for_effect(cat, c.summary, rank) if opt_name else None,

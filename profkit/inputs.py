@@ -87,13 +87,27 @@ def analyze_paths(paths: list[Path], opts: AnalyzeOptions) -> dict[str, Any]:
     """Trace files or folders -> summary.json v1 (analyzed now, with `opts`): as `profkit analyze`
     does it, ranks in parallel and through the parquet cache beside each large trace (off with
     PROFKIT_NO_CACHE=1)."""
-    from profkit.analysis.parallel import analyze_paths as analyze_files
-    from profkit.analysis.summary import build_summary
-
     from profkit.analysis.graphs import find_capture_files
+    from profkit.analysis.parallel import analyze_runs
+    from profkit.analysis.summary import build_summary
+    from profkit.errors import UsageError
+    from profkit.ingest import expand_inputs
+    from profkit.ingest.runs import plan_runs, several_runs_message
 
+    what = " ".join(str(p) for p in paths)
+
+    def refuse(runs: Any) -> None:  # one side, one run: a folder of unrelated traces is not a side
+        raise UsageError(several_runs_message(runs, what),
+                         hint="compare one run a side: pass that run's trace files or folder (e.g. " + " ".join(str(f) for f in runs[0].files) + ")")
+
+    plan = plan_runs(expand_inputs(paths))  # from the files' metadata, before anything is decoded
+    if len(plan) > 1:
+        refuse(plan)
     caps = list(opts.captures) if opts.captures else find_capture_files(paths)
-    analyses = analyze_files(paths, marker=opts.marker, min_bubble_us=opts.min_bubble_us, catalog=opts.catalog, captures=caps or None)
+    runs = analyze_runs(paths, marker=opts.marker, min_bubble_us=opts.min_bubble_us, catalog=opts.catalog, captures=caps or None, runs=plan)
+    if len(runs) > 1:
+        refuse(runs)
+    analyses = runs[0].analyses
     summary = build_summary(analyses, marker=opts.marker)
     if len(analyses) > 1:
         from profkit.analysis.ranks import cross_rank
@@ -136,6 +150,13 @@ def _label(path: Path) -> str:
     return short_label(p.name)
 
 
+def _run_label(summary: dict[str, Any]) -> str | None:
+    """The run id `profkit trace` wrote into the summary (its `run` section), else None."""
+    run = summary.get("run")
+    rid = run.get("run_id") if isinstance(run, dict) else None
+    return rid if isinstance(rid, str) and rid else None
+
+
 def load_side(path: Path, opts: AnalyzeOptions) -> Side:
     """A summary, trace or run folder -> Side (repeats loaded when the folder holds them)."""
     path = Path(path)
@@ -149,7 +170,7 @@ def load_side(path: Path, opts: AnalyzeOptions) -> Side:
         manifest = doc.get("manifest") if isinstance(doc.get("manifest"), dict) else _manifest_near(path)
         if manifest is not None and "manifest" not in doc:
             doc["manifest"] = manifest  # a new key in the in-memory summary: reports and diff.json carry it
-        return Side(path, _label(path), doc, [], manifest)
+        return Side(path, _run_label(doc) or _label(path), doc, [], manifest)
     # repeats: repeat-*/ folders, or the profile windows of one run (window-<i>/, `trace --profile-windows`)
     repeat_dirs = sorted((p for p in path.iterdir() if p.is_dir() and p.name.startswith(("repeat", "window-"))),
                          key=lambda p: (p.name.split("-")[0], int(p.name.split("-")[1]) if p.name.split("-")[-1].isdigit() else 0, p.name))
@@ -180,17 +201,35 @@ def load_side(path: Path, opts: AnalyzeOptions) -> Side:
 
 
 def infer_optimization(baseline_manifest: Any, candidate_manifest: Any) -> str | None:
-    """The one optimization the candidate's manifest switches on beyond the baseline's, else None.
+    """The one optimization whose switch differs between the two manifests, else None.
 
-    Reads ``opt`` (a name), ``opts`` / ``optimizations`` (a list or a comma-separated string), at
-    the top level or under ``config``.
+    `profkit trace` writes ``optimizations`` as the state of every switch ({name: true/false}):
+    the one switch whose state differs is the optimization (false -> true; true -> false, the
+    candidate removing it, counts too). Also reads ``opt`` (a name), ``opts`` / ``optimizations``
+    (a list or a comma-separated string: the one the candidate adds), at the top level or under
+    ``config``. A summary's ``run`` section (what trace writes into summary.json) serves as its manifest.
     """
+    def states(m: Any) -> dict[str, bool] | None:
+        if not isinstance(m, dict):
+            return None
+        v = m.get("optimizations")
+        if isinstance(v, dict) and v and all(isinstance(x, bool) for x in v.values()):
+            return v
+        return None
+
+    sb, sc = states(baseline_manifest), states(candidate_manifest)
+    if sb is not None and sc is not None:
+        changed = [k for k in sorted(set(sb) | set(sc)) if sb.get(k, False) != sc.get(k, False)]
+        return changed[0] if len(changed) == 1 else None
+
     def opts(m: Any) -> set[str] | None:
         if not isinstance(m, dict):
             return None
         for holder in (m, m.get("config") if isinstance(m.get("config"), dict) else {}):
             for key in ("optimizations", "opts", "opt"):
                 v = holder.get(key)
+                if isinstance(v, dict):
+                    return {k for k, on in v.items() if on is True}
                 if isinstance(v, str):
                     return {x.strip() for x in v.split(",") if x.strip()}
                 if isinstance(v, list) and all(isinstance(x, str) for x in v):

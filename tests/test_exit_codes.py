@@ -39,7 +39,7 @@ def test_a_bug_exits_70_with_the_traceback_in_a_file(tmp_path):
         "import profkit.analysis.parallel as p\n"
         "def boom(*a, **k):\n"
         "    raise RuntimeError('simulated bug')\n"
-        "p.analyze_paths = boom\n"
+        "p.analyze_runs = boom\n"
         f"sys.argv = ['profkit', 'analyze', {str(TRACE)!r}, '--no-cache']\n"
         "from profkit.cli import main\n"
         "main()\n"

@@ -100,11 +100,98 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
     at most one per file when several files); inputs smaller than `min_parallel_bytes`
     (estimated JSON) are read in this process.
     """
-    from profkit.ingest import PARALLEL_MIN_BYTES, estimated_raw_bytes, expand_inputs, load_trace
+    from profkit.ingest import expand_inputs
+
+    files = expand_inputs(paths)
+    pairs, load_s = _analyze_files(files, list(range(len(files))), marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
+                                   cache=cache, jobs=jobs, min_parallel_bytes=min_parallel_bytes, captures=captures)
+    _renumber(pairs)
+    out = sorted((a for a, _ in pairs), key=lambda a: a.rank)
+    if out and load_s is not None:
+        out[0]._load_s = load_s  # type: ignore[attr-defined]  (read by `analyze`'s PROFKIT_TIMINGS)
+    return out
+
+
+def _renumber(pairs: list[tuple[RankAnalysis, int]]) -> None:
+    """Duplicate ranks, as ingest.fix_duplicate_ranks does before analysis (the warning follows the
+    ingest warnings, on the files concerned only)."""
+    from profkit.ingest.runs import renumber_duplicate_ranks
+
+    renumber_duplicate_ranks(pairs, rank=lambda p: p[0].rank, set_rank=lambda p, r: setattr(p[0], "rank", r),
+                             warn=lambda p, w: p[0].warnings.insert(p[1], w), name=lambda p: Path(p[0].path).name)
+
+
+def analyze_runs(paths: list[Path], *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Any = None,
+                 cache: bool | None = None, jobs: int | None = None, min_parallel_bytes: int | None = None,
+                 captures: Any = None, runs: Any = None) -> list[Any]:
+    """Files or run folders -> the runs they hold (ingest/runs.py: RunPlan, its `analyses` sorted by
+    rank), every file analyzed in one pool. A file's default rank (no distributedInfo, no -TP-<r>)
+    is its place in its run; duplicate ranks are renumbered within a run; ranks of one run whose
+    device or iteration shapes disagree become runs of their own (split_by_analysis)."""
+    from profkit.ingest import expand_inputs
+    from profkit.ingest.runs import plan_runs
+
+    if runs is None:
+        runs = plan_runs(expand_inputs(paths))
+    files = [f for r in runs for f in r.files]
+    defaults = [k for r in runs for k in range(len(r.files))]
+    pairs, load_s = _analyze_files(files, defaults, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
+                                   cache=cache, jobs=jobs, min_parallel_bytes=min_parallel_bytes, captures=captures)
+    k = 0
+    for r in runs:
+        mine = pairs[k:k + len(r.files)]
+        k += len(r.files)
+        _renumber(mine)
+        r.analyses = sorted((a for a, _ in mine), key=lambda a: a.rank)
+    out = split_by_analysis(runs)
+    if out and out[0].analyses and load_s is not None:
+        out[0].analyses[0]._load_s = load_s  # type: ignore[attr-defined]
+    return out
+
+
+def split_by_analysis(runs: list[Any]) -> list[Any]:
+    """Ranks of one planned run whose device or set of iteration shapes (kind, batch size) disagree
+    are separate runs: they cannot be ranks of one job, whose steps run in lockstep."""
+    from profkit.ingest.runs import RunPlan, label_runs
+
+    out = []
+    split = False
+    for r in runs:
+        if len(r.analyses) < 2:
+            out.append(r)
+            continue
+        groups: dict[tuple[Any, ...], list[RankAnalysis]] = {}
+        for a in r.analyses:
+            shapes = tuple(sorted({(str(k), -1 if b is None else int(b)) for k, b in a.iterations.select("kind", "batch_size").iter_rows()}))
+            groups.setdefault((a.device, shapes), []).append(a)
+        if len(groups) == 1:
+            out.append(r)
+            continue
+        split = True
+        devices = {d for d, _ in groups}
+        why = "its ranks' " + ("device names" if len(devices) > 1 else "iteration shapes") + " differ"
+        for g in groups.values():
+            paths = {Path(a.path) for a in g}
+            sub = RunPlan([f for f in r.files if f in paths], [i for i in r.infos if i.path in paths], why=why, analyses=g)
+            out.append(sub)
+    if split:
+        label_runs(out)
+        for r in out:
+            if not r.why:
+                from profkit.ingest.runs import _why
+
+                r.why = _why(r, [o for o in out if o is not r])
+    return out
+
+
+def _analyze_files(files: list[Path], default_ranks: list[int], *, marker: str | None, min_bubble_us: float, catalog: Any,
+                   cache: bool | None, jobs: int | None, min_parallel_bytes: int | None,
+                   captures: Any) -> tuple[list[tuple[RankAnalysis, int]], float | None]:
+    """Every file analyzed (or read from the cache), in file order: (analysis, its ingest warnings), load seconds."""
+    from profkit.ingest import PARALLEL_MIN_BYTES, estimated_raw_bytes, load_trace
     from profkit.ingest import cache as pcache
     from profkit.ingest.columnar import default_jobs, make_executor
 
-    files = expand_inputs(paths)
     use_cache = (not pcache.cache_disabled_by_env()) if cache is None else cache
     jobs = default_jobs(len(files)) if jobs is None else max(1, jobs)
     threshold = PARALLEL_MIN_BYTES if min_parallel_bytes is None else min_parallel_bytes
@@ -119,14 +206,14 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
     cached_ok = [use_cache and pcache.worth_caching(f) for f in files]
     for i, f in enumerate(files):
         if cached_ok[i]:
-            done[i] = _cached_analysis(f, i, options)
+            done[i] = _cached_analysis(f, default_ranks[i], options)
     todo = [i for i, d in enumerate(done) if d is None]
     big = sum(estimated_raw_bytes(files[i]) for i in todo) >= threshold
     load_s = None
     if todo and jobs > 1 and len(todo) > 1 and big:
         ex = make_executor(min(jobs, len(todo)))
         try:
-            futs = {i: ex.submit(_load_and_analyze, files[i], i, use_cache, marker, min_bubble_us, catalog, options, captures)  # type: ignore[union-attr]
+            futs = {i: ex.submit(_load_and_analyze, files[i], default_ranks[i], use_cache, marker, min_bubble_us, catalog, options, captures)  # type: ignore[union-attr]
                     for i in todo}
             for i, fut in futs.items():
                 done[i] = fut.result()
@@ -138,7 +225,7 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
         # processes, whose analyses fill both cores, it is written after the analysis instead)
         ex = make_executor(jobs, chunks=True) if jobs > 1 and big else None
         try:
-            traces = {i: load_trace(files[i], default_rank=i, cache=cached_ok[i], jobs=jobs if ex else 1, executor=ex)
+            traces = {i: load_trace(files[i], default_rank=default_ranks[i], cache=cached_ok[i], jobs=jobs if ex else 1, executor=ex)
                       for i in todo}
         finally:
             if ex is not None:
@@ -149,19 +236,8 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
             n = len(t.warnings)
             a = analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog, captures=captures)
             if cached_ok[i]:
-                _store_analysis(files[i], a, n, _rank_from_trace(t, i), options)
+                _store_analysis(files[i], a, n, _rank_from_trace(t, default_ranks[i]), options)
             done[i] = (a, n)
     else:
         load_s = time.perf_counter() - t_start
-    pairs = [d for d in done if d is not None]
-    analyses = [a for a, _ in pairs]
-    ranks = [a.rank for a in analyses]
-    if len(set(ranks)) != len(ranks):
-        # as ingest.fix_duplicate_ranks does before analysis: the warning follows the ingest warnings
-        for i, (a, n) in enumerate(pairs):
-            a.warnings.insert(n, f"rank {a.rank} appears in several inputs; using file order ({i}) as its rank")
-            a.rank = i
-    out = sorted(analyses, key=lambda a: a.rank)
-    if out and load_s is not None:
-        out[0]._load_s = load_s  # type: ignore[attr-defined]  (read by `analyze`'s PROFKIT_TIMINGS)
-    return out
+    return [d for d in done if d is not None], load_s

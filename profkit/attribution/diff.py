@@ -591,10 +591,21 @@ def compare_summaries(
         # their CPU ops, and the CPU ops ranked by the idle time inside the bubbles
         "bubbles": {"baseline": _bubble_view(rb, ib), "candidate": _bubble_view(rc, ic)},
         "series": {"baseline": _series(rb, ib), "candidate": _series(rc, ic)},
-        "manifests": {"baseline": baseline.get("manifest"), "candidate": candidate.get("manifest")},
+        "manifests": {"baseline": run_manifest(baseline), "candidate": run_manifest(candidate)},
         # unprofiled throughput, the headline, when the run manifests carry it (first workload point)
-        "throughput": {"baseline": _first_point(baseline.get("manifest")), "candidate": _first_point(candidate.get("manifest"))},
+        "throughput": {"baseline": _first_point(run_manifest(baseline)), "candidate": _first_point(run_manifest(candidate))},
     }
+
+
+def run_manifest(summary: Mapping[str, Any]) -> Any:
+    """The run's manifest: the summary's `manifest` (its manifest.json, added on loading), else the
+    `run` section that `profkit trace` writes into every summary (run id, switches, throughput, ...),
+    so that the summaries alone give the same diff as the run folders."""
+    m = summary.get("manifest")
+    if isinstance(m, Mapping):
+        return m
+    r = summary.get("run")
+    return r if isinstance(r, Mapping) else None
 
 
 def _bubble_view(rank: Mapping[str, Any], its: Sequence[Mapping[str, Any]], n: int = 5) -> dict[str, Any]:

@@ -144,12 +144,12 @@ def expand_inputs(paths: list[Path]) -> list[Path]:
 
 
 def fix_duplicate_ranks(traces: list[Any]) -> None:
-    """Same rank twice (e.g. two single-GPU traces): fall back to file order so each is its own entry."""
-    ranks = [t.rank for t in traces]
-    if len(set(ranks)) != len(ranks):
-        for i, t in enumerate(traces):
-            t.warnings.append(f"rank {t.rank} appears in several inputs; using file order ({i}) as its rank")
-            t.rank = i
+    """Same rank twice: the first file keeps it, each later one takes the lowest unused number; the
+    warning names the files concerned and goes to them only (ingest/runs.py)."""
+    from profkit.ingest.runs import renumber_duplicate_ranks
+
+    renumber_duplicate_ranks(traces, rank=lambda t: t.rank, set_rank=lambda t, r: setattr(t, "rank", r),
+                             warn=lambda t, w: t.warnings.append(w))
 
 
 # Below this much JSON (estimated: gzip ~8x), worker processes cost more than they save.
