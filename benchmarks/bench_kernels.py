@@ -43,9 +43,12 @@ STUDY = {"torch.topk": {"80K": (75.5, 63.0), "1M": (157.0, 145.0)},
 TARGET = {"80K": 20.0, "1M": 40.0}
 PAGE = 64
 REP = 10
-# (name, stash entries, sample float4s per thread): the CUDA kernel's streamed-chunk variants
-CUDA_VARIANTS = [("no stash (re-read)", 0, 4), ("stash, sample 4/4", 8192, 4),
-                 ("stash, sample 2/4", 8192, 2), ("stash, sample 1/4", 8192, 1)]
+# (name, stash entries, sample float4s per thread, flags): the CUDA kernel's streamed-chunk
+# variants (flags: topk_cuda.WARP_APPEND = 1, L2_PREFETCH = 2; 0 = per-score branch)
+CUDA_VARIANTS = [("stash 4/4, per-score (old)", 8192, 4, 0), ("warp appends", 8192, 4, 1),
+                 ("L2 prefetch", 8192, 4, 2), ("warp appends+prefetch", 8192, 4, 3),
+                 ("warp+prefetch, sample 2/4", 8192, 2, 3), ("warp appends, sample 2/4", 8192, 2, 1),
+                 ("no stash, prefetch", 0, 4, 2), ("no stash (re-read)", 0, 4, 0)]
 
 
 def log(*a):
@@ -219,14 +222,15 @@ def topk_section(args, results):
             if args.cuda_variants:
                 # the streamed chunks' variants (topk_cuda.STASH / SAMPLE4), planned cluster size
                 var = {}
-                for vname, st, s4 in CUDA_VARIANTS:
+                for vname, st, s4, fl in CUDA_VARIANTS:
                     try:
-                        fv = (lambda b, st=st, s4=s4: (lambda: topk_cuda.topk_v2_cuda(
-                            b, K, pt, PAGE, stash=st, sample4=s4)))
+                        fv = (lambda b, st=st, s4=s4, fl=fl: (lambda: topk_cuda.topk_v2_cuda(
+                            b, K, pt, PAGE, stash=st, sample4=s4, flags=fl)))
                         vi, vs = fv(bufs[1])()
                         vok = sets_equal_gpu(bufs[1], vi, K) and bool(torch.equal(
                             vs.long(), pt[0].long()[vi.long() // PAGE] * PAGE + vi.long() % PAGE))
-                        di, _ = topk_cuda.topk_v2_cuda(dup, K, pt, PAGE, stash=st, sample4=s4)
+                        di, _ = topk_cuda.topk_v2_cuda(dup, K, pt, PAGE, stash=st, sample4=s4,
+                                                       flags=fl)
                         vok = vok and sets_equal_gpu(dup, di, K)
                         var[vname] = (bench_plain(fv(bufs[0])), bench_graph(fv, bufs), vok)
                     except Exception as e:
@@ -349,7 +353,7 @@ def table(results):
                            f"C={c} {v[0]:.1f}{'' if v[1] is True else ' (' + str(v[1]) + ')'}"
                            for c, v in sw.items()))
         for vname, v in (r.get("cuda_variants") or {}).items():
-            out.append(f"  {r['size']}: CUDA variant {vname:<22} {v[0]:6.1f} / {v[1]:6.1f} us "
+            out.append(f"  {r['size']}: CUDA variant {vname:<26} {v[0]:6.1f} / {v[1]:6.1f} us "
                        f"exact={v[2]}")
         if r.get("V2 triton best") and len(r.get("tune", [])) > 1:
             out.append(f"  {r['size']}: Triton best cfg {r['V2 triton best'][2]} "

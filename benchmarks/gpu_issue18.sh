@@ -3,7 +3,8 @@
 # benchmark (V1, torch.topk, Triton V2, CUDA V2, floor; plain and graph-replayed), then, if the tests
 # passed and time is left, the proxy's leave-one-out topk_v2 run (capture only; analyzed on the CPU
 # side). STAGES picks steps (default "build test bench loo"; bench runs before test; "sanitize":
-# compute-sanitizer memcheck on two streamed launches). BENCH_ARGS: bench_kernels.py's arguments
+# compute-sanitizer memcheck on four streamed launches; "racecheck": its shared-memory race check on
+# two small streamed launches, if time is left). BENCH_ARGS: bench_kernels.py's arguments
 # (default --skip-indexer; e.g. --cuda-only --cuda-variants --sizes 80K,1M). A library carried in
 # $PROFKIT_KERNEL_CACHE (built elsewhere) is used when it loads, else rebuilt. Logs under $OUT.
 set -u
@@ -63,8 +64,20 @@ if [[ $STAGES == *sanitize* ]] && [ $(el) -lt ${SANITIZE_BY:-300} ]; then
 import torch
 from profkit.proxy.kernels import topk_cuda as C
 s = torch.randn(7, 1 << 20, device='cuda'); i, _ = C.topk_v2_cuda(s, 2048); torch.cuda.synchronize()
+i, _ = C.topk_v2_cuda(s, 2048, flags=0); i, _ = C.topk_v2_cuda(s, 2048, stash=64); torch.cuda.synchronize()
 s = torch.randn(2, 300001, device='cuda')[:, 1:]; i, _ = C.topk_v2_cuda(s, 2048, cluster=1); torch.cuda.synchronize()
 print('memcheck launches done')" > "$OUT/memcheck.log" 2>&1; echo "rc=$?"
   tail -6 "$OUT/memcheck.log"
+fi
+if [[ $STAGES == *racecheck* ]] && [ $(el) -lt ${RACECHECK_BY:-150} ]; then
+  echo "== compute-sanitizer racecheck (shared memory) at $(el)s"
+  timeout ${RACECHECK_TIMEOUT:-40} compute-sanitizer --tool racecheck --print-limit 5 python3 -c "
+import torch
+from profkit.proxy.kernels import topk_cuda as C
+s = torch.randn(2, 300001, device='cuda')[:, 1:]
+for f in (3, 0):
+    i, _ = C.topk_v2_cuda(s, 2048, cluster=4, flags=f); torch.cuda.synchronize()
+print('racecheck launches done')" > "$OUT/racecheck.log" 2>&1; echo "rc=$?"
+  tail -6 "$OUT/racecheck.log"
 fi
 echo "== done at $(el)s (tests_ok=$tests_ok)"

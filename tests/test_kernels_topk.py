@@ -365,12 +365,17 @@ def test_gpu_cuda_1m(cuda_topk, kind):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stash,sample4", [(0, 4), (8192, 4), (8192, 2), (8192, 1), (64, 4)])
-def test_gpu_cuda_streamed_variants(cuda_topk, stash, sample4):
-    """The streamed chunks' variants (topk_cuda.STASH / SAMPLE4): no stash (pass 2 re-reads the
-    chunk), the shared-memory stash with 1, 2 or 4 float4s per thread of the first tile counted
-    for the lower bound, and a tiny stash that overflows on random rows (the re-read fallback)."""
+@pytest.mark.parametrize("stash,sample4,flags", [(0, 4, None), (8192, 4, None), (8192, 2, None),
+                                                (8192, 1, None), (64, 4, None), (8192, 4, 0),
+                                                (64, 4, 0), (8192, 2, 1), (256, 1, 3)])
+def test_gpu_cuda_streamed_variants(cuda_topk, stash, sample4, flags):
+    """The streamed chunks' variants (topk_cuda.STASH / SAMPLE4 / FLAGS): no stash (pass 2
+    re-reads the chunk), the shared-memory stash with 1, 2 or 4 float4s per thread of the first
+    tile counted for the lower bound, a tiny stash that overflows on random rows (the re-read
+    fallback), each with the default flags, the per-score appends (0), warp-aggregated appends
+    without (1) and with L2 prefetch (3), and prefetch alone (2)."""
     g = torch.Generator().manual_seed(90 + stash + sample4)
+    kw = dict(stash=stash, sample4=sample4, flags=flags)
     n = 1 << 20
     pt = torch.randperm(1 << 16, generator=g)[: n // 64].view(1, -1).int()
     for kind, lens, cluster, ks in (("random", None, None, (2048, 9000)),
@@ -384,21 +389,26 @@ def test_gpu_cuda_streamed_variants(cuda_topk, stash, sample4):
         for k in ks:
             idx, slots = cuda_topk.topk_v2_cuda(s.cuda(), k, pt.cuda(), 64,
                                                 None if lens is None else lens.cuda(),
-                                                cluster=cluster, stash=stash, sample4=sample4)
+                                                cluster=cluster, **kw)
             torch.cuda.synchronize()
             check_against_reference(s, k, idx.cpu(), slots.cpu(), lens, pt, 64)
     # rows ordered ascending: the first tiles (the sample) hold the lowest scores, so the bound
     # is low and the stash overflows after the sample predicted that it fits (re-read fallback)
     s = torch.arange(n, dtype=torch.float32).mul(1e-4).expand(7, n).contiguous()
-    idx, slots = cuda_topk.topk_v2_cuda(s.cuda(), 2048, stash=stash, sample4=sample4)
+    idx, slots = cuda_topk.topk_v2_cuda(s.cuda(), 2048, **kw)
     check_against_reference(s, 2048, idx.cpu(), slots.cpu())
+    # 1M-position rows not 16-byte aligned (a view on the GPU, row stride n + 1, offset 1: the
+    # first vector holds scores of the row before, which the stash's position filter drops)
+    xg = (torch.randn(7, n + 1, generator=g) * 4).cuda()[:, 1:]
+    idx, slots = cuda_topk.topk_v2_cuda(xg, 2048, **kw)
+    check_against_reference(xg.cpu(), 2048, idx.cpu(), slots.cpu())
     # streamed on one CTA (81,921 positions, misaligned) and on 4 CTAs of a 262,144 row
     big = torch.randn(7, 81925, generator=g)
     x = big[:, 2:81923]
-    idx, slots = cuda_topk.topk_v2_cuda(x.cuda(), 2048, cluster=1, stash=stash, sample4=sample4)
+    idx, slots = cuda_topk.topk_v2_cuda(x.cuda(), 2048, cluster=1, **kw)
     check_against_reference(x.contiguous(), 2048, idx.cpu(), slots.cpu())
     s = make_scores("random", 7, 262144, g)
-    idx, slots = cuda_topk.topk_v2_cuda(s.cuda(), 777, cluster=4, stash=stash, sample4=sample4)
+    idx, slots = cuda_topk.topk_v2_cuda(s.cuda(), 777, cluster=4, **kw)
     check_against_reference(s, 777, idx.cpu(), slots.cpu())
 
 

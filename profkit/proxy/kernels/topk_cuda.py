@@ -4,8 +4,8 @@ page-table translation, built with the machine's ``nvcc`` at first use and calle
 The kernel (``topk_v2_cluster_kernel<C>``; the catalog's ``topk_v2_*`` rule owns it): one
 thread-block cluster of C CTAs per score row (C = 1 is the single-CTA path), each CTA's chunk in
 registers when it holds <= 16,384 scores (else streamed: a sample of each CTA's first tile gives a
-lower bound of the threshold bin, and the scores at or above it are kept in a shared-memory stash
-for the second pass instead of re-reading the row), a 1,024-bin shared-memory histogram of
+lower bound of the threshold bin, and the scores at or above it are kept in a shared-memory stash,
+appended warp by warp, for the second pass instead of re-reading the row), a 1,024-bin shared-memory histogram of
 FP16-rounded order-preserving keys per CTA, a cluster-wide reduction through distributed shared
 memory that finds the bin of the need-th largest score, the scores above it emitted directly, the
 boundary bin's scores gathered in the leader CTA's shared memory (a global workspace when there are
@@ -43,9 +43,17 @@ MAX_CLUSTER = 16
 # bin at or above the first-tile lower bound t0 is kept in shared memory between the two passes
 # (STASH entries of 8 bytes per CTA; 0 = pass 2 re-reads the chunk, the kernel before the stash),
 # and SAMPLE4 of the 4 float4s per thread of each CTA's first tile are counted in full for t0.
-# Environment overrides (benchmarks): PROFKIT_TOPK_STASH, PROFKIT_TOPK_SAMPLE4.
+# FLAGS (streamed chunks): WARP_APPEND = warp-aggregated stash appends (a ballot per score, one
+# segment of STASH / 32 entries per warp, the histogram of the stash built once after the pass);
+# L2_PREFETCH = the CTA's later tiles prefetched into L2 at the start. 0 = the per-score branch
+# (shared-memory atomics per passing score) of the kernel before. Default WARP_APPEND: fastest on
+# the H200 at 1M (35.4 us graph-replayed against 39.7 for 0 and 36.6 with the prefetch too, which
+# alone is slower: 42.1; benchmarks/RESULTS_kernels.md).
+# Environment overrides (benchmarks): PROFKIT_TOPK_STASH, PROFKIT_TOPK_SAMPLE4, PROFKIT_TOPK_FLAGS.
+WARP_APPEND, L2_PREFETCH = 1, 2
 STASH = int(os.environ.get("PROFKIT_TOPK_STASH", "8192"))
 SAMPLE4 = int(os.environ.get("PROFKIT_TOPK_SAMPLE4", "4"))
+FLAGS = int(os.environ.get("PROFKIT_TOPK_FLAGS", str(WARP_APPEND)))
 KERNEL_NAME = "topk_v2_cluster_kernel"
 
 _lock = threading.Lock()
@@ -117,7 +125,7 @@ def _load():
             lib = ctypes.CDLL(str(build()))
             vp, ll, i = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int
             lib.topk_v2_cuda_launch.argtypes = [vp, ll, vp, i, vp, ll, i, i, i, vp, vp, vp, ll,
-                                                i, i, i, i, i, i, i, vp]
+                                                i, i, i, i, i, i, i, i, vp]
             lib.topk_v2_cuda_launch.restype = i
             lib.topk_v2_cuda_max_active_clusters.argtypes = [i, i]
             lib.topk_v2_cuda_max_active_clusters.restype = i
@@ -211,10 +219,10 @@ def _workspace(device, rows: int, n: int):
 
 def topk_v2_cuda(x, k: int, page_table=None, page_size: int = 1, lengths=None,
                  cluster: int | None = None, stash: int | None = None,
-                 sample4: int | None = None):
+                 sample4: int | None = None, flags: int | None = None):
     """topk_v2's contract (topk.py) on the CUDA kernel: x fp32 [rows, n] on an sm_90+ device,
     last dim contiguous. Returns (indices, slots) int32 [rows, k], -1 padded. ``stash`` /
-    ``sample4`` override STASH / SAMPLE4 (benchmarks, tests)."""
+    ``sample4`` / ``flags`` override STASH / SAMPLE4 / FLAGS (benchmarks, tests)."""
     import torch
 
     lib = _load()
@@ -253,10 +261,11 @@ def topk_v2_cuda(x, k: int, page_table=None, page_size: int = 1, lengths=None,
     ws = _workspace(dev, rows, max(n, 1))
     st = max(STASH if stash is None else int(stash), 0)  # (the library drops it where no row streams)
     s4 = SAMPLE4 if sample4 is None else int(sample4)
+    fl = FLAGS if flags is None else int(flags)
     stream = torch.cuda.current_stream(dev).cuda_stream
     args = (x.data_ptr(), x.stride(0), len_ptr, len64, pt_ptr, pt_stride, pt64, rows_per_pt,
             page_size, out_idx.data_ptr(), out_slot.data_ptr(), ws.data_ptr(), max(n, 1), rows,
-            n, k, CAP, c, st, s4, stream)
+            n, k, CAP, c, st, s4, fl, stream)
     if di != torch.cuda.current_device():
         with torch.cuda.device(di):
             rc = lib.topk_v2_cuda_launch(*args)

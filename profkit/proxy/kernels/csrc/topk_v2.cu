@@ -34,6 +34,7 @@
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <float.h>
 #include <stdint.h>
 
 namespace cg = cooperative_groups;
@@ -54,7 +55,13 @@ struct TopkV2Params {
                               // between pass 1 and pass 2 (0 = pass 2 re-reads the chunk)
   int sample4;                // streamed chunks: float4s per thread of the first tile counted in
                               // full for the lower bound t0 (1..4)
+  int flags;                  // streamed chunks: TOPK_WARP_APPEND | TOPK_L2_PREFETCH
 };
+
+// flags (streamed chunks only; the register path ignores them)
+#define TOPK_WARP_APPEND 1  // warp-aggregated stash appends into per-warp segments, histogram of
+                            // the stash once after the pass (template WA; see the kernel)
+#define TOPK_L2_PREFETCH 2  // L2 prefetch of the CTA's tiles after its first two, at the start
 
 namespace topk_v2_detail {
 
@@ -179,7 +186,12 @@ using namespace topk_v2_detail;
 
 // STREAM = false: no row of the launch can need the streamed path (every chunk fits in registers;
 // the host decides from n, see launch_c), so its code is compiled out (register pressure).
-template <int C, bool STREAM>
+// WA (streamed chunks with a stash): warp-aggregated appends. Pass 1 keeps, per score, only a
+// float compare and a warp ballot; the passing lanes write at their rank in the warp's own stash
+// segment (stash_cap / 32 entries, a warp-uniform count in a register: no shared atomic, no
+// divergent branch per score); the histogram of bins >= t0 is built once from the segments after
+// the pass (or, where a segment overflowed, from a re-read of the CTA's chunk: exact either way).
+template <int C, bool STREAM, bool WA>
 __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV2Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   int* h1 = reinterpret_cast<int*>(smem);                                    // [NB1]
@@ -192,7 +204,8 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
   __shared__ int s_above[C];
   __shared__ int s_candc[C];
   __shared__ int s_info[4];  // B*, count above B*, candidates in B*, (unused)
-  __shared__ int s_ctr[4];   // above emitted, candidates pushed, boundary emitted, stashed
+  __shared__ int s_ctr[8];   // above emitted, candidates pushed, boundary emitted, stashed,
+                             // stash overflow (WA), (unused)
   __shared__ int s_dig[3];   // refinement: digit, count above it, count in it
 
   const int tid = threadIdx.x;
@@ -245,7 +258,7 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
     }
   }
   h1[tid] = 0;
-  if (tid < 4) s_ctr[tid] = 0;
+  if (tid < 8) s_ctr[tid] = 0;
   __syncthreads();
 
   auto hist_vec = [&](const float4& f, int v) {
@@ -262,7 +275,7 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
 #pragma unroll
     for (int i = 0; i < VPT4; ++i) {
       int v = vt + tid + i * THREADS;
-      t[i] = v < vlim ? __ldg(base4 + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+      t[i] = v < vlim ? __ldg(base4 + v) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
     }
   };
   auto stream_chunk = [&](auto&& use) {
@@ -279,6 +292,9 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
   };
   int* h1b = h2;  // streamed chunks: histogram of the tiles after the first (h2 is free until #2)
   bool stash_on = false;  // streamed chunks: pass 2 reads the stash (uniform over the cluster)
+  int t0 = 0;             // streamed chunks: the lower bound of B* (uniform over the cluster)
+  int wcnt = 0;           // WA: scores this warp appended to its segment (uniform over the warp)
+  bool ws_ok = false;     // WA: no segment of this CTA overflowed (uniform over the CTA)
   if (regs) {
 #pragma unroll
     for (int i = 0; i < VPT4; ++i) hist_vec(r[i], v0 + tid + i * THREADS);
@@ -297,6 +313,14 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
     const bool use_stash = p.stash_cap > 0;  // uniform over the cluster
     const int S = use_stash ? p.sample4 : VPT4;
     __shared__ int s_t0[2];  // t0, sampled scores in bins >= t0
+    if (p.flags & TOPK_L2_PREFETCH) {
+      // this CTA's tiles after the two loaded below, into L2 at once (one 128-byte line per
+      // thread and tile): their HBM reads overlap the sample, the bound and cluster sync #0
+      for (int tt = rank + 2 * C + (tid >> 9) * C; tt < ntiles; tt += 2 * C) {
+        const int v = tt * TILE4 + (tid & 511) * 8;
+        if (v < vlim) asm volatile("prefetch.global.L2 [%0];" ::"l"(base4 + v));
+      }
+    }
     float4 t[VPT4], u[VPT4];
     load_tile(t, rank * TILE4);
     if (rank + C < ntiles) load_tile(u, (rank + C) * TILE4);
@@ -318,7 +342,18 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
     __syncthreads();
     if (utot - upre + us >= need && utot - upre < need) { s_t0[0] = tid; s_t0[1] = utot - upre + us; }
     __syncthreads();
-    const int t0 = s_t0[0];  // uniform over the cluster (same read-only histograms)
+    t0 = s_t0[0];  // uniform over the cluster (same read-only histograms)
+    // count the scores in bins >= t0 (h1b); the sampled ones are in h1 too, see the callers
+    auto hist_ge = [&](const float4& f, int v) {
+      const int p0 = 4 * v - off;
+      const float e[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        int pos = p0 + j;
+        int b = coarse_bin(e[j]);
+        if (v < vlim && pos >= 0 && pos < L && b >= t0) atomicAdd(&h1b[b], 1);
+      }
+    };
     // the stash only where it is expected to hold at most half its capacity: the sampled share of
     // scores in bins >= t0, times this CTA's share of the row (tie-heavy rows, one-CTA clusters
     // of long rows and the like take the re-read path at once)
@@ -334,50 +369,93 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
                                                  : (unsigned short)(~uk & 0xFFFFu);
         f0 = __half2float(__ushort_as_half(hb));
       }
-      const int scap = p.stash_cap;
-      // per score: one compare; the few that pass (about 1% on random rows) take a divergent
-      // branch: exact bin, the histogram atomic (unless counted in the sample) and a stash slot
-      // from a coalesced-group allocation (no warp-wide collective inside the branch)
-      auto scan_vec = [&](const float4& f, int v, bool counted) {
-        const float e[4] = {f.x, f.y, f.z, f.w};
-        const int p0 = 4 * v - off;
+      if constexpr (WA) {
+        // per score: one compare and one ballot over the whole warp (every lane reaches it: the
+        // loops are uniform over the block); the passing lanes (about 1% of the scores on random
+        // rows) store at base + rank in the warp's segment, base a warp-uniform register. What
+        // passes is filtered exactly where the stash is read: position in [0, L), bin >= t0.
+        // Vectors past the chunk were loaded as -inf: they pass only where everything passes
+        // (t0 <= 15, f0 NaN; t0 = 0 predicts more than the stash holds, so it is off there).
+        // t0 = 16 (bin 16 is the lowest finite one, bin 15 holds -inf): f0 = -inf would pass
+        // every -inf score; -FLT_MAX keeps the filter conservative and drops them.
+        const float fw = (t0 > 0 && f0 == -INFINITY) ? -FLT_MAX : f0;
+        const int seg = p.stash_cap / WARPS;
+        uint2* wst = stash + warp * seg;
+        const unsigned lt = (1u << lane) - 1u;
+        auto scan_vec = [&](const float4& f, int v) {
+          const float e[4] = {f.x, f.y, f.z, f.w};
+          const int p0 = 4 * v - off;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (!(e[j] < f0)) {
-            const int pos = p0 + j;
-            const int b = coarse_bin(e[j]);
-            if (v < vlim && pos >= 0 && pos < L && b >= t0) {
-              if (!counted) atomicAdd(&h1b[b], 1);
-              cg::coalesced_group g = cg::coalesced_threads();
-              int q0 = 0;
-              if (g.thread_rank() == 0) q0 = atomicAdd(&s_ctr[3], (int)g.size());
-              const int q = g.shfl(q0, 0) + (int)g.thread_rank();
-              if (q < scap) stash[q] = make_uint2(__float_as_uint(e[j]), (unsigned)pos);
+          for (int j = 0; j < 4; ++j) {
+            const bool pr = !(e[j] < fw);
+            const unsigned bal = __ballot_sync(FULL, pr);
+            if (bal != 0u) {  // warp-uniform
+              const int q = wcnt + __popc(bal & lt);
+              if (pr && q < seg) wst[q] = make_uint2(__float_as_uint(e[j]), (unsigned)(p0 + j));
+              wcnt += __popc(bal);
             }
           }
+        };
+#pragma unroll
+        for (int i = 0; i < VPT4; ++i) scan_vec(t[i], rank * TILE4 + tid + i * THREADS);
+        for (int tt = rank + C; tt < ntiles; tt += C) {  // uniform over the block
+          const int vt = tt * TILE4;
+#pragma unroll
+          for (int i = 0; i < VPT4; ++i) t[i] = u[i];
+          if (tt + C < ntiles) load_tile(u, vt + C * TILE4);
+#pragma unroll
+          for (int i = 0; i < VPT4; ++i) scan_vec(t[i], vt + tid + i * THREADS);
         }
-      };
+        if (lane == 0 && wcnt > seg) s_ctr[4] = 1;  // (every writer writes 1)
+        __syncthreads();  // the segments and the flag complete
+        ws_ok = s_ctr[4] == 0;
+        if (ws_ok) {
+          // the histogram of bins >= t0 from the segments (each warp its own): h1b then holds
+          // the chunk's full count of every bin >= t0, the sampled scores included
+          for (int i = lane; i < wcnt; i += 32) {
+            const uint2 e = wst[i];
+            const int b = coarse_bin(__uint_as_float(e.x));
+            if ((unsigned)e.y < (unsigned)L && b >= t0) atomicAdd(&h1b[b], 1);
+          }
+        } else {
+          stream_chunk(hist_ge);  // a segment overflowed: count bins >= t0 from the chunk again
+        }
+      } else {
+        const int scap = p.stash_cap;
+        // per score: one compare; the few that pass (about 1% on random rows) take a divergent
+        // branch: exact bin, the histogram atomic (unless counted in the sample) and a stash slot
+        // from a coalesced-group allocation (no warp-wide collective inside the branch)
+        auto scan_vec = [&](const float4& f, int v, bool counted) {
+          const float e[4] = {f.x, f.y, f.z, f.w};
+          const int p0 = 4 * v - off;
 #pragma unroll
-      for (int i = 0; i < VPT4; ++i) scan_vec(t[i], rank * TILE4 + tid + i * THREADS, i < S);
-      for (int tt = rank + C; tt < ntiles; tt += C) {  // uniform over the block
-        const int vt = tt * TILE4;
+          for (int j = 0; j < 4; ++j) {
+            if (!(e[j] < f0)) {
+              const int pos = p0 + j;
+              const int b = coarse_bin(e[j]);
+              if (v < vlim && pos >= 0 && pos < L && b >= t0) {
+                if (!counted) atomicAdd(&h1b[b], 1);
+                cg::coalesced_group g = cg::coalesced_threads();
+                int q0 = 0;
+                if (g.thread_rank() == 0) q0 = atomicAdd(&s_ctr[3], (int)g.size());
+                const int q = g.shfl(q0, 0) + (int)g.thread_rank();
+                if (q < scap) stash[q] = make_uint2(__float_as_uint(e[j]), (unsigned)pos);
+              }
+            }
+          }
+        };
 #pragma unroll
-        for (int i = 0; i < VPT4; ++i) t[i] = u[i];
-        if (tt + C < ntiles) load_tile(u, vt + C * TILE4);
+        for (int i = 0; i < VPT4; ++i) scan_vec(t[i], rank * TILE4 + tid + i * THREADS, i < S);
+        for (int tt = rank + C; tt < ntiles; tt += C) {  // uniform over the block
+          const int vt = tt * TILE4;
 #pragma unroll
-        for (int i = 0; i < VPT4; ++i) scan_vec(t[i], vt + tid + i * THREADS, false);
-      }
+          for (int i = 0; i < VPT4; ++i) t[i] = u[i];
+          if (tt + C < ntiles) load_tile(u, vt + C * TILE4);
+#pragma unroll
+          for (int i = 0; i < VPT4; ++i) scan_vec(t[i], vt + tid + i * THREADS, false);
+        }
+      }  // !WA
     } else {
-      auto hist_ge = [&](const float4& f, int v) {
-        const int p0 = 4 * v - off;
-        const float e[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          int pos = p0 + j;
-          int b = coarse_bin(e[j]);
-          if (v < vlim && pos >= 0 && pos < L && b >= t0) atomicAdd(&h1b[b], 1);
-        }
-      };
 #pragma unroll
       for (int i = 0; i < VPT4; ++i)  // the first tile's part left out of the sample
         if (i >= S) hist_ge(t[i], rank * TILE4 + tid + i * THREADS);
@@ -396,14 +474,18 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
   cluster_barrier<C>();  // #1: all local histograms complete (and every CTA of the cluster started)
   int hj[C];
   int tot = 0;
+  // WA with the stash on: every CTA's h1b holds the full count of its bins >= t0 (the sample's
+  // counts in h1 are left out there); elsewhere h1 + h1b (uniform over the cluster)
+  const bool hb_only = WA && !regs && stash_on && tid >= t0;
   if constexpr (C == 1) {
-    hj[0] = h1[tid] + (regs ? 0 : h1b[tid]);
+    hj[0] = hb_only ? h1b[tid] : h1[tid] + (regs ? 0 : h1b[tid]);
     tot = hj[0];
   } else {
     cg::cluster_group cl = cg::this_cluster();
 #pragma unroll
     for (int j = 0; j < C; ++j) {
-      hj[j] = cl.map_shared_rank(h1, j)[tid] + (regs ? 0 : cl.map_shared_rank(h1b, j)[tid]);
+      hj[j] = hb_only ? cl.map_shared_rank(h1b, j)[tid]
+                      : cl.map_shared_rank(h1, j)[tid] + (regs ? 0 : cl.map_shared_rank(h1b, j)[tid]);
       tot += hj[j];
     }
   }
@@ -483,7 +565,32 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
 #pragma unroll
     for (int i = 0; i < VPT4; ++i) emit_vec(r[i], v0 + tid + i * THREADS);
   } else if constexpr (STREAM) {
-    if (stash_on && n_stash <= p.stash_cap) {
+    if (WA && stash_on && ws_ok) {
+      // each warp reads its own segment (wcnt <= seg entries; a warp-uniform loop)
+      const uint2* wst = stash + warp * (p.stash_cap / WARPS);
+      for (int i0 = 0; i0 < wcnt; i0 += 32) {
+        const int i = i0 + lane;
+        uint2 e = make_uint2(0u, 0u);
+        int b = -1;
+        if (i < wcnt) {
+          e = wst[i];
+          if ((unsigned)e.y < (unsigned)L) b = coarse_bin(__uint_as_float(e.x));
+        }
+        const bool up = b > bstar, eq = b == bstar;  // (b = -1: neither; bstar >= 0)
+        const int pos = (int)e.y;
+        int o = warp_alloc(up, &s_ctr[0]);
+        if (up) {
+          o += above_base;
+          oi[o] = pos;
+          os[o] = to_slot(p, pt_row, pos);
+        }
+        int q = warp_alloc(eq, &s_ctr[1]);
+        if (eq) {
+          cbuf[cand_base + q] = ((unsigned long long)full_key(__uint_as_float(e.x)) << 32) |
+                                (unsigned long long)(0xFFFFFFFFu - (unsigned)pos);
+        }
+      }
+    } else if (!WA && stash_on && n_stash <= p.stash_cap) {
       // the stash holds every score of this CTA's tiles in a bin >= t0 (<= B*): no second read
       for (int i0 = 0; i0 < n_stash; i0 += THREADS) {  // uniform over the block
         const int i = i0 + tid;
@@ -578,7 +685,7 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
 
 namespace {
 
-template <int C, bool STREAM>
+template <int C, bool STREAM, bool WA>
 cudaError_t launch_cs(const TopkV2Params& p, cudaStream_t stream) {
   const size_t smem = (size_t)(NB1 + NB2) * 4 + (size_t)p.cap * 8 + (size_t)p.stash_cap * 8;
   static size_t configured[64] = {};  // per device of this process
@@ -586,11 +693,11 @@ cudaError_t launch_cs(const TopkV2Params& p, cudaStream_t stream) {
   cudaGetDevice(&dev);
   if (dev < 0 || dev >= 64) dev = 0;
   if (smem > configured[dev]) {
-    cudaError_t e = cudaFuncSetAttribute(topk_v2_cluster_kernel<C, STREAM>,
+    cudaError_t e = cudaFuncSetAttribute(topk_v2_cluster_kernel<C, STREAM, WA>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e != cudaSuccess) return e;
     if (C > 8) {
-      e = cudaFuncSetAttribute(topk_v2_cluster_kernel<C, STREAM>,
+      e = cudaFuncSetAttribute(topk_v2_cluster_kernel<C, STREAM, WA>,
                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
       if (e != cudaSuccess) return e;
     }
@@ -608,7 +715,7 @@ cudaError_t launch_cs(const TopkV2Params& p, cudaStream_t stream) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, topk_v2_cluster_kernel<C, STREAM>, p);
+  return cudaLaunchKernelEx(&cfg, topk_v2_cluster_kernel<C, STREAM, WA>, p);
 }
 
 // the streamed instantiation only when a row of n positions (after the row's alignment padding:
@@ -618,17 +725,20 @@ template <int C>
 cudaError_t launch_c(TopkV2Params p, cudaStream_t stream) {
   const bool aligned = (reinterpret_cast<uintptr_t>(p.scores) & 15) == 0 && (p.stride & 3) == 0;
   const long long nv = ((long long)p.n + (aligned ? 0 : 3) + 3) >> 2;
-  if ((nv + C - 1) / C > TILE4) return launch_cs<C, true>(p, stream);
+  if ((nv + C - 1) / C > TILE4) {
+    if (p.stash_cap > 0 && (p.flags & TOPK_WARP_APPEND)) return launch_cs<C, true, true>(p, stream);
+    return launch_cs<C, true, false>(p, stream);
+  }
   p.stash_cap = 0;
-  return launch_cs<C, false>(p, stream);
+  return launch_cs<C, false, false>(p, stream);
 }
 
 template <int C>
 int max_active_clusters_c(int cap) {
   const size_t smem = (size_t)(NB1 + NB2) * 4 + (size_t)cap * 8;
-  if (cudaFuncSetAttribute(topk_v2_cluster_kernel<C, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (cudaFuncSetAttribute(topk_v2_cluster_kernel<C, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            (int)smem) != cudaSuccess) return -1;
-  if (C > 8 && cudaFuncSetAttribute(topk_v2_cluster_kernel<C, false>,
+  if (C > 8 && cudaFuncSetAttribute(topk_v2_cluster_kernel<C, false, false>,
                                     cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
     return -1;
   cudaLaunchConfig_t cfg = {};
@@ -643,7 +753,7 @@ int max_active_clusters_c(int cap) {
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, topk_v2_cluster_kernel<C, false>, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, topk_v2_cluster_kernel<C, false, false>, &cfg) != cudaSuccess) {
     cudaGetLastError();
     return -1;
   }
@@ -659,14 +769,16 @@ int topk_v2_cuda_launch(const float* scores, long long stride, const void* lengt
                         const void* pt, long long pt_stride, int pt64, int rows_per_pt,
                         int page_size, int* out_idx, int* out_slot, unsigned long long* gws,
                         long long ws_stride, int rows, int n, int k, int cap, int cluster,
-                        int stash_cap, int sample4, void* stream) {
+                        int stash_cap, int sample4, int flags, void* stream) {
   if (rows <= 0 || n < 0 || k < 1 || cap < 1 || rows_per_pt < 1 || page_size < 1) return 1000;
   if (stash_cap < 0 || sample4 < 1 || sample4 > VPT4) return 1000;
+  if (flags & ~(TOPK_WARP_APPEND | TOPK_L2_PREFETCH)) return 1000;
   TopkV2Params p;
   p.scores = scores; p.stride = stride; p.lengths = lengths; p.pt = pt; p.pt_stride = pt_stride;
   p.gws = gws; p.ws_stride = ws_stride; p.out_idx = out_idx; p.out_slot = out_slot;
   p.len64 = len64; p.pt64 = pt64; p.rows_per_pt = rows_per_pt; p.page_size = page_size;
   p.rows = rows; p.n = n; p.k = k; p.cap = cap; p.stash_cap = stash_cap; p.sample4 = sample4;
+  p.flags = flags;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   switch (cluster) {
     case 1: return (int)launch_c<1>(p, s);
