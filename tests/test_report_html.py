@@ -101,7 +101,8 @@ def test_timeline_figure_data(hostile):
     names = {t.name for t in fig.data}
     assert {"gemm", "attention", "topk", "other", "memcpy"} <= names
     assert any(n.startswith("bubble: ") for n in names) and "host sync (blocked)" in names
-    hover = " ".join(h for t in fig.data for h in (t.hovertext or ()))
+    # op names sit in their trace's hover template (one trace per kernel name), syncs in hover text
+    hover = " ".join([h for t in fig.data for h in (t.hovertext or ())] + [t.hovertemplate or "" for t in fig.data])
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in hover and SCRIPT_NAME not in hover
     n_ops = sum(len(t.x) for t in fig.data if t.legendgroup.startswith("cat:"))
     assert n_ops == len(tl["ops"]["start_us"]) == tl["ops_total"]
@@ -244,3 +245,15 @@ def test_cpu_only_run_report_has_the_banner_first(tmp_path):
     assert "before and after" not in html  # one run: not a before/after timeline
     r = _chromium("--window-size=900,1600", "--dump-dom", page.as_uri())
     assert [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln] == []
+
+
+def test_a_real_proxy_diff_report_stays_under_2_mb(tmp_path):
+    """issue 17: a self-contained report of a real eager H200 proxy pair (~1,400 ops and bubbles per
+    iteration on each side's timeline) is at most 2 MB: kernel names are written once per trace."""
+    from pathlib import Path as P
+
+    d = P(__file__).resolve().parent / "data" / "gpu_proxy"
+    page = tmp_path / "diff.html"
+    r = runner.invoke(app, ["diff", str(d / "baseline.trace.json.gz"), str(d / "topk_v2.trace.json.gz"), "--html", str(page)])
+    assert r.exit_code == 0, r.output
+    assert len(page.read_bytes()) <= 2_000_000

@@ -43,10 +43,11 @@ def _layout(fig: go.Figure, *, title: str, height: int = 380, **kw: Any) -> go.F
     return fig
 
 
-def _bubble_ops(b: Mapping[str, Any]) -> str:
-    """The CPU ops inside a bubble with their exclusive µs, one per hover line (schema v2)."""
-    names, us = list(b.get("cpu_ops") or []), list(b.get("cpu_ops_us") or [])
-    return "".join(f"<br>CPU in {esc(n, 120)}" + (f": {us[i]:,.1f} µs" if i < len(us) else "") for i, n in enumerate(names))
+def _bubble_ops(b: Mapping[str, Any], top: int = 2) -> str:
+    """The CPU ops inside a bubble with their exclusive µs, one per hover line (schema v2; the two
+    with the most time: a decode iteration has ~1,400 bubbles, and the report must stay small)."""
+    names, us = list(b.get("cpu_ops") or [])[:top], list(b.get("cpu_ops_us") or [])
+    return "".join(f"<br>CPU in {esc(n, 60)}" + (f": {us[i]:,.1f} µs" if i < len(us) else "") for i, n in enumerate(names))
 
 
 def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, colors: Mapping[str, str] | None = None) -> go.Figure:
@@ -65,17 +66,20 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
     shown: set[str] = set()
     for row, (_lab, t) in enumerate(present, start=1):
         ops, names = t["ops"], t["names"]
-        by_cat: dict[str, list[int]] = {}
-        for i, c in enumerate(ops["category"]):
-            by_cat.setdefault(c, []).append(i)
-        for c in sorted(by_cat):
-            idx = by_cat[c]
+        # one trace per (category, kernel name): the name is written once, in its hover template,
+        # rather than in every op's hover text (a decode iteration repeats ~100 names ~1,400 times)
+        by_name: dict[tuple[str, int], list[int]] = {}
+        for i, (c, k) in enumerate(zip(ops["category"], ops["name"])):
+            by_name.setdefault((c, k), []).append(i)
+        for c, k in sorted(by_name, key=lambda ck: (ck[0], names[ck[1]])):
+            idx = by_name[(c, k)]
+            label = esc(names[k]).replace("%", "&#37;")  # a literal % would open a template field
             fig.add_trace(go.Bar(
                 y=[f"stream {ops['stream'][i]}" for i in idx], x=[ops["dur_us"][i] for i in idx], base=[ops["start_us"][i] for i in idx],
+                customdata=[ops["start_us"][i] for i in idx],
                 orientation="h", name=esc(c), legendgroup=f"cat:{c}", showlegend=c not in shown,
                 marker=dict(color=colors.get(c, "#999999"), line=dict(width=0)),
-                hovertext=[f"{esc(names[ops['name'][i]])}<br>{esc(c)} · {ops['dur_us'][i]:,.1f} µs at {ops['start_us'][i]:,.1f} µs" for i in idx],
-                hoverinfo="text",
+                hovertemplate=f"{label}<br>{esc(c)} · %{{x:,.1f}} µs at %{{customdata:,.1f}} µs<extra></extra>",
             ), row=row, col=1)
             shown.add(c)
         by_cause: dict[str, list[Mapping[str, Any]]] = {}
@@ -88,8 +92,8 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
                 y=["bubbles"] * len(bs), x=[b["dur_us"] for b in bs], base=[b["start_us"] for b in bs], orientation="h",
                 name=esc(f"bubble: {cause}"), legendgroup=key, showlegend=key not in shown,
                 marker=dict(color=CAUSE_COLORS.get(cause, "#999999"), pattern=dict(shape="/")),
-                hovertext=[f"bubble · {esc(cause)} · {b['dur_us']:,.1f} µs at {b['start_us']:,.1f} µs" + _bubble_ops(b) for b in bs],
-                hoverinfo="text",
+                customdata=[b["start_us"] for b in bs], text=[_bubble_ops(b).replace("%", "&#37;") for b in bs], textposition="none",
+                hovertemplate=f"bubble · {esc(cause)} · %{{x:,.1f}} µs at %{{customdata:,.1f}} µs%{{text}}<extra></extra>",
             ), row=row, col=1)
             shown.add(key)
         if t["syncs"]:
