@@ -31,7 +31,9 @@ def _flags_without_type() -> None:
         from typer.core import TyperOption
     except ImportError:  # another typer layout: leave its help as it is
         return
-    shown = TyperOption.display_type_rich
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None:  # an older typer (0.12-0.2x, as on the GPU machine) shows no type there: nothing to hide
+        return
 
     def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
         return None if getattr(self, "is_flag", False) and self.metavar is None else shown(self, ctx)
