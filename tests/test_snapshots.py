@@ -28,10 +28,11 @@ SAMPLE = ROOT / "traces" / "sample"
 PUBLIC = ROOT / "tests" / "data" / "public"
 UPDATE = bool(os.environ.get("PROFKIT_UPDATE_SNAPSHOTS"))
 
-EAGER = str(SAMPLE / "eager_sync.pt.trace.json.gz")
-GRAPH = str(SAMPLE / "graph_decode.pt.trace.json.gz")
-CAPTURE = str(PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz")
-MIXED = str(PUBLIC / "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz")
+# paths relative to the checkout (the commands run there): the output is the same wherever it is cloned
+EAGER = str((SAMPLE / "eager_sync.pt.trace.json.gz").relative_to(ROOT))
+GRAPH = str((SAMPLE / "graph_decode.pt.trace.json.gz").relative_to(ROOT))
+CAPTURE = str((PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz").relative_to(ROOT))
+MIXED = str((PUBLIC / "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz").relative_to(ROOT))
 
 COMMANDS = {
     "analyze-eager": ["analyze", EAGER, "--no-cache"],
@@ -57,12 +58,15 @@ def _normalize(text: str, tmp: Path) -> str:
 def _run(args: list[str], width: int, tmp: Path) -> str:
     saved = cli.out.width, cli.err.width
     cli.out.width = cli.err.width = width
+    cwd = os.getcwd()
+    os.chdir(ROOT)
     try:
         r = CliRunner().invoke(cli.app, [a.replace("{tmp}", str(tmp)) for a in args], env={"PROFKIT_NO_CACHE": "1"})
     finally:
+        os.chdir(cwd)
         cli.out._width, cli.err._width = None, None
         del saved
-    return f"$ profkit {' '.join(args)}\n[exit {r.exit_code}]\n" + _normalize(r.output, tmp)
+    return _normalize(f"$ profkit {' '.join(args)}\n[exit {r.exit_code}]\n", tmp) + _normalize(r.output, tmp)
 
 
 @pytest.mark.parametrize("width", [80, 120])
