@@ -49,7 +49,8 @@ COMMANDS = {
 
 
 def _normalize(text: str, tmp: Path) -> str:
-    text = text.replace(str(tmp), "<tmp>").replace(str(ROOT), "<repo>").replace(sys.executable, "<python>")
+    # the interpreter first: it usually lives inside the checkout (.venv), which is <repo> next
+    text = text.replace(sys.executable, "<python>").replace(str(tmp), "<tmp>").replace(str(ROOT), "<repo>")
     text = text.replace(__version__, "<version>")
     text = re.sub(r"\(\d[\d,]* bytes", "(<n> bytes", text)
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
