@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from profkit.cli import app, err, out, user_errors
+from profkit.cli_common import app, err, out, user_errors
 from profkit.errors import UsageError
 
 Target = Annotated[str, typer.Option("--target", help="proxy (the built-in engine) or sglang.")]

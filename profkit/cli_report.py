@@ -15,7 +15,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
-from profkit.cli import app, err, out, user_errors
+from profkit.cli_common import app, err, out, user_errors
 from profkit.errors import ProfkitError, TraceInputError, UsageError
 
 Marker = Annotated[Optional[str], typer.Option("--marker", help="Regex for the CPU span that opens one iteration, for inputs analyzed now (traces).")]
