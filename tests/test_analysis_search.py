@@ -3,7 +3,6 @@ definitions they implement, on random events with many ties, several threads and
 
 from __future__ import annotations
 
-import bisect
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -12,40 +11,12 @@ import polars as pl
 import pytest
 
 from profkit.analysis import bubbles, rank
-from profkit.analysis.spans import MaxTree, exclusive_top, innermost_enclosing, innermost_enclosing_by
+from profkit.analysis.spans import MaxTree, innermost_enclosing, innermost_enclosing_by
 from profkit.ingest import Trace
 from profkit.ingest.tables import CALLS_SCHEMA, CPU_SCHEMA, GPU_OPS_SCHEMA
 
 NAMES = ["a", "b", "c", "aa", "B", "é", "z"]
 TIDS = ["1", "2", "3"]
-
-
-def ref_exclusive_top(events, g0, g1, top=3):
-    """The sweep as first written: a stack of [end, name], time to the top one."""
-    clipped = sorted(((max(ts, g0), min(end, g1), name) for ts, end, name in events if end > g0 and ts < g1),
-                     key=lambda e: (e[0], -e[1]))
-    excl = defaultdict(int)
-    stack = []
-    cursor = g0
-
-    def advance(to):
-        nonlocal cursor
-        while cursor < to:
-            while stack and stack[-1][0] <= cursor:
-                stack.pop()
-            if not stack:
-                cursor = to
-                return
-            seg_end = min(to, stack[-1][0])
-            excl[stack[-1][1]] += seg_end - cursor
-            cursor = seg_end
-
-    for s, e, name in clipped:
-        advance(s)
-        stack.append([e, name])
-    advance(g1)
-    ranked = sorted(excl.items(), key=lambda kv: (-kv[1], kv[0]))
-    return [(name, t) for name, t in ranked[:top] if t > 0]
 
 
 def ref_gap_cpu_ops(trace, g0s, g1s, tids, top=3):
@@ -190,16 +161,6 @@ def test_max_tree_finds_every_row_above(seed):
     got = sorted(MaxTree(s).above(queries).rows())
     want = sorted((q, r) for q, lo, hi, thr in qs for r in range(lo, hi) if vals[r] is not None and vals[r] > thr)
     assert got == want
-
-
-@pytest.mark.parametrize("seed", range(30))
-def test_exclusive_top_matches_the_first_sweep(seed):
-    rng = random.Random(seed)
-    events = [(ts, ts + d, rng.choice(NAMES)) for ts, d in ((rng.randrange(50), rng.choice([0, 1, 4, 20, 60])) for _ in range(rng.randrange(0, 40)))]
-    g0 = rng.randrange(-5, 40)
-    g1 = g0 + rng.randrange(1, 40)
-    for top in (1, 3, 10):
-        assert exclusive_top(events, g0, g1, top) == [n for n, _ in ref_exclusive_top(events, g0, g1, top)]
 
 
 @pytest.mark.parametrize("seed", range(30))

@@ -60,9 +60,13 @@ def by_window(iv: pl.DataFrame, w: pl.DataFrame, keys: tuple[str, ...] = ()) -> 
     return x.group_by("iteration", *keys).agg(pl.col("dur_ns").sum()).sort("iteration", *keys).select(list(schema))
 
 
-def busy_by_window(ops: pl.DataFrame, w: pl.DataFrame) -> pl.DataFrame:
-    """iteration, gpu_busy_ns: the length of the device's busy union (all ops) inside each window."""
-    union = merge_intervals(ops.select(pl.col("ts_ns").alias("a"), pl.col("end_ns").alias("b")))
+def device_union(ops: pl.DataFrame) -> pl.DataFrame:
+    """The device's busy union: every GPU op's [ts_ns, end_ns) merged into disjoint (a, b)."""
+    return merge_intervals(ops.select(pl.col("ts_ns").alias("a"), pl.col("end_ns").alias("b")))
+
+
+def busy_by_window(union: pl.DataFrame, w: pl.DataFrame) -> pl.DataFrame:
+    """iteration, gpu_busy_ns: the length of the device's busy union (device_union) inside each window."""
     return by_window(union, w).rename({"dur_ns": "gpu_busy_ns"})
 
 
@@ -87,7 +91,9 @@ def owned_and_spill(owned: pl.DataFrame) -> pl.DataFrame:
 
 def union_ns(ops: pl.DataFrame) -> int:
     """Length of the union of the ops' [ts_ns, end_ns)."""
-    if ops.height == 0:
-        return 0
-    u = merge_intervals(ops.select(pl.col("ts_ns").alias("a"), pl.col("end_ns").alias("b")))
-    return int((u["b"] - u["a"]).sum() or 0)
+    return length_ns(device_union(ops)) if ops.height else 0
+
+
+def length_ns(union: pl.DataFrame) -> int:
+    """Total length of disjoint intervals (a, b)."""
+    return int((union["b"] - union["a"]).sum() or 0)

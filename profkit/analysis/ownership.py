@@ -9,16 +9,17 @@ import polars as pl
 from profkit.analysis.clock import union_ns
 
 
-def outside_work(ops: pl.DataFrame, win: pl.DataFrame) -> dict[str, int]:
+def outside_work(ops: pl.DataFrame, win: pl.DataFrame, device_busy_ns: int) -> dict[str, int]:
     """GPU ops no iteration owns, by why: launched before the first iteration's window, after the
-    last one's, or with no launch call in the trace; their count and busy union."""
+    last one's, or with no launch call in the trace; their count and busy union (and, to compare
+    it with, the device's busy union over the whole trace, as given)."""
     out = ops.filter(pl.col("iteration").is_null())
     first = win["cpu_start_ns"].min() if win.height else None
     no_launch = out.filter(pl.col("launch_ts_ns").is_null()).height
     before = out.filter(pl.col("launch_ts_ns") < first).height if first is not None else 0
     return {
         "gpu_ops": out.height, "gpu_ns": union_ns(out), "before_first": before,
-        "after_last": out.height - no_launch - before, "no_launch_in_trace": no_launch, "device_busy_ns": union_ns(ops),
+        "after_last": out.height - no_launch - before, "no_launch_in_trace": no_launch, "device_busy_ns": device_busy_ns,
     }
 
 

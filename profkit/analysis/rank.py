@@ -23,7 +23,7 @@ import polars as pl
 
 from profkit.apis import GRAPH_LAUNCH_APIS, KERNEL_LAUNCH_APIS, LAUNCH_APIS
 from profkit.analysis.bubbles import CAUSES, find_bubbles
-from profkit.analysis.clock import busy_by_window, by_window, owned_and_spill, tiles
+from profkit.analysis.clock import busy_by_window, by_window, device_union, length_ns, owned_and_spill, tiles
 from profkit.analysis.iterations import WHOLE_TRACE, find_iterations
 from profkit.analysis.ownership import gpu_windows, outside_work, own_calls, own_ops
 from profkit.analysis.phases import op_phases
@@ -155,12 +155,13 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     windows = gpu_windows(win, owned)
     owned = owned.join(windows.select("iteration", "gpu_start_ns", "gpu_end_ns"), on="iteration", how="left")
     w = tiles(windows)
-    busy = busy_by_window(ops, w)
+    union = device_union(ops)  # once: busy per window, and the whole trace's busy time below
+    busy = busy_by_window(union, w)
     clocked = ops.select(pl.col("ts_ns").alias("a"), pl.col("end_ns").alias("b"), pl.col("category").fill_null("other"), "phase")
     categories = by_window(clocked, w, ("category",))
     phases = by_window(clocked, w, ("phase",))
     spill = owned_and_spill(owned)
-    outside = outside_work(ops, win)
+    outside = outside_work(ops, win, length_ns(union))
     rows_cache: dict = {}  # spans.thread_rows of trace.cpu / trace.calls, shared by the two below
     syncs = find_syncs(trace, calls, ops, rows_cache)
     bubbles = find_bubbles(trace, ops, calls, windows, syncs, int(round(min_bubble_us * 1000)), rows_cache)

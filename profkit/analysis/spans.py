@@ -1,4 +1,4 @@
-"""Nesting on one CPU thread: which span encloses a call, and where a gap's CPU time went."""
+"""Nesting on one CPU thread: which spans enclose a call (where a gap's CPU time went is analysis/bubbles.py)."""
 
 from __future__ import annotations
 
@@ -37,45 +37,30 @@ def _sweep_enclosing(points: pl.DataFrame, cand: pl.DataFrame) -> list[int | Non
     # Only spans that hold some point's start on their thread can enclose a point; the answer is
     # the covering span latest in (ts, -end, row) order, so sweeping just those gives the same
     # answer as sweeping all of them (and a stack of python_function frames has millions).
-    result: list[int | None] = [None] * points.height
-    if cand.height == 0:
-        return result
-    by_tid: dict[str, list[tuple[int, int, int, int]]] = defaultdict(list)
-    # kind 0 = span (sorted before points at the same ts, longer spans first), kind 1 = point
-    for i, ts, end, tid in zip(cand["_row"].to_list(), cand["ts_ns"].to_list(), cand["end_ns"].to_list(), cand["tid"].to_list()):
-        by_tid[tid].append((ts, 0, -end, i))
-    for i, (ts, end, tid) in enumerate(zip(points["ts_ns"].to_list(), points["end_ns"].to_list(), points["tid"].to_list())):
-        if tid in by_tid:  # on a thread without candidate spans the answer is None
-            by_tid[tid].append((ts, 1, end, i))
-    for items in by_tid.values():
-        items.sort()
-        stack: list[tuple[int, int]] = []  # (end, span index)
-        for ts, kind, x, i in items:
-            while stack and stack[-1][0] < ts:
-                stack.pop()
-            if kind == 0:
-                stack.append((-x, i))
-            else:
-                end = x
-                for s_end, s_idx in reversed(stack):
-                    if s_end >= end:
-                        result[i] = s_idx
-                        break
-    return result
+    return [got[0] if got else None for got in _sweep_stacks(points, cand, innermost_only=True)]
 
 
 def enclosing_stacks(points: pl.DataFrame, spans: pl.DataFrame, *, cache: dict | None = None) -> list[list[int]]:
     """For each point (ts_ns, end_ns, tid): the row indices into `spans` of every span on its thread
     with span.ts <= point.ts and span.end >= point.end, innermost first."""
-    result: list[list[int]] = [[] for _ in range(points.height)]
     if points.height == 0 or spans.height == 0:
+        return [[] for _ in range(points.height)]
+    return _sweep_stacks(points, candidate_spans(points, spans, cache=cache), innermost_only=False)
+
+
+def _sweep_stacks(points: pl.DataFrame, cand: pl.DataFrame, *, innermost_only: bool) -> list[list[int]]:
+    """One stack sweep per thread over the candidate spans (`_row`, ts_ns, end_ns, tid) and the
+    points: per point the spans holding it, innermost (latest in (ts, -end, row) order) first;
+    only that one with innermost_only."""
+    result: list[list[int]] = [[] for _ in range(points.height)]
+    if cand.height == 0:
         return result
-    cand = candidate_spans(points, spans, cache=cache)
     by_tid: dict[Any, list[tuple[int, int, int, int]]] = defaultdict(list)
+    # kind 0 = span (sorted before points at the same ts, longer spans first), kind 1 = point
     for i, ts, end, tid in zip(cand["_row"].to_list(), cand["ts_ns"].to_list(), cand["end_ns"].to_list(), cand["tid"].to_list()):
         by_tid[tid].append((ts, 0, -end, i))
     for i, (ts, end, tid) in enumerate(zip(points["ts_ns"].to_list(), points["end_ns"].to_list(), points["tid"].to_list())):
-        if tid in by_tid and ts is not None and end is not None:
+        if tid in by_tid and ts is not None and end is not None:  # on a thread without candidate spans: none
             by_tid[tid].append((ts, 1, end, i))
     for items in by_tid.values():
         items.sort()
@@ -85,8 +70,13 @@ def enclosing_stacks(points: pl.DataFrame, spans: pl.DataFrame, *, cache: dict |
                 stack.pop()
             if kind == 0:
                 stack.append((-x, i))
-            else:
-                result[i] = [s_idx for s_end, s_idx in reversed(stack) if s_end >= x]
+                continue
+            got = result[i]
+            for s_end, s_idx in reversed(stack):
+                if s_end >= x:
+                    got.append(s_idx)
+                    if innermost_only:
+                        break
     return result
 
 
@@ -191,60 +181,3 @@ class MaxTree:
             last = pl.min_horizontal(pl.col("node") * self.FAN + self.FAN, (pl.col("hi") - 1) // d + 1)
             cur = cur.with_columns(pl.int_ranges(first, last, dtype=pl.Int64).alias("node"))
         return cur.select("q", pl.col("node").alias("row"))
-
-
-def exclusive_top(events: list[tuple[int, int, str]], g0: int, g1: int, top: int = 3) -> list[str]:
-    """Names of the events (ts, end, name) on one thread with the most exclusive time inside [g0, g1).
-
-    Each instant goes to the deepest (latest-started) event covering it.
-    """
-    clipped = sorted(((max(ts, g0), min(end, g1), name) for ts, end, name in events if end > g0 and ts < g1),
-                     key=lambda e: (e[0], -e[1]))
-    if not clipped:
-        return []
-    starts, ends, names = (list(c) for c in zip(*clipped))
-    return exclusive_sweeps([0] * len(clipped), starts, ends, names, [g0], [g1], top)[0]
-
-
-def exclusive_sweeps(group: list[int], starts: list[int], ends: list[int], names: list[str], g0s: list[int],
-                     g1s: list[int], top: int = 3, *, times: bool = False) -> dict[int, list[Any]]:
-    """exclusive_top for many windows at once: events (group[k], starts[k], ends[k], names[k]) clipped
-    to their group's [g0s[g], g1s[g]) and ordered by (group, start, -end); one pass for all.
-    times=True: (name, exclusive ns) pairs instead of names.
-
-    Each instant goes to the deepest open event: the latest pushed that has not ended."""
-    out: dict[int, list[str]] = {}
-    n = len(group)
-    k = 0
-    while k < n:
-        g = group[k]
-        cursor, g1 = g0s[g], g1s[g]
-        excl: dict[str, int] = {}
-        get = excl.get
-        below: list[tuple[int, str]] = []  # the open events under the top one, (end, name)
-        push, pop = below.append, below.pop
-        top_end: int | None = None  # the latest pushed open event (None: none open)
-        top_name = ""
-        while True:
-            done = not (k < n and group[k] == g)
-            s = g1 if done else starts[k]  # after the group's last event: run out to the window's end
-            # time from cursor to s goes to the deepest open event, popping finished ones
-            while cursor < s:
-                if top_end is None:
-                    cursor = s
-                    break
-                if top_end <= cursor:
-                    top_end, top_name = pop() if below else (None, "")
-                    continue
-                seg_end = top_end if top_end < s else s
-                excl[top_name] = get(top_name, 0) + (seg_end - cursor)
-                cursor = seg_end
-            if done:
-                break
-            if top_end is not None:
-                push((top_end, top_name))
-            top_end, top_name = ends[k], names[k]
-            k += 1
-        ranked = sorted(excl.items(), key=lambda kv: (-kv[1], kv[0]))
-        out[g] = [(name, t) if times else name for name, t in ranked[:top] if t > 0]
-    return out

@@ -68,9 +68,9 @@ def find_syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, rows_cache:
     if blocking.height == 0:
         return pl.DataFrame(schema=schema)
     pts = blocking.select("ts_ns", "end_ns", "tid")
-    # the innermost cpu_op, annotation and Python frame around each call, as rows of trace.cpu
-    # (one search for the three; a trace with stacks has millions of frames)
-    found = innermost_enclosing_by(pts, trace.cpu, "cat", ("cpu_op", "user_annotation", "python_function"), cache=rows_cache)
+    # the innermost cpu_op and annotation around each call, as rows of trace.cpu (one search for
+    # both); the Python frames around it are _user_stacks' (the whole stack, not the innermost)
+    found = innermost_enclosing_by(pts, trace.cpu, "cat", ("cpu_op", "user_annotation"), cache=rows_cache)
     trig_idx, ann_idx = found["cpu_op"], found["user_annotation"]
     # only the rows found above, not whole columns
     op_names, op_ts = _pick(trace.cpu["name"], trig_idx), _pick(trace.cpu["ts_ns"], trig_idx)
