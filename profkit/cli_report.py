@@ -32,7 +32,7 @@ def manifest_catalog_name(paths: Any) -> str | None:
     """The catalog a run's manifest implies, from its target (profkit's proxy engine -> proxy;
     SGLang running a GLM-5.x preset or model -> sglang-glm52), else None (pick by kernel names).
     The manifest: the run folder's manifest.json, one beside the trace, or <trace stem>.manifest.json."""
-    from profkit.attribution.diff import short_label
+    from profkit.ingest.identity import short_label
 
     for p in paths:
         p = Path(p)
@@ -259,7 +259,7 @@ def export_perfetto(
         profkit export-perfetto traces/sample/eager_sync.pt.trace.json.gz -o eager_sync.perfetto-trace
     """
     from profkit.analysis import analyze_trace
-    from profkit.attribution.diff import short_label
+    from profkit.ingest.identity import short_label
     from profkit.catalog import load_catalog
     from profkit.export.perfetto import build_perfetto
     from profkit.ingest import load_traces

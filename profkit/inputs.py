@@ -140,7 +140,7 @@ def _manifest_near(path: Path) -> Any:
 
 
 def _label(path: Path) -> str:
-    from profkit.attribution.diff import short_label
+    from profkit.ingest.identity import short_label
 
     p = path.resolve()
     if p.is_dir():

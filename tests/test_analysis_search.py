@@ -1,5 +1,5 @@
 """The analysis' searches (a gap's CPU ops, the span around a call, MaxTree) against the plain
-definitions they implement, on random events with many ties, several threads and small lookbacks."""
+definitions they implement, on random events with many ties and several threads."""
 
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from fractions import Fraction
 from typing import Any
 
 from profkit import __version__
+from profkit.ingest.identity import short_label
 from profkit.errors import NothingToAnalyze, UsageError
 
 DIFF_SCHEMA_VERSION = 1
@@ -101,14 +102,6 @@ def _ns(us: float | int | None) -> int:
 
 def _us(ns: Fraction | int | float | None) -> float | None:
     return None if ns is None else float(Fraction(ns) / 1000)
-
-
-def short_label(path: str) -> str:
-    """A file's name without the trace suffixes: ``traces/x/eager.pt.trace.json.gz`` -> ``eager``."""
-    name = path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
-    for suf in (".gz", ".json", ".trace", ".pt"):
-        name = name.removesuffix(suf)
-    return name or path
 
 
 def shape_of(it: Mapping[str, Any]) -> Shape:

@@ -116,3 +116,11 @@ def code_fingerprint(root: Path | None = None) -> str:
     if root is None:
         _FINGERPRINT = fp
     return fp
+
+
+def short_label(path: str) -> str:
+    """A file's name without the trace suffixes: ``traces/x/eager.pt.trace.json.gz`` -> ``eager``."""
+    name = path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    for suf in (".gz", ".json", ".trace", ".pt"):
+        name = name.removesuffix(suf)
+    return name or path

@@ -113,7 +113,7 @@ def read_info(path: Path) -> FileInfo:
 
 
 def _label(files: list[Path]) -> str:
-    from profkit.attribution.diff import short_label
+    from profkit.ingest.identity import short_label
 
     names = {re.sub(r"-TP-\d+(-EP-\d+)?$", "", short_label(f.name)) for f in files}
     if len(names) == 1:
