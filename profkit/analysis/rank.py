@@ -142,8 +142,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     owned_names = ops.filter(pl.col("iteration").is_not_null())["name"].unique().to_list() if ops.height else []
     if catalog is None:
         catalog = auto_catalog(owned_names)
-    ops = _classify(ops, calls, trace, catalog, captures)
-    gcap = trace.meta.pop("_graph_capture", None)
+    ops, gcap = _classify(ops, trace, catalog, captures)
     if gcap is not None and gcap["replays_refused"]:
         warnings.append(
             f"graph capture: {gcap['replays_refused']} of {gcap['replays']} graph replays match no captured graph "
@@ -194,45 +193,41 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     )
 
 
-def _classify(owned: pl.DataFrame, calls: pl.DataFrame, trace: Trace, catalog: Any, captures: Any = None) -> pl.DataFrame:
+def _classify(owned: pl.DataFrame, trace: Trace, catalog: Any, captures: Any = None) -> tuple[pl.DataFrame, dict | None]:
+    """The ops with category, owner and annotation (the innermost user annotation around the
+    launch, or for graph-replayed ops their capture-time one), and the graph-capture statistics
+    (None without capture profiles)."""
     if owned.height == 0:
         return owned.with_columns(pl.lit(None, pl.String).alias("category"), pl.lit(None, pl.String).alias("owner"),
-                                  pl.lit(None, pl.String).alias("annotation"))
-    ann: list[str | None] = [None] * owned.height
+                                  pl.lit(None, pl.String).alias("annotation")), None
+    ann: Any = [None] * owned.height
     if getattr(catalog, "uses_annotations", False):
-        spans = trace.cpu.filter(pl.col("cat") == "user_annotation")
-        got = _launch_annotations(owned, spans)
-        if got is not None:
-            ann = got
-        else:
-            has = owned["launch_ts_ns"].is_not_null() & owned["launch_tid"].is_not_null()
-            pos = has.arg_true()
-            sub = owned.filter(has)
-            pts = sub.select(pl.col("launch_ts_ns").alias("ts_ns"), pl.col("launch_ts_ns").alias("end_ns"), pl.col("launch_tid").alias("tid"))
-            idx = innermost_enclosing(pts, spans)
-            names = spans["name"].to_list()
-            for p, i in zip(pos.to_list(), idx):
-                if i is not None:
-                    ann[p] = names[i]
-    mask = None
+        ann = _launch_annotations(owned, trace.cpu.filter(pl.col("cat") == "user_annotation"))
+    mask = gstats = None
     if captures is not None:  # graph-replayed ops take their capture-time ranges (analysis/graphs.py)
         from profkit.analysis import graphs
 
         ann, mask, gstats = graphs.apply(owned, trace, captures, ann.to_list() if isinstance(ann, pl.Series) else ann)
     owned = owned.with_columns(ann if isinstance(ann, pl.Series) else pl.Series("annotation", ann, dtype=pl.String))
     out = catalog.classify_frame(owned)
-    if mask is not None:
-        trace.meta["_graph_capture"] = graphs.finish_stats(gstats, out, mask, captures)
-    return out
+    return out, (graphs.finish_stats(gstats, out, mask, captures) if mask is not None else None)
 
 
-def _launch_annotations(ops: pl.DataFrame, spans: pl.DataFrame) -> pl.Series | None:
+def _launch_annotations(ops: pl.DataFrame, spans: pl.DataFrame) -> pl.Series:
     """The innermost user annotation around each op's launch (spans.innermost_enclosing of the
-    launch points), one sweep per thread in the native library; None without it."""
+    launch points; null where none): one sweep per thread in the native library, else in Python."""
     from profkit.ingest import scan
 
     if scan.lib() is None:
-        return None
+        has = ops["launch_ts_ns"].is_not_null() & ops["launch_tid"].is_not_null()
+        pts = ops.filter(has).select(pl.col("launch_ts_ns").alias("ts_ns"), pl.col("launch_ts_ns").alias("end_ns"),
+                                     pl.col("launch_tid").alias("tid"))
+        names = spans["name"].to_list()
+        ann: list[str | None] = [None] * ops.height
+        for p, i in zip(has.arg_true().to_list(), innermost_enclosing(pts, spans)):
+            if i is not None:
+                ann[p] = names[i]
+        return pl.Series("annotation", ann, dtype=pl.String)
     pts = ops.select(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_i"), pl.col("launch_ts_ns").alias("t"), pl.col("launch_tid").alias("tid"))
     pts = pts.filter(pl.col("t").is_not_null() & pl.col("tid").is_not_null())
     out = [pl.DataFrame(schema={"_i": pl.Int64, "annotation": pl.String})]
