@@ -30,7 +30,7 @@ def _analyze_inputs() -> list[Path]:
     for sub in ("gpu", "gpu_proxy", "gpu_overlap", "public"):
         out += sorted((DATA / sub).glob("*.json.gz"))
     out.append(DATA / "gpu_tp2")
-    out += sorted(p for p in (DATA / "gpu_loo").iterdir() if p.is_dir())
+    out += sorted(p / "window-0" for p in (DATA / "gpu_loo").iterdir() if (p / "window-0").is_dir())
     return [p for p in out if "graph_capture" not in p.name]
 
 
@@ -55,7 +55,7 @@ def _run(args: list[str]) -> None:
     env = dict(os.environ, COLUMNS="120", NO_COLOR="1")
     r = subprocess.run([sys.executable, "-m", "profkit", *args], cwd=ROOT, env=env,
                        capture_output=True, text=True)
-    if r.returncode not in (0, 3):  # 3: findings flagged is still a written result
+    if r.returncode != 0:
         raise SystemExit(f"profkit {' '.join(args)} exited {r.returncode}: {r.stderr.strip()[-400:]}")
 
 
