@@ -11,7 +11,7 @@ OUT=${OUT:-/tmp/gpu_out}; T=/tmp/g19; WAIT=${WAIT:-540}; mkdir -p "$OUT" "$T"
 if [ "${1:-start}" = start ]; then
   nvidia-smi -L
   setsid nohup bash -c "python3 -m profkit sweep --opts topk_v2,indexer_fusion,index_share,overlap,cuda_graph --mode leave-one-out \
-    --capture-only --repeat 2 --isl 8000 --turns 3 --turn-tokens 256 --output-tokens 64 --num-steps 8 --profile-windows 3 \
+    --capture-only --repeat 2 --isl 8000 --turns 3 --turn-tokens 256 --output-tokens 256 --num-steps 8 --profile-windows 3 \
     --traces-dir $T/traces --reports-dir $T/reports --extra-server-args '--device cuda:0' > $T/log.txt 2>&1; touch $T/DONE" \
     < /dev/null > /dev/null 2>&1 &
 fi

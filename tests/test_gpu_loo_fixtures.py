@@ -62,9 +62,8 @@ def test_topk_v2(runs):
 
 
 def test_topk_v2_share(runs):
-    # 83% on these trimmed windows (3 compared iterations each); 77% over the full 8-iteration windows of the
-    # recording: the sort path's cub memsets/DtoD copies (-63 µs) are gpu_memset/gpu_memcpy records, which
-    # rule 1 of kernels/proxy.toml puts in memcpy wherever they run (README there)
+    # 93% (topk -356.2 of -384.3 µs); the sort path's own cub memsets/DtoD copies inside proxy.indexer.topk are
+    # top-k work (rule 1 of kernels/proxy.toml); as memcpy they had made it 72%
     d = _diff(runs, "topk_v2")
     assert d["decomposition"]["category_us"]["topk"] / _kernel_time(d) >= 0.80
 
@@ -123,12 +122,34 @@ def test_without_capture_replayed_kernels_lose_their_ranges(runs):
         assert b.get("attention", 0) == 0 and b.get("moe", 0) == 0 and b["gemm"] > c["gemm"]
 
 
-@pytest.mark.xfail(strict=True, reason="graph mode pads the slot table to a power-of-two bucket (16384 vs ~8.4K positions): the indexer "
-                                       "scores ~2x the positions (+17%), and the graph input copies add memcpy (+43%): real extra work")
+@pytest.mark.xfail(strict=True, reason="elementwise +16-20% and memcpy +10-12% under graphs (median iteration): the same kernels, "
+                                       "as many of each (test below), each tiny one (~0.1-1 us) measured longer when replayed back to back")
 def test_eager_vs_graphs_within_10_percent(runs):
     e, g = runs["all-cuda_graph"][0]["ranks"][0]["median"]["category_us"], runs["all"][0]["ranks"][0]["median"]["category_us"]
-    for k in ("attention", "moe", "topk", "indexer", "gemm", "memcpy"):
-        assert abs(g[k] - e[k]) <= 0.10 * e[k], k
+    for k in e:
+        if e[k] > 1:
+            assert abs(g.get(k, 0) - e[k]) <= 0.10 * e[k], k
+
+
+def _ops_per_category(summary: dict) -> dict[str, float]:
+    rk = summary["ranks"][0]
+    n = len(rk["iterations"])
+    out: dict[str, float] = {}
+    for k in rk["kernels"]:
+        out[k["category"]] = out.get(k["category"], 0) + k["count"] / n
+    return out
+
+
+def test_eager_vs_graphs_same_ops_per_category(runs):
+    """Graph mode copies no inputs and pads the context by < 1/16 (profkit.proxy.graphs): per iteration each
+    category holds as many GPU ops replayed as launched eagerly, and the kernels list is complete."""
+    for w in range(3):
+        e, g = runs["all-cuda_graph"][w], runs["all"][w]
+        for s in (e, g):
+            rk = s["ranks"][0]
+            assert sum(k["count"] for k in rk["kernels"]) == sum(i["gpu_kernels"] + sum(i["memcpy"].values()) + i["memset"]
+                                                                 for i in rk["iterations"])
+        assert _ops_per_category(e) == _ops_per_category(g)
 
 
 def test_eager_vs_graphs_model_categories(runs):

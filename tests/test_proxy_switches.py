@@ -36,7 +36,10 @@ def record(out_dir, opts: str, spec_steps: int = 5, batch: int = 2, device="cpu"
             s.waiting.append(Req([(i * 13 + j) % 1000 for j in range(70 + 20 * i)], 200))
         while any(not r.seq_len for r in s.prefilling + list(s.waiting)) or not s.running:
             s.loop_once()
-        s.loop_once()  # one decode iteration before the window (overlap: a result in flight)
+        # decode iterations before the window (overlap: a result in flight); on CUDA two, so that both
+        # plan parities have captured their graphs (profkit.proxy.graphs) before the window opens
+        for _ in range(2 if device == "cuda" else 1):
+            s.loop_once()
         pid = opts.replace(",", "+") + f"-s{spec_steps}"
         s.start_profile({"output_dir": str(out_dir), "num_steps": NUM_STEPS,
                          "activities": ["CPU", "GPU"],

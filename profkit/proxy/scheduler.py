@@ -130,10 +130,11 @@ class Result:
 class Plan:
     """The device-side inputs of one decode step (see `Scheduler._plan_decode`)."""
 
-    __slots__ = ("step", "pool", "fb", "acc", "event")
+    __slots__ = ("step", "pool", "fb", "acc", "event", "parity")
 
-    def __init__(self, step, pool, fb, acc, event):
+    def __init__(self, step, pool, fb, acc, event, parity=0):
         self.step, self.pool, self.fb, self.acc, self.event = step, pool, fb, acc, event
+        self.parity = parity  # which of the graph runner's two static buffer sets it was written to
 
 
 class ProfileError(Exception):
@@ -567,11 +568,20 @@ class Scheduler:
         B = len(reqs)
         p = [r.seq_len for r in reqs]
         width = max(p) + q
-        if bucket:
-            width = max(256, 1 << (width - 1).bit_length())
+        graphs = self.graphs if bucket else None
+        if graphs is not None:
+            from .graphs import bucket as _bucket
+
+            width = _bucket(width)
         npg = max(1, math.ceil(width / ps))
         head = [r.pool_idx for r in reqs] + p + list(acc_host or [])
         n0 = len(head)
+        parity = self.plans % 2
+
+        def out(name, shape):
+            """Graph mode: the parity's static buffer the graphs read (no copy into them); eager: a new tensor."""
+            return None if graphs is None else graphs.buffer((name, parity, *shape), shape, torch.int64)
+
         with rng("plan"):
             self.plans += 1
             if self.pending is not None and self.pending.reqs:
@@ -585,21 +595,26 @@ class Scheduler:
                 stage[n0 + i * npg:n0 + i * npg + k] = row[:k]
             stream = self.plan_stream
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                d = stage.to(self.dev, non_blocking=True) if self.cuda else stage
+                if graphs is not None:
+                    graphs.wait_free(parity, torch.cuda.current_stream(self.dev))
+                    d = out("plan", (stage.numel(),))
+                    d.copy_(stage, non_blocking=True)
+                else:
+                    d = stage.to(self.dev, non_blocking=True) if self.cuda else stage
                 pool, seq = d[:B], d[B:2 * B]
                 acc = d[2 * B:n0] if acc_host is not None else None
                 pt = d[n0:].view(B, npg)
                 ar = torch.arange(width, device=self.dev)
-                st = pt[:, ar // ps] * ps + ar % ps
-                pos = seq.unsqueeze(1) + torch.arange(q, device=self.dev)
-                out = st.gather(1, pos)
+                st = torch.add(pt[:, ar // ps] * ps, ar % ps, out=out("slot_table", (B, width)))
+                pos = torch.add(seq.unsqueeze(1), torch.arange(q, device=self.dev), out=out("positions", (B, q)))
+                slots = torch.gather(st, 1, pos, out=out("out_slots", (B, q)))
                 ev = None
                 if stream is not None:
                     ev = torch.cuda.Event()
                     ev.record(stream)
             if ev is not None:
                 torch.cuda.current_stream(self.dev).wait_event(ev)
-        return Plan(self.forward_ct, pool, FwdBatch(pos, out, st), acc, ev)
+        return Plan(self.forward_ct, pool, FwdBatch(pos, slots, st), acc, ev, parity)
 
     def _run_spec_decode(self, reqs):
         m, S, B = self.model, self.S, len(reqs)
@@ -609,12 +624,12 @@ class Scheduler:
         st = fbv.slot_table
         with rng("draft"):
             if self.graphs is not None:
-                draft = self.graphs.run("draft", B, st.shape[1], self._draft, pool, fbv)
+                draft = self.graphs.run("draft", B, st.shape[1], plan.parity, self._draft, pool, fbv)
             else:
                 draft = self._draft(pool, fbv)
         with rng(f"step[VERIFY bs={B}]"):
             if self.graphs is not None:
-                hidden, g = self.graphs.run("verify", B, st.shape[1], self._verify, pool,
+                hidden, g = self.graphs.run("verify", B, st.shape[1], plan.parity, self._verify, pool,
                                             draft, fbv)
             else:
                 hidden, g = self._verify(pool, draft, fbv)
@@ -623,12 +638,14 @@ class Scheduler:
         ar = torch.arange(S + 1, device=self.dev)
         gsel = g.gather(1, (acc - 1).unsqueeze(1))
         dpad = torch.cat([draft, draft[:, :1]], 1)
-        emitted = torch.where(ar < (acc - 1).unsqueeze(1), dpad, gsel)
+        em = None if self.graphs is None else self.graphs.buffer(("emitted", plan.parity, B, S + 1), (B, S + 1), dpad.dtype)
+        emitted = torch.where(ar < (acc - 1).unsqueeze(1), dpad, gsel, out=em)
         self.tok_buf.index_copy_(0, pool, gsel.squeeze(1))
         with rng("draft_extend"):
             if self.graphs is not None:
-                self.graphs.run("draft_extend", B, st.shape[1], self._draft_extend, pool,
+                self.graphs.run("draft_extend", B, st.shape[1], plan.parity, self._draft_extend, pool,
                                 emitted, hidden, acc, fbv)
+                self.graphs.release(plan.parity)
             else:
                 self._draft_extend(pool, emitted, hidden, acc, fbv)
         if not self.overlap:
@@ -678,11 +695,13 @@ class Scheduler:
         st = fb.slot_table
         with rng(f"step[DECODE bs={B}]"):
             if self.graphs is not None:
-                logits = self.graphs.run("decode", B, st.shape[1], self._decode_fwd, pool, fb)
+                logits = self.graphs.run("decode", B, st.shape[1], plan.parity, self._decode_fwd, pool, fb)
             else:
                 logits = self._decode_fwd(pool, fb)
         nt = logits.argmax(-1)
         self.tok_buf.index_copy_(0, pool, nt)
+        if self.graphs is not None:
+            self.graphs.release(plan.parity)  # after the last reader of the plan's buffers (pool)
         if not self.overlap:
             with rng("copy_result_to_cpu"):
                 host = nt.unsqueeze(1).to("cpu")
