@@ -75,7 +75,6 @@ def analyze(
         captures = list(capture or []) or find_capture_files(paths)
         if cache_on and timeline is None and tables is None and not captures and len(plan) == 1:  # the stored summary knows no capture profiles
             # a repeated run on unchanged traces: the stored summary, without importing polars
-            from profkit.ingest import expand_inputs
             from profkit.summary_cache import read_summary, summary_key
 
             files = list(plan[0].files)

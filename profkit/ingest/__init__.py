@@ -119,7 +119,7 @@ def _make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta
     )
 
 
-def inspect(path: Path | TraceFile) -> TraceFile | Path:
+def identify(path: Path | TraceFile) -> TraceFile | Path:
     """The file's identity.TraceFile (read once, to be passed down), or the path itself when it
     cannot be read: its loader then says what is wrong, at the point it always did."""
     try:
@@ -195,7 +195,7 @@ def load_traces(paths: list[Path], *, cache: bool | None = False, jobs: int | No
     """
     from profkit.ingest.columnar import default_jobs, make_executor
 
-    files = [inspect(p) for p in expand_inputs(paths)]
+    files = [identify(p) for p in expand_inputs(paths)]
     jobs = default_jobs(len(files)) if jobs is None else max(1, jobs)
     big = sum(estimated_raw_bytes(f) for f in files) >= min_parallel_bytes
     if jobs > 1 and big and len(files) > 1:

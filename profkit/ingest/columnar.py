@@ -296,7 +296,10 @@ def load_tables_fast(path: Path | TraceFile, *, executor: Executor | None = None
 
     from profkit.ingest.strings import Strings
 
-    f = trace_file(path) if not isinstance(path, TraceFile) else path
+    try:
+        f = trace_file(path)
+    except OSError:
+        return None  # the tiered decoder says what is wrong
     if early is not None:
         decode = early.take(f)
         if decode is not None:
