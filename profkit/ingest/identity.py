@@ -60,16 +60,19 @@ class TraceFile:
         return self.size * 8 if self.gzip else self.size
 
     @property
+    def held_whole(self) -> bool:
+        """Whether `head` and `tail` hold all of the file (files of up to 2 MiB)."""
+        return self.size <= 2 * _MIB and len(self.head) + len(self.tail) == self.size
+
+    @property
     def whole(self) -> bytes | None:
-        """The file's bytes when `head` and `tail` hold all of it (files of up to 2 MiB), else None."""
-        if self.size <= 2 * _MIB and len(self.head) + len(self.tail) == self.size:
-            return self.head + self.tail
-        return None
+        """The file's bytes when `head` and `tail` hold all of it, else None."""
+        return self.head + self.tail if self.held_whole else None
 
     @property
     def sha256(self) -> str | None:
-        """The whole file's SHA-256 when `whole` holds it (then the head/tail hash is that hash)."""
-        return self.head_tail_sha256 if self.whole is not None else None
+        """The whole file's SHA-256 when it is held whole (the head/tail hash is then that hash)."""
+        return self.head_tail_sha256 if self.held_whole else None
 
     def source_key(self) -> dict[str, Any]:
         """What identifies the file's content for the caches: size, mtime_ns, the head/tail hash."""
