@@ -307,7 +307,10 @@ def load_tables_fast(path: Path | TraceFile, *, executor: Executor | None = None
     strings = Strings()
     parallel = executor is not None and jobs > 1
     shared = parallel and not isinstance(executor, ThreadPoolExecutor)
-    reader = Reader(f.path, f.gzip, chunk_bytes, slot_count(jobs if parallel else 1), shared)
+    try:
+        reader = Reader(f.path, f.gzip, chunk_bytes, slot_count(jobs if parallel else 1), shared)
+    except OSError:  # no memory for the slots: the tiered decoder
+        return None
     view = reader.slots.view
     if not parallel:
         submit = lambda off, n: done(decode_view, view, off, n, strings)  # noqa: E731
