@@ -8,7 +8,7 @@ import json
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.markup import escape
@@ -75,30 +75,29 @@ def analyze(
         captures = list(capture or []) or find_capture_files(paths)
         if cache_on and timeline is None and tables is None and not captures and len(plan) == 1:  # the stored summary knows no capture profiles
             # a repeated run on unchanged traces: the stored summary, without importing polars
-            from profkit.ingest import expand_inputs
             from profkit.summary_cache import read_summary, summary_key
 
-            files = expand_inputs(paths)
-            skey = summary_key(files, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog)
+            files = list(plan[0].files)
+            skey = summary_key([i.file or i.path for i in plan[0].infos], marker=marker, min_bubble_us=min_bubble_us, catalog=catalog)
             summary = read_summary(files[0], skey) if skey else None
         if summary is not None:
             if os.environ.get("PROFKIT_TIMINGS"):
                 _write_timings(os.environ["PROFKIT_TIMINGS"], [], t_start, time.perf_counter(), time.perf_counter())
         else:
-            early = _decode_early(files or None, paths, cache_on, jobs)
+            early = _decode_early(plan, cache_on, jobs)
             from profkit.analysis.parallel import analyze_runs
             from profkit.analysis.summary import build_summary
             from profkit.catalog import load_catalog
-            from profkit.ingest.early import discard as discard_early
 
             try:
                 cat = load_catalog(catalog) if catalog else None
-                if not early:
+                if early is None:
                     _numpy_without_blas_threads()
                 runs = analyze_runs(paths, marker=marker, min_bubble_us=min_bubble_us, catalog=cat, cache=False if no_cache else None, jobs=jobs,
-                                    captures=captures or None, runs=plan)
+                                    captures=captures or None, runs=plan, early=early)
             finally:
-                discard_early()
+                if early is not None:
+                    early.stop()  # not taken (a cache answered, or an error came first): it stops
             if len(runs) > 1:
                 _check_several_runs(runs, json_out, timeline)
                 _analyze_several(runs, marker=marker, json_out=json_out, tables=tables, top=top, catalog_note=catalog_note)
@@ -276,24 +275,21 @@ def _write_timings(path: str, analyses: list, t_start: float, t_analyzed: float,
         pass
 
 
-def _decode_early(files: list[Path] | None, paths: list[Path], cache_on: bool, jobs: int | None) -> bool:
+def _decode_early(plan: list, cache_on: bool, jobs: int | None) -> Any:
     """One large trace to decode (not cached yet): start decoding it now, in threads, while polars
-    and the analysis are imported (about half a second on two cores); load_trace takes the result
-    (ingest/early.py). Whether it started."""
-    from profkit.ingest import PARALLEL_MIN_BYTES, early, estimated_raw_bytes, expand_inputs
+    and the analysis are imported (about half a second on two cores). The handle
+    (ingest/early.py's EarlyDecode) goes to analyze_runs, whose loader takes it; None when nothing
+    started."""
+    from profkit.ingest import PARALLEL_MIN_BYTES, early
     from profkit.ingest.identity import CACHE_SUFFIX
     from profkit.ingest.reading import default_jobs
 
-    try:
-        files = files if files is not None else expand_inputs(paths)
-    except ProfkitError:
-        return False  # analyze_paths says what is wrong with the inputs
-    if len(files) != 1 or estimated_raw_bytes(files[0]) < PARALLEL_MIN_BYTES:
-        return False
-    f = files[0]
-    if cache_on and f.with_name(f.name + CACHE_SUFFIX).exists():
-        return False  # likely read from the cache: nothing to decode
-    # the chunk threads analyze_paths gives one large file: the cores (or --jobs)
+    infos = [i for r in plan for i in r.infos]
+    if len(infos) != 1 or infos[0].file is None or infos[0].file.estimated_json_bytes < PARALLEL_MIN_BYTES:
+        return None
+    f = infos[0].file
+    if cache_on and f.path.with_name(f.path.name + CACHE_SUFFIX).exists():
+        return None  # likely read from the cache: nothing to decode
     return early.start(f, jobs=default_jobs(1) if jobs is None else max(1, jobs), prepare=_numpy_without_blas_threads)
 
 

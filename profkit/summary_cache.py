@@ -23,7 +23,7 @@ from profkit.ingest.identity import CACHE_SUFFIX as SUFFIX  # the folder ingest/
 SCHEMA = 2  # the stored summary's own layout: bump it when the key or the file changes shape
 
 
-def summary_key(files: list[Path], *, marker: str | None, min_bubble_us: float, catalog: str | None) -> str | None:
+def summary_key(files: list[Any], *, marker: str | None, min_bubble_us: float, catalog: str | None) -> str | None:
     """The key of this run's summary, or None when it is not to be cached (small or unreadable inputs)."""
     from profkit.ingest.identity import code_fingerprint, estimated_json_bytes, source_key
 
@@ -37,7 +37,7 @@ def summary_key(files: list[Path], *, marker: str | None, min_bubble_us: float, 
         blob = {
             "schema": SCHEMA,
             "code": code_fingerprint(),
-            "inputs": [[str(f), source_key(f)] for f in files],
+            "inputs": [[str(getattr(f, "path", f)), source_key(f)] for f in files],  # paths or ingest TraceFiles
             "options": {"marker": marker, "min_bubble_us": repr(float(min_bubble_us)), "catalog": cat},
         }
     except OSError:

@@ -1,6 +1,7 @@
 """Decoding a large trace ahead of the caller (profkit/ingest/early.py): `analyze` starts it before
-importing polars, load_tables_fast takes it over. The tables, warnings and errors are those of the
-ordinary path, whichever chunks the scanner declines and whatever is wrong with the file."""
+importing polars and passes the handle down; load_tables_fast takes it over. The tables, warnings
+and errors are those of the ordinary path, whichever chunks the scanner declines and whatever is
+wrong with the file."""
 
 from __future__ import annotations
 
@@ -27,11 +28,13 @@ pytestmark = pytest.mark.skipif(lib() is None, reason="no C compiler here: nothi
 
 
 def _load(path: Path, *, ahead: bool, jobs: int = 2):
+    handle = None
     if ahead:
-        assert early.start(path, jobs=jobs, chunk_bytes=SMALL_CHUNKS)
+        handle = early.start(path, jobs=jobs, chunk_bytes=SMALL_CHUNKS)
+        assert handle is not None
     with ThreadPoolExecutor(jobs) as ex:
-        got = load_tables_fast(path, executor=ex if jobs > 1 else None, jobs=jobs, chunk_bytes=SMALL_CHUNKS)
-    assert early._RUNS == {}, "the run was not taken over"
+        got = load_tables_fast(path, executor=ex if jobs > 1 else None, jobs=jobs, chunk_bytes=SMALL_CHUNKS, early=handle)
+    assert handle is None or handle.taken, "the decode was not taken over"
     return got
 
 
@@ -65,8 +68,8 @@ def test_chunks_the_scanner_declines_are_decoded_by_msgspec(tmp_path: Path) -> N
     text = text.replace('"ph": "X"', '"\\u0070h": "X"', n // 50)  # msgspec reads the key; the scanner declines
     path = tmp_path / "declined.json.gz"
     path.write_bytes(gzip.compress(text.encode()))
-    assert early.start(path, jobs=2, chunk_bytes=SMALL_CHUNKS)
-    run = early.take(path, chunk_bytes=SMALL_CHUNKS, jobs=2)
+    handle = early.start(path, jobs=2, chunk_bytes=SMALL_CHUNKS)
+    run = handle.take(path)
     assert run is not None and run.result is not None
     kinds = {type(item).__name__ for item in run.result[0]}
     assert kinds == {"bytes", "Rows"}, kinds  # some chunks declined, some scanned
@@ -96,13 +99,13 @@ def test_analyze_decodes_early_and_says_the_same(tmp_path: Path, monkeypatch: py
     runner = CliRunner()
     r = runner.invoke(app, ["analyze", str(path), "--no-cache", "--json", str(tmp_path / "plain.json")])
     assert r.exit_code == 0, r.output
-    started: list[Path] = []
+    started: list = []
     real_start = early.start
     monkeypatch.setattr(ingest, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(early, "start", lambda p, **kw: started.append(p) or real_start(p, **kw))
+    monkeypatch.setattr(early, "start", lambda f, **kw: started.append(real_start(f, **kw)) or started[-1])
     r = runner.invoke(app, ["analyze", str(path), "--no-cache", "--json", str(tmp_path / "early.json")])
     assert r.exit_code == 0, r.output
-    assert started == [path] and early._RUNS == {}
+    assert len(started) == 1 and started[0].file.path == path and started[0].taken
 
     def strip(d):
         drop = ("generated_at", "timings")
@@ -112,11 +115,22 @@ def test_analyze_decodes_early_and_says_the_same(tmp_path: Path, monkeypatch: py
 
 
 def test_a_run_nobody_takes_is_stopped() -> None:
-    """discard() (analyze's exit path) stops what nobody took; a later load decodes the file itself."""
+    """stop() (analyze's exit path) stops a decode nobody took; a later load decodes the file itself."""
     path = PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"
-    assert early.start(path, jobs=2, chunk_bytes=SMALL_CHUNKS)
-    (run,) = early._RUNS.values()
-    early.discard()
-    assert run._stop and early.take(path, chunk_bytes=SMALL_CHUNKS, jobs=2) is None
-    run.wait()
+    handle = early.start(path, jobs=2, chunk_bytes=SMALL_CHUNKS)
+    handle.stop()
+    assert handle._stop and handle.take(path) is None
+    handle.wait()
     assert _load(path, ahead=False) is not None
+
+
+def test_a_decode_of_another_file_is_not_taken() -> None:
+    """The handle goes only to the load of its own file; another file's load decodes that file."""
+    path = PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"
+    other = PUBLIC / "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz"
+    handle = early.start(path, jobs=2, chunk_bytes=SMALL_CHUNKS)
+    got = load_tables_fast(other, chunk_bytes=SMALL_CHUNKS, early=handle)
+    assert not handle.taken
+    _same(got, load_tables_fast(other, chunk_bytes=SMALL_CHUNKS))
+    handle.stop()
+    handle.wait()

@@ -18,9 +18,9 @@ from profkit.analysis.summary import build_summary
 from profkit.ingest import load_trace, load_traces
 from profkit.ingest import cache as pcache
 from profkit.ingest import identity
-from profkit.ingest.columnar import load_raw_frame, make_executor
+from profkit.ingest.columnar import load_tables_fast, make_executor
 from profkit.ingest.decode import decode_events, read_bytes
-from profkit.ingest.tables import events_frame, finish_events_frame
+from profkit.ingest.tables import add_unusable_warnings, events_frame, split_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / "tests" / "data" / "gpu"
@@ -56,29 +56,45 @@ def _copy(src: Path, dst_dir: Path, name: str | None = None) -> Path:
     return dst
 
 
+def _fast_tables(load) -> tuple[tuple[pl.DataFrame, ...], list[str]]:
+    """A TablesLoad's tables and warnings, as ingest.load_trace makes them."""
+    w: list[str] = []
+    add_unusable_warnings(load.unusable, w)
+    return load.tables(w), w
+
+
+def _tiered_tables(path: Path):
+    """The tiered decoder's tables, t0, event count, metadata and warnings (the reference)."""
+    events, meta, w = decode_events(path, read_bytes(path))
+    df, t0 = events_frame(events, w)
+    return split_tables(df, w), t0, len(events), meta, w
+
+
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
 def test_chunked_decoder_matches_tiered_decoder(path: Path) -> None:
-    """Tiny chunks (hundreds of cuts) give the tiered decoder's frame, t0, metadata and warnings."""
-    raw = load_raw_frame(path, chunk_bytes=64 << 10)
-    assert raw is not None, "the fast path should apply to real Kineto files"
-    w_fast: list[str] = []
-    fast = finish_events_frame(raw.frame, w_fast)
-    events, meta, w_slow = decode_events(path, read_bytes(path))
-    slow, t0 = events_frame(events, w_slow)
-    assert fast.equals(slow)
-    assert (raw.t0_ns, raw.n_events, raw.meta, w_fast) == (t0, len(events), meta, w_slow)
+    """Tiny chunks (hundreds of cuts) give the tiered decoder's tables, t0, metadata and warnings."""
+    fast = load_tables_fast(path, chunk_bytes=64 << 10)
+    assert fast is not None, "the fast path should apply to real Kineto files"
+    meta = fast.meta
+    got, w_fast = _fast_tables(fast)
+    want, t0, n, meta_slow, w_slow = _tiered_tables(path)
+    assert all(a.equals(b) and a.schema == b.schema for a, b in zip(got, want))
+    assert (fast.t0_ns, fast.n_events, meta, w_fast) == (t0, n, meta_slow, w_slow)
 
 
 def test_chunked_decoder_in_worker_processes() -> None:
+    """Chunks decoded in worker processes (each with ids of its own, mapped back here): the same tables."""
     path = PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz"
     ex = make_executor(2)
     try:
-        par = load_raw_frame(path, executor=ex, jobs=2, chunk_bytes=256 << 10)
+        par = load_tables_fast(path, executor=ex, jobs=2, chunk_bytes=256 << 10)
     finally:
         ex.shutdown()
-    ser = load_raw_frame(path)
+    ser = load_tables_fast(path)
     assert par is not None and ser is not None
-    assert par.frame.equals(ser.frame) and (par.t0_ns, par.n_events, par.meta) == (ser.t0_ns, ser.n_events, ser.meta)
+    assert (par.t0_ns, par.n_events, par.meta, par.unusable) == (ser.t0_ns, ser.n_events, ser.meta, ser.unusable)
+    (a, wa), (b, wb) = _fast_tables(par), _fast_tables(ser)
+    assert wa == wb and all(x.equals(y) and x.schema == y.schema for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize(
@@ -97,7 +113,7 @@ def test_chunked_decoder_in_worker_processes() -> None:
 def test_fast_path_declines_what_it_does_not_handle(tmp_path: Path, text: str) -> None:
     p = tmp_path / "t.json"
     p.write_text(text)
-    assert load_raw_frame(p) is None
+    assert load_tables_fast(p) is None
 
 
 def test_cut_inside_a_string_falls_back(tmp_path: Path) -> None:
@@ -105,12 +121,11 @@ def test_cut_inside_a_string_falls_back(tmp_path: Path) -> None:
     evs = [{"ph": "X", "cat": "cpu_op", "name": "x}, {" * 50 + str(i), "ts": i, "dur": 1, "pid": 1, "tid": 1} for i in range(2000)]
     p = tmp_path / "t.json"
     p.write_text(json.dumps({"traceEvents": evs}))
+    want = _tiered_tables(p)[0]
     for chunk in (4 << 10, 7 << 10, 64 << 10):
-        raw = load_raw_frame(p, chunk_bytes=chunk)
-        if raw is not None:  # when every cut happened to be right, the frame is still exact
-            w: list[str] = []
-            events, _, ws = decode_events(p, read_bytes(p))
-            assert finish_events_frame(raw.frame, w).equals(events_frame(events, ws)[0])
+        fast = load_tables_fast(p, chunk_bytes=chunk)
+        if fast is not None:  # when every cut happened to be right, the tables are still exact
+            assert all(a.equals(b) for a, b in zip(_fast_tables(fast)[0], want))
     t = load_trace(p, cache=False)
     assert t.cpu.height == 2000
 
@@ -398,25 +413,6 @@ def test_analysis_cache_corrupt_entry_is_ignored(tmp_path: Path) -> None:
     assert _summary(analyze_paths([src], cache=True)) == want
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
-def test_chunked_tables_match_tiered_tables(path: Path) -> None:
-    """Chunks normalized and split where they are decoded, then de-duplicated and sorted: the tables
-    of the whole-file path."""
-    from profkit.ingest.columnar import load_tables_fast
-    from profkit.ingest.tables import add_unusable_warnings, split_tables
-
-    fast = load_tables_fast(path, chunk_bytes=64 << 10)
-    assert fast is not None
-    w_fast: list[str] = []
-    add_unusable_warnings(fast.unusable, w_fast)
-    got = fast.tables(w_fast)
-    events, _, w_slow = decode_events(path, read_bytes(path))
-    df, t0 = events_frame(events, w_slow)
-    want = split_tables(df, w_slow)
-    assert all(a.equals(b) and a.schema == b.schema for a, b in zip(got, want))
-    assert (fast.t0_ns, fast.n_events, w_fast) == (t0, len(events), w_slow)
-
-
 def test_stdlib_gzip_fallback_same_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without isal and zlib-ng the stdlib decompresses: same tables."""
     import sys
@@ -445,9 +441,6 @@ def test_chunked_tables_in_worker_processes_identical() -> None:
         ex.shutdown()
     ser = load_tables_fast(path, chunk_bytes=512 << 10)
     assert par is not None and ser is not None
-    from profkit.ingest.scan import lib
-
-    assert par.strings is None and (ser.strings is not None) == (lib() is not None)  # workers: strings; here: coded with the scanner
     for a, b in zip(par.tables([]), ser.tables([])):
         assert a.schema == b.schema and a.equals(b)
     assert (par.unusable, par.t0_ns, par.n_events, par.meta) == (ser.unusable, ser.t0_ns, ser.n_events, ser.meta)

@@ -1,6 +1,7 @@
-"""The C scanner (profkit/ingest/_scan.c) gives msgspec's frame or declines: never a different answer.
+"""The C scanner (profkit/ingest/_scan.c) gives msgspec's tables or declines: never a different answer.
 
-Every chunk the scanner accepts must decode with msgspec to the same frame, t0 and event count;
+Every chunk the scanner accepts must decode with msgspec (the one fallback of the chunk route,
+columnar.decode_chunk_msgspec_tables) to the same tables, unusable counts, t0 and event count;
 whatever msgspec rejects, the scanner must decline too (so the tiered decoder still gives its
 warnings). Checked on every real trace under tests/data, on hand-picked edge cases, and on random
 events (hypothesis).
@@ -16,9 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from profkit.ingest import columnar, scan
-from profkit.ingest.columnar import NotFast, decode_chunk_msgspec
+from profkit.ingest import scan
+from profkit.ingest.coded import finish_coded, scan_chunk_tables
+from profkit.ingest.columnar import NotFast, decode_chunk_msgspec_tables, decode_chunk_tables
 from profkit.ingest.decode import read_bytes
+from profkit.ingest.strings import Strings
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = sorted(p for p in (ROOT / "tests" / "data").rglob("*.json*") if p.name.endswith((".json", ".json.gz"))
@@ -27,23 +30,43 @@ TRACES = sorted(p for p in (ROOT / "tests" / "data").rglob("*.json*") if p.name.
 needs_scanner = pytest.mark.skipif(scan.lib() is None, reason="no C compiler here: the msgspec decoder is used")
 
 
+def _finished(got, strings: Strings):
+    """A chunk's decode_chunk_tables result -> (its four finished tables and their warnings, the
+    unusable counts, min ts, event count)."""
+    parts, unusable, tmin, n = got
+    w: list[str] = []
+    return (finish_coded([parts], strings, w), w), unusable, tmin, n
+
+
 def _msgspec(chunk: bytes):
+    s = Strings()
     try:
-        return decode_chunk_msgspec(chunk)
+        return _finished(decode_chunk_msgspec_tables(chunk, s), s)
     except NotFast:
         return None
 
 
+def _scanned(chunk: bytes):
+    s = Strings()
+    got = scan_chunk_tables(chunk, s)
+    return None if got is None else _finished(got, s)
+
+
+def _equal(a, b) -> bool:
+    (ta, wa), *rest_a = a
+    (tb, wb), *rest_b = b
+    return wa == wb and rest_a == rest_b and all(x.equals(y) and x.schema == y.schema for x, y in zip(ta, tb))
+
+
 def _same(chunk: bytes) -> None:
-    got = columnar.scan_chunk(chunk)
+    got = _scanned(chunk)
     ref = _msgspec(chunk)
     if ref is None:
         assert got is None, "the scanner accepted what msgspec rejects"
         return
     if got is None:
         return  # declining is always allowed (msgspec answers)
-    assert got[0].equals(ref[0]) and got[0].schema == ref[0].schema
-    assert got[1:] == ref[1:]
+    assert _equal(got, ref)
 
 
 def _events_array(path: Path) -> bytes | None:
@@ -62,12 +85,12 @@ def test_real_traces_scan_exactly(path: Path) -> None:
     arr = _events_array(path)
     if arr is None:
         pytest.skip("not a Kineto document")
-    got = columnar.scan_chunk(arr)
+    got = _scanned(arr)
     assert got is not None, "the scanner should accept a real trace"
     _same(arr)
     pretty = json.dumps(json.loads(arr), indent=2).encode()
     _same(pretty)
-    assert columnar.scan_chunk(pretty)[0].equals(got[0])
+    assert _equal(_scanned(pretty), got)
 
 
 EDGE = [
@@ -142,17 +165,19 @@ _NUMS = [("-" if (i + f) % 3 == 0 else "") + "9876543210123456789012"[: i].lstri
 def test_numbers_of_every_length_scan_like_msgspec(field: str) -> None:
     if scan.lib() is None:
         pytest.skip("no C compiler here: the msgspec decoder is used")
+    # a category whose table keeps the field (else the row would be dropped and the number unseen)
+    cat = "kernel" if field in ("args.correlation", "args.bytes") else "cpu_op"
     for num in _NUMS:
         if field.startswith("args."):
-            ev = f'{{"ph":"X","ts":1,"dur":1,"args":{{"{field[5:]}":{num}}}}}'
+            ev = f'{{"ph":"X","cat":"{cat}","ts":1,"dur":1,"args":{{"{field[5:]}":{num}}}}}'
         elif field == "skipped":
-            ev = f'{{"ph":"X","ts":1,"dur":1,"Python id":{num}}}'
+            ev = f'{{"ph":"X","cat":"{cat}","ts":1,"dur":1,"Python id":{num}}}'
         else:
-            ev = f'{{"ph":"X","ts":1,"dur":1,"{field}":{num}}}'
+            ev = f'{{"ph":"X","cat":"{cat}","ts":1,"dur":1,"{field}":{num}}}'
         _same(f"[{ev}]".encode())
         _same(f"[{ev},{ev}]".encode())
         if len(num.strip("-").replace(".", "")) <= 15 and (field in ("ts", "dur", "skipped") or "." not in num):
-            assert columnar.scan_chunk(f"[{ev}]".encode()) is not None, f"{field}={num} should be scanned, not declined"
+            assert _scanned(f"[{ev}]".encode()) is not None, f"{field}={num} should be scanned, not declined"
 
 
 @needs_scanner
@@ -222,7 +247,7 @@ def test_random_valid_events_are_scanned(events: list, indent: int | None, ascii
     """Well-typed events (the shape real traces have): the scanner accepts them and agrees."""
     chunk = json.dumps(events, indent=indent, ensure_ascii=ascii_only).encode()
     ref = _msgspec(chunk)
-    got = columnar.scan_chunk(chunk)
+    got = _scanned(chunk)
     assert ref is not None
     def escaped_or_unicode(b: object) -> bool:
         return isinstance(b, str) and any(not c.isascii() or c < " " or c in '"\\' for c in b)
@@ -230,7 +255,7 @@ def test_random_valid_events_are_scanned(events: list, indent: int | None, ascii
     if any(escaped_or_unicode(e["args"].get("bytes")) for e in events if isinstance(e.get("args"), dict)):
         return  # a "bytes" string with escapes or non-ASCII text: the scanner leaves it to msgspec
     assert got is not None, "the scanner declined well-typed events"
-    assert got[0].equals(ref[0]) and got[1:] == ref[1:]
+    assert _equal(got, ref)
 
 
 def test_scanner_never_loaded_from_a_shared_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -256,7 +281,5 @@ def test_damaged_library_is_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(scan, "_LIB", None)
     scan.lib()  # must not raise
     chunk = b'[{"ph":"X","cat":"kernel","name":"k","ts":1,"dur":2,"pid":0,"tid":7}]'
-    from profkit.ingest.columnar import decode_chunk
-
-    df, tmin, n = decode_chunk(chunk)
-    assert (df.height, tmin, n) == (1, 1.0, 1)
+    parts, _, tmin, n = decode_chunk_tables(chunk, Strings())
+    assert (parts[0].height, tmin, n) == (1, 1.0, 1)

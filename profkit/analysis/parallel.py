@@ -21,11 +21,17 @@ def _options(marker: str | None, min_bubble_us: float, catalog: Any, captures: A
     return out
 
 
-def _cached_analysis(path: Path, default_rank: int, options: dict[str, Any]) -> tuple[RankAnalysis, int] | None:
+def _path(f: Any) -> Path:
+    """A file's path: `f` itself, or the path of its ingest.TraceFile."""
+    return getattr(f, "path", f)
+
+
+def _cached_analysis(f: Any, default_rank: int, options: dict[str, Any]) -> tuple[RankAnalysis, int] | None:
     from profkit.ingest import cache as pcache
 
+    path = _path(f)
     try:
-        key = pcache.analysis_key(pcache.source_key(path), options)
+        key = pcache.analysis_key(pcache.source_key(f), options)  # a TraceFile's identity, or the file's read now
     except OSError:
         return None
     got = pcache.read_analysis(path, key)
@@ -45,11 +51,12 @@ def _cached_analysis(path: Path, default_rank: int, options: dict[str, Any]) -> 
     return a, int(f["n_ingest_warnings"])
 
 
-def _store_analysis(path: Path, a: RankAnalysis, n_ingest_warnings: int, rank_from_trace: bool, options: dict[str, Any]) -> None:
+def _store_analysis(f: Any, a: RankAnalysis, n_ingest_warnings: int, rank_from_trace: bool, options: dict[str, Any]) -> None:
     from profkit.ingest import cache as pcache
 
+    path = _path(f)
     try:
-        key = pcache.analysis_key(pcache.source_key(path), options)
+        key = pcache.analysis_key(pcache.source_key(f), options)
     except OSError:
         return
     fields = {
@@ -72,7 +79,7 @@ def _rank_from_trace(t: Any, default_rank: int) -> bool:
     return isinstance(t.meta.get("rank"), int) or _TP_RANK.search(t.path.name) is not None
 
 
-def _load_and_analyze(path: Path, default_rank: int, cache: bool, marker: str | None, min_bubble_us: float,
+def _load_and_analyze(path: Any, default_rank: int, cache: bool, marker: str | None, min_bubble_us: float,
                       catalog: Any, options: dict[str, Any], captures: Any = None) -> tuple[RankAnalysis, int]:
     from profkit.ingest import load_trace
 
@@ -100,9 +107,9 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
     at most one per file when several files); inputs smaller than `min_parallel_bytes`
     (estimated JSON) are read in this process.
     """
-    from profkit.ingest import expand_inputs
+    from profkit.ingest import expand_inputs, identify
 
-    files = expand_inputs(paths)
+    files = [identify(f) for f in expand_inputs(paths)]
     pairs, load_s = _analyze_files(files, list(range(len(files))), marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
                                    cache=cache, jobs=jobs, min_parallel_bytes=min_parallel_bytes, captures=captures)
     _renumber(pairs)
@@ -123,20 +130,23 @@ def _renumber(pairs: list[tuple[RankAnalysis, int]]) -> None:
 
 def analyze_runs(paths: list[Path], *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Any = None,
                  cache: bool | None = None, jobs: int | None = None, min_parallel_bytes: int | None = None,
-                 captures: Any = None, runs: Any = None) -> list[Any]:
+                 captures: Any = None, runs: Any = None, early: Any = None) -> list[Any]:
     """Files or run folders -> the runs they hold (ingest/runs.py: RunPlan, its `analyses` sorted by
     rank), every file analyzed in one pool. A file's default rank (no distributedInfo, no -TP-<r>)
     is its place in its run; duplicate ranks are renumbered within a run; ranks of one run whose
-    device or iteration shapes disagree become runs of their own (split_by_analysis)."""
+    device or iteration shapes disagree become runs of their own (split_by_analysis).
+    runs: the plan (ingest.runs.plan_runs) when the caller made it; its files are then not
+    inspected again. early: an ingest/early.py EarlyDecode of one of the files, handed to its loader."""
     from profkit.ingest import expand_inputs
     from profkit.ingest.runs import plan_runs
 
     if runs is None:
         runs = plan_runs(expand_inputs(paths))
-    files = [f for r in runs for f in r.files]
+    files = [i.file or f for r in runs for f, i in zip(r.files, r.infos)]  # as plan_runs inspected them
     defaults = [k for r in runs for k in range(len(r.files))]
     pairs, load_s = _analyze_files(files, defaults, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
-                                   cache=cache, jobs=jobs, min_parallel_bytes=min_parallel_bytes, captures=captures)
+                                   cache=cache, jobs=jobs, min_parallel_bytes=min_parallel_bytes, captures=captures,
+                                   early=early)
     k = 0
     for r in runs:
         mine = pairs[k:k + len(r.files)]
@@ -184,10 +194,11 @@ def split_by_analysis(runs: list[Any]) -> list[Any]:
     return out
 
 
-def _analyze_files(files: list[Path], default_ranks: list[int], *, marker: str | None, min_bubble_us: float, catalog: Any,
+def _analyze_files(files: list[Any], default_ranks: list[int], *, marker: str | None, min_bubble_us: float, catalog: Any,
                    cache: bool | None, jobs: int | None, min_parallel_bytes: int | None,
-                   captures: Any) -> tuple[list[tuple[RankAnalysis, int]], float | None]:
-    """Every file analyzed (or read from the cache), in file order: (analysis, its ingest warnings), load seconds."""
+                   captures: Any, early: Any = None) -> tuple[list[tuple[RankAnalysis, int]], float | None]:
+    """Every file (a path or its ingest.TraceFile) analyzed (or read from the cache), in file
+    order: (analysis, its ingest warnings), load seconds."""
     from profkit.ingest import PARALLEL_MIN_BYTES, estimated_raw_bytes, load_trace
     from profkit.ingest import cache as pcache
     from profkit.ingest.columnar import default_jobs, make_executor
@@ -225,8 +236,8 @@ def _analyze_files(files: list[Path], default_ranks: list[int], *, marker: str |
         # processes, whose analyses fill both cores, it is written after the analysis instead)
         ex = make_executor(jobs, chunks=True) if jobs > 1 and big else None
         try:
-            traces = {i: load_trace(files[i], default_rank=default_ranks[i], cache=cached_ok[i], jobs=jobs if ex else 1, executor=ex)
-                      for i in todo}
+            traces = {i: load_trace(files[i], default_rank=default_ranks[i], cache=cached_ok[i], jobs=jobs if ex else 1, executor=ex,
+                                    early=early) for i in todo}
         finally:
             if ex is not None:
                 ex.shutdown(cancel_futures=True)

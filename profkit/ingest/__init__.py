@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profkit.errors import TraceInputError
-from profkit.ingest.decode import check_reachable, check_readable, decode_events, read_bytes
+from profkit.ingest.decode import check_readable, decode_events, read_bytes
+from profkit.ingest.identity import TraceFile, trace_file
 
 if TYPE_CHECKING:
     from profkit.ingest.tables import Trace
 
-__all__ = ["Trace", "load_trace", "load_traces", "find_trace_files"]
+__all__ = ["Trace", "TraceFile", "load_trace", "load_traces", "find_trace_files"]
 
 _TP_RANK = re.compile(r"-TP-(\d+)")
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json")
@@ -27,10 +30,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = False, jobs: int = 1, executor: Any = None,
-               defer_cache_write: bool = False) -> Trace:
+def load_trace(path: Path | TraceFile, *, default_rank: int = 0, cache: bool | None = False, jobs: int = 1,
+               executor: Any = None, defer_cache_write: bool = False, early: Any = None) -> Trace:
     """Read one Kineto trace file (plain or gzipped JSON) into a `Trace`.
 
+    path: the file, or its identity.TraceFile when the caller has inspected it already (then the
+    file is opened once more, to decode it, and stat-ed never).
     Rank: `distributedInfo.rank` when the file has it, else SGLang's `-TP-<r>` in the file name,
     else `default_rank` (the file's position among the inputs).
 
@@ -38,33 +43,31 @@ def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = False,
     ingest/cache.py). Off by default for library calls (it writes beside the trace); None means on
     unless the environment sets PROFKIT_NO_CACHE=1 (what the CLI passes). Traces under
     cache.MIN_BYTES of JSON are never cached.
-    jobs/executor: decode the file's chunks in that many worker processes (see ingest/columnar.py).
+    jobs/executor: decode the file's chunks in that many workers (see ingest/columnar.py).
     defer_cache_write: write the cache at the next cache.wait_pending() (after the caller's
     analysis) instead of in a background thread now.
+    early: an ingest/early.py EarlyDecode begun for this file, taken over when it is of this file.
     The tables are the same whichever path produced them.
     """
     from profkit.ingest import cache as _cache
 
-    path = Path(path)
-    check_readable(path)  # missing, unreadable or empty: one line naming the file, before any fast path
-    use_cache = ((not _cache.cache_disabled_by_env()) if cache is None else cache) and _cache.worth_caching(path)
+    f = check_readable(path)  # missing, unreadable or empty: one line naming the file, before any fast path
+    path = f.path
+    use_cache = ((not _cache.cache_disabled_by_env()) if cache is None else cache) and _cache.worth_caching(f)
     key = None
     if use_cache:
-        hit = _cache.read(path)
+        hit = _cache.read(f)
         if hit is not None:
             t = hit.tables
             return _make_trace(path, default_rank, t["gpu_ops"], t["calls"], t["cpu"], t["gpu_annotations"], hit.t0_ns,
                                hit.n_events, hit.meta, list(hit.warnings), hit.sha256)
-        try:
-            key = _cache.source_key(path)
-        except OSError:
-            use_cache = False
-    gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings = _ingest(path, jobs=jobs, executor=executor)
+        key = f.source_key()
+    gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings = _ingest(f, jobs=jobs, executor=executor, early=early)
     if n_events == 0:
         raise TraceInputError(f"{path}: the trace has no events (empty 'traceEvents')", hint="the profiler window captured nothing; profile while the server is busy")
-    sha = None
+    sha = f.sha256  # known for files of up to 2 MiB (read whole when inspected)
     if use_cache:
-        sha = _cache.file_sha256(path)
+        sha = sha or _cache.file_sha256(path)
         (_cache.write_later if defer_cache_write else _cache.write_async)(path, _cache.Cached(
             tables={"gpu_ops": gpu_ops, "calls": calls, "cpu": cpu, "gpu_annotations": ann}, t0_ns=t0, n_events=n_events,
             meta=meta, warnings=list(warnings), sha256=sha,
@@ -72,24 +75,26 @@ def load_trace(path: Path, *, default_rank: int = 0, cache: bool | None = False,
     return _make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings, sha)
 
 
-def _ingest(path: Path, *, jobs: int = 1, executor: Any = None):
+def _ingest(f: TraceFile, *, jobs: int = 1, executor: Any = None, early: Any = None):
     """Decode one file: the chunked fast path when it applies, else the tiered decoder (same tables)."""
     from profkit.ingest.columnar import load_tables_fast
     from profkit.ingest.tables import add_unusable_warnings
 
-    fast = load_tables_fast(path, executor=executor, jobs=jobs)
+    path = f.path
+    not_gzip = path.name.endswith(".gz") and not f.gzip
+    fast = load_tables_fast(f, executor=executor, jobs=jobs, early=early)
     if fast is not None:
         warnings: list[str] = []
-        if path.name.endswith(".gz") and _head(path) != b"\x1f\x8b":
+        if not_gzip:
             warnings.append(f"{path.name} is named .gz but is not gzip-compressed; read as plain JSON")
         add_unusable_warnings(fast.unusable, warnings)
         gpu_ops, calls, cpu, ann = fast.tables(warnings)
         return gpu_ops, calls, cpu, ann, fast.t0_ns, fast.n_events, fast.meta, warnings
     from profkit.ingest.tables import events_frame, split_tables
 
-    data = read_bytes(path)
+    data = read_bytes(f)
     events, meta, warnings = decode_events(path, data)
-    if path.name.endswith(".gz") and _head(path) != b"\x1f\x8b":
+    if not_gzip:
         warnings.append(f"{path.name} is named .gz but is not gzip-compressed; read as plain JSON")
     del data
     n_events = len(events)
@@ -114,22 +119,32 @@ def _make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta
     )
 
 
-def _head(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(2)
+def identify(path: Path | TraceFile) -> TraceFile | Path:
+    """The file's identity.TraceFile (read once, to be passed down), or the path itself when it
+    cannot be read: its loader then says what is wrong, at the point it always did."""
+    try:
+        return trace_file(path)
+    except OSError:
+        return Path(path)
 
 
 def find_trace_files(path: Path) -> list[Path]:
     """The trace files a user means by `path`: the file itself, or the traces inside a run folder."""
     path = Path(path)
-    check_reachable(path)
-    if path.is_file():
+    try:
+        st = path.stat()  # one stat: missing, unreachable, a file or a folder
+    except PermissionError:
+        raise TraceInputError(f"{path}: permission denied", hint="check the permissions of the file and its folders") from None
+    except OSError:
+        raise TraceInputError(f"{path}: no such file or directory", hint="check the path") from None
+    if stat.S_ISREG(st.st_mode):
         return [path]
-    found = sorted(
-        p for p in path.iterdir()
-        if p.is_file() and p.name.endswith(TRACE_SUFFIXES) and p.name not in ("manifest.json", "summary.json", "diff.json")
-        and not p.name.endswith((".profkit.json",))
-    )
+    with os.scandir(path) as it:
+        found = sorted(
+            path / e.name for e in it
+            if e.is_file() and e.name.endswith(TRACE_SUFFIXES) and e.name not in ("manifest.json", "summary.json", "diff.json")
+            and not e.name.endswith((".profkit.json",))
+        )
     if not found:
         raise TraceInputError(f"{path}: directory holds no trace files (*.trace.json.gz, *.pt.trace.json)", hint="point at a trace file or a run folder under traces/")
     return found
@@ -156,7 +171,8 @@ def fix_duplicate_ranks(traces: list[Any]) -> None:
 PARALLEL_MIN_BYTES = 96 << 20
 
 
-def estimated_raw_bytes(path: Path) -> int:
+def estimated_raw_bytes(path: Path | TraceFile) -> int:
+    """identity.estimated_json_bytes, 0 for a file that cannot be read."""
     from profkit.ingest.identity import estimated_json_bytes
 
     try:
@@ -165,7 +181,7 @@ def estimated_raw_bytes(path: Path) -> int:
         return 0
 
 
-def _load_one(path: Path, default_rank: int, cache: bool | None) -> Trace:
+def _load_one(path: Path | TraceFile, default_rank: int, cache: bool | None) -> Trace:
     return load_trace(path, default_rank=default_rank, cache=cache)
 
 
@@ -179,7 +195,7 @@ def load_traces(paths: list[Path], *, cache: bool | None = False, jobs: int | No
     """
     from profkit.ingest.columnar import default_jobs, make_executor
 
-    files = expand_inputs(paths)
+    files = [identify(p) for p in expand_inputs(paths)]
     jobs = default_jobs(len(files)) if jobs is None else max(1, jobs)
     big = sum(estimated_raw_bytes(f) for f in files) >= min_parallel_bytes
     if jobs > 1 and big and len(files) > 1:

@@ -28,7 +28,7 @@ from typing import Any
 import polars as pl
 
 from profkit.ingest.identity import (  # noqa: F401  (source_key, cache_disabled_by_env: used here and by callers)
-    CACHE_SUFFIX, cache_disabled_by_env, code_fingerprint, estimated_json_bytes, source_key,
+    CACHE_SUFFIX, TraceFile, cache_disabled_by_env, code_fingerprint, estimated_json_bytes, source_key,
 )
 
 CACHE_SCHEMA = 1
@@ -41,7 +41,7 @@ TABLES = ("gpu_ops", "calls", "cpu", "gpu_annotations")
 MIN_BYTES = 16 << 20
 
 
-def worth_caching(path: Path) -> bool:
+def worth_caching(path: Path | TraceFile) -> bool:
     try:
         return estimated_json_bytes(path) >= MIN_BYTES
     except OSError:
@@ -92,10 +92,11 @@ def wait_pending() -> None:
         _DEFERRED.pop(0)()
 
 
-def read(path: Path) -> Cached | None:
-    """The cached ingest of `path`, or None (a miss) when anything does not match."""
+def read(path: Path | TraceFile) -> Cached | None:
+    """The cached ingest of `path`, or None (a miss) when anything does not match. A TraceFile's
+    identity is taken as it is (the file is not read again)."""
     wait_pending()
-    d = cache_dir(path)
+    d = cache_dir(path.path if isinstance(path, TraceFile) else path)
     try:
         man = json.loads((d / "manifest.json").read_text())
         if not isinstance(man, dict) or man.get("cache_schema") != CACHE_SCHEMA or man.get("code") != code_fingerprint():

@@ -27,7 +27,7 @@ from profkit.ingest.tables import CPU_SCHEMA, _dedupe, by_start, call_columns, g
 GPU_CODED = ["name", "cat", "ts_ns", "dur_ns", "end_ns", "device", "stream", "correlation", "bytes", "pid", "tid"]
 CALLS_CODED = ["name", "ts_ns", "dur_ns", "end_ns", "pid", "tid", "correlation", "external_id"]
 CPU_CODED = list(CPU_SCHEMA)
-_STRING_COLS = ("name", "cat", "pid", "tid")
+STRING_COLS = ("name", "cat", "pid", "tid")
 
 
 def encode(df: pl.DataFrame, strings: Strings) -> pl.DataFrame:
@@ -35,7 +35,7 @@ def encode(df: pl.DataFrame, strings: Strings) -> pl.DataFrame:
     the chunks the scanner declines) -> the same with the string columns as ids and `_t` the table
     of each row, for split_coded."""
     cols = []
-    for c in _STRING_COLS:
+    for c in STRING_COLS:
         distinct = df[c].drop_nulls().unique()
         cols.append(pl.col(c).replace_strict(distinct, pl.Series(strings.ids(distinct.to_list())), default=None,
                                              return_dtype=pl.UInt32))
@@ -87,7 +87,7 @@ def empty_parts() -> tuple[pl.DataFrame, ...]:
 
 def _decoded(df: pl.DataFrame, strings: pl.Series) -> pl.DataFrame:
     # as expressions, so polars gathers the columns in parallel
-    return df.with_columns(pl.lit(strings).gather(pl.col(c)).alias(c) for c in _STRING_COLS if c in df.columns)
+    return df.with_columns(pl.lit(strings).gather(pl.col(c)).alias(c) for c in STRING_COLS if c in df.columns)
 
 
 def finish_coded(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,

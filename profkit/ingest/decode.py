@@ -12,14 +12,19 @@ from __future__ import annotations
 import gzip
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 
 from profkit.errors import TraceInputError
+from profkit.ingest.identity import TraceFile
 
 
-class Args(msgspec.Struct):
+class Args(msgspec.Struct, gc=False, frozen=True):
+    """The event args profkit reads: the one Kineto args schema, of both decoders (this one and
+    the chunked path's, ingest/columnar.py). Frozen and untracked by the GC: a shared default
+    instance needs no None check, and millions of them cost no collections."""
+
     correlation: int | None = None
     external_id: int | None = msgspec.field(name="External id", default=None)
     stream: int | None = None
@@ -47,17 +52,41 @@ class DistInfo(msgspec.Struct):
     world_size: int | None = None
 
 
-class TraceDoc(msgspec.Struct):
-    traceEvents: list[Event]
+class DocMeta(msgspec.Struct, kw_only=True):
+    """The document around `traceEvents` as the strict decoders type it (the chunked path decodes
+    it apart from the events, ingest/reading.py): a file whose metadata does not fit takes the
+    tiered path, whichever path saw it first."""
+
     deviceProperties: list[DeviceProp] | None = None
     distributedInfo: DistInfo | None = None
     baseTimeNanoseconds: int | None = None
 
 
-class _LooseDoc(msgspec.Struct):
-    traceEvents: list[Any]
-    deviceProperties: list[Any] | None = None
-    distributedInfo: Any = None
+class TraceDoc(DocMeta, kw_only=True):
+    traceEvents: list[Event]
+
+
+def trace_meta(doc: Any) -> dict[str, Any]:
+    """The metadata profkit reads from a trace document (a typed DocMeta, or the untyped JSON
+    object): `devices` (deviceProperties' names, in order), `rank` and `world_size`
+    (distributedInfo's, where integers). The one reader of trace metadata: the decoders' tiers,
+    the chunked path and the run grouping (ingest/runs.py) all use it; what is not of the expected
+    type is left out."""
+    if isinstance(doc, DocMeta):
+        doc = msgspec.to_builtins({"deviceProperties": doc.deviceProperties, "distributedInfo": doc.distributedInfo})
+    if not isinstance(doc, dict):
+        return {}
+    meta: dict[str, Any] = {}
+    props = doc.get("deviceProperties")
+    if isinstance(props, list) and props:
+        meta["devices"] = [str(p.get("name", "")) for p in props if isinstance(p, dict)]
+    dist = doc.get("distributedInfo")
+    if isinstance(dist, dict):
+        for k in ("rank", "world_size"):
+            v = dist.get(k)
+            if isinstance(v, int):
+                meta[k] = v
+    return meta
 
 
 _STRICT = msgspec.json.Decoder(TraceDoc)
@@ -81,31 +110,41 @@ def check_reachable(path: Path) -> None:
         raise TraceInputError(f"{path}: no such file or directory", hint="check the path")
 
 
-def check_readable(path: Path) -> None:
-    """Raise TraceInputError (one line, the file and what to do) unless `path` is a readable, non-empty file."""
+def check_readable(path: Path | TraceFile) -> TraceFile:
+    """The file inspected once (identity.TraceFile), or TraceInputError (one line, the file and
+    what to do) unless `path` is a readable, non-empty file. A TraceFile is taken as it is."""
+    if not isinstance(path, TraceFile):
+        try:
+            path = TraceFile.of(path)
+        except OSError as e:
+            _explain(Path(path), e)
+    if path.size == 0:
+        raise TraceInputError(f"{path.path}: empty file", hint="the profiler may still be writing it, or it failed; record again")
+    return path
+
+
+def _explain(path: Path, e: OSError) -> NoReturn:
+    """Raise the one line for a file that could not be opened."""
     check_reachable(path)
     if not path.exists():
         raise TraceInputError(f"{path}: no such file", hint="check the path")
     if path.is_dir():
         raise TraceInputError(f"{path}: is a directory with no trace files", hint=_HINT_KINETO)
-    try:
-        with open(path, "rb") as f:
-            first = f.read(1)
-    except PermissionError:
+    if isinstance(e, PermissionError):
         raise TraceInputError(f"{path}: permission denied", hint="check the file's permissions (chmod +r)") from None
-    except OSError as e:
-        raise TraceInputError(f"{path}: cannot read ({e.strerror})", hint="check the file") from None
-    if not first:
-        raise TraceInputError(f"{path}: empty file", hint="the profiler may still be writing it, or it failed; record again")
+    raise TraceInputError(f"{path}: cannot read ({e.strerror})", hint="check the file") from None
 
 
-def read_bytes(path: Path) -> bytes:
+def read_bytes(path: Path | TraceFile) -> bytes:
     """The file's JSON bytes, gunzipped when the content is gzip (decided by magic bytes, not suffix)."""
-    check_readable(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise TraceInputError(f"{path}: cannot read ({e.strerror})", hint="check the file") from None
+    f = check_readable(path)
+    raw = f.whole
+    if raw is None:
+        try:
+            raw = f.path.read_bytes()
+        except OSError as e:
+            raise TraceInputError(f"{f.path}: cannot read ({e.strerror})", hint="check the file") from None
+    path = f.path
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
@@ -148,7 +187,7 @@ def decode_events(path: Path, data: bytes) -> tuple[list[Event], dict[str, Any],
         if is_list:
             return _STRICT_LIST.decode(data), {}, warnings
         doc = _STRICT.decode(data)
-        return doc.traceEvents, _meta(doc), warnings
+        return doc.traceEvents, trace_meta(doc), warnings
     except msgspec.ValidationError:
         pass
     except msgspec.DecodeError as e:
@@ -159,22 +198,12 @@ def decode_events(path: Path, data: bytes) -> tuple[list[Event], dict[str, Any],
             meta: dict[str, Any] = {}
         else:
             doc = _LAX.decode(data)
-            events, meta = doc.traceEvents, _meta(doc)
+            events, meta = doc.traceEvents, trace_meta(doc)
         warnings.append("some event fields had non-standard types (numbers written as strings, float ids); converted")
         return events, meta, warnings
     except msgspec.ValidationError:
         pass
     return _decode_loose(path, data, is_list, warnings)
-
-
-def _meta(doc: TraceDoc) -> dict[str, Any]:
-    meta: dict[str, Any] = {}
-    if doc.deviceProperties:
-        meta["devices"] = [d.name for d in doc.deviceProperties]
-    if doc.distributedInfo is not None:
-        meta["rank"] = doc.distributedInfo.rank
-        meta["world_size"] = doc.distributedInfo.world_size
-    return meta
 
 
 def _short(e: Exception) -> str:
@@ -192,12 +221,7 @@ def _decode_loose(path: Path, data: bytes, is_list: bool, warnings: list[str]) -
         items = obj
     elif isinstance(obj, dict) and isinstance(obj.get("traceEvents"), list):
         items = obj["traceEvents"]
-        dist = obj.get("distributedInfo")
-        if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
-            meta["rank"] = dist["rank"]
-        props = obj.get("deviceProperties")
-        if isinstance(props, list):
-            meta["devices"] = [str(p.get("name", "")) for p in props if isinstance(p, dict)]
+        meta = trace_meta(obj)
     elif isinstance(obj, dict):
         raise TraceInputError(f"{path}: JSON object without a 'traceEvents' list", hint=_HINT_KINETO)
     else:

@@ -4,49 +4,47 @@
 analysis. `start` begins the chunked decode meanwhile, in a thread, with nothing polars needs: the
 Reader decompresses into the slots, worker threads run the C scanner's two passes
 (scan.scan_chunk_rows) and keep each chunk's rows as arrays; a chunk the scanner declines is copied
-aside for msgspec. columnar.load_tables_fast then `take`s the result (waiting for the rest) and
-makes the same coded parts it would have made itself: the tables are the same either way.
+aside for msgspec. `start` returns the decode as a handle (`EarlyDecode`), which the caller passes
+down to whoever loads that file (analysis.parallel.analyze_runs -> ingest.load_trace ->
+columnar.load_tables_fast, which `take`s it, waiting for the rest, and makes the same coded parts
+it would have made itself: the tables are the same either way, whatever number of threads ran it).
+Whoever started it stops it once the load is over (`stop`: a no-op for a taken decode), so a decode
+nobody took (the trace came from a cache, an error came first) does not run on.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from profkit.ingest.identity import TraceFile, trace_file
 from profkit.ingest.reading import CHUNK_BYTES, Reader, decode_chunks, falls_back, parse_meta, slot_count
 
-_RUNS: dict[tuple[Any, ...], "_Run"] = {}
-_LOCK = threading.Lock()
 
+class EarlyDecode:
+    """The decode of one file that `start` began, in a thread of its own."""
 
-def _key(path: Path, chunk_bytes: int, jobs: int) -> tuple[Any, ...] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return str(Path(path).resolve()), st.st_size, st.st_mtime_ns, chunk_bytes, jobs
-
-
-class _Run:
-    def __init__(self, path: Path, jobs: int, chunk_bytes: int, prepare: Callable[[], None] | None) -> None:
+    def __init__(self, file: TraceFile, jobs: int, chunk_bytes: int, prepare: Callable[[], None] | None) -> None:
         from profkit.ingest.strings import Strings
 
+        self.file = file
         self.strings = Strings()
         self.result: tuple[list[Any], Any, dict[str, Any]] | None = None  # (per chunk: Rows or raw bytes), cut, meta
         self.error: BaseException | None = None
         self.fallback = False  # not fast-path material: the caller's own path decides
+        self.taken = False
         self._stop = False
-        self._thread = threading.Thread(target=self._run, args=(path, jobs, chunk_bytes, prepare), name="profkit-early",
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, args=(jobs, chunk_bytes, prepare), name="profkit-early",
                                         daemon=True)
         self._thread.start()
 
-    def _run(self, path: Path, jobs: int, chunk_bytes: int, prepare: Callable[[], None] | None) -> None:
+    def _run(self, jobs: int, chunk_bytes: int, prepare: Callable[[], None] | None) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         try:
-            reader = Reader(path, chunk_bytes, slot_count(jobs), shared=False)
+            reader = Reader(self.file.path, self.file.gzip, chunk_bytes, slot_count(jobs), shared=False)
         except OSError:
             self.fallback = True
             return
@@ -66,11 +64,30 @@ class _Run:
         finally:
             reader.close()
 
+    def take(self, file: Path | TraceFile) -> EarlyDecode | None:
+        """This decode, finished (waiting for it), when it is of `file` (the same path, size and
+        mtime) and neither taken nor stopped before; else None. Raises what the decoding raised,
+        except what sends the file to the caller's own path (`fallback`)."""
+        path = file.path if isinstance(file, TraceFile) else Path(file)
+        with self._lock:
+            if self.taken or self._stop or path != self.file.path:
+                return None
+            if isinstance(file, TraceFile) and (file.size, file.mtime_ns) != (self.file.size, self.file.mtime_ns):
+                return None
+            self.taken = True
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+        return self
+
     def wait(self) -> None:
         self._thread.join()
 
     def stop(self) -> None:
-        self._stop = True
+        """Stop the decode unless it was taken (then nothing happens): its thread ends soon after."""
+        with self._lock:
+            if not self.taken:
+                self._stop = True
 
 
 def _rows(view: memoryview, offset: int, length: int, strings: Any) -> Any:
@@ -85,42 +102,17 @@ def _rows(view: memoryview, offset: int, length: int, strings: Any) -> Any:
         v.release()
 
 
-def start(path: Path, *, jobs: int, chunk_bytes: int = CHUNK_BYTES, prepare: Callable[[], None] | None = None) -> bool:
-    """Start decoding `path` in a thread, as load_tables_fast would with `jobs` chunk threads.
-    Only with the C scanner (else nothing starts: False). `prepare` runs in the thread first."""
+def start(file: Path | TraceFile, *, jobs: int, chunk_bytes: int = CHUNK_BYTES,
+          prepare: Callable[[], None] | None = None) -> EarlyDecode | None:
+    """Start decoding `file` in a thread, with `jobs` chunk threads: the handle to pass to its
+    loader, or None where nothing starts (no C scanner, or the file cannot be read: its loader
+    says what is wrong). `prepare` runs in the thread first."""
     from profkit.ingest.scan import lib
 
-    key = _key(path, chunk_bytes, jobs)
-    if key is None or lib() is None:
-        return False
-    run = _Run(path, jobs, chunk_bytes, prepare)
-    with _LOCK:
-        old = _RUNS.pop(key, None)
-        _RUNS[key] = run
-    if old is not None:
-        old.stop()
-    return True
-
-
-def take(path: Path, *, chunk_bytes: int, jobs: int) -> _Run | None:
-    """The finished run `start` began for this file with these settings (waiting for it); None when
-    there is none. Raises what the decoding raised, except what sends the file to the caller's own
-    path (run.fallback)."""
-    key = _key(path, chunk_bytes, jobs)
-    with _LOCK:
-        run = _RUNS.pop(key, None) if key is not None else None
-    if run is None:
+    if lib() is None:
         return None
-    run.wait()
-    if run.error is not None:
-        raise run.error
-    return run
-
-
-def discard() -> None:
-    """Stop the runs nobody took (the trace came from a cache, or an error came first)."""
-    with _LOCK:
-        runs = list(_RUNS.values())
-        _RUNS.clear()
-    for r in runs:
-        r.stop()
+    try:
+        f = trace_file(file)
+    except OSError:
+        return None
+    return EarlyDecode(f, jobs, chunk_bytes, prepare)

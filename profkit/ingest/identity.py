@@ -1,11 +1,13 @@
-"""What identifies a trace file for the caches, how much JSON it holds, and the code fingerprint
-all three caches (tables, per-option analysis, summary) are keyed by: polars-free, so the summary
-cache (profkit/summary_cache.py) can use it without importing the tables."""
+"""What identifies a trace file (`TraceFile`: read once, passed down) for the caches, how much
+JSON it holds, and the code fingerprint all three caches (tables, per-option analysis, summary)
+are keyed by: polars-free, so the summary cache (profkit/summary_cache.py) can use it without
+importing the tables."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,23 +15,87 @@ _MIB = 1 << 20
 CACHE_SUFFIX = ".profkit-cache"  # the cache folder beside a trace: <trace>.profkit-cache/
 
 
-def source_key(path: Path) -> dict[str, Any]:
-    """size, mtime_ns and a hash of the first and last MiB of the trace file."""
-    st = path.stat()
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        h.update(f.read(_MIB))
-        if st.st_size > 2 * _MIB:
-            f.seek(st.st_size - _MIB)
-            h.update(f.read(_MIB))
-        elif st.st_size > _MIB:
-            h.update(f.read())
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "head_tail_sha256": h.hexdigest()}
+@dataclass(frozen=True)
+class TraceFile:
+    """One trace file as ingest first saw it, read once (`TraceFile.of`: one open, one fstat, at
+    most 2 MiB read) and passed down to whoever needs to know about it: the run grouping
+    (ingest/runs.py reads the metadata from `head`), the caches (`source_key`), the choice of
+    workers (`estimated_json_bytes`) and the decoder (`gzip`), so none of them opens or stats the
+    file again. The decoder still opens it once to read it whole.
+
+    head: the file's first MiB as stored (compressed for gzip); tail: the bytes after it up to
+    the end when the file is at most 2 MiB (`whole` is then head + tail), else its last MiB.
+    """
+
+    path: Path
+    size: int
+    mtime_ns: int
+    gzip: bool  # by the content's magic bytes, not the name
+    head_tail_sha256: str  # of the first and last MiB (of the whole file, up to 2 MiB)
+    head: bytes = field(default=b"", repr=False, compare=False)
+    tail: bytes = field(default=b"", repr=False, compare=False)
+
+    @classmethod
+    def of(cls, path: Path) -> TraceFile:
+        """Inspect `path`. Raises OSError (missing, unreadable, a folder): decode.check_readable
+        turns that into the user's one line."""
+        path = Path(path)
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            head = f.read(_MIB)
+            tail = b""
+            if st.st_size > 2 * _MIB:
+                f.seek(st.st_size - _MIB)
+                tail = f.read(_MIB)
+            elif st.st_size > _MIB:
+                tail = f.read()
+        h = hashlib.sha256(head)
+        h.update(tail)
+        return cls(path=path, size=st.st_size, mtime_ns=st.st_mtime_ns, gzip=head[:2] == b"\x1f\x8b",
+                   head_tail_sha256=h.hexdigest(), head=head, tail=tail)
+
+    @property
+    def estimated_json_bytes(self) -> int:
+        """The file's size, times 8 when it is gzipped (Kineto JSON compresses about 8x)."""
+        return self.size * 8 if self.gzip else self.size
+
+    @property
+    def held_whole(self) -> bool:
+        """Whether `head` and `tail` hold all of the file (files of up to 2 MiB)."""
+        return self.size <= 2 * _MIB and len(self.head) + len(self.tail) == self.size
+
+    @property
+    def whole(self) -> bytes | None:
+        """The file's bytes when `head` and `tail` hold all of it, else None."""
+        return self.head + self.tail if self.held_whole else None
+
+    @property
+    def sha256(self) -> str | None:
+        """The whole file's SHA-256 when it is held whole (the head/tail hash is then that hash)."""
+        return self.head_tail_sha256 if self.held_whole else None
+
+    def source_key(self) -> dict[str, Any]:
+        """What identifies the file's content for the caches: size, mtime_ns, the head/tail hash."""
+        return {"size": self.size, "mtime_ns": self.mtime_ns, "head_tail_sha256": self.head_tail_sha256}
 
 
-def estimated_json_bytes(path: Path) -> int:
-    """The file's size, times 8 when it is gzipped (Kineto JSON compresses about 8x). Raises OSError."""
-    size = path.stat().st_size
+def trace_file(path: Path | TraceFile) -> TraceFile:
+    """`path` inspected (TraceFile.of), or the TraceFile itself. Raises OSError."""
+    return path if isinstance(path, TraceFile) else TraceFile.of(path)
+
+
+def source_key(path: Path | TraceFile) -> dict[str, Any]:
+    """size, mtime_ns and a hash of the first and last MiB of the trace file (TraceFile.source_key;
+    a path is read afresh). Raises OSError."""
+    return trace_file(path).source_key()
+
+
+def estimated_json_bytes(path: Path | TraceFile) -> int:
+    """The file's size, times 8 when it is gzipped (TraceFile.estimated_json_bytes; a path is read
+    afresh). Raises OSError."""
+    if isinstance(path, TraceFile):
+        return path.estimated_json_bytes
+    size = os.stat(path).st_size
     with open(path, "rb") as f:
         gz = f.read(2) == b"\x1f\x8b"
     return size * 8 if gz else size

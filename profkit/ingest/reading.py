@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterator
 
 import msgspec
 
-from profkit.ingest.decode import DeviceProp, DistInfo
+from profkit.ingest.decode import DocMeta, trace_meta
+
 CHUNK_BYTES = 24 << 20  # raw JSON per decoded chunk
 READ_BYTES = 8 << 20  # decompressed bytes per read
 
@@ -27,21 +28,18 @@ class NotFast(Exception):
     """The file is not in the shape the fast path handles; use the tiered decoder."""
 
 
-class _Meta(msgspec.Struct):
+class _Meta(DocMeta, kw_only=True):
     """decode.TraceDoc without its events (they are cut out: always []), for the same verdict on the rest."""
 
     traceEvents: list[int]
-    deviceProperties: list[DeviceProp] | None = None
-    distributedInfo: DistInfo | None = None
-    baseTimeNanoseconds: int | None = None
 
 
 _META_DEC = msgspec.json.Decoder(_Meta)
 
 
-def open_decompressed(path: Path, head: bytes):
+def open_decompressed(path: Path, gzipped: bool):
     """A binary file object yielding the JSON bytes: gunzipped (fastest library available) or plain."""
-    if head[:2] != b"\x1f\x8b":
+    if not gzipped:
         return open(path, "rb")
     try:
         from isal import igzip
@@ -268,17 +266,13 @@ def _array_end(view: memoryview, lo: int, hi: int) -> int:
 
 
 def parse_meta(cut: Cut) -> dict[str, Any]:
+    """The metadata of the document around the events (decode.trace_meta), decoded as strictly as
+    the tiered decoder's first tier would (else NotFast)."""
     try:
         doc = _META_DEC.decode(cut.head + b"]" + cut.tail)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise NotFast(f"document around the events: {e}") from None
-    meta: dict[str, Any] = {}
-    if doc.deviceProperties:
-        meta["devices"] = [d.name for d in doc.deviceProperties]
-    if doc.distributedInfo is not None:
-        meta["rank"] = doc.distributedInfo.rank
-        meta["world_size"] = doc.distributedInfo.world_size
-    return meta
+    return trace_meta(doc)
 
 
 def falls_back(e: BaseException) -> bool:
@@ -309,16 +303,14 @@ class Reader:
     a chunk is decoded, `close()` at the end (also when stopping early). The producer's errors
     (NotFast, a broken gzip) are raised by the iteration, in order."""
 
-    def __init__(self, path: Path, chunk_bytes: int, k: int, shared: bool) -> None:
+    def __init__(self, path: Path, gzipped: bool, chunk_bytes: int, k: int, shared: bool) -> None:
         self.path, self.chunk_bytes, self.k, self.shared = Path(path), chunk_bytes, k, shared
-        with open(path, "rb") as f:  # OSError here: the caller's
-            head = f.read(2)
         self.slots = _Slots(k, chunk_bytes + (1 << 20), shared=shared)
         self.cut = Cut()
         self._free = [threading.Semaphore(1) for _ in range(k)]
         self._out: queue.Queue = queue.Queue()
         self._stop = False
-        self._thread = threading.Thread(target=self._produce, args=(head,), name="profkit-read", daemon=True)
+        self._thread = threading.Thread(target=self._produce, args=(gzipped,), name="profkit-read", daemon=True)
         self._thread.start()
 
     def _wait_slot(self, i: int) -> None:
@@ -326,9 +318,9 @@ class Reader:
         if self._stop:
             raise _Stopped
 
-    def _produce(self, head: bytes) -> None:
+    def _produce(self, gzipped: bool) -> None:
         try:
-            with open_decompressed(self.path, head) as fh:
+            with open_decompressed(self.path, gzipped) as fh:
                 for item in iter_slot_chunks(fh, self.slots, self.cut, self._wait_slot):
                     self._out.put(item)
             self._out.put(None)

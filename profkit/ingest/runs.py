@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profkit.ingest.identity import TraceFile
+
 HEAD_BYTES = 1 << 20  # decompressed bytes read for the metadata
 TAIL_BYTES = 1 << 20  # of an uncompressed file, for its process names
 _TP_RANK = re.compile(r"-TP-(\d+)")
@@ -39,6 +41,7 @@ class FileInfo:
     rank: int | None = None  # distributedInfo.rank, else -TP-<r> of the name
     trace_id: str | None = None
     processes: tuple[str, ...] = ()  # process names, digits folded
+    file: TraceFile | None = field(default=None, compare=False, repr=False)  # as inspected (None: unreadable)
 
     @property
     def multi_rank(self) -> bool:
@@ -66,21 +69,21 @@ class RunPlan:
         return f"{self.label} ({dev}{ws}; {ranks}: {names})"
 
 
-def read_info(path: Path) -> FileInfo:
-    """The grouping metadata of one trace file, from its first MiB (and, uncompressed, its last)."""
+def read_info(path: Path | TraceFile) -> FileInfo:
+    """The grouping metadata of one trace file, from its first MiB (and, uncompressed, its last):
+    decode.trace_meta of the document's head, its trace_id and process names. The file is
+    inspected once (identity.TraceFile, kept in `file` for the loader) unless a TraceFile is given."""
     import msgspec
 
-    from profkit.ingest.reading import open_decompressed
+    from profkit.ingest.decode import trace_meta
+    from profkit.ingest.identity import trace_file
 
-    path = Path(path)
-    head = magic = b""
     try:
-        with open(path, "rb") as f:
-            magic = f.read(2)
-        with open_decompressed(path, magic) as f:
-            head = f.read(HEAD_BYTES)
-    except Exception:  # unreadable or broken: the loader says what is wrong
-        pass
+        f: TraceFile | None = trace_file(path)
+    except OSError:  # unreadable: the loader says what is wrong
+        f = None
+    path = f.path if f is not None else Path(path)
+    head = _json_head(f) if f is not None else b""
     doc: dict[str, Any] = {}
     i = head.find(b'"traceEvents"')
     prefix = head[:i].strip() if i > 0 else b""
@@ -91,25 +94,60 @@ def read_info(path: Path) -> FileInfo:
             doc = got if isinstance(got, dict) else {}
         except msgspec.DecodeError:
             doc = {}
-    props = doc.get("deviceProperties")
-    devices = tuple(sorted({str(p.get("name")) for p in props if isinstance(p, dict) and p.get("name")})) if isinstance(props, list) else ()
-    dist = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
-    world = dist.get("world_size") if isinstance(dist.get("world_size"), int) else None
-    rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
+    meta = trace_meta(doc)
+    devices = tuple(sorted({d for d in meta.get("devices", ()) if d}))
+    world, rank = meta.get("world_size"), meta.get("rank")
     if rank is None:
         m = _TP_RANK.search(path.name)
         rank = int(m.group(1)) if m else None
     tid = doc.get("trace_id")
     procs = set(_PROCESS.findall(head))
-    if magic != b"\x1f\x8b":
-        try:
-            with open(path, "rb") as f:
-                f.seek(max(0, path.stat().st_size - TAIL_BYTES))
-                procs |= set(_PROCESS.findall(f.read()))
-        except OSError:
-            pass
+    if f is not None and not f.gzip:
+        whole = f.whole
+        procs |= set(_PROCESS.findall(whole[-TAIL_BYTES:] if whole is not None else f.tail))
     names = tuple(sorted({re.sub(r"\d+", "", p.decode("utf-8", "replace")) for p in procs}))
-    return FileInfo(path, devices, world, rank, str(tid) if isinstance(tid, (str, int)) else None, names)
+    return FileInfo(path, devices, world, rank, str(tid) if isinstance(tid, (str, int)) else None, names, file=f)
+
+
+def _json_head(f: TraceFile) -> bytes:
+    """The first HEAD_BYTES of the file's JSON: from the bytes the TraceFile holds (gunzipped here
+    when gzip), reading the file again only when they do not reach that far; b"" when the file is
+    broken (the loader says so)."""
+    if not f.gzip:
+        return f.head[:HEAD_BYTES]
+    import zlib
+
+    whole = f.whole
+    data = whole if whole is not None else f.head
+    out = bytearray()
+    try:
+        while data and len(out) < HEAD_BYTES:
+            d = zlib.decompressobj(31)  # one gzip member
+            out += d.decompress(data, HEAD_BYTES - len(out))
+            if len(out) >= HEAD_BYTES:
+                break
+            if not d.eof:
+                if whole is not None:
+                    return b""  # truncated
+                return _read_head(f)  # the member goes on past the bytes held
+            data = d.unused_data
+            if data and data[:2] != b"\x1f\x8b":
+                return _read_head(f)  # not another member: the gzip reader's own verdict
+        if not data and whole is None and len(out) < HEAD_BYTES:
+            return _read_head(f)
+    except zlib.error:
+        return b""
+    return bytes(out)
+
+
+def _read_head(f: TraceFile) -> bytes:
+    from profkit.ingest.reading import open_decompressed
+
+    try:
+        with open_decompressed(f.path, f.gzip) as fh:
+            return fh.read(HEAD_BYTES)
+    except Exception:  # unreadable or broken: the loader says what is wrong
+        return b""
 
 
 def _label(files: list[Path]) -> str:

@@ -1,12 +1,12 @@
-"""A chunk of events -> its raw frame through the C scanner in _scan.c: no Python object per event.
+"""A chunk of events -> its table rows through the C scanner in _scan.c: no Python object per event.
 
 The scanner is compiled on first use with the system C compiler (`cc -O3 -shared`; $CC to choose
 another) into the user's cache folder (~/.cache/profkit, or $PROFKIT_CACHE_DIR), keyed by a hash of
 its source, and loaded with ctypes. Where there is no compiler (or PROFKIT_NO_SCANNER=1), `lib()`
-is None and columnar.decode_chunk decodes with msgspec instead: the same frame, several times slower.
+is None and columnar.decode_chunk_tables decodes with msgspec instead: the same tables, several times slower.
 
 The scanner accepts only what msgspec's typed decode accepts and returns an error code for
-anything else; `columnar.scan_chunk` then returns None and the caller decodes that chunk with msgspec, which
+anything else; `scan_chunk_rows` then returns None and the caller decodes that chunk with msgspec, which
 gives its own verdict (a NotFast, then the tiered decoder's warnings). So every table is the same
 whichever decoder produced it; tests/test_scan.py checks that on real and adversarial inputs.
 """
@@ -29,7 +29,6 @@ _SRC = Path(__file__).with_name("_scan.c")
 CFLAGS = ("-O3", "-shared", "-fPIC")  # -O3: ~15% fewer instructions per byte than -O2 (callgrind)
 X_PHASE = 26  # index of 'X' in the scanner's PHASES
 V_TS, V_DUR, V_CORR, V_EXT, V_STREAM, V_DEVICE, V_BYTES = 1, 2, 4, 8, 16, 32, 64
-INT_TEXT = 0x40000000  # id flag: the text of an integer pid/tid
 
 
 class _Out(ctypes.Structure):
@@ -224,11 +223,6 @@ def _scan(data: Any) -> tuple[dict[str, Any], int, list[str], _Out] | None:
     except (UnicodeDecodeError, ValueError):
         return None  # invalid UTF-8 or escape: msgspec's verdict
     return a, int(n), texts, out
-
-
-def _tmin(a: dict[str, Any], n: int) -> float | None:
-    has_ts = (a["valid"][:n] & V_TS) != 0
-    return float(a["ts"][:n][has_ts].min()) if has_ts.any() else None
 
 
 @dataclass

@@ -37,7 +37,8 @@ need-th largest score; scores above it are emitted directly, the bin's scores ar
 says which implementation runs; the Triton plans below are the fallback where the CUDA kernel is
 unavailable, and the CPU path is the torch twin.
 
-Triton default plan (``path="sample"``; three Triton launches, kernel names ``topk_v2_*``)
+Triton plan (``path="sample"``, the fallback where the CUDA kernel is unavailable; three Triton
+launches, kernel names ``topk_v2_*``)
 1. ``topk_v2_sample_kernel`` (one program per row): order-preserving int32 keys of a sample of the
    row (runs of 8 consecutive positions = one 32-byte sector each, spread evenly; the whole row when
    it fits) give a threshold ``t``: the ``want``-th largest sampled key, ``want`` = the expected
@@ -54,15 +55,11 @@ Triton default plan (``path="sample"``; three Triton launches, kernel names ``to
    the sampled threshold missed (fewer candidates than ``need``, which takes an adversarial row)
    it selects exactly from the whole row instead: always exact, only slower.
 
-Histogram plan (``path="hist"`` / ``"hist_fused"``; the study's design, kept for comparison): a
-coarse histogram of the fp16-rounded order-preserving keys (top ``LOG2NB`` bits) locates the bin
-of the need-th largest score (P programs per row; each adds to the row's global histogram only the
-bins at or above its own chunk's need-th largest bin); everything above it is emitted directly,
-the boundary bin's elements are refined by three exact radix rounds (11, 11, 10 bits) plus
-position rounds for ties. It is exact too, but Triton's ``tl.histogram`` costs about
-``bins * log2(bins)`` operations per element (a ballot per key bit, then per-thread bin counts):
-on the H200 the 4,096-bin histogram pass alone took 561 us at 1M positions, 1,024 bins ~3.5x less,
-still far slower than the sample plan (see benchmarks/RESULTS_kernels.md).
+Measured on the H200 (benchmarks/RESULTS_kernels.md): the CUDA kernel takes 17.0 us at 80K
+positions and 35.4 us at 1M graph-replayed, the Triton plan 40.6 / 72.6 us. Two Triton variants
+were measured slower there and are no longer here: the study's histogram plan in Triton
+(``tl.histogram`` costs ~bins * log2(bins) operations per element: 68 us at 80K and 234 us at 1M
+with 1,024 bins) and radix rounds in place of the 32-step bitwise searches (44.2 / 79.1 us).
 
 Workspace buffers are cached per device and reused, so calls can be captured in a CUDA graph.
 Not safe for concurrent calls on several streams of one device.
@@ -81,10 +78,7 @@ BLOCK = 4096  # elements per tile in the streaming pass
 TARGET_PROGRAMS = 264  # programs per launch for the streaming pass (2 per SM on a 132-SM H200)
 NUM_WARPS = 8
 BLOCK_R = 8192  # candidates held in registers by the exact select (more: a streamed path)
-# histogram plan (path="hist"/"hist_fused"), kept for comparison; see the module doc
-LOG2NB = 10  # coarse histogram bins (tl.histogram costs ~ bins * log2(bins) per element)
-FUSED_MAX_N = 16384
-BLOCK_C = 1024
+LOG2NB = 10  # the CUDA kernel's coarse histogram: 1,024 bins of fp16-rounded keys (coarse_bins)
 
 # ----------------------------------------------------------------------------------------------
 # torch twin (CPU) + reference
@@ -211,36 +205,10 @@ def topk_reference(scores: torch.Tensor, k: int, lengths: torch.Tensor | None = 
 # Triton kernels
 # ----------------------------------------------------------------------------------------------
 
+
 if HAVE_TRITON:
     import triton
     import triton.language as tl
-
-    @triton.jit
-    def _coarse_bin(x, LOG2NB: tl.constexpr):
-        bits = x.to(tl.int32, bitcast=True)
-        bits = tl.where((bits & 0x7FFFFFFF) == 0, 0, bits)
-        h = bits.to(tl.float32, bitcast=True).to(tl.float16)
-        hb = h.to(tl.int16, bitcast=True).to(tl.int32)
-        sk = hb ^ ((hb >> 15) & 0x7FFF)
-        b = (sk + 32768) >> (16 - LOG2NB)
-        return tl.where(x != x, (1 << LOG2NB) - 1, b)
-
-    @triton.jit
-    def _hist_masked(v, NB: tl.constexpr, m):
-        """tl.histogram with a mask, written without histogram's `mask=` argument (older
-        Tritons lack it): masked-out lanes go to bin 0 and are subtracted again."""
-        h = tl.histogram(tl.where(m, v, 0), NB)
-        dropped = tl.sum((m == 0).to(tl.int32), 0)
-        return h - tl.where(tl.arange(0, NB) == 0, dropped, 0)
-
-    @triton.jit
-    def _full_key(x):
-        bits = x.to(tl.int32, bitcast=True)
-        mag = bits & 0x7FFFFFFF
-        bits = tl.where(mag == 0, 0, bits)
-        bits = tl.where(mag > 0x7F800000, 0x7FFFFFFF, bits)
-        sk = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-        return sk.to(tl.int64) + 2147483648
 
     @triton.jit
     def _row_length(len_ptr, row, n, HAS_LEN: tl.constexpr):
@@ -258,252 +226,6 @@ if HAVE_TRITON:
         else:
             slot = idx
         return slot
-
-    @triton.jit
-    def _threshold_bin(hist, need, NB: tl.constexpr):
-        """Highest bin whose suffix count reaches need (hist int32 [NB])."""
-        sfx = tl.cumsum(hist, 0, reverse=True)
-        bins = tl.arange(0, NB)
-        return tl.max(tl.where(sfx >= need, bins, -1), 0)
-
-    @triton.jit
-    def _key_round(scores_row, cand_row, C, prefix, rem, FIXED: tl.constexpr,
-                   SHIFT: tl.constexpr, BITS: tl.constexpr, BLOCK_C: tl.constexpr):
-        NBR: tl.constexpr = 1 << BITS
-        hist = tl.zeros([NBR], dtype=tl.int32)
-        for off in range(0, C, BLOCK_C):
-            offs = off + tl.arange(0, BLOCK_C)
-            m = offs < C
-            idx = tl.load(cand_row + offs, mask=m, other=0)
-            key = _full_key(tl.load(scores_row + idx, mask=m, other=0.0))
-            match = m & ((key >> FIXED) == (prefix >> FIXED))
-            d = ((key >> SHIFT) & (NBR - 1)).to(tl.int32)
-            hist += _hist_masked(d, NBR, match)
-        sfx = tl.cumsum(hist, 0, reverse=True)
-        bins = tl.arange(0, NBR)
-        dsel = tl.max(tl.where(sfx >= rem, bins, -1), 0)
-        ge = tl.sum(tl.where(bins == dsel, sfx, 0), 0)
-        eq = tl.sum(tl.where(bins == dsel, hist, 0), 0)
-        return prefix | (dsel.to(tl.int64) << SHIFT), rem - (ge - eq), eq
-
-    @triton.jit
-    def _idx_round(scores_row, cand_row, C, T, prefix, rem, FIXED: tl.constexpr,
-                   SHIFT: tl.constexpr, BITS: tl.constexpr, BLOCK_C: tl.constexpr):
-        """Ascending radix round on the position among the candidates whose key equals T."""
-        NBR: tl.constexpr = 1 << BITS
-        hist = tl.zeros([NBR], dtype=tl.int32)
-        for off in range(0, C, BLOCK_C):
-            offs = off + tl.arange(0, BLOCK_C)
-            m = offs < C
-            idx = tl.load(cand_row + offs, mask=m, other=0)
-            key = _full_key(tl.load(scores_row + idx, mask=m, other=0.0))
-            match = m & (key == T) & ((idx >> FIXED) == (prefix >> FIXED))
-            d = (idx >> SHIFT) & (NBR - 1)
-            hist += _hist_masked(d, NBR, match)
-        cum = tl.cumsum(hist, 0)
-        bins = tl.arange(0, NBR)
-        dsel = tl.min(tl.where(cum >= rem, bins, NBR), 0)
-        le = tl.sum(tl.where(bins == dsel, cum, 0), 0)
-        eq = tl.sum(tl.where(bins == dsel, hist, 0), 0)
-        return prefix | (dsel << SHIFT), rem - (le - eq)
-
-    @triton.jit
-    def _refine_emit(scores_row, cand_row, C, n_above, need, out_idx_row, out_slot_row,
-                     pt_row, page_size, k, HAS_PT: tl.constexpr, BLOCK_C: tl.constexpr):
-        rem = need - n_above
-        p = tl.zeros([], dtype=tl.int64)
-        p, rem, eq = _key_round(scores_row, cand_row, C, p, rem, 32, 21, 11, BLOCK_C)
-        p, rem, eq = _key_round(scores_row, cand_row, C, p, rem, 21, 10, 11, BLOCK_C)
-        p, rem, eq = _key_round(scores_row, cand_row, C, p, rem, 10, 0, 10, BLOCK_C)
-        T = p
-        imax = 2147483647 + rem * 0
-        if rem == 0:
-            imax = rem * 0 - 1
-        elif rem < eq:
-            ip = rem * 0
-            r2 = rem
-            ip, r2 = _idx_round(scores_row, cand_row, C, T, ip, r2, 31, 20, 11, BLOCK_C)
-            ip, r2 = _idx_round(scores_row, cand_row, C, T, ip, r2, 20, 10, 10, BLOCK_C)
-            ip, r2 = _idx_round(scores_row, cand_row, C, T, ip, r2, 10, 0, 10, BLOCK_C)
-            imax = ip
-        written = n_above
-        for off in range(0, C, BLOCK_C):
-            offs = off + tl.arange(0, BLOCK_C)
-            m = offs < C
-            idx = tl.load(cand_row + offs, mask=m, other=0)
-            key = _full_key(tl.load(scores_row + idx, mask=m, other=0.0))
-            sel = m & ((key > T) | ((key == T) & (idx <= imax)))
-            s32 = sel.to(tl.int32)
-            dst = written + tl.cumsum(s32, 0) - 1
-            tl.store(out_idx_row + dst, idx, mask=sel)
-            tl.store(out_slot_row + dst, _to_slot(idx, pt_row, page_size, sel, HAS_PT), mask=sel)
-            written += tl.sum(s32, 0)
-        for off in range(need, k, BLOCK_C):
-            offs = off + tl.arange(0, BLOCK_C)
-            m = offs < k
-            tl.store(out_idx_row + offs, tl.full([BLOCK_C], -1, tl.int32), mask=m)
-            tl.store(out_slot_row + offs, tl.full([BLOCK_C], -1, tl.int32), mask=m)
-
-    @triton.jit
-    def _emit_tile(x, offs, m, thr, n_out, n_cand, out_idx_row, out_slot_row, cand_row,
-                   pt_row, page_size, cnt_row, LOG2NB: tl.constexpr, HAS_PT: tl.constexpr,
-                   ATOMIC: tl.constexpr):
-        b = _coarse_bin(x, LOG2NB)
-        above = m & (b > thr)
-        cand = m & (b == thr)
-        a32 = above.to(tl.int32)
-        c32 = cand.to(tl.int32)
-        na = tl.sum(a32, 0)
-        nc = tl.sum(c32, 0)
-        if na > 0:
-            if ATOMIC:
-                base = tl.atomic_add(cnt_row, na, sem="relaxed")
-            else:
-                base = n_out
-            dst = base + tl.cumsum(a32, 0) - 1
-            tl.store(out_idx_row + dst, offs, mask=above)
-            tl.store(out_slot_row + dst, _to_slot(offs, pt_row, page_size, above, HAS_PT),
-                     mask=above)
-        if nc > 0:
-            if ATOMIC:
-                cbase = tl.atomic_add(cnt_row + 1, nc, sem="relaxed")
-            else:
-                cbase = n_cand
-            tl.store(cand_row + cbase + tl.cumsum(c32, 0) - 1, offs, mask=cand)
-        return n_out + na, n_cand + nc
-
-    @triton.jit
-    def _hist_range(srow, start, end, LOG2NB: tl.constexpr, BLOCK: tl.constexpr):
-        """Histogram of [start, end) (start a multiple of BLOCK): unmasked, vectorized full
-        tiles, then one masked tail tile."""
-        NB: tl.constexpr = 1 << LOG2NB
-        acc = tl.zeros([NB], dtype=tl.int32)
-        full_end = start + tl.maximum(end - start, 0) // BLOCK * BLOCK
-        for off in range(start, full_end, BLOCK):
-            offs = tl.multiple_of(off, BLOCK) + tl.arange(0, BLOCK)
-            x = tl.load(srow + offs)
-            acc += tl.histogram(_coarse_bin(x, LOG2NB), NB)
-        if full_end < end:
-            offs = full_end + tl.arange(0, BLOCK)
-            m = offs < end
-            x = tl.load(srow + offs, mask=m, other=0.0)
-            acc += _hist_masked(_coarse_bin(x, LOG2NB), NB, m)
-        return acc
-
-    @triton.jit
-    def _emit_range(srow, start, end, thr, out_idx_row, out_slot_row, cand_row, pt_row,
-                    page_size, cnt_row, LOG2NB: tl.constexpr, HAS_PT: tl.constexpr,
-                    ATOMIC: tl.constexpr, BLOCK: tl.constexpr):
-        n_out = thr * 0
-        n_cand = thr * 0
-        full_end = start + tl.maximum(end - start, 0) // BLOCK * BLOCK
-        for off in range(start, full_end, BLOCK):
-            offs = tl.multiple_of(off, BLOCK) + tl.arange(0, BLOCK)
-            x = tl.load(srow + offs)
-            n_out, n_cand = _emit_tile(x, offs, offs < end, thr, n_out, n_cand, out_idx_row,
-                                       out_slot_row, cand_row, pt_row, page_size, cnt_row,
-                                       LOG2NB, HAS_PT, ATOMIC)
-        if full_end < end:
-            offs = full_end + tl.arange(0, BLOCK)
-            m = offs < end
-            x = tl.load(srow + offs, mask=m, other=0.0)
-            n_out, n_cand = _emit_tile(x, offs, m, thr, n_out, n_cand, out_idx_row,
-                                       out_slot_row, cand_row, pt_row, page_size, cnt_row,
-                                       LOG2NB, HAS_PT, ATOMIC)
-        return n_out, n_cand
-
-    @triton.jit
-    def topk_v2_hist_fused_kernel(scores_ptr, stride_s, len_ptr, cand_ptr, out_idx_ptr, out_slot_ptr,
-                             pt_ptr, stride_pt, rows_per_pt, page_size, n, k,
-                             HAS_LEN: tl.constexpr, HAS_PT: tl.constexpr, LOG2NB: tl.constexpr,
-                             BLOCK: tl.constexpr, BLOCK_C: tl.constexpr):
-        """Short rows: one program per row, histogram + emit + exact refine in one launch."""
-        NB: tl.constexpr = 1 << LOG2NB
-        row = tl.program_id(0)
-        length = _row_length(len_ptr, row, n, HAS_LEN)
-        need = tl.minimum(length, k)
-        srow = scores_ptr + row.to(tl.int64) * stride_s
-        cand_row = cand_ptr + row.to(tl.int64) * n
-        out_idx_row = out_idx_ptr + row.to(tl.int64) * k
-        out_slot_row = out_slot_ptr + row.to(tl.int64) * k
-        pt_row = pt_ptr + (row // rows_per_pt).to(tl.int64) * stride_pt
-        acc = _hist_range(srow, 0, length, LOG2NB, BLOCK)
-        thr = _threshold_bin(acc, need, NB)
-        n_out, n_cand = _emit_range(srow, 0, length, thr, out_idx_row, out_slot_row, cand_row,
-                                    pt_row, page_size, cand_row, LOG2NB, HAS_PT, False, BLOCK)
-        tl.debug_barrier()  # candidates written by other threads of this program
-        _refine_emit(srow, cand_row, n_cand, n_out, need, out_idx_row, out_slot_row, pt_row,
-                     page_size, k, HAS_PT, BLOCK_C)
-
-    @triton.jit
-    def topk_v2_hist_kernel(scores_ptr, stride_s, len_ptr, hist_ptr, n, k, chunk,
-                            HAS_LEN: tl.constexpr, LOG2NB: tl.constexpr, BLOCK: tl.constexpr):
-        """Long rows, pass 1: P programs per row, each a local histogram of its chunk."""
-        NB: tl.constexpr = 1 << LOG2NB
-        row = tl.program_id(0)
-        pid = tl.program_id(1)
-        length = _row_length(len_ptr, row, n, HAS_LEN)
-        need = tl.minimum(length, k)
-        start = pid * chunk
-        end = tl.minimum(start + chunk, length)
-        srow = scores_ptr + row.to(tl.int64) * stride_s
-        acc = _hist_range(srow, start, end, LOG2NB, BLOCK)
-        # Only bins at or above this chunk's own need-th largest bin can hold the row's threshold
-        # (the row's need-th largest is >= any chunk's), so only those are added: few atomics.
-        lthr = _threshold_bin(acc, need, NB)
-        bins = tl.arange(0, NB)
-        tl.atomic_add(hist_ptr + row * NB + bins, acc, mask=(bins >= lthr) & (acc != 0),
-                      sem="relaxed")
-
-    @triton.jit
-    def topk_v2_hist_select_kernel(scores_ptr, stride_s, len_ptr, hist_ptr, cnt_ptr, cand_ptr,
-                              out_idx_ptr, out_slot_ptr, pt_ptr, stride_pt, rows_per_pt,
-                              page_size, n, k, chunk, HAS_LEN: tl.constexpr,
-                              HAS_PT: tl.constexpr, LOG2NB: tl.constexpr, BLOCK: tl.constexpr):
-        """Long rows, pass 2: threshold bin; emit everything above it; collect the boundary bin."""
-        NB: tl.constexpr = 1 << LOG2NB
-        row = tl.program_id(0)
-        pid = tl.program_id(1)
-        length = _row_length(len_ptr, row, n, HAS_LEN)
-        need = tl.minimum(length, k)
-        thr = _threshold_bin(tl.load(hist_ptr + row * NB + tl.arange(0, NB)), need, NB)
-        start = pid * chunk
-        end = tl.minimum(start + chunk, length)
-        srow = scores_ptr + row.to(tl.int64) * stride_s
-        cand_row = cand_ptr + row.to(tl.int64) * n
-        out_idx_row = out_idx_ptr + row.to(tl.int64) * k
-        out_slot_row = out_slot_ptr + row.to(tl.int64) * k
-        pt_row = pt_ptr + (row // rows_per_pt).to(tl.int64) * stride_pt
-        _emit_range(srow, start, end, thr, out_idx_row, out_slot_row, cand_row, pt_row,
-                    page_size, cnt_ptr + row * 2, LOG2NB, HAS_PT, True, BLOCK)
-
-    @triton.jit
-    def topk_v2_hist_refine_kernel(scores_ptr, stride_s, len_ptr, hist_ptr, cnt_ptr, cand_ptr,
-                              out_idx_ptr, out_slot_ptr, pt_ptr, stride_pt, rows_per_pt,
-                              page_size, n, k, HAS_LEN: tl.constexpr, HAS_PT: tl.constexpr,
-                              LOG2NB: tl.constexpr, BLOCK_C: tl.constexpr):
-        """Long rows, pass 3: one program per row: exact select among the candidates, emit, pad,
-        then reset the row's histogram and counters (the workspace stays zeroed between calls)."""
-        NB: tl.constexpr = 1 << LOG2NB
-        row = tl.program_id(0)
-        length = _row_length(len_ptr, row, n, HAS_LEN)
-        need = tl.minimum(length, k)
-        n_above = tl.load(cnt_ptr + row * 2)
-        C = tl.load(cnt_ptr + row * 2 + 1)
-        srow = scores_ptr + row.to(tl.int64) * stride_s
-        _refine_emit(srow, cand_ptr + row.to(tl.int64) * n, C, n_above, need,
-                     out_idx_ptr + row.to(tl.int64) * k, out_slot_ptr + row.to(tl.int64) * k,
-                     pt_ptr + (row // rows_per_pt).to(tl.int64) * stride_pt, page_size, k,
-                     HAS_PT, BLOCK_C)
-        tl.store(hist_ptr + row * NB + tl.arange(0, NB), tl.zeros([NB], dtype=tl.int32))
-        tl.store(cnt_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], dtype=tl.int32))
-
-
-if HAVE_TRITON:
-
-    # ------------------------------------------------------------------------------------------
-    # Default plan: sample threshold -> filter -> exact select (no tl.histogram on the long pass)
-    # ------------------------------------------------------------------------------------------
 
     @triton.jit
     def _skey(x):
@@ -532,76 +254,8 @@ if HAVE_TRITON:
         return _signed(ans)
 
     @triton.jit
-    def _radix_round_desc(u, m, prefix, rem, SHIFT: tl.constexpr, BITS: tl.constexpr):
-        """One radix round (a 32-bin tl.histogram of a <= 5-bit digit, the histogram's cheap
-        regime) towards the rem-th largest u among the lanes m whose higher bits equal prefix's."""
-        match = m & ((u >> (SHIFT + BITS)) == (prefix >> (SHIFT + BITS)))
-        d = ((u >> SHIFT) & ((1 << BITS) - 1)).to(tl.int32)
-        h = _hist_masked(d, 32, match)
-        sfx = tl.cumsum(h, 0, reverse=True)
-        bins = tl.arange(0, 32)
-        dsel = tl.max(tl.where(sfx >= rem, bins, -1), 0)
-        dsel = tl.minimum(dsel, (1 << BITS) - 1)
-        ge = tl.sum(tl.where(bins == dsel, sfx, 0), 0)
-        eq = tl.sum(tl.where(bins == dsel, h, 0), 0)
-        return prefix | (dsel.to(tl.int64) << SHIFT), rem - (ge - eq)
-
-    @triton.jit
-    def _kth_largest_radix(key, m, want):
-        """Same result as _kth_largest_regs in 7 radix rounds (5,5,5,5,5,5,2 bits) instead of
-        32 bitwise steps."""
-        u = key.to(tl.int64) + 2147483648
-        p = tl.zeros([], dtype=tl.int64)
-        r = want
-        p, r = _radix_round_desc(u, m, p, r, 27, 5)
-        p, r = _radix_round_desc(u, m, p, r, 22, 5)
-        p, r = _radix_round_desc(u, m, p, r, 17, 5)
-        p, r = _radix_round_desc(u, m, p, r, 12, 5)
-        p, r = _radix_round_desc(u, m, p, r, 7, 5)
-        p, r = _radix_round_desc(u, m, p, r, 2, 5)
-        p, r = _radix_round_desc(u, m, p, r, 0, 2)
-        return _signed(p)
-
-    @triton.jit
-    def _kth_largest(key, m, want, RADIX: tl.constexpr):
-        if RADIX:
-            t = _kth_largest_radix(key, m, want)
-        else:
-            t = _kth_largest_regs(key, m, want)
-        return t
-
-    @triton.jit
-    def _radix_round_asc(v, m, prefix, rem, SHIFT: tl.constexpr, BITS: tl.constexpr):
-        """One ascending radix round towards the rem-th smallest v (int32 >= 0) among m."""
-        match = m & ((v >> (SHIFT + BITS)) == (prefix >> (SHIFT + BITS)))
-        d = (v >> SHIFT) & ((1 << BITS) - 1)
-        h = _hist_masked(d, 32, match)
-        cum = tl.cumsum(h, 0)
-        bins = tl.arange(0, 32)
-        dsel = tl.min(tl.where(cum >= rem, bins, 32), 0)
-        dsel = tl.minimum(dsel, (1 << BITS) - 1)
-        le = tl.sum(tl.where(bins == dsel, cum, 0), 0)
-        eq = tl.sum(tl.where(bins == dsel, h, 0), 0)
-        return prefix | (dsel << SHIFT), rem - (le - eq)
-
-    @triton.jit
-    def _kth_smallest_pos_radix(idx, m, rem):
-        """The rem-th smallest position among the lanes m (rem >= 1), 7 radix rounds."""
-        p = rem * 0
-        r = rem
-        p, r = _radix_round_asc(idx, m, p, r, 26, 5)
-        p, r = _radix_round_asc(idx, m, p, r, 21, 5)
-        p, r = _radix_round_asc(idx, m, p, r, 16, 5)
-        p, r = _radix_round_asc(idx, m, p, r, 11, 5)
-        p, r = _radix_round_asc(idx, m, p, r, 6, 5)
-        p, r = _radix_round_asc(idx, m, p, r, 1, 5)
-        p, r = _radix_round_asc(idx, m, p, r, 0, 1)
-        return p
-
-    @triton.jit
     def topk_v2_sample_kernel(scores_ptr, stride_s, len_ptr, thr_ptr, n, k,
-                              HAS_LEN: tl.constexpr, S: tl.constexpr,
-                              RADIX: tl.constexpr = False):
+                              HAS_LEN: tl.constexpr, S: tl.constexpr):
         """Pass 1 (one program per row): a strided sample of S scores gives a threshold t that
         at least need = min(k, length) scores of the row reach, with a wide safety margin (exact
         when the row has <= S positions). A miss is detected and handled exactly in pass 3."""
@@ -619,7 +273,7 @@ if HAVE_TRITON:
         e = need.to(tl.float32) * s_eff.to(tl.float32) / tl.maximum(length, 1).to(tl.float32)
         want = tl.minimum((e + 4.0 * tl.sqrt(e) + 4.0).to(tl.int32), s_eff)
         want = tl.where(length <= S, need, want)
-        tl.store(thr_ptr + row, _kth_largest(key, m, want, RADIX))
+        tl.store(thr_ptr + row, _kth_largest_regs(key, m, want))
 
     @triton.jit
     def _filter_tile(x, offs, m, t, cnt_row, cand_row):
@@ -665,13 +319,13 @@ if HAVE_TRITON:
 
     @triton.jit
     def _select_regs(srow, cand_row, C, need, out_idx_row, out_slot_row, pt_row, page_size,
-                     HAS_PT: tl.constexpr, BLOCK_R: tl.constexpr, RADIX: tl.constexpr):
+                     HAS_PT: tl.constexpr, BLOCK_R: tl.constexpr):
         """Exact top-need among C <= BLOCK_R candidates held in registers."""
         offs = tl.arange(0, BLOCK_R)
         m = offs < C
         idx = tl.load(cand_row + offs, mask=m, other=0)
         key = _skey(tl.load(srow + idx, mask=m, other=0.0))
-        T = _kth_largest(key, m, need, RADIX)
+        T = _kth_largest_regs(key, m, need)
         gt = tl.sum(((key > T) & m).to(tl.int32), 0)
         eqm = (key == T) & m
         eq = tl.sum(eqm.to(tl.int32), 0)
@@ -680,15 +334,12 @@ if HAVE_TRITON:
         if rem == 0:
             imax = rem * 0 - 1
         elif rem < eq:  # ties at T: the lowest positions win
-            if RADIX:
-                imax = _kth_smallest_pos_radix(idx, eqm, rem)
-            else:
-                ians = rem * 0
-                for i in range(31):
-                    c = ians | (1 << (30 - i))
-                    cnt = tl.sum((eqm & (idx < c)).to(tl.int32), 0)
-                    ians = tl.where(cnt < rem, c, ians)
-                imax = ians
+            ians = rem * 0
+            for i in range(31):
+                c = ians | (1 << (30 - i))
+                cnt = tl.sum((eqm & (idx < c)).to(tl.int32), 0)
+                ians = tl.where(cnt < rem, c, ians)
+            imax = ians
         sel = m & ((key > T) | ((key == T) & (idx <= imax)))
         s32 = sel.to(tl.int32)
         dst = tl.cumsum(s32, 0) - 1
@@ -762,8 +413,7 @@ if HAVE_TRITON:
     def topk_v2_select_kernel(scores_ptr, stride_s, len_ptr, cnt_ptr, cand_ptr, out_idx_ptr,
                               out_slot_ptr, pt_ptr, stride_pt, rows_per_pt, page_size, n, k,
                               HAS_LEN: tl.constexpr, HAS_PT: tl.constexpr,
-                              BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
-                              RADIX: tl.constexpr = False):
+                              BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr):
         """Pass 3 (one program per row): exact top-need among the candidates (registers when
         they fit), emitted with their page-table slots; -1 padding; resets the row's counter.
         If the sampled threshold missed (fewer candidates than need), selects from the whole
@@ -780,7 +430,7 @@ if HAVE_TRITON:
         if C >= need:
             if C <= BLOCK_R:
                 _select_regs(srow, cand_row, C, need, out_idx_row, out_slot_row, pt_row,
-                             page_size, HAS_PT, BLOCK_R, RADIX)
+                             page_size, HAS_PT, BLOCK_R)
             else:
                 _select_tiled(srow, cand_row, C, need, out_idx_row, out_slot_row, pt_row,
                               page_size, HAS_PT, False, BLOCK_T)
@@ -799,10 +449,10 @@ _WS: dict = {}
 _OLD_WS: list = []  # superseded workspaces stay alive: captured CUDA graphs may still use them
 
 
-def _workspace(device, rows: int, n: int, nb: int):
-    """Per-device scratch: histogram [rows, nb] + counters [rows, 2] (kept zeroed by the last
-    kernel of each call), thresholds [rows], candidate lists [rows * n]."""
-    key = (str(device), nb)
+def _workspace(device, rows: int, n: int):
+    """Per-device scratch: counters [rows, 2] (kept zeroed by the last kernel of each call),
+    thresholds [rows], candidate lists [rows * n]."""
+    key = str(device)
     ws = _WS.get(key)
     need_rows, need_cand = rows, rows * n
     if ws is None or ws["rows"] < need_rows or ws["cand"].numel() < need_cand:
@@ -814,7 +464,6 @@ def _workspace(device, rows: int, n: int, nb: int):
             r, c = max(r, ws["rows"]), max(c, ws["cand"].numel())
         ws = {
             "rows": r,
-            "hist": torch.zeros(r, nb, dtype=torch.int32, device=device),
             "cnt": torch.zeros(r, 2, dtype=torch.int32, device=device),
             "thr": torch.zeros(r, dtype=torch.int32, device=device),
             "cand": torch.empty(c, dtype=torch.int32, device=device),
@@ -856,23 +505,18 @@ def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None
             page_size: int = 1, lengths: torch.Tensor | None = None, *, path: str = "auto",
             sample: int | None = None, block: int = BLOCK, programs: int = TARGET_PROGRAMS,
             num_warps: int = NUM_WARPS, block_r: int | None = None,
-            select_warps: int | None = None,
-            log2nb: int = LOG2NB, block_c: int = BLOCK_C, fused_max_n: int = FUSED_MAX_N,
-            search: str = "bitwise", cluster: int | None = None,
+            select_warps: int | None = None, cluster: int | None = None,
             _stages: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k selection fused with the page-table translation (see the module doc).
 
     On CUDA tensors: the CUDA kernel (topk_cuda.py, sm_90+, built with nvcc at first use) when it
     is available, else Triton; Triton on CPU under TRITON_INTERPRET=1; the torch twin otherwise.
     ``path``: "auto" = "cuda" where available (and no Triton knob - sample, block_r,
-    select_warps, search - is given), else "sample" | "cuda" (the CUDA kernel; ``cluster``
-    overrides its planned cluster size: 1, 2, 4, 8, 16) | "sample" (Triton: sample -> filter ->
-    select, the Triton default plan) | "hist"
-    (histogram plan: hist -> select -> refine) | "hist_fused" (histogram plan, one program per
-    row) | "twin". ``search``: how the two one-program-per-row kernels of the sample plan find
-    a k-th largest key: "bitwise" (32 block reductions; measured, the default) or "radix" (seven
-    32-bin histogram rounds; not yet measured on a GPU). The keyword-only knobs are for benchmarks and tests (``_stages`` < 3 stops a
-    plan early and leaves the workspace dirty: timing breakdowns only). Never syncs with the host.
+    select_warps - is given), else "sample" | "cuda" (the CUDA kernel; ``cluster`` overrides its
+    planned cluster size: 1, 2, 4, 8, 16) | "sample" (Triton: sample -> filter -> select) |
+    "twin". The keyword-only knobs are for benchmarks and tests (``_stages`` < 3 stops the
+    Triton plan early and leaves the workspace dirty: timing breakdowns only). Never syncs with
+    the host.
     """
     if scores.dim() != 2:
         raise ValueError("scores must be [rows, n]")
@@ -880,12 +524,10 @@ def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None
         raise ValueError("k must be >= 1")
     if page_table is not None and (page_table.dim() != 2 or scores.shape[0] % page_table.shape[0]):
         raise ValueError("page_table must be [pt_rows, n_pages] with rows % pt_rows == 0")
-    if search not in ("bitwise", "radix"):
-        raise ValueError("search must be 'bitwise' or 'radix'")
-    radix = search == "radix"
+    if path not in ("auto", "cuda", "sample", "twin"):
+        raise ValueError(f"unknown path {path!r}")
     if path in ("auto", "cuda") and scores.is_cuda:
-        triton_knobs = (sample is not None or block_r is not None or select_warps is not None
-                        or search != "bitwise")
+        triton_knobs = sample is not None or block_r is not None or select_warps is not None
         if path == "cuda" or (not triton_knobs and cuda_available(scores.device)):
             x = scores if scores.dtype == torch.float32 else scores.float()
             if x.stride(1) != 1:
@@ -912,8 +554,7 @@ def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None
     out_slot = torch.empty(rows, k, dtype=torch.int32, device=dev)
     if rows == 0:
         return out_idx, out_slot
-    nb = 1 << log2nb
-    ws = _workspace(dev, rows, max(n, 1), nb)
+    ws = _workspace(dev, rows, max(n, 1))
     has_len = lengths is not None
     lens = lengths.reshape(rows) if has_len else out_idx  # dummy pointer when unused
     has_pt = page_table is not None
@@ -925,43 +566,20 @@ def topk_v2(scores: torch.Tensor, k: int, page_table: torch.Tensor | None = None
     p = max(1, min(math.ceil(programs / rows), math.ceil(n / block)))
     chunk = math.ceil(math.ceil(n / p) / block) * block
     p = max(1, math.ceil(n / chunk))
-    if path in ("auto", "sample"):
-        topk_v2_sample_kernel[(rows,)](
-            x, x.stride(0), lens, ws["thr"], n, k, HAS_LEN=has_len, S=sample, RADIX=radix,
-            num_warps=max(4, min(16, sample // 512)))
-        if _stages < 2:
-            return out_idx, out_slot
-        topk_v2_filter_kernel[(rows, p)](
-            x, x.stride(0), lens, ws["thr"], ws["cnt"], ws["cand"], n, chunk, HAS_LEN=has_len,
-            BLOCK=block, num_warps=num_warps)
-        if _stages < 3:
-            return out_idx, out_slot
-        topk_v2_select_kernel[(rows,)](
-            x, x.stride(0), lens, ws["cnt"], ws["cand"], out_idx, out_slot, pt, stride_pt,
-            rows_per_pt, page_size, n, k, HAS_LEN=has_len, HAS_PT=has_pt, BLOCK_R=block_r,
-            BLOCK_T=1024, RADIX=radix, num_warps=select_warps)
-        return out_idx, out_slot
-    common = dict(HAS_LEN=has_len, HAS_PT=has_pt, LOG2NB=log2nb, num_warps=num_warps)
-    if path == "hist_fused" or (path == "hist" and n <= fused_max_n):
-        topk_v2_hist_fused_kernel[(rows,)](
-            x, x.stride(0), lens, ws["cand"], out_idx, out_slot, pt, stride_pt, rows_per_pt,
-            page_size, n, k, BLOCK=block, BLOCK_C=block_c, **common)
-        return out_idx, out_slot
-    if path != "hist":
-        raise ValueError(f"unknown path {path!r}")
-    topk_v2_hist_kernel[(rows, p)](
-        x, x.stride(0), lens, ws["hist"], n, k, chunk, HAS_LEN=has_len, LOG2NB=log2nb,
-        BLOCK=block, num_warps=num_warps)
+    topk_v2_sample_kernel[(rows,)](
+        x, x.stride(0), lens, ws["thr"], n, k, HAS_LEN=has_len, S=sample,
+        num_warps=max(4, min(16, sample // 512)))
     if _stages < 2:
         return out_idx, out_slot
-    topk_v2_hist_select_kernel[(rows, p)](
-        x, x.stride(0), lens, ws["hist"], ws["cnt"], ws["cand"], out_idx, out_slot, pt,
-        stride_pt, rows_per_pt, page_size, n, k, chunk, BLOCK=block, **common)
+    topk_v2_filter_kernel[(rows, p)](
+        x, x.stride(0), lens, ws["thr"], ws["cnt"], ws["cand"], n, chunk, HAS_LEN=has_len,
+        BLOCK=block, num_warps=num_warps)
     if _stages < 3:
         return out_idx, out_slot
-    topk_v2_hist_refine_kernel[(rows,)](
-        x, x.stride(0), lens, ws["hist"], ws["cnt"], ws["cand"], out_idx, out_slot, pt,
-        stride_pt, rows_per_pt, page_size, n, k, BLOCK_C=block_c, **common)
+    topk_v2_select_kernel[(rows,)](
+        x, x.stride(0), lens, ws["cnt"], ws["cand"], out_idx, out_slot, pt, stride_pt,
+        rows_per_pt, page_size, n, k, HAS_LEN=has_len, HAS_PT=has_pt, BLOCK_R=block_r,
+        BLOCK_T=1024, num_warps=select_warps)
     return out_idx, out_slot
 
 
