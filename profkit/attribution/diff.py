@@ -32,6 +32,7 @@ from typing import Any
 from profkit import __version__
 from profkit.ingest.identity import short_label
 from profkit.errors import NothingToAnalyze, UsageError
+from profkit.findings import idle_cpu_ops, largest_bubbles
 
 DIFF_SCHEMA_VERSION = 1
 CAUSES = ("sync", "launch", "iteration_boundary", "gpu_wait")
@@ -615,8 +616,6 @@ def run_manifest(summary: Mapping[str, Any]) -> Any:
 
 
 def _bubble_view(rank: Mapping[str, Any], its: Sequence[Mapping[str, Any]], n: int = 5) -> dict[str, Any]:
-    from profkit.findings import idle_cpu_ops, largest_bubbles
-
     idx = {i["index"] for i in its}
     sub = {**rank, "bubbles": [b for b in rank.get("bubbles") or [] if b.get("iteration") in idx]}
     return {

@@ -21,12 +21,14 @@ import plotly.graph_objects as go
 from markupsafe import Markup
 
 from profkit import __version__
-from profkit.findings import cpu_ops_text, host_gap_text, largest_bubbles, outside_text
 from profkit.attribution.diff import IDLE_KEYS, throughput_points
+from profkit.findings import largest_bubbles
 from profkit.report import figures as F
 from profkit.report.base import Renderer, Report
 from profkit.report.numbers import num, pct, ratio_pct
-from profkit.report.views import decomposition_rows, headline_lines, noise_verdict, row_metric, throughput_rows
+from profkit.report.views import (
+    cpu_ops_text, decomposition_rows, headline_lines, host_gap_text, noise_verdict, outside_text, row_metric, throughput_rows,
+)
 from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
 
 MAX_ROWS = 50

@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from profkit.findings import cpu_ops_text
 from profkit.report.base import Renderer, Report
 from profkit.report.numbers import num, pct
-from profkit.report.views import decomposition_rows, headline, headline_lines, noise_verdict, row_metric, throughput_rows
+from profkit.report.views import cpu_ops_text, decomposition_rows, headline, headline_lines, noise_verdict, row_metric, throughput_rows
 from profkit.report.vocab import banner, count_label, diff_timeline, words
 
 GITHUB_COMMENT_LIMIT = 65_536

@@ -14,11 +14,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from profkit.attribution.diff import shape_label, shape_of
-from profkit.findings import bubble_causes, cpu_ops_text, host_gap_text, idle_cpu_ops, largest_bubbles, outside_text, sync_groups
+from profkit.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
 from profkit.report.numbers import HYPHEN, num, pct
-from profkit.report.views import decomposition_rows, headline, headline_lines, noise_verdict, row_metric, throughput_rows
+from profkit.report.views import (
+    cpu_ops_text, decomposition_rows, headline, headline_lines, host_gap_text, noise_verdict, outside_text, row_metric, throughput_rows,
+)
 from profkit.report.vocab import banner, count_label, diff_timeline, words
 
 _num = partial(num, missing=HYPHEN)  # the terminal writes a missing number as "-"

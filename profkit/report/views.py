@@ -1,5 +1,7 @@
-"""What every renderer says about a diff.json, computed the same way for each: the headline
-sentences, the decomposition's rows, the unprofiled throughput rows, the noise verdict of a metric.
+"""What every renderer says, worded once: about a diff.json, the headline sentences, the
+decomposition's rows, the unprofiled throughput rows, the noise verdict of a metric; about a
+summary's rank, the findings (profkit.findings) as sentences: the host setting the pace, GPU work
+outside every iteration, the CPU ops inside a bubble.
 
 Plain data in, plain strings and tuples out (no rich, no HTML, no Markdown): the terminal,
 Markdown and HTML renderers escape and lay them out. diff.json itself is computed in
@@ -12,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from profkit.attribution.diff import IDLE_KEYS
+from profkit.findings import host_gap
 from profkit.report.numbers import ratio_pct
 
 
@@ -145,3 +148,43 @@ def decomposition_rows(diff: Mapping[str, Any]) -> list[tuple[str, str, float, f
     for k in IDLE_KEYS:
         rows.append(("idle", k, d["idle_us_by_cause"][k], b["idle_us_by_cause"][k], c["idle_us_by_cause"][k]))
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# a summary's findings, in words
+
+
+def host_gap_text(rank: Mapping[str, Any]) -> str | None:
+    """One sentence for the headline, or None."""
+    h = host_gap(rank)
+    if h is None:
+        return None
+    dev = "CPU-op" if rank.get("device_timeline") == "cpu" else "GPU"
+    text = (f"the host sets the pace: CPU window {h['wall_us']:,.1f} µs vs {dev} window {h['gpu_window_us']:,.1f} µs "
+            f"(median per iteration)")
+    c = h["call"]
+    if c:
+        where = f", trigger {c['trigger']}" if c.get("trigger") else ""
+        frame = f", at {str(c['stack']).split(' ← ')[0]}" if c.get("stack") else ""
+        text += (f"; {c['blocked_us']:,.1f} µs of it blocked in {c['api']} ({c['kind']}, {c['direction']}{where}{frame}) "
+                 f"in iteration {c['iteration']}")
+    else:
+        text += "; no single blocking call explains it (host work between the GPU's ops: see the bubbles)"
+    return text
+
+
+def cpu_ops_text(ops: list[tuple[str, float | None]], *, sep: str = ", ") -> str:
+    return sep.join(name if us is None else f"{name} {us:,.1f} µs" for name, us in ops)
+
+
+def outside_text(rank: Mapping[str, Any]) -> str | None:
+    """One line on GPU work outside every iteration, when there is any."""
+    o = rank.get("outside_iterations")
+    if not o or not o.get("gpu_ops"):
+        return None
+    busy = o.get("device_busy_us") or 0.0
+    share = f" ({100 * o['gpu_us'] / busy:.1f}% of the device's busy time)" if busy else ""
+    parts = [f"{o[k]} {label}" for k, label in (("before_first", "launched before the first iteration"),
+                                                ("after_last", "after the last"), ("no_launch_in_trace", "with no launch call in the trace"))
+             if o.get(k)]
+    return f"outside every iteration: {o['gpu_ops']:,} GPU ops, {o['gpu_us']:,.1f} µs{share}: {', '.join(parts)}"
