@@ -25,7 +25,7 @@ from profkit.attribution.diff import IDLE_KEYS, throughput_points
 from profkit.findings import largest_bubbles
 from profkit.report import figures as F
 from profkit.report.base import Renderer, Report
-from profkit.report.numbers import num, pct, ratio_pct
+from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
 from profkit.report.views import (
     cpu_ops_text, decomposition_rows, headline_lines, host_gap_text, noise_verdict, outside_text, row_metric, throughput_rows,
 )
@@ -145,7 +145,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     W = words(tl)
     dec = diff["decomposition"]
     cards = [
-        {"label": f"{t['label']} (unprofiled)", "value": f"{num(t['baseline'], 2)} → {num(t['candidate'], 2)}",
+        {"label": f"{t['label']} (unprofiled)", "value": f"{num(t['baseline'], RATE)} → {num(t['candidate'], RATE)}",
          "sub": pct(t["change_pct"], missing="") + {None: "", True: " · within noise", False: " · beyond noise"}[t["within_noise"]],
          "tone": "" if t["change_pct"] is None or t["within_noise"] else ("good" if (t["change_pct"] > 0) == t["higher_is_better"] else "bad")}
         for t in throughput_rows(diff) if t["key"] in ("tokens_per_s_per_user_p50", "tokens_per_s_per_gpu")
@@ -157,9 +157,9 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     ]
     for key, label in (("kernel_launches", "kernel launches"), ("syncs", "host syncs"), ("bubble_count", "bubbles")):
         x = diff["counts"][key]
-        cards.append({"label": f"{label} per iteration (median)", "value": f"{num(x['baseline'], 0)} → {num(x['candidate'], 0)}",
-                      "sub": num(x["delta"], 0, sign=True) if x["delta"] else "no change", "tone": ""})
-    cards.append({"label": "residual", "value": f"{num(dec['residual_us'], 3)} µs", "sub": "exact" if dec.get("exact") else "inexact", "tone": ""})
+        cards.append({"label": f"{label} per iteration (median)", "value": f"{num(x['baseline'], COUNT)} → {num(x['candidate'], COUNT)}",
+                      "sub": num(x["delta"], COUNT, sign=True) if x["delta"] else "no change", "tone": ""})
+    cards.append({"label": "residual", "value": f"{num(dec['residual_us'], RESIDUAL)} µs", "sub": "exact" if dec.get("exact") else "inexact", "tone": ""})
     head = _section(f"{prefix}-summary", f"{b['label']} → {c['label']}", headline=" ".join(headline_lines(diff)), cards=cards)
     ee = diff.get("expected_effect")
     if ee and ee.get("known"):
@@ -208,7 +208,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         label = {"category": term, "overlap": "− overlap (multi-stream, counted once)", "idle": f"idle: {term.replace('_', ' ')}"}[group]
         rows.append([label, num(bv), num(cv), num(delta, sign=True), noise_verdict(diff, metric)])
     rows.append([W["window"], num(g["baseline"]), num(g["candidate"]), num(g["delta"], sign=True), noise_verdict(diff, "gpu_window_us")])
-    rows.append(["residual", "", "", num(dec["residual_us"], 3), "exact" if dec.get("exact") else "inexact"])
+    rows.append(["residual", "", "", num(dec["residual_us"], RESIDUAL), "exact" if dec.get("exact") else "inexact"])
     out.append(_section(
         f"{prefix}-decomposition", f"Where the {W['window']} went (mean µs per iteration)",
         figures=[figs.div(F.waterfall_figure(diff, window=W["window"]))],
@@ -222,7 +222,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
 
     labels = {k: count_label(k, tl) for k in ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h",
                                                 "memcpy_h2d", "bubble_count")}
-    crow = [[lab, num(diff["counts"][k]["baseline"], 0), num(diff["counts"][k]["candidate"], 0), num(diff["counts"][k]["delta"], 0, sign=True),
+    crow = [[lab, num(diff["counts"][k]["baseline"], COUNT), num(diff["counts"][k]["candidate"], COUNT), num(diff["counts"][k]["delta"], COUNT, sign=True),
              noise_verdict(diff, f"counts.{k}")] for k, lab in labels.items()]
     for k, t in (diff.get("timings") or {}).items():
         crow.append([k.replace("_us", " µs").replace("_", " "), num(t["baseline"]), num(t["candidate"]), num(t["delta"], sign=True), ""])
@@ -230,8 +230,8 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     syncs = diff.get("syncs") or []
     if syncs:
         tables.append(_table(["kind", "API", "direction", "trigger", "baseline / iter", "candidate / iter", "Δ"],
-                             [[x["kind"], x["api"], x["direction"], x["trigger"], num(x["baseline_per_iteration"], 2), num(x["candidate_per_iteration"], 2),
-                               num(x["delta"], 2, sign=True)] for x in syncs[:MAX_ROWS]],
+                             [[x["kind"], x["api"], x["direction"], x["trigger"], num(x["baseline_per_iteration"], RATE), num(x["candidate_per_iteration"], RATE),
+                               num(x["delta"], RATE, sign=True)] for x in syncs[:MAX_ROWS]],
                              align="llllrrr", caption="host syncs and blocking copies, with their trigger", name_cols=(3,),
                              more=f"{len(syncs) - MAX_ROWS} more not shown" if len(syncs) > MAX_ROWS else None))
     series = diff.get("series") or {}
@@ -250,7 +250,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         total = diff.get(f"{key}_total", len(ks))
         if ks:
             ktables.append(_table(["kernel (normalized)", "category", "per iteration", "µs per iteration", "full name, e.g."],
-                                  [[k["name"], k["category"], num(k["count_per_iteration"], 2), num(k["us_per_iteration"]), _example(k)]
+                                  [[k["name"], k["category"], num(k["count_per_iteration"], RATE), num(k["us_per_iteration"]), _example(k)]
                                    for k in ks[:MAX_ROWS]],
                                   align="llrrl", caption=f"{total} kernel(s) {what}", name_cols=(0, 4), collapsed=True,
                                   more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
@@ -285,7 +285,7 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
             m = _rank0(s).get("median") or {}
             rows.append([label, step["shape"], num(step["wall_us"]), "" if i == 0 else num(step["wall_delta_vs_previous_us"], sign=True),
                          "" if i == 0 else num(step["wall_delta_vs_first_us"], sign=True), num(step["gpu_window_us"]),
-                         num(m.get("gpu_kernels"), 0), num(m.get("kernel_launches"), 0), num(m.get("graph_launches"), 0), num(m.get("syncs"), 0),
+                         num(m.get("gpu_kernels"), COUNT), num(m.get("kernel_launches"), COUNT), num(m.get("graph_launches"), COUNT), num(m.get("syncs"), COUNT),
                          num(m.get("bubble_us"))])
         out.append(_section(
             "ladder", "Ladder", notes=["Each row against the previous one and against the first (mean µs per iteration, iterations of the shape both share)."],
@@ -301,9 +301,9 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
         its = r.get("iterations") or []
         W = words(rank_timeline(r))
         cards = [{"label": lab, "value": num(m.get(k), d), "sub": "median per iteration", "tone": ""} for k, lab, d in (
-            ("wall_us", "wall µs", 1), ("gpu_window_us", f"{W['window']} µs", 1), ("gpu_busy_us", f"{W['busy']} µs", 1), ("gpu_idle_us", f"{W['idle']} µs", 1),
-            ("gpu_kernels", W["kernels"], 0), ("kernel_launches", "kernel launches", 0), ("graph_launches", "graph launches", 0), ("syncs", "host syncs", 0),
-            ("bubble_count", "bubbles", 0))]
+            ("wall_us", "wall µs", US), ("gpu_window_us", f"{W['window']} µs", US), ("gpu_busy_us", f"{W['busy']} µs", US), ("gpu_idle_us", f"{W['idle']} µs", US),
+            ("gpu_kernels", W["kernels"], COUNT), ("kernel_launches", "kernel launches", COUNT), ("graph_launches", "graph launches", COUNT), ("syncs", "host syncs", COUNT),
+            ("bubble_count", "bubbles", COUNT))]
         swing = _instability(label, [{"gpu_window_us": i.get("gpu_window_us")} for i in its[:-1]], W["window"])
         notes = [f"rank {r.get('rank')} · {r.get('device') or 'unknown device'} · {len(its)} iterations · marker {r.get('marker')} · catalog {r.get('catalog')}"]
         notes += [x for x in (host_gap_text(r), outside_text(r)) if x]
@@ -339,7 +339,7 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
         n = max(len(r.get("iterations") or []), 1)
         ks = r.get("kernels") or []
         tables.append(_table(["kernel", "category", "count / iter", "µs / iter", "total µs"],
-                             [[k["name"], k["category"], num(k["count"] / n, 2), num(k["total_us"] / n), num(k["total_us"])] for k in ks[:MAX_ROWS]],
+                             [[k["name"], k["category"], num(k["count"] / n, RATE), num(k["total_us"] / n), num(k["total_us"])] for k in ks[:MAX_ROWS]],
                              align="llrrr", caption=f"top kernels: {label} ({len(ks)} distinct)", name_cols=(0,),
                              more=f"{len(ks) - MAX_ROWS} more not shown" if len(ks) > MAX_ROWS else None, collapsed=len(runs) > 1))
         sy: dict[tuple[str, str, str, str], list[float]] = {}
@@ -347,7 +347,7 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
             sy.setdefault((x["kind"], x["api"], x["direction"], str(x["trigger"])), []).append(x["blocked_us"] or 0.0)
         if sy:
             tables.append(_table(["kind", "API", "direction", "trigger", "count / iter", "blocked µs / iter"],
-                                 [[k[0], k[1], k[2], k[3], num(len(v) / n, 2), num(sum(v) / n)] for k, v in sorted(sy.items(), key=lambda kv: -len(kv[1]))][:MAX_ROWS],
+                                 [[k[0], k[1], k[2], k[3], num(len(v) / n, RATE), num(sum(v) / n)] for k, v in sorted(sy.items(), key=lambda kv: -len(kv[1]))][:MAX_ROWS],
                                  align="llllrr", caption=f"host syncs and blocking copies: {label}", name_cols=(3,)))
     out.append(_section("runs-kernels", "Top kernels and syncs", tables=tables))
     curves = _curve_section("runs-throughput", [(label, throughput_points(s.get("manifest"))) for label, s in runs], figs)

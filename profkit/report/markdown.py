@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from profkit.report.base import Renderer, Report
-from profkit.report.numbers import num, pct
+from profkit.report.numbers import COUNT, RATE, RESIDUAL, num, pct
 from profkit.report.views import cpu_ops_text, decomposition_rows, headline, headline_lines, noise_verdict, row_metric, throughput_rows
 from profkit.report.vocab import banner, count_label, diff_timeline, words
 
@@ -88,7 +88,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         out += ["#### Unprofiled throughput", ""]
         mark = {None: "", True: "within noise", False: "**beyond noise**"}
         out += _table(["metric", "baseline", "candidate", "change", "noise"], "lrrrl",
-                      [[t["label"], num(t["baseline"], 2), num(t["candidate"], 2),
+                      [[t["label"], num(t["baseline"], RATE), num(t["candidate"], RATE),
                         pct(t["change_pct"]), mark[t["within_noise"]]] for t in tp])
         out.append("")
 
@@ -136,7 +136,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     g = dec["gpu_window_us"]
     rows.append([f"**{W['window']}**", f"**{num(g['baseline'])}**", f"**{num(g['candidate'])}**", f"**{num(g['delta'], sign=True)}**",
                  _noise_mark(diff, "gpu_window_us")])
-    rows.append(["residual", "", "", num(dec["residual_us"], 3, sign=True), "exact" if dec.get("exact") else "**inexact**"])
+    rows.append(["residual", "", "", num(dec["residual_us"], RESIDUAL, sign=True), "exact" if dec.get("exact") else "**inexact**"])
     out += _table(["term (largest change first)", "baseline µs", "candidate µs", "Δ µs", "noise"], "lrrrl", rows)
     w = diff["wall_us"]
     out += ["", f"Wall (CPU) per iteration: {num(w['baseline'])} → {num(w['candidate'])} µs ({num(w['delta'], sign=True)} µs)."
@@ -155,7 +155,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     out.append("")
     labels = {k: count_label(k, tl) for k in ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h",
                                                 "memcpy_h2d", "bubble_count")}
-    rows = [[lab, num(diff["counts"][k]["baseline"], 0), num(diff["counts"][k]["candidate"], 0), num(diff["counts"][k]["delta"], 0, sign=True),
+    rows = [[lab, num(diff["counts"][k]["baseline"], COUNT), num(diff["counts"][k]["candidate"], COUNT), num(diff["counts"][k]["delta"], COUNT, sign=True),
              _noise_mark(diff, f"counts.{k}")] for k, lab in labels.items()]
     tl = {"launch_us": "launch host µs", "sync_us": "sync blocked µs", "bubble_us": "bubble µs"}
     for k, lab in tl.items():
@@ -169,7 +169,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     if syncs:
         out += ["#### Host syncs and blocking copies (per iteration)", ""]
         cut = syncs if limit == 0 else syncs[:limit]
-        rows = [[num(s["delta"], 2, sign=True), num(s["baseline_per_iteration"], 2), num(s["candidate_per_iteration"], 2), md_escape(s["kind"]),
+        rows = [[num(s["delta"], RATE, sign=True), num(s["baseline_per_iteration"], RATE), num(s["candidate_per_iteration"], RATE), md_escape(s["kind"]),
                  md_escape(s["direction"]), md_escape(s["api"], max_len=None), md_escape(s["trigger"], max_len=None)] for s in cut]
         out += _table(["Δ", "baseline", "candidate", "kind", "dir", "API", "trigger"], "rrrllll", rows)
         out += _more(len(syncs), len(cut), "sync groups")
@@ -204,7 +204,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         cut = ks[:limit] if limit else []
         out += [f"<details><summary>{total} kernel(s) {what}</summary>", ""]
         if cut:
-            rows = [[num(k["us_per_iteration"]), num(k["count_per_iteration"], 2), md_escape(k["category"]), md_escape(k["name"], max_len=MAX_NAME)]
+            rows = [[num(k["us_per_iteration"]), num(k["count_per_iteration"], RATE), md_escape(k["category"]), md_escape(k["name"], max_len=MAX_NAME)]
                     for k in cut]
             out += _table(["µs per iteration", "calls/iter", "category", "kernel"], "rrll", rows)
         out += _more(total, len(cut), f"{what} kernels")

@@ -17,7 +17,7 @@ from profkit.attribution.diff import shape_label, shape_of
 from profkit.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
-from profkit.report.numbers import HYPHEN, num, pct
+from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, num, pct
 from profkit.report.views import (
     cpu_ops_text, decomposition_rows, headline, headline_lines, host_gap_text, noise_verdict, outside_text, row_metric, throughput_rows,
 )
@@ -77,11 +77,11 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
             t.add_column(c, justify="left" if c == "metric" else "right")
         dev = "CPU-op" if r.get("device_timeline") == "cpu" else "GPU"
         rows = (
-            ("wall µs", "wall_us", 1), (f"{dev} window µs", "gpu_window_us", 1), (f"{dev} busy µs", "gpu_busy_us", 1),
-            (f"{dev} idle µs", "gpu_idle_us", 1), ("overlap µs", "overlap_us", 1), ("GPU kernels" if dev == "GPU" else "top-level aten ops", "gpu_kernels", 0),
-            ("kernel launches", "kernel_launches", 0), ("graph launches", "graph_launches", 0), ("launch host µs", "launch_us", 1),
-            ("launch latency p50 µs", "launch_latency_us_p50", 1), ("syncs", "syncs", 0), ("sync µs", "sync_us", 1),
-            ("sync copies", "sync_copies", 0), ("bubbles", "bubble_count", 0), ("bubble µs", "bubble_us", 1),
+            ("wall µs", "wall_us", US), (f"{dev} window µs", "gpu_window_us", US), (f"{dev} busy µs", "gpu_busy_us", US),
+            (f"{dev} idle µs", "gpu_idle_us", US), ("overlap µs", "overlap_us", US), ("GPU kernels" if dev == "GPU" else "top-level aten ops", "gpu_kernels", COUNT),
+            ("kernel launches", "kernel_launches", COUNT), ("graph launches", "graph_launches", COUNT), ("launch host µs", "launch_us", US),
+            ("launch latency p50 µs", "launch_latency_us_p50", US), ("syncs", "syncs", COUNT), ("sync µs", "sync_us", US),
+            ("sync copies", "sync_copies", COUNT), ("bubbles", "bubble_count", COUNT), ("bubble µs", "bubble_us", US),
         )
         for label, key, d in rows:
             vals = [i[key] for i in its if i[key] is not None]
@@ -89,7 +89,7 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
         for d in ("h2d", "d2h", "d2d"):
             vals = [i["memcpy"][d] for i in its]
             if any(vals):
-                t.add_row(f"memcpy {d}", _num(m["memcpy"][d], 0), _num(min(vals), 0), _num(max(vals), 0))
+                t.add_row(f"memcpy {d}", _num(m["memcpy"][d], COUNT), _num(min(vals), COUNT), _num(max(vals), COUNT))
         console.print(t)
         cat = m.get("category_us") or {}
         total = sum(cat.values()) or 1.0
@@ -121,6 +121,7 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
             what = "kernels" if r.get("device_timeline") != "cpu" else "aten ops"
             console.print(fit_table(console, f"top {what} (of {len(r['kernels'])}; names demangled, long ones cut in the middle)",
                                     (("total µs", NUM), ("calls/iter", NUM), ("category", COPY), ("name", NAME)),
+                                    # calls per iteration with one decimal in this table (the diff tables use RATE, two)
                                     [(_num(k["total_us"]), _num(k["count"] / n_it, 1), k["category"] or "-", k["name"]) for k in r["kernels"][:top]]))
         for w in r["warnings"]:
             console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
@@ -157,7 +158,7 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
         for col in ("", "baseline", "candidate", "change", ""):
             t.add_column(col, justify="left" if col == "" else "right")
         for r in tp:
-            t.add_row(r["label"], _num(r["baseline"], 2), _num(r["candidate"], 2), pct(r["change_pct"], missing=HYPHEN),
+            t.add_row(r["label"], _num(r["baseline"], RATE), _num(r["candidate"], RATE), pct(r["change_pct"], missing=HYPHEN),
                       {None: "", True: "[dim]within noise[/]", False: "[bold]beyond noise[/]"}[r["within_noise"]])
         console.print(t)
     ee = diff.get("expected_effect")
@@ -189,7 +190,7 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
             label = term if group == "category" else f"idle: {term.replace('_', ' ')}"
         rows.append((label, _num(bv), _num(cv), _num(delta, sign=True), noise_verdict(diff, metric)))
     rows.append((W["window"], _num(g["baseline"]), _num(g["candidate"]), _num(g["delta"], sign=True), noise_verdict(diff, "gpu_window_us")))
-    rows.append(("residual", "", "", _num(diff["decomposition"]["residual_us"], 3), "exact" if diff["decomposition"].get("exact") else "inexact"))
+    rows.append(("residual", "", "", _num(diff["decomposition"]["residual_us"], RESIDUAL), "exact" if diff["decomposition"].get("exact") else "inexact"))
     console.print(fit_table(console, f"change in mean {W['window']} per iteration ({diff['shape']['label']})",
                             (("term", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)), rows))
 
@@ -201,12 +202,12 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
                                 [(k, _num(sb.get(k)), _num(sc.get(k)), _num(d, sign=True)) for k, d in ph.items()]))
 
     console.print(fit_table(console, "per iteration (medians)", (("count", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
-                            [(count_label(k, tl), _num(v["baseline"], 0), _num(v["candidate"], 0), _num(v["delta"], 0, sign=True), noise_verdict(diff, f"counts.{k}"))
+                            [(count_label(k, tl), _num(v["baseline"], COUNT), _num(v["candidate"], COUNT), _num(v["delta"], COUNT, sign=True), noise_verdict(diff, f"counts.{k}"))
                              for k, v in diff["counts"].items()]))
     if diff.get("syncs"):
         console.print(fit_table(console, "host syncs and blocking copies per iteration",
                                 (("Δ", NUM), ("baseline", NUM), ("candidate", NUM), ("kind", COPY), ("dir", COPY), ("api", COPY), ("trigger", COPY)),
-                                [(_num(s["delta"], 2, sign=True), _num(s["baseline_per_iteration"], 2), _num(s["candidate_per_iteration"], 2),
+                                [(_num(s["delta"], RATE, sign=True), _num(s["baseline_per_iteration"], RATE), _num(s["candidate_per_iteration"], RATE),
                                   s["kind"], s["direction"], s["api"], s["trigger"]) for s in diff["syncs"][:top]]))
     if diff.get("top_movers"):
         console.print(fit_table(console, "top movers (µs per iteration, normalized names)",
