@@ -123,7 +123,7 @@ def test_markdown_and_json_render_one_diff(runs, diff):
             _make(name).render(Report(diffs=[diff], runs=runs))
 
 
-def test_terminal_renders_what_the_console_would_print(runs, diff):
+def test_terminal_render_returns_what_show_prints(runs, diff):
     shown, rendered = io.StringIO(), io.StringIO()
     from profkit.report.terminal import TerminalRenderer
 

@@ -29,7 +29,8 @@ _num = partial(num, missing=HYPHEN)  # the terminal writes a missing number as "
 class TerminalRenderer(Renderer):
     """Tables for `console` (its width and colours): each diff, then each run's summary.
 
-    `render` returns what the console would print; `show` prints it on the console.
+    `show` prints them on the console as they are drawn (rich handles a reader that leaves early);
+    `render` returns the same text instead.
     """
 
     name: ClassVar[str] = "terminal"
@@ -41,15 +42,14 @@ class TerminalRenderer(Renderer):
 
     def render(self, report: Report) -> str:
         with self.console.capture() as captured:
-            for d in report.diffs:
-                _diff(d, self.console, top=self.top)
-            for _label, s in report.runs:
-                _summary(s, self.console, top=self.top)
+            self.show(report)
         return captured.get()
 
     def show(self, report: Report) -> None:
-        self.console.file.write(self.render(report))
-        self.console.file.flush()
+        for d in report.diffs:
+            _diff(d, self.console, top=self.top)
+        for _label, s in report.runs:
+            _summary(s, self.console, top=self.top)
 
 
 def _summary(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
