@@ -196,7 +196,7 @@ def _attribute(before: Any, after: Any, opts: list[str], group_dir: Path, catalo
 
 def write_reports(folder: Path, *, diffs: list[dict[str, Any]], runs: list[tuple[str, dict[str, Any]]]) -> None:
     """report.html (self-contained) and, for a single diff, report.md (a PR comment) in `folder`."""
-    from profkit.attribution import ladder
+    from profkit.attribution import ladder_steps
     from profkit.report import Report, renderer_for
     from profkit.store import write_bytes_atomic
 
@@ -207,7 +207,7 @@ def write_reports(folder: Path, *, diffs: list[dict[str, Any]], runs: list[tuple
     except ImportError as e:  # plotly/jinja2 are the `report` extra
         err.print(f"[yellow]note:[/] no report.html: {escape(str(e))}; pip install 'profkit[report]'", soft_wrap=True)
         return
-    write_bytes_atomic(folder / "report.html", html().render(Report(diffs=diffs, runs=runs, ladder=ladder(runs))).encode())
+    write_bytes_atomic(folder / "report.html", html().render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs))).encode())
 
 
 def _render_attribution(diff: dict[str, Any], group_dir: Path) -> None:

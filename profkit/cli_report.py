@@ -205,7 +205,7 @@ def report(
         profkit report traces/base traces/topk -o reports/sweep.html
     """
     from profkit.catalog import load_catalog
-    from profkit.attribution import ladder
+    from profkit.attribution import ladder_steps
     from profkit.inputs import AnalyzeOptions, is_diff_doc, load_side, read_json
     from profkit.report import Report
     from profkit.report.html import HtmlRenderer
@@ -238,7 +238,7 @@ def report(
                 output = Path("reports") / _safe(runs[0][0]) / "report.html"
             else:
                 output = Path("reports") / "report.html"
-        _write_text(output, HtmlRenderer(cdn=cdn).render(Report(diffs=diffs, runs=runs, ladder=ladder(runs))))
+        _write_text(output, HtmlRenderer(cdn=cdn).render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs))))
 
 
 @app.command("export-perfetto")

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from typer.testing import CliRunner
 
-from profkit.attribution import ladder
+from profkit.attribution import ladder_steps
 from profkit.attribution.diff import compare_summaries
 from profkit.cli import app
 from profkit.report import Report
@@ -35,7 +35,7 @@ runner = CliRunner()
 
 def html_page(*, diffs=(), runs=(), cdn=False):
     """The page `profkit report` writes: the runs' ladder computed by attribution, then rendered."""
-    return HtmlRenderer(cdn=cdn).render(Report(diffs=diffs, runs=runs, ladder=ladder(runs)))
+    return HtmlRenderer(cdn=cdn).render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs)))
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import math
 import pytest
 from rich.console import Console
 
-from profkit.attribution import compare_summaries, ladder
+from profkit.attribution import compare_summaries, ladder_steps
 from profkit.errors import UsageError
 from profkit.report import Renderer, Report, get_renderer, renderer_for
 from profkit.report.base import RENDERERS
@@ -137,7 +137,7 @@ def test_terminal_render_returns_what_show_prints(runs, diff):
 
 
 def test_ladder_agrees_with_the_full_diffs(runs):
-    steps = ladder(runs)
+    steps = ladder_steps(runs)
     assert [s["label"] for s in steps] == ["base", "topk", "both"]
     first = runs[0][1]
     for i, ((_, s), step) in enumerate(zip(runs, steps)):
@@ -153,8 +153,8 @@ def test_ladder_agrees_with_the_full_diffs(runs):
 
 
 def test_a_ladder_needs_two_runs_and_html_needs_the_ladder(runs):
-    assert ladder(runs[:1]) == [] and ladder([]) == []
+    assert ladder_steps(runs[:1]) == [] and ladder_steps([]) == []
     html = get_renderer("html")()
     with pytest.raises(ValueError, match="ladder"):
         html.render(Report(runs=runs))
-    assert "Ladder" in html.render(Report(runs=runs, ladder=ladder(runs)))
+    assert "Ladder" in html.render(Report(runs=runs, ladder=ladder_steps(runs)))

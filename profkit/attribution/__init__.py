@@ -2,6 +2,6 @@
 renderers in profkit.report word and lay them out."""
 
 from profkit.attribution.diff import compare_summaries, normalize_kernel_name
-from profkit.attribution.ladder import ladder
+from profkit.attribution.ladder import ladder_steps
 
-__all__ = ["compare_summaries", "ladder", "normalize_kernel_name"]
+__all__ = ["compare_summaries", "ladder_steps", "normalize_kernel_name"]

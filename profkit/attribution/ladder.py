@@ -13,7 +13,7 @@ from typing import Any
 from profkit.attribution.diff import compare_means
 
 
-def ladder(runs: Sequence[tuple[str, Mapping[str, Any]]], *, rank: int = 0) -> list[dict[str, Any]]:
+def ladder_steps(runs: Sequence[tuple[str, Mapping[str, Any]]], *, rank: int = 0) -> list[dict[str, Any]]:
     """One step per run, in order: ``label``; ``shape``, the label of the shape compared with the
     first run; ``wall_us`` and ``gpu_window_us``, the run's means over those iterations (µs per
     iteration); ``wall_delta_vs_first_us`` and ``wall_delta_vs_previous_us`` (None on the first

@@ -24,7 +24,7 @@ class Report:
 
     ``diffs``: diff.json documents (`profkit.attribution.compare_summaries`); ``runs``: (label,
     summary.json) pairs; ``ladder``: for two runs or more, their ladder
-    (`profkit.attribution.ladder` of the same runs), which the HTML report draws.
+    (`profkit.attribution.ladder_steps` of the same runs), which the HTML report draws.
     """
 
     diffs: Sequence[Mapping[str, Any]] = ()

@@ -279,7 +279,7 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
     out: list[dict[str, Any]] = []
     if len(runs) >= 2:
         if ladder is None or len(ladder) != len(runs):
-            raise ValueError(f"a report of {len(runs)} runs draws their ladder: pass Report(ladder=profkit.attribution.ladder(runs))")
+            raise ValueError(f"a report of {len(runs)} runs draws their ladder: pass Report(ladder=profkit.attribution.ladder_steps(runs))")
         rows = []
         for i, ((label, s), step) in enumerate(zip(runs, ladder)):
             m = _rank0(s).get("median") or {}
