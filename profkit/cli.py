@@ -42,7 +42,8 @@ def analyze(
     import os
     import time
 
-    from profkit.report.console import render_summary
+    from profkit.report import Report
+    from profkit.report.terminal import TerminalRenderer
     from profkit.store import write_bytes_atomic
 
     _state["quick_exit"] = True  # see _quick_exit
@@ -153,7 +154,7 @@ def analyze(
             write_bytes_atomic(timeline, buf.getvalue())
             err.print(f"wrote {escape(str(timeline))} ({frame.height} GPU ops)")
         # printed last: every file is written before a reader that stops early (`| head`) can cut the output
-        render_summary(summary, err if to_stdout else out, top=top)
+        TerminalRenderer(err if to_stdout else out, top=top).show(Report(runs=[("", summary)]))
         picked = sorted({str(r.get("catalog")) for r in summary.get("ranks") or []})
         err.print(f"[dim]{escape(catalog_note or 'catalog ' + ', '.join(picked) + ': picked from the kernel names (--catalog NAME to choose)')}[/]",
                   soft_wrap=True)
@@ -182,7 +183,8 @@ def _analyze_several(runs: list, *, marker: Optional[str], json_out: Optional[st
     """Print (and write) each run on its own: its summary, cross-rank figures across its ranks only."""
     from profkit.analysis.summary import build_summary
     from profkit.ingest.runs import several_runs_message
-    from profkit.report.console import render_summary
+    from profkit.report import Report
+    from profkit.report.terminal import TerminalRenderer
     from profkit.store import json_text, write_bytes_atomic
 
     err.print(f"[yellow]warning:[/] {escape(several_runs_message(runs, 'these inputs', verb='hold'))}; each is analyzed on its own", soft_wrap=True)
@@ -211,7 +213,7 @@ def _analyze_several(runs: list, *, marker: Optional[str], json_out: Optional[st
         err.print(f"wrote {escape(str(tables))} ({len(written)} parquet files)")
     for k, (r, s) in enumerate(zip(runs, summaries)):
         out.rule(f"run {k + 1} of {len(runs)}: {escape(r.label)}", align="left")
-        render_summary(s, out, top=top)
+        TerminalRenderer(out, top=top).show(Report(runs=[(r.label, s)]))
     picked = sorted({str(x.get("catalog")) for s in summaries for x in s.get("ranks") or []})
     err.print(f"[dim]{escape(catalog_note or 'catalog ' + ', '.join(picked) + ': picked from the kernel names (--catalog NAME to choose)')}[/]",
               soft_wrap=True)

@@ -196,23 +196,25 @@ def _attribute(before: Any, after: Any, opts: list[str], group_dir: Path, catalo
 
 def write_reports(folder: Path, *, diffs: list[dict[str, Any]], runs: list[tuple[str, dict[str, Any]]]) -> None:
     """report.html (self-contained) and, for a single diff, report.md (a PR comment) in `folder`."""
-    from profkit.report.markdown import render_diff_markdown
+    from profkit.attribution import ladder_steps
+    from profkit.report import Report, renderer_for
     from profkit.store import write_bytes_atomic
 
     if len(diffs) == 1:
-        write_bytes_atomic(folder / "report.md", render_diff_markdown(diffs[0]).encode())
+        write_bytes_atomic(folder / "report.md", renderer_for("report.md")().render(Report(diffs=diffs)).encode())
     try:
-        from profkit.report.html import render_report
+        html = renderer_for("report.html")
     except ImportError as e:  # plotly/jinja2 are the `report` extra
         err.print(f"[yellow]note:[/] no report.html: {escape(str(e))}; pip install 'profkit[report]'", soft_wrap=True)
         return
-    write_bytes_atomic(folder / "report.html", render_report(diffs=diffs, runs=runs).encode())
+    write_bytes_atomic(folder / "report.html", html().render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs))).encode())
 
 
 def _render_attribution(diff: dict[str, Any], group_dir: Path) -> None:
-    from profkit.report.console import render_diff
+    from profkit.report import Report
+    from profkit.report.terminal import TerminalRenderer
 
-    render_diff(diff, out)
+    TerminalRenderer(out).show(Report(diffs=[diff]))
     out.print(f"wrote {escape(str(group_dir))}/ (before.json, after.json, diff.json, report.md, report.html)", soft_wrap=True)
 
 

@@ -128,7 +128,8 @@ def diff(
     from profkit.attribution.diff import compare_summaries
     from profkit.catalog import load_catalog
     from profkit.inputs import AnalyzeOptions, infer_optimization, load_side
-    from profkit.report.console_diff import render_diff
+    from profkit.report import Report, get_renderer
+    from profkit.report.terminal import TerminalRenderer
 
     with user_errors():
         cat = load_catalog(catalog) if catalog else _catalog_from_manifests(before, after)
@@ -167,24 +168,19 @@ def diff(
         for n in notes:  # before every table: the reader must know what is compared
             err.print(f"[yellow]warning:[/] {escape(n)}", soft_wrap=True)
         to_stdout = json_out == "-"
+        result = Report(diffs=[d])
         # the files first: a reader that stops early (`| head -3`) must not cost them
         wrote: list[str] = []
         if json_out and not to_stdout:
-            from profkit.store import write_json_atomic
-
-            write_json_atomic(Path(json_out), d)
+            _write_text(Path(json_out), get_renderer("json")().render(result), announce=False)
             wrote.append(json_out)
         if md is not None:
-            from profkit.report.markdown import render_diff_markdown
-
-            _write_text(md, render_diff_markdown(d), announce=False)
+            _write_text(md, get_renderer("markdown")().render(result), announce=False)
             wrote.append(str(md))
         if html is not None:
-            from profkit.report.html import render_report
-
-            _write_text(html, render_report(diffs=[d], cdn=cdn), announce=False)
+            _write_text(html, get_renderer("html")(cdn=cdn).render(result), announce=False)
             wrote.append(str(html))
-        render_diff(d, err if to_stdout else out, top=top)
+        TerminalRenderer(err if to_stdout else out, top=top).show(result)
         if to_stdout:
             sys.stdout.write(json.dumps(d, indent=1, allow_nan=False) + "\n")
         for w in wrote:
@@ -209,8 +205,10 @@ def report(
         profkit report traces/base traces/topk -o reports/sweep.html
     """
     from profkit.catalog import load_catalog
+    from profkit.attribution import ladder_steps
     from profkit.inputs import AnalyzeOptions, is_diff_doc, load_side, read_json
-    from profkit.report.html import render_report
+    from profkit.report import Report
+    from profkit.report.html import HtmlRenderer
 
     with user_errors():
         cat = load_catalog(catalog) if catalog else None
@@ -240,7 +238,7 @@ def report(
                 output = Path("reports") / _safe(runs[0][0]) / "report.html"
             else:
                 output = Path("reports") / "report.html"
-        _write_text(output, render_report(diffs=diffs, runs=runs, cdn=cdn))
+        _write_text(output, HtmlRenderer(cdn=cdn).render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs))))
 
 
 @app.command("export-perfetto")

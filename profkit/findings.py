@@ -1,7 +1,8 @@
 """Why the GPU is idle, from one rank of summary.json: the facts every renderer leads with.
 
-Plain data in, plain data or text out (no rich, no HTML, no polars: a cached `analyze` prints
-through it), so the terminal, Markdown and HTML say the same thing. Reads schema v2 and falls
+Plain data in, plain data out (no rich, no HTML, no polars: a cached `analyze` prints through it);
+diff.json's bubble view (profkit.attribution) and the renderers' sentences (profkit.report.views)
+are built on it, so the terminal, Markdown and HTML say the same thing. Reads schema v2 and falls
 back to what v1 has.
 """
 
@@ -47,25 +48,6 @@ def host_gap(rank: Mapping[str, Any]) -> dict[str, Any] | None:
     return out
 
 
-def host_gap_text(rank: Mapping[str, Any]) -> str | None:
-    """One sentence for the headline, or None."""
-    h = host_gap(rank)
-    if h is None:
-        return None
-    dev = "CPU-op" if rank.get("device_timeline") == "cpu" else "GPU"
-    text = (f"the host sets the pace: CPU window {h['wall_us']:,.1f} µs vs {dev} window {h['gpu_window_us']:,.1f} µs "
-            f"(median per iteration)")
-    c = h["call"]
-    if c:
-        where = f", trigger {c['trigger']}" if c.get("trigger") else ""
-        frame = f", at {str(c['stack']).split(' ← ')[0]}" if c.get("stack") else ""
-        text += (f"; {c['blocked_us']:,.1f} µs of it blocked in {c['api']} ({c['kind']}, {c['direction']}{where}{frame}) "
-                 f"in iteration {c['iteration']}")
-    else:
-        text += "; no single blocking call explains it (host work between the GPU's ops: see the bubbles)"
-    return text
-
-
 def largest_bubbles(rank: Mapping[str, Any], n: int = 5) -> list[dict[str, Any]]:
     """The n longest bubbles: iteration, start_us, dur_us, cause, cpu_ops [(name, µs or None)]."""
     bs = sorted(rank.get("bubbles") or [], key=lambda b: (-(b.get("dur_us") or 0.0), b.get("start_us") or 0.0))[:n]
@@ -76,10 +58,6 @@ def largest_bubbles(rank: Mapping[str, Any], n: int = 5) -> list[dict[str, Any]]
         out.append({"iteration": b.get("iteration"), "start_us": b.get("start_us"), "dur_us": b.get("dur_us"), "cause": b.get("cause"),
                     "cpu_ops": list(zip(names, us))})
     return out
-
-
-def cpu_ops_text(ops: list[tuple[str, float | None]], *, sep: str = ", ") -> str:
-    return sep.join(name if us is None else f"{name} {us:,.1f} µs" for name, us in ops)
 
 
 def idle_cpu_ops(rank: Mapping[str, Any], cause: str | None = None, n: int = 3) -> list[tuple[str, float | None]]:
@@ -135,16 +113,3 @@ def sync_groups(rank: Mapping[str, Any]) -> list[dict[str, Any]]:
     for g in groups:
         g["frame"] = frames.get((g.get("kind"), g.get("api"), g.get("direction"), g.get("trigger")), (0.0, None))[1]
     return groups
-
-
-def outside_text(rank: Mapping[str, Any]) -> str | None:
-    """One line on GPU work outside every iteration, when there is any."""
-    o = rank.get("outside_iterations")
-    if not o or not o.get("gpu_ops"):
-        return None
-    busy = o.get("device_busy_us") or 0.0
-    share = f" ({100 * o['gpu_us'] / busy:.1f}% of the device's busy time)" if busy else ""
-    parts = [f"{o[k]} {label}" for k, label in (("before_first", "launched before the first iteration"),
-                                                ("after_last", "after the last"), ("no_launch_in_trace", "with no launch call in the trace"))
-             if o.get(k)]
-    return f"outside every iteration: {o['gpu_ops']:,} GPU ops, {o['gpu_us']:,.1f} µs{share}: {', '.join(parts)}"

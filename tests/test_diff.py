@@ -14,10 +14,11 @@ from typer.testing import CliRunner
 from factories import TraceBuilder
 from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
-from profkit.attribution.diff import IDLE_KEYS, compare_summaries, decomposition_rows, normalize_kernel_name
+from profkit.attribution.diff import IDLE_KEYS, compare_summaries, normalize_kernel_name
 from profkit.catalog import load_catalog
 from profkit.cli import app
 from profkit.ingest import load_trace
+from profkit.report.views import decomposition_rows
 
 US = 1000
 GPU_DATA = Path(__file__).resolve().parent / "data" / "gpu"

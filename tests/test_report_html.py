@@ -12,10 +12,13 @@ import subprocess
 import pytest
 from typer.testing import CliRunner
 
+from profkit.attribution import ladder_steps
 from profkit.attribution.diff import compare_summaries
 from profkit.cli import app
+from profkit.report import Report
 from profkit.report import figures as F
-from profkit.report.html import render_report
+from profkit.report.html import HtmlRenderer
+from profkit.report.markdown import MarkdownRenderer
 from test_diff import BASE, CATALOG, decode_trace, summarize
 
 SCRIPT_NAME = "<script>alert(1)</script>"
@@ -28,6 +31,11 @@ HOSTILE = [
 HOSTILE_MANIFEST = {"command": "python serve.py --name '</script><script>alert(3)</script>'", "opts": ["topk_v2"],
                     "gpu": "<img src=y onerror=alert(4)>"}
 runner = CliRunner()
+
+
+def html_page(*, diffs=(), runs=(), cdn=False):
+    """The page `profkit report` writes: the runs' ladder computed by attribution, then rendered."""
+    return HtmlRenderer(cdn=cdn).render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs)))
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +62,7 @@ def _no_raw_hostile(html: str) -> None:
 
 def test_diff_report_escapes_every_trace_string(hostile):
     _, _, d = hostile
-    html = render_report(diffs=[d])
+    html = html_page(diffs=[d])
     _no_raw_hostile(html)
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # the kernel name, as text, in the tables
     assert "cand &lt;i&gt;" in html
@@ -64,21 +72,21 @@ def test_diff_report_escapes_every_trace_string(hostile):
 
 def test_report_is_byte_stable_and_plotly_inline_once(hostile):
     _, _, d = hostile
-    a, b = render_report(diffs=[d]), render_report(diffs=[d])
+    a, b = html_page(diffs=[d]), html_page(diffs=[d])
     assert a == b
     assert 'src="http' not in a  # self-contained
     assert a.count("Plotly.newPlot") == 6
     assert 1_000_000 < len(a) <= 2_000_000  # plotly.js's cartesian bundle inline, once: a self-contained report within 2 MB
     assert a.count("plotly.js (finance - minified)") == 1
-    small = render_report(diffs=[d], cdn=True)
+    small = html_page(diffs=[d], cdn=True)
     assert len(small) < 500_000 and small.count('src="https://cdn.plot.ly/') == 1
 
 
 def test_run_and_sweep_reports(hostile):
     base, cand, _ = hostile
-    one = render_report(runs=[("base", base)])
+    one = html_page(runs=[("base", base)])
     assert "Timeline of a representative iteration" in one and "Ladder" not in one
-    sweep = render_report(runs=[("base", base), ("topk", cand), ("again", base)])
+    sweep = html_page(runs=[("base", base), ("topk", cand), ("again", base)])
     _no_raw_hostile(sweep)
     assert "Ladder" in sweep and "Δ vs previous" in sweep
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in sweep
@@ -90,7 +98,7 @@ def test_summary_without_timeline_still_renders(hostile):
     old = json.loads(json.dumps(base))
     for r in old["ranks"]:
         r.pop("timeline")
-    html = render_report(runs=[("old", old)])
+    html = html_page(runs=[("old", old)])
     assert "No timeline in these summaries" in html
 
 
@@ -148,7 +156,7 @@ def test_html_renders_in_headless_chromium_and_runs_no_injected_script(tmp_path,
     base, cand, d = hostile
     page = tmp_path / "report.html"
     # one page with everything: the diff and a sweep of the two runs
-    page.write_text(render_report(diffs=[d], runs=[("base", base), ("cand", cand)]))
+    page.write_text(html_page(diffs=[d], runs=[("base", base), ("cand", cand)]))
     expected_figures = page.read_text().count('<div id="profkit-fig-')
     shot = tmp_path / "report.png"
     r = _chromium("--window-size=1280,4000", f"--screenshot={shot}", "--dump-dom", page.as_uri())
@@ -174,19 +182,17 @@ def _points(scale: float) -> list[dict]:
 
 
 def test_throughput_headline_and_curves(hostile):
-    from profkit.report.markdown import render_diff_markdown
-
     base, cand, _ = hostile
     base = {**base, "manifest": {"optimizations": [], "throughput": _points(1.0)}}
     cand = {**cand, "manifest": {**HOSTILE_MANIFEST, "throughput": _points(1.1)}}
     d = compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG)
     assert d["throughput"]["baseline"]["concurrency"] == 1
-    html = render_report(diffs=[d])
+    html = html_page(diffs=[d])
     assert "tokens/s per user (p50) (unprofiled)" in html and "+10.0%" in html
     assert "Unprofiled throughput curves" in html and html.count('<div id="profkit-fig-') == 8
-    md = render_diff_markdown(d)
+    md = MarkdownRenderer().render(Report(diffs=[d]))
     assert "#### Unprofiled throughput" in md and "| tokens/s per user (p50) | 100.00 | 110.00 | +10.0% | **beyond noise** |" in md
-    sweep = render_report(runs=[("base", base), ("cand", cand)])
+    sweep = html_page(runs=[("base", base), ("cand", cand)])
     assert "Throughput Pareto curve" in sweep and "Throughput over input length" in sweep
 
 

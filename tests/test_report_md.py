@@ -9,8 +9,13 @@ from html import unescape
 import pytest
 from markdown_it import MarkdownIt
 
-from profkit.report.markdown import GITHUB_COMMENT_LIMIT, md_escape, render_diff_markdown
+from profkit.report import Report
+from profkit.report.markdown import GITHUB_COMMENT_LIMIT, MarkdownRenderer, md_escape
 from test_report_html import hostile  # noqa: F401  (fixture)
+
+
+def render_md(d, **options):
+    return MarkdownRenderer(**options).render(Report(diffs=[d]))
 
 
 def gfm(text: str) -> str:
@@ -31,7 +36,7 @@ def test_md_escape():
 
 def test_comment_escapes_hostile_names_and_renders_tables(hostile):  # noqa: F811
     _, _, d = hostile
-    md = render_diff_markdown(d)
+    md = render_md(d)
     for raw in ("<script>", "<img", "`tick`", "@everyone", "|pipe"):
         assert raw not in md, raw
     html = gfm(md)
@@ -59,7 +64,7 @@ def test_comment_stays_under_githubs_limit(hostile):  # noqa: F811
     big["syncs"] = [{"kind": "sync", "api": "cudaStreamSynchronize", "direction": "d2h", "trigger": f"op_{i}" + "y" * 200,
                      "baseline_per_iteration": 0.0, "candidate_per_iteration": 1.0, "delta": 1.0} for i in range(3000)]
     big["warnings"] = ["w" * 300] * 500
-    md = render_diff_markdown(big)
+    md = render_md(big)
     assert len(md) < GITHUB_COMMENT_LIMIT
     assert "not shown (comment size limit)" in md
     assert "<table>" in gfm(md)
@@ -73,7 +78,7 @@ def test_noise_wording(hostile, noise):  # noqa: F811
         d["noise"] = {"available": True, "repeats": {"baseline": 3, "candidate": 3}, "note": "",
                       "metrics": {"category_us.topk": {"delta": -10.0, "spread": 0.5, "within_noise": False},
                                   "category_us.gemm": {"delta": 0.1, "spread": 0.5, "within_noise": True}}}
-    md = render_diff_markdown(d)
+    md = render_md(d)
     if noise:
         assert "within noise" in md and "**beyond noise**" in md
     else:
@@ -97,7 +102,7 @@ def test_rendered_comment_reads_as_a_reviewer_needs(hostile):  # noqa: F811
     _, _, d = hostile
     d = copy.deepcopy(d)
     d["top_movers"][0]["name"] = "void flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4>, " + "x" * 300 + ">(Flash_fwd_params)"
-    md = render_diff_markdown(d)
+    md = render_md(d)
     assert "&#95;" not in md and "\\_" in md
     html = gfm(md)
     tables = _tables(html)

@@ -32,6 +32,7 @@ from typing import Any
 from profkit import __version__
 from profkit.ingest.identity import short_label
 from profkit.errors import NothingToAnalyze, UsageError
+from profkit.findings import idle_cpu_ops, largest_bubbles
 
 DIFF_SCHEMA_VERSION = 1
 CAUSES = ("sync", "launch", "iteration_boundary", "gpu_wait")
@@ -343,15 +344,6 @@ def _noise(base_reps: Sequence[Mapping[str, Any]], cand_reps: Sequence[Mapping[s
     }
 
 
-def within_noise(diff: Mapping[str, Any], metric: str) -> bool | None:
-    """True/False when repeats give a noise estimate for `metric` (e.g. ``category_us.attention``), else None."""
-    noise = diff.get("noise") or {}
-    if not noise.get("available"):
-        return None
-    m = (noise.get("metrics") or {}).get(metric)
-    return None if m is None else bool(m["within_noise"])
-
-
 # ---------------------------------------------------------------------------------------------
 # expected effect
 
@@ -441,6 +433,41 @@ def _side_info(summary: Mapping[str, Any], rank: Mapping[str, Any], its: Sequenc
     }
 
 
+def _compared(baseline: Mapping[str, Any], candidate: Mapping[str, Any], rank: int = 0) -> tuple[
+        dict[str, Any], dict[str, Any], Shape | None, list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """What a diff compares: each side's rank entry, the shape (None: no common one, all iterations),
+    each side's iterations of it (steady ones: each rank's last left out), and the warnings so far.
+    Raises NothingToAnalyze when a side has no iteration to compare."""
+    rb, rc = pick_rank(baseline, rank, "baseline"), pick_rank(candidate, rank, "candidate")
+    warnings: list[str] = []
+    shape, w = select_shape(_steady(rb), _steady(rc))
+    warnings.extend(w)
+    if shape is None:
+        warnings.append("the sides share no iteration shape (kind, batch size): comparing all iterations, which mixes shapes")
+    ib, ic = _select(rb, shape), _select(rc, shape)
+    if not ib or not ic:
+        raise NothingToAnalyze(
+            f"nothing to compare: {len(ib)} baseline and {len(ic)} candidate iterations",
+            hint="each side needs at least one iteration; check the marker (--marker) and that the traces cover decode steps",
+        )
+    if min(len(ib), len(ic)) < 3:
+        warnings.append(f"only {min(len(ib), len(ic))} iteration(s) on one side: per-iteration means and medians are noisy")
+    return rb, rc, shape, ib, ic, warnings
+
+
+NO_COMMON_SHAPE = "all iterations (no common shape)"
+
+
+def compare_means(baseline: Mapping[str, Any], candidate: Mapping[str, Any], *, rank: int = 0) -> dict[str, Any]:
+    """A diff's headline numbers only, from the same iterations and with the same exact means as
+    `compare_summaries`: the compared shape's label, and ``wall_us`` and ``gpu_window_us`` as
+    diff.json has them (baseline, candidate, delta, ratio; µs per iteration)."""
+    _, _, shape, ib, ic, _ = _compared(baseline, candidate, rank)
+    mb, mc = _means(ib), _means(ic)
+    return {"shape_label": shape_label(shape) if shape else NO_COMMON_SHAPE,
+            "wall_us": _with_ratio(mb["wall"], mc["wall"]), "gpu_window_us": _with_ratio(mb["window"], mc["window"])}
+
+
 def compare_summaries(
     baseline: Mapping[str, Any],
     candidate: Mapping[str, Any],
@@ -458,20 +485,7 @@ def compare_summaries(
     and `opt` drive the expected-effect check. Repeats (summaries of the same configuration run
     again; the primary may be among them) give the noise estimate. Times are µs per iteration.
     """
-    rb, rc = pick_rank(baseline, rank, "baseline"), pick_rank(candidate, rank, "candidate")
-    warnings: list[str] = []
-    shape, w = select_shape(_steady(rb), _steady(rc))
-    warnings.extend(w)
-    if shape is None:
-        warnings.append("the sides share no iteration shape (kind, batch size): comparing all iterations, which mixes shapes")
-    ib, ic = _select(rb, shape), _select(rc, shape)
-    if not ib or not ic:
-        raise NothingToAnalyze(
-            f"nothing to compare: {len(ib)} baseline and {len(ic)} candidate iterations",
-            hint="each side needs at least one iteration; check the marker (--marker) and that the traces cover decode steps",
-        )
-    if min(len(ib), len(ic)) < 3:
-        warnings.append(f"only {min(len(ib), len(ic))} iteration(s) on one side: per-iteration means and medians are noisy")
+    rb, rc, shape, ib, ic, warnings = _compared(baseline, candidate, rank)
     mb, mc = _means(ib), _means(ic)
 
     # --- the exact decomposition --------------------------------------------------------------
@@ -558,7 +572,7 @@ def compare_summaries(
         "rank": rank,
         "shape": {
             "kind": shape[0] if shape else None, "batch_size": shape[1] if shape else None,
-            "label": shape_label(shape) if shape else "all iterations (no common shape)",
+            "label": shape_label(shape) if shape else NO_COMMON_SHAPE,
             "iterations": {"baseline": len(ib), "candidate": len(ic)},
         },
         "optimization": opt,
@@ -602,21 +616,12 @@ def run_manifest(summary: Mapping[str, Any]) -> Any:
 
 
 def _bubble_view(rank: Mapping[str, Any], its: Sequence[Mapping[str, Any]], n: int = 5) -> dict[str, Any]:
-    from profkit.findings import idle_cpu_ops, largest_bubbles
-
     idx = {i["index"] for i in its}
     sub = {**rank, "bubbles": [b for b in rank.get("bubbles") or [] if b.get("iteration") in idx]}
     return {
         "largest": [{**b, "cpu_ops": [{"name": nm, "us": us} for nm, us in b["cpu_ops"]]} for b in largest_bubbles(sub, n)],
         "idle_cpu_ops": [{"name": nm, "idle_us": us} for nm, us in idle_cpu_ops(rank, None, n)],
     }
-
-
-THROUGHPUT_KEYS = (
-    ("tokens_per_s_per_user_p50", "tokens/s per user (p50)", True), ("tokens_per_s_per_gpu", "tokens/s per GPU", True),
-    ("tokens_per_s", "tokens/s", True), ("ttft_ms_p50", "TTFT ms (p50)", False), ("itl_ms_p50", "ITL ms (p50)", False),
-    ("accept_length", "accept length", True), ("cache_hit_rate", "cache hit rate", True),
-)
 
 
 def throughput_points(manifest: Any) -> list[dict[str, Any]]:
@@ -628,33 +633,6 @@ def throughput_points(manifest: Any) -> list[dict[str, Any]]:
 def _first_point(manifest: Any) -> dict[str, Any] | None:
     pts = throughput_points(manifest)
     return dict(pts[0]) if pts else None
-
-
-def _median_of(point: Mapping[str, Any] | None, key: str) -> tuple[float | None, float | None]:
-    v = (point or {}).get(key)
-    if isinstance(v, Mapping):
-        return v.get("median"), v.get("spread")
-    return (float(v), None) if isinstance(v, (int, float)) else (None, None)
-
-
-def throughput_rows(diff: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Unprofiled throughput side by side: label, baseline, candidate, change (%), within_noise
-    (None without a spread), higher_is_better. Empty when the manifests carry no throughput."""
-    tp = diff.get("throughput") or {}
-    b, c = tp.get("baseline"), tp.get("candidate")
-    if not b and not c:
-        return []
-    rows = []
-    for key, label, higher in THROUGHPUT_KEYS:
-        (bv, bs), (cv, cs) = _median_of(b, key), _median_of(c, key)
-        if bv is None and cv is None:
-            continue
-        change = (cv / bv - 1) * 100 if bv and cv is not None else None
-        spread = max(x for x in (bs, cs, -1.0) if x is not None)
-        within = None if spread < 0 or bv is None or cv is None else abs(cv - bv) < spread
-        rows.append({"key": key, "label": label, "baseline": bv, "candidate": cv, "change_pct": change, "within_noise": within,
-                     "higher_is_better": higher})
-    return rows
 
 
 SERIES_FIELDS = ("wall_us", "gpu_window_us", "gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "bubble_count")
@@ -669,75 +647,6 @@ def _series(rank: Mapping[str, Any], used: Sequence[Mapping[str, Any]]) -> list[
     ]
 
 
-def is_diff(doc: Mapping[str, Any]) -> bool:
-    """Whether a loaded JSON document is a diff.json (as opposed to a summary.json)."""
-    return isinstance(doc, Mapping) and "decomposition" in doc and "baseline" in doc and "candidate" in doc
-
-
-def headline(diff: Mapping[str, Any]) -> str:
-    """One sentence: what the change did to the iteration (plain text; renderers escape it)."""
-    w = diff["wall_us"]
-    g = diff["gpu_window_us"]
-    parts = [f"{diff['shape']['label']}: wall {w['baseline']:,.1f} → {w['candidate']:,.1f} µs per iteration ({_pct(w)})"]
-    parts.append(f"GPU window {g['baseline']:,.1f} → {g['candidate']:,.1f} µs ({_pct(g)})")
-    return "; ".join(parts)
-
-
-def headline_lines(diff: Mapping[str, Any]) -> list[str]:
-    """The report headline (issue 19; plain text, renderers escape it): what bounds the iteration, what the
-    optimization did to its own categories and phase, what else moved beyond noise, the unprofiled
-    throughput change with its spread, and the regime warnings (exploration baseline, unstable windows)."""
-    lines: list[str] = []
-    dec = diff["decomposition"]
-    c = dec["candidate"]
-    idle = c.get("idle_us_by_cause") or {}
-    win = c.get("gpu_window_us") or 0.0
-    busy = c.get("gpu_busy_us") or 0.0
-    cause, us = max(((k, idle.get(k) or 0.0) for k in ("launch", "sync", "iteration_boundary", "gpu_wait")), key=lambda kv: kv[1])
-    if win and busy >= 0.8 * win:
-        bound = f"GPU-bound (busy {busy:,.0f} of {win:,.0f} µs)"
-    else:
-        name = {"launch": "launch-bound", "sync": "sync-bound", "iteration_boundary": "scheduler-bound", "gpu_wait": "dependency-bound"}[cause]
-        bound = f"{name} ({cause} idle {us:,.0f} µs of a {win:,.0f} µs GPU window; busy {busy:,.0f} µs)"
-    lines.append(f"The candidate's iteration is {bound}; {headline(diff)}.")
-    ee = diff.get("expected_effect") or {}
-    if ee.get("known"):
-        own = ", ".join(f"{t['term'].split('.', 1)[1]} {t['delta_us']:+,.1f} µs" + (f" (spread {t['spread_us']:,.1f})" if t.get("spread_us") is not None else "")
-                        + (" within noise" if t.get("within_noise") else "") for t in ee.get("own") or []) or "no kernel category of its own"
-        ph = dec.get("phase_us") or {}
-        top = max(ph.items(), key=lambda kv: abs(kv[1]), default=None)
-        phase = f"; largest phase change {top[0]} {top[1]:+,.1f} µs" if top else ""
-        lines.append(f"{ee['optimization']}: {own}{phase}.")
-        if not ee.get("judged"):
-            lines.append("Changes are not judged: one profile window per side (no noise estimate).")
-        else:
-            beyond = ee.get("beyond_noise") or []
-            lines.append("Beyond noise elsewhere: " + (", ".join(f"{t['term'].replace('category_us.', '').replace('idle_us_by_cause.', 'idle: ')} {t['delta_us']:+,.1f} µs"
-                                                                   for t in beyond[:5]) or "nothing") + ".")
-    tp = [r for r in throughput_rows(diff) if r["key"] == "tokens_per_s_per_user_p50"]
-    if tp and tp[0]["change_pct"] is not None:
-        r = tp[0]
-        noise = "" if r["within_noise"] is None else (" (within noise)" if r["within_noise"] else " (beyond noise)")
-        lines.append(f"Unprofiled tokens/s per user {r['baseline']:,.0f} → {r['candidate']:,.0f} ({r['change_pct']:+.1f}%){noise}.")
-    if _exploration(diff):
-        lines.append("Exploration mode (--base off): the baseline is everything off, eager and launch-bound, a regime the study never ran.")
-    for side in ("baseline", "candidate"):
-        u = (diff.get("stability") or {}).get(side)
-        if u:
-            lines.append(f"Unstable {side}: {u}.")
-    return lines
-
-
-def _exploration(diff: Mapping[str, Any]) -> bool:
-    m = (diff.get("manifests") or {}).get("baseline")
-    if not isinstance(m, Mapping):
-        return False
-    if m.get("base") == "off":
-        return True
-    states = m.get("optimizations")
-    return isinstance(states, Mapping) and bool(states) and not any(states.values())
-
-
 def stability(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> str | None:
     """A sentence when some profile window's GPU window varies by more than 2x (max/min), else None."""
     bad = []
@@ -750,22 +659,3 @@ def stability(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None)
         if len(ws) > 1 and min(ws) > 0 and max(ws) / min(ws) > 2:
             bad.append(f"window {i}: GPU window {min(ws):,.0f}–{max(ws):,.0f} µs")
     return "; ".join(bad) if bad else None
-
-
-def _pct(x: Mapping[str, Any]) -> str:
-    r = x.get("ratio")
-    return "n/a" if r is None else f"{(r - 1) * 100:+.1f}%"
-
-
-def decomposition_rows(diff: Mapping[str, Any]) -> list[tuple[str, str, float, float | None, float | None]]:
-    """(group, term, delta_us, baseline_us, candidate_us) rows whose deltas add up to the change in
-    the GPU window; overlap enters with a minus sign (its row holds -delta overlap)."""
-    d = diff["decomposition"]
-    b, c = d["baseline"], d["candidate"]
-    rows: list[tuple[str, str, float, float | None, float | None]] = []
-    for k, v in d["category_us"].items():
-        rows.append(("category", k, v, b["category_us"].get(k), c["category_us"].get(k)))
-    rows.append(("overlap", "overlap (counted once)", -d["overlap_us"], b["overlap_us"], c["overlap_us"]))
-    for k in IDLE_KEYS:
-        rows.append(("idle", k, d["idle_us_by_cause"][k], b["idle_us_by_cause"][k], c["idle_us_by_cause"][k]))
-    return rows

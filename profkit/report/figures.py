@@ -14,6 +14,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from profkit.report.views import decomposition_rows
+
 PALETTE = (
     "#4C78A8", "#F58518", "#54A24B", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D", "#1F77B4", "#2CA02C", "#8C564B",
     "#17BECF", "#BCBD22", "#E377C2", "#AEC7E8", "#98DF8A", "#FFBB78",
@@ -138,8 +140,6 @@ def gpu_window_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], 
 
 def waterfall_figure(diff: Mapping[str, Any], *, max_terms: int = 12, window: str = "GPU window") -> go.Figure:
     """Baseline GPU window -> per-term changes -> candidate GPU window (mean µs per iteration)."""
-    from profkit.attribution.diff import decomposition_rows
-
     rows = [r for r in decomposition_rows(diff) if r[2] != 0]
     rows.sort(key=lambda r: -abs(r[2]))
     shown, rest = rows[:max_terms], rows[max_terms:]

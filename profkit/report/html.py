@@ -1,9 +1,11 @@
-"""summary.json / diff.json -> one self-contained HTML report (jinja2 templates + plotly figures).
+"""The HTML renderer: summary.json / diff.json -> one self-contained HTML report (jinja2 templates
++ plotly figures).
 
-Rendering only: the report data comes from `profkit.attribution` and summary.json; figures from
-`profkit.report.figures`. Templates autoescape every value (a trace is untrusted input); figures are
-inserted as plotly's own div + script (its JSON escapes ``<``), and the page's data for scripts
-goes in through ``|tojson`` only. plotly.js is inlined once (first figure), or loaded from the CDN
+Rendering only: the report data (diff.json, summary.json, the sweep's ladder) is computed before,
+in `profkit.attribution` and `profkit.analysis`; figures come from `profkit.report.figures`.
+Templates autoescape every value (a trace is untrusted input); figures are inserted as plotly's
+own div + script (its JSON escapes ``<``), and the page's data for scripts goes in through
+``|tojson`` only. plotly.js is inlined once (first figure), or loaded from the CDN
 with ``cdn=True``. Figure div ids are fixed so that the same input gives the same bytes.
 """
 
@@ -12,16 +14,21 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 import jinja2
 import plotly.graph_objects as go
 from markupsafe import Markup
 
 from profkit import __version__
-from profkit.findings import cpu_ops_text, host_gap_text, largest_bubbles, outside_text
-from profkit.attribution.diff import IDLE_KEYS, compare_summaries, decomposition_rows, headline, headline_lines, throughput_points, throughput_rows, within_noise
+from profkit.attribution.diff import IDLE_KEYS, throughput_points
+from profkit.findings import largest_bubbles
 from profkit.report import figures as F
+from profkit.report.base import Renderer, Report
+from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
+from profkit.report.views import (
+    cpu_ops_text, decomposition_rows, headline_lines, host_gap_text, noise_verdict, outside_text, row_metric, throughput_rows,
+)
 from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
 
 MAX_ROWS = 50
@@ -98,23 +105,6 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, align: str 
             "name_cols": list(name_cols), "more": more, "collapsed": collapsed}
 
 
-def _n(x: float | None, digits: int = 1, *, sign: bool = False) -> str:
-    if x is None:
-        return "–"
-    if x == 0:
-        return "0" if digits == 0 else f"{0:.{digits}f}"
-    return f"{x:+,.{digits}f}" if sign else f"{x:,.{digits}f}"
-
-
-def _pct(r: float | None) -> str:
-    return "" if r is None else f"{(r - 1) * 100:+.1f}%"
-
-
-def _noise(diff: Mapping[str, Any], metric: str) -> str:
-    w = within_noise(diff, metric)
-    return "" if w is None else ("within noise" if w else "beyond noise")
-
-
 def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, str]]:
     if isinstance(obj, Mapping):
         out: list[tuple[str, str]] = []
@@ -155,21 +145,21 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     W = words(tl)
     dec = diff["decomposition"]
     cards = [
-        {"label": f"{t['label']} (unprofiled)", "value": f"{_n(t['baseline'], 2)} → {_n(t['candidate'], 2)}",
-         "sub": (f"{t['change_pct']:+.1f}%" if t["change_pct"] is not None else "") + {None: "", True: " · within noise", False: " · beyond noise"}[t["within_noise"]],
+        {"label": f"{t['label']} (unprofiled)", "value": f"{num(t['baseline'], RATE)} → {num(t['candidate'], RATE)}",
+         "sub": pct(t["change_pct"], missing="") + {None: "", True: " · within noise", False: " · beyond noise"}[t["within_noise"]],
          "tone": "" if t["change_pct"] is None or t["within_noise"] else ("good" if (t["change_pct"] > 0) == t["higher_is_better"] else "bad")}
         for t in throughput_rows(diff) if t["key"] in ("tokens_per_s_per_user_p50", "tokens_per_s_per_gpu")
     ] + [
-        {"label": "wall µs per iteration (mean)", "value": f"{_n(w['baseline'])} → {_n(w['candidate'])}", "sub": f"{_n(w['delta'], sign=True)} µs {_pct(w['ratio'])}",
+        {"label": "wall µs per iteration (mean)", "value": f"{num(w['baseline'])} → {num(w['candidate'])}", "sub": f"{num(w['delta'], sign=True)} µs {ratio_pct(w['ratio'], missing='')}",
          "tone": "good" if (w["delta"] or 0) < 0 else "bad" if (w["delta"] or 0) > 0 else ""},
-        {"label": f"{W['window']} µs (mean)", "value": f"{_n(g['baseline'])} → {_n(g['candidate'])}", "sub": f"{_n(g['delta'], sign=True)} µs {_pct(g['ratio'])}",
+        {"label": f"{W['window']} µs (mean)", "value": f"{num(g['baseline'])} → {num(g['candidate'])}", "sub": f"{num(g['delta'], sign=True)} µs {ratio_pct(g['ratio'], missing='')}",
          "tone": "good" if (g["delta"] or 0) < 0 else "bad" if (g["delta"] or 0) > 0 else ""},
     ]
     for key, label in (("kernel_launches", "kernel launches"), ("syncs", "host syncs"), ("bubble_count", "bubbles")):
         x = diff["counts"][key]
-        cards.append({"label": f"{label} per iteration (median)", "value": f"{_n(x['baseline'], 0)} → {_n(x['candidate'], 0)}",
-                      "sub": _n(x["delta"], 0, sign=True) if x["delta"] else "no change", "tone": ""})
-    cards.append({"label": "residual", "value": f"{_n(dec['residual_us'], 3)} µs", "sub": "exact" if dec.get("exact") else "inexact", "tone": ""})
+        cards.append({"label": f"{label} per iteration (median)", "value": f"{num(x['baseline'], COUNT)} → {num(x['candidate'], COUNT)}",
+                      "sub": num(x["delta"], COUNT, sign=True) if x["delta"] else "no change", "tone": ""})
+    cards.append({"label": "residual", "value": f"{num(dec['residual_us'], RESIDUAL)} µs", "sub": "exact" if dec.get("exact") else "inexact", "tone": ""})
     head = _section(f"{prefix}-summary", f"{b['label']} → {c['label']}", headline=" ".join(headline_lines(diff)), cards=cards)
     ee = diff.get("expected_effect")
     if ee and ee.get("known"):
@@ -212,13 +202,13 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
 
     rows = []
     for group, term, delta, bv, cv in decomposition_rows(diff):
-        metric = {"category": f"category_us.{term}", "overlap": "overlap_us", "idle": f"idle_us_by_cause.{term}"}[group]
+        metric = row_metric(group, term)
         if group == "overlap":
             bv, cv = -(bv or 0), -(cv or 0)
         label = {"category": term, "overlap": "− overlap (multi-stream, counted once)", "idle": f"idle: {term.replace('_', ' ')}"}[group]
-        rows.append([label, _n(bv), _n(cv), _n(delta, sign=True), _noise(diff, metric)])
-    rows.append([W["window"], _n(g["baseline"]), _n(g["candidate"]), _n(g["delta"], sign=True), _noise(diff, "gpu_window_us")])
-    rows.append(["residual", "", "", _n(dec["residual_us"], 3), "exact" if dec.get("exact") else "inexact"])
+        rows.append([label, num(bv), num(cv), num(delta, sign=True), noise_verdict(diff, metric)])
+    rows.append([W["window"], num(g["baseline"]), num(g["candidate"]), num(g["delta"], sign=True), noise_verdict(diff, "gpu_window_us")])
+    rows.append(["residual", "", "", num(dec["residual_us"], RESIDUAL), "exact" if dec.get("exact") else "inexact"])
     out.append(_section(
         f"{prefix}-decomposition", f"Where the {W['window']} went (mean µs per iteration)",
         figures=[figs.div(F.waterfall_figure(diff, window=W["window"]))],
@@ -232,16 +222,16 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
 
     labels = {k: count_label(k, tl) for k in ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h",
                                                 "memcpy_h2d", "bubble_count")}
-    crow = [[lab, _n(diff["counts"][k]["baseline"], 0), _n(diff["counts"][k]["candidate"], 0), _n(diff["counts"][k]["delta"], 0, sign=True),
-             _noise(diff, f"counts.{k}")] for k, lab in labels.items()]
+    crow = [[lab, num(diff["counts"][k]["baseline"], COUNT), num(diff["counts"][k]["candidate"], COUNT), num(diff["counts"][k]["delta"], COUNT, sign=True),
+             noise_verdict(diff, f"counts.{k}")] for k, lab in labels.items()]
     for k, t in (diff.get("timings") or {}).items():
-        crow.append([k.replace("_us", " µs").replace("_", " "), _n(t["baseline"]), _n(t["candidate"]), _n(t["delta"], sign=True), ""])
+        crow.append([k.replace("_us", " µs").replace("_", " "), num(t["baseline"]), num(t["candidate"]), num(t["delta"], sign=True), ""])
     tables = [_table(["per iteration (median)", "baseline", "candidate", "Δ", "noise"], crow, align="lrrrl")]
     syncs = diff.get("syncs") or []
     if syncs:
         tables.append(_table(["kind", "API", "direction", "trigger", "baseline / iter", "candidate / iter", "Δ"],
-                             [[x["kind"], x["api"], x["direction"], x["trigger"], _n(x["baseline_per_iteration"], 2), _n(x["candidate_per_iteration"], 2),
-                               _n(x["delta"], 2, sign=True)] for x in syncs[:MAX_ROWS]],
+                             [[x["kind"], x["api"], x["direction"], x["trigger"], num(x["baseline_per_iteration"], RATE), num(x["candidate_per_iteration"], RATE),
+                               num(x["delta"], RATE, sign=True)] for x in syncs[:MAX_ROWS]],
                              align="llllrrr", caption="host syncs and blocking copies, with their trigger", name_cols=(3,),
                              more=f"{len(syncs) - MAX_ROWS} more not shown" if len(syncs) > MAX_ROWS else None))
     series = diff.get("series") or {}
@@ -252,7 +242,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
 
     movers = diff.get("top_movers") or []
     ktables = [_table(["kernel (normalized)", "category", "baseline µs", "candidate µs", "Δ µs", "", "full name, e.g."],
-                      [[m["name"], m["category"], _n(m["baseline_us"]), _n(m["candidate_us"]), _n(m["delta_us"], sign=True), m["status"],
+                      [[m["name"], m["category"], num(m["baseline_us"]), num(m["candidate_us"]), num(m["delta_us"], sign=True), m["status"],
                         _example(m)] for m in movers],
                       align="llrrrll", caption="top movers, µs per iteration", name_cols=(0, 6))]
     for key, what in (("kernels_added", "added"), ("kernels_removed", "removed")):
@@ -260,7 +250,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         total = diff.get(f"{key}_total", len(ks))
         if ks:
             ktables.append(_table(["kernel (normalized)", "category", "per iteration", "µs per iteration", "full name, e.g."],
-                                  [[k["name"], k["category"], _n(k["count_per_iteration"], 2), _n(k["us_per_iteration"]), _example(k)]
+                                  [[k["name"], k["category"], num(k["count_per_iteration"], RATE), num(k["us_per_iteration"]), _example(k)]
                                    for k in ks[:MAX_ROWS]],
                                   align="llrrl", caption=f"{total} kernel(s) {what}", name_cols=(0, 4), collapsed=True,
                                   more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
@@ -285,25 +275,22 @@ def _rank0(summary: Mapping[str, Any]) -> Mapping[str, Any]:
     return ranks[0]
 
 
-def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], figs: _Figures) -> list[dict[str, Any]]:
+def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence[Mapping[str, Any]] | None, figs: _Figures) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if len(runs) >= 2:
-        rows, data = [], []
-        first = runs[0][1]
-        prev = first
-        for i, (label, s) in enumerate(runs):
-            d0 = compare_summaries(first, s)
-            dp = compare_summaries(prev, s)
+        if ladder is None or len(ladder) != len(runs):
+            raise ValueError(f"a report of {len(runs)} runs draws their ladder: pass Report(ladder=profkit.attribution.ladder_steps(runs))")
+        rows = []
+        for i, ((label, s), step) in enumerate(zip(runs, ladder)):
             m = _rank0(s).get("median") or {}
-            data.append({"label": label, "wall_us": d0["wall_us"]["candidate"], "gpu_window_us": d0["gpu_window_us"]["candidate"]})
-            rows.append([label, d0["shape"]["label"], _n(d0["wall_us"]["candidate"]), "" if i == 0 else _n(dp["wall_us"]["delta"], sign=True),
-                         "" if i == 0 else _n(d0["wall_us"]["delta"], sign=True), _n(d0["gpu_window_us"]["candidate"]),
-                         _n(m.get("gpu_kernels"), 0), _n(m.get("kernel_launches"), 0), _n(m.get("graph_launches"), 0), _n(m.get("syncs"), 0),
-                         _n(m.get("bubble_us"))])
-            prev = s
+            rows.append([label, step["shape"], num(step["wall_us"]), "" if i == 0 else num(step["wall_delta_vs_previous_us"], sign=True),
+                         "" if i == 0 else num(step["wall_delta_vs_first_us"], sign=True), num(step["gpu_window_us"]),
+                         num(m.get("gpu_kernels"), COUNT), num(m.get("kernel_launches"), COUNT), num(m.get("graph_launches"), COUNT), num(m.get("syncs"), COUNT),
+                         num(m.get("bubble_us"))])
         out.append(_section(
             "ladder", "Ladder", notes=["Each row against the previous one and against the first (mean µs per iteration, iterations of the shape both share)."],
-            figures=[figs.div(F.ladder_figure(data))],
+            figures=[figs.div(F.ladder_figure([{"label": label, "wall_us": st["wall_us"], "gpu_window_us": st["gpu_window_us"]}
+                                               for (label, _), st in zip(runs, ladder)]))],
             tables=[_table(["configuration", "shape", "wall µs", "Δ vs previous", "Δ vs first", "GPU window µs", "kernels", "kernel launches",
                             "graph launches", "syncs", "bubble µs"], rows, align="llrrrrrrrrr", name_cols=(0,))],
         ))
@@ -313,10 +300,10 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], figs: _Figures) 
         m = r.get("median") or {}
         its = r.get("iterations") or []
         W = words(rank_timeline(r))
-        cards = [{"label": lab, "value": _n(m.get(k), d), "sub": "median per iteration", "tone": ""} for k, lab, d in (
-            ("wall_us", "wall µs", 1), ("gpu_window_us", f"{W['window']} µs", 1), ("gpu_busy_us", f"{W['busy']} µs", 1), ("gpu_idle_us", f"{W['idle']} µs", 1),
-            ("gpu_kernels", W["kernels"], 0), ("kernel_launches", "kernel launches", 0), ("graph_launches", "graph launches", 0), ("syncs", "host syncs", 0),
-            ("bubble_count", "bubbles", 0))]
+        cards = [{"label": lab, "value": num(m.get(k), d), "sub": "median per iteration", "tone": ""} for k, lab, d in (
+            ("wall_us", "wall µs", US), ("gpu_window_us", f"{W['window']} µs", US), ("gpu_busy_us", f"{W['busy']} µs", US), ("gpu_idle_us", f"{W['idle']} µs", US),
+            ("gpu_kernels", W["kernels"], COUNT), ("kernel_launches", "kernel launches", COUNT), ("graph_launches", "graph launches", COUNT), ("syncs", "host syncs", COUNT),
+            ("bubble_count", "bubbles", COUNT))]
         swing = _instability(label, [{"gpu_window_us": i.get("gpu_window_us")} for i in its[:-1]], W["window"])
         notes = [f"rank {r.get('rank')} · {r.get('device') or 'unknown device'} · {len(its)} iterations · marker {r.get('marker')} · catalog {r.get('catalog')}"]
         notes += [x for x in (host_gap_text(r), outside_text(r)) if x]
@@ -325,7 +312,7 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], figs: _Figures) 
             notes.insert(0, f"warning: {swing}")
         big = largest_bubbles(r, 10)
         tables = [_table(["µs", "cause", "iteration", "CPU ops (exclusive µs inside the bubble)"],
-                         [[_n(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"])] for b in big],
+                         [[num(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"])] for b in big],
                          align="rlrl", caption=f"largest bubbles: {label} (of {r.get('bubbles_total', len(r.get('bubbles') or []))})",
                          name_cols=(3,))] if big else []
         out.append(_section(f"run-{i}", label, cards=cards, notes=notes, tables=tables))
@@ -352,7 +339,7 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], figs: _Figures) 
         n = max(len(r.get("iterations") or []), 1)
         ks = r.get("kernels") or []
         tables.append(_table(["kernel", "category", "count / iter", "µs / iter", "total µs"],
-                             [[k["name"], k["category"], _n(k["count"] / n, 2), _n(k["total_us"] / n), _n(k["total_us"])] for k in ks[:MAX_ROWS]],
+                             [[k["name"], k["category"], num(k["count"] / n, RATE), num(k["total_us"] / n), num(k["total_us"])] for k in ks[:MAX_ROWS]],
                              align="llrrr", caption=f"top kernels: {label} ({len(ks)} distinct)", name_cols=(0,),
                              more=f"{len(ks) - MAX_ROWS} more not shown" if len(ks) > MAX_ROWS else None, collapsed=len(runs) > 1))
         sy: dict[tuple[str, str, str, str], list[float]] = {}
@@ -360,7 +347,7 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], figs: _Figures) 
             sy.setdefault((x["kind"], x["api"], x["direction"], str(x["trigger"])), []).append(x["blocked_us"] or 0.0)
         if sy:
             tables.append(_table(["kind", "API", "direction", "trigger", "count / iter", "blocked µs / iter"],
-                                 [[k[0], k[1], k[2], k[3], _n(len(v) / n, 2), _n(sum(v) / n)] for k, v in sorted(sy.items(), key=lambda kv: -len(kv[1]))][:MAX_ROWS],
+                                 [[k[0], k[1], k[2], k[3], num(len(v) / n, RATE), num(sum(v) / n)] for k, v in sorted(sy.items(), key=lambda kv: -len(kv[1]))][:MAX_ROWS],
                                  align="llllrr", caption=f"host syncs and blocking copies: {label}", name_cols=(3,)))
     out.append(_section("runs-kernels", "Top kernels and syncs", tables=tables))
     curves = _curve_section("runs-throughput", [(label, throughput_points(s.get("manifest"))) for label, s in runs], figs)
@@ -396,15 +383,30 @@ def _bubbles_by_cause(r: Mapping[str, Any]) -> dict[str, float]:
 # --------------------------------------------------------------------------------------------
 
 
-def render_report(*, diffs: Sequence[Mapping[str, Any]] = (), runs: Sequence[tuple[str, Mapping[str, Any]]] = (), cdn: bool = False,
-                  title: str | None = None) -> str:
-    """One self-contained HTML page for any mix of diffs and runs (summaries, labelled)."""
+class HtmlRenderer(Renderer):
+    """One self-contained HTML page for any mix of diffs and runs (summaries, labelled; two runs or
+    more with their ladder). `cdn`: plotly.js from its CDN instead of inline; `title`: the page's
+    (default: from what it holds)."""
+
+    name: ClassVar[str] = "html"
+    output_file_extension: ClassVar[str] = "html"
+
+    def __init__(self, *, cdn: bool = False, title: str | None = None) -> None:
+        self.cdn = cdn
+        self.title = title
+
+    def render(self, report: Report) -> str:
+        return _page(report.diffs, report.runs, report.ladder, cdn=self.cdn, title=self.title)
+
+
+def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence[Mapping[str, Any]] | None,
+          *, cdn: bool, title: str | None) -> str:
     figs = _Figures(cdn=cdn)
     sections: list[dict[str, Any]] = []
     for i, d in enumerate(diffs):
         sections += diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff")
     if runs:
-        sections += run_sections(runs, figs)
+        sections += run_sections(runs, ladder, figs)
     if title is None:
         if diffs and not runs and len(diffs) == 1:
             title = f"profkit diff: {diffs[0]['baseline']['label']} → {diffs[0]['candidate']['label']}"

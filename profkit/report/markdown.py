@@ -1,4 +1,4 @@
-"""diff.json v1 -> a GitHub-flavoured Markdown PR comment (pure: dict in, str out).
+"""The Markdown renderer: diff.json v1 -> a GitHub-flavoured Markdown PR comment (pure: dict in, str out).
 
 Every string that comes from a trace or a manifest (kernel names, triggers, paths, categories) goes
 through `md_escape`: a trace is untrusted input, and a kernel name must neither break the table
@@ -9,11 +9,12 @@ The comment stays under GitHub's 65,536-character limit: long lists are cut and 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from profkit.findings import cpu_ops_text
+from profkit.report.base import Renderer, Report
+from profkit.report.numbers import COUNT, RATE, RESIDUAL, num, pct
+from profkit.report.views import cpu_ops_text, decomposition_rows, headline, headline_lines, noise_verdict, row_metric, throughput_rows
 from profkit.report.vocab import banner, count_label, diff_timeline, words
-from profkit.attribution.diff import decomposition_rows, headline, headline_lines, throughput_rows, within_noise
 
 GITHUB_COMMENT_LIMIT = 65_536
 # Headroom under GitHub's limit for whatever the bot that posts the comment adds around it.
@@ -40,33 +41,32 @@ def md_escape(s: object, *, max_len: int | None = MAX_CELL) -> str:
     return "".join(_MD_ESCAPES.get(ch, ch) for ch in text)
 
 
-def _n(x: float | None, digits: int = 1, *, sign: bool = False) -> str:
-    if x is None:
-        return "–"
-    if x == 0:
-        x, sign = 0, False  # no "-0.0", no "+0"
-    if float(x).is_integer() and digits == 0:
-        return f"{int(x):+,d}" if sign else f"{int(x):,d}"
-    return f"{x:+,.{digits}f}" if sign else f"{x:,.{digits}f}"
-
-
 def _table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
     seps = ["---:" if a == "r" else "---" for a in align]
     return ["| " + " | ".join(header) + " |", "| " + " | ".join(seps) + " |", *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def _noise_mark(diff: Mapping[str, Any], metric: str) -> str:
-    w = within_noise(diff, metric)
-    return "" if w is None else ("within noise" if w else "**beyond noise**")
+    v = noise_verdict(diff, metric)
+    return f"**{v}**" if v == "beyond noise" else v
 
 
-def render_diff_markdown(diff: Mapping[str, Any], *, max_chars: int = DEFAULT_MAX_CHARS) -> str:
-    """The PR comment for one diff. Lists shrink until the text fits in `max_chars`."""
-    for limit in (25, 15, 10, 5, 3, 0):
-        text = _render(diff, limit)
-        if len(text) <= max_chars:
-            return text
-    return text[: max_chars - 80] + "\n\n… (comment cut to fit GitHub's size limit; see diff.json)\n"
+class MarkdownRenderer(Renderer):
+    """The PR comment for a report's one diff. Lists shrink until the text fits in `max_chars`."""
+
+    name: ClassVar[str] = "markdown"
+    output_file_extension: ClassVar[str] = "md"
+
+    def __init__(self, *, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+        self.max_chars = max_chars
+
+    def render(self, report: Report) -> str:
+        diff, max_chars = report.only_diff("Markdown"), self.max_chars
+        for limit in (25, 15, 10, 5, 3, 0):
+            text = _render(diff, limit)
+            if len(text) <= max_chars:
+                return text
+        return text[: max_chars - 80] + "\n\n… (comment cut to fit GitHub's size limit; see diff.json)\n"
 
 
 def _render(diff: Mapping[str, Any], limit: int) -> str:
@@ -88,8 +88,8 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         out += ["#### Unprofiled throughput", ""]
         mark = {None: "", True: "within noise", False: "**beyond noise**"}
         out += _table(["metric", "baseline", "candidate", "change", "noise"], "lrrrl",
-                      [[t["label"], _n(t["baseline"], 2), _n(t["candidate"], 2),
-                        "–" if t["change_pct"] is None else f"{t['change_pct']:+.1f}%", mark[t["within_noise"]]] for t in tp])
+                      [[t["label"], num(t["baseline"], RATE), num(t["candidate"], RATE),
+                        pct(t["change_pct"]), mark[t["within_noise"]]] for t in tp])
         out.append("")
 
     ee = diff.get("expected_effect")
@@ -124,22 +124,22 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     shown = cats if limit == 0 or len(cats) <= limit else sorted(cats, key=lambda r: -abs(r[2] or 0))[:limit]
     # every term, the largest change first: the reader sees what moved the window in the first rows
     for group, term, delta, bv, cv in sorted(shown + [r for r in drows if r[0] != "category"], key=lambda r: -abs(r[2] or 0)):
-        metric = {"category": f"category_us.{term}", "overlap": "overlap_us", "idle": f"idle_us_by_cause.{term}"}[group]
+        metric = row_metric(group, term)
         label = {"category": f"{md_escape(term)}", "overlap": "− overlap (multi-stream, counted once)",
                  "idle": f"idle: {md_escape(term.replace('_', ' '))}"}[group]
         if group == "overlap":
             bv, cv = (-bv if bv is not None else None), (-cv if cv is not None else None)
-        rows.append([label, _n(bv), _n(cv), _n(delta, sign=True), _noise_mark(diff, metric)])
+        rows.append([label, num(bv), num(cv), num(delta, sign=True), _noise_mark(diff, metric)])
     if len(shown) < len(cats):
         rest = sum(r[2] for r in cats if r not in shown)
-        rows.append([f"*{len(cats) - len(shown)} more categories*", "", "", _n(rest, sign=True), ""])
+        rows.append([f"*{len(cats) - len(shown)} more categories*", "", "", num(rest, sign=True), ""])
     g = dec["gpu_window_us"]
-    rows.append([f"**{W['window']}**", f"**{_n(g['baseline'])}**", f"**{_n(g['candidate'])}**", f"**{_n(g['delta'], sign=True)}**",
+    rows.append([f"**{W['window']}**", f"**{num(g['baseline'])}**", f"**{num(g['candidate'])}**", f"**{num(g['delta'], sign=True)}**",
                  _noise_mark(diff, "gpu_window_us")])
-    rows.append(["residual", "", "", _n(dec["residual_us"], 3, sign=True), "exact" if dec.get("exact") else "**inexact**"])
+    rows.append(["residual", "", "", num(dec["residual_us"], RESIDUAL, sign=True), "exact" if dec.get("exact") else "**inexact**"])
     out += _table(["term (largest change first)", "baseline µs", "candidate µs", "Δ µs", "noise"], "lrrrl", rows)
     w = diff["wall_us"]
-    out += ["", f"Wall (CPU) per iteration: {_n(w['baseline'])} → {_n(w['candidate'])} µs ({_n(w['delta'], sign=True)} µs)."
+    out += ["", f"Wall (CPU) per iteration: {num(w['baseline'])} → {num(w['candidate'])} µs ({num(w['delta'], sign=True)} µs)."
             f" {_noise_mark(diff, 'wall_us')}".rstrip(), ""]
 
     ph = dec.get("phase_us") or {}
@@ -147,7 +147,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         pb, pc = dec["baseline"].get("phase_us") or {}, dec["candidate"].get("phase_us") or {}
         out += [f"#### The same change by phase ({W['device']} time, mean µs per iteration)", ""]
         out += _table(["phase", "baseline", "candidate", "Δ µs"], "lrrr",
-                      [[md_escape(k), _n(pb.get(k)), _n(pc.get(k)), _n(d, sign=True)] for k, d in ph.items()])
+                      [[md_escape(k), num(pb.get(k)), num(pc.get(k)), num(d, sign=True)] for k, d in ph.items()])
         out.append("")
 
     # counts
@@ -155,13 +155,13 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     out.append("")
     labels = {k: count_label(k, tl) for k in ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h",
                                                 "memcpy_h2d", "bubble_count")}
-    rows = [[lab, _n(diff["counts"][k]["baseline"], 0), _n(diff["counts"][k]["candidate"], 0), _n(diff["counts"][k]["delta"], 0, sign=True),
+    rows = [[lab, num(diff["counts"][k]["baseline"], COUNT), num(diff["counts"][k]["candidate"], COUNT), num(diff["counts"][k]["delta"], COUNT, sign=True),
              _noise_mark(diff, f"counts.{k}")] for k, lab in labels.items()]
     tl = {"launch_us": "launch host µs", "sync_us": "sync blocked µs", "bubble_us": "bubble µs"}
     for k, lab in tl.items():
         t = (diff.get("timings") or {}).get(k)
         if t:
-            rows.append([lab, _n(t["baseline"]), _n(t["candidate"]), _n(t["delta"], sign=True), ""])
+            rows.append([lab, num(t["baseline"]), num(t["candidate"]), num(t["delta"], sign=True), ""])
     out += _table(["per iteration (median)", "baseline", "candidate", "Δ", "noise"], "lrrrl", rows)
     out.append("")
 
@@ -169,7 +169,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     if syncs:
         out += ["#### Host syncs and blocking copies (per iteration)", ""]
         cut = syncs if limit == 0 else syncs[:limit]
-        rows = [[_n(s["delta"], 2, sign=True), _n(s["baseline_per_iteration"], 2), _n(s["candidate_per_iteration"], 2), md_escape(s["kind"]),
+        rows = [[num(s["delta"], RATE, sign=True), num(s["baseline_per_iteration"], RATE), num(s["candidate_per_iteration"], RATE), md_escape(s["kind"]),
                  md_escape(s["direction"]), md_escape(s["api"], max_len=None), md_escape(s["trigger"], max_len=None)] for s in cut]
         out += _table(["Δ", "baseline", "candidate", "kind", "dir", "API", "trigger"], "rrrllll", rows)
         out += _more(len(syncs), len(cut), "sync groups")
@@ -181,7 +181,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         rows = []
         for side in ("baseline", "candidate"):
             for x in ((bub.get(side) or {}).get("largest") or [])[: min(limit, 5)]:
-                rows.append([side, _n(x["dur_us"]), md_escape(x["cause"]), str(x["iteration"]),
+                rows.append([side, num(x["dur_us"]), md_escape(x["cause"]), str(x["iteration"]),
                              md_escape(cpu_ops_text([(o["name"], o["us"]) for o in x["cpu_ops"]]), max_len=300)])
         out += _table(["side", "µs", "cause", "iteration", "CPU ops"], "lrlrl", rows)
         out.append("")
@@ -190,7 +190,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     if movers and limit:
         cut = movers[:limit]
         out += ["#### Top movers (µs per iteration, by normalized kernel name)", ""]
-        rows = [[_n(m["delta_us"], sign=True), _n(m["baseline_us"]), _n(m["candidate_us"]), md_escape(m["category"]),
+        rows = [[num(m["delta_us"], sign=True), num(m["baseline_us"]), num(m["candidate_us"]), md_escape(m["category"]),
                  md_escape(m["name"], max_len=MAX_NAME), md_escape(m["status"])] for m in cut]
         out += _table(["Δ µs", "baseline µs", "candidate µs", "category", W["kernel"], "status"], "rrrlll", rows)
         out += _more(len(movers), len(cut), "movers")
@@ -204,7 +204,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         cut = ks[:limit] if limit else []
         out += [f"<details><summary>{total} kernel(s) {what}</summary>", ""]
         if cut:
-            rows = [[_n(k["us_per_iteration"]), _n(k["count_per_iteration"], 2), md_escape(k["category"]), md_escape(k["name"], max_len=MAX_NAME)]
+            rows = [[num(k["us_per_iteration"]), num(k["count_per_iteration"], RATE), md_escape(k["category"]), md_escape(k["name"], max_len=MAX_NAME)]
                     for k in cut]
             out += _table(["µs per iteration", "calls/iter", "category", "kernel"], "rrll", rows)
         out += _more(total, len(cut), f"{what} kernels")

@@ -1,0 +1,233 @@
+"""The terminal renderer: summary.json and diff.json as rich tables on a console (human output;
+the CLI decides between stdout and stderr). Trace strings go through rich.markup.escape; tables
+are fitted to the console's width (fit.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from functools import partial
+from typing import Any, ClassVar
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from profkit.attribution.diff import shape_label, shape_of
+from profkit.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
+from profkit.report.base import Renderer, Report
+from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
+from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, num, pct
+from profkit.report.views import (
+    cpu_ops_text, decomposition_rows, headline, headline_lines, host_gap_text, noise_verdict, outside_text, row_metric, throughput_rows,
+)
+from profkit.report.vocab import banner, count_label, diff_timeline, words
+
+_num = partial(num, missing=HYPHEN)  # the terminal writes a missing number as "-"
+
+
+class TerminalRenderer(Renderer):
+    """Tables for `console` (its width and colours): each diff, then each run's summary.
+
+    `show` prints them on the console as they are drawn (rich handles a reader that leaves early);
+    `render` returns the same text instead.
+    """
+
+    name: ClassVar[str] = "terminal"
+    output_file_extension: ClassVar[str] = "txt"
+
+    def __init__(self, console: Console, *, top: int = 10) -> None:
+        self.console = console
+        self.top = top
+
+    def render(self, report: Report) -> str:
+        with self.console.capture() as captured:
+            self.show(report)
+        return captured.get()
+
+    def show(self, report: Report) -> None:
+        for d in report.diffs:
+            _diff(d, self.console, top=self.top)
+        for _label, s in report.runs:
+            _summary(s, self.console, top=self.top)
+
+
+def _summary(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
+    _ranks(summary, console, top=top)
+    if summary.get("cross_rank"):
+        _cross_rank(summary["cross_rank"], console)
+
+
+def _ranks(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
+    for r in summary["ranks"]:
+        its = r["iterations"]
+        kinds = Counter(shape_label(shape_of(i)) for i in its)
+        console.print(
+            f"[bold]rank {r['rank']}[/] {escape(r['device'] or '')}  [dim]{escape(r['path'])}[/]\n"
+            f"  {len(its)} iterations ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r['marker']))}[/]; catalog {escape(r['catalog'])}",
+            soft_wrap=True,
+        )
+        for line in filter(None, (host_gap_text(r), outside_text(r))):
+            console.print(f"  [bold magenta]{escape(line)}[/]", soft_wrap=True)
+        m = r["median"]
+        if not m:
+            continue
+        t = Table(title="per iteration", title_justify="left", box=None)
+        for c in ("metric", "median", "min", "max"):
+            t.add_column(c, justify="left" if c == "metric" else "right")
+        dev = "CPU-op" if r.get("device_timeline") == "cpu" else "GPU"
+        rows = (
+            ("wall µs", "wall_us", US), (f"{dev} window µs", "gpu_window_us", US), (f"{dev} busy µs", "gpu_busy_us", US),
+            (f"{dev} idle µs", "gpu_idle_us", US), ("overlap µs", "overlap_us", US), ("GPU kernels" if dev == "GPU" else "top-level aten ops", "gpu_kernels", COUNT),
+            ("kernel launches", "kernel_launches", COUNT), ("graph launches", "graph_launches", COUNT), ("launch host µs", "launch_us", US),
+            ("launch latency p50 µs", "launch_latency_us_p50", US), ("syncs", "syncs", COUNT), ("sync µs", "sync_us", US),
+            ("sync copies", "sync_copies", COUNT), ("bubbles", "bubble_count", COUNT), ("bubble µs", "bubble_us", US),
+        )
+        for label, key, d in rows:
+            vals = [i[key] for i in its if i[key] is not None]
+            t.add_row(label, _num(m[key], d), _num(min(vals), d) if vals else "-", _num(max(vals), d) if vals else "-")
+        for d in ("h2d", "d2h", "d2d"):
+            vals = [i["memcpy"][d] for i in its]
+            if any(vals):
+                t.add_row(f"memcpy {d}", _num(m["memcpy"][d], COUNT), _num(min(vals), COUNT), _num(max(vals), COUNT))
+        console.print(t)
+        cat = m.get("category_us") or {}
+        total = sum(cat.values()) or 1.0
+        if cat:
+            console.print(fit_table(console, "time by category (median µs per iteration)", (("category", COPY), ("µs", NUM), ("share", NUM)),
+                                    [(k, _num(v), pct(100 * v / total, sign=False)) for k, v in sorted(cat.items(), key=lambda kv: -kv[1])]))
+        by_cause = m.get("bubble_us_by_cause") or {}
+        causes = bubble_causes(r)
+        if causes and any(v["count"] for v in causes.values()):
+            console.print(fit_table(
+                console, "bubbles by cause (median µs per iteration; count over all iterations; CPU ops by the idle time inside the bubbles)",
+                (("cause", COPY), ("µs", NUM), ("count", NUM), ("CPU was in", TEXT)),
+                [(c, _num(v), str(causes.get(c, {}).get("count", 0)), cpu_ops_text(idle_cpu_ops(r, c, 2)))
+                 for c, v in sorted(by_cause.items(), key=lambda kv: -kv[1])]))
+            big = largest_bubbles(r, top)
+            console.print(fit_table(
+                console, f"largest bubbles (of {r.get('bubbles_total', len(r['bubbles']))}; CPU ops with their exclusive µs inside the bubble)",
+                (("µs", NUM), ("cause", COPY), ("iteration", NUM), ("CPU ops", TEXT)),
+                [(_num(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"])) for b in big]))
+        groups = sync_groups(r)
+        if groups:
+            frames = any(g["frame"] for g in groups)
+            cols = (("count", NUM), ("blocked µs", NUM), ("kind", COPY), ("dir", COPY), ("api", COPY), ("trigger", COPY)) + ((("Python frame", COPY),) if frames else ())
+            console.print(fit_table(console, "host syncs and blocking copies (all iterations)", cols, [
+                (str(g["count"]), _num(g["blocked_us"]), g["kind"], str(g["direction"]), str(g["api"]), str(g["trigger"] or "?"), *([g["frame"] or ""] if frames else []))
+                for g in groups[:top]]))
+        if r["kernels"]:
+            n_it = max(len(its), 1)
+            what = "kernels" if r.get("device_timeline") != "cpu" else "aten ops"
+            console.print(fit_table(console, f"top {what} (of {len(r['kernels'])}; names demangled, long ones cut in the middle)",
+                                    (("total µs", NUM), ("calls/iter", NUM), ("category", COPY), ("name", NAME)),
+                                    # calls per iteration with one decimal in this table (the diff tables use RATE, two)
+                                    [(_num(k["total_us"]), _num(k["count"] / n_it, 1), k["category"] or "-", k["name"]) for k in r["kernels"][:top]]))
+        for w in r["warnings"]:
+            console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+
+
+def _cross_rank(x: Mapping[str, Any], console: Console) -> None:
+    """The straggler table and per-iteration spread across ranks."""
+    offs = ", ".join(f"rank {r}: {v:+,.1f} µs" for r, v in x["clock_offsets_us"].items())
+    console.print(f"[bold]across {len(x['ranks'])} ranks[/]: {x['aligned_iterations']} aligned iterations; clock offsets {escape(offs)}")
+    t = Table(title="stragglers (the rank the others wait for in collectives)", title_justify="left", box=None)
+    for c in ("rank", "times straggler", "wait it caused µs (mean)", "its own collective wait µs (mean)"):
+        t.add_column(c, justify="right")
+    for s in x["stragglers"]:
+        t.add_row(str(s["rank"]), str(s["times_straggler"]), _num(s["mean_wait_caused_us"]), _num(s["mean_comm_wait_us"]))
+    console.print(t)
+    spreads = [i["spread_us"] for i in x["iterations"]]
+    if spreads:
+        spreads.sort()
+        console.print(f"GPU-window spread across ranks per iteration: median {_num(spreads[len(spreads) // 2])} µs, max {_num(spreads[-1])} µs")
+    for w in x["warnings"]:
+        console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+
+
+def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
+    b, c = diff["baseline"], diff["candidate"]
+    for line in headline_lines(diff):  # the headline first (what bounds it, its own effect, what else moved, throughput)
+        console.print(f"[bold]{escape(line)}[/]", soft_wrap=True)
+    console.print(f"[bold]{escape(b['label'])}[/] → [bold]{escape(c['label'])}[/]"
+                  + (f"  [cyan]{escape(diff['optimization'])}[/]" if diff.get("optimization") else ""))
+    console.print(escape(headline(diff)))
+    tp = throughput_rows(diff)
+    if tp:
+        t = Table(title="unprofiled throughput", title_justify="left", box=None)
+        for col in ("", "baseline", "candidate", "change", ""):
+            t.add_column(col, justify="left" if col == "" else "right")
+        for r in tp:
+            t.add_row(r["label"], _num(r["baseline"], RATE), _num(r["candidate"], RATE), pct(r["change_pct"], missing=HYPHEN),
+                      {None: "", True: "[dim]within noise[/]", False: "[bold]beyond noise[/]"}[r["within_noise"]])
+        console.print(t)
+    ee = diff.get("expected_effect")
+    if ee and ee.get("known"):
+        if ee["flags"]:
+            for f in ee["flags"]:
+                console.print(f"[bold red]flag:[/] {escape(f)}", soft_wrap=True)
+        else:
+            console.print(f"[green]expected effect ok:[/] no change outside {escape(', '.join(ee['categories']) or 'its (empty) categories')} "
+                          f"beyond {escape(ee['threshold'])}")
+    elif ee:
+        console.print(f"[yellow]note:[/] {escape(ee.get('note', ''))}", soft_wrap=True)
+    noise = diff.get("noise") or {}
+    if not noise.get("available"):
+        console.print(f"[dim]{escape(noise.get('note', 'no noise estimate'))}[/]", soft_wrap=True)
+
+    tl = diff_timeline(diff)
+    W = words(tl)
+    if banner(tl):
+        console.print(f"[bold yellow]{escape(banner(tl) or '')}[/]", soft_wrap=True)
+    g = diff["decomposition"]["gpu_window_us"]
+    rows: list[tuple[str, ...]] = []
+    for group, term, delta, bv, cv in decomposition_rows(diff):
+        metric = row_metric(group, term)
+        if group == "overlap":
+            bv, cv = -(bv or 0), -(cv or 0)
+            label = "− overlap"
+        else:
+            label = term if group == "category" else f"idle: {term.replace('_', ' ')}"
+        rows.append((label, _num(bv), _num(cv), _num(delta, sign=True), noise_verdict(diff, metric)))
+    rows.append((W["window"], _num(g["baseline"]), _num(g["candidate"]), _num(g["delta"], sign=True), noise_verdict(diff, "gpu_window_us")))
+    rows.append(("residual", "", "", _num(diff["decomposition"]["residual_us"], RESIDUAL), "exact" if diff["decomposition"].get("exact") else "inexact"))
+    console.print(fit_table(console, f"change in mean {W['window']} per iteration ({diff['shape']['label']})",
+                            (("term", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)), rows))
+
+    ph = diff["decomposition"].get("phase_us") or {}
+    if ph:
+        sb, sc = diff["decomposition"]["baseline"].get("phase_us") or {}, diff["decomposition"]["candidate"].get("phase_us") or {}
+        console.print(fit_table(console, f"the same change in {W['device']} time by phase (mean µs per iteration)",
+                                (("phase", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM)),
+                                [(k, _num(sb.get(k)), _num(sc.get(k)), _num(d, sign=True)) for k, d in ph.items()]))
+
+    console.print(fit_table(console, "per iteration (medians)", (("count", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
+                            [(count_label(k, tl), _num(v["baseline"], COUNT), _num(v["candidate"], COUNT), _num(v["delta"], COUNT, sign=True), noise_verdict(diff, f"counts.{k}"))
+                             for k, v in diff["counts"].items()]))
+    if diff.get("syncs"):
+        console.print(fit_table(console, "host syncs and blocking copies per iteration",
+                                (("Δ", NUM), ("baseline", NUM), ("candidate", NUM), ("kind", COPY), ("dir", COPY), ("api", COPY), ("trigger", COPY)),
+                                [(_num(s["delta"], RATE, sign=True), _num(s["baseline_per_iteration"], RATE), _num(s["candidate_per_iteration"], RATE),
+                                  s["kind"], s["direction"], s["api"], s["trigger"]) for s in diff["syncs"][:top]]))
+    if diff.get("top_movers"):
+        console.print(fit_table(console, "top movers (µs per iteration, normalized names)",
+                                (("Δ µs", NUM), ("baseline", NUM), ("candidate", NUM), ("category", COPY), (W["kernel"], NAME)),
+                                [(_num(m["delta_us"], sign=True), _num(m["baseline_us"]), _num(m["candidate_us"]), m["category"], m["name"])
+                                 for m in diff["top_movers"][:top]]))
+    bub = diff.get("bubbles") or {}
+    for side in ("baseline", "candidate"):
+        v = bub.get(side) or {}
+        if not v.get("largest"):
+            continue
+        console.print(fit_table(console, f"largest bubbles: {diff[side]['label']} (CPU ops with their exclusive µs inside the bubble)",
+                                (("µs", NUM), ("cause", COPY), ("iteration", NUM), ("CPU ops", TEXT)),
+                                [(_num(x["dur_us"]), str(x["cause"]), str(x["iteration"]), cpu_ops_text([(o["name"], o["us"]) for o in x["cpu_ops"]]))
+                                 for x in v["largest"][:5]]))
+    for key, what in (("kernels_added", "added"), ("kernels_removed", "removed")):
+        ks = diff.get(key) or []
+        if ks:
+            names = ", ".join(k["name"] for k in ks[:5])
+            more = f" and {diff.get(f'{key}_total', len(ks)) - 5} more" if diff.get(f"{key}_total", len(ks)) > 5 else ""
+            console.print(f"kernels {what}: {escape(names)}{more}", soft_wrap=True)
+    for w in diff.get("warnings") or []:
+        console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
