@@ -280,6 +280,13 @@ class CatalogChoice:
         return None
 
 
+def more_specific(names: Iterable[str | None]) -> str | None:
+    """Of catalogs picked by kernel names (two sides of a diff), the one to categorize both with:
+    the first by name that is not `generic`, else None."""
+    specific = sorted(n for n in names if n and n != "generic")
+    return specific[0] if specific else None
+
+
 def picked_note(names: Iterable[str]) -> str:
     """The line that says which catalog(s) the ranks picked by their kernel names."""
     return f"catalog {', '.join(names)}: picked from the kernel names (--catalog NAME to choose)"

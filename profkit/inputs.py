@@ -11,10 +11,11 @@ for repeats). Reading only: nothing here prints or exits; bad files raise TraceI
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from profkit.catalog import CatalogChoice
 from profkit.errors import TraceInputError
 from profkit.summarize import SummarizeOptions, summarize
 
@@ -159,6 +160,44 @@ def load_side(path: Path, opts: SummarizeOptions) -> Side:
         if manifest is not None and "manifest" not in s:
             s["manifest"] = manifest
     return Side(path, _label(path), summaries[0], summaries if len(summaries) > 1 else [], manifest)
+
+
+def load_pair(before: Path, after: Path, opts: SummarizeOptions) -> tuple[Side, Side, CatalogChoice, list[str]]:
+    """The two sides of a diff, categorized under one catalog where it can be helped: when none was
+    chosen (opts.catalog picks by kernel names) and the sides picked different ones, both are
+    summarized again under the more specific pick (catalog.more_specific). The sides, the catalog
+    choice they were summarized under, and warnings."""
+    from profkit.catalog import CatalogChoice, load_catalog, more_specific
+
+    b, c = load_side(before, opts), load_side(after, opts)
+    choice = opts.catalog
+    if choice.catalog is not None:
+        return b, c, choice, []
+    # each side picked its catalog by its own kernel names; categories only compare under one catalog
+    picked = {s.summary["ranks"][0].get("catalog") for s in (b, c) if s.summary.get("ranks")}
+    name = more_specific(picked) if len(picked) > 1 else None
+    if name is None:
+        return b, c, choice, []
+    choice = CatalogChoice(load_catalog(name), "kernel names")
+    opts = replace(opts, catalog=choice)
+    b, c = load_side(before, opts), load_side(after, opts)
+    if {s.summary["ranks"][0].get("catalog") for s in (b, c)} != {choice.name}:
+        return b, c, choice, [f"the two sides were categorized with different kernel catalogs; pass --catalog {choice.name} when analyzing them"]
+    return b, c, choice, []
+
+
+def align_single_ranks(b: Side, c: Side, rank: int | None) -> tuple[int, list[str]]:
+    """Two single-rank sides are compared whatever their ranks (rank 3 of one run against rank 1
+    of another): the candidate's rank entry is renumbered to the baseline's, and said. Else --rank
+    (default 0) on both."""
+    rb, rc = b.summary.get("ranks") or [], c.summary.get("ranks") or []
+    if rank is None and len(rb) == 1 and len(rc) == 1 and not b.repeats and not c.repeats:
+        want, have = rb[0].get("rank"), rc[0].get("rank")
+        if want != have:
+            c.summary = {**c.summary, "ranks": [{**rc[0], "rank": want}]}
+            return want, [f"single-rank sides: rank {want} of the baseline compared with rank {have} of the candidate"]
+        return want, []
+    return (0 if rank is None else rank), []
 
 
 def infer_optimization(baseline_manifest: Any, candidate_manifest: Any) -> str | None:

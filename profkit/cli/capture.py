@@ -196,45 +196,13 @@ def _dry_run(cfg, plans: list[tuple[str, dict[str, bool]]]) -> None:
     out.print(f"# workload: {json.dumps(wl)}; concurrency {list(cfg.concurrency)}; profile {cfg.num_steps} steps", soft_wrap=True, markup=False)
 
 
-def _attribute(before: Any, after: Any, opts: list[str], group_dir: Path, catalog_name: Optional[str]) -> dict[str, Any]:
-    """before.json, after.json, diff.json (+ report.html and report.md where the report modules exist) in group_dir."""
-    from profkit.attribution.diff import compare_summaries
-    from profkit.catalog import choose_catalog
-    from profkit.store import write_json_atomic
-
-    # as `profkit diff` of the two run folders judges it: --catalog, else the manifests' target, else the candidate's own
-    cat = choose_catalog(catalog_name, [before.trace_dir, after.trace_dir]).for_effect(after.summary, 0)
-    group_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(group_dir / "before.json", before.summary)
-    write_json_atomic(group_dir / "after.json", after.summary)
-    diff = compare_summaries(before.summary, after.summary, opt=opts[0] if len(opts) == 1 else None, catalog=cat,
-                             labels=(before.run_id, after.run_id), baseline_repeats=getattr(before, "windows", None) or (),
-                             candidate_repeats=getattr(after, "windows", None) or ())
-    diff["throughput"] = {
-        "baseline": (before.manifest.get("throughput") or [{}])[0], "candidate": (after.manifest.get("throughput") or [{}])[0],
-    }
-    write_json_atomic(group_dir / "diff.json", diff)
-    write_reports(group_dir, diffs=[diff], runs=[(before.run_id, before.summary), (after.run_id, after.summary)])
-    return diff
-
-
-def write_reports(folder: Path, *, diffs: list[dict[str, Any]], runs: list[tuple[str, dict[str, Any]]]) -> None:
-    """report.html (self-contained) and, for a single diff, report.md (a PR comment) in `folder`."""
-    from profkit.report.markdown import render_diff_markdown
-    from profkit.store import write_bytes_atomic
-
-    if len(diffs) == 1:
-        write_bytes_atomic(folder / "report.md", render_diff_markdown(diffs[0]).encode())
-    try:
-        from profkit.report.html import render_report
-    except ImportError as e:  # plotly/jinja2 are the `report` extra
-        err.print(f"[yellow]note:[/] no report.html: {escape(str(e))}; pip install 'profkit[report]'", soft_wrap=True)
-        return
-    write_bytes_atomic(folder / "report.html", render_report(diffs=diffs, runs=runs).encode())
+def _notes(notes: list[str]) -> None:
+    for n in notes:
+        err.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
 
 
 def _render_attribution(diff: dict[str, Any], group_dir: Path) -> None:
-    from profkit.report.console import render_diff
+    from profkit.report.console_diff import render_diff
 
     render_diff(diff, out)
     out.print(f"wrote {escape(str(group_dir))}/ (before.json, after.json, diff.json, report.md, report.html)", soft_wrap=True)
@@ -251,6 +219,7 @@ def trace(opt: Opt, options: RunOptions) -> None:
 
         profkit trace --target sglang --preset glm52-nvfp4-tp8 --opt topk_v2 --dry-run
     """
+    from profkit.capture.sweep import attribute, reproduce_command
     from profkit.targets.registry import check_comparison, check_opts, opt_states
 
     o = options
@@ -274,27 +243,10 @@ def trace(opt: Opt, options: RunOptions) -> None:
         out.print(f"captured; attribute with: profkit diff {before.trace_dir} {after.trace_dir} --opt {tag} --html report.html", soft_wrap=True)
         return
     group = reports_dir / f"{stamp}-{target}-{tag}"
-    diff = _attribute(before, after, opts, group, catalog)
+    diff, notes = attribute(before, after, opts, group, catalog)
+    _notes(notes)
     _render_attribution(diff, group)
     err.print(f"reproduce the attribution: {reproduce_command(before, after, opts, catalog, target)}", soft_wrap=True)
-
-
-def reproduce_command(before: Any, after: Any, opts: list[str], catalog: Optional[str], target: str) -> str:
-    """The `profkit diff` that gives the diff.json `trace` wrote: the two runs' report folders (their
-    summary.json, the profile windows' summaries as repeats, the `run` section for the labels,
-    throughput and switches), --opt when one optimization was attributed (several: none, as trace
-    did), and the catalog trace judged the expected effect with when the folders do not imply it
-    (--catalog as given; on sglang the one its manifest implied, named for the reader)."""
-    from profkit.catalog import choose_catalog
-
-    parts = ["profkit", "diff", str(before.report_dir), str(after.report_dir)]
-    if len(opts) == 1:
-        parts += ["--opt", opts[0]]
-    choice = choose_catalog(catalog, [before.trace_dir, after.trace_dir])
-    cat = catalog or (choice.name if target != "proxy" and choice.how == "manifest" else None)
-    if cat:
-        parts += ["--catalog", cat]
-    return shlex.join(parts)
 
 
 @command()
@@ -330,59 +282,6 @@ def opts(target: Target = "proxy") -> None:
                 out.print(f"  [dim]{k + ':':<9}[/] {escape(v)}", soft_wrap=True)
 
 
-def sweep_plan(target: str, opts: list[str], mode: str, base: str = "on") -> list[tuple[str, dict[str, bool], str | None, str | None]]:
-    """(label, states, compare_against_label, attributed_opt) for every run of a sweep.
-
-    "all" is the full configuration: with `base` "on" (default) every optimization the sweep does
-    not list stays on in every run (the study's regime: CUDA graphs, overlap, ...), so the ladder
-    ends at the study's own launch command and leave-one-out removes one thing from it. With
-    `base` "off" the unlisted ones are off everywhere (exploration).
-    """
-    from profkit.targets.registry import registry
-
-    names = list(registry(target))
-    rest = base == "on"
-    allon = {n: (n in opts) or rest for n in names}
-    none = {n: (n not in opts) and rest for n in names}
-    plan: list[tuple[str, dict[str, bool], str | None, str | None]] = []
-    if mode == "one-at-a-time":
-        plan.append(("baseline", none, None, None))
-        for o in opts:
-            plan.append((f"+{o}", {**none, o: True}, "baseline", o))
-        if len(opts) > 1:
-            plan.append(("all", allon, "baseline", None))
-    elif mode == "ladder":
-        plan.append(("baseline", none, None, None))
-        prev, cur = "baseline", dict(none)
-        for o in opts:
-            cur = {**cur, o: True}
-            label = "+" + "+".join(x for x in opts[: opts.index(o) + 1])
-            plan.append((label, dict(cur), prev, o))
-            prev = label
-    elif mode == "leave-one-out":
-        plan.append(("all", allon, None, None))
-        for o in opts:
-            plan.append((f"all-{o}", {**allon, o: False}, None, o))
-    else:
-        raise UsageError(f"--mode {mode!r}: use one-at-a-time, ladder or leave-one-out")
-    return plan
-
-
-def check_sweep(target: str, plan: list[tuple[str, dict[str, bool], str | None, str | None]], caps: list[str] | None) -> list[str]:
-    """Refuse a sweep with a no-op comparison (registry.check_comparison); the warnings of the rest."""
-    from profkit.targets.registry import check_comparison
-
-    runs = {label: st for label, st, _, _ in plan}
-    warnings: list[str] = []
-    for label, states, against, opt in plan:
-        if opt is None:
-            continue
-        before, after = (states, runs["all"]) if against is None else (runs[against], states)
-        for w in check_comparison(target, before, after, [opt], caps):
-            warnings.append(f"{label}: {w}")
-    return warnings
-
-
 @command()
 @options_from(RunOptions, exclude=SWEEP_EXCLUDES, help=SWEEP_HELP)
 def sweep(
@@ -397,8 +296,9 @@ def sweep(
 
         profkit sweep --opts overlap,topk_v2,indexer_fusion --mode ladder
     """
-    from profkit.targets.registry import check_opts
+    from profkit.capture.sweep import attribute, attribution_row, check_sweep, compared_pairs, label_slug, pareto, sweep_plan, write_reports
     from profkit.store import write_json_atomic
+    from profkit.targets.registry import check_opts
 
     o = options
     target, catalog, reports_dir, capture_only = o.target, o.catalog, o.reports_dir, o.capture_only
@@ -431,54 +331,19 @@ def sweep(
         for r in doc["runs"]:
             out.print(f"{escape(r['label'])}: {escape(str(cfg.traces_dir / r['run_id']))}", soft_wrap=True)
         return
-    for label, states, against, opt in plan:
-        if mode == "leave-one-out":
-            if opt is None:
-                continue
-            before, after = results[label], results["all"]
-            pair_dir = sweep_dir / f"{label_slug(label)}__all"
-        elif against is None:
-            continue
-        else:
-            before, after = results[against], results[label]
-            pair_dir = sweep_dir / f"{label_slug(against)}__{label_slug(label)}"
-        diff = _attribute(before, after, [opt] if opt else [], pair_dir, catalog)
-        doc["attribution"].append(_attribution_row(label, opt, before, after, diff, pair_dir))
-    doc["pareto"] = {r["label"]: [{"concurrency": p["concurrency"], "isl": p["isl"],
-                                   "tokens_per_s_per_gpu": p["tokens_per_s_per_gpu"]["median"],
-                                   "tokens_per_s_per_user": p["tokens_per_s_per_user_p50"]["median"]} for p in (r["throughput"] or [])]
-                     for r in doc["runs"]}
+    for label, opt, b_label, a_label, pair_dir in compared_pairs(plan, mode, sweep_dir):
+        before, after = results[b_label], results[a_label]
+        diff, notes = attribute(before, after, [opt] if opt else [], pair_dir, catalog)
+        _notes(notes)
+        doc["attribution"].append(attribution_row(label, opt, before, after, diff, pair_dir))
+    doc["pareto"] = pareto(doc["runs"])
     doc["status"] = "ok"
     write_json_atomic(sweep_dir / "sweep.json", doc)
-    write_reports(sweep_dir, diffs=[json.loads(Path(a["diff"]).read_text()) for a in doc["attribution"]],
-                  runs=[(lbl, results[lbl].summary) for lbl, *_ in plan])
+    _notes(write_reports(sweep_dir, diffs=[json.loads(Path(a["diff"]).read_text()) for a in doc["attribution"]],
+                         runs=[(lbl, results[lbl].summary) for lbl, *_ in plan]))
     _render_sweep(doc)
     wrote = [sweep_dir / n for n in ("sweep.json", "report.html") if (sweep_dir / n).is_file()]
     out.print(f"wrote {', '.join(escape(str(p)) for p in wrote)}", soft_wrap=True)
-
-
-def label_slug(label: str) -> str:
-    """A sweep label as a folder-name part, its steps kept apart: "+overlap+topk_v2" ->
-    "plus-overlap-plus-topk_v2", "all-topk_v2" stays, "baseline" stays."""
-    import re
-
-    first, *added = label.split("+")
-    slug = "-".join(([first] if first else []) + [f"plus-{p}" for p in added if p])
-    return re.sub(r"[^\w.-]+", "_", slug) or "run"
-
-
-def _attribution_row(label: str, opt: Optional[str], before: Any, after: Any, diff: dict[str, Any], pair_dir: Path) -> dict[str, Any]:
-    tb = ((diff.get("throughput") or {}).get("baseline") or {}).get("tokens_per_s_per_user_p50", {}).get("median")
-    tc = ((diff.get("throughput") or {}).get("candidate") or {}).get("tokens_per_s_per_user_p50", {}).get("median")
-    counts = diff.get("counts", {})
-    return {
-        "label": label, "optimization": opt, "baseline": before.run_id, "candidate": after.run_id, "diff": str(pair_dir / "diff.json"),
-        "tokens_per_s_per_user": {"baseline": tb, "candidate": tc, "ratio": (tc / tb) if tb and tc else None},
-        "gpu_window_us": diff.get("gpu_window_us"), "wall_us": diff.get("wall_us"),
-        "decomposition": diff.get("decomposition"),
-        "counts": {k: (v or {}).get("delta") for k, v in counts.items()},
-        "flags": [f for f in ((diff.get("expected_effect") or {}).get("flags") or [])],
-    }
 
 
 def _render_sweep(doc: dict[str, Any]) -> None:

@@ -27,20 +27,6 @@ def _announce(choice: Any) -> None:
         err.print(f"[dim]{escape(note)}[/]")
 
 
-def _align_single_ranks(b: Any, c: Any, rank: int | None) -> tuple[int, list[str]]:
-    """Two single-rank sides are compared whatever their ranks (rank 3 of one run against rank 1
-    of another): the candidate's rank entry is renumbered to the baseline's, and said. Else --rank
-    (default 0) on both."""
-    rb, rc = b.summary.get("ranks") or [], c.summary.get("ranks") or []
-    if rank is None and len(rb) == 1 and len(rc) == 1 and not b.repeats and not c.repeats:
-        want, have = rb[0].get("rank"), rc[0].get("rank")
-        if want != have:
-            c.summary = {**c.summary, "ranks": [{**rc[0], "rank": want}]}
-            return want, [f"single-rank sides: rank {want} of the baseline compared with rank {have} of the candidate"]
-        return want, []
-    return (0 if rank is None else rank), []
-
-
 def _write_text(path: Path, text: str, *, announce: bool = True) -> None:
     from profkit.store import write_bytes_atomic
 
@@ -75,33 +61,22 @@ def diff(
         profkit diff traces/base/summary.json traces/topk/summary.json --opt topk_v2 --md comment.md --html diff.html
     """
     from profkit.attribution.diff import compare_summaries
-    from profkit.catalog import CatalogChoice, choose_catalog, load_catalog
-    from profkit.inputs import infer_optimization, load_side
+    from profkit.catalog import choose_catalog
+    from profkit.inputs import align_single_ranks, infer_optimization, load_pair
     from profkit.report.console_diff import render_diff
     from profkit.summarize import SummarizeOptions
 
     choice = choose_catalog(catalog, (before, after))
     _announce(choice)
     opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice, captures=tuple(capture) if capture else None)
-    b = load_side(before, opts)
-    c = load_side(after, opts)
-    if choice.catalog is None:
-        # each side auto-picked its catalog by its own kernel names; categories only compare
-        # under one catalog, so re-analyze both with the more specific pick
-        names = {s.summary["ranks"][0].get("catalog") for s in (b, c) if s.summary.get("ranks")}
-        specific = sorted(n for n in names if n and n != "generic")
-        if len(names) > 1 and specific:
-            choice = CatalogChoice(load_catalog(specific[0]), "kernel names")
-            opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice, captures=opts.captures)
-            b, c = load_side(before, opts), load_side(after, opts)
-            if {s.summary["ranks"][0].get("catalog") for s in (b, c)} != {choice.name}:
-                err.print(f"[yellow]warning:[/] the two sides were categorized with different kernel catalogs; "
-                          f"pass --catalog {choice.name} when analyzing them", soft_wrap=True)
+    b, c, choice, warnings = load_pair(before, after, opts)
+    for w in warnings:
+        err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
     lb, lc = (b.label, c.label) if b.label != c.label else (f"{b.label} (before)", f"{c.label} (after)")
     from profkit.attribution.diff import run_manifest
 
     opt_name = opt or infer_optimization(run_manifest({"manifest": b.manifest, **b.summary}), run_manifest({"manifest": c.manifest, **c.summary}))
-    rank, notes = _align_single_ranks(b, c, rank)
+    rank, notes = align_single_ranks(b, c, rank)
     d = compare_summaries(
         b.summary, c.summary, opt=opt_name, catalog=choice.for_effect(c.summary, rank) if opt_name else None,
         baseline_repeats=b.repeats, candidate_repeats=c.repeats, rank=rank, labels=(lb, lc),
