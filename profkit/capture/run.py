@@ -76,6 +76,7 @@ class RunResult:
     summary: dict[str, Any]
     manifest: dict[str, Any]
     windows: list[dict[str, Any]] = field(default_factory=list)  # one summary per profile window (when more than one)
+    catalog: CatalogChoice | None = None  # the catalog its summaries were made with (None: not analyzed, --capture-only)
 
 
 NSYS_ARGS = ("profile", "--trace-fork-before-exec=true", "--cuda-graph-trace=node", "--capture-range=cudaProfilerApi",
@@ -234,7 +235,7 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         manifest.update(summary=str(summary_path))
         manifest.finish("ok")
         return RunResult(run_id, states, trace_dir, report_dir, summary_path, summary, manifest.data,
-                         windows if len(windows) > 1 else [])
+                         windows if len(windows) > 1 else [], catalog)
     except KeyboardInterrupt:
         server.stop(grace_s=5)
         manifest.update(trace_files=_written(trace_dir), leftover_pids=server.leftovers())

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from profkit.errors import UsageError
+
+if TYPE_CHECKING:
+    from profkit.capture.run import RunResult
 
 # (label, switch states, the label it is compared against or None, the optimization it attributes or None)
 Plan = list[tuple[str, dict[str, bool], Optional[str], Optional[str]]]
@@ -83,15 +86,16 @@ def compared_pairs(plan: Plan, mode: str, sweep_dir: Path) -> list[tuple[str, Op
     return pairs
 
 
-def attribute(before: Any, after: Any, opts: list[str], group_dir: Path, catalog_name: Optional[str]) -> tuple[dict[str, Any], list[str]]:
+def attribute(before: RunResult, after: RunResult, opts: list[str], group_dir: Path) -> tuple[dict[str, Any], list[str]]:
     """before.json, after.json, diff.json (+ report.html and report.md where the report modules exist) in
     group_dir: the diff, and notes for the user."""
     from profkit.attribution.diff import compare_summaries
-    from profkit.catalog import choose_catalog
+    from profkit.catalog import CatalogChoice
     from profkit.store import write_json_atomic
 
-    # as `profkit diff` of the two run folders judges it: --catalog, else the manifests' target, else the candidate's own
-    cat = choose_catalog(catalog_name, [before.trace_dir, after.trace_dir]).for_effect(after.summary, 0)
+    # the expected effect is judged with the catalog the candidate was summarized with (run_one's
+    # choice: --catalog, else the manifest's target), as `profkit diff` of the two folders judges it
+    cat = (after.catalog or CatalogChoice()).for_effect(after.summary, 0)
     group_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(group_dir / "before.json", before.summary)
     write_json_atomic(group_dir / "after.json", after.summary)
@@ -132,7 +136,7 @@ def label_slug(label: str) -> str:
     return re.sub(r"[^\w.-]+", "_", slug) or "run"
 
 
-def attribution_row(label: str, opt: Optional[str], before: Any, after: Any, diff: dict[str, Any], pair_dir: Path) -> dict[str, Any]:
+def attribution_row(label: str, opt: Optional[str], before: RunResult, after: RunResult, diff: dict[str, Any], pair_dir: Path) -> dict[str, Any]:
     tb = ((diff.get("throughput") or {}).get("baseline") or {}).get("tokens_per_s_per_user_p50", {}).get("median")
     tc = ((diff.get("throughput") or {}).get("candidate") or {}).get("tokens_per_s_per_user_p50", {}).get("median")
     counts = diff.get("counts", {})
@@ -154,19 +158,17 @@ def pareto(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
             for r in runs}
 
 
-def reproduce_command(before: Any, after: Any, opts: list[str], catalog: Optional[str], target: str) -> str:
+def reproduce_command(before: RunResult, after: RunResult, opts: list[str], catalog: Optional[str], target: str) -> str:
     """The `profkit diff` that gives the diff.json `trace` wrote: the two runs' report folders (their
     summary.json, the profile windows' summaries as repeats, the `run` section for the labels,
     throughput and switches), --opt when one optimization was attributed (several: none, as trace
     did), and the catalog trace judged the expected effect with when the folders do not imply it
     (--catalog as given; on sglang the one its manifest implied, named for the reader)."""
-    from profkit.catalog import choose_catalog
-
     parts = ["profkit", "diff", str(before.report_dir), str(after.report_dir)]
     if len(opts) == 1:
         parts += ["--opt", opts[0]]
-    choice = choose_catalog(catalog, [before.trace_dir, after.trace_dir])
-    cat = catalog or (choice.name if target != "proxy" and choice.how == "manifest" else None)
+    choice = after.catalog
+    cat = catalog or (choice.name if choice is not None and target != "proxy" and choice.how == "manifest" else None)
     if cat:
         parts += ["--catalog", cat]
     return shlex.join(parts)

@@ -243,7 +243,7 @@ def trace(opt: Opt, options: RunOptions) -> None:
         out.print(f"captured; attribute with: profkit diff {before.trace_dir} {after.trace_dir} --opt {tag} --html report.html", soft_wrap=True)
         return
     group = reports_dir / f"{stamp}-{target}-{tag}"
-    diff, notes = attribute(before, after, opts, group, catalog)
+    diff, notes = attribute(before, after, opts, group)
     _notes(notes)
     _render_attribution(diff, group)
     err.print(f"reproduce the attribution: {reproduce_command(before, after, opts, catalog, target)}", soft_wrap=True)
@@ -301,7 +301,7 @@ def sweep(
     from profkit.targets.registry import check_opts
 
     o = options
-    target, catalog, reports_dir, capture_only = o.target, o.catalog, o.reports_dir, o.capture_only
+    target, reports_dir, capture_only = o.target, o.reports_dir, o.capture_only
     cfg = _config(o)
     chosen = check_opts(target, [x.strip() for x in opts_.split(",") if x.strip()])
     if not chosen:
@@ -333,7 +333,7 @@ def sweep(
         return
     for label, opt, b_label, a_label, pair_dir in compared_pairs(plan, mode, sweep_dir):
         before, after = results[b_label], results[a_label]
-        diff, notes = attribute(before, after, [opt] if opt else [], pair_dir, catalog)
+        diff, notes = attribute(before, after, [opt] if opt else [], pair_dir)
         _notes(notes)
         doc["attribution"].append(attribution_row(label, opt, before, after, diff, pair_dir))
     doc["pareto"] = pareto(doc["runs"])
