@@ -15,10 +15,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from profkit.catalog import CatalogChoice
 from profkit.errors import ProfkitError, UsageError
+
+if TYPE_CHECKING:
+    from profkit.ingest.runs import RunPlan
 
 
 @dataclass(frozen=True)
@@ -38,15 +41,18 @@ class SummarizeOptions:
 class RunSummary:
     """One run's summary, and where it came from."""
 
-    label: str
-    files: list[Path]
+    run: RunPlan  # the run (ingest/runs.py): its files, label, and what sets it apart from the others
     summary: dict[str, Any]
     analyses: list[Any] | None  # one RankAnalysis per rank; None when the summary was read from the cache
     text: str | None = None  # the JSON the cached summary was stored as (the bytes `--json` writes); None when built now
     analyzed_at: float | None = None  # time.perf_counter() when the analysis ended (PROFKIT_TIMINGS)
 
+    @property
+    def label(self) -> str:
+        return self.run.label
 
-Check = Callable[[list[Any]], None]
+
+Check = Callable[[list["RunPlan"]], None]
 
 
 def summarize(paths: Sequence[Path], options: SummarizeOptions | None = None) -> RunSummary:
@@ -89,7 +95,7 @@ def summarize_runs(paths: Sequence[Path], options: SummarizeOptions | None = Non
         key = summary_key(files, marker=o.marker, min_bubble_us=o.min_bubble_us, catalog=o.catalog.identity)
         hit = read_summary(files[0], key) if key else None
         if hit is not None:
-            return [RunSummary(plan[0].label, list(plan[0].files), hit[0], None, hit[1])]
+            return [RunSummary(plan[0], hit[0], None, hit[1])]
 
     early = _decode_early(files, cache_on, o.jobs)
     from profkit.analysis.parallel import analyze_runs
@@ -113,7 +119,7 @@ def summarize_runs(paths: Sequence[Path], options: SummarizeOptions | None = Non
             from profkit.analysis.ranks import cross_rank
 
             s["cross_rank"] = cross_rank(r.analyses)
-        out.append(RunSummary(r.label, list(r.files), s, r.analyses, None, analyzed_at))
+        out.append(RunSummary(r, s, r.analyses, None, analyzed_at))
     if key and len(out) == 1:
         from profkit.summary_cache import write_summary
 

@@ -140,7 +140,8 @@ def _analyze_several(runs: list[Any], *, json_out: Optional[str], tables: Option
     from profkit.report.console import render_summary
     from profkit.store import json_text, write_bytes_atomic
 
-    err.print(f"[yellow]warning:[/] {escape(several_runs_message(runs, 'these inputs', verb='hold'))}; each is analyzed on its own", soft_wrap=True)
+    err.print(f"[yellow]warning:[/] {escape(several_runs_message([r.run for r in runs], 'these inputs', verb='hold'))}; each is analyzed on its own",
+              soft_wrap=True)
     if json_out:  # a folder (checked): one summary.json per run, named by the run
         for r in runs:
             p = Path(json_out) / f"{safe_name(r.label)}.summary.json"
