@@ -10,7 +10,7 @@ import shlex
 import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.markup import escape
@@ -18,6 +18,11 @@ from rich.table import Table
 
 from profkit.cli.common import Target, command, err, option, options_from, out
 from profkit.errors import UsageError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from profkit.capture.run import RunConfig, RunResult
 
 Opt = Annotated[list[str], typer.Option("--opt", help="Optimization to attribute (repeatable); see `profkit opts`.")]
 
@@ -101,7 +106,7 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
     return vals
 
 
-def _config(o: RunOptions) -> Any:
+def _config(o: RunOptions) -> RunConfig:
     """RunOptions -> the capture's RunConfig, checked (UsageError names the option)."""
     from profkit.capture.run import RunConfig
     from profkit.workloads.agentic import Workload, load_workload_file
@@ -138,7 +143,7 @@ def _config(o: RunOptions) -> Any:
     return _windows(cfg, o.profile_windows)
 
 
-def _windows(cfg: Any, n: int) -> Any:
+def _windows(cfg: RunConfig, n: int) -> RunConfig:
     if n < 1:
         raise UsageError(f"--profile-windows {n}: at least 1")
     return replace(cfg, profile_windows=n)
@@ -148,13 +153,13 @@ def _stamp() -> str:
     return dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def _progress_runner():
+def _progress_runner() -> Progress:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=False)
 
 
-def _run(cfg, states: dict[str, bool], run_id: str, label: str, progress) -> Any:
+def _run(cfg: RunConfig, states: dict[str, bool], run_id: str, label: str, progress: Progress) -> RunResult:
     from profkit.capture.run import run_one
 
     task = progress.add_task(escape(label), total=None)
@@ -166,7 +171,7 @@ def _run(cfg, states: dict[str, bool], run_id: str, label: str, progress) -> Any
     return res
 
 
-def _dry_run(cfg, plans: list[tuple[str, dict[str, bool]]]) -> None:
+def _dry_run(cfg: RunConfig, plans: list[tuple[str, dict[str, bool]]]) -> None:
     from profkit.capture.run import compose
     from profkit.targets import sglang as sg
 
