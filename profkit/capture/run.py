@@ -216,11 +216,10 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
             return RunResult(run_id, states, trace_dir, report_dir, trace_dir, {}, manifest.data)
         manifest.stage("analysis")
         progress(f"{label}: analyzing")
+        from profkit.catalog import choose_catalog
         from profkit.store import write_json_atomic
 
         report_dir.mkdir(parents=True, exist_ok=True)
-        from profkit.catalog import choose_catalog
-
         # as every command chooses it: --catalog, else the one this run's manifest (its target) implies
         catalog = choose_catalog(cfg.catalog, [trace_dir])
         windows = []
