@@ -49,7 +49,7 @@ fi
 if [[ $STAGES == *loo* ]] && [ $tests_ok = 1 ] && [ $(el) -lt ${LOO_BY:-280} ]; then
   echo "== leave-one-out topk_v2 at $(el)s"
   L=/tmp/loo; mkdir -p $L
-  # (profkit/cli.py wraps TyperOption.display_type_rich, which the machine's older typer lacks)
+  # (profkit/cli/common.py wraps TyperOption.display_type_rich, which the machine's older typer lacks)
   timeout $(( ${LOO_END:-570} - $(el) )) python3 -c "import sys, typer.core as tc
 tc.TyperOption.display_type_rich = getattr(tc.TyperOption, 'display_type_rich', lambda self, ctx: None)
 from profkit.cli import main; sys.argv = ['profkit'] + sys.argv[1:]; main()" trace --opt topk_v2 --base on --capture-only --repeat 2 --isl 8000 --turns 3 \

@@ -16,11 +16,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
-
-import polars as pl
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from profkit.errors import UsageError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,10 +30,13 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 __all__ = [
     "Catalog",
+    "CatalogChoice",
     "Rule",
     "auto_catalog",
     "catalog_dir",
+    "catalog_identity",
     "catalog_names",
+    "choose_catalog",
     "load_catalog",
 ]
 
@@ -136,6 +140,8 @@ class Catalog:
         other columns pass through. A null ``name`` or ``cat`` is treated as the empty string.
         The rules run once per unique ``(name, cat, annotation)``, and the result is joined back.
         """
+        import polars as pl  # here, not at the top: choosing a catalog (a cached `analyze`) imports no polars
+
         missing = [c for c in ("name", "cat") if c not in df.columns]
         if missing:
             raise ValueError(f"classify_frame needs columns name and cat; missing {missing}")
@@ -216,6 +222,111 @@ def auto_catalog(kernel_names: Iterable[str]) -> Catalog:
         if hits > best_hits:
             best, best_hits = catalog, hits
     return best if best is not None else _load_shipped("generic")
+
+
+def catalog_identity(catalog: Any) -> Any:
+    """A catalog's one identity in every cache key (the per-option analysis cache, the stored
+    summary): its name, source and every rule, so an edited .toml is another catalog. None: no
+    catalog chosen, each rank picks by its kernel names (the picks are data the code fingerprint covers)."""
+    if catalog is None:
+        return None
+    rules = [
+        [r.category, getattr(r.pattern, "pattern", None), sorted(r.cats) if r.cats is not None else None,
+         getattr(r.annotation, "pattern", None), r.owner]
+        for r in getattr(catalog, "rules", ())
+    ]
+    return {
+        "name": getattr(catalog, "name", str(catalog)), "source": str(getattr(catalog, "source", "")),
+        "default": getattr(catalog, "default_category", None), "rules": rules,
+        "signature": getattr(getattr(catalog, "signature", None), "pattern", None),
+        "optimizations": {k: list(v) for k, v in sorted((getattr(catalog, "optimizations", None) or {}).items())},
+    }
+
+
+@dataclass(frozen=True)
+class CatalogChoice:
+    """The kernel catalog a command classifies with, and how it was chosen: `option` (--catalog),
+    `manifest` (the run manifest's target), or `kernel names` (catalog None: each rank's analysis
+    picks by its kernel names, auto_catalog). Made by choose_catalog and passed down as it is."""
+
+    catalog: Catalog | None = None
+    how: Literal["option", "manifest", "kernel names"] = "kernel names"
+
+    @property
+    def name(self) -> str | None:
+        return None if self.catalog is None else self.catalog.name
+
+    @property
+    def identity(self) -> Any:
+        return catalog_identity(self.catalog)
+
+    def note(self) -> str | None:
+        """The line that says a catalog was guessed from the manifest (None otherwise)."""
+        if self.how == "manifest" and self.catalog is not None:
+            return f"catalog {self.catalog.name}: from the run manifest's target (--catalog to choose another)"
+        return None
+
+    def for_effect(self, summary: Mapping[str, Any], rank: int) -> Catalog | None:
+        """The catalog that says which categories an optimization owns: this one, else the one the
+        summary's rank was classified with (by its name; None when it cannot be loaded)."""
+        if self.catalog is not None:
+            return self.catalog
+        for r in summary.get("ranks") or []:
+            if r.get("rank") == rank and isinstance(r.get("catalog"), str):
+                try:
+                    return load_catalog(r["catalog"])
+                except UsageError:
+                    return None
+        return None
+
+
+def more_specific(names: Iterable[str | None]) -> str | None:
+    """Of catalogs picked by kernel names (two sides of a diff), the one to categorize both with:
+    the first by name that is not `generic`, else None."""
+    specific = sorted(n for n in names if n and n != "generic")
+    return specific[0] if specific else None
+
+
+def picked_note(names: Iterable[str]) -> str:
+    """The line that says which catalog(s) the ranks picked by their kernel names."""
+    return f"catalog {', '.join(names)}: picked from the kernel names (--catalog NAME to choose)"
+
+
+def choose_catalog(option: str | None, paths: Iterable[Path | str] = ()) -> CatalogChoice:
+    """The one place that decides the catalog: --catalog when given, else the one the run
+    manifest's target implies (manifest_catalog), else none (each rank picks by its kernel names)."""
+    if option:
+        return CatalogChoice(load_catalog(option), "option")
+    name = manifest_catalog(paths)
+    if name:
+        return CatalogChoice(load_catalog(name), "manifest")
+    return CatalogChoice()
+
+
+def manifest_catalog(paths: Iterable[Path | str]) -> str | None:
+    """The catalog a run's manifest implies, from its target (profkit's proxy engine -> proxy;
+    SGLang running a GLM-5.x preset or model -> sglang-glm52), else None (pick by kernel names).
+    The manifest: the run folder's manifest.json, one beside the trace, or <trace stem>.manifest.json."""
+    import json
+
+    from profkit.ingest.identity import short_label
+
+    for p in paths:
+        p = Path(p)
+        cands = (p / "manifest.json",) if p.is_dir() else (p.parent / "manifest.json", p.with_name(f"{short_label(p.name)}.manifest.json"))
+        for m in cands:
+            try:
+                doc = json.loads(m.read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(doc, dict):
+                continue
+            target = doc.get("target")
+            if target == "proxy":
+                return "proxy"
+            if target == "sglang" and "glm" in json.dumps([doc.get("preset"), doc.get("model_path"), doc.get("model")]).lower():
+                return "sglang-glm52"
+    return None
 
 
 @lru_cache(maxsize=None)

@@ -1,7 +1,8 @@
 """What the user points `diff` and `report` at -> loaded documents.
 
-A path may be a summary.json, a diff.json, a trace file (analyzed on the fly), or a run folder: a
-folder with a summary.json, a folder of trace files (one per rank), or a folder of repeats
+A path may be a summary.json, a diff.json, a trace file (summarized now: profkit/summarize.py, with
+the summary cache), or a run folder: a folder with a summary.json, a folder of trace files (one per
+rank), or a folder of repeats
 (``repeat-*/`` subfolders holding a summary.json or traces, or several summary files). The run
 manifest comes from the summary's ``manifest`` key, else a manifest.json beside it (or one level up,
 for repeats). Reading only: nothing here prints or exits; bad files raise TraceInputError naming them.
@@ -10,21 +11,15 @@ for repeats). Reading only: nothing here prints or exits; bad files raise TraceI
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from profkit.catalog import CatalogChoice
 from profkit.errors import TraceInputError
+from profkit.summarize import SummarizeOptions, summarize
 
 _TRACE_NAMES = (".trace.json", ".trace.json.gz", ".pt.trace.json", ".pt.trace.json.gz", ".gz")
-
-
-@dataclass
-class AnalyzeOptions:
-    marker: str | None = None
-    min_bubble_us: float = 2.0
-    catalog: Any = None  # a Catalog, or None to pick by kernel names
-    captures: list[Path] | None = None  # graph-capture profiles (--capture); None: graph_capture_profile/ beside the traces
 
 
 @dataclass
@@ -83,48 +78,15 @@ def _looks_like_trace(path: Path) -> bool:
     return path.name.endswith(_TRACE_NAMES)
 
 
-def analyze_paths(paths: list[Path], opts: AnalyzeOptions) -> dict[str, Any]:
-    """Trace files or folders -> summary.json v1 (analyzed now, with `opts`): as `profkit analyze`
-    does it, ranks in parallel and through the parquet cache beside each large trace (off with
-    PROFKIT_NO_CACHE=1)."""
-    from profkit.analysis.graphs import find_capture_files
-    from profkit.analysis.parallel import analyze_runs
-    from profkit.analysis.summary import build_summary
-    from profkit.errors import UsageError
-    from profkit.ingest import expand_inputs
-    from profkit.ingest.runs import plan_runs, several_runs_message
-
-    what = " ".join(str(p) for p in paths)
-
-    def refuse(runs: Any) -> None:  # one side, one run: a folder of unrelated traces is not a side
-        raise UsageError(several_runs_message(runs, what),
-                         hint="compare one run a side: pass that run's trace files or folder (e.g. " + " ".join(str(f) for f in runs[0].files) + ")")
-
-    plan = plan_runs(expand_inputs(paths))  # from the files' metadata, before anything is decoded
-    if len(plan) > 1:
-        refuse(plan)
-    caps = list(opts.captures) if opts.captures else find_capture_files(paths)
-    runs = analyze_runs(paths, marker=opts.marker, min_bubble_us=opts.min_bubble_us, catalog=opts.catalog, captures=caps or None, runs=plan)
-    if len(runs) > 1:
-        refuse(runs)
-    analyses = runs[0].analyses
-    summary = build_summary(analyses, marker=opts.marker)
-    if len(analyses) > 1:
-        from profkit.analysis.ranks import cross_rank
-
-        summary["cross_rank"] = cross_rank(analyses)
-    return summary
-
-
-def load_document(path: Path, opts: AnalyzeOptions) -> dict[str, Any]:
-    """One file -> a summary (possibly analyzed now) or a diff document."""
+def load_document(path: Path, opts: SummarizeOptions) -> dict[str, Any]:
+    """One file -> a summary (of a trace: summarize, with the summary cache) or a diff document."""
     if _looks_like_trace(path):
-        return analyze_paths([path], opts)
+        return summarize([path], opts).summary
     doc = read_json(path)
     if is_diff_doc(doc) or is_summary(doc):
         return check_summary(doc, path) if is_summary(doc) else doc
     if isinstance(doc, dict) and "traceEvents" in doc or isinstance(doc, list):
-        return analyze_paths([path], opts)
+        return summarize([path], opts).summary
     raise TraceInputError(f"{path}: neither a summary.json, a diff.json nor a Kineto trace",
                           hint="pass a summary.json (profkit analyze --json), a trace file, or a run folder")
 
@@ -157,7 +119,7 @@ def _run_label(summary: dict[str, Any]) -> str | None:
     return rid if isinstance(rid, str) and rid else None
 
 
-def load_side(path: Path, opts: AnalyzeOptions) -> Side:
+def load_side(path: Path, opts: SummarizeOptions) -> Side:
     """A summary, trace or run folder -> Side (repeats loaded when the folder holds them)."""
     path = Path(path)
     if not path.exists():
@@ -177,7 +139,7 @@ def load_side(path: Path, opts: AnalyzeOptions) -> Side:
     summaries: list[dict[str, Any]] = []
     for d in repeat_dirs:
         s = d / "summary.json"
-        summaries.append(check_summary(read_json(s), s) if s.is_file() else analyze_paths([d], opts))
+        summaries.append(check_summary(read_json(s), s) if s.is_file() else summarize([d], opts).summary)
     if not summaries:
         own = path / "summary.json"
         if own.is_file():
@@ -192,12 +154,50 @@ def load_side(path: Path, opts: AnalyzeOptions) -> Side:
                 if is_summary(doc):
                     summaries.append(check_summary(doc, p))
     if not summaries:
-        summaries = [analyze_paths([path], opts)]
+        summaries = [summarize([path], opts).summary]
     manifest = summaries[0].get("manifest") if isinstance(summaries[0].get("manifest"), dict) else _manifest_near(path)
     for s in summaries:
         if manifest is not None and "manifest" not in s:
             s["manifest"] = manifest
     return Side(path, _label(path), summaries[0], summaries if len(summaries) > 1 else [], manifest)
+
+
+def load_pair(before: Path, after: Path, opts: SummarizeOptions) -> tuple[Side, Side, CatalogChoice, list[str]]:
+    """The two sides of a diff, categorized under one catalog where it can be helped: when none was
+    chosen (opts.catalog picks by kernel names) and the sides picked different ones, both are
+    summarized again under the more specific pick (catalog.more_specific). The sides, the catalog
+    choice they were summarized under, and warnings."""
+    from profkit.catalog import CatalogChoice, load_catalog, more_specific
+
+    b, c = load_side(before, opts), load_side(after, opts)
+    choice = opts.catalog
+    if choice.catalog is not None:
+        return b, c, choice, []
+    # each side picked its catalog by its own kernel names; categories only compare under one catalog
+    picked = {s.summary["ranks"][0].get("catalog") for s in (b, c) if s.summary.get("ranks")}
+    name = more_specific(picked) if len(picked) > 1 else None
+    if name is None:
+        return b, c, choice, []
+    choice = CatalogChoice(load_catalog(name), "kernel names")
+    opts = replace(opts, catalog=choice)
+    b, c = load_side(before, opts), load_side(after, opts)
+    if {s.summary["ranks"][0].get("catalog") for s in (b, c)} != {choice.name}:
+        return b, c, choice, [f"the two sides were categorized with different kernel catalogs; pass --catalog {choice.name} when analyzing them"]
+    return b, c, choice, []
+
+
+def align_single_ranks(b: Side, c: Side, rank: int | None) -> tuple[int, list[str]]:
+    """Two single-rank sides are compared whatever their ranks (rank 3 of one run against rank 1
+    of another): the candidate's rank entry is renumbered to the baseline's, and said. Else --rank
+    (default 0) on both."""
+    rb, rc = b.summary.get("ranks") or [], c.summary.get("ranks") or []
+    if rank is None and len(rb) == 1 and len(rc) == 1 and not b.repeats and not c.repeats:
+        want, have = rb[0].get("rank"), rc[0].get("rank")
+        if want != have:
+            c.summary = {**c.summary, "ranks": [{**rc[0], "rank": want}]}
+            return want, [f"single-rank sides: rank {want} of the baseline compared with rank {have} of the candidate"]
+        return want, []
+    return (0 if rank is None else rank), []
 
 
 def infer_optimization(baseline_manifest: Any, candidate_manifest: Any) -> str | None:

@@ -2,12 +2,15 @@
 trace (`<trace>.profkit-cache/summary/<key>.json`), so a repeated `analyze` of unchanged traces
 with the same options prints and writes it without importing polars or reading any table.
 
+Every command that turns traces into a summary reads and writes it (profkit/summarize.py):
+analyze, diff, report, and trace after its capture.
+
 The key covers everything the summary depends on: each input's path as given and its
 ingest/identity.py source key (size, mtime_ns, hash of the first and last MiB), the options that
-change results (marker, minimum bubble, catalog: name, or the content of a .toml), SCHEMA and
-identity.code_fingerprint (profkit's version, the installed polars version, every source file of
-the package and the shipped kernel catalogs). Output-only options (--top, --json, stdout) are not
-in it. A file whose key or digest does not match, or that does not parse, is a miss. Nothing here
+change results (marker, minimum bubble, and the catalog's one identity, catalog.catalog_identity,
+which the per-option analysis cache uses too), SCHEMA and identity.code_fingerprint (profkit's
+version, the installed polars version, every source file of the package and the shipped kernel
+catalogs). Output-only options (--top, --json, stdout) are not in it. A file whose key or digest does not match, or that does not parse, is a miss. Nothing here
 imports polars: this module is what keeps a cached `analyze` near interpreter start-up time.
 """
 
@@ -23,22 +26,21 @@ from profkit.ingest.identity import CACHE_SUFFIX as SUFFIX  # the folder ingest/
 SCHEMA = 2  # the stored summary's own layout: bump it when the key or the file changes shape
 
 
-def summary_key(files: list[Any], *, marker: str | None, min_bubble_us: float, catalog: str | None) -> str | None:
-    """The key of this run's summary, or None when it is not to be cached (small or unreadable inputs)."""
+def summary_key(files: list[Any], *, marker: str | None, min_bubble_us: float, catalog: Any) -> str | None:
+    """The key of this run's summary, or None when it is not to be cached (small or unreadable
+    inputs). `files`: paths or ingest TraceFiles. `catalog`: the chosen catalog's identity
+    (CatalogChoice.identity; None: picked by kernel names)."""
     from profkit.ingest.identity import code_fingerprint, estimated_json_bytes, source_key
 
     try:
         for f in files:
             if estimated_json_bytes(f) < _MIN_BYTES:
                 return None
-        cat: Any = catalog
-        if catalog is not None and (catalog.endswith(".toml") or "/" in catalog or "\\" in catalog):
-            cat = {"path": catalog, "sha256": hashlib.sha256(Path(catalog).read_bytes()).hexdigest()}
         blob = {
             "schema": SCHEMA,
             "code": code_fingerprint(),
             "inputs": [[str(getattr(f, "path", f)), source_key(f)] for f in files],  # paths or ingest TraceFiles
-            "options": {"marker": marker, "min_bubble_us": repr(float(min_bubble_us)), "catalog": cat},
+            "options": {"marker": marker, "min_bubble_us": repr(float(min_bubble_us)), "catalog": catalog},
         }
     except OSError:
         return None
@@ -59,11 +61,9 @@ def _meta(first: Path, key: str) -> Path:
 # The stored summary is the exact text `--json` writes (store.json_text), beside a small meta file
 # with its key and digest: a cached `analyze --json` writes those bytes as they are, without encoding
 # the summary again, and they are the bytes an uncached run writes.
-_TEXTS: dict[int, str] = {}
 
-
-def read_summary(first: Path, key: str) -> dict[str, Any] | None:
-    """The stored summary, or None (a miss). Its text is stored_text(summary)."""
+def read_summary(first: Path, key: str) -> tuple[dict[str, Any], str] | None:
+    """The stored summary and the JSON text it was stored as, or None (a miss)."""
     import msgspec
 
     try:
@@ -74,15 +74,9 @@ def read_summary(first: Path, key: str) -> dict[str, Any] | None:
         summary = msgspec.json.decode(body)
         if not isinstance(summary, dict):
             return None
-        _TEXTS[id(summary)] = body.decode()
-        return summary
+        return summary, body.decode()
     except (OSError, msgspec.DecodeError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
         return None
-
-
-def stored_text(summary: dict[str, Any]) -> str | None:
-    """The JSON text a summary from read_summary was stored as (None for any other dict)."""
-    return _TEXTS.get(id(summary))
 
 
 def write_summary(first: Path, key: str, summary: dict[str, Any]) -> bool:

@@ -3,9 +3,13 @@ polars/msgspec/plotly): record there, analyze elsewhere."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 BLOCK = r"""
 import sys, importlib.abc, runpy
@@ -43,7 +47,6 @@ def test_proxy_server_help_without_analysis_packages():
 def test_nsys_mode_wraps_the_server(tmp_path):
     """--nsys composes `nsys profile --capture-range=cudaProfilerApi ...` around the server (dry run;
     a real capture needs Nsight Systems on a GPU machine)."""
-    import os
 
     fake = tmp_path / "nsys"
     fake.write_text("#!/bin/sh\nexit 1\n")
@@ -103,3 +106,25 @@ def test_a_real_capture_runs_without_analysis_packages(tmp_path):
     # the block reached the servers too (their argv: `-m --host 127.0.0.1 --port N --opts ...` at start-up)
     assert sum("--host 127.0.0.1" in x for x in started) >= 2, started
     assert not (tmp_path / "reports").exists() or not list((tmp_path / "reports").rglob("summary.json"))  # capture only: no analysis
+
+
+def test_a_real_capture_only_run_without_analysis_packages(tmp_path):
+    """Issue 15: the capture path's import boundary, on a real run. `trace --capture-only` on the
+    proxy (CPU) records both sides with polars, msgspec, plotly, perfetto and pyarrow blocked in the
+    CLI's process (the engine is its own process); the runs are then analyzed elsewhere, here by a
+    plain `profkit diff` of the two run folders (the switch inferred from their manifests)."""
+    pytest.importorskip("torch")
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    argv = [sys.executable, "-c", BLOCK, "trace", "--opt", "topk_v2", "--capture-only", "--isl", "64", "--turns", "3", "--turn-tokens", "16",
+            "--output-tokens", "24", "--num-steps", "4", "--profile-windows", "1", "--traces-dir", "traces", "--reports-dir", "reports"]
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=400)
+    assert r.returncode == 0, r.stderr
+    runs = sorted((tmp_path / "traces").iterdir(), key=lambda d: not d.name.endswith("-before"))
+    assert len(runs) == 2 and all(list(d.glob("*.trace.json.gz")) and (d / "manifest.json").is_file() for d in runs)
+    assert not (tmp_path / "reports").exists()  # nothing analyzed on the capture side
+    assert f"profkit diff {Path('traces') / runs[0].name} {Path('traces') / runs[1].name}" in r.stdout
+    d = subprocess.run([sys.executable, "-m", "profkit", "diff", *map(str, runs), "--json", "d.json"], capture_output=True, text=True,
+                       cwd=tmp_path, env=env, timeout=300)
+    assert d.returncode == 0, d.stderr
+    assert json.loads((tmp_path / "d.json").read_text())["optimization"] == "topk_v2"

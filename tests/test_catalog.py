@@ -498,3 +498,53 @@ def test_installed_layout_finds_the_packaged_copy(tmp_path):
     assert out[0] == str(pkg / "_kernels")
     assert out[1] == str(catalog_names())
     assert out[2] == "generic"
+
+
+# --- choosing the catalog: one place for every command (issue 15) --------------------------------
+
+def test_choose_catalog_option_then_manifest_then_kernel_names(tmp_path):
+    from profkit.catalog import CatalogChoice, choose_catalog
+
+    data = REPO / "tests" / "data"
+    # --catalog wins, even where a manifest implies another
+    c = choose_catalog("generic", [data / "gpu_loo" / "all"])
+    assert (c.how, c.name, c.note()) == ("option", "generic", None)
+    # a run folder's manifest.json, and a trace's <stem>.manifest.json: the target's catalog, said so
+    for where in (data / "gpu_loo" / "all", data / "gpu_proxy" / "baseline.trace.json.gz"):
+        c = choose_catalog(None, [where])
+        assert (c.how, c.name) == ("manifest", "proxy") and "run manifest" in (c.note() or "")
+    # an SGLang manifest implies the GLM catalog only for a GLM model
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"target": "sglang", "preset": "glm52-nvfp4-tp8"}))
+    assert choose_catalog(None, [run]).name == "sglang-glm52"
+    (run / "manifest.json").write_text(json.dumps({"target": "sglang", "model_path": "Qwen/Qwen3-8B"}))
+    # no manifest that implies one: each rank picks by its kernel names
+    assert choose_catalog(None, [run]) == CatalogChoice() and CatalogChoice().identity is None
+    assert choose_catalog(None, [data / "gpu" / "eager_sync.pt.trace.json.gz"]).how == "kernel names"
+
+
+def test_a_catalog_has_one_identity_in_every_cache():
+    """The per-option analysis cache and the stored summary key a catalog by the same identity,
+    and an edited catalog (another rule) is another identity."""
+    from dataclasses import replace
+
+    from profkit.catalog import CatalogChoice, catalog_identity
+    from profkit.ingest import cache as pcache
+
+    cat = load_catalog("proxy")
+    choice = CatalogChoice(cat, "option")
+    assert choice.identity == pcache.catalog_identity(cat)
+    assert catalog_identity(load_catalog(str(catalog_dir() / "proxy.toml"))) == choice.identity  # by name or by its path: one catalog
+    edited = replace(cat, rules=cat.rules[1:])
+    assert catalog_identity(edited) != choice.identity
+
+
+def test_the_effect_catalog_is_the_choice_else_the_candidates_own():
+    from profkit.catalog import CatalogChoice
+
+    summary = {"ranks": [{"rank": 0, "catalog": "proxy"}, {"rank": 1, "catalog": "no-such-catalog"}]}
+    assert CatalogChoice(load_catalog("generic"), "option").for_effect(summary, 0).name == "generic"
+    assert CatalogChoice().for_effect(summary, 0).name == "proxy"
+    assert CatalogChoice().for_effect(summary, 1) is None  # recorded but not loadable: no expected-effect check
+    assert CatalogChoice().for_effect(summary, 2) is None

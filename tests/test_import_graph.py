@@ -12,7 +12,8 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parent.parent / "profkit"
 
 # Circles allowed to remain: none (the last ones, cli <-> cli_capture/cli_report and the proxy's
-# scheduler <-> tp, went with cli_common.py and proxy/rank_worker.py).
+# scheduler <-> tp, went with the cli/ package, whose commands import only cli/common.py, and
+# proxy/rank_worker.py).
 KNOWN_CIRCLES: list[set[str]] = []
 
 
@@ -99,6 +100,15 @@ def test_analysis_and_ingest_import_nothing_above_them():  # not cli, report, ca
     bad = sorted((m, t) for m, ts in g.items() if m.startswith(("profkit.analysis", "profkit.ingest"))
                  for t in ts if t.startswith(("profkit.cli", "profkit.report", "profkit.capture", "profkit.attribution")))
     assert bad == []
+
+
+def test_the_cli_is_on_top():  # the library never imports the command line; only `python -m profkit` does
+    g = graph()
+    bad = sorted((m, t) for m, ts in g.items() if not m.startswith("profkit.cli") and m != "profkit.__main__"
+                 for t in ts if t.startswith("profkit.cli"))
+    assert bad == []
+    commands = ("profkit.cli.analyze", "profkit.cli.capture", "profkit.cli.report")
+    assert all(not (g[c] & set(commands)) for c in commands)  # each command module imports common.py, no other command
 
 
 def test_the_graph_is_read():  # the test above could pass on an empty graph

@@ -91,7 +91,7 @@ def test_sweep_names_its_steps_and_announces_its_report(tmp_path):
     """Issue 17, point 11: ladder folders keep their steps apart ("plus-a-plus-b", not "plus-aplus-b"),
     the sweep says where its report.html is, and its ladder table has tokens/s per user."""
     pytest.importorskip("torch")
-    from profkit.cli_capture import label_slug
+    from profkit.capture.sweep import label_slug
 
     assert label_slug("+overlap+topk_v2") == "plus-overlap-plus-topk_v2" and label_slug("all-topk_v2") == "all-topk_v2"
     argv = [sys.executable, "-m", "profkit", "sweep", "--opts", "topk_v2,indexer_fusion", "--mode", "ladder", *SMALL[:8],

@@ -40,7 +40,7 @@ def test_release_under_test():
 def test_every_preset_and_switch_state_parses():
     """Every preset x every optimization on/off under both baselines, every run of every sweep mode
     on the study's six, and bf16_gemm's Hopper spelling (one parser process for all)."""
-    from profkit.cli_capture import sweep_plan
+    from profkit.capture.sweep import sweep_plan
 
     names = list(registry("sglang"))
     states = [opt_states("sglang", [o], base=b, candidate=c) for o in names for b in ("off", "on") for c in (False, True)]

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from profkit.cli import app
-from profkit.cli_capture import check_sweep, sweep_plan
+from profkit.capture.sweep import check_sweep, sweep_plan
 from profkit.errors import TargetError, UsageError
 from profkit.targets import sglang
 from profkit.targets.registry import check_comparison, inactive, opt_states, registry

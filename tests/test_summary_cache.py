@@ -140,3 +140,40 @@ def test_cached_json_is_the_uncached_bytes_as_stored(tmp_path: Path) -> None:
     fresh = (tmp_path / "fresh.json").read_bytes()
     assert (tmp_path / "first.json").read_bytes() == fresh == (tmp_path / "cached.json").read_bytes()
     assert _stored(t)[0].read_bytes() == fresh  # written once, at the first run; printed as stored afterwards
+
+
+def test_diff_and_report_of_traces_read_the_stored_summaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15: diff and report summarize traces as analyze does (profkit/summarize.py), so a second
+    diff of two traces reads both stored summaries: nothing is analyzed, and what it writes is
+    byte-identical to a diff that uses no cache at all."""
+    import profkit.analysis.parallel as parallel
+
+    proxy = ROOT / "tests" / "data" / "gpu_proxy"
+    a, b = tmp_path / "baseline.trace.json.gz", tmp_path / "topk_v2.trace.json.gz"
+    shutil.copyfile(proxy / a.name, a)
+    shutil.copyfile(proxy / b.name, b)
+
+    def diff(tag: str, **env: str) -> tuple[bytes, bytes]:
+        j, m = tmp_path / f"{tag}.json", tmp_path / f"{tag}.md"
+        r = runner.invoke(app, ["diff", str(a), str(b), "--opt", "topk_v2", "--json", str(j), "--md", str(m)], env=env)
+        assert r.exit_code == 0, r.output
+        return j.read_bytes(), m.read_bytes()
+
+    uncached = diff("uncached", PROFKIT_NO_CACHE="1")
+    assert not pcache.cache_dir(a).exists() and not pcache.cache_dir(b).exists()
+    first = diff("first")  # analyzes both sides and stores their summaries
+    # the sides' own picks by kernel names differ (generic, proxy): diff summarizes both again under
+    # the more specific one, so each trace holds two entries (picked per rank; the proxy catalog)
+    assert len(_stored(a)) == 2 and len(_stored(b)) == 2
+    r = runner.invoke(app, ["report", str(a), "-o", str(tmp_path / "first.html")])
+    assert r.exit_code == 0, r.output
+
+    def no_analysis(*args: object, **kw: object) -> None:
+        raise AssertionError("analyzed again: the stored summary was not read")
+
+    monkeypatch.setattr(parallel, "analyze_runs", no_analysis)
+    second = diff("second")
+    assert second == first == uncached
+    r = runner.invoke(app, ["report", str(a), "-o", str(tmp_path / "second.html")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "second.html").read_bytes() == (tmp_path / "first.html").read_bytes()

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from profkit.capture.http import HTTPFailure, free_port, get_json
 from profkit.capture.manifest import Manifest
@@ -26,6 +26,9 @@ from profkit.targets import sglang as sglang_target
 from profkit.targets.spec import LaunchSpec
 from profkit.workloads.agentic import Workload
 from profkit.workloads.driver import DriveResult, drive
+
+if TYPE_CHECKING:
+    from profkit.catalog import CatalogChoice
 
 Progress = Callable[[str], None]
 
@@ -73,6 +76,7 @@ class RunResult:
     summary: dict[str, Any]
     manifest: dict[str, Any]
     windows: list[dict[str, Any]] = field(default_factory=list)  # one summary per profile window (when more than one)
+    catalog: CatalogChoice | None = None  # the catalog its summaries were made with (None: not analyzed, --capture-only)
 
 
 NSYS_ARGS = ("profile", "--trace-fork-before-exec=true", "--cuda-graph-trace=node", "--capture-range=cudaProfilerApi",
@@ -212,12 +216,15 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
             return RunResult(run_id, states, trace_dir, report_dir, trace_dir, {}, manifest.data)
         manifest.stage("analysis")
         progress(f"{label}: analyzing")
+        from profkit.catalog import choose_catalog
         from profkit.store import write_json_atomic
 
         report_dir.mkdir(parents=True, exist_ok=True)
+        # as every command chooses it: --catalog, else the one this run's manifest (its target) implies
+        catalog = choose_catalog(cfg.catalog, [trace_dir])
         windows = []
         for name, wfiles in _by_window(files, trace_dir):
-            s = analyze_run(wfiles, cfg, manifest.data, captures=capture_traces(trace_dir))
+            s = analyze_run(wfiles, cfg, manifest.data, catalog, captures=capture_traces(trace_dir))
             if name:
                 write_json_atomic(report_dir / name / "summary.json", s)
             windows.append(s)
@@ -227,7 +234,7 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         manifest.update(summary=str(summary_path))
         manifest.finish("ok")
         return RunResult(run_id, states, trace_dir, report_dir, summary_path, summary, manifest.data,
-                         windows if len(windows) > 1 else [])
+                         windows if len(windows) > 1 else [], catalog)
     except KeyboardInterrupt:
         server.stop(grace_s=5)
         manifest.update(trace_files=_written(trace_dir), leftover_pids=server.leftovers())
@@ -450,19 +457,15 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
     return files, overhead
 
 
-def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any], captures: list[Path] | None = None) -> dict[str, Any]:
-    from profkit.analysis.parallel import analyze_paths
-    from profkit.analysis.summary import build_summary
-    from profkit.catalog import load_catalog
+def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any], catalog: CatalogChoice,
+                captures: list[Path] | None = None) -> dict[str, Any]:
+    """One profile window's traces -> its summary.json (profkit.summarize, as `analyze` does it),
+    with the run's `run` section (labels, switches, throughput) added."""
+    from profkit.summarize import SummarizeOptions, summarize
 
-    cat = load_catalog(cfg.catalog) if cfg.catalog else (load_catalog("proxy") if cfg.target == "proxy" else None)
     # ranks in parallel, large traces through the parquet cache (a later diff/report reads it)
-    analyses = analyze_paths(files, marker=cfg.marker, min_bubble_us=cfg.min_bubble_us, catalog=cat, captures=captures or None)
-    summary = build_summary(analyses, marker=cfg.marker)
-    if len(analyses) > 1:
-        from profkit.analysis.ranks import cross_rank
-
-        summary["cross_rank"] = cross_rank(analyses)
+    summary = summarize(files, SummarizeOptions(marker=cfg.marker, min_bubble_us=cfg.min_bubble_us, catalog=catalog,
+                                                captures=tuple(captures or ()))).summary
     summary["run"] = {
         "run_id": manifest["run_id"], "label": manifest["label"], "target": manifest["target"], "preset": manifest.get("preset"),
         "optimizations": manifest["optimizations"], "base": manifest.get("base"), "command": manifest["command"], "throughput": manifest.get("throughput"),

@@ -183,20 +183,10 @@ MAX_ANALYSIS_ENTRIES = 4
 
 
 def catalog_identity(catalog: Any) -> Any:
-    """A stable description of a kernel catalog (None: picked automatically from the trace)."""
-    if catalog is None:
-        return None
-    rules = [
-        [r.category, getattr(r.pattern, "pattern", None), sorted(r.cats) if r.cats is not None else None,
-         getattr(r.annotation, "pattern", None), r.owner]
-        for r in getattr(catalog, "rules", ())
-    ]
-    return {
-        "name": getattr(catalog, "name", str(catalog)), "source": str(getattr(catalog, "source", "")),
-        "default": getattr(catalog, "default_category", None), "rules": rules,
-        "signature": getattr(getattr(catalog, "signature", None), "pattern", None),
-        "optimizations": {k: list(v) for k, v in sorted((getattr(catalog, "optimizations", None) or {}).items())},
-    }
+    """The catalog's one identity (profkit/catalog.py), the same in the summary cache's key."""
+    from profkit.catalog import catalog_identity as identity
+
+    return identity(catalog)
 
 
 def analysis_key(source: dict[str, Any], options: dict[str, Any]) -> str:

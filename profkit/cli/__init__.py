@@ -1,0 +1,20 @@
+"""profkit's command line: a thin Typer layer over the library. It parses options, calls the
+library, prints, and maps errors to exit codes in one place (common.py).
+
+- common.py: the app, the consoles, the options several commands share, errors -> exit codes, main()
+- analyze.py: `analyze`
+- capture.py: `trace`, `sweep`, `opts` (they launch engines; nothing of the analysis stack is
+  imported until a run is analyzed)
+- report.py: `diff`, `report`, `export-perfetto`
+
+Importing this package registers every command on `app`; `main` is the console script.
+"""
+
+from __future__ import annotations
+
+from profkit.cli import analyze as _analyze  # noqa: F401  (registers analyze)
+from profkit.cli import capture as _capture  # noqa: F401  (registers trace, sweep, opts)
+from profkit.cli import report as _report  # noqa: F401  (registers diff, report, export-perfetto)
+from profkit.cli.common import app, err, main, out
+
+__all__ = ["app", "err", "main", "out"]

@@ -1,0 +1,382 @@
+"""The commands that launch engines: `trace`, `sweep`, `opts`. The options trace and sweep share
+are one dataclass, RunOptions (common.options_from makes them options of both commands), which
+becomes the capture's RunConfig."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+import signal
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from profkit.cli.common import Target, command, err, option, options_from, out
+from profkit.errors import UsageError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from profkit.capture.run import RunConfig, RunResult
+
+Opt = Annotated[list[str], typer.Option("--opt", help="Optimization to attribute (repeatable); see `profkit opts`.")]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What trace and sweep both take: the target, the workload, the profile windows, where runs go
+    and how they are analyzed. Help texts are trace's; sweep replaces a few (SWEEP_HELP). Help uses
+    rich markup: a literal "[" is written "\\[". """
+
+    target: str = field(default="proxy", metadata=option("--target", help="proxy (the built-in engine) or sglang."))
+    base: str = field(default="on", metadata=option("--base", help="on (default, the study's regime): all on, baseline = all on minus opts (leave-one-out); off (exploration): baseline all off, candidate = baseline + opts."))
+    preset: Optional[str] = field(default=None, metadata=option("--preset", help="SGLang study preset: glm52-nvfp4-tp4, -tp8, -tep4, -tep8."))
+    model_path: Optional[str] = field(default=None, metadata=option("--model-path", help="Override the preset's model path."))
+    server_python: Optional[str] = field(default=None, metadata=option("--server-python", help="Python of the engine's environment (e.g. a before/after build of SGLang)."))
+    extra_server_args: str = field(default="", metadata=option("--extra-server-args", help="More server flags, as one shell-quoted string."))
+    isl: Optional[str] = field(default=None, metadata=option("--isl", help="First-prompt tokens (default 74000 on sglang: requests average 80K over 13 turns; 256 on the proxy); a list measures each."))
+    turns: int = field(default=13, metadata=option("--turns", help="Turns per conversation."))
+    turn_tokens: Optional[int] = field(default=None, metadata=option("--turn-tokens", help="New tokens per later turn (default 800; 32 on the proxy)."))
+    output_tokens: Optional[int] = field(default=None, metadata=option("--output-tokens", help="Output tokens per turn, ignore_eos (default 220; 32 on the proxy)."))
+    concurrency: str = field(default="1", metadata=option("--concurrency", help="Conversations in flight; a list (1,2,4) measures each, the first is profiled."))
+    workload_file: Optional[Path] = field(default=None, metadata=option("--workload-file", help="JSONL replay: one conversation per line, {\"turns\": \\[\\[ids...], ...]}."))
+    seed: int = field(default=0, metadata=option("--seed", help="Workload seed (token ids, prompt lengths): the same seed gives the same requests."))
+    repeat: int = field(default=1, metadata=option("--repeat", help="Repeat the unprofiled measurement N times (median and spread)."))
+    num_steps: int = field(default=20, metadata=option("--num-steps", help="run_batch iterations to profile."))
+    profile_windows: int = field(default=3, metadata=option("--profile-windows", help="Profile windows of --num-steps iterations per side (median and spread of every trace figure; 1: changes are not judged)."))
+    with_stack: bool = field(default=False, metadata=option("--with-stack", help="Record Python stacks (bigger traces, more overhead)."))
+    record_shapes: bool = field(default=False, metadata=option("--record-shapes", help="Record op shapes."))
+    profile_turn: int = field(default=1, metadata=option("--profile-turn", help="Turn (0-based) whose decode is profiled."))
+    port: Optional[int] = field(default=None, metadata=option("--port", help="Server port (default: a free one)."))
+    health_timeout: Optional[float] = field(default=None, metadata=option("--health-timeout", help="Seconds to wait for /health (default 180 proxy, 3600 sglang)."))
+    profile_timeout: float = field(default=120.0, metadata=option("--profile-timeout", help="Seconds to wait for the trace files."))
+    traces_dir: Path = field(default=Path("traces"), metadata=option("--traces-dir", help="Where run folders go: DIR/<run_id>/ (manifest.json, traces, server.log)."))
+    reports_dir: Path = field(default=Path("reports"), metadata=option("--reports-dir", help="Where reports go: DIR/<run_id>/summary.json and the attribution folder."))
+    marker: Optional[str] = field(default=None, metadata=option("--marker", help="Regex for the CPU span that opens one iteration (default chain: scheduler.run_batch, step\\[...], execute_..., ProfilerStep#N)."))
+    min_bubble_us: float = field(default=2.0, metadata=option("--min-bubble-us", help="Shortest GPU idle gap counted as a bubble (µs)."))
+    catalog: Optional[str] = field(default=None, metadata=option("--catalog", help="Kernel catalog: a name in kernels/ or a .toml path (default: the target's)."))
+    dry_run: bool = field(default=False, metadata=option("--dry-run", help="Print every command line and environment variable; start nothing."))
+    capture_only: bool = field(default=False, metadata=option("--capture-only", help="Record traces and manifests only; analyze later with `profkit diff RUN_A RUN_B` (for GPU boxes without the analysis packages)."))
+    nsys: bool = field(default=False, metadata=option("--nsys", help="Wrap the server in `nsys profile --capture-range=cudaProfilerApi` and open the window with the CUDA_PROFILER activity (writes .nsys-rep; implies --capture-only)."))
+    fit_context: bool = field(default=False, metadata=option("--fit-context", help="Trim the oldest history (the first prompt) so every turn fits the server's context length, instead of refusing the run."))
+    accept_length: Optional[float] = field(default=None, metadata=option("--accept-length", help="sglang: fix the speculative accept length (SGLANG_SIMULATE_ACC_LEN; the study's Figure 8 used 5). Random token ids otherwise give whatever the model makes of noise."))
+
+
+# sweep's own words for the options it shares with trace
+SWEEP_HELP = {
+    "isl": "Input length(s); a list gives the input-length curve (the study's Figure 8).",
+    "concurrency": "A list (1,2,4,8,16) gives the Pareto curve: tokens/s per GPU vs per user.",
+    "num_steps": "Iterations (run_batch steps) per profile window.",
+    "profile_windows": "Profile windows of --num-steps iterations per run.",
+    "capture_only": "Record traces and manifests only (attribute later with `profkit diff`).",
+}
+# trace's options that sweep does not take (its runs use their defaults)
+SWEEP_EXCLUDES = ("marker", "min_bubble_us", "with_stack", "record_shapes", "nsys")
+
+SGLANG_ISL = 74_000
+
+
+def _caps(target: str) -> list[str] | None:
+    if target != "sglang":
+        return None
+    from profkit.targets.sglang import gpu_compute_capabilities
+
+    return gpu_compute_capabilities()
+
+
+def _sigterm_as_interrupt() -> None:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: expected integers separated by commas, e.g. 1,2,4") from None
+    if not vals or min(vals) <= 0:
+        raise UsageError(f"{flag} {text!r}: expected positive integers")
+    return vals
+
+
+def _config(o: RunOptions) -> RunConfig:
+    """RunOptions -> the capture's RunConfig, checked (UsageError names the option)."""
+    from profkit.capture.run import RunConfig
+    from profkit.workloads.agentic import Workload, load_workload_file
+
+    target = o.target
+    if target not in ("proxy", "sglang"):
+        raise UsageError(f"--target {target!r}: use proxy or sglang")
+    if o.preset and target != "sglang":
+        raise UsageError("--preset goes with --target sglang")
+    gpu = target == "sglang"
+    # 74K first prompt: the 13 requests average 80K tokens (the study's "mean input ~ 80k tokens/request")
+    # and the last one, 86,466 tokens with its output and EAGLE's reserved slots, fits --context-length 90000
+    isls = _ints(o.isl, "--isl") if o.isl else ((SGLANG_ISL,) if gpu else (256,))
+    out_tok = o.output_tokens if o.output_tokens is not None else (220 if gpu else 32)
+    if o.workload_file:
+        wl = load_workload_file(o.workload_file, output_tokens=out_tok)
+    else:
+        wl = Workload(isl=isls[0], turns=o.turns, turn_tokens=o.turn_tokens if o.turn_tokens is not None else (800 if gpu else 32),
+                      output_tokens=out_tok, seed=o.seed, vocab=1000)
+    if o.repeat < 1 or o.num_steps < 1:
+        raise UsageError("--repeat and --num-steps must be at least 1")
+    if o.base not in ("on", "off"):
+        raise UsageError(f"--base {o.base!r}: use on (leave-one-out, the study's regime) or off (exploration: everything off)")
+    if o.accept_length is not None and (target != "sglang" or o.accept_length < 1):
+        raise UsageError("--accept-length goes with --target sglang and is at least 1 (tokens per verify, bonus token included)")
+    cfg = RunConfig(
+        target=target, preset=o.preset, model_path=o.model_path, server_python=o.server_python,
+        extra_server_args=tuple(shlex.split(o.extra_server_args)), workload=wl, concurrency=_ints(o.concurrency, "--concurrency"),
+        isl=isls if len(isls) > 1 else (), repeat=o.repeat, num_steps=o.num_steps, with_stack=o.with_stack, record_shapes=o.record_shapes,
+        profile_turn=o.profile_turn, health_timeout_s=o.health_timeout or (3600.0 if gpu else 180.0), profile_timeout_s=o.profile_timeout,
+        port=o.port, traces_dir=o.traces_dir, reports_dir=o.reports_dir, marker=o.marker, min_bubble_us=o.min_bubble_us, catalog=o.catalog,
+        capture_only=o.capture_only or o.nsys, nsys=o.nsys, base=o.base, fit_context=o.fit_context, accept_length=o.accept_length,
+    )
+    return _windows(cfg, o.profile_windows)
+
+
+def _windows(cfg: RunConfig, n: int) -> RunConfig:
+    if n < 1:
+        raise UsageError(f"--profile-windows {n}: at least 1")
+    return replace(cfg, profile_windows=n)
+
+
+def _stamp() -> str:
+    return dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def _progress_runner() -> Progress:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=False)
+
+
+def _run(cfg: RunConfig, states: dict[str, bool], run_id: str, label: str, progress: Progress) -> RunResult:
+    from profkit.capture.run import run_one
+
+    task = progress.add_task(escape(label), total=None)
+    res = run_one(cfg, states, run_id, label=label, progress=lambda s: progress.update(task, description=escape(s)))
+    progress.update(task, description=escape(f"{label}: done -> {res.summary_path}"))
+    progress.stop_task(task)
+    for w in res.manifest.get("warnings") or []:  # no-op switches, --fit-context trims, an uncontrolled accept length
+        err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}", soft_wrap=True)
+    return res
+
+
+def _dry_run(cfg: RunConfig, plans: list[tuple[str, dict[str, bool]]]) -> None:
+    from profkit.capture.run import compose
+    from profkit.targets import sglang as sg
+
+    for label, states in plans:
+        spec = compose(cfg, states, cfg.port or 30000)
+        on = [k for k, v in states.items() if v]
+        out.print(f"[bold]# {escape(label)}[/]  (on: {escape(', '.join(on) or 'none')})", soft_wrap=True)
+        if spec.unset:
+            out.print(f"unset {' '.join(spec.unset)}", soft_wrap=True, markup=False)
+        for k, v in sorted(spec.env.items()):
+            out.print(f"export {k}={shlex.quote(v)}", soft_wrap=True, markup=False)
+        out.print(shlex.join(spec.argv), soft_wrap=True, markup=False)
+        for n in spec.notes:
+            out.print(f"# note: {n}", soft_wrap=True, markup=False)
+        if spec.context_length is not None:
+            over = [cfg.workload if cfg.workload.replay is not None else replace(cfg.workload, isl=i) for i in (list(cfg.isl) or [cfg.workload.isl])]
+            bad = [(w, w.overflow(spec.context_length, spec.reserved_tokens)) for w in over]
+            bad = [(w, o) for w, o in bad if o is not None]
+            msg = (f"turn {bad[0][1][1]} needs {bad[0][1][2]} tokens: over; " + ("--fit-context trims it" if cfg.fit_context else "the run would be refused")
+                   if bad else "every turn fits")
+            out.print(f"# context length {spec.context_length} (reserved {spec.reserved_tokens}): {msg}", soft_wrap=True, markup=False)
+        if cfg.target == "sglang":
+            sg.check_gpu(spec, sg.gpu_compute_capabilities())
+            res = sg.validate(spec)
+            out.print(f"# SGLang's parser: {res or 'the arguments parse'}", soft_wrap=True, markup=False)
+    wl = cfg.workload.describe()
+    out.print(f"# workload: {json.dumps(wl)}; concurrency {list(cfg.concurrency)}; profile {cfg.num_steps} steps", soft_wrap=True, markup=False)
+
+
+def _notes(notes: list[str]) -> None:
+    for n in notes:
+        err.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
+
+
+def _render_attribution(diff: dict[str, Any], group_dir: Path) -> None:
+    from profkit.report import Report
+    from profkit.report.terminal import TerminalRenderer
+
+    TerminalRenderer(out).show(Report(diffs=[diff]))
+    out.print(f"wrote {escape(str(group_dir))}/ (before.json, after.json, diff.json, report.md, report.html)", soft_wrap=True)
+
+
+@command()
+@options_from(RunOptions)
+def trace(opt: Opt, options: RunOptions) -> None:
+    """Baseline vs baseline+OPT: launch, drive the agentic workload, profile decode, attribute the change.
+
+    Example:
+
+        profkit trace --opt topk_v2
+
+        profkit trace --target sglang --preset glm52-nvfp4-tp8 --opt topk_v2 --dry-run
+    """
+    from profkit.capture.sweep import attribute, reproduce_command
+    from profkit.targets.registry import check_comparison, check_opts, opt_states
+
+    o = options
+    target, base, catalog, reports_dir, capture_only = o.target, o.base, o.catalog, o.reports_dir, o.capture_only or o.nsys
+    cfg = _config(o)
+    opts = check_opts(target, opt)
+    s_base = opt_states(target, opts, base=base, candidate=False)
+    s_cand = opt_states(target, opts, base=base, candidate=True)
+    for w in check_comparison(target, s_base, s_cand, opts, _caps(target)):
+        err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+    tag = "+".join(opts)
+    if o.dry_run:
+        _dry_run(cfg, [("baseline", s_base), (f"candidate ({tag})", s_cand)])
+        return
+    _sigterm_as_interrupt()
+    stamp = _stamp()
+    with _progress_runner() as progress:
+        before = _run(cfg, s_base, f"{stamp}-{target}-base{base}-{tag}-before", "baseline", progress)
+        after = _run(cfg, s_cand, f"{stamp}-{target}-base{base}-{tag}-after", f"candidate ({tag})", progress)
+    if capture_only:
+        out.print(f"captured; attribute with: profkit diff {before.trace_dir} {after.trace_dir} --opt {tag} --html report.html", soft_wrap=True)
+        return
+    group = reports_dir / f"{stamp}-{target}-{tag}"
+    diff, notes = attribute(before, after, opts, group)
+    _notes(notes)
+    _render_attribution(diff, group)
+    err.print(f"reproduce the attribution: {reproduce_command(before, after, opts, catalog, target)}", soft_wrap=True)
+
+
+@command()
+def opts(target: Target = "proxy") -> None:
+    """The optimization registry: each optimization's real on/off switch, what it means in the engine, what it depends on.
+
+    Example:
+
+        profkit opts --target sglang
+    """
+    from profkit.targets.registry import registry
+
+    reg = registry(target)
+    title = ("optimizations for --target sglang (SGLang 0.5.23: every one is on by default; on = that default or the study's "
+             "own setting, off = the switch that removes it; --base on switches one off at a time)" if target == "sglang"
+             else f"optimizations for --target {target}")
+    out.print(f"[bold]{escape(title)}[/]", soft_wrap=True)
+
+    def fmt(sw: Any) -> str:
+        parts = [f"{k}={v}" for k, v in sw.env.items()] + list(sw.args)
+        if sw.model_override:
+            parts.append(f"--json-model-override-args '{json.dumps(sw.model_override)}'")
+        return " ".join(parts) or ("(SGLang's default)" if target == "sglang" else "--opts includes it")
+
+    for o in reg.values():
+        off = fmt(o.off) if target == "sglang" else "--opts omits it"
+        out.print(f"\n[bold cyan]{o.name}[/]: {escape(o.title)}", soft_wrap=True)
+        rows = [("meaning", o.meaning), ("on", fmt(o.on)), ("off", off),
+                ("requires", ", ".join(o.requires) + (f" ({o.requires_why})" if o.requires_why else "") if o.requires else ""),
+                ("touches", o.kernels), ("note", o.note)]
+        for k, v in rows:
+            if v:
+                out.print(f"  [dim]{k + ':':<9}[/] {escape(v)}", soft_wrap=True)
+
+
+@command()
+@options_from(RunOptions, exclude=SWEEP_EXCLUDES, help=SWEEP_HELP)
+def sweep(
+    opts_: Annotated[str, typer.Option("--opts", help="Comma-separated optimizations, e.g. overlap,topk_v2,indexer_fusion.")],
+    mode: Annotated[str, typer.Option("--mode", help="one-at-a-time (each alone vs baseline, then all), ladder (cumulative), leave-one-out (all on, each off).")] = "one-at-a-time",
+    base: Annotated[str, typer.Option("--base", help="on (default): optimizations not in --opts stay on in every run, so 'all' is the full configuration; off (exploration): they are off everywhere.")] = "on",
+    options: RunOptions = RunOptions(),
+) -> None:
+    """Run a set of optimizations one at a time, as a ladder, or leave-one-out; one attribution table.
+
+    Example:
+
+        profkit sweep --opts overlap,topk_v2,indexer_fusion --mode ladder
+    """
+    from profkit.capture.sweep import attribute, attribution_row, check_sweep, compared_pairs, label_slug, pareto, sweep_plan, write_reports
+    from profkit.store import write_json_atomic
+    from profkit.targets.registry import check_opts
+
+    o = options
+    target, reports_dir, capture_only = o.target, o.reports_dir, o.capture_only
+    cfg = _config(o)
+    chosen = check_opts(target, [x.strip() for x in opts_.split(",") if x.strip()])
+    if not chosen:
+        raise UsageError("--opts is empty")
+    plan = sweep_plan(target, chosen, mode, base)
+    for w in check_sweep(target, plan, _caps(target)):
+        err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+    if o.dry_run:
+        _dry_run(cfg, [(label, st) for label, st, _, _ in plan])
+        return
+    _sigterm_as_interrupt()
+    stamp = _stamp()
+    sweep_dir = reports_dir / f"{stamp}-{target}-sweep-{mode}"
+    results: dict[str, Any] = {}
+    doc: dict[str, Any] = {"schema_version": 1, "kind": "sweep", "mode": mode, "base": base, "target": target, "optimizations": chosen, "runs": [],
+                           "attribution": [], "status": "running"}
+    with _progress_runner() as progress:
+        for label, states, _, _ in plan:
+            res = _run(cfg, states, f"{stamp}-{target}-{mode}-{label_slug(label)}", label, progress)
+            results[label] = res
+            doc["runs"].append({"label": label, "run_id": res.run_id, "states": states, "summary": str(res.summary_path),
+                                "throughput": res.manifest.get("throughput")})
+            write_json_atomic(sweep_dir / "sweep.json", doc)
+    if capture_only:
+        doc["status"] = "captured"
+        write_json_atomic(sweep_dir / "sweep.json", doc)
+        for r in doc["runs"]:
+            out.print(f"{escape(r['label'])}: {escape(str(cfg.traces_dir / r['run_id']))}", soft_wrap=True)
+        return
+    for label, opt, b_label, a_label, pair_dir in compared_pairs(plan, mode, sweep_dir):
+        before, after = results[b_label], results[a_label]
+        diff, notes = attribute(before, after, [opt] if opt else [], pair_dir)
+        _notes(notes)
+        doc["attribution"].append(attribution_row(label, opt, before, after, diff, pair_dir))
+    doc["pareto"] = pareto(doc["runs"])
+    doc["status"] = "ok"
+    write_json_atomic(sweep_dir / "sweep.json", doc)
+    _notes(write_reports(sweep_dir, diffs=[json.loads(Path(a["diff"]).read_text()) for a in doc["attribution"]],
+                         runs=[(lbl, results[lbl].summary) for lbl, *_ in plan]))
+    _render_sweep(doc)
+    wrote = [sweep_dir / n for n in ("sweep.json", "report.html") if (sweep_dir / n).is_file()]
+    out.print(f"wrote {', '.join(escape(str(p)) for p in wrote)}", soft_wrap=True)
+
+
+def _render_sweep(doc: dict[str, Any]) -> None:
+    t = Table(title=f"attribution ({doc['mode']}); per-iteration means, counts per-iteration medians", title_justify="left", box=None)
+    for c in ("run", "tok/s/user", "Δ window µs", "top category Δ", "Δ idle µs", "Δ kernels", "Δ launches", "Δ syncs"):
+        t.add_column(c, justify="left" if c in ("run", "top category Δ") else "right", no_wrap=True)
+    flags: list[str] = []
+    for row in doc["attribution"]:
+        tp = row["tokens_per_s_per_user"]
+        w = row.get("gpu_window_us") or {}
+        dec = row.get("decomposition") or {}
+        cats = dec.get("category_us") or {}
+        top = max(cats.items(), key=lambda kv: abs(kv[1]), default=None)
+        c = row["counts"]
+        t.add_row(
+            escape(row["label"]),
+            f"{tp['baseline']:.0f}→{tp['candidate']:.0f}" if tp["baseline"] and tp["candidate"] else "-",
+            f"{w.get('delta', 0):+,.0f}" if w else "-",
+            escape(f"{top[0]} {top[1]:+,.0f}") if top else "-",
+            f"{dec.get('idle_us', 0):+,.0f}" if dec else "-",
+            _d(c.get("gpu_kernels")), _d(c.get("kernel_launches")), _d(c.get("syncs")),
+        )
+        flags += [f"{row['label']}: {f}" for f in row["flags"]]
+    out.print(t)
+    for f in flags:
+        out.print(f"[yellow]flag:[/] {escape(f)}", soft_wrap=True)
+
+
+def _d(v: Any) -> str:
+    return "-" if v is None else f"{v:+g}"

@@ -1,0 +1,255 @@
+"""What every command shares: the Typer app, the consoles, the options several commands declare
+(one definition each: the analysis options as aliases, trace's and sweep's run options as one
+dataclass, `options_from`), and the one place that maps errors to a line and an exit code
+(`command` for profkit's own errors, `main` for Ctrl-C and bugs). The commands live in analyze.py,
+capture.py and report.py; each imports this module, none imports another."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import sys
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Callable, Iterator, Optional, TypeVar, get_type_hints
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from profkit import __version__
+from profkit.errors import EXIT_BUG, EXIT_INTERRUPTED, ProfkitError
+
+
+app = typer.Typer(
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Profile LLM serving engines: per-iteration GPU bubbles, host syncs, launches and per-optimization attribution.",
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _flags_without_type() -> None:
+    """--help lists a flag without a type column entry (typer prints `<bool>` for every flag)."""
+    try:
+        from typer.core import TyperOption
+    except ImportError:  # another typer layout: leave its help as it is
+        return
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None:  # an older typer (0.12-0.2x, as on the GPU machine) shows no type there: nothing to hide
+        return
+
+    def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
+        return None if getattr(self, "is_flag", False) and self.metavar is None else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_without_type()
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+
+def _reader_left() -> None:
+    """stdout's reader went away (`profkit diff ... | head -3`): not an error. Every file the
+    command writes is written before it prints, so stop quietly with 0."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    raise SystemExit(0)
+
+
+out.on_broken_pipe = err.on_broken_pipe = _reader_left  # type: ignore[method-assign]  (rich's default exits 1)
+_state = {"debug": False}
+
+
+# --- options that several commands declare, defined once ---------------------------------------
+
+Target = Annotated[str, typer.Option("--target", help="proxy (the built-in engine) or sglang.")]
+Marker = Annotated[Optional[str], typer.Option("--marker", help="Regex for the CPU span that opens one iteration, for inputs analyzed now (traces).")]
+MinBubble = Annotated[float, typer.Option("--min-bubble-us", min=0.0, help="Shortest GPU idle gap counted as a bubble, for inputs analyzed now.")]
+CatalogOpt = Annotated[Optional[str], typer.Option("--catalog", help="Kernel catalog (name in kernels/ or a .toml path): classifies traces analyzed now and says which categories --opt owns.")]
+Cdn = Annotated[bool, typer.Option("--cdn", help="Load plotly.js from its CDN (a small file that needs the network) instead of inlining it.")]
+
+
+def option(*flags: str, help: str, **typer_kw: Any) -> dict[str, Any]:
+    """A dataclass field's command-line option, for `options_from`: its flags, its help text and
+    any other typer.Option keyword (min=, ...). Use as `field(default=..., metadata=option(...))`."""
+    return {"flags": flags, "help": help, "typer": typer_kw}
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def options_from(cls: type, *, exclude: tuple[str, ...] = (), help: dict[str, str] | None = None) -> Callable[[F], F]:
+    """A command takes the fields of the dataclass `cls` as options (in field order, where the
+    command's parameter `options: cls` stands) and receives them as one `cls` value. A field the
+    command declares itself (a parameter of the same name: its own help, its own place in --help)
+    is still passed into the dataclass; `exclude`d fields keep their defaults; `help` replaces a
+    field's help text for this command."""
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(exclude) | set(help or {})
+    if unknown - set(fields):
+        raise TypeError(f"options_from: {sorted(unknown - set(fields))} are not fields of {cls.__name__}")
+
+    def deco(fn: F) -> F:
+        sig = inspect.signature(fn)
+        own = get_type_hints(fn, include_extras=True)
+        params: list[inspect.Parameter] = []
+        for p in sig.parameters.values():
+            if p.name != "options":
+                params.append(p.replace(annotation=own[p.name]))
+                continue
+            for f in fields.values():
+                if f.name in exclude or f.name in sig.parameters:
+                    continue
+                m = f.metadata
+                opt = typer.Option(*m["flags"], help=(help or {}).get(f.name, m["help"]), **m["typer"])
+                params.append(inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default,
+                                                annotation=Annotated[hints[f.name], opt]))
+
+        @functools.wraps(fn)
+        def wrapper(**kw: Any) -> Any:
+            values = {k: kw[k] for k in fields if k in kw}
+            for k in values:
+                if k not in sig.parameters:
+                    del kw[k]
+            return fn(options=cls(**values), **kw)
+
+        wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper  # type: ignore[return-value]
+
+    return deco
+
+
+# --- errors -> a line and an exit code: the one place ----------------------------------------
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Map expected errors to one line and an exit code; tracebacks only with --debug."""
+    try:
+        yield
+    except ProfkitError as e:
+        if _state["debug"]:
+            traceback.print_exc()
+        err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
+        if e.hint:
+            err.print(f"[dim]hint:[/] {escape(e.hint)}", soft_wrap=True)
+        raise typer.Exit(code=e.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]")
+        raise typer.Exit(code=EXIT_INTERRUPTED) from None
+
+
+def command(name: str | None = None) -> Callable[[F], F]:
+    """Register a command on the app; profkit's errors inside it become one line and their exit code."""
+    def deco(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            with user_errors():
+                return fn(*args, **kw)
+
+        app.command(name)(wrapper)
+        return fn
+
+    return deco
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"profkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = None,
+) -> None:
+    _state["debug"] = debug
+
+
+def main() -> None:
+    """Console-script entry point: run the app; unexpected errors are one line unless --debug."""
+    try:
+        app()
+    except SystemExit as e:
+        if _state.get("quick_exit"):
+            _quick_exit(e.code)
+        raise
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]")
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as e:  # a bug: one line and the traceback in a file; --debug prints it
+        if _state["debug"] or "--debug" in sys.argv:
+            traceback.print_exc()
+        else:
+            where = _write_crash_report()
+            err.print(f"[bold red]internal error (a bug in profkit):[/] {escape(type(e).__name__)}: {escape(str(e))}"
+                      + (f"; traceback in {escape(str(where))}" if where else " (run with --debug for the traceback)"), soft_wrap=True)
+        sys.exit(EXIT_BUG)
+
+
+def _write_crash_report() -> Path | None:
+    """The current exception's traceback, with profkit's version and the command line, in a new
+    file under the temporary folder; its path, or None when it cannot be written."""
+    import os
+    import tempfile
+    import time
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=f"profkit-crash-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".txt")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"profkit {__version__}\ncommand: {' '.join(sys.argv)}\n\n")
+            traceback.print_exc(file=f)
+        return Path(name)
+    except OSError:
+        return None
+
+
+def _quick_exit(code: object) -> None:
+    """Leave without tearing down the interpreter's objects: freeing the tables of a gigabyte trace
+    one by one takes a third of a second. Everything a normal exit does for the outside world still
+    happens first: output flushed, pending cache writes and other threads joined, atexit handlers run.
+    (`analyze` asks for it: _state["quick_exit"].)"""
+    import atexit
+    import os
+    import threading
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:
+        print(code, file=sys.stderr)
+        status = 1
+    cache = sys.modules.get("profkit.ingest.cache")
+    if cache is not None:
+        cache.wait_pending()
+    me = threading.current_thread()
+    for t in threading.enumerate():
+        if t is not me and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(status)
+
+
+def safe_name(name: str) -> str:
+    """A label as a file-name part."""
+    import re
+
+    return re.sub(r"[^\w.-]+", "_", name).strip("_")[:80] or "run"

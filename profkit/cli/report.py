@@ -1,0 +1,201 @@
+"""The `diff`, `report` and `export-perfetto` commands.
+
+Thin: each picks the catalog (catalog.choose_catalog), resolves its inputs (profkit.inputs: traces
+and run folders through profkit.summarize, with the summary cache), calls the library
+(attribution, report, export) and writes atomically (profkit.store). Status lines go to stderr;
+`--json -` puts diff.json on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.markup import escape
+
+from profkit.cli.common import Cdn, CatalogOpt, Marker, MinBubble, command, err, out, safe_name
+from profkit.errors import TraceInputError, UsageError
+
+
+def _announce(choice: Any) -> None:
+    """Say so when the catalog was guessed from the run manifest."""
+    note = choice.note()
+    if note:
+        err.print(f"[dim]{escape(note)}[/]")
+
+
+def _write_text(path: Path, text: str, *, announce: bool = True) -> None:
+    from profkit.store import write_bytes_atomic
+
+    write_bytes_atomic(path, text.encode("utf-8"))
+    if announce:
+        err.print(f"wrote {escape(str(path))}")
+
+
+@command()
+def diff(
+    before: Annotated[Path, typer.Argument(readable=False, help="Baseline: a summary.json, a trace file, or a run folder (repeat-*/ subfolders are repeats).")],
+    after: Annotated[Path, typer.Argument(readable=False, help="Candidate: same kinds as BEFORE.")],
+    opt: Annotated[Optional[str], typer.Option("--opt", help="The optimization the candidate adds (default: from the run manifests) for the expected-effect check.")] = None,
+    catalog: CatalogOpt = None,
+    md: Annotated[Optional[Path], typer.Option("--md", help="Write a GitHub Markdown PR comment to FILE.")] = None,
+    html: Annotated[Optional[Path], typer.Option("--html", help="Write a self-contained HTML report to FILE.")] = None,
+    json_out: Annotated[Optional[str], typer.Option("--json", help="Write diff.json (schema v1) to FILE, or '-' for stdout.")] = None,
+    marker: Marker = None,
+    min_bubble_us: MinBubble = 2.0,
+    rank: Annotated[Optional[int], typer.Option("--rank", help="Which rank to compare (default 0; two single-rank sides are compared whatever their ranks).")] = None,
+    allow_shape_mismatch: Annotated[bool, typer.Option("--allow-shape-mismatch", help="Compare sides that share no iteration shape (kind, batch size), mixing shapes; refused without it.")] = False,
+    cdn: Cdn = False,
+    top: Annotated[int, typer.Option("--top", help="How many movers and sync groups to print.")] = 10,
+    capture: Annotated[Optional[list[Path]], typer.Option("--capture", help="Graph-capture profile(s) for the replayed kernels' categories (default: graph_capture_profile/ of each run folder).")] = None,
+) -> None:
+    """Attribute the change between two runs: per-category time, overlap and idle by bubble cause
+    (exact, mean per iteration), launches and syncs per iteration, kernels added and removed, and
+    the expected-effect check for --opt.
+
+    Example:
+
+        profkit diff traces/base/summary.json traces/topk/summary.json --opt topk_v2 --md comment.md --html diff.html
+    """
+    from profkit.attribution.diff import compare_summaries
+    from profkit.catalog import choose_catalog
+    from profkit.inputs import align_single_ranks, infer_optimization, load_pair
+    from profkit.report import Report, get_renderer
+    from profkit.report.terminal import TerminalRenderer
+    from profkit.summarize import SummarizeOptions
+
+    choice = choose_catalog(catalog, (before, after))
+    _announce(choice)
+    opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice, captures=tuple(capture) if capture else None)
+    b, c, choice, warnings = load_pair(before, after, opts)
+    for w in warnings:
+        err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+    lb, lc = (b.label, c.label) if b.label != c.label else (f"{b.label} (before)", f"{c.label} (after)")
+    from profkit.attribution.diff import run_manifest
+
+    opt_name = opt or infer_optimization(run_manifest({"manifest": b.manifest, **b.summary}), run_manifest({"manifest": c.manifest, **c.summary}))
+    rank, notes = align_single_ranks(b, c, rank)
+    d = compare_summaries(
+        b.summary, c.summary, opt=opt_name, catalog=choice.for_effect(c.summary, rank) if opt_name else None,
+        baseline_repeats=b.repeats, candidate_repeats=c.repeats, rank=rank, labels=(lb, lc),
+    )
+    if d["shape"].get("kind") is None:
+        have = "; ".join(f"{side}: {', '.join(d[side].get('shapes') or {}) or 'none'}" for side in ("baseline", "candidate"))
+        if not allow_shape_mismatch:
+            raise UsageError(f"the two sides share no iteration shape ({have}): comparing them would mix shapes",
+                             hint="compare runs of the same shape, or pass --allow-shape-mismatch to compare all iterations anyway")
+        notes.append(f"the two sides share no iteration shape ({have}); comparing all iterations (--allow-shape-mismatch)")
+    d.setdefault("warnings", [])
+    d["warnings"][:0] = [n for n in notes if n not in d["warnings"]]
+    for n in notes:  # before every table: the reader must know what is compared
+        err.print(f"[yellow]warning:[/] {escape(n)}", soft_wrap=True)
+    to_stdout = json_out == "-"
+    result = Report(diffs=[d])
+    # the files first: a reader that stops early (`| head -3`) must not cost them
+    wrote: list[str] = []
+    if json_out and not to_stdout:
+        _write_text(Path(json_out), get_renderer("json")().render(result), announce=False)
+        wrote.append(json_out)
+    if md is not None:
+        _write_text(md, get_renderer("markdown")().render(result), announce=False)
+        wrote.append(str(md))
+    if html is not None:
+        _write_text(html, get_renderer("html")(cdn=cdn).render(result), announce=False)
+        wrote.append(str(html))
+    TerminalRenderer(err if to_stdout else out, top=top).show(result)
+    if to_stdout:
+        sys.stdout.write(json.dumps(d, indent=1, allow_nan=False) + "\n")
+    for w in wrote:
+        err.print(f"wrote {escape(w)}")
+
+
+@command()
+def report(
+    paths: Annotated[list[Path], typer.Argument(readable=False, help="Run folders, summary.json files, trace files or diff.json files; several runs make a sweep (ladder).")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The HTML file to write (default: under reports/).")] = None,
+    cdn: Cdn = False,
+    marker: Marker = None,
+    min_bubble_us: MinBubble = 2.0,
+    catalog: CatalogOpt = None,
+) -> None:
+    """Write one self-contained HTML report: headline numbers, a representative iteration's timeline,
+    time by category, bubbles by cause, launches and syncs per iteration, top kernels, manifests;
+    for a diff the decomposition waterfall; for several runs the ladder.
+
+    Example:
+
+        profkit report traces/base traces/topk -o reports/sweep.html
+    """
+    from profkit.catalog import choose_catalog
+    from profkit.inputs import is_diff_doc, load_side, read_json
+    from profkit.attribution import ladder_steps
+    from profkit.report import Report
+    from profkit.report.html import HtmlRenderer
+    from profkit.summarize import SummarizeOptions
+
+    choice = choose_catalog(catalog, paths)
+    _announce(choice)
+    opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice)
+    diffs: list[dict[str, Any]] = []
+    runs: list[tuple[str, dict[str, Any]]] = []
+    for p in paths:
+        if p.is_file() and p.suffix == ".json" and not p.name.endswith(".trace.json"):
+            doc = read_json(p)
+            if is_diff_doc(doc):
+                if doc.get("schema_version") != 1:
+                    raise TraceInputError(f"{p}: diff.json schema version {doc.get('schema_version')!r}; this profkit reads 1", hint="re-run profkit diff")
+                diffs.append(doc)
+                continue
+        side = load_side(p, opts)
+        if side.repeats:
+            err.print(f"[dim]{escape(str(p))}: {len(side.repeats)} repeats; reporting the first (diff uses all of them for noise)[/]")
+        runs.append((side.label, side.summary))
+    labels = [label for label, _ in runs]
+    if len(set(labels)) != len(labels):
+        runs = [(f"{label} #{i + 1}", s) for i, (label, s) in enumerate(runs)]
+    if output is None:
+        if diffs and not runs and len(diffs) == 1:
+            name = f"diff__{safe_name(diffs[0]['baseline']['label'])}__{safe_name(diffs[0]['candidate']['label'])}.html"
+            output = Path("reports") / name
+        elif len(runs) == 1 and not diffs:
+            output = Path("reports") / safe_name(runs[0][0]) / "report.html"
+        else:
+            output = Path("reports") / "report.html"
+    _write_text(output, HtmlRenderer(cdn=cdn).render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs))))
+
+
+@command("export-perfetto")
+def export_perfetto(
+    trace: Annotated[Path, typer.Argument(readable=False, help="A trace file, or a run folder of trace files (one per rank).")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The .perfetto-trace file to write (default: beside the trace).")] = None,
+    marker: Marker = None,
+    min_bubble_us: MinBubble = 2.0,
+    catalog: CatalogOpt = None,
+) -> None:
+    """Write the trace plus profkit's findings (iterations, GPU windows, bubbles with cause, syncs
+    with trigger) as a Perfetto protobuf trace; open it at ui.perfetto.dev.
+
+    Example:
+
+        profkit export-perfetto traces/sample/eager_sync.pt.trace.json.gz -o eager_sync.perfetto-trace
+    """
+    from profkit.analysis import analyze_trace
+    from profkit.ingest.identity import short_label
+    from profkit.catalog import choose_catalog
+    from profkit.export.perfetto import build_perfetto
+    from profkit.ingest import load_traces
+    from profkit.store import write_bytes_atomic
+
+    choice = choose_catalog(catalog, [trace])
+    _announce(choice)
+    traces = load_traces([trace])
+    pairs = [(t, analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=choice.catalog)) for t in traces]
+    data = build_perfetto(pairs)
+    if output is None:
+        base = trace if trace.is_dir() else trace.parent
+        output = base / f"{short_label(trace.name)}.perfetto-trace"
+    write_bytes_atomic(output, data)
+    err.print(f"wrote {escape(str(output))} ({len(data):,} bytes, {len(traces)} rank(s)); open it at https://ui.perfetto.dev")
