@@ -176,3 +176,16 @@ def test_capture_count_mismatch_is_refused():
     assert mapped == {} and st["replays_refused"] == 1
     mapped, st = map_replays(rows[:3], {7: "draft"}, caps, 0)
     assert mapped == {0: "proxy.moe", 1: "proxy.moe", 2: "proxy.moe"} and st["replays_mapped"] == 1
+
+
+def test_analyze_of_a_windows_run_folder_names_its_windows():
+    """`profkit analyze RUN` on a folder `trace --profile-windows 3` wrote: one line naming the windows and
+    what to run instead (exit 3), not "holds no trace files"; `diff` of the same folders works (above)."""
+    from typer.testing import CliRunner
+
+    from profkit.cli import app
+
+    r = CliRunner().invoke(app, ["analyze", str(DATA / "all"), "--no-cache"])
+    assert r.exit_code == 3
+    text = " ".join(r.output.split())
+    assert "3 profile windows (window-0/, window-1/, window-2/)" in text and str(DATA / "all" / "window-0") in text

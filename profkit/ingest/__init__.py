@@ -145,6 +145,12 @@ def find_trace_files(path: Path) -> list[Path]:
             if e.is_file() and e.name.endswith(TRACE_SUFFIXES) and e.name not in ("manifest.json", "summary.json", "diff.json")
             and not e.name.endswith((".profkit.json",))
         )
+    if not found:  # a run folder of `trace --profile-windows N` (or of repeats): one profile per subfolder
+        subs = sorted((d.name for d in path.iterdir() if d.is_dir() and re.fullmatch(r"(window|repeat)-\d+", d.name)),
+                      key=lambda n: (n.split("-")[0], int(n.split("-")[1])))
+        if subs:
+            raise TraceInputError(f"{path}: a run folder of {len(subs)} profile windows ({', '.join(s + '/' for s in subs[:3])}{' …' if len(subs) > 3 else ''}), each its own profile",
+                                  hint=f"analyze one window ({path / subs[0]}), or compare the folder with `profkit diff` (which uses every window for noise)")
     if not found:
         raise TraceInputError(f"{path}: directory holds no trace files (*.trace.json.gz, *.pt.trace.json)", hint="point at a trace file or a run folder under traces/")
     return found
