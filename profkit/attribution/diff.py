@@ -344,12 +344,30 @@ def _noise(base_reps: Sequence[Mapping[str, Any]], cand_reps: Sequence[Mapping[s
     }
 
 
+def _backlog_drift_ns(summaries: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> Fraction:
+    """How far the GPU's backlog moved across the compared iterations, per iteration: the largest
+    |spill(last) - spill(first)| / n over a side's profile windows. When the host runs ahead of a
+    GPU-bound device the queue can grow during a window: each iteration's own work then spills ever
+    further into later windows, and time by the clock inside the compared windows misses (or gains)
+    that much work per iteration, spread over its categories (schema v2 ``spill_us``; 0 for v1)."""
+    worst = Fraction(0)
+    for s in summaries:
+        try:
+            r = pick_rank(s, rank, "repeat")
+        except UsageError:
+            continue
+        its = _select(r, shape)
+        if len(its) >= 2:
+            worst = max(worst, Fraction(abs(_ns(its[-1].get("spill_us")) - _ns(its[0].get("spill_us"))), len(its)))
+    return worst
+
+
 # ---------------------------------------------------------------------------------------------
 # expected effect
 
 
 def _expected_effect(opt: str | None, catalog: Any, base: dict[str, Any], cand: dict[str, Any],
-                     noise: Mapping[str, Any]) -> dict[str, Any] | None:
+                     noise: Mapping[str, Any], drift_ns: Fraction = Fraction(0)) -> dict[str, Any] | None:
     if opt is None:
         return None
     optimizations: Mapping[str, Sequence[str]] = getattr(catalog, "optimizations", None) or {}
@@ -371,7 +389,7 @@ def _expected_effect(opt: str | None, catalog: Any, base: dict[str, Any], cand: 
         inside = cat in owned
         nm = (noise.get("metrics") or {}).get(f"category_us.{cat}") if use_noise else None
         if nm is not None:
-            exceeds = abs(float(nm["delta"])) >= nm["spread"] and abs(d) >= ABS_THRESHOLD_NS
+            exceeds = abs(float(nm["delta"])) >= nm["spread"] and abs(d) >= max(ABS_THRESHOLD_NS, drift_ns)
         else:  # one profile window a side: no noise estimate, so the change is not judged (never flagged)
             exceeds = False
         pct = float(d / b * 100) if b else None
@@ -398,12 +416,16 @@ def _expected_effect(opt: str | None, catalog: Any, base: dict[str, Any], cand: 
     elsewhere = [term(f"category_us.{c}", cand["cats"].get(c, Fraction(0)) - base["cats"].get(c, Fraction(0)))
                  for c in sorted(set(base["cats"]) | set(cand["cats"])) if c not in owned]
     elsewhere += [term(f"idle_us_by_cause.{k}", cand["idle_by"][k] - base["idle_by"][k]) for k in IDLE_KEYS]
-    beyond = sorted((t for t in elsewhere if t["within_noise"] is False and abs(t["delta_us"]) >= ABS_THRESHOLD_NS / 1000),
+    floor_us = float(max(Fraction(ABS_THRESHOLD_NS), drift_ns) / 1000)
+    beyond = sorted((t for t in elsewhere if t["within_noise"] is False and abs(t["delta_us"]) >= floor_us),
                     key=lambda t: -abs(t["delta_us"]))
     return {
         "optimization": opt, "known": True, "catalog": cat_name, "categories": owned,
         "judged": use_noise,
-        "threshold": "the noise (spread over profile windows) and 1 µs" if use_noise else "not judged: one profile window per side (no noise estimate)",
+        "threshold": ("the noise (spread over profile windows) and 1 µs" if drift_ns <= ABS_THRESHOLD_NS else
+                      f"the noise (spread over profile windows) and the GPU backlog's drift ({_us(drift_ns):,.1f} µs per iteration)")
+                     if use_noise else "not judged: one profile window per side (no noise estimate)",
+        "backlog_drift_us": _us(drift_ns),
         "own": own, "beyond_noise": beyond,
         "changes": changes, "flags": flags, "ok": not flags,
     }
@@ -560,7 +582,14 @@ def compare_summaries(
 
     # --- noise and expected effect ------------------------------------------------------------
     noise = _noise(baseline_repeats, candidate_repeats, rank, shape, warnings)
-    expected = _expected_effect(opt, catalog, mb, mc, noise)
+    drift_b = _backlog_drift_ns(list(baseline_repeats) or [baseline], rank, shape)
+    drift_c = _backlog_drift_ns(list(candidate_repeats) or [candidate], rank, shape)
+    drift = drift_b + drift_c
+    if drift > ABS_THRESHOLD_NS and drift * 100 >= min(mb["window"], mc["window"]):  # 1% of the GPU window
+        warnings.append(f"the GPU's backlog moved during the compared iterations (GPU-bound, the host ahead): {_us(drift_b):,.1f} µs "
+                        f"per iteration on the baseline, {_us(drift_c):,.1f} on the candidate; time by the clock inside a window "
+                        f"then misses or gains that much of each iteration's work, so category changes below {_us(drift):,.1f} µs are not flagged")
+    expected = _expected_effect(opt, catalog, mb, mc, noise, drift)
     if rb.get("catalog") and rc.get("catalog") and rb.get("catalog") != rc.get("catalog"):
         warnings.append(f"the sides were classified with different catalogs ({rb.get('catalog')} vs {rc.get('catalog')}): categories may not line up")
 
