@@ -32,14 +32,11 @@ def own_calls(calls: pl.DataFrame, win: pl.DataFrame) -> pl.DataFrame:
 
 
 def own_ops(gpu_ops: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
-    launches = (
-        calls.filter(pl.col("correlation").is_not_null())
-        .unique(subset="correlation", keep="first", maintain_order=True)
-        .select(
-            "correlation", "iteration", pl.col("api").alias("launch_api"), pl.col("ts_ns").alias("launch_ts_ns"),
-            pl.col("tid").alias("launch_tid"),
-        )
-    )
+    launches = calls.select(
+        "correlation", "iteration", pl.col("api").alias("launch_api"), pl.col("ts_ns").alias("launch_ts_ns"), pl.col("tid").alias("launch_tid"),
+    ).filter(pl.col("correlation").is_not_null())
+    if launches["correlation"].n_unique() < launches.height:  # counting them is much cheaper than de-duplicating
+        launches = launches.unique(subset="correlation", keep="first", maintain_order=True)
     return gpu_ops.join(launches, on="correlation", how="left").sort("ts_ns")
 
 

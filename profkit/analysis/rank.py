@@ -272,13 +272,13 @@ def _per_iteration(win, windows, busy, categories, spill, owned, calls, syncs, b
         *[((pl.col("cat") == "gpu_memcpy") & (pl.col("direction") == d)).sum().cast(pl.Int64).alias(f"memcpy_{d}") for d in DIRECTIONS],
         (pl.col("cat") == "gpu_memset").sum().cast(pl.Int64).alias("memset"),
     )
-    lat = (
-        owned.filter(pl.col("launch_api").is_in(LAUNCH_APIS))
-        .group_by("iteration", "correlation")
-        .agg((pl.col("ts_ns").min() - pl.col("launch_ts_ns").first()).alias("lat"))
-        .group_by("iteration")
-        .agg(pl.col("lat").median().alias("launch_latency_ns_p50"))
-    )
+    # a launch's latency: from the call to the first of its ops (a graph launch has many)
+    launched = owned.select("iteration", "correlation", "ts_ns", "launch_ts_ns", "launch_api").filter(pl.col("launch_api").is_in(LAUNCH_APIS))
+    if launched["correlation"].n_unique() == launched.height:  # one op per launch (eager): no grouping needed
+        per_launch = launched.select("iteration", (pl.col("ts_ns") - pl.col("launch_ts_ns")).alias("lat"))
+    else:
+        per_launch = launched.group_by("iteration", "correlation").agg((pl.col("ts_ns").min() - pl.col("launch_ts_ns").first()).alias("lat"))
+    lat = per_launch.group_by("iteration").agg(pl.col("lat").median().alias("launch_latency_ns_p50"))
     owned_calls = calls.filter(pl.col("iteration").is_not_null())
     cl = owned_calls.group_by("iteration").agg(
         pl.col("api").is_in(KERNEL_LAUNCH_APIS).sum().cast(pl.Int64).alias("kernel_launches"),
