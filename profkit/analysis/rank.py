@@ -111,6 +111,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     from profkit.catalog import auto_catalog
 
     warnings = list(trace.warnings)
+    digest = _digest_meanwhile(trace.path) if getattr(trace, "sha256", None) is None else None
     its = find_iterations(trace, marker=marker)
     warnings.extend(its.warnings)
     win = its.frame
@@ -188,9 +189,37 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         rank=trace.rank, device=trace.device, path=trace.path, marker=its.marker, catalog=getattr(catalog, "name", str(catalog)),
         t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls,
         ops=owned, bubbles=bubbles, syncs=syncs, phases=phases, warnings=warnings,
-        device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None), outside=outside,
+        device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None) or (digest() if digest else None), outside=outside,
         device_records=device_records, graph_capture=gcap,
     )
+
+
+def _digest_meanwhile(path: Path) -> Any:
+    """The sha256 of the trace file (summary.json's inputs), computed in a thread while the analysis
+    runs (hashlib releases the GIL; the analysis leaves a core idle much of the time): a function
+    that waits for it and returns it, None when the file cannot be read (the summary tries again)."""
+    import threading
+
+    from profkit.ingest.cache import file_sha256
+
+    got: list[str | None] = [None]
+
+    def run() -> None:
+        try:
+            got[0] = file_sha256(path)
+        except OSError:
+            pass
+
+    if not Path(path).is_file():
+        return None
+    t = threading.Thread(target=run, name="profkit-digest", daemon=True)
+    t.start()
+
+    def wait() -> str | None:
+        t.join()
+        return got[0]
+
+    return wait
 
 
 def _classify(owned: pl.DataFrame, trace: Trace, catalog: Any, captures: Any = None) -> tuple[pl.DataFrame, dict | None]:
