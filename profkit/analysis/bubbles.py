@@ -26,8 +26,11 @@ def find_bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: 
     if w.height == 0 or ops.height == 0:
         return pl.DataFrame(schema=schema)
     lo, hi = w["gpu_start_ns"].min(), w["gpu_end_ns"].max()
+    ops = ops.select("ts_ns", "end_ns", "iteration", "launch_ts_ns", "launch_tid")
+    if not (ops["ts_ns"].is_sorted() and ops["ts_ns"].n_unique() == ops.height):  # else in (ts, end) order already
+        ops = ops.sort("ts_ns", "end_ns")
     gaps = (
-        ops.select("ts_ns", "end_ns", "iteration", "launch_ts_ns", "launch_tid").sort("ts_ns", "end_ns")
+        ops
         .with_columns(pl.col("end_ns").cum_max().shift(1).alias("g0"))
         .filter(pl.col("g0").is_not_null() & (pl.col("ts_ns") - pl.col("g0") >= max(min_ns, 1)))
         .filter((pl.col("g0") >= lo) & (pl.col("ts_ns") <= hi))

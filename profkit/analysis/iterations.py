@@ -55,7 +55,8 @@ def _marker_candidates(cpu: pl.DataFrame) -> pl.DataFrame:
     than over every Python frame."""
     cat = cpu["cat"]
     keep = ((cat == _MARKER_CATS[0]) | (cat == _MARKER_CATS[1])).arg_true()  # cheaper than is_in, or a filter
-    return cpu.select("name", "cat", "ts_ns", "end_ns", "pid")[keep]
+    cols = cpu.select("name", "cat", "ts_ns", "end_ns", "pid")
+    return cols if len(keep) == cpu.height else cols[keep]  # no Python frames: every row, uncopied
 
 
 def _markers(cpu: pl.DataFrame, regex: str, names: pl.Series | None = None) -> pl.DataFrame:
