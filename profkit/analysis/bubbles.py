@@ -4,12 +4,16 @@ the launching thread with the most exclusive time inside it."""
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
 import polars as pl
 
 from profkit.apis import LAUNCH_APIS
 from profkit.analysis.spans import thread_rows
 from profkit.ingest import Trace
+
+if TYPE_CHECKING:
+    import numpy as np
 
 CAUSES = ("sync", "launch", "iteration_boundary", "gpu_wait")
 # A blocking call that returns within this long before the GPU went idle still counts as the
@@ -103,6 +107,8 @@ def _sync_gaps(gaps: pl.DataFrame, syncs: pl.DataFrame) -> pl.Series:
 def gap_cpu_ops(trace: Trace, g0s: pl.Series, g1s: pl.Series, tids: pl.Series,
                  rows_cache: dict | None = None) -> pl.DataFrame:
     """gap_tops as rows (_g: the gap's position, name, ns), most time first within a gap."""
+    import numpy as np
+
     top_id, top_ns, names = gap_tops(trace, g0s, g1s, tids, rows_cache)
     n, top = top_id.shape
     flat = pl.DataFrame({"_g": np.repeat(np.arange(n, dtype=np.int64), top), "k": top_id.reshape(-1), "ns": top_ns.reshape(-1)})
@@ -123,6 +129,8 @@ def gap_tops(trace: Trace, g0s: pl.Series, g1s: pl.Series, tids: pl.Series,
     pass over the thread's events for all its gaps: in the native library when it is built
     (ingest/scan.py, which merges the thread's CPU events and calls itself), else the same sweep in
     Python (_sweep_gaps) over the events that overlap a gap."""
+    import numpy as np
+
     from profkit.ingest import scan
 
     n = len(g0s)
@@ -159,6 +167,8 @@ def _sweep_overlapping(streams: list[tuple[pl.Series, pl.Series, pl.Series]], g0
                        g1: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     """The native sweep's result computed in Python (_sweep_gaps), over the events of the streams
     that overlap a gap, in (ts, -end, name id) order."""
+    import numpy as np
+
     parts = []
     for ts, end, ids in streams:
         if len(ts):
