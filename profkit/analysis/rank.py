@@ -140,6 +140,12 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         warnings.append("no runtime calls in the trace (GPU-only?): GPU ops are assigned to iterations by their start time, launch figures are 0")
     calls = own_calls(trace.calls, win)
     ops = own_ops(trace.gpu_ops, calls)  # every GPU op; iteration null when no iteration owns it
+    windows = gpu_windows(win, ops.filter(pl.col("iteration").is_not_null()))
+    # the host side (syncs, then the bubbles that need them) reads the ops' times, ownership and
+    # copies, not their categories: found in a thread while the categories, phases and the clock's
+    # figures are worked out here (polars releases the GIL; one core is often idle otherwise)
+    min_ns = int(round(min_bubble_us * 1000))
+    host_side = _meanwhile(_syncs_and_bubbles, trace, calls, ops, windows, min_ns)
     owned_names = ops.filter(pl.col("iteration").is_not_null())["name"].unique().to_list() if ops.height else []
     if catalog is None:
         catalog = auto_catalog(owned_names)
@@ -151,8 +157,6 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
             f"{gcap['unmapped_other_us']:,.1f} µs of it in \"other\"")
     ops = ops.with_columns(op_phases(ops, trace.cpu))
     owned = ops.filter(pl.col("iteration").is_not_null())
-
-    windows = gpu_windows(win, owned)
     owned = owned.join(windows.select("iteration", "gpu_start_ns", "gpu_end_ns"), on="iteration", how="left")
     w = tiles(windows)
     union = device_union(ops)  # once: busy per window, and the whole trace's busy time below
@@ -162,9 +166,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     phases = by_window(clocked, w, ("phase",))
     spill = owned_and_spill(owned)
     outside = outside_work(ops, win, length_ns(union))
-    rows_cache: dict = {}  # spans.thread_rows of trace.cpu / trace.calls, shared by the two below
-    syncs = find_syncs(trace, calls, ops, rows_cache)
-    bubbles = find_bubbles(trace, ops, calls, windows, syncs, int(round(min_bubble_us * 1000)), rows_cache)
+    syncs, bubbles = host_side()
 
     per = _per_iteration(win, windows, busy, categories, spill, owned, calls, syncs, bubbles)
     launch_calls = (
@@ -194,32 +196,50 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     )
 
 
-def _digest_meanwhile(path: Path) -> Any:
-    """The sha256 of the trace file (summary.json's inputs), computed in a thread while the analysis
-    runs (hashlib releases the GIL; the analysis leaves a core idle much of the time): a function
-    that waits for it and returns it, None when the file cannot be read (the summary tries again)."""
+def _syncs_and_bubbles(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, windows: pl.DataFrame,
+                       min_ns: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    rows_cache: dict = {}  # spans.thread_rows of trace.cpu / trace.calls, shared by the two
+    syncs = find_syncs(trace, calls, ops, rows_cache)
+    return syncs, find_bubbles(trace, ops, calls, windows, syncs, min_ns, rows_cache)
+
+
+def _meanwhile(fn: Any, *args: Any) -> Any:
+    """fn(*args) in a thread: a function that waits for it and returns its result (or raises what it raised)."""
     import threading
 
-    from profkit.ingest.cache import file_sha256
-
-    got: list[str | None] = [None]
+    got: list[Any] = [None, None]
 
     def run() -> None:
         try:
-            got[0] = file_sha256(path)
-        except OSError:
-            pass
+            got[0] = fn(*args)
+        except BaseException as e:  # re-raised by wait(), in the caller's thread
+            got[1] = e
 
-    if not Path(path).is_file():
-        return None
-    t = threading.Thread(target=run, name="profkit-digest", daemon=True)
+    t = threading.Thread(target=run, name="profkit-analysis", daemon=True)
     t.start()
 
-    def wait() -> str | None:
+    def wait() -> Any:
         t.join()
+        if got[1] is not None:
+            raise got[1]
         return got[0]
 
     return wait
+
+
+def _digest_meanwhile(path: Path) -> Any:
+    """The sha256 of the trace file (summary.json's inputs), computed in a thread while the analysis
+    runs (hashlib releases the GIL): a function that waits for it and returns it, None when the file
+    cannot be read (the summary tries again)."""
+    from profkit.ingest.cache import file_sha256
+
+    def digest() -> str | None:
+        try:
+            return file_sha256(path)
+        except OSError:
+            return None
+
+    return _meanwhile(digest) if Path(path).is_file() else None
 
 
 def _classify(owned: pl.DataFrame, trace: Trace, catalog: Any, captures: Any = None) -> tuple[pl.DataFrame, dict | None]:
