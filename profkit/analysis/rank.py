@@ -146,6 +146,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     # figures are worked out here (polars releases the GIL; one core is often idle otherwise)
     min_ns = int(round(min_bubble_us * 1000))
     host_side = _meanwhile(_syncs_and_bubbles, trace, calls, ops, windows, min_ns)
+    phase_of = _meanwhile(op_phases, ops, trace.cpu)  # from the launches' spans: the categories are not needed either
     owned_names = ops.filter(pl.col("iteration").is_not_null())["name"].unique().to_list() if ops.height else []
     if catalog is None:
         catalog = auto_catalog(owned_names)
@@ -155,7 +156,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
             f"graph capture: {gcap['replays_refused']} of {gcap['replays']} graph replays match no captured graph "
             f"({'; '.join(r['why'] for r in gcap['refused'][:3])}); their {gcap['unmapped_us']:,.1f} µs keep the name rules, "
             f"{gcap['unmapped_other_us']:,.1f} µs of it in \"other\"")
-    ops = ops.with_columns(op_phases(ops, trace.cpu))
+    ops = ops.with_columns(phase_of())  # _classify keeps the rows and their order
     owned = ops.filter(pl.col("iteration").is_not_null())
     owned = owned.join(windows.select("iteration", "gpu_start_ns", "gpu_end_ns"), on="iteration", how="left")
     w = tiles(windows)
