@@ -48,7 +48,10 @@ def json_text(obj: Any) -> str:
         body = msgspec.json.encode(obj)
     except (TypeError, msgspec.EncodeError):
         return json.dumps(obj, indent=1, allow_nan=False) + "\n"  # types msgspec does not know: the stdlib's error
-    _refuse_non_finite(obj)  # msgspec would write NaN/inf as null
+    # msgspec writes NaN/inf as null: when the text reads back as obj, it held none (a NaN or inf
+    # reads back as None); else (tuples read back as lists) the values are walked
+    if msgspec.json.decode(body) != obj:
+        _refuse_non_finite(obj)
     return msgspec.json.format(body, indent=1).decode() + "\n"
 
 

@@ -124,6 +124,41 @@ def test_gap_ties_are_decided_by_name():
     assert _as_lists(got, 2) == ref_gap_cpu_ops(trace, [10, 55], [40, 70], ["1", "1"]) == [[("j", 30)], [("late", 5)]]
 
 
+def test_gap_ties_across_cpu_events_and_calls():
+    # 40 events starting together, half CPU events, half runtime calls, of several lengths: the
+    # merged order is (ts, -end, name) whichever stream an event comes from (a run longer than the
+    # native sweep's insertion sort handles)
+    rng = random.Random(7)
+    names = [f"n{i:02d}" for i in range(40)]
+    rng.shuffle(names)
+    ends = [rng.choice([30, 50, 50, 80]) for _ in names]
+    cpu = pl.DataFrame([(n, "cpu_op", 0, e, e, "p", "1", None) for n, e in zip(names[:20], ends[:20])], schema=CPU_SCHEMA, orient="row")
+    calls = pl.DataFrame([(n, "cudaLaunchKernel", 0, e, e, "p", "1", None, None) for n, e in zip(names[20:], ends[20:])],
+                         schema=CALLS_SCHEMA, orient="row")
+    trace = Trace(path=Path("t"), rank=0, device=None, gpu_ops=pl.DataFrame(schema=GPU_OPS_SCHEMA), calls=calls, cpu=cpu,
+                  gpu_annotations=pl.DataFrame(schema=CPU_SCHEMA), t0_ns=0, n_events=40)
+    g0s, g1s = [5, 35, 60], [20, 55, 90]
+    got = bubbles.gap_cpu_ops(trace, pl.Series(g0s, dtype=pl.Int64), pl.Series(g1s, dtype=pl.Int64), pl.Series(["1"] * 3))
+    assert _as_lists(got, 3) == ref_gap_cpu_ops(trace, g0s, g1s, ["1"] * 3)
+
+
+def test_native_gap_sweep_refuses_a_stream_out_of_order():
+    # the sweep merges the two streams itself: one not ordered by ts is refused (None), not swept wrong
+    import numpy as np
+
+    from profkit.ingest import scan
+
+    if scan.lib() is None:
+        pytest.skip("no C compiler: the native sweep is not built")
+    a = (np.array([0, 10], np.int64), np.array([20, 15], np.int64), np.array([0, 1], np.int32))
+    empty = (np.array([], np.int64), np.array([], np.int64), np.array([], np.int32))
+    g0, g1 = np.array([12], np.int64), np.array([14], np.int64)
+    got = scan.gap_exclusive(a, empty, g0, g1, 3)
+    assert got is not None and got[0][0].tolist() == [1, -1, -1] and got[1][0].tolist() == [2, 0, 0]
+    backwards = (a[0][::-1].copy(), a[1][::-1].copy(), a[2][::-1].copy())
+    assert scan.gap_exclusive(empty, backwards, g0, g1, 3) is None
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_innermost_enclosing_is_the_definition(seed):
     rng = random.Random(seed)

@@ -4,11 +4,16 @@ the launching thread with the most exclusive time inside it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import polars as pl
 
 from profkit.apis import LAUNCH_APIS
 from profkit.analysis.spans import thread_rows
 from profkit.ingest import Trace
+
+if TYPE_CHECKING:
+    import numpy as np
 
 CAUSES = ("sync", "launch", "iteration_boundary", "gpu_wait")
 # A blocking call that returns within this long before the GPU went idle still counts as the
@@ -25,8 +30,11 @@ def find_bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: 
     if w.height == 0 or ops.height == 0:
         return pl.DataFrame(schema=schema)
     lo, hi = w["gpu_start_ns"].min(), w["gpu_end_ns"].max()
+    ops = ops.select("ts_ns", "end_ns", "iteration", "launch_ts_ns", "launch_tid")
+    if not (ops["ts_ns"].is_sorted() and ops["ts_ns"].n_unique() == ops.height):  # else in (ts, end) order already
+        ops = ops.sort("ts_ns", "end_ns")
     gaps = (
-        ops.sort("ts_ns", "end_ns")
+        ops
         .with_columns(pl.col("end_ns").cum_max().shift(1).alias("g0"))
         .filter(pl.col("g0").is_not_null() & (pl.col("ts_ns") - pl.col("g0") >= max(min_ns, 1)))
         .filter((pl.col("g0") >= lo) & (pl.col("ts_ns") <= hi))
@@ -52,19 +60,28 @@ def find_bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: 
         .otherwise(pl.lit("gpu_wait"))
     )
     tids = gaps["launch_tid"].fill_null(default_tid) if default_tid is not None else gaps["launch_tid"]
-    ops_of = gap_cpu_ops(trace, gaps["g0"], gaps["g1"], tids, rows_cache)
+    top_id, top_ns, names = gap_tops(trace, gaps["g0"], gaps["g1"], tids, rows_cache)
     # a built-in's frame names its object's address ("<built-in method x of y object at 0x7f…>"):
     # dropped, so one function is one name across bubbles and runs
-    ops_of = ops_of.with_columns(pl.col("name").str.replace(r" at 0x[0-9a-fA-F]+>", ">"))
-    lists = ops_of.group_by("_g").agg(pl.col("name").alias("cpu_ops"), pl.col("ns").alias("cpu_ops_ns"))
-    return (
-        gaps.join(lists, on="_g", how="left", maintain_order="left")
-        .select(
-            "iteration", pl.col("g0").alias("start_ns"), (pl.col("g1") - pl.col("g0")).alias("dur_ns"), cause.alias("cause"),
-            pl.col("cpu_ops").fill_null(pl.lit([], dtype=pl.List(pl.String))),
-            pl.col("cpu_ops_ns").fill_null(pl.lit([], dtype=pl.List(pl.Int64))),
-        )
+    names = names.str.replace(r" at 0x[0-9a-fA-F]+>", ">")
+    cpu_ops, cpu_ops_ns = _as_lists(top_id, top_ns, names)
+    return gaps.with_columns(cpu_ops, cpu_ops_ns).select(
+        "iteration", pl.col("g0").alias("start_ns"), (pl.col("g1") - pl.col("g0")).alias("dur_ns"), cause.alias("cause"),
+        "cpu_ops", "cpu_ops_ns",
     )
+
+
+def _as_lists(top_id: np.ndarray, top_ns: np.ndarray, names: pl.Series) -> tuple[pl.Series, pl.Series]:
+    """gap_tops' arrays -> per gap the list of its CPU ops' names and the list of their times."""
+    n, top = top_id.shape
+    flat = pl.DataFrame({"k": top_id.reshape(-1), "ns": top_ns.reshape(-1)})
+    k = pl.col("k")
+    flat = flat.select(
+        (pl.lit(names, dtype=pl.String).gather(k.clip(lower_bound=0)) if len(names) else pl.lit("")).alias("cpu_ops"), "ns")
+    count = pl.lit(pl.Series((top_id >= 0).sum(axis=1)))  # a gap's names come first, then -1
+    lists = [pl.select(pl.lit(flat[c].reshape((n, top)).arr.to_list()).list.head(count)).to_series().alias(c)
+             for c in ("cpu_ops", "ns")]
+    return lists[0], lists[1].alias("cpu_ops_ns")
 
 
 def _sync_gaps(gaps: pl.DataFrame, syncs: pl.DataFrame) -> pl.Series:
@@ -89,55 +106,86 @@ def _sync_gaps(gaps: pl.DataFrame, syncs: pl.DataFrame) -> pl.Series:
 
 def gap_cpu_ops(trace: Trace, g0s: pl.Series, g1s: pl.Series, tids: pl.Series,
                  rows_cache: dict | None = None) -> pl.DataFrame:
-    """For each gap [g0, g1) on thread tid: the CPU events of that thread (cpu_op, annotations,
-    Python frames, runtime calls) with the most exclusive time inside it, with that time (ns), as
-    rows (_g: the gap's position, name, ns), most time first within a gap.
+    """gap_tops as rows (_g: the gap's position, name, ns), most time first within a gap."""
+    import numpy as np
+
+    top_id, top_ns, names = gap_tops(trace, g0s, g1s, tids, rows_cache)
+    n, top = top_id.shape
+    flat = pl.DataFrame({"_g": np.repeat(np.arange(n, dtype=np.int64), top), "k": top_id.reshape(-1), "ns": top_ns.reshape(-1)})
+    flat = flat.filter(pl.col("k") >= 0)
+    return flat.select("_g", names.gather(flat["k"]).alias("name"), "ns")
+
+
+def gap_tops(trace: Trace, g0s: pl.Series, g1s: pl.Series, tids: pl.Series,
+             rows_cache: dict | None = None) -> tuple[np.ndarray, np.ndarray, pl.Series]:
+    """For each gap [g0, g1) on thread tid: the GAP_TOP CPU events of that thread (cpu_op,
+    annotations, Python frames, runtime calls) with the most exclusive time inside it, most time
+    first, as two arrays of shape (gaps, GAP_TOP): the name (a position in the names returned, -1
+    where a gap has fewer) and that time (ns).
 
     The thread's events are ordered by (ts, -end, name); each instant of a gap goes to the event
     latest in that order that has started and not yet ended (for nested spans: the innermost), so
     an enclosing span that began long before the gap counts as well as the calls inside it. One
     pass over the thread's events for all its gaps: in the native library when it is built
-    (ingest/scan.py), else the same sweep in Python (_sweep_gaps)."""
+    (ingest/scan.py, which merges the thread's CPU events and calls itself), else the same sweep in
+    Python (_sweep_gaps) over the events that overlap a gap."""
+    import numpy as np
+
     from profkit.ingest import scan
 
-    schema = {"_g": pl.Int64, "name": pl.String, "ns": pl.Int64}
-    found = [pl.DataFrame(schema=schema)]
-    gaps = pl.DataFrame({"_g": pl.int_range(0, len(g0s), dtype=pl.Int64, eager=True), "g0": g0s, "g1": g1s, "tid": tids})
+    n = len(g0s)
+    top_id = np.full((n, GAP_TOP), -1, dtype=np.int64)
+    top_ns = np.zeros((n, GAP_TOP), dtype=np.int64)
+    all_names = [pl.Series("name", [], dtype=pl.String)]
+    offset = 0
+    gaps = pl.DataFrame({"_g": pl.int_range(0, n, dtype=pl.Int64, eager=True), "g0": g0s, "g1": g1s, "tid": tids})
     for (t,), mine in gaps.filter(pl.col("tid").is_not_null()).sort("g0").group_by("tid", maintain_order=True):
-        parts = []
-        g0, g1 = mine["g0"], mine["g1"]  # disjoint, in order
+        streams = []
         for f in (trace.cpu, trace.calls):
             ts, end, rows = thread_rows(f, t, cache=rows_cache)
-            if len(ts):
-                # only events that overlap a gap can own any of its time (and dropping the others
-                # changes no owner): the first gap ending after an event's start must begin before its end
-                k = g1.search_sorted(ts, side="right").cast(pl.Int64)
-                hit = k < len(g1)
-                keep = hit & (g0.gather(k.clip(upper_bound=len(g1) - 1)) < end)
-                pos = keep.arg_true()
-                if len(pos):
-                    src = pos if rows is None else rows.gather(pos)
-                    parts.append(pl.DataFrame({"ts": ts.gather(pos), "end": end.gather(pos), "name": f["name"].gather(src)}))
-        if not parts:
-            continue
-        ev = pl.concat(parts).with_columns(pl.col("name").fill_null(""))
-        names = ev["name"].unique().sort()
+            streams.append((ts, end, (f["name"] if rows is None else f["name"].gather(rows)).fill_null("")))
         # name ids in the names' order: ties in time are broken by the name, as in (ts, -end, name)
-        ev = ev.with_columns(pl.col("name").replace_strict(names, pl.int_range(0, len(names), dtype=pl.Int32, eager=True),
-                                                           return_dtype=pl.Int32).alias("id"))
-        ev = ev.sort("ts", "end", "id", descending=[False, True, False])
-        got = scan.gap_exclusive(ev["ts"].to_numpy(), ev["end"].to_numpy(), ev["id"].to_numpy(), mine["g0"].to_numpy(),
-                                 mine["g1"].to_numpy(), GAP_TOP)
+        names = pl.concat([nm.unique() for _, _, nm in streams]).unique().sort()
+        if len(names) == 0:
+            continue
+        enum = pl.Enum(names)  # its codes are the positions in names
+        streams = [(ts, end, nm.cast(enum).to_physical().cast(pl.Int32)) for ts, end, nm in streams]
+        g0, g1 = mine["g0"], mine["g1"]  # disjoint, in order
+        got = scan.gap_exclusive(*[(ts.to_numpy(), end.to_numpy(), i.to_numpy()) for ts, end, i in streams], g0.to_numpy(),
+                                 g1.to_numpy(), GAP_TOP)
         if got is None:
-            tops = _sweep_gaps(ev["ts"].to_list(), ev["end"].to_list(), ev["id"].to_list(), mine["g0"].to_list(), mine["g1"].to_list(), GAP_TOP)
-            flat = pl.DataFrame({"_k": [k for k, top in enumerate(tops) for _ in top], "id": [n for top in tops for n, _ in top],
-                                 "ns": [x for top in tops for _, x in top]}, schema={"_k": pl.Int64, "id": pl.Int64, "ns": pl.Int64})
-        else:
-            m = mine.height
-            flat = pl.DataFrame({"_k": pl.int_range(0, m, dtype=pl.Int64, eager=True).repeat_by(GAP_TOP).explode(),
-                                 "id": got[0].reshape(-1).astype("int64"), "ns": got[1].reshape(-1)}).filter(pl.col("id") >= 0)
-        found.append(flat.select(mine["_g"].gather(flat["_k"]).alias("_g"), names.gather(flat["id"]).alias("name"), "ns"))
-    return pl.concat(found)
+            got = _sweep_overlapping(streams, g0, g1)
+        at = mine["_g"].to_numpy()
+        top_id[at] = np.where(got[0] >= 0, got[0].astype(np.int64) + offset, -1)
+        top_ns[at] = got[1]
+        all_names.append(names)
+        offset += len(names)
+    return top_id, top_ns, pl.concat(all_names)
+
+
+def _sweep_overlapping(streams: list[tuple[pl.Series, pl.Series, pl.Series]], g0: pl.Series,
+                       g1: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """The native sweep's result computed in Python (_sweep_gaps), over the events of the streams
+    that overlap a gap, in (ts, -end, name id) order."""
+    import numpy as np
+
+    parts = []
+    for ts, end, ids in streams:
+        if len(ts):
+            # only events that overlap a gap can own any of its time (and dropping the others
+            # changes no owner): the first gap ending after an event's start must begin before its end
+            k = g1.search_sorted(ts, side="right").cast(pl.Int64)
+            keep = (k < len(g1)) & (g0.gather(k.clip(upper_bound=len(g1) - 1)) < end)
+            pos = keep.arg_true()
+            parts.append(pl.DataFrame({"ts": ts.gather(pos), "end": end.gather(pos), "id": ids.gather(pos)}))
+    ev = pl.concat(parts).sort("ts", "end", "id", descending=[False, True, False])
+    tops = _sweep_gaps(ev["ts"].to_list(), ev["end"].to_list(), ev["id"].to_list(), g0.to_list(), g1.to_list(), GAP_TOP)
+    top_id = np.full((len(g0), GAP_TOP), -1, dtype=np.int64)
+    top_ns = np.zeros((len(g0), GAP_TOP), dtype=np.int64)
+    for j, top in enumerate(tops):
+        for r, (i, x) in enumerate(top):
+            top_id[j, r], top_ns[j, r] = i, x
+    return top_id, top_ns
 
 
 def _sweep_gaps(ts: list[int], end: list[int], name: list[int], g0: list[int], g1: list[int], top: int) -> list[list[tuple[int, int]]]:

@@ -16,17 +16,25 @@ import polars as pl
 def merge_intervals(iv: pl.DataFrame, by: str | None = None) -> pl.DataFrame:
     """Intervals (a, b), optionally grouped by `by`, -> their union as disjoint (by, a, b), sorted."""
     keys = [by] if by else []
-    x = iv.filter(pl.col("b") > pl.col("a")).sort(*keys, "a", "b")
+    x = iv.filter(pl.col("b") > pl.col("a"))
     if x.height == 0:
         return x.select(*keys, "a", "b")
-    prev = pl.col("b").cum_max().shift(1)
+    # the order among intervals of equal start changes no run: already in start order (GPU ops
+    # are), a stable sort by the group keeps it; else sorted as (by, a, b)
+    if x["a"].is_sorted():
+        x = x.sort(by, maintain_order=True) if by else x
+    else:
+        x = x.sort(*keys, "a", "b")
+    cmax = pl.col("b").cum_max()
+    prev = cmax.shift(1)
     if by:
-        prev = prev.over(by)
-    x = x.with_columns(prev.alias("_prev"))
-    # a run starts where an interval begins after every earlier one (of its group) has ended
+        cmax, prev = cmax.over(by), prev.over(by)
+    x = x.with_columns(cmax.alias("_max"), prev.alias("_prev"))
+    # a run starts where an interval begins after every earlier one (of its group) has ended, and
+    # ends at the row before the next run's start: its end is the running maximum there
     new = pl.col("_prev").is_null() | (pl.col("a") > pl.col("_prev"))
-    x = x.with_columns(new.cast(pl.Int64).cum_sum().alias("_run"))
-    return x.group_by(*keys, "_run", maintain_order=True).agg(pl.col("a").min(), pl.col("b").max()).drop("_run")
+    x = x.with_columns(new.alias("_new")).with_columns(pl.col("_new").shift(-1, fill_value=True).alias("_last"))
+    return x.filter(pl.col("_new")).select(*keys, "a").with_columns(x.filter(pl.col("_last"))["_max"].alias("b"))
 
 
 def tiles(windows: pl.DataFrame) -> pl.DataFrame:
@@ -51,13 +59,18 @@ def by_window(iv: pl.DataFrame, w: pl.DataFrame, keys: tuple[str, ...] = ()) -> 
     # first window holding a (the last starting at or before it) .. last window starting before b
     i0 = (starts.search_sorted(x["a"], side="right").cast(pl.Int64) - 1).clip(lower_bound=0)
     i1 = (starts.search_sorted(x["b"], side="left").cast(pl.Int64) - 1).clip(lower_bound=0)
-    x = x.with_columns(pl.int_ranges(i0, pl.max_horizontal(i0, i1) + 1, dtype=pl.Int64).alias("_k")).explode("_k")
+    # most intervals lie in one window: only those crossing an edge are split, one row per window
+    x = x.with_columns(i0.alias("_k"), pl.max_horizontal(i0, i1).alias("_i1"))
+    cross = pl.col("_k") != pl.col("_i1")
+    split = x.filter(cross).with_columns(pl.int_ranges("_k", pl.col("_i1") + 1, dtype=pl.Int64).alias("_k")).explode("_k")
+    x = pl.concat([x.filter(~cross), split]).drop("_i1")
     k = x["_k"]
     x = x.with_columns(
         w["iteration"].gather(k).alias("iteration"),
         (pl.min_horizontal(pl.col("b"), ends.gather(k)) - pl.max_horizontal(pl.col("a"), starts.gather(k))).alias("dur_ns"),
     ).filter(pl.col("dur_ns") > 0)
-    return x.group_by("iteration", *keys).agg(pl.col("dur_ns").sum()).sort("iteration", *keys).select(list(schema))
+    # lazy: the streaming engine groups by a string key several times faster; sorted by the whole key after
+    return x.lazy().group_by("iteration", *keys).agg(pl.col("dur_ns").sum()).sort("iteration", *keys).select(list(schema)).collect()
 
 
 def device_union(ops: pl.DataFrame) -> pl.DataFrame:

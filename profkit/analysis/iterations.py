@@ -55,13 +55,21 @@ def _marker_candidates(cpu: pl.DataFrame) -> pl.DataFrame:
     than over every Python frame."""
     cat = cpu["cat"]
     keep = ((cat == _MARKER_CATS[0]) | (cat == _MARKER_CATS[1])).arg_true()  # cheaper than is_in, or a filter
-    return cpu.select("name", "cat", "ts_ns", "end_ns", "pid")[keep]
+    cols = cpu.select("name", "cat", "ts_ns", "end_ns", "pid")
+    return cols if len(keep) == cpu.height else cols[keep]  # no Python frames: every row, uncopied
 
 
-def _markers(cpu: pl.DataFrame, regex: str) -> pl.DataFrame:
-    return cpu.filter(pl.col("cat").is_in(_MARKER_CATS) & pl.col("name").str.contains(regex)).sort(
+def _markers(cpu: pl.DataFrame, regex: str, names: pl.Series | None = None) -> pl.DataFrame:
+    return cpu.filter(pl.col("cat").is_in(_MARKER_CATS) & _name_matches(cpu, regex, names)).sort(
         "ts_ns", "end_ns"
     )
+
+
+def _name_matches(frame: pl.DataFrame, regex: str, names: pl.Series | None = None) -> pl.Expr:
+    """pl.col("name").str.contains(regex) over `frame`, the regex run on its distinct names
+    (`names`, when the caller has them) rather than on every row."""
+    names = frame["name"].unique() if names is None else names
+    return pl.col("name").is_in(names.filter(names.str.contains(regex)).implode())
 
 
 def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
@@ -71,6 +79,7 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
     """
     warnings: list[str] = []
     cpu = _marker_candidates(trace.cpu)
+    names = cpu["name"].unique()
     if marker is not None:
         try:
             re.compile(marker)
@@ -78,7 +87,7 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
             from profkit.errors import UsageError
 
             raise UsageError(f"--marker {marker!r} is not a valid regex ({e})") from None
-        found = _markers(cpu, marker)
+        found = _markers(cpu, marker, names)
         if found.height == 0:
             raise NothingToAnalyze(
                 f"{trace.path}: no CPU event matches the iteration marker {marker!r}",
@@ -88,7 +97,7 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
     else:
         found, used = pl.DataFrame(), WHOLE_TRACE
         for _, regex in MARKER_CHAIN:
-            found = _markers(cpu, regex)
+            found = _markers(cpu, regex, names)
             if found.height:
                 used = regex
                 break
@@ -112,13 +121,13 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
         )
     starts = found["ts_ns"].to_list()
     ends = found["end_ns"].to_list()
-    names = found["name"].to_list()
+    marker_names = found["name"].to_list()
     cpu_end = starts[1:] + [ends[-1]]
-    kinds, sizes = _kinds(cpu, names, starts, cpu_end)
+    kinds, sizes = _kinds(cpu, marker_names, starts, cpu_end, names)
     if marker is not None:
         # a user's marker: iterations with no engine step span inside are named after the marker
         # ("decode_step iterations"), not "unknown"
-        own = marker_kind(names, marker)
+        own = marker_kind(marker_names, marker)
         kinds = [own if k == "unknown" else k for k in kinds]
     captures = _captures(trace, starts, cpu_end)
     if captures:
@@ -131,7 +140,7 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
         )
     frame = pl.DataFrame(
         {
-            "iteration": list(range(len(starts))), "cpu_start_ns": starts, "cpu_end_ns": cpu_end, "marker": names,
+            "iteration": list(range(len(starts))), "cpu_start_ns": starts, "cpu_end_ns": cpu_end, "marker": marker_names,
             "kind": kinds, "batch_size": sizes,
         },
         schema=ITERATIONS_SCHEMA,
@@ -168,7 +177,7 @@ def _captures(trace: Trace, starts: list[int], ends: list[int]) -> set[int]:
     calls = trace.calls
     if not calls.height:
         return set()
-    ts = calls.filter(pl.col("name").str.contains(_CAPTURE_BEGIN.pattern))["ts_ns"].to_list()
+    ts = calls.filter(_name_matches(calls, _CAPTURE_BEGIN.pattern))["ts_ns"].to_list()
     out = set()
     for t in ts:
         i = bisect.bisect_right(starts, t) - 1
@@ -203,10 +212,12 @@ def list_markers(trace: Trace, *, limit: int = 25) -> list[dict[str, object]]:
     return out
 
 
-def _kinds(cpu: pl.DataFrame, marker_names: list[str], starts: list[int], ends: list[int]) -> tuple[list[str], list[int | None]]:
-    """Kind and batch size per window: from the marker itself or the step spans that start inside it."""
+def _kinds(cpu: pl.DataFrame, marker_names: list[str], starts: list[int], ends: list[int],
+           names: pl.Series | None = None) -> tuple[list[str], list[int | None]]:
+    """Kind and batch size per window: from the marker itself or the step spans that start inside it
+    (`names`: cpu's distinct names, when the caller has them)."""
     steps = cpu.filter(
-        pl.col("cat").is_in(_MARKER_CATS) & pl.col("name").str.contains(r"^(step\[|execute_)")
+        pl.col("cat").is_in(_MARKER_CATS) & _name_matches(cpu, r"^(step\[|execute_)", names)
     ).select("ts_ns", "name")
     step_ts = steps["ts_ns"].to_list()
     step_names = steps["name"].to_list()

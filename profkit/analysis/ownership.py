@@ -25,22 +25,25 @@ def outside_work(ops: pl.DataFrame, win: pl.DataFrame, device_busy_ns: int) -> d
 
 def own_calls(calls: pl.DataFrame, win: pl.DataFrame) -> pl.DataFrame:
     w = win.select("iteration", "cpu_start_ns", "cpu_end_ns").sort("cpu_start_ns")
-    out = calls.sort("ts_ns").join_asof(w, left_on="ts_ns", right_on="cpu_start_ns", strategy="backward")
+    out = by_time(calls).join_asof(w, left_on="ts_ns", right_on="cpu_start_ns", strategy="backward")
     return out.with_columns(
         pl.when(pl.col("ts_ns") < pl.col("cpu_end_ns")).then(pl.col("iteration")).otherwise(None).alias("iteration")
     ).drop("cpu_start_ns", "cpu_end_ns")
 
 
 def own_ops(gpu_ops: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
-    launches = (
-        calls.filter(pl.col("correlation").is_not_null())
-        .unique(subset="correlation", keep="first", maintain_order=True)
-        .select(
-            "correlation", "iteration", pl.col("api").alias("launch_api"), pl.col("ts_ns").alias("launch_ts_ns"),
-            pl.col("tid").alias("launch_tid"),
-        )
-    )
-    return gpu_ops.join(launches, on="correlation", how="left").sort("ts_ns")
+    launches = calls.select(
+        "correlation", "iteration", pl.col("api").alias("launch_api"), pl.col("ts_ns").alias("launch_ts_ns"), pl.col("tid").alias("launch_tid"),
+    ).filter(pl.col("correlation").is_not_null())
+    if launches["correlation"].n_unique() < launches.height:  # counting them is much cheaper than de-duplicating
+        launches = launches.unique(subset="correlation", keep="first", maintain_order=True)
+    return by_time(gpu_ops.join(launches, on="correlation", how="left"))
+
+
+def by_time(frame: pl.DataFrame, col: str = "ts_ns") -> pl.DataFrame:
+    """frame.sort(col), without sorting (and copying every column) when it is in that order
+    already, as ingest leaves the tables: a sort by one column keeps equal values in their order."""
+    return frame if frame[col].is_sorted() else frame.sort(col)
 
 
 def gpu_windows(win: pl.DataFrame, owned: pl.DataFrame) -> pl.DataFrame:

@@ -34,11 +34,10 @@ def op_phases(ops: pl.DataFrame, cpu: pl.DataFrame) -> pl.Series:
     ann = cpu.filter(pl.col("cat") == "user_annotation").select("name", "ts_ns", "end_ns", "tid")
     pts = ops.select(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_i"), pl.col("launch_ts_ns").alias("t"),
                      pl.col("launch_tid").cast(pl.String).alias("tid"))
-    phase = pl.Series("phase", ["other"] * ops.height, dtype=pl.String)
+    phase = pl.repeat("other", ops.height, dtype=pl.String, eager=True).alias("phase")
     if ann.height == 0 or ops.height == 0:
         return phase
     pts = pts.filter(pl.col("t").is_not_null() & pl.col("tid").is_not_null()).sort("t")
-    found = pl.Series("phase", [None] * ops.height, dtype=pl.String)
     for name, regex in _RULES:
         spans = (
             ann.filter(pl.col("name").str.contains(regex))
@@ -52,7 +51,6 @@ def op_phases(ops: pl.DataFrame, cpu: pl.DataFrame) -> pl.Series:
         hit = pts.join_asof(spans, on="t", by="tid", strategy="backward", check_sortedness=False).filter(pl.col("end_ns") >= pl.col("t"))
         if hit.height == 0:
             continue
-        got = pl.Series("phase", [None] * ops.height, dtype=pl.String).scatter(hit["_i"], name)
-        found = pl.select(pl.coalesce(found, got)).to_series()
+        phase.scatter(hit["_i"], name)  # the ops a rule takes are not offered to the later ones
         pts = pts.filter(~pl.col("_i").is_in(hit["_i"].implode()))
-    return pl.select(pl.coalesce(found, phase).alias("phase")).to_series()
+    return phase

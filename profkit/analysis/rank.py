@@ -111,6 +111,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     from profkit.catalog import auto_catalog
 
     warnings = list(trace.warnings)
+    digest = _digest_meanwhile(trace.path) if getattr(trace, "sha256", None) is None else None
     its = find_iterations(trace, marker=marker)
     warnings.extend(its.warnings)
     win = its.frame
@@ -139,6 +140,13 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         warnings.append("no runtime calls in the trace (GPU-only?): GPU ops are assigned to iterations by their start time, launch figures are 0")
     calls = own_calls(trace.calls, win)
     ops = own_ops(trace.gpu_ops, calls)  # every GPU op; iteration null when no iteration owns it
+    windows = gpu_windows(win, ops.filter(pl.col("iteration").is_not_null()))
+    # the host side (syncs, then the bubbles that need them) reads the ops' times, ownership and
+    # copies, not their categories: found in a thread while the categories, phases and the clock's
+    # figures are worked out here (polars releases the GIL; one core is often idle otherwise)
+    min_ns = int(round(min_bubble_us * 1000))
+    host_side = _meanwhile(_syncs_and_bubbles, trace, calls, ops, windows, min_ns)
+    phase_of = _meanwhile(op_phases, ops, trace.cpu)  # from the launches' spans: the categories are not needed either
     owned_names = ops.filter(pl.col("iteration").is_not_null())["name"].unique().to_list() if ops.height else []
     if catalog is None:
         catalog = auto_catalog(owned_names)
@@ -148,10 +156,8 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
             f"graph capture: {gcap['replays_refused']} of {gcap['replays']} graph replays match no captured graph "
             f"({'; '.join(r['why'] for r in gcap['refused'][:3])}); their {gcap['unmapped_us']:,.1f} µs keep the name rules, "
             f"{gcap['unmapped_other_us']:,.1f} µs of it in \"other\"")
-    ops = ops.with_columns(op_phases(ops, trace.cpu))
+    ops = ops.with_columns(phase_of())  # _classify keeps the rows and their order
     owned = ops.filter(pl.col("iteration").is_not_null())
-
-    windows = gpu_windows(win, owned)
     owned = owned.join(windows.select("iteration", "gpu_start_ns", "gpu_end_ns"), on="iteration", how="left")
     w = tiles(windows)
     union = device_union(ops)  # once: busy per window, and the whole trace's busy time below
@@ -161,9 +167,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     phases = by_window(clocked, w, ("phase",))
     spill = owned_and_spill(owned)
     outside = outside_work(ops, win, length_ns(union))
-    rows_cache: dict = {}  # spans.thread_rows of trace.cpu / trace.calls, shared by the two below
-    syncs = find_syncs(trace, calls, ops, rows_cache)
-    bubbles = find_bubbles(trace, ops, calls, windows, syncs, int(round(min_bubble_us * 1000)), rows_cache)
+    syncs, bubbles = host_side()
 
     per = _per_iteration(win, windows, busy, categories, spill, owned, calls, syncs, bubbles)
     launch_calls = (
@@ -188,9 +192,55 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         rank=trace.rank, device=trace.device, path=trace.path, marker=its.marker, catalog=getattr(catalog, "name", str(catalog)),
         t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls,
         ops=owned, bubbles=bubbles, syncs=syncs, phases=phases, warnings=warnings,
-        device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None), outside=outside,
+        device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None) or (digest() if digest else None), outside=outside,
         device_records=device_records, graph_capture=gcap,
     )
+
+
+def _syncs_and_bubbles(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, windows: pl.DataFrame,
+                       min_ns: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    rows_cache: dict = {}  # spans.thread_rows of trace.cpu / trace.calls, shared by the two
+    syncs = find_syncs(trace, calls, ops, rows_cache)
+    return syncs, find_bubbles(trace, ops, calls, windows, syncs, min_ns, rows_cache)
+
+
+def _meanwhile(fn: Any, *args: Any) -> Any:
+    """fn(*args) in a thread: a function that waits for it and returns its result (or raises what it raised)."""
+    import threading
+
+    got: list[Any] = [None, None]
+
+    def run() -> None:
+        try:
+            got[0] = fn(*args)
+        except BaseException as e:  # re-raised by wait(), in the caller's thread
+            got[1] = e
+
+    t = threading.Thread(target=run, name="profkit-analysis", daemon=True)
+    t.start()
+
+    def wait() -> Any:
+        t.join()
+        if got[1] is not None:
+            raise got[1]
+        return got[0]
+
+    return wait
+
+
+def _digest_meanwhile(path: Path) -> Any:
+    """The sha256 of the trace file (summary.json's inputs), computed in a thread while the analysis
+    runs (hashlib releases the GIL): a function that waits for it and returns it, None when the file
+    cannot be read (the summary tries again)."""
+    from profkit.ingest.cache import file_sha256
+
+    def digest() -> str | None:
+        try:
+            return file_sha256(path)
+        except OSError:
+            return None
+
+    return _meanwhile(digest) if Path(path).is_file() else None
 
 
 def _classify(owned: pl.DataFrame, trace: Trace, catalog: Any, captures: Any = None) -> tuple[pl.DataFrame, dict | None]:
@@ -209,8 +259,19 @@ def _classify(owned: pl.DataFrame, trace: Trace, catalog: Any, captures: Any = N
 
         ann, mask, gstats = graphs.apply(owned, trace, captures, ann.to_list() if isinstance(ann, pl.Series) else ann)
     owned = owned.with_columns(ann if isinstance(ann, pl.Series) else pl.Series("annotation", ann, dtype=pl.String))
-    out = catalog.classify_frame(owned)
+    out = _categorize(catalog, owned)
     return out, (graphs.finish_stats(gstats, out, mask, captures) if mask is not None else None)
+
+
+def _categorize(catalog: Any, ops: pl.DataFrame) -> pl.DataFrame:
+    """catalog.classify_frame(ops), the rules run on the distinct (name, cat, annotation) alone:
+    finding them and joining the result back run in the streaming engine (lazy), which hashes
+    strings several times faster than the eager unique and join."""
+    keys = ops.lazy().select(pl.col("name").cast(pl.String).fill_null(""), pl.col("cat").cast(pl.String).fill_null(""),
+                             pl.col("annotation").cast(pl.String))
+    lookup = catalog.classify_frame(keys.unique().collect())
+    got = keys.join(lookup.lazy(), on=["name", "cat", "annotation"], how="left", nulls_equal=True, maintain_order="left").collect()
+    return ops.with_columns(got["category"], got["owner"])
 
 
 def _launch_annotations(ops: pl.DataFrame, spans: pl.DataFrame) -> pl.Series:
@@ -261,13 +322,13 @@ def _per_iteration(win, windows, busy, categories, spill, owned, calls, syncs, b
         *[((pl.col("cat") == "gpu_memcpy") & (pl.col("direction") == d)).sum().cast(pl.Int64).alias(f"memcpy_{d}") for d in DIRECTIONS],
         (pl.col("cat") == "gpu_memset").sum().cast(pl.Int64).alias("memset"),
     )
-    lat = (
-        owned.filter(pl.col("launch_api").is_in(LAUNCH_APIS))
-        .group_by("iteration", "correlation")
-        .agg((pl.col("ts_ns").min() - pl.col("launch_ts_ns").first()).alias("lat"))
-        .group_by("iteration")
-        .agg(pl.col("lat").median().alias("launch_latency_ns_p50"))
-    )
+    # a launch's latency: from the call to the first of its ops (a graph launch has many)
+    launched = owned.select("iteration", "correlation", "ts_ns", "launch_ts_ns", "launch_api").filter(pl.col("launch_api").is_in(LAUNCH_APIS))
+    if launched["correlation"].n_unique() == launched.height:  # one op per launch (eager): no grouping needed
+        per_launch = launched.select("iteration", (pl.col("ts_ns") - pl.col("launch_ts_ns")).alias("lat"))
+    else:
+        per_launch = launched.group_by("iteration", "correlation").agg((pl.col("ts_ns").min() - pl.col("launch_ts_ns").first()).alias("lat"))
+    lat = per_launch.group_by("iteration").agg(pl.col("lat").median().alias("launch_latency_ns_p50"))
     owned_calls = calls.filter(pl.col("iteration").is_not_null())
     cl = owned_calls.group_by("iteration").agg(
         pl.col("api").is_in(KERNEL_LAUNCH_APIS).sum().cast(pl.Int64).alias("kernel_launches"),

@@ -672,11 +672,14 @@ int64_t profkit_emit(const Out *o, int64_t n, Emit *e) {
 
 /* ---------------------------------------------------------------- analysis: exclusive time in gaps
  *
- * One thread's events (ts, end, name id), ordered by (ts, -end, name id), and disjoint gaps [g0, g1)
- * ordered by g0. Each instant of a gap goes to the event latest in that order that has started and
- * not yet ended (for nested spans: the innermost); per gap, the `top` names with the most such
- * time, most first (ties: the smaller name id), written to out_name / out_ns (-1 / 0 where fewer).
- * One pass over the events and the gaps. Returns 0, or -1 when out of memory. */
+ * One thread's events, given as two streams (its CPU events and its runtime calls), each ordered by
+ * ts (ties in any order): (ts, end, name id). Name ids are in the names' order, so the events are
+ * swept in (ts, -end, name id) order, the two streams merged here (events of equal ts sorted by
+ * (-end, name id) as they come). Gaps [g0, g1) disjoint and ordered by g0. Each instant of a gap goes
+ * to the event latest in that order that has started and not yet ended (for nested spans: the
+ * innermost); per gap, the `top` names with the most such time, most first (ties: the smaller name
+ * id), written to out_name / out_ns (-1 / 0 where fewer). One pass over the events and the gaps.
+ * Returns 0, -1 when out of memory, -2 when a stream is not ordered by ts. */
 typedef struct { int32_t name; int64_t ns; } Acc;
 
 static void acc_add(Acc **acc, int64_t *n, int64_t *cap, int32_t name, int64_t ns) {
@@ -690,26 +693,90 @@ static void acc_add(Acc **acc, int64_t *n, int64_t *cap, int32_t name, int64_t n
     (*acc)[*n].name = name; (*acc)[*n].ns = ns; (*n)++;
 }
 
-int64_t profkit_gap_exclusive(const int64_t *ts, const int64_t *end, const int32_t *name, int64_t n,
+typedef struct { int64_t end; int32_t name; } Ev;
+
+/* (-end, name) order: the longer event first, then the smaller name id */
+static int ev_cmp(const void *x, const void *y) {
+    const Ev *a = x, *b = y;
+    if (a->end != b->end) return a->end > b->end ? -1 : 1;
+    return (a->name > b->name) - (a->name < b->name);
+}
+
+/* The merged event order, a run of equal starts at a time. */
+typedef struct {
+    const int64_t *ts[2], *end[2];
+    const int32_t *name[2];
+    int64_t n[2], i[2];
+    Ev *run;
+    int64_t rn, ri, rcap, run_ts;
+    int err;
+} Cursor;
+
+/* the next run of events starting at one time into c->run; 0 when none is left (or on an error) */
+static int cursor_fill(Cursor *c) {
+    c->rn = c->ri = 0;
+    if (c->err) return 0;
+    int64_t t = INT64_MAX;
+    int any = 0;
+    for (int s = 0; s < 2; s++)
+        if (c->i[s] < c->n[s] && (!any || c->ts[s][c->i[s]] < t)) { t = c->ts[s][c->i[s]]; any = 1; }
+    if (!any) return 0;
+    for (int s = 0; s < 2; s++) {
+        while (c->i[s] < c->n[s] && c->ts[s][c->i[s]] == t) {
+            if (c->rn == c->rcap) {
+                int64_t cap = c->rcap * 2;
+                Ev *r = realloc(c->run, (size_t)cap * sizeof(Ev));
+                if (!r) { c->err = -1; return 0; }
+                c->run = r; c->rcap = cap;
+            }
+            c->run[c->rn].end = c->end[s][c->i[s]]; c->run[c->rn].name = c->name[s][c->i[s]]; c->rn++; c->i[s]++;
+        }
+        if (c->i[s] < c->n[s] && c->ts[s][c->i[s]] < t) { c->err = -2; return 0; } /* not ordered by ts */
+    }
+    if (c->rn > 16) qsort(c->run, (size_t)c->rn, sizeof(Ev), ev_cmp);
+    else
+        for (int64_t a = 1; a < c->rn; a++) { /* insertion sort: runs are short */
+            Ev v = c->run[a];
+            int64_t b = a;
+            while (b > 0 && ev_cmp(&c->run[b - 1], &v) > 0) { c->run[b] = c->run[b - 1]; b--; }
+            c->run[b] = v;
+        }
+    c->run_ts = t;
+    return 1;
+}
+
+/* 1 when an event is left, its start in *ts */
+static inline int cursor_peek(Cursor *c, int64_t *ts) {
+    if (c->ri == c->rn && !cursor_fill(c)) return 0;
+    *ts = c->run_ts;
+    return 1;
+}
+
+int64_t profkit_gap_exclusive(const int64_t *ts_a, const int64_t *end_a, const int32_t *name_a, int64_t na,
+                              const int64_t *ts_b, const int64_t *end_b, const int32_t *name_b, int64_t nb,
                               const int64_t *g0, const int64_t *g1, int64_t m, int32_t top,
                               int32_t *out_name, int64_t *out_ns) {
+    int64_t n = na + nb;
+    Cursor c = {{ts_a, ts_b}, {end_a, end_b}, {name_a, name_b}, {na, nb}, {0, 0}, NULL, 0, 0, 64, 0, 0};
+    c.run = malloc((size_t)c.rcap * sizeof(Ev));
     int64_t *st_end = malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
     int32_t *st_name = malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     int64_t acap = 64, an = 0;
     Acc *acc = malloc((size_t)acap * sizeof(Acc));
-    if (!st_end || !st_name || !acc) { free(st_end); free(st_name); free(acc); return -1; }
-    int64_t sp = 0, k = 0;
+    if (!st_end || !st_name || !acc || !c.run) { free(st_end); free(st_name); free(acc); free(c.run); return -1; }
+    int64_t sp = 0, nt = 0;
+#define PUSH() do { Ev *e_ = &c.run[c.ri++]; \
+        while (sp > 0 && st_end[sp - 1] <= nt) sp--; \
+        st_end[sp] = e_->end; st_name[sp] = e_->name; sp++; } while (0)
     for (int64_t j = 0; j < m; j++) {
         int64_t a = g0[j], b = g1[j];
         /* the events that start at or before the gap's start: pushed (ended tops popped first) */
-        while (k < n && ts[k] <= a) {
-            while (sp > 0 && st_end[sp - 1] <= ts[k]) sp--;
-            st_end[sp] = end[k]; st_name[sp] = name[k]; sp++; k++;
-        }
+        while (cursor_peek(&c, &nt) && nt <= a) PUSH();
         an = 0;
         int64_t t = a;
         for (;;) {
-            int64_t next = (k < n && ts[k] < b) ? ts[k] : b;
+            int has = cursor_peek(&c, &nt);
+            int64_t next = (has && nt < b) ? nt : b;
             while (t < next) {
                 while (sp > 0 && st_end[sp - 1] <= t) sp--;
                 if (sp == 0) { t = next; break; }
@@ -718,8 +785,7 @@ int64_t profkit_gap_exclusive(const int64_t *ts, const int64_t *end, const int32
                 t = e;
             }
             if (next == b) break;
-            while (sp > 0 && st_end[sp - 1] <= ts[k]) sp--;
-            st_end[sp] = end[k]; st_name[sp] = name[k]; sp++; k++;
+            PUSH();
         }
         for (int32_t r = 0; r < top; r++) {
             int64_t best = -1;
@@ -732,8 +798,9 @@ int64_t profkit_gap_exclusive(const int64_t *ts, const int64_t *end, const int32
             acc[best].ns = -acc[best].ns - 1; /* taken */
         }
     }
-    free(st_end); free(st_name); free(acc);
-    return 0;
+#undef PUSH
+    free(st_end); free(st_name); free(acc); free(c.run);
+    return c.err;
 }
 
 /* ---------------------------------------------------------------- analysis: the span around points

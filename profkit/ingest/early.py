@@ -26,10 +26,8 @@ class EarlyDecode:
     """The decode of one file that `start` began, in a thread of its own."""
 
     def __init__(self, file: TraceFile, jobs: int, chunk_bytes: int, prepare: Callable[[], None] | None) -> None:
-        from profkit.ingest.strings import Strings
-
         self.file = file
-        self.strings = Strings()
+        self.strings: Any = None  # the file's Strings, made in the thread after `prepare` (it imports numpy)
         self.result: tuple[list[Any], Any, dict[str, Any]] | None = None  # (per chunk: Rows or raw bytes), cut, meta
         self.error: BaseException | None = None
         self.fallback = False  # not fast-path material: the caller's own path decides
@@ -51,6 +49,9 @@ class EarlyDecode:
         try:
             if prepare is not None:
                 prepare()
+            from profkit.ingest.strings import Strings
+
+            self.strings = Strings()
             with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="profkit-chunk") as ex:
                 got = decode_chunks(reader, lambda off, n: ex.submit(_rows, reader.slots.view, off, n, self.strings),
                                     stopped=lambda: self._stop)

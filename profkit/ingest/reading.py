@@ -133,8 +133,11 @@ class _Slots:
                 self._name = self.path = name
             self.view = memoryview(self.mm)
         else:
-            # anonymous memory: its pages are touched (and zeroed by the kernel) only as chunks fill them
-            self.mm = mmap.mmap(-1, k * size)
+            # anonymous memory: its pages are touched (and zeroed by the kernel) only as chunks fill them.
+            # Private: mmap(-1)'s default is a shared mapping, which the kernel backs with shmem, whose
+            # huge pages are usually off (shmem_enabled: never), so MADV_HUGEPAGE below did nothing
+            flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+            self.mm = mmap.mmap(-1, k * size, flags=flags) if flags else mmap.mmap(-1, k * size)
             if hasattr(self.mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
                 try:  # 2 MB pages where the kernel has them: 512x fewer page faults filling the slots
                     self.mm.madvise(mmap.MADV_HUGEPAGE)

@@ -106,7 +106,8 @@ class _Lib:
         p64, p32 = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int32)
         self.gap_exclusive = dll.profkit_gap_exclusive
         self.gap_exclusive.restype = ctypes.c_int64
-        self.gap_exclusive.argtypes = [p64, p64, p32, ctypes.c_int64, p64, p64, ctypes.c_int64, ctypes.c_int32, p32, p64]
+        self.gap_exclusive.argtypes = [p64, p64, p32, ctypes.c_int64, p64, p64, p32, ctypes.c_int64, p64, p64, ctypes.c_int64,
+                                       ctypes.c_int32, p32, p64]
         self.point_owner = dll.profkit_point_owner
         self.point_owner.restype = ctypes.c_int64
         self.point_owner.argtypes = [p64, p64, ctypes.c_int64, p64, ctypes.c_int64, p64]
@@ -268,24 +269,33 @@ def scan_chunk_rows(data: Any, strings: Any) -> Rows | None:
     return Rows(cols, tuple(e.start), tuple(e.count), tuple(e.unusable), e.tmin if e.has_tmin else None, n)  # type: ignore[arg-type]
 
 
-def gap_exclusive(ts: Any, end: Any, name: Any, g0: Any, g1: Any, top: int) -> tuple[Any, Any] | None:
-    """profkit_gap_exclusive over numpy arrays (int64 ts/end/g0/g1, int32 name ids; events ordered
-    by (ts, -end, name), gaps disjoint and ordered): (names, ns), each of shape (gaps, top), name -1
-    where a gap has fewer; None without the native library (the caller sweeps in Python)."""
+def gap_exclusive(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any], g0: Any, g1: Any, top: int) -> tuple[Any, Any] | None:
+    """profkit_gap_exclusive over numpy arrays: one thread's two event streams a and b (its CPU
+    events, its runtime calls), each (ts, end, name id) with int64 times ordered by ts and int32
+    name ids in the names' order; gaps (int64 g0, g1) disjoint and ordered. (names, ns), each of
+    shape (gaps, top), name -1 where a gap has fewer; None without the native library or when a
+    stream is not ordered by ts (the caller sweeps in Python)."""
     import numpy as np
 
     got = lib()
     if got is None:
         return None
-    ts, end, g0, g1 = (np.ascontiguousarray(x, dtype=np.int64) for x in (ts, end, g0, g1))
-    name = np.ascontiguousarray(name, dtype=np.int32)
+    p64, p32 = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int32)
+    args: list[Any] = []
+    keep = []
+    for ts, end, name in (a, b):
+        ts, end = (np.ascontiguousarray(x, dtype=np.int64) for x in (ts, end))
+        name = np.ascontiguousarray(name, dtype=np.int32)
+        keep += [ts, end, name]
+        args += [ts.ctypes.data_as(p64), end.ctypes.data_as(p64), name.ctypes.data_as(p32), len(ts)]
+    g0, g1 = (np.ascontiguousarray(x, dtype=np.int64) for x in (g0, g1))
     m = len(g0)
     out_name = np.empty(max(m * top, 1), np.int32)
     out_ns = np.empty(max(m * top, 1), np.int64)
-    p64, p32 = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int32)
-    rc = got.gap_exclusive(ts.ctypes.data_as(p64), end.ctypes.data_as(p64), name.ctypes.data_as(p32), len(ts),
-                           g0.ctypes.data_as(p64), g1.ctypes.data_as(p64), m, top, out_name.ctypes.data_as(p32),
+    rc = got.gap_exclusive(*args, g0.ctypes.data_as(p64), g1.ctypes.data_as(p64), m, top, out_name.ctypes.data_as(p32),
                            out_ns.ctypes.data_as(p64))
+    if rc == -2:
+        return None
     if rc != 0:
         raise MemoryError("profkit_gap_exclusive: out of memory")
     return out_name[: m * top].reshape(m, top), out_ns[: m * top].reshape(m, top)
