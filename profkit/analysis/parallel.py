@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profkit.analysis.rank import RankAnalysis, analyze_trace
 
+if TYPE_CHECKING:
+    from profkit.catalog import Catalog
 
-def _options(marker: str | None, min_bubble_us: float, catalog: Any, captures: Any = None) -> dict[str, Any]:
+
+def _options(marker: str | None, min_bubble_us: float, catalog: Catalog | None, captures: Any = None) -> dict[str, Any]:
     from profkit.ingest.cache import catalog_identity
 
     out = {"marker": marker, "min_bubble_us": repr(float(min_bubble_us)), "catalog": catalog_identity(catalog)}
@@ -80,7 +83,7 @@ def _rank_from_trace(t: Any, default_rank: int) -> bool:
 
 
 def _load_and_analyze(path: Any, default_rank: int, cache: bool, marker: str | None, min_bubble_us: float,
-                      catalog: Any, options: dict[str, Any], captures: Any = None) -> tuple[RankAnalysis, int]:
+                      catalog: Catalog | None, options: dict[str, Any], captures: Any = None) -> tuple[RankAnalysis, int]:
     from profkit.ingest import load_trace
 
     from profkit.ingest import cache as pcache
@@ -98,7 +101,7 @@ def _load_and_analyze(path: Any, default_rank: int, cache: bool, marker: str | N
     return a, n
 
 
-def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Any = None,
+def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Catalog | None = None,
                   cache: bool | None = None, jobs: int | None = None, min_parallel_bytes: int | None = None,
                   captures: Any = None) -> list[RankAnalysis]:
     """Files or run folders -> one RankAnalysis per rank file, sorted by rank (see module doc).
@@ -128,7 +131,7 @@ def _renumber(pairs: list[tuple[RankAnalysis, int]]) -> None:
                              warn=lambda p, w: p[0].warnings.insert(p[1], w), name=lambda p: Path(p[0].path).name)
 
 
-def analyze_runs(paths: list[Path], *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Any = None,
+def analyze_runs(paths: list[Path], *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Catalog | None = None,
                  cache: bool | None = None, jobs: int | None = None, min_parallel_bytes: int | None = None,
                  captures: Any = None, runs: Any = None, early: Any = None) -> list[Any]:
     """Files or run folders -> the runs they hold (ingest/runs.py: RunPlan, its `analyses` sorted by
@@ -194,7 +197,7 @@ def split_by_analysis(runs: list[Any]) -> list[Any]:
     return out
 
 
-def _analyze_files(files: list[Any], default_ranks: list[int], *, marker: str | None, min_bubble_us: float, catalog: Any,
+def _analyze_files(files: list[Any], default_ranks: list[int], *, marker: str | None, min_bubble_us: float, catalog: Catalog | None,
                    cache: bool | None, jobs: int | None, min_parallel_bytes: int | None,
                    captures: Any, early: Any = None) -> tuple[list[tuple[RankAnalysis, int]], float | None]:
     """Every file (a path or its ingest.TraceFile) analyzed (or read from the cache), in file

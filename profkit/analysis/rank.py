@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -30,6 +30,9 @@ from profkit.analysis.phases import op_phases
 from profkit.analysis.spans import innermost_enclosing
 from profkit.analysis.syncs import find_syncs
 from profkit.ingest import Trace
+
+if TYPE_CHECKING:
+    from profkit.catalog import Catalog
 
 DIRECTIONS = ("h2d", "d2h", "d2d", "other")
 
@@ -105,7 +108,7 @@ def gpu_by_time(trace: Trace) -> Trace:
     return replace(trace, gpu_ops=ops, calls=calls)
 
 
-def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Any = None,
+def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Catalog | None = None,
                   captures: Any = None) -> RankAnalysis:
     """Analyze one rank. `catalog`: a profkit.catalog.Catalog, or None to auto-pick by kernel names."""
     from profkit.catalog import auto_catalog
@@ -243,7 +246,7 @@ def _digest_meanwhile(path: Path) -> Any:
     return _meanwhile(digest) if Path(path).is_file() else None
 
 
-def _classify(owned: pl.DataFrame, trace: Trace, catalog: Any, captures: Any = None) -> tuple[pl.DataFrame, dict | None]:
+def _classify(owned: pl.DataFrame, trace: Trace, catalog: Catalog, captures: Any = None) -> tuple[pl.DataFrame, dict | None]:
     """The ops with category, owner and annotation (the innermost user annotation around the
     launch, or for graph-replayed ops their capture-time one), and the graph-capture statistics
     (None without capture profiles)."""
@@ -263,7 +266,7 @@ def _classify(owned: pl.DataFrame, trace: Trace, catalog: Any, captures: Any = N
     return out, (graphs.finish_stats(gstats, out, mask, captures) if mask is not None else None)
 
 
-def _categorize(catalog: Any, ops: pl.DataFrame) -> pl.DataFrame:
+def _categorize(catalog: Catalog, ops: pl.DataFrame) -> pl.DataFrame:
     """catalog.classify_frame(ops), the rules run on the distinct (name, cat, annotation) alone:
     finding them and joining the result back run in the streaming engine (lazy), which hashes
     strings several times faster than the eager unique and join."""
