@@ -122,13 +122,24 @@ def test_without_capture_replayed_kernels_lose_their_ranges(runs):
         assert b.get("attention", 0) == 0 and b.get("moe", 0) == 0 and b["gemm"] > c["gemm"]
 
 
-@pytest.mark.xfail(strict=True, reason="elementwise +16-20% and memcpy +10-12% under graphs (median iteration): the same kernels, "
-                                       "as many of each (test below), each tiny one (~0.1-1 us) measured longer when replayed back to back")
+def _eager_vs_graphs(runs) -> dict[str, float]:
+    """Per category, the change (graphs - eager) / eager of the mean over the compared iterations, as the diff has it."""
+    d = _diff(runs, "cuda_graph")  # all-cuda_graph (eager) -> all (graphs)
+    b, c = d["decomposition"]["baseline"]["category_us"], d["decomposition"]["candidate"]["category_us"]
+    return {k: (c.get(k, 0) - b[k]) / b[k] for k in b if b[k] > 1}
+
+
+def test_eager_vs_graphs_within_10_percent_but_elementwise(runs):
+    rel = _eager_vs_graphs(runs)
+    assert set(rel) >= {"attention", "moe", "topk", "indexer", "gemm", "memcpy", "norm", "rope", "sampling", "elementwise"}
+    assert {k for k, v in rel.items() if abs(v) > 0.10} == {"elementwise"}, rel
+
+
+@pytest.mark.xfail(strict=True, reason="elementwise +11.5% under graphs: the same kernels, as many of each (test below), each tiny one "
+                                       "measured longer when replayed (benchmarks/gpu_replay_durations.py: kernels < 2 us +7.4% on the H200)")
 def test_eager_vs_graphs_within_10_percent(runs):
-    e, g = runs["all-cuda_graph"][0]["ranks"][0]["median"]["category_us"], runs["all"][0]["ranks"][0]["median"]["category_us"]
-    for k in e:
-        if e[k] > 1:
-            assert abs(g.get(k, 0) - e[k]) <= 0.10 * e[k], k
+    for k, v in _eager_vs_graphs(runs).items():
+        assert abs(v) <= 0.10, (k, v)
 
 
 def _ops_per_category(summary: dict) -> dict[str, float]:
