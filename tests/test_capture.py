@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from processes import processes
+
 pytest.importorskip("torch")
 
 SMALL = ["--isl", "64", "--turns", "3", "--turn-tokens", "16", "--output-tokens", "24", "--num-steps", "6"]
@@ -28,15 +30,7 @@ def free_port() -> int:
 
 
 def servers_on(port: int) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            cmd = p.info["cmdline"] or []
-        except psutil.Error:
-            continue
-        if "profkit.proxy.server" in cmd and str(port) in cmd:
-            out.append(p)
-    return out
+    return processes(lambda cmd: "profkit.proxy.server" in cmd and str(port) in cmd)
 
 
 def profkit(tmp: Path, *args: str, port: int | None = None, **kw) -> subprocess.Popen:

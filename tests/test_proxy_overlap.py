@@ -42,6 +42,16 @@ def prefill(s, batch=2, max_new=200):
     return reqs
 
 
+def run(opts, spec_steps=5, steps=6, device="cpu", **prefill_kw):
+    """A scheduler that prefilled its requests and then ran `steps` loop iterations: (scheduler, requests)."""
+    s = make(opts, spec_steps, device=device)
+    with torch.inference_mode():
+        reqs = prefill(s, **prefill_kw)
+        for _ in range(steps):
+            s.loop_once()
+    return s, reqs
+
+
 def decode_steps(s):
     """Steps whose plan was logged (decode/verify steps), in order."""
     return [n for what, n in s.order if what == "plan"]
@@ -53,11 +63,7 @@ def index(s, what, n):
 
 @pytest.mark.parametrize("spec_steps", [5, 0])
 def test_overlap_plans_next_step_before_consuming_result(spec_steps):
-    s = make("all", spec_steps)
-    with torch.inference_mode():
-        prefill(s)
-        for _ in range(6):
-            s.loop_once()
+    s, _ = run("all", spec_steps)
     steps = decode_steps(s)
     assert len(steps) == 6
     for n, n1 in zip(steps, steps[1:]):
@@ -74,11 +80,7 @@ def test_overlap_plans_next_step_before_consuming_result(spec_steps):
 
 @pytest.mark.parametrize("spec_steps", [5, 0])
 def test_no_overlap_consumes_each_result_before_the_next_plan(spec_steps):
-    s = make(NO_OVERLAP, spec_steps)
-    with torch.inference_mode():
-        prefill(s)
-        for _ in range(6):
-            s.loop_once()
+    s, _ = run(NO_OVERLAP, spec_steps)
     steps = decode_steps(s)
     assert len(steps) == 6
     for n, n1 in zip(steps, steps[1:]):
@@ -196,12 +198,8 @@ def test_cuda_graphs_emit_what_eager_emits(spec_steps):
     assert [bucket(w) for w in (1, 256, 257, 8192, 8193, 8300, 9000)] == [256, 256, 272, 8192, 8704, 8704, 9216]
     out = {}
     for opts in ("all", ",".join(s for s in SWITCHES if s != "cuda_graph")):
-        s = make(opts, spec_steps, device="cuda")
+        s, reqs = run(opts, spec_steps, steps=40, device="cuda", batch=2, max_new=120)
         assert (s.graphs is not None) == (opts == "all")
-        with torch.inference_mode():
-            reqs = prefill(s, batch=2, max_new=120)
-            for _ in range(40):
-                s.loop_once()
         torch.cuda.synchronize()
         out[opts] = [list(r.output_ids) for r in reqs]
     a, b = out.values()

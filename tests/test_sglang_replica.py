@@ -15,7 +15,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from processes import processes
 from test_capture import free_port, manifests, profkit
 
 REPLICA = Path(__file__).resolve().parent / "sglang_replica"
@@ -41,15 +41,7 @@ def replica_python(tmp_path: Path) -> Path:
 
 def replica_procs(port: int) -> list[psutil.Process]:
     """The replica's processes for this port: its main, and the helper started in a session of its own."""
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            cmd = p.info["cmdline"] or []
-        except psutil.Error:
-            continue
-        if str(port) in cmd and ("sglang.launch_server" in cmd or "sglang-replica-jit-helper" in cmd):
-            out.append(p)
-    return out
+    return processes(lambda cmd: str(port) in cmd and ("sglang.launch_server" in cmd or "sglang-replica-jit-helper" in cmd))
 
 
 def assert_nothing_left(port: int, pids: list[int] = ()) -> None:

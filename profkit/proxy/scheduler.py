@@ -44,6 +44,7 @@ import uuid
 import torch
 
 from .config import ProxyConfig
+from .graphs import GraphRunner, bucket as graph_bucket
 from .kvcache import OutOfPages, PagedKVPool
 from .model import FwdBatch, ProxyModel, rng
 from .tp import TPState
@@ -201,7 +202,6 @@ class Scheduler:
         self._prof_stop_cmd = False
         self.graphs = None
         if cfg.on("cuda_graph"):
-            from .graphs import GraphRunner
             self.graphs = GraphRunner(self)
 
     # ---------------------------------------------------------------- thread & API ----------
@@ -570,9 +570,7 @@ class Scheduler:
         width = max(p) + q
         graphs = self.graphs if bucket else None
         if graphs is not None:
-            from .graphs import bucket as _bucket
-
-            width = _bucket(width)
+            width = graph_bucket(width)
         npg = max(1, math.ceil(width / ps))
         head = [r.pool_idx for r in reqs] + p + list(acc_host or [])
         n0 = len(head)
@@ -617,7 +615,7 @@ class Scheduler:
         return Plan(self.forward_ct, pool, FwdBatch(pos, slots, st), acc, ev, parity)
 
     def _run_spec_decode(self, reqs):
-        m, S, B = self.model, self.S, len(reqs)
+        S, B = self.S, len(reqs)
         acc_host = self._sim_accept_host(B) if self.overlap else None
         plan = self._plan_decode(reqs, S + 1, bucket=self.graphs is not None, acc_host=acc_host)
         pool, fbv = plan.pool, plan.fb
@@ -689,7 +687,7 @@ class Scheduler:
         self.hid_buf.index_copy_(0, pool, mh[ar, acc - 1])
 
     def _run_decode(self, reqs):
-        m, B = self.model, len(reqs)
+        B = len(reqs)
         plan = self._plan_decode(reqs, 1, bucket=self.graphs is not None)
         pool, fb = plan.pool, plan.fb
         st = fb.slot_table

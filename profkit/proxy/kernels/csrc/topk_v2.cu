@@ -537,6 +537,19 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
   }
 
   // ---- pass 2: emit above B*, push B*'s scores to the leader ----
+  // one score per lane (warp-collective): above B* -> the output, in B* -> the leader's candidates
+  auto emit_one = [&](bool up, bool eq, int pos, float score) {
+    int o = warp_alloc(up, &s_ctr[0]);
+    if (up) {
+      o += above_base;
+      oi[o] = pos;
+      os[o] = to_slot(p, pt_row, pos);
+    }
+    int q = warp_alloc(eq, &s_ctr[1]);
+    if (eq) {
+      cbuf[cand_base + q] = ((unsigned long long)full_key(score) << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned)pos);
+    }
+  };
   auto emit_vec = [&](const float4& f, int v) {
     const int p0 = 4 * v - off;
     const float e[4] = {f.x, f.y, f.z, f.w};
@@ -548,18 +561,11 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
       bool up = ok && b > bstar;
       bool eq = ok && b == bstar;
       if (!__any_sync(FULL, b >= bstar)) continue;  // warp-uniform: nothing to emit or push
-      int o = warp_alloc(up, &s_ctr[0]);
-      if (up) {
-        o += above_base;
-        oi[o] = pos;
-        os[o] = to_slot(p, pt_row, pos);
-      }
-      int q = warp_alloc(eq, &s_ctr[1]);
-      if (eq) {
-        cbuf[cand_base + q] = ((unsigned long long)full_key(e[j]) << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned)pos);
-      }
+      emit_one(up, eq, pos, e[j]);
     }
   };
+  // a stashed (score bits, position) entry in coarse bin b (-1: none)
+  auto emit_stashed = [&](uint2 e, int b) { emit_one(b > bstar, b == bstar, (int)e.y, __uint_as_float(e.x)); };
   const int n_stash = s_ctr[3];  // complete: every stash write precedes #1
   if (regs) {
 #pragma unroll
@@ -576,19 +582,7 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
           e = wst[i];
           if ((unsigned)e.y < (unsigned)L) b = coarse_bin(__uint_as_float(e.x));
         }
-        const bool up = b > bstar, eq = b == bstar;  // (b = -1: neither; bstar >= 0)
-        const int pos = (int)e.y;
-        int o = warp_alloc(up, &s_ctr[0]);
-        if (up) {
-          o += above_base;
-          oi[o] = pos;
-          os[o] = to_slot(p, pt_row, pos);
-        }
-        int q = warp_alloc(eq, &s_ctr[1]);
-        if (eq) {
-          cbuf[cand_base + q] = ((unsigned long long)full_key(__uint_as_float(e.x)) << 32) |
-                                (unsigned long long)(0xFFFFFFFFu - (unsigned)pos);
-        }
+        emit_stashed(e, b);  // (b = -1: neither; bstar >= 0)
       }
     } else if (!WA && stash_on && n_stash <= p.stash_cap) {
       // the stash holds every score of this CTA's tiles in a bin >= t0 (<= B*): no second read
@@ -600,19 +594,7 @@ __global__ void __launch_bounds__(THREADS, 1) topk_v2_cluster_kernel(const TopkV
           e = stash[i];
           b = coarse_bin(__uint_as_float(e.x));
         }
-        const bool up = b > bstar, eq = b == bstar;  // (b = -1: neither; bstar >= 0)
-        const int pos = (int)e.y;
-        int o = warp_alloc(up, &s_ctr[0]);
-        if (up) {
-          o += above_base;
-          oi[o] = pos;
-          os[o] = to_slot(p, pt_row, pos);
-        }
-        int q = warp_alloc(eq, &s_ctr[1]);
-        if (eq) {
-          cbuf[cand_base + q] = ((unsigned long long)full_key(__uint_as_float(e.x)) << 32) |
-                                (unsigned long long)(0xFFFFFFFFu - (unsigned)pos);
-        }
+        emit_stashed(e, b);  // (b = -1: neither; bstar >= 0)
       }
     } else {
       stream_chunk(emit_vec);  // no stash, or it overflowed (tie-heavy rows): re-read the chunk
