@@ -79,3 +79,13 @@ def test_cpu_only_diff_says_cpu_op_window_everywhere(tmp_path):
     text = md.read_text()
     assert text.index("CPU-only run") < text.index("####")  # the banner before the first table
     assert "CPU-op window" in text and "GPU kernels" not in text and "aten ops" in text
+
+
+def test_cpu_only_diff_html_counts_aten_ops(tmp_path):
+    """The HTML counts table words a CPU-only diff as the terminal and Markdown do (it had said "GPU kernels")."""
+    trace = ROOT / "tests" / "data" / "bad" / "cpu_only.json.gz"
+    html = tmp_path / "c.html"
+    r = runner.invoke(app, ["diff", str(trace), str(trace), "--html", str(html)])
+    assert r.exit_code == 0, r.output
+    text = html.read_text()
+    assert "aten ops" in text and "GPU kernels" not in text
