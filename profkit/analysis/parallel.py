@@ -77,9 +77,9 @@ def _store_analysis(f: Any, a: RankAnalysis, n_ingest_warnings: int, rank_from_t
 
 def _rank_from_trace(t: Any, default_rank: int) -> bool:
     """Whether the trace named its rank (distributedInfo or -TP-<r>) rather than taking the file's position."""
-    from profkit.ingest import _TP_RANK
+    from profkit.ingest.identity import TP_RANK
 
-    return isinstance(t.meta.get("rank"), int) or _TP_RANK.search(t.path.name) is not None
+    return isinstance(t.meta.get("rank"), int) or TP_RANK.search(t.path.name) is not None
 
 
 def _load_and_analyze(path: Any, default_rank: int, cache: bool, marker: str | None, min_bubble_us: float,

@@ -109,12 +109,13 @@ def gpu_by_time(trace: Trace) -> Trace:
 
 
 def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Catalog | None = None,
-                  captures: Any = None) -> RankAnalysis:
-    """Analyze one rank. `catalog`: a profkit.catalog.Catalog, or None to auto-pick by kernel names."""
+                  captures: Any = None, digest: bool = True) -> RankAnalysis:
+    """Analyze one rank. `catalog`: a profkit.catalog.Catalog, or None to auto-pick by kernel names.
+    `digest`: hash the trace file meanwhile for summary.json's inputs (False when no summary follows)."""
     from profkit.catalog import auto_catalog
 
     warnings = list(trace.warnings)
-    digest = _digest_meanwhile(trace.path) if getattr(trace, "sha256", None) is None else None
+    digest = _digest_meanwhile(trace.path) if digest and getattr(trace, "sha256", None) is None else None
     its = find_iterations(trace, marker=marker)
     warnings.extend(its.warnings)
     win = its.frame
@@ -143,16 +144,16 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         warnings.append("no runtime calls in the trace (GPU-only?): GPU ops are assigned to iterations by their start time, launch figures are 0")
     calls = own_calls(trace.calls, win)
     ops = own_ops(trace.gpu_ops, calls)  # every GPU op; iteration null when no iteration owns it
-    windows = gpu_windows(win, ops.filter(pl.col("iteration").is_not_null()))
+    pre_owned = ops.filter(pl.col("iteration").is_not_null())
+    windows = gpu_windows(win, pre_owned)
     # the host side (syncs, then the bubbles that need them) reads the ops' times, ownership and
     # copies, not their categories: found in a thread while the categories, phases and the clock's
     # figures are worked out here (polars releases the GIL; one core is often idle otherwise)
     min_ns = int(round(min_bubble_us * 1000))
     host_side = _meanwhile(_syncs_and_bubbles, trace, calls, ops, windows, min_ns)
     phase_of = _meanwhile(op_phases, ops, trace.cpu)  # from the launches' spans: the categories are not needed either
-    owned_names = ops.filter(pl.col("iteration").is_not_null())["name"].unique().to_list() if ops.height else []
     if catalog is None:
-        catalog = auto_catalog(owned_names)
+        catalog = auto_catalog(pre_owned["name"].unique().to_list() if ops.height else [])
     ops, gcap = _classify(ops, trace, catalog, captures)
     if gcap is not None and gcap["replays_refused"]:
         warnings.append(

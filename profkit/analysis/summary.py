@@ -7,7 +7,6 @@ and sync still counted in the aggregates (bubbles_by_cause, bubble_cpu_ops, sync
 
 from __future__ import annotations
 
-import hashlib
 import statistics
 from pathlib import Path
 from typing import Any
@@ -199,11 +198,9 @@ def sync_groups(syncs: pl.DataFrame) -> list[dict[str, Any]]:
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    from profkit.ingest.cache import file_sha256
+
+    return file_sha256(path)
 
 
 def build_summary(analyses: list[RankAnalysis], *, marker: str | None = None, max_items: int = MAX_ITEMS) -> dict[str, Any]:

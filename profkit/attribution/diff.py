@@ -344,19 +344,25 @@ def _noise(base_reps: Sequence[Mapping[str, Any]], cand_reps: Sequence[Mapping[s
     }
 
 
-def _backlog_drift_ns(summaries: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> Fraction:
+def _window_iterations(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> list[tuple[int, list[Mapping[str, Any]]]]:
+    """Each profile window's (index, compared iterations); a window without the rank is left out."""
+    out = []
+    for i, s in enumerate(reps):
+        try:
+            out.append((i, _select(pick_rank(s, rank, "window"), shape)))
+        except UsageError:
+            continue
+    return out
+
+
+def _backlog_drift_ns(windows: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]) -> Fraction:
     """How far the GPU's backlog moved across the compared iterations, per iteration: the largest
     |spill(last) - spill(first)| / n over a side's profile windows. When the host runs ahead of a
     GPU-bound device the queue can grow during a window: each iteration's own work then spills ever
     further into later windows, and time by the clock inside the compared windows misses (or gains)
     that much work per iteration, spread over its categories (schema v2 ``spill_us``; 0 for v1)."""
     worst = Fraction(0)
-    for s in summaries:
-        try:
-            r = pick_rank(s, rank, "repeat")
-        except UsageError:
-            continue
-        its = _select(r, shape)
+    for _, its in windows:
         if len(its) >= 2:
             worst = max(worst, Fraction(abs(_ns(its[-1].get("spill_us")) - _ns(its[0].get("spill_us"))), len(its)))
     return worst
@@ -582,8 +588,9 @@ def compare_summaries(
 
     # --- noise and expected effect ------------------------------------------------------------
     noise = _noise(baseline_repeats, candidate_repeats, rank, shape, warnings)
-    drift_b = _backlog_drift_ns(list(baseline_repeats) or [baseline], rank, shape)
-    drift_c = _backlog_drift_ns(list(candidate_repeats) or [candidate], rank, shape)
+    win_b = _window_iterations(list(baseline_repeats) or [baseline], rank, shape)
+    win_c = _window_iterations(list(candidate_repeats) or [candidate], rank, shape)
+    drift_b, drift_c = _backlog_drift_ns(win_b), _backlog_drift_ns(win_c)
     drift = drift_b + drift_c
     if drift > ABS_THRESHOLD_NS and drift * 100 >= min(mb["window"], mc["window"]):  # 1% of the GPU window
         warnings.append(f"the GPU's backlog moved during the compared iterations (GPU-bound, the host ahead): {_us(drift_b):,.1f} µs "
@@ -618,8 +625,7 @@ def compare_summaries(
         "top_movers": movers[:TOP_MOVERS],
         "expected_effect": expected,
         "noise": noise,
-        "stability": {"baseline": stability(list(baseline_repeats) or [baseline], rank, shape),
-                      "candidate": stability(list(candidate_repeats) or [candidate], rank, shape)},
+        "stability": {"baseline": _stability(win_b), "candidate": _stability(win_c)},
         "warnings": warnings,
         # for reports, so that `profkit report diff.json` needs nothing else
         "timelines": {"baseline": rb.get("timeline"), "candidate": rc.get("timeline")},
@@ -678,12 +684,12 @@ def _series(rank: Mapping[str, Any], used: Sequence[Mapping[str, Any]]) -> list[
 
 def stability(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> str | None:
     """A sentence when some profile window's GPU window varies by more than 2x (max/min), else None."""
+    return _stability(_window_iterations(reps, rank, shape))
+
+
+def _stability(windows: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]) -> str | None:
     bad = []
-    for i, s in enumerate(reps):
-        try:
-            its = _select(pick_rank(s, rank, "window"), shape)
-        except UsageError:
-            continue
+    for i, its in windows:
         ws = [it.get("gpu_window_us") or 0 for it in its]
         if len(ws) > 1 and min(ws) > 0 and max(ws) / min(ws) > 2:
             bad.append(f"window {i}: GPU window {min(ws):,.0f}–{max(ws):,.0f} µs")

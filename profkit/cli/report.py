@@ -76,7 +76,7 @@ def diff(
     lb, lc = (b.label, c.label) if b.label != c.label else (f"{b.label} (before)", f"{c.label} (after)")
     from profkit.attribution.diff import run_manifest
 
-    opt_name = opt or infer_optimization(run_manifest({"manifest": b.manifest, **b.summary}), run_manifest({"manifest": c.manifest, **c.summary}))
+    opt_name = opt or infer_optimization(run_manifest(b.summary), run_manifest(c.summary))  # load_side put each side's manifest in its summary
     rank, notes = align_single_ranks(b, c, rank)
     d = compare_summaries(
         b.summary, c.summary, opt=opt_name, catalog=choice.for_effect(c.summary, rank) if opt_name else None,
@@ -192,7 +192,7 @@ def export_perfetto(
     choice = choose_catalog(catalog, [trace])
     _announce(choice)
     traces = load_traces([trace])
-    pairs = [(t, analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=choice.catalog)) for t in traces]
+    pairs = [(t, analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=choice.catalog, digest=False)) for t in traces]
     data = build_perfetto(pairs)
     if output is None:
         base = trace if trace.is_dir() else trace.parent

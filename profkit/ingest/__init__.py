@@ -10,14 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from profkit.errors import TraceInputError
 from profkit.ingest.decode import check_readable, decode_events, read_bytes
-from profkit.ingest.identity import TraceFile, trace_file
+from profkit.ingest.identity import TP_RANK, TraceFile, trace_file
 
 if TYPE_CHECKING:
     from profkit.ingest.tables import Trace
 
 __all__ = ["Trace", "TraceFile", "load_trace", "load_traces", "find_trace_files"]
 
-_TP_RANK = re.compile(r"-TP-(\d+)")
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json")
 
 
@@ -109,7 +108,7 @@ def _make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta
 
     rank = meta.get("rank")
     if not isinstance(rank, int):
-        m = _TP_RANK.search(path.name)
+        m = TP_RANK.search(path.name)
         rank = int(m.group(1)) if m else default_rank
     devices = meta.get("devices") or []
     device = devices[0] if devices else None

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+
+TP_RANK = re.compile(r"-TP-(\d+)")  # a rank file's name: <run>-TP-<rank>.trace.json.gz (SGLang, the proxy)
 
 _MIB = 1 << 20
 CACHE_SUFFIX = ".profkit-cache"  # the cache folder beside a trace: <trace>.profkit-cache/

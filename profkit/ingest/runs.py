@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profkit.ingest.identity import TraceFile
+from profkit.ingest.identity import TP_RANK, TraceFile
 
 HEAD_BYTES = 1 << 20  # decompressed bytes read for the metadata
 TAIL_BYTES = 1 << 20  # of an uncompressed file, for its process names
-_TP_RANK = re.compile(r"-TP-(\d+)")
 _PROCESS = re.compile(rb'"name"\s*:\s*"process_name"[^{}]*?"args"\s*:\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 
@@ -48,7 +47,7 @@ class FileInfo:
         """A rank of a multi-process job (else a run of its own)."""
         if self.world_size is not None:
             return self.world_size > 1
-        return _TP_RANK.search(self.path.name) is not None
+        return TP_RANK.search(self.path.name) is not None
 
 
 @dataclass
@@ -98,7 +97,7 @@ def read_info(path: Path | TraceFile) -> FileInfo:
     devices = tuple(sorted({d for d in meta.get("devices", ()) if d}))
     world, rank = meta.get("world_size"), meta.get("rank")
     if rank is None:
-        m = _TP_RANK.search(path.name)
+        m = TP_RANK.search(path.name)
         rank = int(m.group(1)) if m else None
     tid = doc.get("trace_id")
     procs = set(_PROCESS.findall(head))

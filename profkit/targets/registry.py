@@ -180,13 +180,14 @@ def inactive(target: str, states: dict[str, bool], caps: list[str] | None = None
             continue
         if target == "sglang" and caps and name in HARDWARE:
             majors, why = HARDWARE[name]
-            bad = sorted({c for c in caps if _major(c) not in majors})
+            bad = sorted({c for c in caps if capability_major(c) not in majors})
             if bad:
                 out[name] = f"{name} does nothing on compute capability {', '.join(bad)}: {why}"
     return out
 
 
-def _major(cap: str) -> int:
+def capability_major(cap: str) -> int:
+    """A compute capability's major ("10.0" -> 10; -1 when it is not a number)."""
     try:
         return int(cap.split(".", 1)[0])
     except ValueError:

@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from profkit.errors import TargetError, UsageError
-from profkit.targets.registry import inactive, registry
+from profkit.targets.registry import HARDWARE, capability_major, inactive, registry
 from profkit.targets.spec import LaunchSpec
 
 STUDY_MODEL = "nvidia/GLM-5.2-NVFP4"
@@ -148,7 +148,7 @@ def compose(
     args: list[str] = list(base)
     env: dict[str, str] = {}
     notes: list[str] = []
-    off_blackwell = bool(caps) and any(c.split(".")[0] != "10" for c in caps or [])
+    off_blackwell = bool(caps) and any(capability_major(c) not in HARDWARE["bf16_gemm"][0] for c in caps or [])
     for name, on in states.items():
         sw = reg[name].on if on else reg[name].off
         sw_args = sw.args
@@ -194,7 +194,7 @@ def check_gpu(spec: LaunchSpec, caps: list[str] | None) -> None:
     """Refuse what SGLang would die on at start-up: --bf16-gemm-backend cutedsl off SM10x
     (unquant.py: `get_platform().is_sm100`, i.e. compute capability major 10: B200, B300, GB300)."""
     if flag_value(spec.argv, "--bf16-gemm-backend") == "cutedsl" and caps:
-        bad = [c for c in caps if c.split(".")[0] != "10"]
+        bad = [c for c in caps if capability_major(c) not in HARDWARE["bf16_gemm"][0]]
         if bad:
             raise TargetError(
                 f"--bf16-gemm-backend cutedsl needs an SM10x GPU (B200/B300/GB300); this machine has compute capability {', '.join(sorted(set(bad)))}",
