@@ -10,6 +10,9 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_out}; T=/tmp/g19; WAIT=${WAIT:-540}; mkdir -p "$OUT" "$T"
 if [ "${1:-start}" = start ]; then
   nvidia-smi -L
+  # the SM clock, temperature and power every second while the sweep runs (no throttling between runs?)
+  setsid nohup nvidia-smi --query-gpu=timestamp,clocks.sm,temperature.gpu,power.draw,utilization.gpu --format=csv -l 1 \
+    > "$T/smi.csv" 2>&1 < /dev/null &
   setsid nohup bash -c "python3 -m profkit sweep --opts topk_v2,indexer_fusion,index_share,overlap,cuda_graph --mode leave-one-out \
     --capture-only --repeat 2 --isl 8000 --turns 3 --turn-tokens 256 --output-tokens 256 --num-steps 8 --profile-windows 3 \
     --traces-dir $T/traces --reports-dir $T/reports --extra-server-args '--device cuda:0' > $T/log.txt 2>&1; touch $T/DONE" \
@@ -20,7 +23,7 @@ while [ ! -e "$T/DONE" ] && [ $(( $(date +%s) - t0 )) -lt "$WAIT" ]; do sleep 5;
 ls "$T/traces" 2>/dev/null; tail -c 3000 "$T/log.txt"
 if [ -e "$T/DONE" ]; then
   for d in "$T"/traces/*/; do n=$(basename "$d"); tar czf "$OUT/${n##*leave-one-out-}.tgz" -C "$T/traces" "$n"; done
-  cp "$T/log.txt" "$OUT/"; ls -la "$OUT"; du -sh "$T"/traces/*/graph_capture_profile
+  cp "$T/log.txt" "$T/smi.csv" "$OUT/"; ls -la "$OUT"; du -sh "$T"/traces/*/graph_capture_profile
 else
   echo "NOT DONE after $WAIT s"
 fi

@@ -334,12 +334,13 @@ def _noise(base_reps: Sequence[Mapping[str, Any]], cand_reps: Sequence[Mapping[s
         metrics[k] = {
             "baseline": {"median": b_med, "spread": max(bv) - min(bv), "n": len(bv)},
             "candidate": {"median": c_med, "spread": max(cv) - min(cv), "n": len(cv)},
-            "delta": delta, "spread": spread, "within_noise": abs(delta) < spread,
+            # no change at all is no change, even where neither side varied (spread 0)
+            "delta": delta, "spread": spread, "within_noise": delta == 0 or abs(delta) < spread,
         }
     return {
         "available": True,
         "repeats": {"baseline": len(bm), "candidate": len(cm)},
-        "note": "per metric: median and spread (max - min) over repeats of each side; a change smaller than the larger spread is within noise",
+        "note": "per metric: median and spread (max - min) over repeats of each side; a change smaller than the larger spread (or none at all) is within noise",
         "metrics": metrics,
     }
 
@@ -682,6 +683,15 @@ def _series(rank: Mapping[str, Any], used: Sequence[Mapping[str, Any]]) -> list[
     ]
 
 
+UNSTABLE_RATIO = 2.0  # a run whose GPU window per iteration varies by more than this (max/min) is unstable (issue 19)
+
+
+def swings(values: Sequence[float]) -> bool:
+    """Whether iterations' GPU windows vary by more than UNSTABLE_RATIO (the one rule: diff.json's stability,
+    every report's "unstable" warning)."""
+    return len(values) > 1 and min(values) > 0 and max(values) / min(values) > UNSTABLE_RATIO
+
+
 def stability(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> str | None:
     """A sentence when some profile window's GPU window varies by more than 2x (max/min), else None."""
     return _stability(_window_iterations(reps, rank, shape))
@@ -691,6 +701,6 @@ def _stability(windows: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]) -> st
     bad = []
     for i, its in windows:
         ws = [it.get("gpu_window_us") or 0 for it in its]
-        if len(ws) > 1 and min(ws) > 0 and max(ws) / min(ws) > 2:
+        if swings(ws):
             bad.append(f"window {i}: GPU window {min(ws):,.0f}–{max(ws):,.0f} µs")
     return "; ".join(bad) if bad else None

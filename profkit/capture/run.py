@@ -166,18 +166,13 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
                 variants = _fit_workloads(cfg, ctx, spec.reserved_tokens, "the server's context length (/server_info)", manifest)
         isls = list(cfg.isl) or [cfg.workload.isl]
         variants = variants or {isl: replace(cfg.workload, isl=isl) if cfg.workload.replay is None else cfg.workload for isl in isls}
-        if cfg.warmup:
-            manifest.stage("warmup")
-            progress(f"{label}: warm-up")
-            w = replace(variants[isls[0]], seed=cfg.workload.seed + 999_983, turns=2, output_tokens=min(8, cfg.workload.output_tokens))
-            _check(drive(spec.base_url, w, concurrency=1, timeout_s=cfg.request_timeout_s), server, "warm-up")
-
-        manifest.stage("workload")
         points: list[dict[str, Any]] = []
         primary: list[dict[str, Any]] = []
         failed: list[dict[str, Any]] = []
         for isl in isls:
             for conc in cfg.concurrency:
+                warm = _warm_up(cfg, spec, server, manifest, variants[isl], isl, conc, label, progress) if cfg.warmup else None
+                manifest.stage("workload")
                 reps = []
                 for r in range(cfg.repeat):
                     progress(f"{label}: workload isl={isl} concurrency={conc} repeat {r + 1}/{cfg.repeat}")
@@ -186,7 +181,8 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
                     _check_transport(res, server, "workload")
                     failed += [{"isl": isl, "concurrency": conc, "repeat": r, **f} for f in res.failed_json()]
                     reps.append(res.metrics(spec.world_size))
-                points.append({"isl": isl, "concurrency": conc, "repeats": reps, **summarize_repeats(reps)})
+                points.append({"isl": isl, "concurrency": conc, "repeats": reps, **summarize_repeats(reps),
+                               **({"warmup": warm} if warm is not None else {})})
                 if isl == isls[0] and conc == cfg.concurrency[0]:
                     primary = reps
                 manifest.update(throughput=points, failed_requests=failed)
@@ -368,6 +364,21 @@ def _check_transport(res: DriveResult, server: Server, what: str) -> DriveResult
     if res.errors:
         raise TargetError(f"the server stopped answering during the {what}: {res.errors[0]}", hint=f"see {server.log_path}")
     return res
+
+
+def _warm_up(cfg: RunConfig, spec: LaunchSpec, server: Server, manifest: Manifest, workload: Workload, isl: int, conc: int,
+             label: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    """One unmeasured pass of the point's own shape (its ISL, turns, output tokens and concurrency; other token ids,
+    so no prefix is cached for the measured passes): whatever an engine does the first time it meets a shape
+    (the proxy captures its CUDA graphs per context bucket and batch size as it meets them; JIT compiles,
+    autotuning, allocator growth) happens here and not in the first measured repeat. Its wall time and
+    throughput go to the manifest, next to the repeats they are not part of."""
+    manifest.stage("warmup")
+    progress(f"{label}: warm-up pass isl={isl} concurrency={conc}")
+    w = replace(workload, seed=cfg.workload.seed + 999_983 + isl + 131 * conc)
+    res = _check(drive(spec.base_url, w, concurrency=conc, timeout_s=cfg.request_timeout_s), server, "warm-up")
+    m = res.metrics(spec.world_size)
+    return {"duration_s": m.get("duration_s"), "tokens_per_s": m.get("tokens_per_s")}
 
 
 def _check(res: DriveResult, server: Server, what: str) -> DriveResult:

@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 from markupsafe import Markup
 
 from profkit import __version__
-from profkit.attribution.diff import IDLE_KEYS, throughput_points
+from profkit.attribution.diff import IDLE_KEYS, swings, throughput_points
 from profkit.findings import largest_bubbles
 from profkit.report import figures as F
 from profkit.report.base import Renderer, Report
@@ -82,10 +82,11 @@ def _inline_bundle() -> str:
 
 
 def _instability(label: str, series: Sequence[Mapping[str, Any]], window: str) -> str | None:
-    """A warning when the compared iterations' windows swing (max over min above 1.5): their mean
-    then says little, and a change between two such runs may be the swing, not the change."""
+    """A warning when the compared iterations' windows swing (max over min above 2, the rule of diff.json's
+    stability: attribution.diff.swings): their mean then says little, and a change between two such runs
+    may be the swing, not the change."""
     vals = [x["gpu_window_us"] for x in series if x.get("used", True) and x.get("gpu_window_us")]
-    if len(vals) < 2 or min(vals) <= 0 or max(vals) / min(vals) <= 1.5:
+    if not swings(vals):
         return None
     return (f"unstable: {label}'s {window} per iteration swings {min(vals):,.1f} – {max(vals):,.1f} µs ({max(vals) / min(vals):.1f}×) "
             "over the compared iterations; its mean says little, and a change may be that swing (see the plot of every iteration)")

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from profkit.report.base import Renderer, Report
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, num, pct
-from profkit.report.views import cpu_ops_text, decomposition_rows, headline, headline_lines, noise_verdict, row_metric, throughput_rows
+from profkit.report.views import cpu_ops_text, decomposition_rows, headline_lines, noise_verdict, row_metric, throughput_rows
 from profkit.report.vocab import banner, count_label, diff_timeline, words
 
 GITHUB_COMMENT_LIMIT = 65_536
@@ -76,8 +76,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     title = f"### profkit diff: {md_escape(b['label'], max_len=80)} → {md_escape(c['label'], max_len=80)}"
     if opt:
         title += f" — {md_escape(opt, max_len=60)}"
-    out += [title, "", *(f"> {md_escape(line, max_len=None)}" for line in headline_lines(diff)), "",
-            f"**{md_escape(headline(diff), max_len=None)}**", ""]
+    out += [title, "", *(f"> {md_escape(line, max_len=None)}" for line in headline_lines(diff)), ""]
 
     tl = diff_timeline(diff)
     W = words(tl)

@@ -19,7 +19,7 @@ from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
 from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, num, pct
 from profkit.report.views import (
-    cpu_ops_text, decomposition_rows, headline, headline_lines, host_gap_text, noise_verdict, outside_text, row_metric, throughput_rows,
+    cpu_ops_text, decomposition_rows, headline_lines, host_gap_text, noise_verdict, outside_text, row_metric, throughput_rows,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, words
 
@@ -151,7 +151,6 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
         console.print(f"[bold]{escape(line)}[/]", soft_wrap=True)
     console.print(f"[bold]{escape(b['label'])}[/] → [bold]{escape(c['label'])}[/]"
                   + (f"  [cyan]{escape(diff['optimization'])}[/]" if diff.get("optimization") else ""))
-    console.print(escape(headline(diff)))
     tp = throughput_rows(diff)
     if tp:
         t = Table(title="unprofiled throughput", title_justify="left", box=None)

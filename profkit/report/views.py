@@ -66,7 +66,7 @@ def throughput_rows(diff: Mapping[str, Any]) -> list[dict[str, Any]]:
             continue
         change = (cv / bv - 1) * 100 if bv and cv is not None else None
         spread = max(x for x in (bs, cs, -1.0) if x is not None)
-        within = None if spread < 0 or bv is None or cv is None else abs(cv - bv) < spread
+        within = None if spread < 0 or bv is None or cv is None else (cv == bv or abs(cv - bv) < spread)
         rows.append({"key": key, "label": label, "baseline": bv, "candidate": cv, "change_pct": change, "within_noise": within,
                      "higher_is_better": higher})
     return rows
