@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from profkit.errors import UsageError
+from profkit.terms import CAUSES, PHASES
 
 if TYPE_CHECKING:
     import polars as pl
@@ -42,7 +43,7 @@ __all__ = [
 
 _TOP_KEYS = frozenset({"name", "description", "default_category", "signature", "rule", "optimizations"})
 _RULE_KEYS = frozenset({"category", "pattern", "cats", "annotation", "owner"})
-_OPT_KEYS = frozenset({"categories", "description"})
+_OPT_KEYS = frozenset({"categories", "description", "phases", "idle"})
 _FORMAT_HINT = "see kernels/README.md for the catalog format"
 _CLASSIFY_CACHE_SIZE = 1 << 16
 
@@ -82,6 +83,9 @@ class Catalog:
     ``optimizations`` maps each optimization the catalog knows to the categories it is expected to
     change (empty for optimizations that change idle/launch time rather than kernels, such as
     overlap scheduling or CUDA graphs). Every rule ``owner`` is a key of ``optimizations``.
+    ``optimization_phases`` and ``optimization_idle``: the phases (profkit.terms.PHASES) whose GPU time
+    it is expected to shrink (none: not confined to one) and the bubble causes (profkit.terms.CAUSES)
+    whose idle time it is expected to shrink; the diff's expected-effect check states these first.
     """
 
     name: str
@@ -92,6 +96,8 @@ class Catalog:
     signature: re.Pattern[str] | None
     optimizations: dict[str, tuple[str, ...]] = field(hash=False)
     optimization_descriptions: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+    optimization_phases: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False, compare=False)
+    optimization_idle: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False, compare=False)
     _cached: Callable[[str, str, str | None], tuple[str, str | None]] = field(
         init=False, repr=False, hash=False, compare=False
     )
@@ -360,6 +366,8 @@ def _parse(data: Mapping[str, Any], path: Path) -> Catalog:
         raise _err(f"{path}: 'optimizations' must be a table of [optimizations.<name>] tables")
     optimizations: dict[str, tuple[str, ...]] = {}
     opt_descriptions: dict[str, str] = {}
+    opt_phases: dict[str, tuple[str, ...]] = {}
+    opt_idle: dict[str, tuple[str, ...]] = {}
     for opt, body in raw_opts.items():
         where = f"{path}: [optimizations.{opt}]"
         if not isinstance(body, dict):
@@ -370,6 +378,11 @@ def _parse(data: Mapping[str, Any], path: Path) -> Catalog:
             raise _err(f"{where}: 'categories' must be a list of strings (use [] for none)")
         optimizations[opt] = tuple(cats)
         opt_descriptions[opt] = _opt_str(body, "description", where) or ""
+        for key, known, into in (("phases", PHASES, opt_phases), ("idle", CAUSES, opt_idle)):
+            got = body.get(key, [])
+            if not isinstance(got, list) or not all(isinstance(x, str) for x in got) or set(got) - set(known):
+                raise _err(f"{where}: '{key}' must be a list of {', '.join(known)} (or [] for none)")
+            into[opt] = tuple(got)
 
     raw_rules = data.get("rule", [])
     if not isinstance(raw_rules, list):
@@ -395,6 +408,8 @@ def _parse(data: Mapping[str, Any], path: Path) -> Catalog:
         signature=signature,
         optimizations=optimizations,
         optimization_descriptions=opt_descriptions,
+        optimization_phases=opt_phases,
+        optimization_idle=opt_idle,
     )
 
 

@@ -75,6 +75,8 @@ def test_trace_end_to_end(tmp_path):
         assert m["trace_files"] and m["throughput"][0]["tokens_per_s"]["median"] > 0
         assert m["leftover_pids"] == []
         assert m["throughput"][0]["cache_hit_rate"]["median"] > 0.5
+        # one unmeasured pass of the point's own shape before its repeats (its wall time kept beside them)
+        assert m["throughput"][0]["warmup"]["duration_s"] > 0 and m["throughput"][0]["warmup"]["tokens_per_s"] > 0
         run = tmp_path / "traces" / m["run_id"]
         assert (run / "server.log").exists()
         assert (run / m["trace_files"][0]).stat().st_size > 0

@@ -485,7 +485,7 @@ def test_installed_layout_finds_the_packaged_copy(tmp_path):
 
     pkg = tmp_path / "site" / "profkit"
     pkg.mkdir(parents=True)
-    for f in ("__init__.py", "errors.py", "catalog.py"):
+    for f in ("__init__.py", "errors.py", "terms.py", "catalog.py"):
         shutil.copy(REPO / "profkit" / f, pkg / f)
     shutil.copytree(REPO / "kernels", pkg / "_kernels")
     code = (

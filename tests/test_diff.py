@@ -407,3 +407,47 @@ def test_version_1_summaries_are_still_read(tmp_path):
     assert abs(d2["decomposition"]["gpu_window_us"]["delta"]) < 1e-6 and all(v["delta"] == 0 for v in d2["counts"].values())
     r = runner.invoke(app, ["report", str(a), str(b), "--output", str(tmp_path / "r.html")])
     assert r.exit_code == 0, r.output
+
+
+def test_no_change_is_within_noise_even_without_spread(tmp_path):
+    """Repeats that agree exactly (spread 0) and no change: 'within noise', not 'beyond' (0 < 0 is false)."""
+    reps = [summarize(decode_trace(BASE), tmp_path, f"r{j}") for j in range(2)]
+    d = compare_summaries(reps[0], reps[1], opt="topk_v2", catalog=CATALOG, baseline_repeats=reps, candidate_repeats=reps)
+    m = d["noise"]["metrics"]
+    assert m["counts.gpu_kernels"]["spread"] == 0 and m["counts.gpu_kernels"]["delta"] == 0
+    assert all(v["within_noise"] for v in m.values() if v["delta"] == 0)
+    assert d["expected_effect"]["flags"] == []
+
+
+def test_one_instability_rule_for_diff_and_html():
+    """A run is unstable when its GPU window per iteration varies by more than 2x, in diff.json (stability)
+    and in the HTML's warning alike (the HTML said so from 1.5x)."""
+    from profkit.attribution.diff import UNSTABLE_RATIO, _stability, swings
+    from profkit.report.html import _instability
+
+    assert UNSTABLE_RATIO == 2.0
+    for vals, unstable in (([100.0, 180.0], False), ([100.0, 200.0], False), ([100.0, 201.0], True), ([0.0, 500.0], False)):
+        assert swings(vals) is unstable
+        assert (_stability([(0, [{"gpu_window_us": v} for v in vals])]) is not None) is unstable
+        assert (_instability("x", [{"gpu_window_us": v} for v in vals], "GPU window") is not None) is (unstable and min(vals) > 0)
+
+
+def test_own_effect_the_wrong_way_fails_the_check(tmp_path):
+    """topk_v2 with the top-k kernel 20 -> 60 µs (the repeats of test_noise_from_repeats, sides swapped): its own
+    category grew beyond the noise, so the check says so first and fails, though nothing outside moved."""
+    reps_fast = [summarize(decode_trace([("gemm_qkv", 40), ("attention_decode", 51), ("topk_select", 20), ("gemm_out", 40)], jitter=j),
+                           tmp_path, f"f{j}") for j in (0, 2, 4)]
+    reps_slow = [summarize(decode_trace(BASE, jitter=j), tmp_path, f"s{j}") for j in (0, 2, 4)]
+    ok = compare_summaries(reps_slow[0], reps_fast[0], opt="topk_v2", catalog=CATALOG, baseline_repeats=reps_slow, candidate_repeats=reps_fast)
+    bad = compare_summaries(reps_fast[0], reps_slow[0], opt="topk_v2", catalog=CATALOG, baseline_repeats=reps_fast, candidate_repeats=reps_slow)
+    (t,) = ok["expected_effect"]["own"]
+    assert t["term"] == "category_us.topk" and t["delta_us"] < 0 and t["as_expected"] is True and ok["expected_effect"]["ok"] is True
+    (t,) = bad["expected_effect"]["own"]
+    assert t["delta_us"] > 0 and t["as_expected"] is False
+    ee = bad["expected_effect"]
+    assert ee["ok"] is False and ee["flags"] == [] and len(ee["against"]) == 1 and "topk the wrong way: +" in ee["against"][0]
+    from profkit.report.markdown import MarkdownRenderer
+    from profkit.report import Report
+
+    md = MarkdownRenderer().render(Report(diffs=[bad]))
+    assert "own effect went the wrong way" in md and "against the expected decrease: topk" in md

@@ -5,6 +5,7 @@ why (found on the data, not tuned away)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -62,8 +63,8 @@ def test_topk_v2(runs):
 
 
 def test_topk_v2_share(runs):
-    # 93% (topk -356.2 of -384.3 µs); the sort path's own cub memsets/DtoD copies inside proxy.indexer.topk are
-    # top-k work (rule 1 of kernels/proxy.toml); as memcpy they had made it 72%
+    # 88% (topk -353.8 of -399.8 µs; 93% on the previous recording); the sort path's own cub memsets/DtoD copies
+    # inside proxy.indexer.topk are top-k work (rule 1 of kernels/proxy.toml); as memcpy they had made it 72%
     d = _diff(runs, "topk_v2")
     assert d["decomposition"]["category_us"]["topk"] / _kernel_time(d) >= 0.80
 
@@ -80,12 +81,18 @@ def test_index_share_in_draft_phase(runs):
 
 
 def test_overlap_sync_and_launch_carry_the_change(runs):
+    # sync -607.6 and launch -91.3 of a -628.3 µs GPU window change (kernel time -69.2); on the previous recording
+    # sync -626.2, launch -558.2 of -1,173.3: the launch part follows the host's pace, which differs between
+    # device sessions (the eager baseline's window was 44.6 ms there, 26.5 ms here), the sync part does not
     d = _diff(runs, "overlap")
     dec = d["decomposition"]
-    terms = {**{f"cat:{k}": v for k, v in dec["category_us"].items()}, **{f"idle:{k}": v for k, v in dec["idle_us_by_cause"].items()}}
-    top2 = sorted(terms, key=lambda k: -abs(terms[k]))[:2]
-    assert set(top2) == {"idle:sync", "idle:launch"}
-    assert dec["idle_us_by_cause"]["sync"] < 0
+    idle = dec["idle_us_by_cause"]
+    dw = d["gpu_window_us"]["candidate"] - d["gpu_window_us"]["baseline"]
+    terms = {**{f"cat:{k}": v for k, v in dec["category_us"].items()}, **{f"idle:{k}": v for k, v in idle.items()}}
+    assert dw < 0 and max(terms, key=lambda k: abs(terms[k])) == "idle:sync" and idle["launch"] < 0
+    assert (idle["sync"] + idle["launch"]) / dw >= 0.9  # the two carry the change
+    assert abs(_kernel_time(d)) < 0.15 * abs(dw)  # kernels hardly move
+    assert not d["noise"]["metrics"]["idle_us_by_cause.sync"]["within_noise"]
 
 
 def test_no_flag_within_noise(runs):
@@ -135,8 +142,10 @@ def test_eager_vs_graphs_within_10_percent_but_elementwise(runs):
     assert {k for k, v in rel.items() if abs(v) > 0.10} == {"elementwise"}, rel
 
 
-@pytest.mark.xfail(strict=True, reason="elementwise +11.5% under graphs: the same kernels, as many of each (test below), each tiny one "
-                                       "measured longer when replayed (benchmarks/gpu_replay_durations.py: kernels < 2 us +7.4% on the H200)")
+@pytest.mark.xfail(strict=True, reason="elementwise +13.5% under graphs (+11.5% on the previous recording): the same kernels, as many of "
+                                       "each (test below), each ~1 us one recorded ~0.12 us longer when graph-replayed: on the H200 "
+                                       "that holds with no proxy and no profkit code (benchmarks/gpu_tiny_kernel_timing.py: "
+                                       "+13% at 1.26 us, +4% at 2.9 us; the same kernels queued back to back on a stream: +0%)")
 def test_eager_vs_graphs_within_10_percent(runs):
     for k, v in _eager_vs_graphs(runs).items():
         assert abs(v) <= 0.10, (k, v)
@@ -212,9 +221,10 @@ def _drift_us(windows: list[dict]) -> float:
 
 
 def test_a_growing_gpu_backlog_is_measured_and_not_flagged(runs):
-    """Without indexer fusion the GPU falls ever further behind the host during each window (spill_us 1.1 -> 2.4 ms):
-    time by the clock misses ~194 µs of each iteration's work there. The diff measures that drift, warns, and
-    flags no category change below it (attention +71, moe +67 µs); the optimization's own effect is far beyond it."""
+    """Without indexer fusion the GPU falls ever further behind the host during a window (spill_us 1.36 -> 2.48 ms
+    over window 2's verify iterations): time by the clock misses ~161 µs of each iteration's work there (~194 on the
+    previous recording). The diff measures that drift, warns, and flags no category change below it (attention +42,
+    moe +28 µs); the optimization's own effect is far beyond it."""
     d = _diff(runs, "indexer_fusion")
     want = _drift_us(runs["all-indexer_fusion"]) + _drift_us(runs["all"])
     e = d["expected_effect"]
@@ -222,3 +232,61 @@ def test_a_growing_gpu_backlog_is_measured_and_not_flagged(runs):
     assert any("backlog" in w for w in d["warnings"]) and e["flags"] == []
     cats = d["decomposition"]["category_us"]
     assert 0 < cats["attention"] < want and 0 < cats["moe"] < want and -cats["indexer"] > want
+
+
+def test_the_first_measured_repeat_is_warm():
+    """Recorded with one unmeasured pass of the workload's own shape before the repeats (profkit.capture.run
+    _warm_up): the proxy captures its graphs there, so the two measured repeats agree (0.94-1.17 s each, within
+    8% of each other; without it the first repeat of every graph run took 2.4-2.8 s against ~1 s)."""
+    for d in sorted(DATA.glob("all*")):
+        m = json.loads((d / "manifest.json").read_text())
+        (pt,) = m["throughput"]
+        durs = [r["duration_s"] for r in pt["repeats"]]
+        assert len(durs) == 2 and max(durs) / min(durs) < 1.15, (d.name, durs)
+        assert pt["warmup"]["duration_s"] > 0
+
+
+def test_headline_says_how_much_the_profiler_slowed_each_side(tmp_path, monkeypatch):
+    """Profiled, every graph run here ran 2.6-3.2x slower than unprofiled (cudaGraphLaunch takes 450-1,300 µs of
+    host time per call under the profiler): the headline says so before the host-side terms are read, with the
+    slowdowns the manifests measured (median over the windows), and the throughput change is judged."""
+    import statistics
+
+    from typer.testing import CliRunner
+
+    from profkit.cli import app
+
+    monkeypatch.setenv("PROFKIT_NO_CACHE", "1")
+    md = tmp_path / "d.md"
+    r = CliRunner().invoke(app, ["diff", str(DATA / "all-indexer_fusion"), str(DATA / "all"), "--opt", "indexer_fusion",
+                                 "--catalog", "proxy", "--md", str(md)])
+    assert r.exit_code == 0, r.output
+    slow = []
+    for run in ("all-indexer_fusion", "all"):
+        oh = json.loads((DATA / run / "manifest.json").read_text())["profiler_overhead"]
+        slow.append(statistics.median(w["slowdown"] for w in oh["windows"]))
+    want = f"Profiled, the baseline ran {slow[0]:.1f}× and the candidate {slow[1]:.1f}× slower than unprofiled"
+    text = md.read_text()
+    assert want in text and want in " ".join(r.output.split())
+    assert slow[0] > 2 and slow[1] > 2
+    assert "Unprofiled tokens/s per user 985 → 1,117 (+13.4%) (beyond noise)" in text
+
+
+def test_own_effect_leads_with_categories_phases_and_idle(runs):
+    """kernels/proxy.toml says what each optimization owns: categories, the phases it is confined to
+    (index_share: draft) and the idle it removes (overlap: sync, iteration_boundary; cuda_graph: launch).
+    Each is stated first, expected to shrink; on these runs each that moved beyond the noise shrank."""
+    want = {"topk_v2": ["category_us.topk"], "indexer_fusion": ["category_us.indexer"],
+            "index_share": ["category_us.indexer", "category_us.topk", "phase_us.draft"],
+            "overlap": ["idle_us_by_cause.sync", "idle_us_by_cause.iteration_boundary"],
+            "cuda_graph": ["idle_us_by_cause.launch"]}
+    for opt, keys in want.items():
+        ee = _diff(runs, opt)["expected_effect"]
+        assert [t["term"] for t in ee["own"]] == keys, opt
+        assert ee["ok"] and ee["against"] == [] and ee["flags"] == [], opt
+        assert all(t["as_expected"] in (True, None) for t in ee["own"])
+    ee = _diff(runs, "index_share")["expected_effect"]
+    draft = next(t for t in ee["own"] if t["term"] == "phase_us.draft")
+    assert draft["as_expected"] is True and draft["delta_us"] < -ee["backlog_drift_us"]
+    (sync, _) = _diff(runs, "overlap")["expected_effect"]["own"]
+    assert sync["as_expected"] is True

@@ -263,3 +263,26 @@ def test_a_real_proxy_diff_report_stays_under_2_mb(tmp_path):
     r = runner.invoke(app, ["diff", str(d / "baseline.trace.json.gz"), str(d / "topk_v2.trace.json.gz"), "--html", str(page)])
     assert r.exit_code == 0, r.output
     assert len(page.read_bytes()) <= 2_000_000
+
+
+def test_run_report_counts_every_sync_not_only_the_listed_ones():
+    """summary.json lists only the largest syncs (max_items) and counts all of them in sync_groups: the HTML
+    run report's sync table reads the groups (eager_sync, expected.json: 2 syncs and 1 blocking copy from
+    pageable memory per iteration), so it says 3 per iteration when the list holds a single one (it said 1/8)."""
+    from pathlib import Path
+
+    from profkit.analysis.parallel import analyze_paths
+    from profkit.analysis.summary import build_summary
+
+    data = Path(__file__).parent / "data" / "gpu"
+    per = json.loads((data / "expected.json").read_text())["eager_sync"]["per_iteration"]
+    want = per["syncs"] + per["memcpy_from_or_to_pageable"]
+    s = build_summary(analyze_paths([data / "eager_sync.pt.trace.json.gz"], cache=False), max_items=1)
+    r = s["ranks"][0]
+    n = len(r["iterations"])
+    assert len(r["syncs"]) == 1 and sum(g["count"] for g in r["sync_groups"]) == want * n
+    html = html_page(runs=[("eager_sync", s)])
+    table = html[html.index("host syncs and blocking copies: eager_sync"):]
+    table = table[:table.index("</table>")]
+    rates = [float(x) for x in re.findall(r'<td class="r">([0-9.]+)</td>\s*<td class="r">[0-9.,]+</td>\s*</tr>', table)]
+    assert rates and sum(rates) == pytest.approx(want)

@@ -144,7 +144,8 @@ def test_error_chunk_mid_run_fails_the_run_with_the_request_in_the_manifest(tmp_
     """SGLang answers HTTP 200 and puts {"error": ...} inside the stream: that request failed, and
     the run exits 4 with the server's text; the request is listed, the throughput leaves it out."""
     port = free_port()
-    env = {**os.environ, "SGLANG_REPLICA_FAIL_REQUEST": "4", "SGLANG_REPLICA_FAIL_MESSAGE": "Abort request: KV cache pool is full"}
+    # request 5: the warm-up pass is one conversation of 3 turns (requests 1-3), so the measured pass's turn 1
+    env = {**os.environ, "SGLANG_REPLICA_FAIL_REQUEST": "5", "SGLANG_REPLICA_FAIL_MESSAGE": "Abort request: KV cache pool is full"}
     p = profkit(tmp_path, "trace", "--target", "sglang", "--preset", "glm52-nvfp4-tp4", "--server-python", str(replica_python),
                 "--opt", "topk_v2", *SMALL, port=port, env=env)
     out, err = p.communicate(timeout=300)

@@ -15,7 +15,6 @@ from profkit.ingest import Trace
 if TYPE_CHECKING:
     import numpy as np
 
-CAUSES = ("sync", "launch", "iteration_boundary", "gpu_wait")
 # A blocking call that returns within this long before the GPU went idle still counts as the
 # gap's cause: CUPTI's host and device timestamps come from different clocks (~1 µs apart).
 SYNC_SLACK_NS = 2_000

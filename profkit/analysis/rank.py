@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from profkit.apis import GRAPH_LAUNCH_APIS, KERNEL_LAUNCH_APIS, LAUNCH_APIS
-from profkit.analysis.bubbles import CAUSES, find_bubbles
+from profkit.analysis.bubbles import find_bubbles
 from profkit.analysis.clock import busy_by_window, by_window, device_union, length_ns, owned_and_spill, tiles
 from profkit.analysis.iterations import WHOLE_TRACE, find_iterations
 from profkit.analysis.ownership import gpu_windows, outside_work, own_calls, own_ops
@@ -30,6 +30,7 @@ from profkit.analysis.phases import op_phases
 from profkit.analysis.spans import innermost_enclosing
 from profkit.analysis.syncs import find_syncs
 from profkit.ingest import Trace
+from profkit.terms import CAUSES
 
 if TYPE_CHECKING:
     from profkit.catalog import Catalog

@@ -14,7 +14,7 @@ from typing import Any
 import polars as pl
 
 from profkit import __version__
-from profkit.analysis.bubbles import CAUSES
+from profkit.terms import CAUSES
 from profkit.analysis.rank import DIRECTIONS, RankAnalysis
 from profkit.analysis.timeline import representative_timeline
 

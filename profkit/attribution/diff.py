@@ -33,9 +33,9 @@ from profkit import __version__
 from profkit.ingest.identity import short_label
 from profkit.errors import NothingToAnalyze, UsageError
 from profkit.findings import idle_cpu_ops, largest_bubbles
+from profkit.terms import CAUSES
 
 DIFF_SCHEMA_VERSION = 1
-CAUSES = ("sync", "launch", "iteration_boundary", "gpu_wait")
 IDLE_KEYS = (*CAUSES, "short_gaps")
 COUNT_KEYS = ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h", "memcpy_h2d", "bubble_count")
 TIMING_KEYS = ("launch_us", "launch_latency_us_p50", "sync_us", "sync_copy_us", "bubble_us")
@@ -381,7 +381,7 @@ def _expected_effect(opt: str | None, catalog: Any, base: dict[str, Any], cand: 
     cat_name = getattr(catalog, "name", None)
     if opt not in optimizations:
         return {
-            "optimization": opt, "known": False, "catalog": cat_name, "categories": [], "changes": [], "flags": [], "ok": None,
+            "optimization": opt, "known": False, "catalog": cat_name, "categories": [], "changes": [], "flags": [], "against": [], "ok": None,
             "note": f"{opt!r} is not an optimization of catalog {cat_name!r}: no expected-effect check"
                     + (f" (known: {', '.join(sorted(optimizations))})" if optimizations else ""),
         }
@@ -417,25 +417,50 @@ def _expected_effect(opt: str | None, catalog: Any, base: dict[str, Any], cand: 
         return {"term": key, "delta_us": _us(d_ns), "spread_us": None if nm is None else nm["spread"],
                 "within_noise": None if nm is None else bool(nm["within_noise"])}
 
-    # its own effect first: the owned categories (expected to shrink), then what else moved beyond the noise
-    own = [{**term(f"category_us.{c}", cand["cats"].get(c, Fraction(0)) - base["cats"].get(c, Fraction(0))), "expected": "decrease"}
-           for c in owned]
-    elsewhere = [term(f"category_us.{c}", cand["cats"].get(c, Fraction(0)) - base["cats"].get(c, Fraction(0)))
-                 for c in sorted(set(base["cats"]) | set(cand["cats"])) if c not in owned]
-    elsewhere += [term(f"idle_us_by_cause.{k}", cand["idle_by"][k] - base["idle_by"][k]) for k in IDLE_KEYS]
+    # its own effect first: the catalog's categories, phases and idle causes of the optimization, each expected
+    # to shrink, with the verdict (as_expected: True/False beyond the noise, None within it or not judged);
+    # then what else moved beyond the noise
+    phases = list((getattr(catalog, "optimization_phases", None) or {}).get(opt, ()))
+    idle_own = list((getattr(catalog, "optimization_idle", None) or {}).get(opt, ()))
     floor_us = float(max(Fraction(ABS_THRESHOLD_NS), drift_ns) / 1000)
+
+    def own_term(key: str, part: str, k: str) -> dict[str, Any]:
+        b, c = base[part].get(k, Fraction(0)), cand[part].get(k, Fraction(0))
+        t = term(key, c - b)
+        beyond = use_noise and t["within_noise"] is False and abs(t["delta_us"]) >= floor_us
+        return {**t, "baseline_us": _us(b), "candidate_us": _us(c), "expected": "decrease",
+                "as_expected": (t["delta_us"] < 0) if beyond else None}
+
+    def delta(part: str, k: str) -> Fraction:
+        return cand[part].get(k, Fraction(0)) - base[part].get(k, Fraction(0))
+
+    own = ([own_term(f"category_us.{c}", "cats", c) for c in owned]
+           + [own_term(f"phase_us.{p}", "phases", p) for p in phases]
+           + [own_term(f"idle_us_by_cause.{k}", "idle_by", k) for k in idle_own])
+    against = [f"{opt} moved its own {term_label(t['term'])} the wrong way: {t['delta_us']:+,.1f} µs per iteration, "
+               f"expected a decrease (beyond {'the noise' if drift_ns <= ABS_THRESHOLD_NS else 'the noise and the backlog drift'})"
+               for t in own if t["as_expected"] is False]
+    elsewhere = [term(f"category_us.{c}", delta("cats", c)) for c in sorted(set(base["cats"]) | set(cand["cats"])) if c not in owned]
+    elsewhere += [term(f"idle_us_by_cause.{k}", delta("idle_by", k)) for k in IDLE_KEYS if k not in idle_own]
     beyond = sorted((t for t in elsewhere if t["within_noise"] is False and abs(t["delta_us"]) >= floor_us),
                     key=lambda t: -abs(t["delta_us"]))
     return {
-        "optimization": opt, "known": True, "catalog": cat_name, "categories": owned,
+        "optimization": opt, "known": True, "catalog": cat_name, "categories": owned, "phases": phases, "idle": idle_own,
         "judged": use_noise,
         "threshold": ("the noise (spread over profile windows) and 1 µs" if drift_ns <= ABS_THRESHOLD_NS else
                       f"the noise (spread over profile windows) and the GPU backlog's drift ({_us(drift_ns):,.1f} µs per iteration)")
                      if use_noise else "not judged: one profile window per side (no noise estimate)",
         "backlog_drift_us": _us(drift_ns),
-        "own": own, "beyond_noise": beyond,
-        "changes": changes, "flags": flags, "ok": not flags,
+        "own": own, "against": against, "beyond_noise": beyond,
+        "changes": changes, "flags": flags, "ok": not flags and not against,
     }
+
+
+def term_label(key: str) -> str:
+    """A decomposition term's key in words: category_us.topk -> topk, phase_us.draft -> draft phase,
+    idle_us_by_cause.sync -> sync idle."""
+    group, _, name = key.partition(".")
+    return {"phase_us": f"{name} phase", "idle_us_by_cause": f"{name} idle"}.get(group, name)
 
 
 # ---------------------------------------------------------------------------------------------

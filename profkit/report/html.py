@@ -22,7 +22,7 @@ from markupsafe import Markup
 
 from profkit import __version__
 from profkit.attribution.diff import IDLE_KEYS, swings, throughput_points
-from profkit.findings import largest_bubbles
+from profkit.findings import largest_bubbles, sync_groups
 from profkit.report import figures as F
 from profkit.report.base import Renderer, Report
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
@@ -164,9 +164,11 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     head = _section(f"{prefix}-summary", f"{b['label']} → {c['label']}", headline=" ".join(headline_lines(diff)), cards=cards)
     ee = diff.get("expected_effect")
     if ee and ee.get("known"):
-        if ee["flags"]:
-            head["flags"] = list(ee["flags"])
-            head["flags_title"] = f"Expected-effect check: changes outside {ee['optimization']}'s categories ({', '.join(ee['categories']) or 'none'}), threshold {ee['threshold']}"
+        if ee["flags"] or ee.get("against"):
+            head["flags"] = [*(ee.get("against") or []), *ee["flags"]]
+            what = [x for x, on in (("its own effect went the wrong way", ee.get("against")),
+                                    (f"changes outside {ee['optimization']}'s categories ({', '.join(ee['categories']) or 'none'})", ee["flags"])) if on]
+            head["flags_title"] = f"Expected-effect check: {'; '.join(what)}, threshold {ee['threshold']}"
         else:
             head["ok"] = f"Expected-effect check passed: {ee['optimization']} changed nothing outside its categories ({', '.join(ee['categories']) or 'none'}) beyond {ee['threshold']}."
     elif ee:
@@ -343,12 +345,12 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
                              [[k["name"], k["category"], num(k["count"] / n, RATE), num(k["total_us"] / n), num(k["total_us"])] for k in ks[:MAX_ROWS]],
                              align="llrrr", caption=f"top kernels: {label} ({len(ks)} distinct)", name_cols=(0,),
                              more=f"{len(ks) - MAX_ROWS} more not shown" if len(ks) > MAX_ROWS else None, collapsed=len(runs) > 1))
-        sy: dict[tuple[str, str, str, str], list[float]] = {}
-        for x in r.get("syncs") or []:
-            sy.setdefault((x["kind"], x["api"], x["direction"], str(x["trigger"])), []).append(x["blocked_us"] or 0.0)
+        # every sync (the summary's sync_groups; its `syncs` list is bounded), as the terminal's table has them
+        sy = sorted(sync_groups(r), key=lambda g: -(g.get("count") or 0))
         if sy:
             tables.append(_table(["kind", "API", "direction", "trigger", "count / iter", "blocked µs / iter"],
-                                 [[k[0], k[1], k[2], k[3], num(len(v) / n, RATE), num(sum(v) / n)] for k, v in sorted(sy.items(), key=lambda kv: -len(kv[1]))][:MAX_ROWS],
+                                 [[g["kind"], g["api"], g["direction"], str(g["trigger"]), num((g.get("count") or 0) / n, RATE),
+                                   num((g.get("blocked_us") or 0.0) / n)] for g in sy][:MAX_ROWS],
                                  align="llllrr", caption=f"host syncs and blocking copies: {label}", name_cols=(3,)))
     out.append(_section("runs-kernels", "Top kernels and syncs", tables=tables))
     curves = _curve_section("runs-throughput", [(label, throughput_points(s.get("manifest"))) for label, s in runs], figs)

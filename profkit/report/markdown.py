@@ -100,9 +100,14 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
             out.append(f"✅ Expected-effect check passed: no change outside {md_escape(opt)}'s categories ({cats}) beyond "
                        f"{md_escape(ee['threshold'])}.")
         else:
-            out.append(f"⚠️ **Expected-effect check: {len(ee['flags'])} change(s) outside {md_escape(opt)}'s categories** "
-                       f"(threshold: {md_escape(ee['threshold'])}):")
-            out += [f"- {md_escape(f, max_len=300)}" for f in ee["flags"]]
+            if ee.get("against"):
+                out.append(f"⚠️ **Expected-effect check: {md_escape(opt)}'s own effect went the wrong way** "
+                           f"(threshold: {md_escape(ee['threshold'])}):")
+                out += [f"- {md_escape(f, max_len=300)}" for f in ee["against"]]
+            if ee["flags"]:
+                out.append(f"⚠️ **Expected-effect check: {len(ee['flags'])} change(s) outside {md_escape(opt)}'s categories** "
+                           f"(threshold: {md_escape(ee['threshold'])}):")
+                out += [f"- {md_escape(f, max_len=300)}" for f in ee["flags"]]
         out.append("")
     noise = diff.get("noise") or {}
     if noise.get("available"):

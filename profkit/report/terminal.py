@@ -162,8 +162,8 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
         console.print(t)
     ee = diff.get("expected_effect")
     if ee and ee.get("known"):
-        if ee["flags"]:
-            for f in ee["flags"]:
+        if ee["flags"] or ee.get("against"):
+            for f in [*(ee.get("against") or []), *ee["flags"]]:
                 console.print(f"[bold red]flag:[/] {escape(f)}", soft_wrap=True)
         else:
             console.print(f"[green]expected effect ok:[/] no change outside {escape(', '.join(ee['categories']) or 'its (empty) categories')} "

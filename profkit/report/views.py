@@ -10,10 +10,11 @@ Markdown and HTML renderers escape and lay them out. diff.json itself is compute
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from profkit.attribution.diff import IDLE_KEYS
+from profkit.attribution.diff import IDLE_KEYS, term_label
 from profkit.findings import host_gap
 from profkit.report.numbers import ratio_pct
 
@@ -98,19 +99,36 @@ def headline_lines(diff: Mapping[str, Any]) -> list[str]:
         name = {"launch": "launch-bound", "sync": "sync-bound", "iteration_boundary": "scheduler-bound", "gpu_wait": "dependency-bound"}[cause]
         bound = f"{name} ({cause} idle {us:,.0f} µs of a {win:,.0f} µs GPU window; busy {busy:,.0f} µs)"
     lines.append(f"The candidate's iteration is {bound}; {headline(diff)}.")
+    slow = {side: profiler_slowdown(diff, side) for side in ("baseline", "candidate")}
+    if max((v for v in slow.values() if v is not None), default=0.0) >= SLOWDOWN_NOTE:
+        got = [(side, v) for side, v in slow.items() if v is not None]
+        said = f"the {got[0][0]} ran {got[0][1]:.1f}×" + "".join(f" and the {side} {v:.1f}×" for side, v in got[1:])
+        lines.append(f"Profiled, {said} slower than unprofiled (tokens/s per user): the host-side idle "
+                     "terms (launch, sync, gpu wait) carry the profiler's own cost; read them with the unprofiled throughput.")
     ee = diff.get("expected_effect") or {}
     if ee.get("known"):
-        own = ", ".join(f"{t['term'].split('.', 1)[1]} {t['delta_us']:+,.1f} µs" + (f" (spread {t['spread_us']:,.1f})" if t.get("spread_us") is not None else "")
-                        + (" within noise" if t.get("within_noise") else "") for t in ee.get("own") or []) or "no kernel category of its own"
+        # an own term that is nothing on either side (no iteration-boundary idle to remove) says nothing
+        terms = [t for t in ee.get("own") or [] if t.get("baseline_us") or t.get("candidate_us") or t.get("delta_us")]
+        own = ", ".join(f"{term_label(t['term'])} {t['delta_us']:+,.1f} µs" + (f" (spread {t['spread_us']:,.1f})" if t.get("spread_us") is not None else "")
+                        + (" within noise" if t.get("within_noise") else "") for t in terms) or "no category, phase or idle time of its own in the catalog"
+        verdict = ""
+        if terms and ee.get("judged"):
+            wrong = [term_label(t["term"]) for t in terms if t.get("as_expected") is False]
+            unseen = [term_label(t["term"]) for t in terms if t.get("as_expected") is None]
+            bar = "the noise and the backlog drift" if (ee.get("backlog_drift_us") or 0) > 1 else "the noise"
+            verdict = (f"; against the expected decrease: {', '.join(wrong)}" if wrong else
+                       "; a decrease, as expected" if not unseen else
+                       f"; expected a decrease, none beyond {bar}" if len(unseen) == len(terms) else
+                       f"; a decrease, as expected (not beyond {bar}: {', '.join(unseen)})")
         ph = dec.get("phase_us") or {}
         top = max(ph.items(), key=lambda kv: abs(kv[1]), default=None)
-        phase = f"; largest phase change {top[0]} {top[1]:+,.1f} µs" if top else ""
-        lines.append(f"{ee['optimization']}: {own}{phase}.")
+        phase = f"; largest phase change {top[0]} {top[1]:+,.1f} µs" if top and not ee.get("phases") else ""
+        lines.append(f"{ee['optimization']}: {own}{verdict}{phase}.")
         if not ee.get("judged"):
             lines.append("Changes are not judged: one profile window per side (no noise estimate).")
         else:
             beyond = ee.get("beyond_noise") or []
-            lines.append("Beyond noise elsewhere: " + (", ".join(f"{t['term'].replace('category_us.', '').replace('idle_us_by_cause.', 'idle: ')} {t['delta_us']:+,.1f} µs"
+            lines.append("Beyond noise elsewhere: " + (", ".join(f"{term_label(t['term'])} {t['delta_us']:+,.1f} µs"
                                                                    for t in beyond[:5]) or "nothing") + ".")
     tp = [r for r in throughput_rows(diff) if r["key"] == "tokens_per_s_per_user_p50"]
     if tp and tp[0]["change_pct"] is not None:
@@ -124,6 +142,21 @@ def headline_lines(diff: Mapping[str, Any]) -> list[str]:
         if u:
             lines.append(f"Unstable {side}: {u}.")
     return lines
+
+
+SLOWDOWN_NOTE = 1.5  # a profiled window this much slower than the unprofiled passes gets a line in the headline
+
+
+def profiler_slowdown(diff: Mapping[str, Any], side: str) -> float | None:
+    """How much slower `side` ran inside its profile windows than in its unprofiled passes (tokens/s per user,
+    the manifest's profiler_overhead; the median over the windows), or None without a manifest that says."""
+    m = (diff.get("manifests") or {}).get(side)
+    oh = m.get("profiler_overhead") if isinstance(m, Mapping) else None
+    if not isinstance(oh, Mapping):
+        return None
+    vals = [w.get("slowdown") for w in oh.get("windows") or [oh] if isinstance(w, Mapping)]
+    vals = [float(v) for v in vals if isinstance(v, (int, float))]
+    return statistics.median(vals) if vals else None
 
 
 def _exploration(diff: Mapping[str, Any]) -> bool:
