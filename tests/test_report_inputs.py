@@ -79,6 +79,8 @@ def test_cpu_only_diff_says_cpu_op_window_everywhere(tmp_path):
     text = md.read_text()
     assert text.index("CPU-only run") < text.index("####")  # the banner before the first table
     assert "CPU-op window" in text and "GPU kernels" not in text and "aten ops" in text
+    # the headline too (it said "GPU window" and "GPU-bound" for a CPU-only diff, the quickstart's first line)
+    assert "GPU window" not in text and "GPU window" not in r.stdout and "GPU-bound" not in text
 
 
 def test_cpu_only_diff_html_counts_aten_ops(tmp_path):
@@ -89,3 +91,6 @@ def test_cpu_only_diff_html_counts_aten_ops(tmp_path):
     assert r.exit_code == 0, r.output
     text = html.read_text()
     assert "aten ops" in text and "GPU kernels" not in text
+    # the figures too: the timeline's titles and axis, time by category, idle by cause (they said "GPU ...")
+    assert not [w for w in ("GPU window", "GPU time", "GPU idle", "GPU-bound") if w in text]
+    assert "CPU-op time by category" in text and "CPU-op idle time by bubble cause" in text

@@ -52,15 +52,17 @@ def _bubble_ops(b: Mapping[str, Any], top: int = 2) -> str:
     return "".join(f"<br>CPU in {esc(n, 60)}" + (f": {us[i]:,.1f} µs" if i < len(us) else "") for i, n in enumerate(names))
 
 
-def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, colors: Mapping[str, str] | None = None) -> go.Figure:
+def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, colors: Mapping[str, str] | None = None,
+                    window: str = "GPU window") -> go.Figure:
     """One representative iteration per side, stacked: GPU ops as bars on stream rows (colour =
     category), bubbles on their own row (colour = cause), host syncs on a row of their own.
-    x is µs from the start of that iteration's GPU window. `sides`: (label, summary timeline)."""
+    x is µs from the start of that iteration's GPU window (`window`: "CPU-op window" for a CPU-only
+    run, report.vocab). `sides`: (label, summary timeline)."""
     present = [(lab, t) for lab, t in sides if t]
     n = max(len(present), 1)
     titles = [esc(f"{lab}: iteration {t['iteration']} ({t['kind']}"
                   + (f" bs={t['batch_size']}" if t.get("batch_size") is not None else "")
-                  + f"), GPU window {t['gpu_window_us']:,.1f} µs", 200) for lab, t in present] or ["no timeline"]
+                  + f"), {window} {t['gpu_window_us']:,.1f} µs", 200) for lab, t in present] or ["no timeline"]
     # each side on its own x-axis (a 60 ms baseline would make a 1 ms candidate a sliver); a button shares them
     fig = make_subplots(rows=n, cols=1, shared_xaxes=False, vertical_spacing=0.16 if n > 1 else 0.1, subplot_titles=titles)
     cats = sorted({c for _, t in present for c in t["ops"]["category"]})
@@ -109,7 +111,7 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
             shown.add("sync")
         fig.update_yaxes(type="category", categoryorder="category descending", row=row, col=1)
     for row in range(1, n + 1):
-        fig.update_xaxes(title_text="µs from the start of the iteration's GPU window", row=row, col=1)
+        fig.update_xaxes(title_text=f"µs from the start of the iteration's {window}", row=row, col=1)
     if n > 1:
         share = {f"xaxis{i}.matches": "x" for i in range(2, n + 1)}
         own = {f"xaxis{i}.matches": None for i in range(2, n + 1)}
@@ -118,7 +120,7 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
                                             buttons=[dict(label="x-axis per side", method="relayout", args=[own]),
                                                      dict(label="share x-axis", method="relayout", args=[share])])])
     what = {1: "", 2: ", before and after"}.get(len(present), f", {len(present)} configurations")
-    return _layout(fig, title=f"Representative iteration (median GPU window){what}", height=260 + 230 * n, barmode="overlay")
+    return _layout(fig, title=f"Representative iteration (median {window}){what}", height=260 + 230 * n, barmode="overlay")
 
 
 def gpu_window_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], *, window: str = "GPU window") -> go.Figure:
@@ -181,13 +183,13 @@ def grouped_bars_figure(sides: Sequence[tuple[str, Mapping[str, float]]], *, tit
     return _layout(fig, title=title, barmode="group")
 
 
-def category_figure(sides: Sequence[tuple[str, Mapping[str, float]]]) -> go.Figure:
-    return grouped_bars_figure(sides, title="GPU time by category", y_title="µs per iteration")
+def category_figure(sides: Sequence[tuple[str, Mapping[str, float]]], *, device: str = "GPU") -> go.Figure:
+    return grouped_bars_figure(sides, title=f"{device} time by category", y_title="µs per iteration")
 
 
-def bubbles_figure(sides: Sequence[tuple[str, Mapping[str, float]]]) -> go.Figure:
+def bubbles_figure(sides: Sequence[tuple[str, Mapping[str, float]]], *, device: str = "GPU") -> go.Figure:
     order = [c for c in CAUSE_COLORS if any(c in m for _, m in sides)]
-    return grouped_bars_figure(sides, title="GPU idle time by bubble cause", y_title="µs per iteration", order=order)
+    return grouped_bars_figure(sides, title=f"{device} idle time by bubble cause", y_title="µs per iteration", order=order)
 
 
 SERIES_KEYS = (("kernel_launches", "kernel launches"), ("graph_launches", "graph launches"), ("syncs", "host syncs"),

@@ -198,7 +198,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     colors = F.category_colors(cats + [c for _, t in sides if t for c in t["ops"]["category"]])
     s = _section(f"{prefix}-timeline", "Timeline of a representative iteration")
     if any(t for _, t in sides):
-        s["figures"].append(figs.div(F.timeline_figure(sides, colors=colors)))
+        s["figures"].append(figs.div(F.timeline_figure(sides, colors=colors, window=W["window"])))
     else:
         s["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
     out.append(s)
@@ -219,8 +219,8 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     ))
     out.append(_section(
         f"{prefix}-categories", "Time by category and bubbles by cause",
-        figures=[figs.div(F.category_figure([(lb, dec["baseline"]["category_us"]), (lc, dec["candidate"]["category_us"])])),
-                 figs.div(F.bubbles_figure([(lb, dec["baseline"]["idle_us_by_cause"]), (lc, dec["candidate"]["idle_us_by_cause"])]))],
+        figures=[figs.div(F.category_figure([(lb, dec["baseline"]["category_us"]), (lc, dec["candidate"]["category_us"])], device=W["device"])),
+                 figs.div(F.bubbles_figure([(lb, dec["baseline"]["idle_us_by_cause"]), (lc, dec["candidate"]["idle_us_by_cause"])], device=W["device"]))],
     ))
 
     labels = {k: count_label(k, tl) for k in ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h",
@@ -326,13 +326,13 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
     sides = [(label, _rank0(s).get("timeline")) for label, s in runs]
     s = _section("runs-timeline", "Timeline of a representative iteration" + (" per configuration" if len(runs) > 1 else ""))
     if any(t for _, t in sides):
-        s["figures"].append(figs.div(F.timeline_figure(sides)))
+        s["figures"].append(figs.div(F.timeline_figure(sides, window=W["window"])))
     else:
         s["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
     out.append(s)
     out.append(_section("runs-categories", "Time by category and bubbles by cause (medians per iteration)", figures=[
-        figs.div(F.category_figure([(label, (_rank0(s).get("median") or {}).get("category_us") or {}) for label, s in runs])),
-        figs.div(F.bubbles_figure([(label, _bubbles_by_cause(_rank0(s))) for label, s in runs])),
+        figs.div(F.category_figure([(label, (_rank0(s).get("median") or {}).get("category_us") or {}) for label, s in runs], device=W["device"])),
+        figs.div(F.bubbles_figure([(label, _bubbles_by_cause(_rank0(s))) for label, s in runs], device=W["device"])),
     ]))
     out.append(_section("runs-counts", "Launches and syncs per iteration", figures=[
         figs.div(F.per_iteration_figure([(label, _rank0(s).get("iterations") or []) for label, s in runs]))]))

@@ -222,7 +222,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         out += _more(len(warns), len(cut), "warnings")
         out.append("")
     out.append(f"<sub>profkit {md_escape(diff.get('profkit_version'))} · diff.json schema {diff.get('schema_version')} · rank {diff.get('rank')} · "
-               f"decomposition of mean GPU window, counts are medians</sub>")
+               f"decomposition of mean {W['window']}, counts are medians</sub>")
     return "\n".join(out) + "\n"
 
 

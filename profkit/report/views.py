@@ -17,6 +17,7 @@ from typing import Any
 from profkit.attribution.diff import IDLE_KEYS, term_label
 from profkit.findings import host_gap
 from profkit.report.numbers import ratio_pct
+from profkit.report.vocab import diff_timeline, words
 
 
 def within_noise(diff: Mapping[str, Any], metric: str) -> bool | None:
@@ -78,7 +79,8 @@ def headline(diff: Mapping[str, Any]) -> str:
     w = diff["wall_us"]
     g = diff["gpu_window_us"]
     parts = [f"{diff['shape']['label']}: wall {w['baseline']:,.1f} → {w['candidate']:,.1f} µs per iteration ({ratio_pct(w.get('ratio'), missing='n/a')})"]
-    parts.append(f"GPU window {g['baseline']:,.1f} → {g['candidate']:,.1f} µs ({ratio_pct(g.get('ratio'), missing='n/a')})")
+    window = words(diff_timeline(diff))["window"]  # a CPU-only diff's windows are of its CPU-op timeline
+    parts.append(f"{window} {g['baseline']:,.1f} → {g['candidate']:,.1f} µs ({ratio_pct(g.get('ratio'), missing='n/a')})")
     return "; ".join(parts)
 
 
@@ -87,6 +89,7 @@ def headline_lines(diff: Mapping[str, Any]) -> list[str]:
     optimization did to its own categories and phase, what else moved beyond noise, the unprofiled
     throughput change with its spread, and the regime warnings (exploration baseline, unstable windows)."""
     lines: list[str] = []
+    W = words(diff_timeline(diff))
     dec = diff["decomposition"]
     c = dec["candidate"]
     idle = c.get("idle_us_by_cause") or {}
@@ -94,10 +97,10 @@ def headline_lines(diff: Mapping[str, Any]) -> list[str]:
     busy = c.get("gpu_busy_us") or 0.0
     cause, us = max(((k, idle.get(k) or 0.0) for k in ("launch", "sync", "iteration_boundary", "gpu_wait")), key=lambda kv: kv[1])
     if win and busy >= 0.8 * win:
-        bound = f"GPU-bound (busy {busy:,.0f} of {win:,.0f} µs)"
+        bound = f"{W['device']}-bound (busy {busy:,.0f} of {win:,.0f} µs)"
     else:
         name = {"launch": "launch-bound", "sync": "sync-bound", "iteration_boundary": "scheduler-bound", "gpu_wait": "dependency-bound"}[cause]
-        bound = f"{name} ({cause} idle {us:,.0f} µs of a {win:,.0f} µs GPU window; busy {busy:,.0f} µs)"
+        bound = f"{name} ({cause} idle {us:,.0f} µs of a {win:,.0f} µs {W['window']}; busy {busy:,.0f} µs)"
     lines.append(f"The candidate's iteration is {bound}; {headline(diff)}.")
     slow = {side: profiler_slowdown(diff, side) for side in ("baseline", "candidate")}
     if max((v for v in slow.values() if v is not None), default=0.0) >= SLOWDOWN_NOTE:
