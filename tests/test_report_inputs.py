@@ -94,3 +94,15 @@ def test_cpu_only_diff_html_counts_aten_ops(tmp_path):
     # the figures too: the timeline's titles and axis, time by category, idle by cause (they said "GPU ...")
     assert not [w for w in ("GPU window", "GPU time", "GPU idle", "GPU-bound") if w in text]
     assert "CPU-op time by category" in text and "CPU-op idle time by bubble cause" in text
+
+
+def test_json_to_stdout_is_the_file_json(tmp_path):
+    """`--json -` prints exactly what `--json FILE` writes (it printed the stdlib's text, non-ASCII escaped: µ as \\u00b5)."""
+    loo = ROOT / "tests" / "data" / "gpu_loo"  # its expected-effect threshold and warnings say µs
+    b, c = str(loo / "all-overlap"), str(loo / "all")
+    f = tmp_path / "d.json"
+    assert runner.invoke(app, ["diff", b, c, "--opt", "overlap", "--json", str(f)]).exit_code == 0
+    r = runner.invoke(app, ["diff", b, c, "--opt", "overlap", "--json", "-"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout == f.read_text()
+    assert "µ" in r.stdout and "\\u00b5" not in r.stdout

@@ -8,7 +8,6 @@ and run folders through profkit.summarize, with the summary cache), calls the li
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -107,7 +106,7 @@ def diff(
         wrote.append(str(html))
     TerminalRenderer(err if to_stdout else out, top=top).show(result)
     if to_stdout:
-        sys.stdout.write(json.dumps(d, indent=1, allow_nan=False) + "\n")
+        sys.stdout.write(get_renderer("json")().render(result))  # the same text `--json FILE` writes
     for w in wrote:
         err.print(f"wrote {escape(w)}")
 
