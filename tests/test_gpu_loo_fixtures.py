@@ -290,3 +290,26 @@ def test_own_effect_leads_with_categories_phases_and_idle(runs):
     assert draft["as_expected"] is True and draft["delta_us"] < -ee["backlog_drift_us"]
     (sync, _) = _diff(runs, "overlap")["expected_effect"]["own"]
     assert sync["as_expected"] is True
+
+
+def test_every_report_has_the_change_by_phase_with_its_noise(tmp_path, monkeypatch):
+    """index_share: the draft phase -171.0 µs beyond noise, verify within it; in the terminal, the Markdown
+    and the HTML (which had no phase table) alike, each phase with its verdict over the 3 windows."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from profkit.cli import app
+
+    monkeypatch.setenv("PROFKIT_NO_CACHE", "1")
+    md, html = tmp_path / "d.md", tmp_path / "d.html"
+    r = CliRunner().invoke(app, ["diff", str(DATA / "all-index_share"), str(DATA / "all"), "--opt", "index_share",
+                                 "--catalog", "proxy", "--md", str(md), "--html", str(html)])
+    assert r.exit_code == 0, r.output
+    assert re.search(r"draft\s+1,171\.0\s+1,000\.0\s+-171\.0\s+beyond noise", r.output)
+    assert re.search(r"verify\s+1,005\.3\s+994\.3\s+-11\.0\s+within noise", r.output)
+    assert "| draft | 1,171.0 | 1,000.0 | -171.0 | **beyond noise** |" in md.read_text()
+    h = html.read_text()
+    sec = h[h.index("The same change by phase"):]
+    sec = sec[:sec.index("</table>")]
+    assert re.search(r">draft<.*?>-171\.0<.*?>beyond noise<", sec, re.S) and re.search(r">verify<.*?>-11\.0<.*?>within noise<", sec, re.S)

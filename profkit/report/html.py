@@ -217,6 +217,15 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         figures=[figs.div(F.waterfall_figure(diff, window=W["window"]))],
         tables=[_table(["term", "baseline", "candidate", "Δ µs", "noise"], rows, align="lrrrl")],
     ))
+    ph = dec.get("phase_us") or {}
+    if ph:  # the same change by phase (issue 19: where in the iteration, apart from what kind of kernel)
+        pb, pc = dec["baseline"].get("phase_us") or {}, dec["candidate"].get("phase_us") or {}
+        out.append(_section(
+            f"{prefix}-phases", f"The same change by phase ({W['device']} time, mean µs per iteration)",
+            tables=[_table(["phase", "baseline", "candidate", "Δ µs", "noise"],
+                           [[k, num(pb.get(k)), num(pc.get(k)), num(d, sign=True), noise_verdict(diff, f"phase_us.{k}")] for k, d in ph.items()],
+                           align="lrrrl")],
+        ))
     out.append(_section(
         f"{prefix}-categories", "Time by category and bubbles by cause",
         figures=[figs.div(F.category_figure([(lb, dec["baseline"]["category_us"]), (lc, dec["candidate"]["category_us"])], device=W["device"])),

@@ -150,8 +150,8 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     if ph:
         pb, pc = dec["baseline"].get("phase_us") or {}, dec["candidate"].get("phase_us") or {}
         out += [f"#### The same change by phase ({W['device']} time, mean µs per iteration)", ""]
-        out += _table(["phase", "baseline", "candidate", "Δ µs"], "lrrr",
-                      [[md_escape(k), num(pb.get(k)), num(pc.get(k)), num(d, sign=True)] for k, d in ph.items()])
+        out += _table(["phase", "baseline", "candidate", "Δ µs", "noise"], "lrrrl",
+                      [[md_escape(k), num(pb.get(k)), num(pc.get(k)), num(d, sign=True), _noise_mark(diff, f"phase_us.{k}")] for k, d in ph.items()])
         out.append("")
 
     # counts

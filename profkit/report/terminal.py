@@ -197,8 +197,8 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
     if ph:
         sb, sc = diff["decomposition"]["baseline"].get("phase_us") or {}, diff["decomposition"]["candidate"].get("phase_us") or {}
         console.print(fit_table(console, f"the same change in {W['device']} time by phase (mean µs per iteration)",
-                                (("phase", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM)),
-                                [(k, _num(sb.get(k)), _num(sc.get(k)), _num(d, sign=True)) for k, d in ph.items()]))
+                                (("phase", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)),
+                                [(k, _num(sb.get(k)), _num(sc.get(k)), _num(d, sign=True), noise_verdict(diff, f"phase_us.{k}")) for k, d in ph.items()]))
 
     console.print(fit_table(console, "per iteration (medians)", (("count", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
                             [(count_label(k, tl), _num(v["baseline"], COUNT), _num(v["candidate"], COUNT), _num(v["delta"], COUNT, sign=True), noise_verdict(diff, f"counts.{k}"))
