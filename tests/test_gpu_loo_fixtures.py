@@ -313,3 +313,18 @@ def test_every_report_has_the_change_by_phase_with_its_noise(tmp_path, monkeypat
     sec = h[h.index("The same change by phase"):]
     sec = sec[:sec.index("</table>")]
     assert re.search(r">draft<.*?>-171\.0<.*?>beyond noise<", sec, re.S) and re.search(r">verify<.*?>-11\.0<.*?>within noise<", sec, re.S)
+
+
+def test_index_share_draft_phase_against_a_plain_count(runs):
+    """plain_phases.py (stdlib, no profkit code) counts GPU time by phase by ownership, unclipped: the draft
+    phase's change agrees with profkit's by-the-clock one within 2% (-171.0 both), and carries >= 80% of its own
+    total too (106%: verify +7.3 there, -11.0 by the clock, the candidate's backlog drift being 91 µs)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(DATA / "plain_phases.py"), str(DATA / "all-index_share"), str(DATA / "all")],
+                         capture_output=True, text=True, check=True).stdout
+    plain = json.loads(out)
+    d = _diff(runs, "index_share")["decomposition"]["phase_us"]
+    assert plain["delta"]["draft"] == pytest.approx(d["draft"], rel=0.02)
+    assert plain["delta"]["draft"] / plain["total"] >= 0.80
