@@ -99,7 +99,7 @@ def test_trace_end_to_end(tmp_path):
 
 def test_sweep_three_optimizations(tmp_path):
     port = free_port()
-    p = profkit(tmp_path, "sweep", "--opts", "topk_v2,indexer_fusion,moe_deferred_finalize", *SMALL[:8], "--num-steps", "5", port=port)
+    p = profkit(tmp_path, "sweep", "--opts", "topk_v2,indexer_fusion,moe_deferred_finalize", *SMALL[:8], "--num-steps", "5", "--no-warmup", port=port)
     out, err = p.communicate(timeout=600)
     assert p.returncode == 0, err
     doc = json.loads(next((tmp_path / "reports").glob("*sweep*/sweep.json")).read_text())
@@ -110,6 +110,8 @@ def test_sweep_three_optimizations(tmp_path):
         assert a["decomposition"]["residual_us"] == 0
     assert set(doc["pareto"]) == {r["label"] for r in doc["runs"]}
     assert "attribution" in out
+    # --no-warmup: the repeats are measured from the first pass, and no run's point says it was warmed
+    assert all("warmup" not in m["throughput"][0] for m in manifests(tmp_path))
     assert_no_leftovers(port)
 
 
@@ -139,7 +141,7 @@ def test_busy_port(tmp_path):
 
 def test_server_killed_mid_run(tmp_path):
     port = free_port()
-    p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL[:6], "--turns", "40", port=port)
+    p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL[:6], "--turns", "40", "--no-warmup", port=port)
     m = wait_stage(tmp_path, "workload", p)
     os.kill(m["server_pid"], signal.SIGKILL)
     out, err = p.communicate(timeout=120)
@@ -153,7 +155,7 @@ def test_server_killed_mid_run(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_keeps_manifest_and_stops_server(tmp_path, sig):
     port = free_port()
-    p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL[:6], "--turns", "40", port=port)
+    p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL[:6], "--turns", "40", "--no-warmup", port=port)
     wait_stage(tmp_path, "workload", p)
     p.send_signal(sig)
     out, err = p.communicate(timeout=120)

@@ -47,6 +47,7 @@ class RunOptions:
     workload_file: Optional[Path] = field(default=None, metadata=option("--workload-file", help="JSONL replay: one conversation per line, {\"turns\": \\[\\[ids...], ...]}."))
     seed: int = field(default=0, metadata=option("--seed", help="Workload seed (token ids, prompt lengths): the same seed gives the same requests."))
     repeat: int = field(default=1, metadata=option("--repeat", help="Repeat the unprofiled measurement N times (median and spread)."))
+    warmup: bool = field(default=True, metadata=option("--warmup/--no-warmup", help="Before each workload point's repeats, one unmeasured pass of the same shape (graph captures, JIT compiles, autotuning happen there, not in a measured repeat)."))
     num_steps: int = field(default=20, metadata=option("--num-steps", help="run_batch iterations to profile."))
     profile_windows: int = field(default=3, metadata=option("--profile-windows", help="Profile windows of --num-steps iterations per side (median and spread of every trace figure; 1: changes are not judged)."))
     with_stack: bool = field(default=False, metadata=option("--with-stack", help="Record Python stacks (bigger traces, more overhead)."))
@@ -139,6 +140,7 @@ def _config(o: RunOptions) -> RunConfig:
         profile_turn=o.profile_turn, health_timeout_s=o.health_timeout or (3600.0 if gpu else 180.0), profile_timeout_s=o.profile_timeout,
         port=o.port, traces_dir=o.traces_dir, reports_dir=o.reports_dir, marker=o.marker, min_bubble_us=o.min_bubble_us, catalog=o.catalog,
         capture_only=o.capture_only or o.nsys, nsys=o.nsys, base=o.base, fit_context=o.fit_context, accept_length=o.accept_length,
+        warmup=o.warmup,
     )
     return _windows(cfg, o.profile_windows)
 
