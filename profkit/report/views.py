@@ -70,7 +70,7 @@ def throughput_rows(diff: Mapping[str, Any]) -> list[dict[str, Any]]:
         spread = max(x for x in (bs, cs, -1.0) if x is not None)
         within = None if spread < 0 or bv is None or cv is None else (cv == bv or abs(cv - bv) < spread)
         rows.append({"key": key, "label": label, "baseline": bv, "candidate": cv, "change_pct": change, "within_noise": within,
-                     "higher_is_better": higher})
+                     "higher_is_better": higher, "baseline_spread": bs, "candidate_spread": cs})
     return rows
 
 
@@ -136,8 +136,10 @@ def headline_lines(diff: Mapping[str, Any]) -> list[str]:
     tp = [r for r in throughput_rows(diff) if r["key"] == "tokens_per_s_per_user_p50"]
     if tp and tp[0]["change_pct"] is not None:
         r = tp[0]
-        noise = "" if r["within_noise"] is None else (" (within noise)" if r["within_noise"] else " (beyond noise)")
-        lines.append(f"Unprofiled tokens/s per user {r['baseline']:,.0f} → {r['candidate']:,.0f} ({r['change_pct']:+.1f}%){noise}.")
+        noise = "" if r["within_noise"] is None else (" within noise" if r["within_noise"] else " beyond noise")
+        spread = ("; the repeats spread " + " and ".join(f"{x:,.0f}" for x in (r["baseline_spread"], r["candidate_spread"]) if x is not None)
+                  if r["baseline_spread"] is not None or r["candidate_spread"] is not None else "")
+        lines.append(f"Unprofiled tokens/s per user {r['baseline']:,.0f} → {r['candidate']:,.0f} ({r['change_pct']:+.1f}%{spread}){noise}.")
     if _exploration(diff):
         lines.append("Exploration mode (--base off): the baseline is everything off, eager and launch-bound, a regime the study never ran.")
     for side in ("baseline", "candidate"):
