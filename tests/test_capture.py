@@ -95,6 +95,7 @@ def test_trace_end_to_end(tmp_path):
         assert d.returncode == 0, d.stderr
         again = json.loads((tmp_path / "again.json").read_text())
         assert again["decomposition"] == diff["decomposition"]
+        assert again["throughput"] == diff["throughput"] and diff["throughput"]["baseline"]["tokens_per_s"]["median"] > 0
 
 
 def test_sweep_three_optimizations(tmp_path):
