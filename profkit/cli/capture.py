@@ -339,15 +339,17 @@ def sweep(
         for r in doc["runs"]:
             out.print(f"{escape(r['label'])}: {escape(str(cfg.traces_dir / r['run_id']))}", soft_wrap=True)
         return
+    diffs = []
     for label, opt, b_label, a_label, pair_dir in compared_pairs(plan, mode, sweep_dir):
         before, after = results[b_label], results[a_label]
         diff, notes = attribute(before, after, [opt] if opt else [], pair_dir)
         _notes(notes)
+        diffs.append(diff)
         doc["attribution"].append(attribution_row(label, opt, before, after, diff, pair_dir))
     doc["pareto"] = pareto(doc["runs"])
     doc["status"] = "ok"
     write_json_atomic(sweep_dir / "sweep.json", doc)
-    _notes(write_reports(sweep_dir, diffs=[json.loads(Path(a["diff"]).read_text()) for a in doc["attribution"]],
+    _notes(write_reports(sweep_dir, diffs=diffs,  # the diffs just written (each pair's diff.json), not read back
                          runs=[(lbl, results[lbl].summary) for lbl, *_ in plan]))
     _render_sweep(doc)
     wrote = [sweep_dir / n for n in ("sweep.json", "report.html") if (sweep_dir / n).is_file()]
