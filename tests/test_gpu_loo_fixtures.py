@@ -247,21 +247,26 @@ def test_the_first_measured_repeat_is_warm():
         assert pt["warmup"]["duration_s"] > 0
 
 
+def _cli_diff(monkeypatch, opt: str, *outputs: str):
+    """`profkit diff all-<opt> all --opt <opt> --catalog proxy OUTPUTS...` of the run folders, uncached; exit 0."""
+    from typer.testing import CliRunner
+
+    from profkit.cli import app
+
+    monkeypatch.setenv("PROFKIT_NO_CACHE", "1")
+    r = CliRunner().invoke(app, ["diff", str(DATA / f"all-{opt}"), str(DATA / "all"), "--opt", opt, "--catalog", "proxy", *outputs])
+    assert r.exit_code == 0, r.output
+    return r
+
+
 def test_headline_says_how_much_the_profiler_slowed_each_side(tmp_path, monkeypatch):
     """Profiled, every graph run here ran 2.6-3.2x slower than unprofiled (cudaGraphLaunch takes 450-1,300 µs of
     host time per call under the profiler): the headline says so before the host-side terms are read, with the
     slowdowns the manifests measured (median over the windows), and the throughput change is judged."""
     import statistics
 
-    from typer.testing import CliRunner
-
-    from profkit.cli import app
-
-    monkeypatch.setenv("PROFKIT_NO_CACHE", "1")
     md = tmp_path / "d.md"
-    r = CliRunner().invoke(app, ["diff", str(DATA / "all-indexer_fusion"), str(DATA / "all"), "--opt", "indexer_fusion",
-                                 "--catalog", "proxy", "--md", str(md)])
-    assert r.exit_code == 0, r.output
+    r = _cli_diff(monkeypatch, "indexer_fusion", "--md", str(md))
     slow = []
     for run in ("all-indexer_fusion", "all"):
         oh = json.loads((DATA / run / "manifest.json").read_text())["profiler_overhead"]
@@ -299,15 +304,8 @@ def test_every_report_has_the_change_by_phase_with_its_noise(tmp_path, monkeypat
     and the HTML (which had no phase table) alike, each phase with its verdict over the 3 windows."""
     import re
 
-    from typer.testing import CliRunner
-
-    from profkit.cli import app
-
-    monkeypatch.setenv("PROFKIT_NO_CACHE", "1")
     md, html = tmp_path / "d.md", tmp_path / "d.html"
-    r = CliRunner().invoke(app, ["diff", str(DATA / "all-index_share"), str(DATA / "all"), "--opt", "index_share",
-                                 "--catalog", "proxy", "--md", str(md), "--html", str(html)])
-    assert r.exit_code == 0, r.output
+    r = _cli_diff(monkeypatch, "index_share", "--md", str(md), "--html", str(html))
     assert re.search(r"draft\s+1,171\.0\s+1,000\.0\s+-171\.0\s+beyond noise", r.output)
     assert re.search(r"verify\s+1,005\.3\s+994\.3\s+-11\.0\s+within noise", r.output)
     assert "| draft | 1,171.0 | 1,000.0 | -171.0 | **beyond noise** |" in md.read_text()

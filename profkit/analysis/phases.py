@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import polars as pl
 
-
 # (phase, regex over user_annotation names), in precedence order
 _RULES: tuple[tuple[str, str], ...] = (
     ("draft_extend", r"^(draft_extend|spec\.draft_extend)\b"),

@@ -438,8 +438,7 @@ def _expected_effect(opt: str | None, catalog: Any, base: dict[str, Any], cand: 
            + [own_term(f"phase_us.{p}", "phases", p) for p in phases]
            + [own_term(f"idle_us_by_cause.{k}", "idle_by", k) for k in idle_own])
     against = [f"{opt} moved its own {term_label(t['term'])} the wrong way: {t['delta_us']:+,.1f} µs per iteration, "
-               f"expected a decrease (beyond {'the noise' if drift_ns <= ABS_THRESHOLD_NS else 'the noise and the backlog drift'})"
-               for t in own if t["as_expected"] is False]
+               f"expected a decrease (beyond {judged_against(_us(drift_ns))})" for t in own if t["as_expected"] is False]
     elsewhere = [term(f"category_us.{c}", delta("cats", c)) for c in sorted(set(base["cats"]) | set(cand["cats"])) if c not in owned]
     elsewhere += [term(f"idle_us_by_cause.{k}", delta("idle_by", k)) for k in IDLE_KEYS if k not in idle_own]
     beyond = sorted((t for t in elsewhere if t["within_noise"] is False and abs(t["delta_us"]) >= floor_us),
@@ -454,6 +453,11 @@ def _expected_effect(opt: str | None, catalog: Any, base: dict[str, Any], cand: 
         "own": own, "against": against, "beyond_noise": beyond,
         "changes": changes, "flags": flags, "ok": not flags and not against,
     }
+
+
+def judged_against(drift_us: float) -> str:
+    """What a change is judged against, in words: the noise, and the backlog drift where there is one."""
+    return "the noise and the backlog drift" if drift_us > ABS_THRESHOLD_NS / 1000 else "the noise"
 
 
 def term_label(key: str) -> str:

@@ -102,7 +102,6 @@ def attribute(before: RunResult, after: RunResult, opts: list[str], group_dir: P
     diff = compare_summaries(before.summary, after.summary, opt=opts[0] if len(opts) == 1 else None, catalog=cat,
                              labels=(before.run_id, after.run_id), baseline_repeats=getattr(before, "windows", None) or (),
                              candidate_repeats=getattr(after, "windows", None) or ())
-    # (its throughput is the summaries' run sections', which analyze_run copied from these manifests: as `profkit diff` has it)
     write_json_atomic(group_dir / "diff.json", diff)
     notes = write_reports(group_dir, diffs=[diff], runs=[(before.run_id, before.summary), (after.run_id, after.summary)])
     return diff, notes

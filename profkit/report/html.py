@@ -27,7 +27,8 @@ from profkit.report import figures as F
 from profkit.report.base import Renderer, Report
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
 from profkit.report.views import (
-    cpu_ops_text, decomposition_rows, headline_lines, host_gap_text, noise_verdict, outside_text, row_metric, throughput_rows,
+    cpu_ops_text, decomposition_rows, effect_flags, headline_lines, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
+    throughput_rows,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
 
@@ -164,8 +165,8 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     head = _section(f"{prefix}-summary", f"{b['label']} → {c['label']}", headline=" ".join(headline_lines(diff)), cards=cards)
     ee = diff.get("expected_effect")
     if ee and ee.get("known"):
-        if ee["flags"] or ee.get("against"):
-            head["flags"] = [*(ee.get("against") or []), *ee["flags"]]
+        if effect_flags(ee):
+            head["flags"] = effect_flags(ee)
             what = [x for x, on in (("its own effect went the wrong way", ee.get("against")),
                                     (f"changes outside {ee['optimization']}'s categories ({', '.join(ee['categories']) or 'none'})", ee["flags"])) if on]
             head["flags_title"] = f"Expected-effect check: {'; '.join(what)}, threshold {ee['threshold']}"
@@ -217,14 +218,12 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         figures=[figs.div(F.waterfall_figure(diff, window=W["window"]))],
         tables=[_table(["term", "baseline", "candidate", "Δ µs", "noise"], rows, align="lrrrl")],
     ))
-    ph = dec.get("phase_us") or {}
+    ph = phase_rows(diff)
     if ph:  # the same change by phase (issue 19: where in the iteration, apart from what kind of kernel)
-        pb, pc = dec["baseline"].get("phase_us") or {}, dec["candidate"].get("phase_us") or {}
         out.append(_section(
             f"{prefix}-phases", f"The same change by phase ({W['device']} time, mean µs per iteration)",
             tables=[_table(["phase", "baseline", "candidate", "Δ µs", "noise"],
-                           [[k, num(pb.get(k)), num(pc.get(k)), num(d, sign=True), noise_verdict(diff, f"phase_us.{k}")] for k, d in ph.items()],
-                           align="lrrrl")],
+                           [[k, num(bv), num(cv), num(d, sign=True), noise_verdict(diff, m)] for k, bv, cv, d, m in ph], align="lrrrl")],
         ))
     out.append(_section(
         f"{prefix}-categories", "Time by category and bubbles by cause",

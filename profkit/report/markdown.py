@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from profkit.report.base import Renderer, Report
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, num, pct
-from profkit.report.views import cpu_ops_text, decomposition_rows, headline_lines, noise_verdict, row_metric, throughput_rows
+from profkit.report.views import cpu_ops_text, decomposition_rows, headline_lines, noise_verdict, phase_rows, row_metric, throughput_rows
 from profkit.report.vocab import banner, count_label, diff_timeline, words
 
 GITHUB_COMMENT_LIMIT = 65_536
@@ -146,12 +146,11 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     out += ["", f"Wall (CPU) per iteration: {num(w['baseline'])} → {num(w['candidate'])} µs ({num(w['delta'], sign=True)} µs)."
             f" {_noise_mark(diff, 'wall_us')}".rstrip(), ""]
 
-    ph = dec.get("phase_us") or {}
+    ph = phase_rows(diff)
     if ph:
-        pb, pc = dec["baseline"].get("phase_us") or {}, dec["candidate"].get("phase_us") or {}
         out += [f"#### The same change by phase ({W['device']} time, mean µs per iteration)", ""]
         out += _table(["phase", "baseline", "candidate", "Δ µs", "noise"], "lrrrl",
-                      [[md_escape(k), num(pb.get(k)), num(pc.get(k)), num(d, sign=True), _noise_mark(diff, f"phase_us.{k}")] for k, d in ph.items()])
+                      [[md_escape(k), num(bv), num(cv), num(d, sign=True), _noise_mark(diff, m)] for k, bv, cv, d, m in ph])
         out.append("")
 
     # counts

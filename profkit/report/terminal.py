@@ -19,7 +19,8 @@ from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
 from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, num, pct
 from profkit.report.views import (
-    cpu_ops_text, decomposition_rows, headline_lines, host_gap_text, noise_verdict, outside_text, row_metric, throughput_rows,
+    cpu_ops_text, decomposition_rows, effect_flags, headline_lines, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
+    throughput_rows,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, words
 
@@ -162,8 +163,8 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
         console.print(t)
     ee = diff.get("expected_effect")
     if ee and ee.get("known"):
-        if ee["flags"] or ee.get("against"):
-            for f in [*(ee.get("against") or []), *ee["flags"]]:
+        if effect_flags(ee):
+            for f in effect_flags(ee):
                 console.print(f"[bold red]flag:[/] {escape(f)}", soft_wrap=True)
         else:
             console.print(f"[green]expected effect ok:[/] no change outside {escape(', '.join(ee['categories']) or 'its (empty) categories')} "
@@ -193,12 +194,11 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
     console.print(fit_table(console, f"change in mean {W['window']} per iteration ({diff['shape']['label']})",
                             (("term", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)), rows))
 
-    ph = diff["decomposition"].get("phase_us") or {}
+    ph = phase_rows(diff)
     if ph:
-        sb, sc = diff["decomposition"]["baseline"].get("phase_us") or {}, diff["decomposition"]["candidate"].get("phase_us") or {}
         console.print(fit_table(console, f"the same change in {W['device']} time by phase (mean µs per iteration)",
                                 (("phase", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)),
-                                [(k, _num(sb.get(k)), _num(sc.get(k)), _num(d, sign=True), noise_verdict(diff, f"phase_us.{k}")) for k, d in ph.items()]))
+                                [(k, _num(bv), _num(cv), _num(d, sign=True), noise_verdict(diff, m)) for k, bv, cv, d, m in ph]))
 
     console.print(fit_table(console, "per iteration (medians)", (("count", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
                             [(count_label(k, tl), _num(v["baseline"], COUNT), _num(v["candidate"], COUNT), _num(v["delta"], COUNT, sign=True), noise_verdict(diff, f"counts.{k}"))

@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from profkit.attribution.diff import IDLE_KEYS, term_label
+from profkit.attribution.diff import IDLE_KEYS, judged_against, term_label
 from profkit.findings import host_gap
 from profkit.report.numbers import ratio_pct
 from profkit.report.vocab import diff_timeline, words
@@ -118,7 +118,7 @@ def headline_lines(diff: Mapping[str, Any]) -> list[str]:
         if terms and ee.get("judged"):
             wrong = [term_label(t["term"]) for t in terms if t.get("as_expected") is False]
             unseen = [term_label(t["term"]) for t in terms if t.get("as_expected") is None]
-            bar = "the noise and the backlog drift" if (ee.get("backlog_drift_us") or 0) > 1 else "the noise"
+            bar = judged_against(ee.get("backlog_drift_us") or 0.0)
             verdict = (f"; against the expected decrease: {', '.join(wrong)}" if wrong else
                        "; a decrease, as expected" if not unseen else
                        f"; expected a decrease, none beyond {bar}" if len(unseen) == len(terms) else
@@ -172,6 +172,19 @@ def _exploration(diff: Mapping[str, Any]) -> bool:
         return True
     states = m.get("optimizations")
     return isinstance(states, Mapping) and bool(states) and not any(states.values())
+
+
+def phase_rows(diff: Mapping[str, Any]) -> list[tuple[str, float | None, float | None, float, str]]:
+    """(phase, baseline_us, candidate_us, delta_us, noise metric) rows of the change by phase (mean µs per iteration)."""
+    dec = diff["decomposition"]
+    b, c = dec["baseline"].get("phase_us") or {}, dec["candidate"].get("phase_us") or {}
+    return [(k, b.get(k), c.get(k), d, f"phase_us.{k}") for k, d in (dec.get("phase_us") or {}).items()]
+
+
+def effect_flags(ee: Mapping[str, Any]) -> list[str]:
+    """The expected-effect check's red flags, its own effect's first: against the expected direction, then
+    changes outside its categories."""
+    return [*(ee.get("against") or []), *(ee.get("flags") or [])]
 
 
 def decomposition_rows(diff: Mapping[str, Any]) -> list[tuple[str, str, float, float | None, float | None]]:
