@@ -110,9 +110,9 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
     at most one per file when several files); inputs smaller than `min_parallel_bytes`
     (estimated JSON) are read in this process.
     """
-    from profkit.ingest import expand_inputs, identify
+    from profkit.ingest import expand_inputs, identify_all
 
-    files = [identify(f) for f in expand_inputs(paths)]
+    files = identify_all(expand_inputs(paths))
     pairs, load_s = _analyze_files(files, list(range(len(files))), marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
                                    cache=cache, jobs=jobs, min_parallel_bytes=min_parallel_bytes, captures=captures)
     _renumber(pairs)
