@@ -323,125 +323,196 @@ def parts(f: TraceFile) -> list[tuple[TraceFile, RankKey, int, int, str | None]]
     return [(replace(f, part=k.part), k, r, n, p.names.get(k.device)) for r, k in enumerate(p.ranks)] or [(f, RankKey(0, None), 0, 1, None)]
 
 
-# --- one rank's tables -------------------------------------------------------------------------
+# --- the ranks' tables ---------------------------------------------------------------------------
+#
+# Each table is read once for every rank (its rows tagged with device and process, then split),
+# the tables in parallel threads, each on its own connection (sqlite3 releases the GIL while
+# SQLite steps). The ranks not asked for yet wait in _READ for their loads (one file at a time).
+
+_READ: dict[tuple, dict[str, Any]] = {}
 
 
 def load(f: TraceFile) -> Any:
     """One rank of an nsys export (f.part; None: the first rank, with a warning when the file
     holds more) -> ingest.tables.Trace."""
+    ident = (str(Path(f.path).resolve()), f.size, f.mtime_ns, f.head_tail_sha256)
+    got = _READ.get(ident)
+    if got is None or (f.part is not None and f.part not in got):
+        _READ.clear()
+        got = _READ[ident] = read_all(f)
+    if f.part is None:
+        order = list(got)
+        trace = got.pop(order[0])
+        if len(order) > 1:
+            trace.warnings.append(f"{f.path.name} holds {len(order)} ranks ({', '.join(order)}); read as one input it is the first only")
+    else:
+        trace = got.pop(f.part)
+    if not got:
+        _READ.pop(ident, None)
+    return trace
+
+
+def read_all(f: TraceFile) -> dict[str, Any]:
+    """Every rank of an export: {part: Trace}, in rank order."""
     import polars as pl
+    from concurrent.futures import ThreadPoolExecutor
 
     from profkit.ingest.tables import CPU_SCHEMA, Trace, finish_tables
 
     with Export(f.path) as ex:
         p = plan(ex)
-        warnings: list[str] = []
-        if not p.ranks:
-            key, rank = RankKey(0, None), 0
-        elif f.part is None:
-            key, rank = p.ranks[0], 0
-            if len(p.ranks) > 1:
-                warnings.append(f"{f.path.name} holds {len(p.ranks)} ranks ({', '.join(k.part for k in p.ranks)}); read as one input it is the first only")
-        else:
-            found = [r for r, k in enumerate(p.ranks) if k.part == f.part]
-            if not found:
-                raise TraceInputError(f"{f.path}: no rank {f.part} in this nsys export (it has {', '.join(k.part for k in p.ranks) or 'none'})",
-                                      hint="the file changed since it was listed; run the command again")
-            rank = found[0]
-            key = p.ranks[rank]
         threads = _thread_names(ex)
-        gpu = _gpu_ops(ex, key, pl)
-        siblings = [k for k in p.ranks if k.process == key.process]
-        calls = _calls(ex, key, siblings, threads, pl)
-        cpu = _ranges(ex, key, threads, pl)
-        if GRAPH_TRACE in ex.columns:
-            n = ex.rows(f'SELECT COUNT(*) FROM "{GRAPH_TRACE}"')[0][0]
-            if n:
-                warnings.append(f"{n} CUDA graph executions are recorded whole ({GRAPH_TRACE}: `nsys profile --cuda-graph-trace=graph`), not as their kernels: "
-                                "their GPU time is not in the figures; record with --cuda-graph-trace=node")
-        warnings = ex.warnings() + warnings
-        source = {**ex.version, "device_id": key.device, "pid": key.pid}
+        readers = {"gpu": _gpu_ops, "calls": _calls, "ranges": _ranges, "syncs": _sync_rows}
+        with ThreadPoolExecutor(max_workers=len(readers), thread_name_prefix="profkit-nsys") as pool:
+            futs = {k: pool.submit(_on_own_connection, ex, fn, pl) for k, fn in readers.items()}
+            frames = {k: fut.result() for k, fut in futs.items()}
+        graph_rows = ex.rows(f'SELECT COUNT(*) FROM "{GRAPH_TRACE}"')[0][0] if GRAPH_TRACE in ex.columns else 0
+        warnings = ex.warnings()
+        version = ex.version
+    gpu, calls, ranges, syncs = frames["gpu"], frames["calls"], frames["ranges"], frames["syncs"]
+    # host-blocking synchronizations whose runtime call the export lacks become calls of that API
+    if syncs.height:
+        lost = syncs.join(calls.select("proc", "correlation"), on=["proc", "correlation"], how="anti", nulls_equal=True)
+        calls = pl.concat([calls, lost.select(list(calls.columns))], how="vertical_relaxed")
+    if graph_rows:
+        warnings.append(f"{graph_rows} CUDA graph executions are recorded whole ({GRAPH_TRACE}: `nsys profile --cuda-graph-trace=graph`), "
+                        "not as their kernels: their GPU time is not in the figures; record with --cuda-graph-trace=node")
+    keys = p.ranks or [RankKey(0, None)]
+    out: dict[str, Any] = {}
+    for rank, key in enumerate(keys):
+        mine = (lambda df: df.filter(pl.col("proc") == key.process)) if key.process is not None else (lambda df: df)
+        g = mine(gpu).filter(pl.col("device") == key.device)
+        siblings = [k for k in keys if k.process == key.process]
+        c = mine(calls)
+        if len(siblings) > 1:
+            c = _own_device(key, siblings, c, mine(gpu), pl)
+        pid = "" if key.pid is None else str(key.pid)
+        g = _gpu_table(g, pl)
+        c = _call_table(c, pid, threads, pl)
+        cpu = _cpu_table(mine(ranges), pid, threads, pl)
+        n_events = g.height + c.height + cpu.height
+        if n_events == 0:
+            raise TraceInputError(f"{f.path}: the nsys export has no GPU activity, runtime calls or NVTX ranges", hint="record while the GPU is busy")
+        starts = [t["ts_ns"].min() for t in (g, c, cpu) if t.height]
+        w = list(warnings)
+        g, c, cpu, ann = finish_tables(g, c, cpu, pl.DataFrame(schema=CPU_SCHEMA), w)
         device = p.names.get(key.device)
-    n_events = gpu.height + calls.height + cpu.height
-    starts = [t["ts_ns"].min() for t in (gpu, calls, cpu) if t.height]
-    t0 = int(min(starts)) if starts else 0
-    ann = pl.DataFrame(schema=CPU_SCHEMA)
-    gpu, calls, cpu, ann = finish_tables(gpu, calls, cpu, ann, warnings)
-    meta: dict[str, Any] = {"rank": rank, "world_size": max(1, len(p.ranks)), "source": source}
-    if device:
-        meta["devices"] = [device]
-    if n_events == 0:
-        raise TraceInputError(f"{f.path}: the nsys export has no GPU activity, runtime calls or NVTX ranges for {key.part}",
-                              hint="record while the GPU is busy")
-    return Trace(path=f.path, rank=rank, device=device, gpu_ops=gpu, calls=calls, cpu=cpu, gpu_annotations=ann, t0_ns=t0,
-                 n_events=n_events, meta=meta, warnings=warnings, sha256=f.sha256)
+        meta: dict[str, Any] = {"rank": rank, "world_size": len(keys), "source": {**version, "device_id": key.device, "pid": key.pid}}
+        if device:
+            meta["devices"] = [device]
+        out[key.part] = Trace(path=f.path, rank=rank, device=device, gpu_ops=g, calls=c, cpu=cpu, gpu_annotations=ann, t0_ns=int(min(starts)),
+                              n_events=n_events, meta=meta, warnings=w, sha256=f.sha256)
+    return out
 
 
-def _where_rank(ex: Export, table: str, key: RankKey, prefix: str = "") -> tuple[str, tuple]:
-    proc = _process(ex, table, prefix)
-    if key.process is None or proc == "NULL":
-        return f'{prefix}"deviceId" = ?', (key.device,)
-    return f'{prefix}"deviceId" = ? AND {proc} = ?', (key.device, key.process)
+def _on_own_connection(ex: Export, fn: Any, pl: Any) -> Any:
+    """fn(ex, pl) with ex on a connection of its own (for a thread)."""
+    import copy
+
+    mine = copy.copy(ex)
+    mine.con = _connect(ex.path)
+    try:
+        return fn(mine, pl)
+    finally:
+        mine.con.close()
 
 
-def _frame(pl: Any, batches: Iterator[list[tuple]], schema: dict[str, Any]) -> Any:
-    frames = [pl.DataFrame(b, schema=schema, orient="row") for b in batches]
-    return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
+_US, _RS = "\x1f", "\x1e"  # the unit and record separators the rows travel with (see _frame)
+CHUNK_ROWIDS = 1 << 17
 
 
-def _name_join(ex: Export, table: str, cols: tuple[str, ...], alias: str) -> tuple[str, str]:
-    """The SQL for a name from StringIds: the first of `cols` the table has (a LEFT JOIN each),
-    as (select expression, joins)."""
+def _frame(ex: Export, pl: Any, sql: str, schema: dict[str, Any]) -> Any:
+    """The rows of `sql` ("SELECT e0, e1, ... FROM <table> t ... [WHERE ...]") as a frame of
+    `schema`. SQLite itself joins each chunk of rows (by rowid) into one string, fields and rows
+    apart by the ASCII unit and record separators, and polars splits and parses it: no Python
+    object per value (that costs as much as SQLite's own reading). Text values lose those two
+    control characters (spaces instead); an empty text is null."""
+    m = re.search(r"\bFROM\s+\"?(\w+)\"?\s+t\b", sql)
+    names = list(schema)
+    table = m.group(1) if m else None
+    try:
+        lo, hi = ex.rows(f'SELECT MIN(rowid), MAX(rowid) FROM "{table}"')[0] if table else (None, None)
+    except TraceInputError:
+        lo = hi = None
+    if lo is None or hi is None:  # no rowid (a view) or no rows: one row at a time
+        frames = [pl.DataFrame(dict(zip(names, map(list, zip(*b)))), schema=schema, strict=False) for b in ex.batches(sql)]
+        return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
+    cols = ", ".join(f"c{i}" for i in range(len(names)))
+    field = [(f"replace(replace(c{i}, char(30), ' '), char(31), ' ')" if schema[n] == pl.String else f"c{i}") for i, n in enumerate(names)]
+    row = " || char(31) || ".join(f"COALESCE({x}, '')" for x in field)
+    ranged = sql.replace(" WHERE ", " WHERE t.rowid BETWEEN ? AND ? AND ", 1) if " WHERE " in sql else sql + " WHERE t.rowid BETWEEN ? AND ?"
+    query = f"WITH q({cols}) AS ({ranged}) SELECT group_concat({row}, char(30)) FROM q"
+    blobs = [b for a in range(lo, hi + 1, CHUNK_ROWIDS) for (b,) in ex.rows(query, (a, a + CHUNK_ROWIDS - 1)) if b]
+    if not blobs:
+        return pl.DataFrame(schema=schema)
+    rows = pl.Series("r", blobs, dtype=pl.String).str.split(_RS).explode()
+    parts = rows.str.split_exact(_US, len(names) - 1).struct.rename_fields(names).struct.unnest()
+    return parts.select(
+        (pl.col(n).replace("", None) if t == pl.String else pl.col(n).cast(t, strict=False)).alias(n) for n, t in schema.items()
+    )
+
+
+def _name_id(ex: Export, table: str, cols: tuple[str, ...]) -> str | None:
+    """The first of `cols` (StringIds references) the table has, else None (noted as missing)."""
     have = [c for c in cols if c in ex.columns.get(table, set())]
     if not have:
         ex.lacks(f"{table}.{cols[0]}")
-        return "NULL", ""
+        return None
     if STRINGS not in ex.columns:
         ex.lacks(STRINGS)
-        return f"'<string ' || t.\"{have[0]}\" || '>'", ""
-    joins = " ".join(f'LEFT JOIN {STRINGS} s{i} ON s{i}.id = t."{c}"' for i, c in enumerate(have))
-    expr = "COALESCE(" + ", ".join(f"s{i}.value" for i in range(len(have))) + f", '<string ' || t.\"{have[0]}\" || '>')"
-    return expr, joins
+    return have[0]
 
 
-def _gpu_ops(ex: Export, key: RankKey, pl: Any) -> Any:
-    from profkit.ingest.tables import GPU_OPS_SCHEMA
+def _named(ex: Export, pl: Any, df: Any, table: str, col: str | None) -> Any:
+    """df's `name` column (a StringIds id, as text) as the string: each distinct string read once
+    (a name per row would cost as much as the rest of the row); an id without its string reads
+    "<string N>"."""
+    if col is None:
+        return df.with_columns(pl.lit(None, pl.String).alias("name"))
+    got: dict[str, str] = {}
+    if STRINGS in ex.columns:
+        got = {str(i): v for i, v in ex.rows(f'SELECT id, value FROM {STRINGS} WHERE id IN (SELECT DISTINCT "{col}" FROM "{table}")')}
+    ids = pl.col("name")
+    return df.with_columns(ids.replace_strict(got, default=None, return_dtype=pl.String).fill_null(pl.format("<string {}>", ids)).alias("name"))
 
-    raw = {"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "stream": pl.Int64, "correlation": pl.Int64, "bytes": pl.Int64,
-           "copy_kind": pl.Int64, "src": pl.Int64, "dst": pl.Int64}
+
+_GPU_RAW = ("name", "ts_ns", "end_ns", "device", "proc", "stream", "correlation", "bytes", "copy_kind", "src", "dst")
+
+
+def _gpu_ops(ex: Export, pl: Any) -> Any:
+    """Every kernel, copy and memset of the export (raw columns, with device and process)."""
+    raw = {"name": pl.String, **{k: pl.Int64 for k in _GPU_RAW[1:]}}
     parts = []
-    # kernels: demangled names, as Kineto's kernel events have them
-    name, joins = _name_join(ex, KERNEL, ("demangledName", "shortName", "mangledName"), "name")
-    where, params = _where_rank(ex, KERNEL, key, "t.")
-    sql = (f'SELECT {name}, t."start", t."end", {ex.col(KERNEL, "streamId", "s", prefix="t.")}, {ex.col(KERNEL, "correlationId", "c", prefix="t.")}, '
-           f"NULL, NULL, NULL, NULL FROM {KERNEL} t {joins} WHERE {where}")
-    parts.append(_frame(pl, ex.batches(sql, params), raw).with_columns(pl.lit("kernel").alias("cat")))
+    name = _name_id(ex, KERNEL, ("demangledName", "shortName", "mangledName"))
+    sql = (f'SELECT {f"t.{chr(34)}{name}{chr(34)}" if name else "NULL"}, t."start", t."end", t."deviceId", {_process(ex, KERNEL, "t.")}, {ex.col(KERNEL, "streamId", "s", prefix="t.")}, '
+           f'{ex.col(KERNEL, "correlationId", "c", prefix="t.")}, NULL, NULL, NULL, NULL FROM {KERNEL} t')
+    parts.append(_named(ex, pl, _frame(ex, pl, sql, raw), KERNEL, name).with_columns(pl.lit("kernel").alias("cat")))
     if ex.has(MEMCPY, "deviceId", "start", "end"):
-        where, params = _where_rank(ex, MEMCPY, key, "t.")
-        sql = (f'SELECT NULL, t."start", t."end", {ex.col(MEMCPY, "streamId", "s", prefix="t.")}, {ex.col(MEMCPY, "correlationId", "c", prefix="t.")}, '
-               f'{ex.col(MEMCPY, "bytes", "b", prefix="t.")}, {ex.col(MEMCPY, "copyKind", "k", prefix="t.")}, {ex.col(MEMCPY, "srcKind", "sk", prefix="t.")}, '
-               f'{ex.col(MEMCPY, "dstKind", "dk", prefix="t.")} FROM {MEMCPY} t WHERE {where}')
-        copies = _frame(pl, ex.batches(sql, params), raw)
-        if copies.height:
-            copies = _copy_names(ex, copies, pl)
-        parts.append(copies.with_columns(pl.lit("gpu_memcpy").alias("cat")))
+        sql = (f'SELECT NULL, t."start", t."end", t."deviceId", {_process(ex, MEMCPY, "t.")}, {ex.col(MEMCPY, "streamId", "s", prefix="t.")}, '
+               f'{ex.col(MEMCPY, "correlationId", "c", prefix="t.")}, {ex.col(MEMCPY, "bytes", "b", prefix="t.")}, {ex.col(MEMCPY, "copyKind", "k", prefix="t.")}, '
+               f'{ex.col(MEMCPY, "srcKind", "sk", prefix="t.")}, {ex.col(MEMCPY, "dstKind", "dk", prefix="t.")} FROM {MEMCPY} t')
+        copies = _frame(ex, pl, sql, raw)
+        parts.append((_copy_names(ex, copies, pl) if copies.height else copies).with_columns(pl.lit("gpu_memcpy").alias("cat")))
     if ex.has(MEMSET, "deviceId", "start", "end"):
-        where, params = _where_rank(ex, MEMSET, key, "t.")
-        sql = (f'SELECT NULL, t."start", t."end", {ex.col(MEMSET, "streamId", "s", prefix="t.")}, {ex.col(MEMSET, "correlationId", "c", prefix="t.")}, '
-               f'{ex.col(MEMSET, "bytes", "b", prefix="t.")}, NULL, {ex.col(MEMSET, "memKind", "m", prefix="t.")}, NULL FROM {MEMSET} t WHERE {where}')
-        sets = _frame(pl, ex.batches(sql, params), raw)
+        sql = (f'SELECT NULL, t."start", t."end", t."deviceId", {_process(ex, MEMSET, "t.")}, {ex.col(MEMSET, "streamId", "s", prefix="t.")}, '
+               f'{ex.col(MEMSET, "correlationId", "c", prefix="t.")}, {ex.col(MEMSET, "bytes", "b", prefix="t.")}, NULL, '
+               f'{ex.col(MEMSET, "memKind", "m", prefix="t.")}, NULL FROM {MEMSET} t')
+        sets = _frame(ex, pl, sql, raw)
         if sets.height:
             kinds = ex.enum("ENUM_CUDA_MEM_KIND", _MEM_KINDS, label=True)
             label = pl.col("src").replace_strict(kinds, default=None, return_dtype=pl.String)
             sets = sets.with_columns(pl.when(label.is_null()).then(pl.lit("Memset")).otherwise(pl.format("Memset ({})", label)).alias("name"))
         parts.append(sets.with_columns(pl.lit("gpu_memset").alias("cat")))
-    ops = pl.concat([p.with_columns(pl.col("name").cast(pl.String)) for p in parts], how="diagonal_relaxed")
+    ops = pl.concat(parts, how="diagonal_relaxed")
     if "direction" not in ops.columns:
         ops = ops.with_columns(pl.lit(None, pl.String).alias("direction"), pl.lit(False).alias("pageable"))
-    ops = ops.with_columns(pl.col("direction").cast(pl.String), pl.col("pageable").fill_null(False))
-    return ops.with_columns(
-        (pl.col("end_ns") - pl.col("ts_ns")).alias("dur_ns"), pl.lit(key.device, pl.Int64).alias("device"),
-    ).filter(pl.col("dur_ns") >= 0).select(list(GPU_OPS_SCHEMA))
+    return ops.with_columns(pl.col("pageable").fill_null(False))
+
+
+def _gpu_table(ops: Any, pl: Any) -> Any:
+    from profkit.ingest.tables import GPU_OPS_SCHEMA
+
+    return ops.with_columns((pl.col("end_ns") - pl.col("ts_ns")).alias("dur_ns")).filter(pl.col("dur_ns") >= 0).select(list(GPU_OPS_SCHEMA))
 
 
 def _copy_names(ex: Export, copies: Any, pl: Any) -> Any:
@@ -449,7 +520,7 @@ def _copy_names(ex: Export, copies: Any, pl: Any) -> Any:
     (h2d, d2h, d2d, other) and pageable from the export's enums."""
     opers = ex.enum("ENUM_CUDA_MEMCPY_OPER", _COPY_KINDS, label=False)
     kinds = ex.enum("ENUM_CUDA_MEM_KIND", _MEM_KINDS, label=True)
-    pageable = {i for i, v in kinds.items() if v.lower() == "pageable"}
+    pageable = [i for i, v in kinds.items() if v.lower() == "pageable"]
 
     def short(o: str) -> str:  # HTOD -> HtoD, UVM_HTOD -> HtoD (Unified), as Kineto spells them
         base = o.removeprefix("UVM_")
@@ -459,13 +530,12 @@ def _copy_names(ex: Export, copies: Any, pl: Any) -> Any:
     oper = pl.col("copy_kind").replace_strict(opers, default="UNKNOWN", return_dtype=pl.String)
     src = pl.col("src").replace_strict(kinds, default=None, return_dtype=pl.String)
     dst = pl.col("dst").replace_strict(kinds, default=None, return_dtype=pl.String)
-    short_map = {v: short(v) for v in set(opers.values()) | {"UNKNOWN"}}
+    shown = oper.replace_strict({v: short(v) for v in set(opers.values()) | {"UNKNOWN"}}, return_dtype=pl.String)
     return copies.with_columns(
-        pl.when(src.is_null() | dst.is_null())
-        .then(pl.format("Memcpy {}", oper.replace_strict(short_map, return_dtype=pl.String)))
-        .otherwise(pl.format("Memcpy {} ({} -> {})", oper.replace_strict(short_map, return_dtype=pl.String), src, dst)).alias("name"),
+        pl.when(src.is_null() | dst.is_null()).then(pl.format("Memcpy {}", shown))
+        .otherwise(pl.format("Memcpy {} ({} -> {})", shown, src, dst)).alias("name"),
         oper.replace_strict(_DIRECTION, default="other", return_dtype=pl.String).alias("direction"),
-        (pl.col("src").is_in(list(pageable)) | pl.col("dst").is_in(list(pageable))).fill_null(False).alias("pageable"),
+        (pl.col("src").is_in(pageable) | pl.col("dst").is_in(pageable)).fill_null(False).alias("pageable"),
     )
 
 
@@ -484,100 +554,79 @@ def _tid_labels(pl: Any, tids: Any, threads: dict[int, str]) -> Any:
     return tids.replace_strict(labels, default=None, return_dtype=pl.String)
 
 
-def _calls(ex: Export, key: RankKey, siblings: list[RankKey], threads: dict[int, str], pl: Any) -> Any:
+def _calls(ex: Export, pl: Any) -> Any:
+    """Every runtime and driver call of the export (raw columns, with process)."""
+    raw = {"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "proc": pl.Int64, "correlation": pl.Int64}
+    if not ex.has(RUNTIME, "start", "end"):
+        return pl.DataFrame(schema=raw)
+    name = _name_id(ex, RUNTIME, ("nameId",))
+    if "globalTid" not in ex.columns[RUNTIME]:
+        ex.lacks(f"{RUNTIME}.globalTid")
+    sql = (f'SELECT {f"t.{chr(34)}{name}{chr(34)}" if name else "NULL"}, t."start", t."end", {ex.col(RUNTIME, "globalTid", "g", prefix="t.", want=False)}, '
+           f'{_process(ex, RUNTIME, "t.")}, {ex.col(RUNTIME, "correlationId", "c", prefix="t.")} FROM {RUNTIME} t')
+    return _named(ex, pl, _frame(ex, pl, sql, raw), RUNTIME, name)
+
+
+def _sync_rows(ex: Export, pl: Any) -> Any:
+    """Host-blocking synchronizations (event, stream, context synchronize) as calls of the API
+    that makes them (thread unknown); read_all keeps those without a runtime call."""
+    raw = {"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "proc": pl.Int64, "correlation": pl.Int64}
+    if not ex.has(SYNC, "start", "end", "syncType", "correlationId", want=SYNC in ex.columns):
+        return pl.DataFrame(schema=raw)
+    case = "CASE t.\"syncType\" " + " ".join(f"WHEN {k} THEN '{v}'" for k, v in _SYNC_CALLS.items()) + " END"
+    sql = (f'SELECT {case}, t."start", t."end", NULL, {_process(ex, SYNC, "t.")}, t."correlationId" FROM {SYNC} t '
+           f'WHERE t."syncType" IN ({",".join(map(str, _SYNC_CALLS))})')
+    return _frame(ex, pl, sql, raw)
+
+
+def _call_table(calls: Any, pid: str, threads: dict[int, str], pl: Any) -> Any:
     from profkit.apis import canonical_api
     from profkit.ingest.tables import CALLS_SCHEMA
 
-    raw = {"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "correlation": pl.Int64}
-    if not ex.has(RUNTIME, "start", "end"):
-        return pl.DataFrame(schema=CALLS_SCHEMA)
-    name, joins = _name_join(ex, RUNTIME, ("nameId",), "name")
-    proc = _process(ex, RUNTIME, "t.")
-    where, params = ("1", ())
-    if key.process is not None and proc != "NULL":
-        where, params = f"{proc} = ?", (key.process,)
-    elif proc == "NULL":
-        ex.lacks(f"{RUNTIME}.globalTid")
-    sql = (f'SELECT {name}, t."start", t."end", {ex.col(RUNTIME, "globalTid", "g", prefix="t.")}, {ex.col(RUNTIME, "correlationId", "c", prefix="t.")} '
-           f"FROM {RUNTIME} t {joins} WHERE {where}")
-    calls = _frame(pl, ex.batches(sql, params), raw)
-    calls = calls.with_columns(pl.lit(False).alias("synthetic"))
-    calls = pl.concat([calls, _sync_calls(ex, key, calls, pl)], how="vertical_relaxed")
-    if len(siblings) > 1:
-        calls = _own_device(ex, key, siblings, calls, pl)
-    names = calls["name"].unique().to_list()
-    canon = {n: canonical_api(n) for n in names if n is not None}
+    canon = {n: canonical_api(n) for n in calls["name"].unique().to_list() if n is not None}
     api = pl.col("name").replace_strict(canon, default=None, return_dtype=pl.String)
-    pid = "" if key.pid is None else str(key.pid)
     return calls.with_columns(
         api.alias("name"), api.alias("api"), (pl.col("end_ns") - pl.col("ts_ns")).alias("dur_ns"), pl.lit(pid).alias("pid"),
         _tid_labels(pl, calls["gtid"], threads).fill_null("").alias("tid"), pl.lit(None, pl.Int64).alias("external_id"),
     ).filter(pl.col("dur_ns") >= 0).select(list(CALLS_SCHEMA))
 
 
-def _sync_calls(ex: Export, key: RankKey, calls: Any, pl: Any) -> Any:
-    """Host-blocking synchronizations of the rank's process that have no runtime call in the
-    export, as calls of the API that makes them (thread unknown)."""
-    schema = {"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "correlation": pl.Int64, "synthetic": pl.Boolean}
-    if not ex.has(SYNC, "start", "end", "syncType", "correlationId", want=SYNC in ex.columns):
-        return pl.DataFrame(schema=schema)
-    proc = _process(ex, SYNC)
-    where, params = ("1", ())
-    if key.process is not None and proc != "NULL":
-        where, params = f"{proc} = ?", (key.process,)
-    types = ",".join(str(t) for t in _SYNC_CALLS)
-    rows = ex.rows(f'SELECT "syncType", "start", "end", "correlationId", "deviceId" FROM {SYNC} WHERE "syncType" IN ({types}) AND {where}', params)
-    have = set(calls["correlation"].drop_nulls().to_list())
-    got = [(_SYNC_CALLS[t], s, e, None, c, True) for t, s, e, c, _ in rows if c not in have]
-    return pl.DataFrame(got, schema=schema, orient="row")
-
-
-def _own_device(ex: Export, key: RankKey, siblings: list[RankKey], calls: Any, pl: Any) -> Any:
+def _own_device(key: RankKey, siblings: list[RankKey], calls: Any, gpu: Any, pl: Any) -> Any:
     """The calls of a process that drives several devices: those whose work ran on this rank's
     device; calls with no GPU work go to the device their thread launched most onto (the
     process's first device when the thread launched nothing)."""
-    linked = []
-    for t in _GPU_TABLES:
-        if ex.has(t, "correlationId", "deviceId", want=False):
-            proc = _process(ex, t)
-            where = f"{proc} = ?" if proc != "NULL" else "1"
-            linked += ex.rows(f'SELECT DISTINCT "correlationId", "deviceId" FROM "{t}" WHERE {where}', (key.process,) if proc != "NULL" else ())
-    dev = pl.DataFrame(linked, schema={"correlation": pl.Int64, "device": pl.Int64}, orient="row").unique("correlation", keep="first")
+    dev = gpu.select("correlation", "device").drop_nulls().unique("correlation", keep="first")
     c = calls.join(dev, on="correlation", how="left")
     home = (c.filter(pl.col("device").is_not_null()).group_by("gtid", "device").len()
             .sort("len", "device", descending=[True, False]).unique("gtid", keep="first").select("gtid", pl.col("device").alias("home")))
     c = c.join(home, on="gtid", how="left", nulls_equal=True)
-    first = siblings[0].device
-    c = c.with_columns(pl.coalesce("device", "home", pl.lit(first)).alias("_dev"))
+    c = c.with_columns(pl.coalesce("device", "home", pl.lit(siblings[0].device)).alias("_dev"))
     return c.filter(pl.col("_dev") == key.device).drop("device", "home", "_dev")
 
 
-def _ranges(ex: Export, key: RankKey, threads: dict[int, str], pl: Any) -> Any:
-    """The rank's process's NVTX ranges as CPU spans (CPU_SCHEMA)."""
-    from profkit.ingest.tables import CPU_SCHEMA
-
+def _ranges(ex: Export, pl: Any) -> Any:
+    """Every NVTX range of the export (push/pop and start/end; raw columns, with process)."""
+    raw = {"text": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "proc": pl.Int64}
     if not ex.has(NVTX, "start", "end", "eventType", "globalTid"):
-        return pl.DataFrame(schema=CPU_SCHEMA)
-    raw = {"text": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64}
+        return pl.DataFrame(schema=raw)
     types = _RANGE_TYPES
     if "ENUM_NSYS_EVENT_TYPE" in ex.columns:
-        got = [int(i) for i, n in ex.rows('SELECT id, name FROM ENUM_NSYS_EVENT_TYPE') if n and re.fullmatch(r"Nvtxt?(PushPop|StartEnd)Range", n)]
+        got = [int(i) for i, n in ex.rows("SELECT id, name FROM ENUM_NSYS_EVENT_TYPE") if n and re.fullmatch(r"Nvtxt?(PushPop|StartEnd)Range", n)]
         types = tuple(got) or types
-    text = 't."text"' if "text" in ex.columns[NVTX] else "NULL"
+    text, joins = ('t."text"' if "text" in ex.columns[NVTX] else "NULL"), ""
     if "textId" in ex.columns[NVTX] and STRINGS in ex.columns:
-        text, joins = f'COALESCE({text}, s.value)', f'LEFT JOIN {STRINGS} s ON s.id = t."textId"'
-    else:
-        joins = ""
-    where, params = "1", ()
-    if key.process is not None:
-        where, params = '(t."globalTid" >> 24) = ?', (key.process,)
-    sql = (f'SELECT {text}, t."start", t."end", t."globalTid" FROM {NVTX} t {joins} '
-           f'WHERE t."eventType" IN ({",".join(map(str, types))}) AND t."end" IS NOT NULL AND {where}')
-    spans = _frame(pl, ex.batches(sql, params), raw)
-    texts = spans["text"].unique().to_list()
-    clean = {t: _EMIT_NVTX.sub("", t) for t in texts if t is not None}
+        text, joins = f"COALESCE({text}, s.value)", f'LEFT JOIN {STRINGS} s ON s.id = t."textId"'
+    sql = (f'SELECT {text}, t."start", t."end", t."globalTid", (t."globalTid" >> 24) FROM {NVTX} t {joins} '
+           f'WHERE t."eventType" IN ({",".join(map(str, types))}) AND t."end" IS NOT NULL')
+    return _frame(ex, pl, sql, raw)
+
+
+def _cpu_table(spans: Any, pid: str, threads: dict[int, str], pl: Any) -> Any:
+    """NVTX ranges -> CPU_SCHEMA: emit_nvtx's decoration dropped, aten:: ranges as cpu ops."""
+    from profkit.ingest.tables import CPU_SCHEMA
+
+    clean = {t: _EMIT_NVTX.sub("", t) for t in spans["text"].unique().to_list() if t is not None}
     name = pl.col("text").replace_strict(clean, default=None, return_dtype=pl.String).fill_null("")
-    pid = "" if key.pid is None else str(key.pid)
     return spans.with_columns(
         name.alias("name"),
         pl.when(name.str.starts_with("aten::")).then(pl.lit("cpu_op")).otherwise(pl.lit("user_annotation")).alias("cat"),
