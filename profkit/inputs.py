@@ -19,7 +19,8 @@ from profkit.catalog import CatalogChoice
 from profkit.errors import TraceInputError
 from profkit.summarize import SummarizeOptions, summarize
 
-_TRACE_NAMES = (".trace.json", ".trace.json.gz", ".pt.trace.json", ".pt.trace.json.gz", ".gz")
+_TRACE_NAMES = (".trace.json", ".trace.json.gz", ".pt.trace.json", ".pt.trace.json.gz", ".gz",
+                ".sqlite", ".nsys-rep", ".qdrep")  # Nsight Systems exports and reports (ingest/nsys.py)
 
 
 @dataclass

@@ -63,6 +63,7 @@ class RankAnalysis:
     outside: dict[str, int] = field(default_factory=dict)
     device_records: str = "present"  # "missing": launch calls but no GPU activity records; "none": CPU-only
     graph_capture: dict[str, Any] | None = None  # analysis/graphs.py: replayed ops mapped to their capture (with a capture profile)
+    source: dict[str, Any] | None = None  # what the input was read from when not a Kineto trace (an nsys export: ingest/nsys.py)
 
 
 def cpu_as_device(trace: Trace, iterations: pl.DataFrame) -> Trace:
@@ -173,6 +174,10 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     spill = owned_and_spill(owned)
     outside = outside_work(ops, win, length_ns(union))
     syncs, bubbles = host_side()
+    # host calls outside every iteration: with the ops above, iterations plus outside are the whole trace
+    outside["launch_calls"] = calls.filter(pl.col("iteration").is_null() & pl.col("api").is_in(LAUNCH_APIS)).height
+    loose = syncs.filter(pl.col("iteration").is_null())
+    outside["syncs"], outside["sync_copies"] = int((loose["kind"] == "sync").sum()), int((loose["kind"] == "sync_copy").sum())
 
     per = _per_iteration(win, windows, busy, categories, spill, owned, calls, syncs, bubbles)
     launch_calls = (
@@ -198,7 +203,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls,
         ops=owned, bubbles=bubbles, syncs=syncs, phases=phases, warnings=warnings,
         device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None) or (digest() if digest else None), outside=outside,
-        device_records=device_records, graph_capture=gcap,
+        device_records=device_records, graph_capture=gcap, source=trace.meta.get("source"),
     )
 
 

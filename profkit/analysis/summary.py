@@ -125,6 +125,7 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, An
         "device_timeline": a.device_timeline,
         "device_records": a.device_records,
         **({"graph_capture": a.graph_capture} if a.graph_capture is not None else {}),
+        **({"source": a.source} if a.source is not None else {}),  # an nsys export: its format, schema version, device, pid
         "t0_us": _us(a.t0_ns),
         "iterations": records,
         "median": medians(records),
@@ -140,6 +141,10 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, An
             "gpu_ops": int(o.get("gpu_ops", 0)), "gpu_us": _us(o.get("gpu_ns", 0)), "before_first": int(o.get("before_first", 0)),
             "after_last": int(o.get("after_last", 0)), "no_launch_in_trace": int(o.get("no_launch_in_trace", 0)),
             "device_busy_us": _us(o.get("device_busy_ns", 0)),
+            # by kind, and the host calls outside every iteration: iterations plus these are the whole trace
+            "gpu_kernels": int(o.get("kernels", 0)), "memcpy": {d: int(o.get(f"memcpy_{d}", 0)) for d in DIRECTIONS},
+            "memset": int(o.get("memset", 0)), "launch_calls": int(o.get("launch_calls", 0)), "syncs": int(o.get("syncs", 0)),
+            "sync_copies": int(o.get("sync_copies", 0)),
         },
         "warnings": list(a.warnings),
         # Added after v1 shipped (a new key; readers must treat it as optional): see analysis/timeline.py.

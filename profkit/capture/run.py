@@ -201,11 +201,16 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         progress(f"{label}: stopping the server (up to {spec.teardown_s:.0f} s for its own teardown)")
         server.stop(grace_s=max(spec.teardown_s, 60) if cfg.nsys else None)
         manifest.update(leftover_pids=server.leftovers())
-        if cfg.nsys:
+        if cfg.nsys:  # the report, and its SQLite export that profkit analyzes (ingest/nsys.py; the command is shown)
+            from profkit.ingest.nsys import exported
+
             rep = _wait_file(trace_dir / f"{run_id}.nsys-rep", cfg.profile_timeout_s)
-            manifest.update(trace_files=[rep.name], note="an Nsight Systems report: open it in nsys-ui; profkit analyzes torch-profiler traces")
-            manifest.finish("ok")
-            return RunResult(run_id, states, trace_dir, report_dir, rep, {}, manifest.data)
+            progress(f"{label}: exporting {rep.name} to SQLite")
+            files = [exported(rep)]
+            manifest.update(trace_files=[rep.name, files[0].name], note="an Nsight Systems report (nsys-ui) and its SQLite export (analyzed)")
+            if cfg.capture_only:
+                manifest.finish("ok")
+                return RunResult(run_id, states, trace_dir, report_dir, rep, {}, manifest.data)
 
         if cfg.capture_only:
             manifest.finish("ok")

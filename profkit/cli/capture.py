@@ -63,7 +63,7 @@ class RunOptions:
     catalog: Optional[str] = field(default=None, metadata=option("--catalog", help="Kernel catalog: a name in kernels/ or a .toml path (default: the target's)."))
     dry_run: bool = field(default=False, metadata=option("--dry-run", help="Print every command line and environment variable; start nothing."))
     capture_only: bool = field(default=False, metadata=option("--capture-only", help="Record traces and manifests only; analyze later with `profkit diff RUN_A RUN_B` (for GPU boxes without the analysis packages)."))
-    nsys: bool = field(default=False, metadata=option("--nsys", help="Wrap the server in `nsys profile --capture-range=cudaProfilerApi` and open the window with the CUDA_PROFILER activity (writes .nsys-rep; implies --capture-only)."))
+    nsys: bool = field(default=False, metadata=option("--nsys", help="Wrap the server in `nsys profile --capture-range=cudaProfilerApi` and open the window with the CUDA_PROFILER activity (writes .nsys-rep, exports it with `nsys export --type sqlite` and analyzes that)."))
     fit_context: bool = field(default=False, metadata=option("--fit-context", help="Trim the oldest history (the first prompt) so every turn fits the server's context length, instead of refusing the run."))
     accept_length: Optional[float] = field(default=None, metadata=option("--accept-length", help="sglang: fix the speculative accept length (SGLANG_SIMULATE_ACC_LEN; the study's Figure 8 used 5). Random token ids otherwise give whatever the model makes of noise."))
 
@@ -139,7 +139,7 @@ def _config(o: RunOptions) -> RunConfig:
         isl=isls if len(isls) > 1 else (), repeat=o.repeat, num_steps=o.num_steps, with_stack=o.with_stack, record_shapes=o.record_shapes,
         profile_turn=o.profile_turn, health_timeout_s=o.health_timeout or (3600.0 if gpu else 180.0), profile_timeout_s=o.profile_timeout,
         port=o.port, traces_dir=o.traces_dir, reports_dir=o.reports_dir, marker=o.marker, min_bubble_us=o.min_bubble_us, catalog=o.catalog,
-        capture_only=o.capture_only or o.nsys, nsys=o.nsys, base=o.base, fit_context=o.fit_context, accept_length=o.accept_length,
+        capture_only=o.capture_only, nsys=o.nsys, base=o.base, fit_context=o.fit_context, accept_length=o.accept_length,
         warmup=o.warmup,
     )
     return _windows(cfg, o.profile_windows)
@@ -231,7 +231,7 @@ def trace(opt: Opt, options: RunOptions) -> None:
     from profkit.targets.registry import check_comparison, check_opts, opt_states
 
     o = options
-    target, base, catalog, reports_dir, capture_only = o.target, o.base, o.catalog, o.reports_dir, o.capture_only or o.nsys
+    target, base, catalog, reports_dir, capture_only = o.target, o.base, o.catalog, o.reports_dir, o.capture_only
     cfg = _config(o)
     opts = check_opts(target, opt)
     s_base = opt_states(target, opts, base=base, candidate=False)
