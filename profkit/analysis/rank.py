@@ -63,6 +63,7 @@ class RankAnalysis:
     outside: dict[str, int] = field(default_factory=dict)
     device_records: str = "present"  # "missing": launch calls but no GPU activity records; "none": CPU-only
     graph_capture: dict[str, Any] | None = None  # analysis/graphs.py: replayed ops mapped to their capture (with a capture profile)
+    stub_markers: int = 0  # marker spans cut by the profiler's stop, dropped (analysis/iterations.py)
 
 
 def cpu_as_device(trace: Trace, iterations: pl.DataFrame) -> Trace:
@@ -173,6 +174,11 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     spill = owned_and_spill(owned)
     outside = outside_work(ops, win, length_ns(union))
     syncs, bubbles = host_side()
+    if device_timeline == "cpu":
+        # each aten op is its own "launch" at its own start, so "the next op was launched late" is
+        # true of every gap: it was Python (or the scheduler's code) between ops, not a launch
+        bubbles = bubbles.with_columns(
+            pl.when(pl.col("cause").is_in(["launch", "gpu_wait"])).then(pl.lit("python")).otherwise(pl.col("cause")).alias("cause"))
 
     per = _per_iteration(win, windows, busy, categories, spill, owned, calls, syncs, bubbles)
     launch_calls = (
@@ -198,7 +204,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls,
         ops=owned, bubbles=bubbles, syncs=syncs, phases=phases, warnings=warnings,
         device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None) or (digest() if digest else None), outside=outside,
-        device_records=device_records, graph_capture=gcap,
+        device_records=device_records, graph_capture=gcap, stub_markers=its.stub_markers,
     )
 
 

@@ -158,6 +158,20 @@ def select_shape(base_its: Sequence[Mapping[str, Any]], cand_its: Sequence[Mappi
     return shape, warnings
 
 
+def speculative_pair(base_its: Sequence[Mapping[str, Any]], cand_its: Sequence[Mapping[str, Any]]) -> tuple[Shape, Shape] | None:
+    """(baseline decode shape, candidate verify shape) when speculative decoding is on in the candidate
+    only: the baseline has no verify step, the candidate's most common shape is verify bs=B and the
+    baseline has decode bs=B steps (vLLM with an n-gram drafter: some steps find no draft and stay
+    decode steps, so the sides may share decode bs=B too, but those are not what changed)."""
+    cb, cc = Counter(shape_of(i) for i in base_its), Counter(shape_of(i) for i in cand_its)
+    if not cc or any(k == "verify" for k, _ in cb):
+        return None
+    (kind, bs), _ = max(cc.items(), key=lambda kv: (kv[1], shape_label(kv[0])))
+    if kind != "verify" or ("decode", bs) not in cb:
+        return None
+    return ("decode", bs), ("verify", bs)
+
+
 def _shapes_text(c: Counter[Shape]) -> str:
     return ", ".join(f"{n}× {shape_label(s)}" for s, n in sorted(c.items(), key=lambda kv: (-kv[1], shape_label(kv[0]))))
 
@@ -312,8 +326,8 @@ def _repeat_metrics(summary: Mapping[str, Any], rank: int, shape: Shape | None) 
 
 
 def _noise(base_reps: Sequence[Mapping[str, Any]], cand_reps: Sequence[Mapping[str, Any]], rank: int,
-           shape: Shape | None, warnings: list[str]) -> dict[str, Any]:
-    bm = [m for m in (_repeat_metrics(s, rank, shape) for s in base_reps) if m is not None]
+           shape: Shape | None, warnings: list[str], base_shape: Shape | None = None) -> dict[str, Any]:
+    bm = [m for m in (_repeat_metrics(s, rank, base_shape or shape) for s in base_reps) if m is not None]
     cm = [m for m in (_repeat_metrics(s, rank, shape) for s in cand_reps) if m is not None]
     if len(base_reps) - len(bm) or len(cand_reps) - len(cm):
         warnings.append(f"{len(base_reps) - len(bm) + len(cand_reps) - len(cm)} repeat(s) hold no iterations of the compared shape; left out of the noise estimate")
@@ -492,17 +506,25 @@ def _side_info(summary: Mapping[str, Any], rank: Mapping[str, Any], its: Sequenc
 
 
 def _compared(baseline: Mapping[str, Any], candidate: Mapping[str, Any], rank: int = 0) -> tuple[
-        dict[str, Any], dict[str, Any], Shape | None, list[dict[str, Any]], list[dict[str, Any]], list[str]]:
-    """What a diff compares: each side's rank entry, the shape (None: no common one, all iterations),
+        dict[str, Any], dict[str, Any], Shape | None, Shape | None, list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """What a diff compares: each side's rank entry, the shape (None: no common one, all iterations)
+    and the baseline's (the same but under speculative_pair: decode where the candidate verifies),
     each side's iterations of it (steady ones: each rank's last left out), and the warnings so far.
     Raises NothingToAnalyze when a side has no iteration to compare."""
     rb, rc = pick_rank(baseline, rank, "baseline"), pick_rank(candidate, rank, "candidate")
     warnings: list[str] = []
-    shape, w = select_shape(_steady(rb), _steady(rc))
+    spec = speculative_pair(_steady(rb), _steady(rc))
+    if spec is not None:  # the step itself changed: decode steps against the verify steps that replaced them
+        (base_shape, shape), w = spec, [f"speculative decoding on one side: the baseline's {shape_label(spec[0])} steps are compared with "
+                                        f"the candidate's {shape_label(spec[1])} steps that replaced them (a verify step yields up to "
+                                        "1 + draft tokens: per-token figures need the accept length)"]
+    else:
+        shape, w = select_shape(_steady(rb), _steady(rc))
+        base_shape = shape
     warnings.extend(w)
     if shape is None:
         warnings.append("the sides share no iteration shape (kind, batch size): comparing all iterations, which mixes shapes")
-    ib, ic = _select(rb, shape), _select(rc, shape)
+    ib, ic = _select(rb, base_shape), _select(rc, shape)
     if not ib or not ic:
         raise NothingToAnalyze(
             f"nothing to compare: {len(ib)} baseline and {len(ic)} candidate iterations",
@@ -510,8 +532,7 @@ def _compared(baseline: Mapping[str, Any], candidate: Mapping[str, Any], rank: i
         )
     if min(len(ib), len(ic)) < 3:
         warnings.append(f"only {min(len(ib), len(ic))} iteration(s) on one side: per-iteration means and medians are noisy")
-    return rb, rc, shape, ib, ic, warnings
-
+    return rb, rc, shape, base_shape, ib, ic, warnings
 
 NO_COMMON_SHAPE = "all iterations (no common shape)"
 
@@ -520,7 +541,7 @@ def compare_means(baseline: Mapping[str, Any], candidate: Mapping[str, Any], *, 
     """A diff's headline numbers only, from the same iterations and with the same exact means as
     `compare_summaries`: the compared shape's label, and ``wall_us`` and ``gpu_window_us`` as
     diff.json has them (baseline, candidate, delta, ratio; µs per iteration)."""
-    _, _, shape, ib, ic, _ = _compared(baseline, candidate, rank)
+    _, _, shape, _, ib, ic, _ = _compared(baseline, candidate, rank)
     mb, mc = _means(ib), _means(ic)
     return {"shape_label": shape_label(shape) if shape else NO_COMMON_SHAPE,
             "wall_us": _with_ratio(mb["wall"], mc["wall"]), "gpu_window_us": _with_ratio(mb["window"], mc["window"])}
@@ -543,7 +564,7 @@ def compare_summaries(
     and `opt` drive the expected-effect check. Repeats (summaries of the same configuration run
     again; the primary may be among them) give the noise estimate. Times are µs per iteration.
     """
-    rb, rc, shape, ib, ic, warnings = _compared(baseline, candidate, rank)
+    rb, rc, shape, base_shape, ib, ic, warnings = _compared(baseline, candidate, rank)
     mb, mc = _means(ib), _means(ic)
 
     # --- the exact decomposition --------------------------------------------------------------
@@ -617,8 +638,8 @@ def compare_summaries(
     movers.sort(key=lambda m: (-abs(m["delta_us"]), m["name"]))
 
     # --- noise and expected effect ------------------------------------------------------------
-    noise = _noise(baseline_repeats, candidate_repeats, rank, shape, warnings)
-    win_b = _window_iterations(list(baseline_repeats) or [baseline], rank, shape)
+    noise = _noise(baseline_repeats, candidate_repeats, rank, shape, warnings, base_shape)
+    win_b = _window_iterations(list(baseline_repeats) or [baseline], rank, base_shape)
     win_c = _window_iterations(list(candidate_repeats) or [candidate], rank, shape)
     drift_b, drift_c = _backlog_drift_ns(win_b), _backlog_drift_ns(win_c)
     drift = drift_b + drift_c
@@ -644,6 +665,8 @@ def compare_summaries(
         "shape": {
             "kind": shape[0] if shape else None, "batch_size": shape[1] if shape else None,
             "label": shape_label(shape) if shape else NO_COMMON_SHAPE,
+            # (optional key) the baseline's shape where the step itself changed: speculative_pair
+            **({"baseline_label": shape_label(base_shape)} if base_shape and base_shape != shape else {}),
             "iterations": {"baseline": len(ib), "candidate": len(ic)},
         },
         "optimization": opt,
