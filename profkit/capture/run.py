@@ -137,8 +137,9 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
     spec = compose(cfg, states, port, nsys_output=trace_dir / run_id, trace_dir=trace_dir)
     # graph-capture profiles (SGLang 0.5.23's SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE; the proxy does the
     # same) land in traces/<run_id>/graph_capture_profile/: analyze/diff categorize replayed kernels from them
-    spec = replace(spec, env={**spec.env, "SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE": "1",
-                              "SGLANG_TORCH_PROFILER_DIR": str(trace_dir.resolve())})
+    if cfg.target != "vllm":  # vLLM's profiler (and its capture traces) are configured by --profiler-config
+        spec = replace(spec, env={**spec.env, "SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE": "1",
+                                  "SGLANG_TORCH_PROFILER_DIR": str(trace_dir.resolve())})
     trace_dir.mkdir(parents=True, exist_ok=False)
     warnings = list(spec.notes) + _accept_length_warning(cfg, spec)
     manifest = Manifest.create(

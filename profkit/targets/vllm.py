@@ -27,7 +27,7 @@ TEARDOWN_S = 60.0
 # Flags the registry or profkit owns: the user may not also pass them in --extra-server-args.
 _OWNED = {"--profiler-config", "--host", "--port", "--speculative-config", "--enforce-eager", "--enable-chunked-prefill",
           "--no-enable-chunked-prefill", "--enable-prefix-caching", "--no-enable-prefix-caching", "--async-scheduling",
-          "--no-async-scheduling", "--compilation-config", "-cc", "-O"}
+          "--no-async-scheduling", "--compilation-config", "-cc", "-O", "--enable-prompt-tokens-details"}
 
 
 def profiler_config(trace_dir: Path, *, with_stack: bool, record_shapes: bool) -> str:
@@ -77,7 +77,9 @@ def compose(states: dict[str, bool], *, model_path: str | None, extra_args: list
     argv = [server_python or sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     if model_path is not None:
         argv += ["--model", model_path]
-    argv += [*args, *extra_args, "--profiler-config", profiler_config(trace_dir, with_stack=with_stack, record_shapes=record_shapes),
+    # --enable-prompt-tokens-details: the final usage chunk carries cached_tokens (the cache hit rate)
+    argv += [*args, *extra_args, "--enable-prompt-tokens-details",
+             "--profiler-config", profiler_config(trace_dir, with_stack=with_stack, record_shapes=record_shapes),
              "--host", host, "--port", str(port)]
     tp = flag_value(argv, "--tensor-parallel-size", "-tp")
     ctx = flag_value(argv, "--max-model-len")
