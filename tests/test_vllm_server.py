@@ -29,7 +29,7 @@ VLLM_PYTHON = Path(os.environ.get("PROFKIT_VLLM_PYTHON", ROOT / ".venv-vllm" / "
 STEP = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
 WORKLOAD = ["--isl", "48", "--turns", "2", "--turn-tokens", "16", "--output-tokens", "24", "--num-steps", "6",
             "--profile-windows", "2", "--health-timeout", "1800", "--profile-timeout", "900"]
-SERVER_ARGS = "--load-format dummy --skip-tokenizer-init --max-model-len 1024 --dtype bfloat16"
+SERVER_ARGS = "--load-format dummy --skip-tokenizer-init --max-model-len 1024 --dtype bfloat16 --block-size 32"
 
 
 @pytest.fixture(scope="module")

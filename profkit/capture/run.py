@@ -476,16 +476,20 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
             raise TargetError("the capture pass ended before reaching the profiled turn", hint="raise --turns or lower --profile-turn")
         if not server.alive():
             raise server.died("died during the capture pass")
-    time.sleep(0.3 * e2e)  # past prefill, into decode
-    log_offset = log_size(server.log_path)
-    t_start = time.perf_counter()
-    if cfg.target == "vllm":  # the profiler dir is the run folder; each window has its own file prefix
+    if cfg.target == "vllm":
+        # at once: vLLM counts the window in engine steps, so it opens with the profiled turn's prefill
+        # (one step for a short prompt) and holds num_steps steps; after a sleep, a fast engine (a small
+        # compiled model decodes a token in ~1 ms on a CPU) would have finished the turn already
+        t_start = time.perf_counter()
         prefix = f"{run_id}-{trace_dir.name}" if trace_dir.name.startswith("window-") else run_id
         manifest.update(profile_request=vllm_profile.start(spec.base_url, prefix=prefix, num_steps=cfg.num_steps))
         got = vllm_profile.finish(spec.base_url, cfg.traces_dir / run_id, prefix, spec.world_size, timeout_s=cfg.profile_timeout_s,
                                   alive=server.alive, idle=lambda: not th.is_alive())
         files = vllm_profile.into_window(got, trace_dir)
         return _after_window(cfg, server, th, result, primary, files, t_start)
+    time.sleep(0.3 * e2e)  # past prefill, into decode
+    log_offset = log_size(server.log_path)
+    t_start = time.perf_counter()
     body = start_profile(spec.base_url, output_dir=trace_dir, profile_id=run_id, num_steps=cfg.num_steps, with_stack=cfg.with_stack,
                          record_shapes=cfg.record_shapes, activities=("CUDA_PROFILER",) if cfg.nsys else ("CPU", "GPU"))
     manifest.update(profile_request=body)

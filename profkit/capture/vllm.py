@@ -57,7 +57,25 @@ def finish(base_url: str, trace_dir: Path, prefix: str, world_size: int, *, time
     if len(files) < world_size:
         raise TargetError(f"vLLM wrote {len(files)} of {world_size} worker trace(s) '{prefix}_*.pt.trace.json.gz' in {trace_dir}",
                           hint="the window held no engine step (no request was running?); see server.log")
+    for f in files:
+        if not _holds_a_step(f):
+            raise TargetError(f"{f}: the profile window holds no engine step (no execute_... span): the profiled turn ended "
+                              "before /start_profile took effect", hint="raise --output-tokens (a longer decode) or --concurrency")
     return files
+
+
+def _holds_a_step(path: Path) -> bool:
+    """Whether a worker trace names at least one engine step span (a byte search of the decompressed file)."""
+    import gzip
+
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        tail = b""
+        while chunk := f.read(1 << 20):
+            if b'"execute_' in tail + chunk:
+                return True
+            tail = chunk[-16:]
+    return False
 
 
 def into_window(files: list[Path], out_dir: Path) -> list[Path]:
