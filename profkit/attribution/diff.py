@@ -37,6 +37,13 @@ from profkit.terms import CAUSES
 
 DIFF_SCHEMA_VERSION = 1
 IDLE_KEYS = (*CAUSES, "short_gaps")
+# a GPU diff's idle terms: "python" is a CPU-only timeline's cause (analysis/rank.py), never listed for a GPU
+GPU_IDLE_KEYS = tuple(k for k in IDLE_KEYS if k != "python")
+
+
+def idle_keys(*ranks: Mapping[str, Any]) -> tuple[str, ...]:
+    """The idle terms a diff lists: with "python" when a side is a CPU-only run."""
+    return IDLE_KEYS if any(r.get("device_timeline") == "cpu" for r in ranks) else GPU_IDLE_KEYS
 COUNT_KEYS = ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h", "memcpy_h2d", "bubble_count")
 TIMING_KEYS = ("launch_us", "launch_latency_us_p50", "sync_us", "sync_copy_us", "bubble_us")
 # Without repeats a change outside the optimization's categories is flagged above both of these.
@@ -317,7 +324,8 @@ def _repeat_metrics(summary: Mapping[str, Any], rank: int, shape: Shape | None) 
     for k, v in m["cats"].items():
         out[f"category_us.{k}"] = _us(v)
     for k, v in m["idle_by"].items():
-        out[f"idle_us_by_cause.{k}"] = _us(v)
+        if k in idle_keys(r):
+            out[f"idle_us_by_cause.{k}"] = _us(v)
     for k, v in m["phases"].items():
         out[f"phase_us.{k}"] = _us(v)
     for k, v in _counts(its).items():
@@ -573,7 +581,8 @@ def compare_summaries(
     phases = sorted(set(mb["phases"]) | set(mc["phases"]))
     d_phase = {k: mc["phases"].get(k, Fraction(0)) - mb["phases"].get(k, Fraction(0)) for k in phases}
     d_overlap = mc["overlap"] - mb["overlap"]
-    d_idle_by = {k: mc["idle_by"][k] - mb["idle_by"][k] for k in IDLE_KEYS}
+    keys = idle_keys(rb, rc)
+    d_idle_by = {k: mc["idle_by"][k] - mb["idle_by"][k] for k in keys}
     d_window = mc["window"] - mb["window"]
     residual = d_window - (sum(d_cat.values(), Fraction(0)) - d_overlap + sum(d_idle_by.values(), Fraction(0)))
     if residual != 0:
@@ -585,7 +594,7 @@ def compare_summaries(
             "category_us": {k: _us(m["cats"].get(k, Fraction(0))) for k in cats},
             "phase_us": {k: _us(m["phases"].get(k, Fraction(0))) for k in phases},
             "overlap_us": _us(m["overlap"]), "idle_us": _us(m["idle"]),
-            "idle_us_by_cause": {k: _us(m["idle_by"][k]) for k in IDLE_KEYS},
+            "idle_us_by_cause": {k: _us(m["idle_by"][k]) for k in keys},
         }
 
     decomposition = {

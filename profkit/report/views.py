@@ -198,7 +198,8 @@ def decomposition_rows(diff: Mapping[str, Any]) -> list[tuple[str, str, float, f
         rows.append(("category", k, v, b["category_us"].get(k), c["category_us"].get(k)))
     rows.append(("overlap", "overlap (counted once)", -d["overlap_us"], b["overlap_us"], c["overlap_us"]))
     for k in IDLE_KEYS:
-        rows.append(("idle", k, d["idle_us_by_cause"][k], b["idle_us_by_cause"][k], c["idle_us_by_cause"][k]))
+        if k in d["idle_us_by_cause"]:  # "python" only in a diff of CPU-only runs
+            rows.append(("idle", k, d["idle_us_by_cause"][k], b["idle_us_by_cause"][k], c["idle_us_by_cause"][k]))
     return rows
 
 
