@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PUBLIC_TRACES = ROOT.parent / "shared" / "public-traces"
 GPU_DATA = ROOT / "tests" / "data" / "gpu"
+VLLM_CPU_DATA = ROOT / "tests" / "data" / "vllm_cpu"
 
 
 def _has_cuda() -> bool:

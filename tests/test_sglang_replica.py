@@ -166,7 +166,8 @@ def _start(tmp_path: Path, replica_python: Path, env: dict[str, str], tp: int = 
     from profkit.targets import sglang as sg
 
     spec = sg.compose({n: True for n in sg.registry("sglang")}, preset=None, model_path="replica-model",
-                      extra_args=["--tp", str(tp), *SPEC.split()], server_python=str(replica_python), port=free_port())
+                      extra_args=["--tp", str(tp), *SPEC.split()], server_python=str(replica_python), port=free_port(),
+                      caps=sg.gpu_compute_capabilities())  # as profkit composes at run time: no cutedsl without Blackwell
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

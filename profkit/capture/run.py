@@ -20,9 +20,11 @@ from profkit.capture.manifest import Manifest
 from profkit.capture.gpu import wait_gpus_free
 from profkit.capture.profile import log_size, start_profile, wait_for_traces
 from profkit.capture.server import Server
+from profkit.capture import vllm as vllm_profile
 from profkit.errors import Interrupted, ProfkitError, TargetError, UsageError
 from profkit.targets import proxy as proxy_target
 from profkit.targets import sglang as sglang_target
+from profkit.targets import vllm as vllm_target
 from profkit.targets.spec import LaunchSpec
 from profkit.workloads.agentic import Workload
 from profkit.workloads.driver import DriveResult, drive
@@ -83,9 +85,16 @@ NSYS_ARGS = ("profile", "--trace-fork-before-exec=true", "--cuda-graph-trace=nod
              "--capture-range-end=stop", "--force-overwrite=true")
 
 
-def compose(cfg: RunConfig, states: dict[str, bool], port: int, *, nsys_output: Path | None = None) -> LaunchSpec:
+def compose(cfg: RunConfig, states: dict[str, bool], port: int, *, nsys_output: Path | None = None,
+            trace_dir: Path | None = None) -> LaunchSpec:
     if cfg.target == "proxy":
         spec = proxy_target.compose(states, extra_args=list(cfg.extra_server_args), port=port, python=cfg.server_python)
+    elif cfg.target == "vllm":
+        # the profiler dir is fixed at launch: the run folder (a dry run shows where it would be)
+        spec = vllm_target.compose(states, model_path=cfg.model_path, extra_args=list(cfg.extra_server_args),
+                                   server_python=cfg.server_python, port=port, trace_dir=trace_dir or cfg.traces_dir / "<run_id>",
+                                   caps=sglang_target.gpu_compute_capabilities(), with_stack=cfg.with_stack,
+                                   record_shapes=cfg.record_shapes)
     else:
         spec = sglang_target.compose(states, preset=cfg.preset, model_path=cfg.model_path, extra_args=list(cfg.extra_server_args),
                                      server_python=cfg.server_python, port=port, caps=sglang_target.gpu_compute_capabilities())
@@ -125,11 +134,12 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
     trace_dir = cfg.traces_dir / run_id
     report_dir = cfg.reports_dir / run_id
     port = cfg.port or free_port()
-    spec = compose(cfg, states, port, nsys_output=trace_dir / run_id)
+    spec = compose(cfg, states, port, nsys_output=trace_dir / run_id, trace_dir=trace_dir)
     # graph-capture profiles (SGLang 0.5.23's SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE; the proxy does the
     # same) land in traces/<run_id>/graph_capture_profile/: analyze/diff categorize replayed kernels from them
-    spec = replace(spec, env={**spec.env, "SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE": "1",
-                              "SGLANG_TORCH_PROFILER_DIR": str(trace_dir.resolve())})
+    if cfg.target != "vllm":  # vLLM's profiler (and its capture traces) are configured by --profiler-config
+        spec = replace(spec, env={**spec.env, "SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE": "1",
+                                  "SGLANG_TORCH_PROFILER_DIR": str(trace_dir.resolve())})
     trace_dir.mkdir(parents=True, exist_ok=False)
     warnings = list(spec.notes) + _accept_length_warning(cfg, spec)
     manifest = Manifest.create(
@@ -147,6 +157,8 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
             sglang_target.check_gpu(spec, sglang_target.gpu_compute_capabilities())
             manifest.update(parser_check=sglang_target.validate(spec) or "passed",
                             versions={"profkit": manifest_version(), **_local_versions(spec)})
+        elif cfg.target == "vllm":
+            manifest.update(versions={"profkit": manifest_version(), **_local_versions(spec)})
         variants: dict[int, Workload] = {}
         if spec.context_length is not None:
             variants = _fit_workloads(cfg, spec.context_length, spec.reserved_tokens, "the command line's --context-length", manifest)
@@ -157,10 +169,11 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         server.start()
         manifest.update(server_pid=server.pid)
         server.wait_healthy(cfg.health_timeout_s)
-        info = _server_info(spec.base_url)
+        info = _server_info(spec.base_url) if spec.api == "sglang" else _vllm_info(spec.base_url)
         manifest.update(server_info=info, versions={**manifest.data["versions"], **_versions(info)})
         if not variants:
-            ctx = sglang_target.context_from_server_info(info) if cfg.target == "sglang" else None
+            ctx = (sglang_target.context_from_server_info(info) if cfg.target == "sglang"
+                   else info.get("max_model_len") if cfg.target == "vllm" else None)
             if ctx is not None:
                 manifest.stage("context_check")
                 variants = _fit_workloads(cfg, ctx, spec.reserved_tokens, "the server's context length (/server_info)", manifest)
@@ -177,10 +190,10 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
                 for r in range(cfg.repeat):
                     progress(f"{label}: workload isl={isl} concurrency={conc} repeat {r + 1}/{cfg.repeat}")
                     wl = replace(variants[isl], seed=cfg.workload.seed + 7919 * (r + 1) + isl + 131 * conc)
-                    res = drive(spec.base_url, wl, concurrency=conc, timeout_s=cfg.request_timeout_s)
+                    res = drive(spec.base_url, wl, concurrency=conc, timeout_s=cfg.request_timeout_s, api=spec.api, model=spec.model)
                     _check_transport(res, server, "workload")
                     failed += [{"isl": isl, "concurrency": conc, "repeat": r, **f} for f in res.failed_json()]
-                    reps.append(res.metrics(spec.world_size))
+                    reps.append(res.metrics(spec.world_size, gpu=has_gpu()))
                 points.append({"isl": isl, "concurrency": conc, "repeats": reps, **summarize_repeats(reps),
                                **({"warmup": warm} if warm is not None else {})})
                 if isl == isls[0] and conc == cfg.concurrency[0]:
@@ -353,6 +366,32 @@ def _server_info(base_url: str) -> dict[str, Any]:
     return {}
 
 
+def has_gpu() -> bool:
+    """Whether this machine has a GPU an engine could use: nvidia-smi lists one, or rocm-smi exists
+    (no nvidia-smi and no rocm-smi: a CPU machine, where "tokens/s per GPU" means nothing)."""
+    import shutil
+
+    caps = sglang_target.gpu_compute_capabilities()
+    return caps != [] or shutil.which("rocm-smi") is not None
+
+
+def _vllm_info(base_url: str) -> dict[str, Any]:
+    """vLLM's /version and the served model's max_model_len (/v1/models): vLLM has no /server_info
+    outside its dev mode."""
+    out: dict[str, Any] = {}
+    try:
+        v = get_json(base_url + "/version", timeout=30)
+        out["version"] = v.get("version") if isinstance(v, dict) else None
+        models = get_json(base_url + "/v1/models", timeout=30)
+        data = models.get("data") if isinstance(models, dict) else None
+        if data:
+            out["model"] = data[0].get("id")
+            out["max_model_len"] = data[0].get("max_model_len")
+    except (HTTPFailure, ValueError, AttributeError):
+        pass
+    return out
+
+
 def _versions(info: dict[str, Any]) -> dict[str, Any]:
     """What /server_info says about versions: SGLang's `version`; the proxy also reports its torch and device."""
     out = {}
@@ -381,7 +420,7 @@ def _warm_up(cfg: RunConfig, spec: LaunchSpec, server: Server, manifest: Manifes
     manifest.stage("warmup")
     progress(f"{label}: warm-up pass isl={isl} concurrency={conc}")
     w = replace(workload, seed=cfg.workload.seed + 999_983 + isl + 131 * conc)
-    res = _check(drive(spec.base_url, w, concurrency=conc, timeout_s=cfg.request_timeout_s), server, "warm-up")
+    res = _check(drive(spec.base_url, w, concurrency=conc, timeout_s=cfg.request_timeout_s, api=spec.api, model=spec.model), server, "warm-up")
     m = res.metrics(spec.world_size)
     return {"duration_s": m.get("duration_s"), "tokens_per_s": m.get("tokens_per_s")}
 
@@ -432,7 +471,8 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
     result: dict[str, DriveResult] = {}
     stop = threading.Event()
     th = threading.Thread(target=lambda: result.setdefault("r", drive(spec.base_url, wl, concurrency=conc, on_submit=on_submit, stop=stop,
-                                                                      timeout_s=cfg.request_timeout_s)), daemon=True)
+                                                                      timeout_s=cfg.request_timeout_s, api=spec.api, model=spec.model)),
+                          daemon=True)
     th.start()
     while not ready.wait(0.2):
         if not th.is_alive():
@@ -441,6 +481,17 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
             raise TargetError("the capture pass ended before reaching the profiled turn", hint="raise --turns or lower --profile-turn")
         if not server.alive():
             raise server.died("died during the capture pass")
+    if cfg.target == "vllm":
+        # at once: vLLM counts the window in engine steps, so it opens with the profiled turn's prefill
+        # (one step for a short prompt) and holds num_steps steps; after a sleep, a fast engine (a small
+        # compiled model decodes a token in ~1 ms on a CPU) would have finished the turn already
+        t_start = time.perf_counter()
+        prefix = f"{run_id}-{trace_dir.name}" if trace_dir.name.startswith("window-") else run_id
+        manifest.update(profile_request=vllm_profile.start(spec.base_url, prefix=prefix, num_steps=cfg.num_steps))
+        got = vllm_profile.finish(spec.base_url, cfg.traces_dir / run_id, prefix, spec.world_size, timeout_s=cfg.profile_timeout_s,
+                                  alive=server.alive, idle=lambda: not th.is_alive())
+        files = vllm_profile.into_window(got, trace_dir)
+        return _after_window(cfg, server, th, result, primary, files, t_start)
     time.sleep(0.3 * e2e)  # past prefill, into decode
     log_offset = log_size(server.log_path)
     t_start = time.perf_counter()
@@ -451,8 +502,17 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
         while th.is_alive():
             th.join(0.2)
         return [], {"note": "nsys mode: profiler overhead not measured"}
+    notes: list[str] = []
     files = wait_for_traces(spec.base_url, trace_dir, run_id, spec.world_size, timeout_s=cfg.profile_timeout_s, alive=server.alive,
-                            idle=lambda: not th.is_alive(), log_path=server.log_path, log_offset=log_offset)
+                            idle=lambda: not th.is_alive(), log_path=server.log_path, log_offset=log_offset, notes=notes)
+    if notes:
+        manifest.update(profile_stop=[*manifest.data.get("profile_stop", []), *notes])
+    return _after_window(cfg, server, th, result, primary, files, t_start)
+
+
+def _after_window(cfg: RunConfig, server: Server, th: threading.Thread, result: dict[str, DriveResult], primary: list[dict[str, Any]],
+                  files: list[Path], t_start: float) -> tuple[list[Path], dict[str, Any]]:
+    """Let the capture pass finish; the profiler's overhead from the requests that ran during the window."""
     t_end = time.perf_counter()
     while th.is_alive():
         th.join(0.2)

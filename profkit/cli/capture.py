@@ -33,7 +33,7 @@ class RunOptions:
     and how they are analyzed. Help texts are trace's; sweep replaces a few (SWEEP_HELP). Help uses
     rich markup: a literal "[" is written "\\[". """
 
-    target: str = field(default="proxy", metadata=option("--target", help="proxy (the built-in engine) or sglang."))
+    target: str = field(default="proxy", metadata=option("--target", help="proxy (the built-in engine), sglang or vllm."))
     base: str = field(default="on", metadata=option("--base", help="on (default, the study's regime): all on, baseline = all on minus opts (leave-one-out); off (exploration): baseline all off, candidate = baseline + opts."))
     preset: Optional[str] = field(default=None, metadata=option("--preset", help="SGLang study preset: glm52-nvfp4-tp4, -tp8, -tep4, -tep8."))
     model_path: Optional[str] = field(default=None, metadata=option("--model-path", help="Override the preset's model path."))
@@ -83,7 +83,7 @@ SGLANG_ISL = 74_000
 
 
 def _caps(target: str) -> list[str] | None:
-    if target != "sglang":
+    if target not in ("sglang", "vllm"):
         return None
     from profkit.targets.sglang import gpu_compute_capabilities
 
@@ -113,8 +113,8 @@ def _config(o: RunOptions) -> RunConfig:
     from profkit.workloads.agentic import Workload, load_workload_file
 
     target = o.target
-    if target not in ("proxy", "sglang"):
-        raise UsageError(f"--target {target!r}: use proxy or sglang")
+    if target not in ("proxy", "sglang", "vllm"):
+        raise UsageError(f"--target {target!r}: use proxy, sglang or vllm")
     if o.preset and target != "sglang":
         raise UsageError("--preset goes with --target sglang")
     gpu = target == "sglang"
@@ -137,7 +137,8 @@ def _config(o: RunOptions) -> RunConfig:
         target=target, preset=o.preset, model_path=o.model_path, server_python=o.server_python,
         extra_server_args=tuple(shlex.split(o.extra_server_args)), workload=wl, concurrency=_ints(o.concurrency, "--concurrency"),
         isl=isls if len(isls) > 1 else (), repeat=o.repeat, num_steps=o.num_steps, with_stack=o.with_stack, record_shapes=o.record_shapes,
-        profile_turn=o.profile_turn, health_timeout_s=o.health_timeout or (3600.0 if gpu else 180.0), profile_timeout_s=o.profile_timeout,
+        profile_turn=o.profile_turn, health_timeout_s=o.health_timeout or (3600.0 if gpu or target == "vllm" else 180.0),
+        profile_timeout_s=o.profile_timeout,
         port=o.port, traces_dir=o.traces_dir, reports_dir=o.reports_dir, marker=o.marker, min_bubble_us=o.min_bubble_us, catalog=o.catalog,
         capture_only=o.capture_only, nsys=o.nsys, base=o.base, fit_context=o.fit_context, accept_length=o.accept_length,
         warmup=o.warmup,
@@ -277,10 +278,10 @@ def opts(target: Target = "proxy") -> None:
         parts = [f"{k}={v}" for k, v in sw.env.items()] + list(sw.args)
         if sw.model_override:
             parts.append(f"--json-model-override-args '{json.dumps(sw.model_override)}'")
-        return " ".join(parts) or ("(SGLang's default)" if target == "sglang" else "--opts includes it")
+        return " ".join(parts) or (f"({'SGLang' if target == 'sglang' else 'vLLM'}'s default)" if target != "proxy" else "--opts includes it")
 
     for o in reg.values():
-        off = fmt(o.off) if target == "sglang" else "--opts omits it"
+        off = fmt(o.off) if target != "proxy" else "--opts omits it"
         out.print(f"\n[bold cyan]{o.name}[/]: {escape(o.title)}", soft_wrap=True)
         rows = [("meaning", o.meaning), ("on", fmt(o.on)), ("off", off),
                 ("requires", ", ".join(o.requires) + (f" ({o.requires_why})" if o.requires_why else "") if o.requires else ""),

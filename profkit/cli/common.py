@@ -72,7 +72,7 @@ _state = {"debug": False}
 
 # --- options that several commands declare, defined once ---------------------------------------
 
-Target = Annotated[str, typer.Option("--target", help="proxy (the built-in engine) or sglang.")]
+Target = Annotated[str, typer.Option("--target", help="proxy (the built-in engine), sglang or vllm.")]
 Marker = Annotated[Optional[str], typer.Option("--marker", help="Regex for the CPU span that opens one iteration, for inputs analyzed now (traces).")]
 MinBubble = Annotated[float, typer.Option("--min-bubble-us", min=0.0, help="Shortest GPU idle gap counted as a bubble, for inputs analyzed now.")]
 CatalogOpt = Annotated[Optional[str], typer.Option("--catalog", help="Kernel catalog (name in kernels/ or a .toml path): classifies traces analyzed now and says which categories --opt owns.")]
