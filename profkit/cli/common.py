@@ -52,7 +52,7 @@ class _Group(TyperGroup):
         except click_errors.ClickException as e:
             err.print(f"[bold red]error:[/] {escape(e.format_message())}", soft_wrap=True)
             sys.exit(e.exit_code)
-        except click_errors.Abort:
+        except typer.Abort:
             err.print("[yellow]interrupted[/]")
             sys.exit(EXIT_INTERRUPTED)
         sys.exit(rv if isinstance(rv, int) else 0)
