@@ -41,13 +41,16 @@ def main() -> int:
     busy = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(a.busy)]
     root = Path(tempfile.mkdtemp(prefix="profkit-signal-trials-"))
     trials = st.plan(a.seed, a.trials)
+    lengths = {t: st.calibrate(t, root / f"calibrate-{t}") for t in st.TARGETS}  # with the busy processes already running
+    for t, ls in lengths.items():
+        print(f"{t}: stage lengths (s) " + ", ".join(f"{k} {v}" for k, v in ls.items()), flush=True)
     t0 = time.monotonic()
     done: list[st.Trial] = []
     try:
         def one(ix: int) -> st.Trial:
             t = trials[ix]
             try:
-                st.run(t, root / f"t{ix:03d}")
+                st.run(t, root / f"t{ix:03d}", lengths[t.target])
             except AssertionError as e:  # a stage never reached: a problem of the trial, reported as such
                 t.problems.append(str(e))
             finally:

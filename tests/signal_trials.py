@@ -29,10 +29,10 @@ from processes import HANG_S, processes
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLICA = Path(__file__).resolve().parent / "sglang_replica"
-SMALL = ["--isl", "64", "--turns", "3", "--turn-tokens", "16", "--output-tokens", "24", "--num-steps", "4", "--profile-windows", "1",
+SMALL = ["--isl", "32", "--turns", "2", "--turn-tokens", "8", "--output-tokens", "12", "--num-steps", "3", "--profile-windows", "1",
          "--health-timeout", "600", "--profile-timeout", "600"]  # guards against a hang, not speed bounds
-# where a signal is sent, and how long after the stage begins at most (s): about the stage's length on a quiet 2-core host
-STAGES = {"server_start": 6.0, "warmup": 1.5, "workload": 1.5, "capture": 2.0, "server_stop": 1.0}
+# the stages a signal is sent in (the moment inside each: a seeded fraction of its length, measured by `calibrate`)
+STAGES = ("server_start", "warmup", "workload", "capture", "server_stop")
 TARGETS = ("proxy", "sglang")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -42,8 +42,9 @@ class Trial:
     target: str
     sig: int
     stage: str
-    delay_s: float
+    fraction: float  # of the stage's length (calibrate) after its start
     seed: int
+    delay_s: float = 0.0
     returncode: int | None = None
     landed: str | None = None  # the stage the manifest says the run was interrupted in
     left: list[str] = field(default_factory=list)  # command lines of the processes left behind
@@ -60,12 +61,29 @@ def plan(seed: int, n: int) -> list[Trial]:
     """n trials: every 10 consecutive ones cover each (target, stage) pair once (2 and 5 are
     coprime), the signal alternates every two; each has its own seeded delay inside its stage."""
     rng = random.Random(seed)
-    stages = list(STAGES)
-    out = []
-    for i in range(n):
-        st = stages[i % len(stages)]
-        out.append(Trial(TARGETS[i % 2], SIGNALS[(i // 2) % 2], st, round(rng.uniform(0, STAGES[st]), 3), seed=seed))
-    return out
+    return [Trial(TARGETS[i % 2], SIGNALS[(i // 2) % 2], STAGES[i % len(STAGES)], round(rng.random(), 4), seed=seed) for i in range(n)]
+
+
+def calibrate(target: str, tmp: Path) -> dict[str, float]:
+    """How long each stage of an uninterrupted run's first side lasts on this host now (s), read
+    from the manifest as it changes; the trials put their signal a seeded fraction into it."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    p = subprocess.Popen(argv(tmp, target, free_port()), cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen: dict[str, float] = {}
+    try:
+        while p.poll() is None:
+            ms = read_manifests(tmp)
+            if ms and ms[0]["stage"] not in seen:
+                seen[ms[0]["stage"]] = time.monotonic()
+            if len(ms) > 1:  # the second side started: the first one's stages are all seen
+                break
+            time.sleep(0.01)
+    finally:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+        p.communicate(timeout=HANG_S)
+    order = sorted(seen, key=seen.get)
+    return {st: round(seen[nxt] - seen[st], 3) for st, nxt in zip(order, order[1:])}
 
 
 def free_port() -> int:
@@ -143,7 +161,9 @@ def wait_for(cond, proc: subprocess.Popen, timeout_s: float, what: str) -> None:
         time.sleep(0.02)
 
 
-def run(trial: Trial, tmp: Path) -> Trial:
+def run(trial: Trial, tmp: Path, lengths: dict[str, float]) -> Trial:
+    """One trial; `lengths`: calibrate()'s stage lengths for its target."""
+    trial.delay_s = round(trial.fraction * lengths.get(trial.stage, 1.0), 3)
     tmp.mkdir(parents=True, exist_ok=True)
     port = free_port()
     t0 = time.monotonic()

@@ -63,13 +63,19 @@ def test_server_killed_mid_capture(tmp_path):
 TRIALS = signal_trials.plan(seed=25, n=10)  # each (target, stage) pair once, both signals; benchmarks/signal_trials.py runs 200
 
 
-@pytest.mark.parametrize("trial", TRIALS, ids=[f"{t.target}-{signal.Signals(t.sig).name}-{t.stage}+{t.delay_s:.2f}s" for t in TRIALS])
-def test_signal_at_a_random_moment(tmp_path, trial):
+@pytest.fixture(scope="module")
+def stage_lengths(tmp_path_factory):
+    """Each target's stage lengths, measured on this host now (a calibration run per target)."""
+    return {t: signal_trials.calibrate(t, tmp_path_factory.mktemp(f"calibrate-{t}")) for t in signal_trials.TARGETS}
+
+
+@pytest.mark.parametrize("trial", TRIALS, ids=[f"{t.target}-{signal.Signals(t.sig).name}-{t.stage}-at-{t.fraction:.2f}" for t in TRIALS])
+def test_signal_at_a_random_moment(tmp_path, trial, stage_lengths):
     """SIGINT or SIGTERM at a seeded moment inside a stage of `profkit trace` (the proxy with two TP
     ranks; the SGLang replica with its schedulers, detokenizer and a helper in its own session):
     exit 130, no process left (found by command line), the interrupted manifest names the server's
     pid and how it ended (or the server had not been spawned: its log holds profkit's header only)."""
-    t = signal_trials.run(trial, tmp_path)
+    t = signal_trials.run(trial, tmp_path, stage_lengths[trial.target])
     assert t.left == [], t.left
     assert t.problems == [], t.problems
     assert t.returncode in (130, 0)  # 0: the run ended before the signal could land (a slow stage start is not a failure)
