@@ -34,10 +34,12 @@ class held_signals:
     (or `release()`); then the previous handlers are back and each noted signal, each kind once (two
     Ctrl-C while held are one interrupt), is handed to them: KeyboardInterrupt for Ctrl-C, whatever
     the command installed for SIGTERM. `arrived` is set at the first, for a loop that should hurry.
-    Holds nest: an inner one hands its signals to the outer one. Outside the main thread (where
-    handlers cannot be set) it holds nothing."""
+    Holds nest: an inner one hands its signals to the outer one. `deliver=False` drops them instead
+    (the block is itself the answer to a signal: a second Ctrl-C meanwhile is the same interrupt).
+    Outside the main thread (where handlers cannot be set) it holds nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, deliver: bool = True) -> None:
+        self.deliver = deliver
         self.signals: list[int] = []
         self.arrived = threading.Event()
         self._previous: dict[int, Any] = {}
@@ -57,7 +59,7 @@ class held_signals:
         for s, h in previous.items():
             signal.signal(s, h)
         noted, self.signals = list(dict.fromkeys(self.signals)), []
-        for s in noted:
+        for s in noted if self.deliver else ():
             _deliver(s, previous.get(s, signal.SIG_DFL))
 
     def __enter__(self) -> "held_signals":

@@ -234,7 +234,7 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         return RunResult(run_id, states, trace_dir, report_dir, summary_path, summary, manifest.data,
                          windows if len(windows) > 1 else [], catalog)
     except KeyboardInterrupt:
-        with held_signals():  # a second Ctrl-C while the tree is torn down and the manifest written is the same interrupt
+        with held_signals(deliver=False):  # a second Ctrl-C while the tree is torn down and the manifest written is the same interrupt
             server.stop(grace_s=INTERRUPTED_GRACE_S)
             _record_stop(manifest, server, trace_files=_written(trace_dir))
             manifest.finish("interrupted", error=f"interrupted during {manifest.data['stage']}")
