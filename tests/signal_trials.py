@@ -113,7 +113,7 @@ def read_manifests(tmp: Path) -> list[dict]:
 def argv(tmp: Path, target: str, port: int) -> list[str]:
     common = ["--opt", "topk_v2", *SMALL, "--port", str(port), "--traces-dir", str(tmp / "traces"), "--reports-dir", str(tmp / "reports")]
     if target == "proxy":
-        return [sys.executable, "-m", "profkit", "trace", *common, "--extra-server-args", "--tp 2"]
+        return [sys.executable, "-m", "profkit", "trace", *common, "--extra-server-args", "--tp 2 --skip-server-warmup"]
     return [sys.executable, "-m", "profkit", "trace", "--target", "sglang", "--preset", "glm52-nvfp4-tp4",
             "--server-python", str(replica_python(tmp)), *common]
 
