@@ -36,3 +36,13 @@ def public_traces() -> Path:
     if not PUBLIC_TRACES.exists():
         pytest.skip("../shared/public-traces is not beside this checkout")
     return PUBLIC_TRACES
+
+
+@pytest.fixture(autouse=True)
+def _end_started():
+    """Every process a test registered (processes.started / on_teardown) is ended here, after the
+    test, whether it passed or failed."""
+    from processes import end_started
+
+    yield
+    end_started()

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from processes import processes
+from processes import HANG_S, gone, processes, started, wait_until
 
 pytest.importorskip("torch")
 
@@ -37,36 +37,27 @@ def profkit(tmp: Path, *args: str, port: int | None = None, **kw) -> subprocess.
     argv = [sys.executable, "-m", "profkit", *args, "--traces-dir", str(tmp / "traces"), "--reports-dir", str(tmp / "reports")]
     if port:
         argv += ["--port", str(port)]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp, **kw)
+    return started(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp, **kw))
 
 
 def manifests(tmp: Path) -> list[dict]:
     return sorted((json.loads(p.read_text()) for p in (tmp / "traces").glob("*/manifest.json")), key=lambda m: m["started_at"] + m["run_id"])
 
 
-def wait_stage(tmp: Path, stage: str, proc: subprocess.Popen, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for m in manifests(tmp):
-            if m["stage"] == stage:
-                return m
-        if proc.poll() is not None:
-            raise AssertionError(f"profkit exited early: {proc.communicate()}")
-        time.sleep(0.1)
-    raise AssertionError(f"never reached stage {stage}")
+def wait_stage(tmp: Path, stage: str, proc: subprocess.Popen) -> dict:
+    """The manifest, once a run reaches `stage` (a file written by profkit: no sleep, no speed bound)."""
+    return wait_until(lambda: next((m for m in manifests(tmp) if m["stage"] == stage), None), f"stage {stage}", proc=proc)
 
 
 def assert_no_leftovers(port: int) -> None:
-    deadline = time.monotonic() + 10
-    while servers_on(port) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert servers_on(port) == []
+    """profkit returns once its server's tree is gone: a killed process is only waited to be reaped."""
+    assert gone(servers_on(port)) == []
 
 
 def test_trace_end_to_end(tmp_path):
     port = free_port()
     p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL, port=port)
-    out, err = p.communicate(timeout=400)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 0, err
     ms = manifests(tmp_path)
     assert [m["status"] for m in ms] == ["ok", "ok"]
@@ -101,7 +92,7 @@ def test_trace_end_to_end(tmp_path):
 def test_sweep_three_optimizations(tmp_path):
     port = free_port()
     p = profkit(tmp_path, "sweep", "--opts", "topk_v2,indexer_fusion,moe_deferred_finalize", *SMALL[:8], "--num-steps", "5", "--no-warmup", port=port)
-    out, err = p.communicate(timeout=600)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 0, err
     doc = json.loads(next((tmp_path / "reports").glob("*sweep*/sweep.json")).read_text())
     assert doc["status"] == "ok"
@@ -118,7 +109,7 @@ def test_sweep_three_optimizations(tmp_path):
 
 def test_server_that_fails_to_start(tmp_path):
     p = profkit(tmp_path, "trace", "--opt", "topk_v2", "--extra-server-args", "--no-such-flag 1", *SMALL)
-    out, err = p.communicate(timeout=120)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 4
     assert "exited before it became healthy" in err
     assert "--no-such-flag" in err  # the log's tail is shown
@@ -133,7 +124,7 @@ def test_busy_port(tmp_path):
         s.listen()
         port = s.getsockname()[1]
         p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL, port=port)
-        out, err = p.communicate(timeout=60)
+        out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 4
     assert "already in use" in err
     (m,) = manifests(tmp_path)
@@ -145,7 +136,7 @@ def test_server_killed_mid_run(tmp_path):
     p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL[:6], "--turns", "40", "--no-warmup", port=port)
     m = wait_stage(tmp_path, "workload", p)
     os.kill(m["server_pid"], signal.SIGKILL)
-    out, err = p.communicate(timeout=120)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 4, err
     assert "died" in err or "failed" in err
     (m,) = manifests(tmp_path)
@@ -159,7 +150,7 @@ def test_interrupt_keeps_manifest_and_stops_server(tmp_path, sig):
     p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL[:6], "--turns", "40", "--no-warmup", port=port)
     wait_stage(tmp_path, "workload", p)
     p.send_signal(sig)
-    out, err = p.communicate(timeout=120)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 130, err
     (m,) = manifests(tmp_path)
     assert m["status"] == "interrupted"

@@ -19,8 +19,9 @@ from profkit.capture.http import HTTPFailure, free_port, get_json
 from profkit.capture.manifest import Manifest
 from profkit.capture.gpu import wait_gpus_free
 from profkit.capture.profile import log_size, start_profile, wait_for_traces
-from profkit.capture.server import Server
 from profkit.capture import vllm as vllm_profile
+from profkit.capture.process import held_signals
+from profkit.capture.server import INTERRUPTED_GRACE_S, Server
 from profkit.errors import Interrupted, ProfkitError, TargetError, UsageError
 from profkit.targets import proxy as proxy_target
 from profkit.targets import sglang as sglang_target
@@ -140,6 +141,7 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
     if cfg.target != "vllm":  # vLLM's profiler (and its capture traces) are configured by --profiler-config
         spec = replace(spec, env={**spec.env, "SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE": "1",
                                   "SGLANG_TORCH_PROFILER_DIR": str(trace_dir.resolve())})
+    early = held_signals().hold()  # no interrupt between the manifest's creation and the `try` that finishes it
     trace_dir.mkdir(parents=True, exist_ok=False)
     warnings = list(spec.notes) + _accept_length_warning(cfg, spec)
     manifest = Manifest.create(
@@ -152,6 +154,7 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
     )
     server = Server(spec, trace_dir / "server.log")
     try:
+        early.release()  # a signal that came while the manifest was created: interrupted at "starting"
         manifest.stage("validate")
         if cfg.target == "sglang":
             sglang_target.check_gpu(spec, sglang_target.gpu_compute_capabilities())
@@ -166,8 +169,7 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
             manifest.update(gpu_check=wait_gpus_free(spec.world_size))
         manifest.stage("server_start")
         progress(f"{label}: starting the {cfg.target} server on port {port}")
-        server.start()
-        manifest.update(server_pid=server.pid)
+        server.start(on_spawn=lambda pid: manifest.update(server_pid=pid))
         server.wait_healthy(cfg.health_timeout_s)
         info = _server_info(spec.base_url) if spec.api == "sglang" else _vllm_info(spec.base_url)
         manifest.update(server_info=info, versions={**manifest.data["versions"], **_versions(info)})
@@ -213,7 +215,7 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         manifest.stage("server_stop")
         progress(f"{label}: stopping the server (up to {spec.teardown_s:.0f} s for its own teardown)")
         server.stop(grace_s=max(spec.teardown_s, 60) if cfg.nsys else None)
-        manifest.update(leftover_pids=server.leftovers())
+        _record_stop(manifest, server)
         if cfg.nsys:  # the report, and its SQLite export that profkit analyzes (ingest/nsys.py; the command is shown)
             from profkit.ingest.nsys import exported
 
@@ -250,20 +252,26 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         return RunResult(run_id, states, trace_dir, report_dir, summary_path, summary, manifest.data,
                          windows if len(windows) > 1 else [], catalog)
     except KeyboardInterrupt:
-        server.stop(grace_s=5)
-        manifest.update(trace_files=_written(trace_dir), leftover_pids=server.leftovers())
-        manifest.finish("interrupted", error=f"interrupted during {manifest.data['stage']}")
+        with held_signals(deliver=False):  # a second Ctrl-C while the tree is torn down and the manifest written is the same interrupt
+            server.stop(grace_s=INTERRUPTED_GRACE_S)
+            _record_stop(manifest, server, trace_files=_written(trace_dir))
+            manifest.finish("interrupted", error=f"interrupted during {manifest.data['stage']}")
         raise Interrupted(f"interrupted during {manifest.data['stage']}; kept {trace_dir}", hint=f"see {trace_dir / 'manifest.json'}") from None
     except (ProfkitError, HTTPFailure) as e:
         if isinstance(e, HTTPFailure):  # the server stopped answering: say whether it died
             e = server.died(f"died during the {manifest.data['stage']}") if not server.alive() else TargetError(
                 f"the server stopped answering during the {manifest.data['stage']}: {e}", hint=f"see {server.log_path}")
-        server.stop()
-        manifest.update(trace_files=_written(trace_dir), leftover_pids=server.leftovers())
+        server.stop()  # a Ctrl-C meanwhile hurries it, then interrupts (the manifest says where)
+        _record_stop(manifest, server, trace_files=_written(trace_dir))
         manifest.finish("failed", error=str(e))
         raise e from None
     finally:
-        server.stop(grace_s=5)
+        server.stop(grace_s=INTERRUPTED_GRACE_S)
+
+
+def _record_stop(manifest: Manifest, server: Server, **fields: Any) -> None:
+    """The server's pid and how it ended, and any of its processes still running (none, unless a kill failed)."""
+    manifest.update(**fields, server_exit=server.ended, leftover_pids=server.leftovers())
 
 
 def _accept_length_warning(cfg: RunConfig, spec: LaunchSpec) -> list[str]:

@@ -12,21 +12,22 @@ import typer
 from rich.markup import escape
 
 from profkit.cli.common import _state, command, err, out, safe_name
+from profkit.cli.options import Captures, JsonOut, CatalogOpt, Marker, MinBubble, Top
 from profkit.errors import OutputError, UsageError
 
 
 @command()
 def analyze(
     paths: Annotated[list[Path], typer.Argument(readable=False, help="Trace files (*.trace.json.gz, *.pt.trace.json) or run folders; one file per rank.")],
-    marker: Annotated[Optional[str], typer.Option("--marker", help="Regex for the CPU span that opens one iteration (default: scheduler.run_batch, step[...], execute_..., ProfilerStep#N).")] = None,
-    min_bubble_us: Annotated[float, typer.Option("--min-bubble-us", min=0.0, help="Shortest GPU idle gap counted as a bubble.")] = 2.0,
-    catalog: Annotated[Optional[str], typer.Option("--catalog", help="Kernel catalog: a name in kernels/ (generic, sglang-glm52, proxy) or a .toml path; default: picked from the kernel names.")] = None,
-    json_out: Annotated[Optional[str], typer.Option("--json", help="Write summary.json (schema v2) to FILE, or '-' for stdout.")] = None,
+    marker: Marker = None,
+    min_bubble_us: MinBubble = 2.0,
+    catalog: CatalogOpt = None,
+    json_out: JsonOut = None,
     timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Write the per-iteration kernel timeline (.parquet or .csv).")] = None,
-    top: Annotated[int, typer.Option("--top", help="How many kernels to list.")] = 10,
+    top: Top = 10,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the parquet cache beside each trace (<trace>.profkit-cache/).")] = False,
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes: rank files in parallel, or one large file's chunks (default: min(cores, files)).")] = None,
-    capture: Annotated[Optional[list[Path]], typer.Option("--capture", help="Graph-capture profile(s) (SGLang's or the proxy's graph_capture_profile/*.json.gz): replayed kernels categorized as in eager mode (default: the run folder's).")] = None,
+    capture: Captures = None,
     tables: Annotated[Optional[Path], typer.Option("--tables", help="Write every iteration, GPU op, bubble, sync and launch as parquet under DIR (DIR/<table>/run=<run>/rank=<rank>/, hive layout: DuckDB and Spark read it as it is).")] = None,
     list_markers: Annotated[bool, typer.Option("--list-markers", help="List the CPU spans that could mark iterations (user annotations, engine step spans), with counts and the --marker regex for each; analyze nothing.")] = False,
 ) -> None:

@@ -16,7 +16,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from profkit.cli.common import Target, command, err, option, options_from, out
+from profkit.cli.common import command, err, option, options_from, out
+from profkit.cli.options import BASE, CATALOG, MARKER, MIN_BUBBLE_US, TARGET, BaseMode, SweepMode, Target, TargetName
 from profkit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -33,23 +34,23 @@ class RunOptions:
     and how they are analyzed. Help texts are trace's; sweep replaces a few (SWEEP_HELP). Help uses
     rich markup: a literal "[" is written "\\[". """
 
-    target: str = field(default="proxy", metadata=option("--target", help="proxy (the built-in engine), sglang or vllm."))
-    base: str = field(default="on", metadata=option("--base", help="on (default, the study's regime): all on, baseline = all on minus opts (leave-one-out); off (exploration): baseline all off, candidate = baseline + opts."))
+    target: TargetName = TARGET.field(TargetName.proxy)
+    base: BaseMode = BASE.field(BaseMode.on)
     preset: Optional[str] = field(default=None, metadata=option("--preset", help="SGLang study preset: glm52-nvfp4-tp4, -tp8, -tep4, -tep8."))
     model_path: Optional[str] = field(default=None, metadata=option("--model-path", help="Override the preset's model path."))
     server_python: Optional[str] = field(default=None, metadata=option("--server-python", help="Python of the engine's environment (e.g. a before/after build of SGLang)."))
     extra_server_args: str = field(default="", metadata=option("--extra-server-args", help="More server flags, as one shell-quoted string."))
     isl: Optional[str] = field(default=None, metadata=option("--isl", help="First-prompt tokens (default 74000 on sglang: requests average 80K over 13 turns; 256 on the proxy); a list measures each."))
-    turns: int = field(default=13, metadata=option("--turns", help="Turns per conversation."))
+    turns: int = field(default=13, metadata=option("--turns", min=1, help="Turns per conversation."))
     turn_tokens: Optional[int] = field(default=None, metadata=option("--turn-tokens", help="New tokens per later turn (default 800; 32 on the proxy)."))
     output_tokens: Optional[int] = field(default=None, metadata=option("--output-tokens", help="Output tokens per turn, ignore_eos (default 220; 32 on the proxy)."))
     concurrency: str = field(default="1", metadata=option("--concurrency", help="Conversations in flight; a list (1,2,4) measures each, the first is profiled."))
     workload_file: Optional[Path] = field(default=None, metadata=option("--workload-file", help="JSONL replay: one conversation per line, {\"turns\": \\[\\[ids...], ...]}."))
     seed: int = field(default=0, metadata=option("--seed", help="Workload seed (token ids, prompt lengths): the same seed gives the same requests."))
-    repeat: int = field(default=1, metadata=option("--repeat", help="Repeat the unprofiled measurement N times (median and spread)."))
+    repeat: int = field(default=1, metadata=option("--repeat", min=1, help="Repeat the unprofiled measurement N times (median and spread)."))
     warmup: bool = field(default=True, metadata=option("--warmup/--no-warmup", help="Before each workload point's repeats, one unmeasured pass of the same shape (graph captures, JIT compiles, autotuning happen there, not in a measured repeat)."))
-    num_steps: int = field(default=20, metadata=option("--num-steps", help="run_batch iterations to profile."))
-    profile_windows: int = field(default=3, metadata=option("--profile-windows", help="Profile windows of --num-steps iterations per side (median and spread of every trace figure; 1: changes are not judged)."))
+    num_steps: int = field(default=20, metadata=option("--num-steps", min=1, help="run_batch iterations to profile."))
+    profile_windows: int = field(default=3, metadata=option("--profile-windows", min=1, help="Profile windows of --num-steps iterations per side (median and spread of every trace figure; 1: changes are not judged)."))
     with_stack: bool = field(default=False, metadata=option("--with-stack", help="Record Python stacks (bigger traces, more overhead)."))
     record_shapes: bool = field(default=False, metadata=option("--record-shapes", help="Record op shapes."))
     profile_turn: int = field(default=1, metadata=option("--profile-turn", help="Turn (0-based) whose decode is profiled."))
@@ -58,9 +59,9 @@ class RunOptions:
     profile_timeout: float = field(default=120.0, metadata=option("--profile-timeout", help="Seconds to wait for the trace files."))
     traces_dir: Path = field(default=Path("traces"), metadata=option("--traces-dir", help="Where run folders go: DIR/<run_id>/ (manifest.json, traces, server.log)."))
     reports_dir: Path = field(default=Path("reports"), metadata=option("--reports-dir", help="Where reports go: DIR/<run_id>/summary.json and the attribution folder."))
-    marker: Optional[str] = field(default=None, metadata=option("--marker", help="Regex for the CPU span that opens one iteration (default chain: scheduler.run_batch, step\\[...], execute_..., ProfilerStep#N)."))
-    min_bubble_us: float = field(default=2.0, metadata=option("--min-bubble-us", help="Shortest GPU idle gap counted as a bubble (µs)."))
-    catalog: Optional[str] = field(default=None, metadata=option("--catalog", help="Kernel catalog: a name in kernels/ or a .toml path (default: the target's)."))
+    marker: Optional[str] = MARKER.field(None)
+    min_bubble_us: float = MIN_BUBBLE_US.field(2.0)
+    catalog: Optional[str] = CATALOG.field(None)
     dry_run: bool = field(default=False, metadata=option("--dry-run", help="Print every command line and environment variable; start nothing."))
     capture_only: bool = field(default=False, metadata=option("--capture-only", help="Record traces and manifests only; analyze later with `profkit diff RUN_A RUN_B` (for GPU boxes without the analysis packages)."))
     nsys: bool = field(default=False, metadata=option("--nsys", help="Wrap the server in `nsys profile --capture-range=cudaProfilerApi` and open the window with the CUDA_PROFILER activity (writes .nsys-rep, exports it with `nsys export --type sqlite` and analyzes that)."))
@@ -75,6 +76,7 @@ SWEEP_HELP = {
     "num_steps": "Iterations (run_batch steps) per profile window.",
     "profile_windows": "Profile windows of --num-steps iterations per run.",
     "capture_only": "Record traces and manifests only (attribute later with `profkit diff`).",
+    "base": "on (default): optimizations not in --opts stay on in every run, so 'all' is the full configuration; off (exploration): they are off everywhere.",
 }
 # trace's options that sweep does not take (its runs use their defaults)
 SWEEP_EXCLUDES = ("marker", "min_bubble_us", "with_stack", "record_shapes", "nsys")
@@ -95,6 +97,11 @@ def _sigterm_as_interrupt() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def _plain(o: RunOptions) -> RunOptions:
+    """The choices as their plain values (run ids, manifests and the library take strings)."""
+    return replace(o, target=str(o.target), base=str(o.base))  # type: ignore[arg-type]
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -231,7 +238,7 @@ def trace(opt: Opt, options: RunOptions) -> None:
     from profkit.capture.sweep import attribute, reproduce_command
     from profkit.targets.registry import check_comparison, check_opts, opt_states
 
-    o = options
+    o = _plain(options)
     target, base, catalog, reports_dir, capture_only = o.target, o.base, o.catalog, o.reports_dir, o.capture_only
     cfg = _config(o)
     opts = check_opts(target, opt)
@@ -259,7 +266,7 @@ def trace(opt: Opt, options: RunOptions) -> None:
 
 
 @command()
-def opts(target: Target = "proxy") -> None:
+def opts(target: Target = TargetName.proxy) -> None:
     """The optimization registry: each optimization's real on/off switch, what it means in the engine, what it depends on.
 
     Example:
@@ -268,6 +275,7 @@ def opts(target: Target = "proxy") -> None:
     """
     from profkit.targets.registry import registry
 
+    target = str(target)
     reg = registry(target)
     title = ("optimizations for --target sglang (SGLang 0.5.23: every one is on by default; on = that default or the study's "
              "own setting, off = the switch that removes it; --base on switches one off at a time)" if target == "sglang"
@@ -295,8 +303,7 @@ def opts(target: Target = "proxy") -> None:
 @options_from(RunOptions, exclude=SWEEP_EXCLUDES, help=SWEEP_HELP)
 def sweep(
     opts_: Annotated[str, typer.Option("--opts", help="Comma-separated optimizations, e.g. overlap,topk_v2,indexer_fusion.")],
-    mode: Annotated[str, typer.Option("--mode", help="one-at-a-time (each alone vs baseline, then all), ladder (cumulative), leave-one-out (all on, each off).")] = "one-at-a-time",
-    base: Annotated[str, typer.Option("--base", help="on (default): optimizations not in --opts stay on in every run, so 'all' is the full configuration; off (exploration): they are off everywhere.")] = "on",
+    mode: Annotated[SweepMode, typer.Option("--mode", help="one-at-a-time (each alone vs baseline, then all), ladder (cumulative), leave-one-out (all on, each off).")] = SweepMode.one_at_a_time,
     options: RunOptions = RunOptions(),
 ) -> None:
     """Run a set of optimizations one at a time, as a ladder, or leave-one-out; one attribution table.
@@ -309,8 +316,8 @@ def sweep(
     from profkit.store import write_json_atomic
     from profkit.targets.registry import check_opts
 
-    o = options
-    target, reports_dir, capture_only = o.target, o.reports_dir, o.capture_only
+    o = _plain(options)
+    target, base, mode, reports_dir, capture_only = o.target, o.base, str(mode), o.reports_dir, o.capture_only
     cfg = _config(o)
     chosen = check_opts(target, [x.strip() for x in opts_.split(",") if x.strip()])
     if not chosen:

@@ -15,7 +15,8 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
-from profkit.cli.common import Cdn, CatalogOpt, Marker, MinBubble, command, err, out, safe_name
+from profkit.cli.common import command, err, out, safe_name
+from profkit.cli.options import Captures, JsonOut, Cdn, CatalogOpt, Marker, MinBubble, Output, Top
 from profkit.errors import TraceInputError, UsageError
 
 
@@ -42,14 +43,14 @@ def diff(
     catalog: CatalogOpt = None,
     md: Annotated[Optional[Path], typer.Option("--md", help="Write a GitHub Markdown PR comment to FILE.")] = None,
     html: Annotated[Optional[Path], typer.Option("--html", help="Write a self-contained HTML report to FILE.")] = None,
-    json_out: Annotated[Optional[str], typer.Option("--json", help="Write diff.json (schema v1) to FILE, or '-' for stdout.")] = None,
+    json_out: JsonOut = None,
     marker: Marker = None,
     min_bubble_us: MinBubble = 2.0,
     rank: Annotated[Optional[int], typer.Option("--rank", help="Which rank to compare (default 0; two single-rank sides are compared whatever their ranks).")] = None,
     allow_shape_mismatch: Annotated[bool, typer.Option("--allow-shape-mismatch", help="Compare sides that share no iteration shape (kind, batch size), mixing shapes; refused without it.")] = False,
     cdn: Cdn = False,
-    top: Annotated[int, typer.Option("--top", help="How many movers and sync groups to print.")] = 10,
-    capture: Annotated[Optional[list[Path]], typer.Option("--capture", help="Graph-capture profile(s) for the replayed kernels' categories (default: graph_capture_profile/ of each run folder).")] = None,
+    top: Top = 10,
+    capture: Captures = None,
 ) -> None:
     """Attribute the change between two runs: per-category time, overlap and idle by bubble cause
     (exact, mean per iteration), launches and syncs per iteration, kernels added and removed, and
@@ -114,7 +115,7 @@ def diff(
 @command()
 def report(
     paths: Annotated[list[Path], typer.Argument(readable=False, help="Run folders, summary.json files, trace files or diff.json files; several runs make a sweep (ladder).")],
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The HTML file to write (default: under reports/).")] = None,
+    output: Output = None,
     cdn: Cdn = False,
     marker: Marker = None,
     min_bubble_us: MinBubble = 2.0,
@@ -169,7 +170,7 @@ def report(
 @command("export-perfetto")
 def export_perfetto(
     trace: Annotated[Path, typer.Argument(readable=False, help="A trace file, or a run folder of trace files (one per rank).")],
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The .perfetto-trace file to write (default: beside the trace).")] = None,
+    output: Output = None,
     marker: Marker = None,
     min_bubble_us: MinBubble = 2.0,
     catalog: CatalogOpt = None,
