@@ -68,6 +68,12 @@ def test_trace_end_to_end(tmp_path):
         assert m["throughput"][0]["cache_hit_rate"]["median"] > 0.5
         # one unmeasured pass of the point's own shape before its repeats (its wall time kept beside them)
         assert m["throughput"][0]["warmup"]["duration_s"] > 0 and m["throughput"][0]["warmup"]["tokens_per_s"] > 0
+        # each profile window's accepted length, from the server's own counts (the proxy simulates 3.0 per verify
+        # round; a request's last round is cut to its remaining tokens, so a little less)
+        for w in m["profiler_overhead"].get("windows") or [m["profiler_overhead"]]:
+            acc = w["accept"]
+            assert acc["spec_verify_ct"] > 0 and acc["requests"] >= 1, acc
+            assert 2.5 < acc["accept_length"] <= 3.0 and acc["accept_length"] < acc["server_accept_length"], acc
         run = tmp_path / "traces" / m["run_id"]
         assert (run / "server.log").exists()
         assert (run / m["trace_files"][0]).stat().st_size > 0

@@ -65,6 +65,9 @@ class RankAnalysis:
     graph_capture: dict[str, Any] | None = None  # analysis/graphs.py: replayed ops mapped to their capture (with a capture profile)
     source: dict[str, Any] | None = None  # what the input was read from when not a Kineto trace (an nsys export: ingest/nsys.py)
     stub_markers: int = 0  # marker spans cut by the profiler's stop, dropped (analysis/iterations.py)
+    overlap_slack: dict[str, Any] | None = None  # analysis/slack.py: every transition N -> N+1 and the rank's statistics
+    capture: dict[str, Any] = field(default_factory=dict)  # analysis/health.py: the facts capture health is judged on
+    speculative: dict[str, Any] | None = None  # analysis/spec.py: the verify iterations' owned GPU time by phase, wall time
 
 
 def cpu_as_device(trace: Trace, iterations: pl.DataFrame) -> Trace:
@@ -195,6 +198,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         warnings.append("CPU-only trace: the outermost aten ops on the iteration thread stand in for device ops (device_timeline: cpu)")
     elif trace.gpu_ops.height and trace.calls.height == 0:
         trace = gpu_by_time(trace)
+        device_timeline = "gpu_by_time"  # reset below: only slack needs to know (no launch calls, no slack)
         warnings.append("no runtime calls in the trace (GPU-only?): GPU ops are assigned to iterations by their start time, launch figures are 0")
     calls = own_calls(trace.calls, win)
     ops = own_ops(trace.gpu_ops, calls)  # every GPU op; iteration null when no iteration owns it
@@ -235,8 +239,14 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         # true of every gap: it was Python (or the scheduler's code) between ops, not a launch
         bubbles = bubbles.with_columns(
             pl.when(pl.col("cause").is_in(["launch", "gpu_wait"])).then(pl.lit("python")).otherwise(pl.col("cause")).alias("cause"))
+    overlap_slack, capture = _slack_and_health(trace, ops, owned, calls, win, windows, syncs, its, device_timeline, device_records)
+    if device_timeline == "gpu_by_time":
+        device_timeline = "gpu"
 
     per = _per_iteration(win, windows, busy, categories, spill, owned, calls, syncs, bubbles)
+    from profkit.analysis.spec import rank_spec
+
+    speculative = rank_spec(owned, per) if device_timeline == "gpu" else None
     launch_calls = (
         calls.filter(pl.col("iteration").is_not_null() & pl.col("api").is_in(LAUNCH_APIS))
         .group_by("iteration", "api")
@@ -261,7 +271,24 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         ops=owned, bubbles=bubbles, syncs=syncs, phases=phases, warnings=warnings,
         device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None) or (digest() if digest else None), outside=outside,
         device_records=device_records, graph_capture=gcap, source=trace.meta.get("source"), stub_markers=its.stub_markers,
+        overlap_slack=overlap_slack, capture=capture, speculative=speculative,
     )
+
+
+def _slack_and_health(trace: Trace, ops: pl.DataFrame, owned: pl.DataFrame, calls: pl.DataFrame, win: pl.DataFrame,
+                      windows: pl.DataFrame, syncs: pl.DataFrame, its: Any, device_timeline: str,
+                      device_records: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """Overlap slack (analysis/slack.py; GPU timelines with launch calls only) and the capture-health facts
+    (analysis/health.py; the stubs the iteration finder dropped, when it says)."""
+    from profkit.analysis import health, slack
+
+    s = None
+    if device_timeline == "gpu" and owned.height:
+        t = slack.transitions(owned)
+        s = slack.rank_slack(t, slack.broken_by(trace, t, syncs), win)
+    facts = health.rank_facts(trace, ops, calls, win, windows, "gpu" if device_timeline == "gpu_by_time" else device_timeline,
+                              device_records, int(getattr(its, "stubs_dropped", 0) or 0))
+    return s, facts
 
 
 def _syncs_and_bubbles(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, windows: pl.DataFrame,

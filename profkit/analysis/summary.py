@@ -149,6 +149,11 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, An
         "warnings": list(a.warnings),
         # marker spans cut by the profiler's stop, dropped (a new optional key, as "timeline")
         "stub_markers": a.stub_markers,
+        # issue 31 (new optional keys): every transition's slack and the rank's statistics (analysis/slack.py);
+        # the facts capture health is judged on (analysis/health.py)
+        "overlap_slack": a.overlap_slack,
+        "capture": a.capture,
+        "speculative": a.speculative,  # analysis/spec.py: per accepted token where the run manifest gives the accept length
         # Added after v1 shipped (a new key; readers must treat it as optional): see analysis/timeline.py.
         "timeline": representative_timeline(a),
     }

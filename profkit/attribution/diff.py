@@ -30,6 +30,7 @@ from fractions import Fraction
 from typing import Any
 
 from profkit import __version__
+from profkit.attribution import capture_terms
 from profkit.ingest.identity import short_label
 from profkit.errors import NothingToAnalyze, UsageError
 from profkit.findings import idle_cpu_ops, largest_bubbles
@@ -703,6 +704,8 @@ def compare_summaries(
         "manifests": {"baseline": run_manifest(baseline), "candidate": run_manifest(candidate)},
         # unprofiled throughput, the headline, when the run manifests carry it (first workload point)
         "throughput": {"baseline": _first_point(run_manifest(baseline)), "candidate": _first_point(run_manifest(candidate))},
+        # issue 31: capture health, overlap slack and speculative cost per accepted token, side by side
+        **capture_terms.sections(baseline, candidate, baseline_repeats, candidate_repeats, rank),
     }
 
 

@@ -28,7 +28,7 @@ from profkit.targets import sglang as sglang_target
 from profkit.targets import vllm as vllm_target
 from profkit.targets.spec import LaunchSpec
 from profkit.workloads.agentic import Workload
-from profkit.workloads.driver import DriveResult, drive
+from profkit.workloads.driver import DriveResult, RequestRecord, drive
 
 if TYPE_CHECKING:
     from profkit.catalog import CatalogChoice
@@ -239,8 +239,8 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         # as every command chooses it: --catalog, else the one this run's manifest (its target) implies
         catalog = choose_catalog(cfg.catalog, [trace_dir])
         windows = []
-        for name, wfiles in _by_window(files, trace_dir):
-            s = analyze_run(wfiles, cfg, manifest.data, catalog, captures=capture_traces(trace_dir))
+        for i, (name, wfiles) in enumerate(_by_window(files, trace_dir)):
+            s = analyze_run(wfiles, cfg, manifest.data, catalog, captures=capture_traces(trace_dir), window=i)
             if name:
                 write_json_atomic(report_dir / name / "summary.json", s)
             windows.append(s)
@@ -537,14 +537,32 @@ def _after_window(cfg: RunConfig, server: Server, th: threading.Thread, result: 
         "slowdown": (base_user / prof_user) if (base_user and prof_user) else None,
         "window_s": t_end - t_start,
         "requests_in_window": len(during),
+        "accept": window_accept(during),
     }
     return files, overhead
 
 
+def window_accept(during: list[RequestRecord]) -> dict[str, Any] | None:
+    """The accepted length of the tokens decoded in a profile window, from the server's own per-request counts
+    (SGLang's and the proxy's final meta_info: completion_tokens and spec_verify_ct, the verify rounds) over the
+    requests that were decoding while the window was open. Each request's first token comes from its prefill,
+    not from a verify round: `accept_length` = (Σ completion_tokens − requests) / Σ spec_verify_ct, the tokens
+    one verify iteration emits; `server_accept_length` = Σ completion_tokens / Σ spec_verify_ct, SGLang's
+    `spec_accept_length` as it reports it. None when the server reports no verify rounds (not speculative)."""
+    spec = [r for r in during if r.spec_verify_ct]
+    if not spec:
+        return None
+    tokens = sum(r.completion_tokens for r in spec)
+    verify = sum(int(r.spec_verify_ct or 0) for r in spec)
+    return {"accept_length": (tokens - len(spec)) / verify, "server_accept_length": tokens / verify,
+            "completion_tokens": tokens, "spec_verify_ct": verify, "requests": len(spec),
+            "source": "server: completion_tokens / spec_verify_ct of the requests decoding during the window"}
+
+
 def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any], catalog: CatalogChoice,
-                captures: list[Path] | None = None) -> dict[str, Any]:
+                captures: list[Path] | None = None, window: int = 0) -> dict[str, Any]:
     """One profile window's traces -> its summary.json (profkit.summarize, as `analyze` does it),
-    with the run's `run` section (labels, switches, throughput) added."""
+    with the run's `run` section (labels, switches, throughput, which profile window) added."""
     from profkit.summarize import SummarizeOptions, summarize
 
     # ranks in parallel, large traces through the parquet cache (a later diff/report reads it)
@@ -554,5 +572,6 @@ def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any], cat
         "run_id": manifest["run_id"], "label": manifest["label"], "target": manifest["target"], "preset": manifest.get("preset"),
         "optimizations": manifest["optimizations"], "base": manifest.get("base"), "command": manifest["command"], "throughput": manifest.get("throughput"),
         "profiler_overhead": manifest.get("profiler_overhead"), "versions": manifest.get("versions"), "workload": manifest.get("workload"),
+        "window": window,
     }
     return summary
