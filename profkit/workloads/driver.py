@@ -116,8 +116,10 @@ def _error_text(obj: Any) -> str:
     return str(obj)
 
 
-def _generate(base_url: str, ids: list[int], max_new: int, timeout: float) -> tuple[list[int], dict[str, Any], float | None]:
+def _generate(base_url: str, ids: list[int], max_new: int, timeout: float,
+              on_chunk: Callable[[], None] | None = None) -> tuple[list[int], dict[str, Any], float | None]:
     """One /generate call, streamed. Returns output ids, final meta_info and TTFT (s from send).
+    `on_chunk` is called once per streamed chunk with output ids (one per decode step the server ran).
 
     Raises RequestFailed for anything the server refused or broke off, HTTPFailure when it does
     not answer at all (connection refused: it may have died)."""
@@ -151,6 +153,8 @@ def _generate(base_url: str, ids: list[int], max_new: int, timeout: float) -> tu
                     ids_ = list(chunk.get("output_ids") or [])
                     if ids_ and ttft is None:
                         ttft = time.perf_counter() - t0
+                    if ids_ and on_chunk:
+                        on_chunk()
                     meta = chunk.get("meta_info") or meta
                     # default: every chunk carries all ids so far; --incremental-streaming-output: only the new ones
                     n = meta.get("completion_tokens")
@@ -187,8 +191,10 @@ def _generate(base_url: str, ids: list[int], max_new: int, timeout: float) -> tu
 def drive(
     base_url: str, workload: Workload, *, concurrency: int, conversations: int | None = None, timeout_s: float = 3600,
     on_submit: Callable[[int, int], None] | None = None, stop: threading.Event | None = None,
+    on_chunk: Callable[[int], None] | None = None,
 ) -> DriveResult:
-    """Run `conversations` (default: `concurrency`) conversations, `concurrency` at a time."""
+    """Run `conversations` (default: `concurrency`) conversations, `concurrency` at a time.
+    `on_chunk(conversation)` is called for every streamed chunk (progress of a profile window)."""
     n_conv = conversations or concurrency
     result = DriveResult()
     lock = threading.Lock()
@@ -210,7 +216,8 @@ def drive(
                     on_submit(c, t)
                 start = time.perf_counter()
                 try:
-                    out, meta, ttft = _generate(base_url, history, workload.output_tokens, timeout_s)
+                    out, meta, ttft = _generate(base_url, history, workload.output_tokens, timeout_s,
+                                                (lambda c=c: on_chunk(c)) if on_chunk else None)
                 except RequestFailed as e:
                     with lock:
                         result.records.append(RequestRecord(
