@@ -5,6 +5,7 @@ Every case checks the exit code, the kept manifest and that no server process is
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import socket
@@ -162,3 +163,58 @@ def test_interrupt_keeps_manifest_and_stops_server(tmp_path, sig):
     assert m["status"] == "interrupted"
     assert "workload" in m["error"]
     assert_no_leftovers(port)
+
+
+def test_progress_as_it_happens_and_every_folder_readable(tmp_path):
+    """Piped (not a TTY, as under `| tee`): one line per step, each arriving while the run goes on,
+    naming the run, the repeat and the profile window; the "done" lines carry whole paths. Then every
+    folder the run wrote reads back: analyze (each window, or --window i), report, export-perfetto."""
+    port = free_port()
+    p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL, "--profile-windows", "2", "--repeat", "2", port=port)
+    early: list[str] = []
+    for line in p.stderr:  # lines as they come: the process is still running when the first window's line arrives
+        early.append(line.rstrip("\n"))
+        if "run 2/2" in line and "profile window 1/2" in line:
+            assert p.poll() is None
+            break
+    rest_out, rest_err = p.communicate(timeout=400)
+    assert p.returncode == 0, rest_err
+    lines = early + rest_err.splitlines()
+    for want in ("run 1/2 baseline: workload isl=64 concurrency=1 repeat 2/2", "run 1/2 baseline: profile window 2/2 of 6 iterations",
+                 "run 1/2 baseline: analyzing profile window 2/2", "run 2/2 candidate (topk_v2): profile window 1/2"):
+        assert any(want in x for x in lines), (want, lines)
+    assert all(re.match(r"\[\d+:\d\d:\d\d\] ", x) for x in lines if x.startswith("[") and "run " in x)
+    done = [x for x in lines if ": done; traces " in x]
+    assert len(done) == 2
+    for x in done:  # the paths whole, and there
+        trace_dir, summary = re.search(r"traces (\S+), summary (\S+)$", x).groups()
+        assert (tmp_path / trace_dir / "manifest.json").is_file() and (tmp_path / summary).is_file()
+    run = tmp_path / re.search(r"traces (\S+),", done[0]).group(1)
+    assert sorted(d.name for d in run.iterdir() if d.is_dir() and d.name.startswith("window-")) == ["window-0", "window-1"]
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "profkit", *args], capture_output=True, text=True, cwd=tmp_path,
+                              env={**os.environ, "COLUMNS": "80"})
+
+    a = cli("analyze", str(run))
+    assert a.returncode == 0, a.stderr
+    assert "── 1 of 2: " in a.stdout and "── 2 of 2: " in a.stdout and "window-1" in a.stdout
+    assert "skipped manifest.json, server.log (not traces)" in a.stderr
+    one = cli("analyze", str(run), "--window", "1")
+    assert one.returncode == 0 and "── " not in one.stdout and "window-1" in one.stdout
+    bad = cli("analyze", str(run), "--window", "7")
+    assert bad.returncode == 3 and "no profile window 7 (it has window-0/, window-1/)" in bad.stderr
+    stored = cli("analyze", str(tmp_path / summary_dir(done[0])))  # reports/<run>/: the stored summaries of each window
+    assert stored.returncode == 0 and "stored summary" in stored.stdout
+    group = next(d for d in (tmp_path / "reports").iterdir() if (d / "diff.json").exists())
+    for args in (("report", str(run), "--window", "1", "-o", "w1.html"), ("report", str(group), "-o", "g.html")):
+        r = cli(*args)
+        assert r.returncode == 0, r.stderr
+    e = cli("export-perfetto", str(run), "-o", "x.perfetto-trace")
+    assert e.returncode == 0, e.stderr
+    assert (tmp_path / "x.window-0.perfetto-trace").stat().st_size > 0 and (tmp_path / "x.window-1.perfetto-trace").stat().st_size > 0
+    assert_no_leftovers(port)
+
+
+def summary_dir(done_line: str) -> str:
+    return str(Path(re.search(r"summary (\S+)$", done_line).group(1)).parent)

@@ -131,7 +131,10 @@ def summarize_repeats(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: _spread([m.get(k) for m in metrics]) for k in keys}
 
 
-def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None) -> RunResult:
+def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None,
+            tick: Progress = lambda s: None) -> RunResult:
+    """One run of the target. `progress` gets one line per step (server start, warm-up, each repeat, each
+    profile window, analysis); `tick` the same line with the profile window's decode step, many times a second."""
     trace_dir = cfg.traces_dir / run_id
     report_dir = cfg.reports_dir / run_id
     port = cfg.port or free_port()
@@ -208,8 +211,7 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
                               f"first: conversation {f0['conversation']} turn {f0['turn']} ({f0['prompt_tokens']} prompt tokens): {f0['error']}",
                               hint=f"every failed request is listed under failed_requests in {manifest.path}; see {server.log_path}")
         manifest.stage("capture")
-        progress(f"{label}: capturing {cfg.num_steps} iterations")
-        files, overhead = _capture(cfg, spec, server, run_id, trace_dir, primary, manifest, variants[isls[0]])
+        files, overhead = _capture(cfg, spec, server, run_id, trace_dir, primary, manifest, variants[isls[0]], label, progress, tick)
         manifest.update(trace_files=[str(f.relative_to(trace_dir)) for f in files], profiler_overhead=overhead,
                         capture_traces=[str(p.relative_to(trace_dir)) for p in capture_traces(trace_dir)])
         manifest.stage("server_stop")
@@ -239,7 +241,10 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         # as every command chooses it: --catalog, else the one this run's manifest (its target) implies
         catalog = choose_catalog(cfg.catalog, [trace_dir])
         windows = []
-        for i, (name, wfiles) in enumerate(_by_window(files, trace_dir)):
+        groups = _by_window(files, trace_dir)
+        for i, (name, wfiles) in enumerate(groups):
+            if len(groups) > 1:
+                progress(f"{label}: analyzing profile window {i + 1}/{len(groups)}")
             s = analyze_run(wfiles, cfg, manifest.data, catalog, captures=capture_traces(trace_dir), window=i)
             if name:
                 write_json_atomic(report_dir / name / "summary.json", s)
@@ -443,7 +448,7 @@ def _check(res: DriveResult, server: Server, what: str) -> DriveResult:
 
 
 def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trace_dir: Path, primary: list[dict[str, Any]],
-             manifest: Manifest, workload: Workload) -> tuple[list[Path], dict[str, Any]]:
+             manifest: Manifest, workload: Workload, label: str, progress: Progress, tick: Progress) -> tuple[list[Path], dict[str, Any]]:
     """`--profile-windows` windows, each in its own fresh pass (DESIGN.md "Noise": repeated profile windows;
     a short decode would end before a second window could open in the same pass); one window: at the top."""
     n = 1 if cfg.nsys else max(1, cfg.profile_windows)
@@ -452,15 +457,22 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
     for w in range(n):
         out_dir = trace_dir / f"window-{w}" if n > 1 else trace_dir
         out_dir.mkdir(parents=True, exist_ok=True)
-        got, oh = _capture_window(cfg, spec, server, run_id, out_dir, primary, manifest, workload, seed=cfg.workload.seed + 424_242 + 7 * w)
+        where = f"{label}: profile window {w + 1}/{n}"
+        progress(f"{where} of {cfg.num_steps} iterations: waiting for turn {min(cfg.profile_turn, workload.turns - 1)}'s decode")
+        got, oh = _capture_window(cfg, spec, server, run_id, out_dir, primary, manifest, workload, seed=cfg.workload.seed + 424_242 + 7 * w,
+                                  tick=lambda j, w=where: tick(f"{w}: iteration ~{j}/{cfg.num_steps}" if j < cfg.num_steps
+                                                               else f"{w}: {cfg.num_steps} iterations; the server writes the trace"))
         files += got
         overheads.append(oh)
     return files, overheads[0] if n == 1 else {**overheads[0], "windows": overheads}
 
 
 def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trace_dir: Path, primary: list[dict[str, Any]],
-                    manifest: Manifest, workload: Workload, *, seed: int) -> tuple[list[Path], dict[str, Any]]:
-    """Drive a fresh pass; once every conversation is inside `profile_turn` and decoding, open the window."""
+                    manifest: Manifest, workload: Workload, *, seed: int,
+                    tick: Callable[[int], None] = lambda j: None) -> tuple[list[Path], dict[str, Any]]:
+    """Drive a fresh pass; once every conversation is inside `profile_turn` and decoding, open the window.
+    `tick(j)`: the window's decode step as the stream shows it (chunks since the window opened, the
+    most any one conversation got; an estimate: the server does not report its profiler's steps)."""
     conc = cfg.concurrency[0]
     wl = replace(workload, seed=seed)
     turn = min(cfg.profile_turn, wl.turns - 1)
@@ -478,8 +490,24 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
 
     result: dict[str, DriveResult] = {}
     stop = threading.Event()
+    opened = threading.Event()
+    chunks: dict[int, int] = {}
+    shown = [0]
+
+    def on_chunk(conv: int) -> None:
+        if not opened.is_set():
+            return
+        with lock:
+            chunks[conv] = chunks.get(conv, 0) + 1
+            j = min(max(chunks.values()), cfg.num_steps)
+            if j == shown[0]:
+                return
+            shown[0] = j
+        tick(j)
+
     th = threading.Thread(target=lambda: result.setdefault("r", drive(spec.base_url, wl, concurrency=conc, on_submit=on_submit, stop=stop,
-                                                                      timeout_s=cfg.request_timeout_s, api=spec.api, model=spec.model)),
+                                                                      timeout_s=cfg.request_timeout_s, api=spec.api, model=spec.model,
+                                                                      on_chunk=on_chunk)),
                           daemon=True)
     th.start()
     while not ready.wait(0.2):
@@ -506,6 +534,7 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
     body = start_profile(spec.base_url, output_dir=trace_dir, profile_id=run_id, num_steps=cfg.num_steps, with_stack=cfg.with_stack,
                          record_shapes=cfg.record_shapes, activities=("CUDA_PROFILER",) if cfg.nsys else ("CPU", "GPU"))
     manifest.update(profile_request=body)
+    opened.set()
     if cfg.nsys:  # no torch-profiler files: the window closes after num_steps; nsys writes its report when the server exits
         while th.is_alive():
             th.join(0.2)

@@ -163,22 +163,58 @@ def _stamp() -> str:
     return dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def _progress_runner() -> Progress:
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+class _Steps:
+    """Where a long run is, on stderr. On a terminal: one live line (spinner, run i of N, its step: the
+    repeat, the profile window, the window's iteration; elapsed time). Elsewhere (a pipe, `| tee`, a
+    log): one line per step as it happens, with the elapsed time, no spinner and no iteration ticks.
+    Finished runs get a "done" line with their full paths either way (never cut)."""
 
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=False)
+    def __init__(self, runs: int) -> None:
+        import time
 
+        self.runs, self.n, self.t0 = runs, 0, time.monotonic()
+        self.live: Progress | None = None
+        if err.is_terminal:
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+            from rich.table import Column
 
-def _run(cfg: RunConfig, states: dict[str, bool], run_id: str, label: str, progress: Progress) -> RunResult:
-    from profkit.capture.run import run_one
+            # one line at any width: the description is cut at its end, never the elapsed time
+            self.live = Progress(SpinnerColumn(), TimeElapsedColumn(), TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis")),
+                                 console=err, transient=True)
 
-    task = progress.add_task(escape(label), total=None)
-    res = run_one(cfg, states, run_id, label=label, progress=lambda s: progress.update(task, description=escape(s)))
-    progress.update(task, description=escape(f"{label}: done -> {res.summary_path}"))
-    progress.stop_task(task)
-    for w in res.manifest.get("warnings") or []:  # no-op switches, --fit-context trims, an uncontrolled accept length
-        err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}", soft_wrap=True)
-    return res
+    def __enter__(self) -> "_Steps":
+        if self.live:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live:
+            self.live.__exit__(*exc)
+
+    def _line(self, text: str) -> None:
+        import time
+
+        s = int(time.monotonic() - self.t0)
+        err.print(f"[dim]\\[{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}][/] {escape(text)}", soft_wrap=True)
+
+    def run(self, cfg: RunConfig, states: dict[str, bool], run_id: str, label: str) -> RunResult:
+        from profkit.capture.run import run_one
+
+        self.n += 1
+        where = f"run {self.n}/{self.runs}"
+        if self.live:
+            live = self.live
+            task = live.add_task(escape(f"{where} {label}"), total=None)
+            step = tick = lambda s: live.update(task, description=escape(f"{where} {s}"))  # noqa: E731
+        else:
+            step, tick = (lambda s: self._line(f"{where} {s}")), (lambda s: None)
+        res = run_one(cfg, states, run_id, label=label, progress=step, tick=tick)
+        if self.live:
+            self.live.remove_task(task)
+        self._line(f"{where} {label}: done; traces {res.trace_dir}, summary {res.summary_path}")
+        for w in res.manifest.get("warnings") or []:  # no-op switches, --fit-context trims, an uncontrolled accept length
+            err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}", soft_wrap=True)
+        return res
 
 
 def _dry_run(cfg: RunConfig, plans: list[tuple[str, dict[str, bool]]]) -> None:
@@ -252,9 +288,9 @@ def trace(opt: Opt, options: RunOptions) -> None:
         return
     _sigterm_as_interrupt()
     stamp = _stamp()
-    with _progress_runner() as progress:
-        before = _run(cfg, s_base, f"{stamp}-{target}-base{base}-{tag}-before", "baseline", progress)
-        after = _run(cfg, s_cand, f"{stamp}-{target}-base{base}-{tag}-after", f"candidate ({tag})", progress)
+    with _Steps(2) as steps:
+        before = steps.run(cfg, s_base, f"{stamp}-{target}-base{base}-{tag}-before", "baseline")
+        after = steps.run(cfg, s_cand, f"{stamp}-{target}-base{base}-{tag}-after", f"candidate ({tag})")
     if capture_only:
         out.print(f"captured; attribute with: profkit diff {before.trace_dir} {after.trace_dir} --opt {tag} --html report.html", soft_wrap=True)
         return
@@ -334,9 +370,9 @@ def sweep(
     results: dict[str, Any] = {}
     doc: dict[str, Any] = {"schema_version": 1, "kind": "sweep", "mode": mode, "base": base, "target": target, "optimizations": chosen, "runs": [],
                            "attribution": [], "status": "running"}
-    with _progress_runner() as progress:
+    with _Steps(len(plan)) as steps:
         for label, states, _, _ in plan:
-            res = _run(cfg, states, f"{stamp}-{target}-{mode}-{label_slug(label)}", label, progress)
+            res = steps.run(cfg, states, f"{stamp}-{target}-{mode}-{label_slug(label)}", label)
             results[label] = res
             doc["runs"].append({"label": label, "run_id": res.run_id, "states": states, "summary": str(res.summary_path),
                                 "throughput": res.manifest.get("throughput")})

@@ -118,8 +118,10 @@ def _error_text(obj: Any) -> str:
     return str(obj)
 
 
-def _generate(base_url: str, ids: list[int], max_new: int, timeout: float) -> tuple[list[int], dict[str, Any], float | None]:
+def _generate(base_url: str, ids: list[int], max_new: int, timeout: float,
+              on_chunk: Callable[[], None] | None = None) -> tuple[list[int], dict[str, Any], float | None]:
     """One /generate call, streamed. Returns output ids, final meta_info and TTFT (s from send).
+    `on_chunk` is called once per streamed chunk with output ids (one per decode step the server ran).
 
     Raises RequestFailed for anything the server refused or broke off, HTTPFailure when it does
     not answer at all (connection refused: it may have died)."""
@@ -153,6 +155,8 @@ def _generate(base_url: str, ids: list[int], max_new: int, timeout: float) -> tu
                     ids_ = list(chunk.get("output_ids") or [])
                     if ids_ and ttft is None:
                         ttft = time.perf_counter() - t0
+                    if ids_ and on_chunk:
+                        on_chunk()
                     meta = chunk.get("meta_info") or meta
                     # default: every chunk carries all ids so far; --incremental-streaming-output: only the new ones
                     n = meta.get("completion_tokens")
@@ -186,7 +190,8 @@ def _generate(base_url: str, ids: list[int], max_new: int, timeout: float) -> tu
     return out, meta, ttft
 
 
-def _completions(base_url: str, model: str, ids: list[int], max_new: int, timeout: float) -> tuple[list[int], dict[str, Any], float | None]:
+def _completions(base_url: str, model: str, ids: list[int], max_new: int, timeout: float,
+                 on_chunk: Callable[[], None] | None = None) -> tuple[list[int], dict[str, Any], float | None]:
     """One OpenAI-style POST /v1/completions with token ids (vLLM), streamed: the same contract as
     _generate, with meta_info built from the final usage chunk (prompt, completion, cached tokens).
 
@@ -222,6 +227,8 @@ def _completions(base_url: str, model: str, ids: list[int], max_new: int, timeou
                         ttft = time.perf_counter() - t0
                     out += new
                     finish = ch.get("finish_reason") or finish
+                    if new and on_chunk is not None:
+                        on_chunk()
                 usage = chunk.get("usage") or usage
             if not done:
                 raise RequestFailed("the stream ended without data: [DONE]", completion_tokens=len(out))
@@ -252,15 +259,16 @@ def _completions(base_url: str, model: str, ids: list[int], max_new: int, timeou
 def drive(
     base_url: str, workload: Workload, *, concurrency: int, conversations: int | None = None, timeout_s: float = 3600,
     on_submit: Callable[[int, int], None] | None = None, stop: threading.Event | None = None, api: str = "sglang",
-    model: str | None = None,
+    model: str | None = None, on_chunk: Callable[[int], None] | None = None,
 ) -> DriveResult:
     """Run `conversations` (default: `concurrency`) conversations, `concurrency` at a time.
 
     `api`: "sglang" (POST /generate with input_ids: SGLang and the proxy) or "openai" (POST
-    /v1/completions with token ids and `model`: vLLM)."""
+    /v1/completions with token ids and `model`: vLLM). `on_chunk(conversation)` is called for every
+    streamed chunk (progress of a profile window)."""
     if api == "openai":
-        send: Callable[[str, list[int], int, float], tuple[list[int], dict[str, Any], float | None]] = \
-            lambda url, ids, n, t: _completions(url, model or "", ids, n, t)
+        send: Callable[..., tuple[list[int], dict[str, Any], float | None]] = \
+            lambda url, ids, n, t, cb=None: _completions(url, model or "", ids, n, t, cb)
     else:
         send = _generate
     n_conv = conversations or concurrency
@@ -284,7 +292,8 @@ def drive(
                     on_submit(c, t)
                 start = time.perf_counter()
                 try:
-                    out, meta, ttft = send(base_url, history, workload.output_tokens, timeout_s)
+                    out, meta, ttft = send(base_url, history, workload.output_tokens, timeout_s,
+                                           (lambda c=c: on_chunk(c)) if on_chunk else None)
                 except RequestFailed as e:
                     with lock:
                         result.records.append(RequestRecord(
