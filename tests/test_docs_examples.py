@@ -29,7 +29,8 @@ def _inputs_exist(args: list[str]) -> bool:
         if a.startswith("-"):
             break
         inputs.append(a)
-    return all((ROOT / a).exists() for a in inputs)
+    required = {"trace": "--opt", "sweep": "--opts"}.get(args[1])  # a sentence naming a target, not a run
+    return all((ROOT / a).exists() for a in inputs) and (required is None or required in args)
 
 
 def _examples() -> list[tuple[str, str]]:
