@@ -289,3 +289,20 @@ def test_report_is_exported_with_nsys(tmp_path, monkeypatch):
     s = json.loads((tmp_path / "s.json").read_text())
     assert [i["gpu_kernels"] for i in s["ranks"][0]["iterations"]] == [4, 4, 4]
     assert shutil.which("nsys") == str(fake)
+
+
+def test_docs_examples_run(monkeypatch):
+    """The commands of docs/nsys.md, run as written from the checkout (they read the public exports beside it)."""
+    import shlex
+
+    root = HERE.parent
+    if not (root.parent / "shared" / "public-traces" / "nsys" / "h100_2gpu_1s.sqlite").is_file():
+        pytest.skip("../shared/public-traces/nsys is not beside this checkout (the docs' examples read it)")
+    doc = (root / "docs" / "nsys.md").read_text()
+    cmds = [ln[2:] for ln in doc.split("```console", 1)[1].split("```", 1)[0].splitlines() if ln.startswith("$ profkit ")]
+    assert len(cmds) == 3
+    monkeypatch.chdir(root)
+    for c in cmds:
+        r = runner.invoke(app, shlex.split(c)[1:])
+        assert r.exit_code == 0, (c, r.output)
+        assert "Traceback" not in r.output

@@ -563,8 +563,9 @@ def _calls(ex: Export, pl: Any) -> Any:
     if "globalTid" not in ex.columns[RUNTIME]:
         ex.lacks(f"{RUNTIME}.globalTid")
     sql = (f'SELECT {f"t.{chr(34)}{name}{chr(34)}" if name else "NULL"}, t."start", t."end", {ex.col(RUNTIME, "globalTid", "g", prefix="t.", want=False)}, '
-           f'{_process(ex, RUNTIME, "t.")}, {ex.col(RUNTIME, "correlationId", "c", prefix="t.")} FROM {RUNTIME} t')
-    return _named(ex, pl, _frame(ex, pl, sql, raw), RUNTIME, name)
+           f'{ex.col(RUNTIME, "correlationId", "c", prefix="t.")} FROM {RUNTIME} t')
+    got = _frame(ex, pl, sql, {k: v for k, v in raw.items() if k != "proc"})
+    return _named(ex, pl, got.with_columns((pl.col("gtid") // (1 << 24)).alias("proc")).select(list(raw)), RUNTIME, name)
 
 
 def _sync_rows(ex: Export, pl: Any) -> Any:
@@ -616,9 +617,10 @@ def _ranges(ex: Export, pl: Any) -> Any:
     text, joins = ('t."text"' if "text" in ex.columns[NVTX] else "NULL"), ""
     if "textId" in ex.columns[NVTX] and STRINGS in ex.columns:
         text, joins = f"COALESCE({text}, s.value)", f'LEFT JOIN {STRINGS} s ON s.id = t."textId"'
-    sql = (f'SELECT {text}, t."start", t."end", t."globalTid", (t."globalTid" >> 24) FROM {NVTX} t {joins} '
+    sql = (f'SELECT {text}, t."start", t."end", t."globalTid" FROM {NVTX} t {joins} '
            f'WHERE t."eventType" IN ({",".join(map(str, types))}) AND t."end" IS NOT NULL')
-    return _frame(ex, pl, sql, raw)
+    got = _frame(ex, pl, sql, {k: v for k, v in raw.items() if k != "proc"})
+    return got.with_columns((pl.col("gtid") // (1 << 24)).alias("proc"))
 
 
 def _cpu_table(spans: Any, pid: str, threads: dict[int, str], pl: Any) -> Any:
