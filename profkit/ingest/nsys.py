@@ -424,7 +424,7 @@ CHUNK_ROWIDS = 1 << 17
 def _frame(ex: Export, pl: Any, sql: str, schema: dict[str, Any]) -> Any:
     """The rows of `sql` ("SELECT e0, e1, ... FROM <table> t ... [WHERE ...]") as a frame of
     `schema`. SQLite itself joins each chunk of rows (by rowid) into one string, fields and rows
-    apart by the ASCII unit and record separators, and polars splits and parses it: no Python
+    apart by the ASCII unit and record separators, and polars' CSV reader parses it: no Python
     object per value (that costs as much as SQLite's own reading). Text values lose those two
     control characters (spaces instead); an empty text is null."""
     m = re.search(r"\bFROM\s+\"?(\w+)\"?\s+t\b", sql)
@@ -445,11 +445,7 @@ def _frame(ex: Export, pl: Any, sql: str, schema: dict[str, Any]) -> Any:
     blobs = [b for a in range(lo, hi + 1, CHUNK_ROWIDS) for (b,) in ex.rows(query, (a, a + CHUNK_ROWIDS - 1)) if b]
     if not blobs:
         return pl.DataFrame(schema=schema)
-    rows = pl.Series("r", blobs, dtype=pl.String).str.split(_RS).explode()
-    parts = rows.str.split_exact(_US, len(names) - 1).struct.rename_fields(names).struct.unnest()
-    return parts.select(
-        (pl.col(n).replace("", None) if t == pl.String else pl.col(n).cast(t, strict=False)).alias(n) for n, t in schema.items()
-    )
+    return pl.read_csv(_RS.join(blobs).encode(), separator=_US, eol_char=_RS, has_header=False, quote_char=None, schema=schema)
 
 
 def _name_id(ex: Export, table: str, cols: tuple[str, ...]) -> str | None:
