@@ -306,3 +306,51 @@ def test_docs_examples_run(monkeypatch):
         r = runner.invoke(app, shlex.split(c)[1:])
         assert r.exit_code == 0, (c, r.output)
         assert "Traceback" not in r.output
+
+
+def test_trace_nsys_analyzes_its_own_capture(tmp_path):
+    """`profkit trace --nsys` against the real proxy server over HTTP, wrapped by a stand-in `nsys`
+    (no Nsight Systems here): `nsys profile ... -o OUT cmd` runs the server and writes OUT.nsys-rep
+    when it exits, `nsys export` writes an export (made here) as the real one would. trace then
+    exports the report (the command printed) and analyzes the export like any capture."""
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    made = make_export(tmp_path / "made.sqlite")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nsys"
+    fake.write_text(f"""#!/bin/sh
+if [ "$1" = export ]; then cp "{made}" "$7"; exit 0; fi
+[ "$1" = profile ] || exit 9
+shift
+while [ "$1" != "-o" ]; do shift; done
+out="$2"; shift 2
+"$@" &
+child=$!
+trap 'kill -TERM $child 2>/dev/null' TERM INT
+wait $child; wait $child
+echo report > "$out.nsys-rep"
+""")
+    fake.chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    argv = [sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", "--nsys", "--isl", "64", "--turns", "3", "--turn-tokens", "16",
+            "--output-tokens", "24", "--num-steps", "6", "--traces-dir", str(tmp_path / "traces"), "--reports-dir", str(tmp_path / "reports"),
+            "--port", str(port)]
+    p = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=500)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "exporting the Nsight Systems report: nsys export --type sqlite" in " ".join(p.stderr.split())
+    ms = [json.loads(m.read_text()) for m in sorted((tmp_path / "traces").glob("*/manifest.json"))]
+    assert len(ms) == 2 and all(m["status"] == "ok" for m in ms)
+    for m in ms:
+        assert [Path(f).suffix for f in m["trace_files"]] == [".nsys-rep", ".sqlite"]
+    group = next(d for d in (tmp_path / "reports").iterdir() if (d / "diff.json").exists())
+    before = json.loads((group / "before.json").read_text())
+    r = before["ranks"][0]
+    assert r["source"]["format"] == "nsys-sqlite" and r["marker"] == r"^scheduler\.run_batch$"
+    assert [i["gpu_kernels"] for i in r["iterations"]] == [4, 4, 4]
