@@ -119,12 +119,28 @@ def summarize_runs(paths: Sequence[Path], options: SummarizeOptions | None = Non
             from profkit.analysis.ranks import cross_rank
 
             s["cross_rank"] = cross_rank(r.analyses)
+        _health_and_spec(s, paths)
         out.append(RunSummary(r, s, r.analyses, None, analyzed_at))
     if key and len(out) == 1:
         from profkit.summary_cache import write_summary
 
         write_summary(files[0], key, out[0].summary)
     return out
+
+
+def _health_and_spec(summary: dict[str, Any], paths: list[Path]) -> None:
+    """summary.json's `health` (analysis/health.py: the ranks' capture facts, and the profiler overhead
+    of the run manifest beside the inputs, that profile window's in a window-<i>/ folder) and
+    `speculative` (analysis/spec.py: rank 0's cost per accepted token, the window's accepted length
+    from that manifest; absent without verify iterations)."""
+    from profkit.analysis import health, spec
+
+    manifest, window = health.manifest_near(paths)
+    m = manifest if isinstance(manifest, dict) else None
+    summary["health"] = health.assess(summary, m.get("profiler_overhead") if m else None, window)
+    cost = spec.spec_cost(summary, m, window)
+    if cost is not None:
+        summary["speculative"] = cost
 
 
 def _decode_early(plan: list[Any], cache_on: bool, jobs: int | None) -> Any:

@@ -49,7 +49,9 @@ def _cached_analysis(f: Any, default_rank: int, options: dict[str, Any]) -> tupl
         rank=rank if f["rank_from_trace"] else default_rank, device=f["device"], path=path, marker=f["marker"],
         catalog=f["catalog"], t0_ns=int(f["t0_ns"]), warnings=list(f["warnings"]), device_timeline=f["device_timeline"],
         input_sha256=f["input_sha256"], phases=phases, outside={k: int(v) for k, v in f["outside"].items()},
-        device_records=f["device_records"], graph_capture=f.get("graph_capture"), source=f.get("source"), **frames,
+        device_records=f["device_records"], graph_capture=f.get("graph_capture"), source=f.get("source"),
+        stub_markers=int(f.get("stub_markers", 0)), **frames,
+        overlap_slack=f.get("overlap_slack"), capture=f.get("capture") or {}, speculative=f.get("speculative"),
     )
     return a, int(f["n_ingest_warnings"])
 
@@ -66,8 +68,10 @@ def _store_analysis(f: Any, a: RankAnalysis, n_ingest_warnings: int, rank_from_t
         "rank": a.rank, "rank_from_trace": rank_from_trace, "device": a.device, "marker": a.marker, "catalog": a.catalog,
         "t0_ns": a.t0_ns, "warnings": list(a.warnings), "device_timeline": a.device_timeline, "input_sha256": a.input_sha256,
         "n_ingest_warnings": n_ingest_warnings, "outside": dict(a.outside), "device_records": a.device_records,
-        "graph_capture": a.graph_capture,
+        "graph_capture": a.graph_capture, "stub_markers": a.stub_markers,
         "source": a.source,
+        "graph_capture": a.graph_capture, "overlap_slack": a.overlap_slack, "capture": a.capture,
+        "speculative": a.speculative,
         # small (iterations x phases): kept with the fields rather than as a frame of its own
         "phases": [list(r) for r in a.phases.select("iteration", "phase", "dur_ns").iter_rows()],
     }

@@ -18,6 +18,35 @@ if TYPE_CHECKING:
 __all__ = ["Trace", "TraceFile", "load_trace", "load_traces", "find_trace_files"]
 
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json")
+# JSON that profkit writes beside traces (run manifests, a fixture's <run>.manifest.json, summaries, diffs,
+# sweeps, before/after of an attribution): never read as a trace in a folder
+SIDECAR_NAMES = ("manifest.json", "summary.json", "diff.json", "sweep.json", "before.json", "after.json")
+SIDECAR_SUFFIXES = (".manifest.json", ".summary.json", ".profkit.json")
+WINDOW_DIR = re.compile(r"(window|repeat)-(\d+)")
+
+
+def is_sidecar(name: str) -> bool:
+    return name in SIDECAR_NAMES or name.endswith(SIDECAR_SUFFIXES)
+
+
+def profile_windows(path: Path) -> list[Path]:
+    """The profile windows of a run folder (`trace --profile-windows N` writes window-<i>/; repeats
+    are repeat-<i>/), in order; [] for a file, or a folder with trace files of its own."""
+    path = Path(path)
+    if not path.is_dir() or any(e.is_file() and e.name.endswith(TRACE_SUFFIXES) and not is_sidecar(e.name) for e in path.iterdir()):
+        return []
+    subs = [d for d in path.iterdir() if d.is_dir() and WINDOW_DIR.fullmatch(d.name)]
+    return sorted(subs, key=lambda d: (d.name.split("-")[0], int(d.name.split("-")[1])))
+
+
+def skipped_files(path: Path) -> list[str]:
+    """The files of a folder that reading its traces leaves out (manifests, logs, READMEs, sidecar
+    JSON), by name; [] for a file."""
+    path = Path(path)
+    if not path.is_dir():
+        return []
+    return sorted(e.name for e in path.iterdir() if e.is_file() and not e.name.startswith(".")
+                  and (is_sidecar(e.name) or not e.name.endswith(TRACE_SUFFIXES)))
 
 
 def __getattr__(name: str) -> Any:
@@ -149,14 +178,12 @@ def find_trace_files(path: Path) -> list[Path]:
     with os.scandir(path) as it:
         found = sorted(
             path / e.name for e in it
-            if e.is_file() and e.name.endswith(TRACE_SUFFIXES + NSYS_SUFFIXES) and e.name not in ("manifest.json", "summary.json", "diff.json")
-            and not e.name.endswith((".profkit.json",))
+            if e.is_file() and e.name.endswith(TRACE_SUFFIXES + NSYS_SUFFIXES) and not is_sidecar(e.name)
         )
         exports = {p.name for p in found if p.name.endswith(".sqlite")}
         found = [p for p in found if not (p.name.endswith((".nsys-rep", ".qdrep")) and p.name.rsplit(".", 1)[0] + ".sqlite" in exports)]
     if not found:  # a run folder of `trace --profile-windows N` (or of repeats): one profile per subfolder
-        subs = sorted((d.name for d in path.iterdir() if d.is_dir() and re.fullmatch(r"(window|repeat)-\d+", d.name)),
-                      key=lambda n: (n.split("-")[0], int(n.split("-")[1])))
+        subs = [d.name for d in profile_windows(path)]
         if subs:
             raise TraceInputError(f"{path}: a run folder of {len(subs)} profile windows ({', '.join(s + '/' for s in subs[:3])}{' …' if len(subs) > 3 else ''}), each its own profile",
                                   hint=f"analyze one window ({path / subs[0]}), or compare the folder with `profkit diff` (which uses every window for noise)")

@@ -1,0 +1,149 @@
+"""Overlap slack between consecutive iterations (DESIGN.md "Overlap slack").
+
+For each pair of consecutive iterations N -> N+1 of a rank that both own GPU work:
+`slack` = end of N's last owned GPU op - start of the launch call of N+1's first owned GPU op.
+Positive: the host had N+1's first work queued that long before the GPU ran out of N's (the
+overlap hid the host's work); negative: the GPU waited that long for the host, and
+`exposed_host = max(0, -slack)`. N's last op is the owned op that ends last; N+1's first op is
+the owned op that starts first (ties: the one launched first). When host time is exposed,
+`broken_by` says what the thread that launched N+1's first op did in the exposed interval
+[N's last op end, that launch's start), largest exclusive time first (bubbles.gap_tops, the same
+sweep the bubbles' CPU ops come from): a sync (API, direction, trigger), a blocking copy, or a CPU
+op/span. What none of them covers (Python between ops that the trace did not record) is
+`host code outside recorded ops`.
+
+Only device timelines of a GPU with launch calls have slack: a CPU-only trace (device_timeline
+cpu) or one without runtime calls has none (their "launch" is the op itself).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+import polars as pl
+
+from profkit.apis import SYNC_APIS, canonical_api
+
+UNCOVERED = "host code outside recorded ops"
+
+SCHEMA = {"from_iteration": pl.Int64, "to_iteration": pl.Int64, "last_end_ns": pl.Int64, "next_launch_ns": pl.Int64,
+          "slack_ns": pl.Int64, "exposed_ns": pl.Int64, "tid": pl.String}
+
+
+def transitions(owned: pl.DataFrame) -> pl.DataFrame:
+    """One row per transition N -> N+1 (both own GPU ops with a launch call in the trace)."""
+    ops = owned.filter(pl.col("iteration").is_not_null() & pl.col("launch_ts_ns").is_not_null())
+    if ops.height == 0:
+        return pl.DataFrame(schema=SCHEMA)
+    last = ops.group_by("iteration").agg(pl.col("end_ns").max().alias("last_end_ns"))
+    first = (ops.sort("iteration", "ts_ns", "launch_ts_ns")
+             .group_by("iteration", maintain_order=True)
+             .agg(pl.col("launch_ts_ns").first().alias("next_launch_ns"), pl.col("launch_tid").first().cast(pl.String).alias("tid")))
+    t = (last.with_columns((pl.col("iteration") + 1).alias("to_iteration"))
+         .join(first, left_on="to_iteration", right_on="iteration", how="inner")
+         .rename({"iteration": "from_iteration"})
+         .with_columns((pl.col("last_end_ns") - pl.col("next_launch_ns")).alias("slack_ns"))
+         .with_columns(pl.when(pl.col("slack_ns") < 0).then(-pl.col("slack_ns")).otherwise(0).alias("exposed_ns"))
+         .sort("from_iteration"))
+    return t.select(list(SCHEMA)).cast(SCHEMA)
+
+
+def broken_by(trace: Any, t: pl.DataFrame, syncs: pl.DataFrame, rows_cache: dict | None = None) -> list[list[dict[str, Any]]]:
+    """For each transition: what the launching thread did in its exposed interval (empty when none
+    was exposed), largest exclusive time first, with the uncovered rest last; the times add up to
+    the exposed time."""
+    from profkit.analysis.bubbles import gap_tops
+
+    out: list[list[dict[str, Any]]] = [[] for _ in range(t.height)]
+    exp = t.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_i")).filter(pl.col("exposed_ns") > 0)
+    if exp.height == 0:
+        return out
+    top_id, top_ns, names = gap_tops(trace, exp["last_end_ns"], exp["next_launch_ns"], exp["tid"], rows_cache)
+    names = names.str.replace(r" at 0x[0-9a-fA-F]+>", ">").to_list()
+    sy = syncs.select("api", "kind", "direction", "trigger", "ts_ns", "end_ns", "tid") if syncs.height else None
+    for j, (i, g0, g1, tid, exposed) in enumerate(exp.select("_i", "last_end_ns", "next_launch_ns", "tid", "exposed_ns").iter_rows()):
+        got: list[dict[str, Any]] = []
+        for k, ns in zip(top_id[j].tolist(), top_ns[j].tolist()):
+            if k < 0 or ns <= 0:
+                continue
+            got.append(_breaker(names[k], int(ns), sy, tid, g0, g1))
+        rest = int(exposed) - sum(b["ns"] for b in got)
+        if rest > 0:
+            got.append({"kind": "host", "name": UNCOVERED, "ns": rest})
+        got.sort(key=lambda b: (-b["ns"], b["name"]))
+        out[i] = got
+    return out
+
+
+def _breaker(name: str, ns: int, syncs: pl.DataFrame | None, tid: str | None, g0: int, g1: int) -> dict[str, Any]:
+    """A named piece of an exposed interval: a sync or blocking copy (found among the rank's syncs:
+    same thread, overlapping the interval, same API) with its direction and trigger, else a CPU op."""
+    api = canonical_api(name)
+    if syncs is not None:
+        hit = syncs.filter((pl.col("api") == api) & (pl.col("ts_ns") < g1) & (pl.col("end_ns") > g0)
+                           & ((pl.col("tid") == tid) if tid is not None else pl.lit(True)))
+        if hit.height:
+            r = hit.sort("blocked_ns" if "blocked_ns" in hit.columns else "ts_ns", descending=True).row(0, named=True)
+            return {"kind": r["kind"], "name": api, "direction": r["direction"], "trigger": r["trigger"], "ns": ns}
+    if api in SYNC_APIS:
+        return {"kind": "sync", "name": api, "direction": None, "trigger": None, "ns": ns}
+    return {"kind": "cpu", "name": name, "ns": ns}
+
+
+def breaker_key(b: dict[str, Any]) -> str:
+    """One breaker as words: `sync cudaStreamSynchronize d2h (aten::item)`, `cpu_op aten::nonzero`."""
+    if b["kind"] in ("sync", "sync_copy"):
+        extra = " ".join(x for x in (b.get("direction"), f"({b['trigger']})" if b.get("trigger") else None) if x)
+        return f"{b['kind']} {b['name']}{' ' + extra if extra else ''}"
+    if b["kind"] == "host":
+        return b["name"]
+    return f"{b['kind']} {b['name']}"
+
+
+def lower_rank(values: list[float], q: float) -> float | None:
+    """The q-th percentile by the nearest rank from below (q=1 of fewer than 100 values: the worst)."""
+    if not values:
+        return None
+    v = sorted(values)
+    return v[max(0, math.ceil(q / 100 * len(v)) - 1)]
+
+
+def rank_slack(t: pl.DataFrame, broken: list[list[dict[str, Any]]], iterations: pl.DataFrame | None = None) -> dict[str, Any]:
+    """summary.json's `overlap_slack` of one rank: every transition and the rank's statistics."""
+    kinds: dict[int, str] = {}
+    if iterations is not None and iterations.height:
+        kinds = dict(zip(iterations["iteration"].to_list(), iterations["kind"].to_list()))
+    rows = []
+    by: dict[str, float] = {}
+    for (a, b, _e, _l, s, x, _tid), br in zip(t.iter_rows(), broken):
+        rows.append({"from": a, "to": b, "kind": kinds.get(b), "slack_us": s / 1000.0, "exposed_host_us": x / 1000.0,
+                     "broken_by": [{k: v for k, v in {**r, "us": r["ns"] / 1000.0}.items() if k != "ns"} for r in br]})
+        for r in br:
+            key = breaker_key(r)
+            by[key] = by.get(key, 0.0) + r["ns"] / 1000.0
+    slacks = [r["slack_us"] for r in rows]
+    exposed = [r for r in rows if r["exposed_host_us"] > 0]
+    return {
+        "transitions": rows,
+        "count": len(rows),
+        "median_us": statistics.median(slacks) if slacks else None,
+        "p10_us": lower_rank(slacks, 10),
+        "p1_us": lower_rank(slacks, 1),
+        "exposed_share": len(exposed) / len(rows) if rows else None,
+        "exposed_us": sum(r["exposed_host_us"] for r in rows),
+        "exposed_us_mean": (sum(r["exposed_host_us"] for r in rows) / len(rows)) if rows else None,
+        "exposed_us_by_breaker": [{"breaker": k, "us": v} for k, v in sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))],
+    }
+
+
+def slack_line(s: dict[str, Any] | None) -> str | None:
+    """The one line the terminal and Markdown reports print for a rank's overlap slack."""
+    if not s or not s.get("count"):
+        return None
+    top = s["exposed_us_by_breaker"][:2]
+    why = ("; exposed by " + ", ".join(f"{b['breaker']} {b['us']:,.1f} µs" for b in top)) if top else ""
+    return (f"Overlap slack N→N+1: median {s['median_us']:,.1f} µs, p10 {s['p10_us']:,.1f}, worst {s['p1_us']:,.1f}; "
+            f"host exposed on {s['exposed_share'] * 100:.0f}% of {s['count']} transitions "
+            f"({s['exposed_us_mean']:,.1f} µs per transition){why}")

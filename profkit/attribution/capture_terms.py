@@ -1,0 +1,100 @@
+"""The diff's issue-31 sections, side by side: capture health, overlap slack (the change in exposed host
+time is how an overlap optimization shows its effect) and speculative cost per accepted token.
+
+One statistic, everywhere (DESIGN.md): with several profile windows a side, each figure is the median
+over the windows with its spread (max - min); a change is judged against the larger spread (beyond
+or within noise) and is `not judged` with one window a side.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Mapping, Sequence
+
+from profkit.analysis import health, spec
+
+SLACK_FIGURES = ("exposed_us_mean", "exposed_share", "median_us", "p10_us")
+
+
+def _rank(summary: Mapping[str, Any], rank: int) -> Mapping[str, Any]:
+    ranks = summary.get("ranks") or []
+    return next((r for r in ranks if r.get("rank") == rank), ranks[0] if ranks else {})
+
+
+def _windows(primary: Mapping[str, Any], repeats: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return list(repeats) if repeats else [primary]
+
+
+def _stat(vals: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(vals) if vals else None, "spread": (max(vals) - min(vals)) if len(vals) > 1 else None,
+            "windows": len(vals)}
+
+
+def slack_side(windows: list[Mapping[str, Any]], rank: int) -> dict[str, Any] | None:
+    per = [(_rank(s, rank).get("overlap_slack") or {}) for s in windows]
+    per = [p for p in per if p.get("count")]
+    if not per:
+        return None
+    out = {k: _stat([p[k] for p in per if p.get(k) is not None]) for k in SLACK_FIGURES}
+    by: dict[str, list[float]] = {}
+    for p in per:
+        for b in p.get("exposed_us_by_breaker") or []:
+            by.setdefault(b["breaker"], []).append(b["us"] / max(p["count"], 1))
+    # µs per transition by breaker, the median over the windows (a window without that breaker counts 0)
+    out["exposed_us_by_breaker"] = sorted(
+        ({"breaker": k, "us_per_transition": statistics.median(v + [0.0] * (len(per) - len(v)))} for k, v in by.items()),
+        key=lambda b: (-b["us_per_transition"], b["breaker"]))[:8]
+    out["transitions"] = sum(p["count"] for p in per)
+    return out
+
+
+def _judge(b: Mapping[str, Any], c: Mapping[str, Any]) -> str:
+    if b.get("spread") is None or c.get("spread") is None:
+        return "not judged"
+    d = abs((c["median"] or 0) - (b["median"] or 0))
+    return "beyond noise" if d > max(b["spread"], c["spread"]) else "within noise"
+
+
+def slack_compare(b: dict[str, Any] | None, c: dict[str, Any] | None) -> dict[str, Any] | None:
+    if b is None and c is None:
+        return None
+    out: dict[str, Any] = {"baseline": b, "candidate": c}
+    if b and c:
+        out["delta"] = {k: {"delta": c[k]["median"] - b[k]["median"], "noise": _judge(b[k], c[k])}
+                        for k in SLACK_FIGURES if b[k]["median"] is not None and c[k]["median"] is not None}
+    return out
+
+
+def sections(baseline: Mapping[str, Any], candidate: Mapping[str, Any], baseline_repeats: Sequence[Mapping[str, Any]],
+             candidate_repeats: Sequence[Mapping[str, Any]], rank: int) -> dict[str, Any]:
+    """diff.json's `health`, `overlap_slack` and `speculative` (new optional keys)."""
+    wb, wc = _windows(baseline, baseline_repeats), _windows(candidate, candidate_repeats)
+    out: dict[str, Any] = {"health": {"baseline": health.worst([s.get("health") for s in wb]),
+                                      "candidate": health.worst([s.get("health") for s in wc])}}
+    sl = slack_compare(slack_side(wb, rank), slack_side(wc, rank))
+    if sl is not None:
+        out["overlap_slack"] = sl
+    sp = spec.compare(spec.side_cost(wb, rank=rank), spec.side_cost(wc, rank=rank))
+    if sp is not None:
+        out["speculative"] = sp
+    return out
+
+
+def slack_diff_line(d: Mapping[str, Any] | None) -> str | None:
+    """The diff's one line on overlap slack: exposed host time per transition, baseline → candidate."""
+    if not d or not d.get("delta") or "exposed_us_mean" not in d["delta"]:
+        return None
+    b, c, x = d["baseline"], d["candidate"], d["delta"]
+    e = x["exposed_us_mean"]
+    return (f"Exposed host time per transition {b['exposed_us_mean']['median']:,.1f} → {c['exposed_us_mean']['median']:,.1f} µs "
+            f"({e['delta']:+,.1f}, {e['noise']}); transitions with exposed host time {b['exposed_share']['median'] * 100:.0f}% → "
+            f"{c['exposed_share']['median'] * 100:.0f}%; median slack {b['median_us']['median']:,.1f} → {c['median_us']['median']:,.1f} µs")
+
+
+def health_diff_line(h: Mapping[str, Any] | None) -> str:
+    """The first line of a diff report: each side's health."""
+    h = h or {}
+    b, c = health.health_text(h.get("baseline")), health.health_text(h.get("candidate"))
+    if b == c:
+        return b + " (both sides)"
+    return f"baseline {b}; candidate {c}"
