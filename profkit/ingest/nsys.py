@@ -63,7 +63,7 @@ _DIRECTION = {"HTOD": "h2d", "UVM_HTOD": "h2d", "DTOH": "d2h", "UVM_DTOH": "d2h"
 # host-blocking CUPTI synchronization types -> the runtime call that makes them
 _SYNC_CALLS = {1: "cudaEventSynchronize", 3: "cudaStreamSynchronize", 4: "cudaDeviceSynchronize"}
 _RANGE_TYPES = (59, 60, 70, 71)  # NvtxPushPopRange, NvtxStartEndRange, NvtxtPushPopRange, NvtxtStartEndRange
-_EMIT_NVTX = re.compile(r", (?:seq|op_id|sizes|input_op_ids) = .*\Z", re.S)
+_EMIT_NVTX_RS = r"(?s), (?:seq|op_id|sizes|input_op_ids) = .*$"  # PyTorch emit_nvtx's decoration (a polars regex)
 _HINT_EXPORT = "export the report again: nsys export --type sqlite -o CAPTURE.sqlite CAPTURE.nsys-rep"
 
 
@@ -481,25 +481,27 @@ def _gpu_ops(ex: Export, pl: Any) -> Any:
     parts = []
     name = _name_id(ex, KERNEL, ("demangledName", "shortName", "mangledName"))
     sql = (f'SELECT {f"t.{chr(34)}{name}{chr(34)}" if name else "NULL"}, t."start", t."end", t."deviceId", {_process(ex, KERNEL, "t.")}, {ex.col(KERNEL, "streamId", "s", prefix="t.")}, '
-           f'{ex.col(KERNEL, "correlationId", "c", prefix="t.")}, NULL, NULL, NULL, NULL FROM {KERNEL} t')
-    parts.append(_named(ex, pl, _frame(ex, pl, sql, raw), KERNEL, name).with_columns(pl.lit("kernel").alias("cat")))
+           f'{ex.col(KERNEL, "correlationId", "c", prefix="t.")} FROM {KERNEL} t')
+    kernels = _frame(ex, pl, sql, {k: raw[k] for k in _GPU_RAW[:7]})  # the copy columns are no kernel's: not carried
+    parts.append(_named(ex, pl, kernels, KERNEL, name).with_columns(pl.lit("kernel").alias("cat")))
     if ex.has(MEMCPY, "deviceId", "start", "end"):
-        sql = (f'SELECT NULL, t."start", t."end", t."deviceId", {_process(ex, MEMCPY, "t.")}, {ex.col(MEMCPY, "streamId", "s", prefix="t.")}, '
+        sql = (f'SELECT t."start", t."end", t."deviceId", {_process(ex, MEMCPY, "t.")}, {ex.col(MEMCPY, "streamId", "s", prefix="t.")}, '
                f'{ex.col(MEMCPY, "correlationId", "c", prefix="t.")}, {ex.col(MEMCPY, "bytes", "b", prefix="t.")}, {ex.col(MEMCPY, "copyKind", "k", prefix="t.")}, '
                f'{ex.col(MEMCPY, "srcKind", "sk", prefix="t.")}, {ex.col(MEMCPY, "dstKind", "dk", prefix="t.")} FROM {MEMCPY} t')
-        copies = _frame(ex, pl, sql, raw)
+        copies = _frame(ex, pl, sql, {k: raw[k] for k in _GPU_RAW[1:]})
         parts.append((_copy_names(ex, copies, pl) if copies.height else copies).with_columns(pl.lit("gpu_memcpy").alias("cat")))
     if ex.has(MEMSET, "deviceId", "start", "end"):
-        sql = (f'SELECT NULL, t."start", t."end", t."deviceId", {_process(ex, MEMSET, "t.")}, {ex.col(MEMSET, "streamId", "s", prefix="t.")}, '
-               f'{ex.col(MEMSET, "correlationId", "c", prefix="t.")}, {ex.col(MEMSET, "bytes", "b", prefix="t.")}, NULL, '
-               f'{ex.col(MEMSET, "memKind", "m", prefix="t.")}, NULL FROM {MEMSET} t')
-        sets = _frame(ex, pl, sql, raw)
+        sql = (f'SELECT t."start", t."end", t."deviceId", {_process(ex, MEMSET, "t.")}, {ex.col(MEMSET, "streamId", "s", prefix="t.")}, '
+               f'{ex.col(MEMSET, "correlationId", "c", prefix="t.")}, {ex.col(MEMSET, "bytes", "b", prefix="t.")}, '
+               f'{ex.col(MEMSET, "memKind", "m", prefix="t.")} FROM {MEMSET} t')
+        sets = _frame(ex, pl, sql, {k: raw[k] for k in (*_GPU_RAW[1:8], "src")})
         if sets.height:
             kinds = ex.enum("ENUM_CUDA_MEM_KIND", _MEM_KINDS, label=True)
             label = pl.col("src").replace_strict(kinds, default=None, return_dtype=pl.String)
             sets = sets.with_columns(pl.when(label.is_null()).then(pl.lit("Memset")).otherwise(pl.format("Memset ({})", label)).alias("name"))
         parts.append(sets.with_columns(pl.lit("gpu_memset").alias("cat")))
-    ops = pl.concat(parts, how="diagonal_relaxed")
+    ops = pl.concat(parts, how="diagonal_relaxed").with_columns(pl.col("name").cast(pl.String))
+    ops = ops.with_columns(pl.lit(None, pl.Int64).alias(k) for k in _GPU_RAW if k not in ops.columns)
     if "direction" not in ops.columns:
         ops = ops.with_columns(pl.lit(None, pl.String).alias("direction"), pl.lit(False).alias("pageable"))
     return ops.with_columns(pl.col("pageable").fill_null(False))
@@ -623,8 +625,7 @@ def _cpu_table(spans: Any, pid: str, threads: dict[int, str], pl: Any) -> Any:
     """NVTX ranges -> CPU_SCHEMA: emit_nvtx's decoration dropped, aten:: ranges as cpu ops."""
     from profkit.ingest.tables import CPU_SCHEMA
 
-    clean = {t: _EMIT_NVTX.sub("", t) for t in spans["text"].unique().to_list() if t is not None}
-    name = pl.col("text").replace_strict(clean, default=None, return_dtype=pl.String).fill_null("")
+    name = pl.col("text").str.replace(_EMIT_NVTX_RS, "").fill_null("")
     return spans.with_columns(
         name.alias("name"),
         pl.when(name.str.starts_with("aten::")).then(pl.lit("cpu_op")).otherwise(pl.lit("user_annotation")).alias("cat"),
