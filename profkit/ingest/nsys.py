@@ -1,8 +1,8 @@
 """Nsight Systems captures -> the tables the Kineto reader produces (docs/nsys.md).
 
 An `nsys export --type sqlite` file is read with the standard library's sqlite3 (no dependency;
-DuckDB would need its sqlite extension, which it downloads), one rank at a time, each table
-streamed in batches of rows into polars frames:
+DuckDB would need its sqlite extension, which it downloads): each table once for all the ranks,
+streamed in chunks of rows into polars frames (see read_all and _frame), then split by rank:
 
 - one rank per (device, process) pair that ran GPU work: `CUPTI_ACTIVITY_KIND_KERNEL` / `_MEMCPY` /
   `_MEMSET` rows by `deviceId` and `globalPid` (the usual one process per GPU gives one rank per
@@ -270,19 +270,18 @@ class RankKey:
 
     @property
     def part(self) -> str:
-        return f"device={self.device} pid={self.pid if self.pid is not None else '?'}" + (
-            f" host={self.process >> 24}" if self.process is not None and self.process >> 24 else "")
+        """The rank's name in TraceFile.part and in messages: "device=1 pid=4242" (and the global
+        id's upper bits, nsys's host/VM id, when above 1: exports merged from several hosts)."""
+        upper = self.process >> 24 if self.process is not None else 0
+        return f"device={self.device} pid={self.pid if self.pid is not None else '?'}" + (f" host={upper}" if upper > 1 else "")
 
 
 @dataclass
 class Plan:
-    """The ranks of an export, the devices' names, and which ranks each process has."""
+    """The ranks of an export and the devices' names (TARGET_INFO_GPU)."""
 
     ranks: list[RankKey]
     names: dict[int, str] = field(default_factory=dict)
-
-    def of_process(self, process: int | None) -> list[RankKey]:
-        return [k for k in self.ranks if k.process == process]
 
 
 _GPU_TABLES = (KERNEL, MEMCPY, MEMSET)
@@ -438,8 +437,8 @@ def _frame(ex: Export, pl: Any, sql: str, schema: dict[str, Any]) -> Any:
         frames = [pl.DataFrame(dict(zip(names, map(list, zip(*b)))), schema=schema, strict=False) for b in ex.batches(sql)]
         return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
     cols = ", ".join(f"c{i}" for i in range(len(names)))
-    field = [(f"replace(replace(c{i}, char(30), ' '), char(31), ' ')" if schema[n] == pl.String else f"c{i}") for i, n in enumerate(names)]
-    row = " || char(31) || ".join(f"COALESCE({x}, '')" for x in field)
+    fields = [(f"replace(replace(c{i}, char(30), ' '), char(31), ' ')" if schema[n] == pl.String else f"c{i}") for i, n in enumerate(names)]
+    row = " || char(31) || ".join(f"COALESCE({x}, '')" for x in fields)
     ranged = sql.replace(" WHERE ", " WHERE t.rowid BETWEEN ? AND ? AND ", 1) if " WHERE " in sql else sql + " WHERE t.rowid BETWEEN ? AND ?"
     query = f"WITH q({cols}) AS ({ranged}) SELECT group_concat({row}, char(30)) FROM q"
     blobs = [b for a in range(lo, hi + 1, CHUNK_ROWIDS) for (b,) in ex.rows(query, (a, a + CHUNK_ROWIDS - 1)) if b]
