@@ -354,3 +354,32 @@ echo report > "$out.nsys-rep"
     r = before["ranks"][0]
     assert r["source"]["format"] == "nsys-sqlite" and r["marker"] == r"^scheduler\.run_batch$"
     assert [i["gpu_kernels"] for i in r["iterations"]] == [4, 4, 4]
+
+
+def _two_device_export(path: Path, *, one_process: bool) -> Path:
+    """Kernels on two devices: from one process driving both (3 launches onto device 0, 1 onto
+    device 1, then a stream sync on the same thread), or from two processes that each see "device 0"."""
+    p = make_export(path, steps=0)
+    con = sqlite3.connect(p)
+    pids = [(1 << 48) | (100 << 24), (1 << 48) | (200 << 24)]
+    t, corr = 1_000_000, 1
+    plan = [(0, 0), (0, 0), (0, 0), (1, 0)] if one_process else [(0, 0), (0, 0), (0, 0), (0, 1)]
+    for dev, who in plan:
+        pid = pids[0] if one_process else pids[who]
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 0, ?, ?, 1, 0, NULL)", (t, t + 2_000, pid | 7, corr))
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, 1, 7, ?, ?, 2, 3, NULL, NULL)", (t + 5_000, t + 15_000, dev, corr, pid))
+        t, corr = t + 20_000, corr + 1
+    con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 0, ?, ?, 4, 0, NULL)", (t, t + 3_000, pids[0] | 7, corr))
+    con.commit()
+    con.close()
+    return p
+
+
+@pytest.mark.parametrize("one_process", [True, False], ids=["one-process-two-devices", "two-processes-device-0"])
+def test_ranks_follow_devices_and_processes(tmp_path, one_process):
+    s = _summary(_two_device_export(tmp_path / "two.sqlite", one_process=one_process))
+    ranks = s["ranks"]
+    assert [(r["source"]["device_id"], r["source"]["pid"]) for r in ranks] == ([(0, 100), (1, 100)] if one_process else [(0, 100), (0, 200)])
+    assert [r["iterations"][0]["gpu_kernels"] for r in ranks] == [3, 1]
+    assert [r["iterations"][0]["kernel_launches"] for r in ranks] == [3, 1]
+    assert [r["iterations"][0]["syncs"] for r in ranks] == [1, 0]  # the sync: the thread that launched onto device 0 (pid 100)
