@@ -289,3 +289,97 @@ def test_report_is_exported_with_nsys(tmp_path, monkeypatch):
     s = json.loads((tmp_path / "s.json").read_text())
     assert [i["gpu_kernels"] for i in s["ranks"][0]["iterations"]] == [4, 4, 4]
     assert shutil.which("nsys") == str(fake)
+
+
+def test_docs_examples_run(monkeypatch):
+    """The commands of docs/nsys.md, run as written from the checkout (they read the public exports beside it)."""
+    import shlex
+
+    root = HERE.parent
+    if not (root.parent / "shared" / "public-traces" / "nsys" / "h100_2gpu_1s.sqlite").is_file():
+        pytest.skip("../shared/public-traces/nsys is not beside this checkout (the docs' examples read it)")
+    doc = (root / "docs" / "nsys.md").read_text()
+    cmds = [ln[2:] for ln in doc.split("```console", 1)[1].split("```", 1)[0].splitlines() if ln.startswith("$ profkit ")]
+    assert len(cmds) == 3
+    monkeypatch.chdir(root)
+    for c in cmds:
+        r = runner.invoke(app, shlex.split(c)[1:])
+        assert r.exit_code == 0, (c, r.output)
+        assert "Traceback" not in r.output
+
+
+def test_trace_nsys_analyzes_its_own_capture(tmp_path):
+    """`profkit trace --nsys` against the real proxy server over HTTP, wrapped by a stand-in `nsys`
+    (no Nsight Systems here): `nsys profile ... -o OUT cmd` runs the server and writes OUT.nsys-rep
+    when it exits, `nsys export` writes an export (made here) as the real one would. trace then
+    exports the report (the command printed) and analyzes the export like any capture."""
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    made = make_export(tmp_path / "made.sqlite")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nsys"
+    fake.write_text(f"""#!/bin/sh
+if [ "$1" = export ]; then cp "{made}" "$7"; exit 0; fi
+[ "$1" = profile ] || exit 9
+shift
+while [ "$1" != "-o" ]; do shift; done
+out="$2"; shift 2
+"$@" &
+child=$!
+trap 'kill -TERM $child 2>/dev/null' TERM INT
+wait $child; wait $child
+echo report > "$out.nsys-rep"
+""")
+    fake.chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    argv = [sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", "--nsys", "--isl", "64", "--turns", "3", "--turn-tokens", "16",
+            "--output-tokens", "24", "--num-steps", "6", "--traces-dir", str(tmp_path / "traces"), "--reports-dir", str(tmp_path / "reports"),
+            "--port", str(port)]
+    p = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=500)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "exporting the Nsight Systems report: nsys export --type sqlite" in " ".join(p.stderr.split())
+    ms = [json.loads(m.read_text()) for m in sorted((tmp_path / "traces").glob("*/manifest.json"))]
+    assert len(ms) == 2 and all(m["status"] == "ok" for m in ms)
+    for m in ms:
+        assert [Path(f).suffix for f in m["trace_files"]] == [".nsys-rep", ".sqlite"]
+    group = next(d for d in (tmp_path / "reports").iterdir() if (d / "diff.json").exists())
+    before = json.loads((group / "before.json").read_text())
+    r = before["ranks"][0]
+    assert r["source"]["format"] == "nsys-sqlite" and r["marker"] == r"^scheduler\.run_batch$"
+    assert [i["gpu_kernels"] for i in r["iterations"]] == [4, 4, 4]
+
+
+def _two_device_export(path: Path, *, one_process: bool) -> Path:
+    """Kernels on two devices: from one process driving both (3 launches onto device 0, 1 onto
+    device 1, then a stream sync on the same thread), or from two processes that each see "device 0"."""
+    p = make_export(path, steps=0)
+    con = sqlite3.connect(p)
+    pids = [(1 << 48) | (100 << 24), (1 << 48) | (200 << 24)]
+    t, corr = 1_000_000, 1
+    plan = [(0, 0), (0, 0), (0, 0), (1, 0)] if one_process else [(0, 0), (0, 0), (0, 0), (0, 1)]
+    for dev, who in plan:
+        pid = pids[0] if one_process else pids[who]
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 0, ?, ?, 1, 0, NULL)", (t, t + 2_000, pid | 7, corr))
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, 1, 7, ?, ?, 2, 3, NULL, NULL)", (t + 5_000, t + 15_000, dev, corr, pid))
+        t, corr = t + 20_000, corr + 1
+    con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 0, ?, ?, 4, 0, NULL)", (t, t + 3_000, pids[0] | 7, corr))
+    con.commit()
+    con.close()
+    return p
+
+
+@pytest.mark.parametrize("one_process", [True, False], ids=["one-process-two-devices", "two-processes-device-0"])
+def test_ranks_follow_devices_and_processes(tmp_path, one_process):
+    s = _summary(_two_device_export(tmp_path / "two.sqlite", one_process=one_process))
+    ranks = s["ranks"]
+    assert [(r["source"]["device_id"], r["source"]["pid"]) for r in ranks] == ([(0, 100), (1, 100)] if one_process else [(0, 100), (0, 200)])
+    assert [r["iterations"][0]["gpu_kernels"] for r in ranks] == [3, 1]
+    assert [r["iterations"][0]["kernel_launches"] for r in ranks] == [3, 1]
+    assert [r["iterations"][0]["syncs"] for r in ranks] == [1, 0]  # the sync: the thread that launched onto device 0 (pid 100)

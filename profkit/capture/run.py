@@ -218,16 +218,17 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         progress(f"{label}: stopping the server (up to {spec.teardown_s:.0f} s for its own teardown)")
         server.stop(grace_s=max(spec.teardown_s, 60) if cfg.nsys else None)
         _record_stop(manifest, server)
-        if cfg.nsys:  # the report, and its SQLite export that profkit analyzes (ingest/nsys.py; the command is shown)
-            from profkit.ingest.nsys import exported
-
+        if cfg.nsys:  # the report; analyzed through its SQLite export (ingest/nsys.py, the command shown), unless --capture-only
             rep = _wait_file(trace_dir / f"{run_id}.nsys-rep", cfg.profile_timeout_s)
-            progress(f"{label}: exporting {rep.name} to SQLite")
-            files = [exported(rep)]
-            manifest.update(trace_files=[rep.name, files[0].name], note="an Nsight Systems report (nsys-ui) and its SQLite export (analyzed)")
+            manifest.update(trace_files=[rep.name], note="an Nsight Systems report: `profkit analyze` exports it with `nsys export --type sqlite`")
             if cfg.capture_only:
                 manifest.finish("ok")
                 return RunResult(run_id, states, trace_dir, report_dir, rep, {}, manifest.data)
+            from profkit.ingest.nsys import exported
+
+            progress(f"{label}: exporting {rep.name} to SQLite")
+            files = [exported(rep)]
+            manifest.update(trace_files=[rep.name, files[0].name], note="an Nsight Systems report (nsys-ui) and its SQLite export (analyzed)")
 
         if cfg.capture_only:
             manifest.finish("ok")

@@ -1,8 +1,8 @@
 """Nsight Systems captures -> the tables the Kineto reader produces (docs/nsys.md).
 
 An `nsys export --type sqlite` file is read with the standard library's sqlite3 (no dependency;
-DuckDB would need its sqlite extension, which it downloads), one rank at a time, each table
-streamed in batches of rows into polars frames:
+DuckDB would need its sqlite extension, which it downloads): each table once for all the ranks,
+streamed in chunks of rows into polars frames (see read_all and _frame), then split by rank:
 
 - one rank per (device, process) pair that ran GPU work: `CUPTI_ACTIVITY_KIND_KERNEL` / `_MEMCPY` /
   `_MEMSET` rows by `deviceId` and `globalPid` (the usual one process per GPU gives one rank per
@@ -63,7 +63,7 @@ _DIRECTION = {"HTOD": "h2d", "UVM_HTOD": "h2d", "DTOH": "d2h", "UVM_DTOH": "d2h"
 # host-blocking CUPTI synchronization types -> the runtime call that makes them
 _SYNC_CALLS = {1: "cudaEventSynchronize", 3: "cudaStreamSynchronize", 4: "cudaDeviceSynchronize"}
 _RANGE_TYPES = (59, 60, 70, 71)  # NvtxPushPopRange, NvtxStartEndRange, NvtxtPushPopRange, NvtxtStartEndRange
-_EMIT_NVTX = re.compile(r", (?:seq|op_id|sizes|input_op_ids) = .*\Z", re.S)
+_EMIT_NVTX_RS = r"(?s), (?:seq|op_id|sizes|input_op_ids) = .*$"  # PyTorch emit_nvtx's decoration (a polars regex)
 _HINT_EXPORT = "export the report again: nsys export --type sqlite -o CAPTURE.sqlite CAPTURE.nsys-rep"
 
 
@@ -270,19 +270,18 @@ class RankKey:
 
     @property
     def part(self) -> str:
-        return f"device={self.device} pid={self.pid if self.pid is not None else '?'}" + (
-            f" host={self.process >> 24}" if self.process is not None and self.process >> 24 else "")
+        """The rank's name in TraceFile.part and in messages: "device=1 pid=4242" (and the global
+        id's upper bits, nsys's host/VM id, when above 1: exports merged from several hosts)."""
+        upper = self.process >> 24 if self.process is not None else 0
+        return f"device={self.device} pid={self.pid if self.pid is not None else '?'}" + (f" host={upper}" if upper > 1 else "")
 
 
 @dataclass
 class Plan:
-    """The ranks of an export, the devices' names, and which ranks each process has."""
+    """The ranks of an export and the devices' names (TARGET_INFO_GPU)."""
 
     ranks: list[RankKey]
     names: dict[int, str] = field(default_factory=dict)
-
-    def of_process(self, process: int | None) -> list[RankKey]:
-        return [k for k in self.ranks if k.process == process]
 
 
 _GPU_TABLES = (KERNEL, MEMCPY, MEMSET)
@@ -424,7 +423,7 @@ CHUNK_ROWIDS = 1 << 17
 def _frame(ex: Export, pl: Any, sql: str, schema: dict[str, Any]) -> Any:
     """The rows of `sql` ("SELECT e0, e1, ... FROM <table> t ... [WHERE ...]") as a frame of
     `schema`. SQLite itself joins each chunk of rows (by rowid) into one string, fields and rows
-    apart by the ASCII unit and record separators, and polars splits and parses it: no Python
+    apart by the ASCII unit and record separators, and polars' CSV reader parses it: no Python
     object per value (that costs as much as SQLite's own reading). Text values lose those two
     control characters (spaces instead); an empty text is null."""
     m = re.search(r"\bFROM\s+\"?(\w+)\"?\s+t\b", sql)
@@ -438,18 +437,14 @@ def _frame(ex: Export, pl: Any, sql: str, schema: dict[str, Any]) -> Any:
         frames = [pl.DataFrame(dict(zip(names, map(list, zip(*b)))), schema=schema, strict=False) for b in ex.batches(sql)]
         return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
     cols = ", ".join(f"c{i}" for i in range(len(names)))
-    field = [(f"replace(replace(c{i}, char(30), ' '), char(31), ' ')" if schema[n] == pl.String else f"c{i}") for i, n in enumerate(names)]
-    row = " || char(31) || ".join(f"COALESCE({x}, '')" for x in field)
+    fields = [(f"replace(replace(c{i}, char(30), ' '), char(31), ' ')" if schema[n] == pl.String else f"c{i}") for i, n in enumerate(names)]
+    row = " || char(31) || ".join(f"COALESCE({x}, '')" for x in fields)
     ranged = sql.replace(" WHERE ", " WHERE t.rowid BETWEEN ? AND ? AND ", 1) if " WHERE " in sql else sql + " WHERE t.rowid BETWEEN ? AND ?"
     query = f"WITH q({cols}) AS ({ranged}) SELECT group_concat({row}, char(30)) FROM q"
     blobs = [b for a in range(lo, hi + 1, CHUNK_ROWIDS) for (b,) in ex.rows(query, (a, a + CHUNK_ROWIDS - 1)) if b]
     if not blobs:
         return pl.DataFrame(schema=schema)
-    rows = pl.Series("r", blobs, dtype=pl.String).str.split(_RS).explode()
-    parts = rows.str.split_exact(_US, len(names) - 1).struct.rename_fields(names).struct.unnest()
-    return parts.select(
-        (pl.col(n).replace("", None) if t == pl.String else pl.col(n).cast(t, strict=False)).alias(n) for n, t in schema.items()
-    )
+    return pl.read_csv(_RS.join(blobs).encode(), separator=_US, eol_char=_RS, has_header=False, quote_char=None, schema=schema)
 
 
 def _name_id(ex: Export, table: str, cols: tuple[str, ...]) -> str | None:
@@ -485,25 +480,27 @@ def _gpu_ops(ex: Export, pl: Any) -> Any:
     parts = []
     name = _name_id(ex, KERNEL, ("demangledName", "shortName", "mangledName"))
     sql = (f'SELECT {f"t.{chr(34)}{name}{chr(34)}" if name else "NULL"}, t."start", t."end", t."deviceId", {_process(ex, KERNEL, "t.")}, {ex.col(KERNEL, "streamId", "s", prefix="t.")}, '
-           f'{ex.col(KERNEL, "correlationId", "c", prefix="t.")}, NULL, NULL, NULL, NULL FROM {KERNEL} t')
-    parts.append(_named(ex, pl, _frame(ex, pl, sql, raw), KERNEL, name).with_columns(pl.lit("kernel").alias("cat")))
+           f'{ex.col(KERNEL, "correlationId", "c", prefix="t.")} FROM {KERNEL} t')
+    kernels = _frame(ex, pl, sql, {k: raw[k] for k in _GPU_RAW[:7]})  # the copy columns are no kernel's: not carried
+    parts.append(_named(ex, pl, kernels, KERNEL, name).with_columns(pl.lit("kernel").alias("cat")))
     if ex.has(MEMCPY, "deviceId", "start", "end"):
-        sql = (f'SELECT NULL, t."start", t."end", t."deviceId", {_process(ex, MEMCPY, "t.")}, {ex.col(MEMCPY, "streamId", "s", prefix="t.")}, '
+        sql = (f'SELECT t."start", t."end", t."deviceId", {_process(ex, MEMCPY, "t.")}, {ex.col(MEMCPY, "streamId", "s", prefix="t.")}, '
                f'{ex.col(MEMCPY, "correlationId", "c", prefix="t.")}, {ex.col(MEMCPY, "bytes", "b", prefix="t.")}, {ex.col(MEMCPY, "copyKind", "k", prefix="t.")}, '
                f'{ex.col(MEMCPY, "srcKind", "sk", prefix="t.")}, {ex.col(MEMCPY, "dstKind", "dk", prefix="t.")} FROM {MEMCPY} t')
-        copies = _frame(ex, pl, sql, raw)
+        copies = _frame(ex, pl, sql, {k: raw[k] for k in _GPU_RAW[1:]})
         parts.append((_copy_names(ex, copies, pl) if copies.height else copies).with_columns(pl.lit("gpu_memcpy").alias("cat")))
     if ex.has(MEMSET, "deviceId", "start", "end"):
-        sql = (f'SELECT NULL, t."start", t."end", t."deviceId", {_process(ex, MEMSET, "t.")}, {ex.col(MEMSET, "streamId", "s", prefix="t.")}, '
-               f'{ex.col(MEMSET, "correlationId", "c", prefix="t.")}, {ex.col(MEMSET, "bytes", "b", prefix="t.")}, NULL, '
-               f'{ex.col(MEMSET, "memKind", "m", prefix="t.")}, NULL FROM {MEMSET} t')
-        sets = _frame(ex, pl, sql, raw)
+        sql = (f'SELECT t."start", t."end", t."deviceId", {_process(ex, MEMSET, "t.")}, {ex.col(MEMSET, "streamId", "s", prefix="t.")}, '
+               f'{ex.col(MEMSET, "correlationId", "c", prefix="t.")}, {ex.col(MEMSET, "bytes", "b", prefix="t.")}, '
+               f'{ex.col(MEMSET, "memKind", "m", prefix="t.")} FROM {MEMSET} t')
+        sets = _frame(ex, pl, sql, {k: raw[k] for k in (*_GPU_RAW[1:8], "src")})
         if sets.height:
             kinds = ex.enum("ENUM_CUDA_MEM_KIND", _MEM_KINDS, label=True)
             label = pl.col("src").replace_strict(kinds, default=None, return_dtype=pl.String)
             sets = sets.with_columns(pl.when(label.is_null()).then(pl.lit("Memset")).otherwise(pl.format("Memset ({})", label)).alias("name"))
         parts.append(sets.with_columns(pl.lit("gpu_memset").alias("cat")))
-    ops = pl.concat(parts, how="diagonal_relaxed")
+    ops = pl.concat(parts, how="diagonal_relaxed").with_columns(pl.col("name").cast(pl.String))
+    ops = ops.with_columns(pl.lit(None, pl.Int64).alias(k) for k in _GPU_RAW if k not in ops.columns)
     if "direction" not in ops.columns:
         ops = ops.with_columns(pl.lit(None, pl.String).alias("direction"), pl.lit(False).alias("pageable"))
     return ops.with_columns(pl.col("pageable").fill_null(False))
@@ -563,8 +560,9 @@ def _calls(ex: Export, pl: Any) -> Any:
     if "globalTid" not in ex.columns[RUNTIME]:
         ex.lacks(f"{RUNTIME}.globalTid")
     sql = (f'SELECT {f"t.{chr(34)}{name}{chr(34)}" if name else "NULL"}, t."start", t."end", {ex.col(RUNTIME, "globalTid", "g", prefix="t.", want=False)}, '
-           f'{_process(ex, RUNTIME, "t.")}, {ex.col(RUNTIME, "correlationId", "c", prefix="t.")} FROM {RUNTIME} t')
-    return _named(ex, pl, _frame(ex, pl, sql, raw), RUNTIME, name)
+           f'{ex.col(RUNTIME, "correlationId", "c", prefix="t.")} FROM {RUNTIME} t')
+    got = _frame(ex, pl, sql, {k: v for k, v in raw.items() if k != "proc"})
+    return _named(ex, pl, got.with_columns((pl.col("gtid") // (1 << 24)).alias("proc")).select(list(raw)), RUNTIME, name)
 
 
 def _sync_rows(ex: Export, pl: Any) -> Any:
@@ -616,17 +614,17 @@ def _ranges(ex: Export, pl: Any) -> Any:
     text, joins = ('t."text"' if "text" in ex.columns[NVTX] else "NULL"), ""
     if "textId" in ex.columns[NVTX] and STRINGS in ex.columns:
         text, joins = f"COALESCE({text}, s.value)", f'LEFT JOIN {STRINGS} s ON s.id = t."textId"'
-    sql = (f'SELECT {text}, t."start", t."end", t."globalTid", (t."globalTid" >> 24) FROM {NVTX} t {joins} '
+    sql = (f'SELECT {text}, t."start", t."end", t."globalTid" FROM {NVTX} t {joins} '
            f'WHERE t."eventType" IN ({",".join(map(str, types))}) AND t."end" IS NOT NULL')
-    return _frame(ex, pl, sql, raw)
+    got = _frame(ex, pl, sql, {k: v for k, v in raw.items() if k != "proc"})
+    return got.with_columns((pl.col("gtid") // (1 << 24)).alias("proc"))
 
 
 def _cpu_table(spans: Any, pid: str, threads: dict[int, str], pl: Any) -> Any:
     """NVTX ranges -> CPU_SCHEMA: emit_nvtx's decoration dropped, aten:: ranges as cpu ops."""
     from profkit.ingest.tables import CPU_SCHEMA
 
-    clean = {t: _EMIT_NVTX.sub("", t) for t in spans["text"].unique().to_list() if t is not None}
-    name = pl.col("text").replace_strict(clean, default=None, return_dtype=pl.String).fill_null("")
+    name = pl.col("text").str.replace(_EMIT_NVTX_RS, "").fill_null("")
     return spans.with_columns(
         name.alias("name"),
         pl.when(name.str.starts_with("aten::")).then(pl.lit("cpu_op")).otherwise(pl.lit("user_annotation")).alias("cat"),
