@@ -142,8 +142,8 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, An
             "device_busy_us": _us(o.get("device_busy_ns", 0)),
         },
         "warnings": list(a.warnings),
-        # marker spans cut by the profiler's stop, dropped (a new optional key, as "timeline")
-        "stub_markers": a.stub_markers,
+        # marker spans cut by the profiler's stop, dropped (a new optional key, only when there were any)
+        **({"stub_markers": a.stub_markers} if a.stub_markers else {}),
         # Added after v1 shipped (a new key; readers must treat it as optional): see analysis/timeline.py.
         "timeline": representative_timeline(a),
     }
