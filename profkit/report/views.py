@@ -238,7 +238,7 @@ def outside_text(rank: Mapping[str, Any]) -> str | None:
         return None
     busy = o.get("device_busy_us") or 0.0
     cpu = rank_timeline(rank) == "cpu"  # a CPU-only run: its "ops" are aten ops, none of them launched
-    share = f" ({100 * o['gpu_us'] / busy:.1f}% of the {'CPU-op' if cpu else 'device'}'s busy time)" if busy else ""
+    share = f" ({100 * o['gpu_us'] / busy:.1f}% of the {'CPU-op' if cpu else 'device’s'} busy time)".replace("’", "'") if busy else ""
     parts = [f"{o[k]} {label}" for k, label in (("before_first", "before the first iteration" if cpu else "launched before the first iteration"),
                                                 ("after_last", "after the last"), ("no_launch_in_trace", "with no launch call in the trace"))
              if o.get(k)]
