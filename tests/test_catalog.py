@@ -558,7 +558,7 @@ def test_the_effect_catalog_is_the_choice_else_the_candidates_own():
     # real vLLM 0.32 on a CPU (tests/data/vllm_cpu)
     ("vllm", "_C::weight_packed_linear", "gemm"), ("vllm", "_C::onednn_mm", "gemm"),
     ("vllm", "vllm::unified_attention_with_output", "attention"), ("vllm", "vllm::unified_kv_cache_update", "attention"),
-    ("vllm", "_C::rejection_greedy_sample_kernel_impl", "spec"), ("vllm", "_C::greedy_argmax", "sampling"),
+    ("vllm", "_C::rejection_greedy_sample_kernel_impl", "sampling"), ("vllm", "_C::greedy_argmax", "sampling"),
     ("vllm", "compiled code (Inductor, inside a compiled graph)", "compiled"), ("vllm", "aten::item", "other"),
     # vLLM on a GPU keeps the generic rules
     ("vllm", "nvjet_tst_128x64_64x4_1x2_h_bz_coopA_NNT", "gemm"), ("vllm", "Memcpy HtoD (Pinned -> Device)", "memcpy"),

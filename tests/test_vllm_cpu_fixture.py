@@ -57,7 +57,7 @@ def test_the_op_names_that_dominate_are_categorized_by_name():
     cat = load_catalog("vllm")
     want = {"_C::weight_packed_linear": "gemm", "_C::onednn_mm": "gemm", "vllm::unified_attention_with_output": "attention",
             "vllm::unified_kv_cache_update": "attention", "aten::mean": "norm", "_C::greedy_argmax": "sampling",
-            "_C::rejection_greedy_sample_kernel_impl": "spec", "_C::rotary_embedding": "rope"}
+            "_C::rejection_greedy_sample_kernel_impl": "sampling", "_C::rotary_embedding": "rope"}
     for n, c in want.items():
         assert n in names and cat.classify(n, "kernel", None)[0] == c, n
 

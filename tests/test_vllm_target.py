@@ -80,3 +80,39 @@ def test_speculative_pair():
     assert speculative_pair(its("decode", "decode"), its("verify", "verify", "decode")) == (("decode", 1), ("verify", 1))
     assert speculative_pair(its("decode"), its("decode", "decode", "verify")) is None  # verify is not the candidate's usual step
     assert speculative_pair(its("verify", "decode"), its("verify")) is None  # both sides speculate
+
+
+def test_accept_length_from_vllms_counters():
+    """vLLM's Prometheus text (/metrics): counters summed over label sets; accept length = 1 + accepted / drafts."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from profkit.capture.vllm import accept_length, spec_counters
+
+    state = {"drafts": 10.0, "acc": 12.0}
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = ("# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.\n# TYPE vllm:spec_decode_num_drafts counter\n"
+                    f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {state["drafts"]}\n'
+                    f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {state["acc"] - 2}\n'
+                    'vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 2.0\n'
+                    'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 30.0\n').encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        before = spec_counters(url)
+        assert before == (10.0, 12.0)
+        state.update(drafts=30.0, acc=42.0)
+        assert accept_length(before, spec_counters(url)) == 2.5  # 20 drafts, 30 accepted: 1 + 1.5
+    finally:
+        srv.shutdown()

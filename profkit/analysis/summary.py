@@ -147,8 +147,8 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, An
             "sync_copies": int(o.get("sync_copies", 0)),
         },
         "warnings": list(a.warnings),
-        # marker spans cut by the profiler's stop, dropped (a new optional key, as "timeline")
-        "stub_markers": a.stub_markers,
+        # marker spans cut by the profiler's stop, dropped (a new optional key, only when there were any)
+        **({"stub_markers": a.stub_markers} if a.stub_markers else {}),
         # issue 31 (new optional keys): every transition's slack and the rank's statistics (analysis/slack.py);
         # the facts capture health is judged on (analysis/health.py)
         "overlap_slack": a.overlap_slack,

@@ -195,10 +195,13 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
                 for r in range(cfg.repeat):
                     progress(f"{label}: workload isl={isl} concurrency={conc} repeat {r + 1}/{cfg.repeat}")
                     wl = replace(variants[isl], seed=cfg.workload.seed + 7919 * (r + 1) + isl + 131 * conc)
+                    spec0 = vllm_profile.spec_counters(spec.base_url) if cfg.target == "vllm" else None
                     res = drive(spec.base_url, wl, concurrency=conc, timeout_s=cfg.request_timeout_s, api=spec.api, model=spec.model)
                     _check_transport(res, server, "workload")
                     failed += [{"isl": isl, "concurrency": conc, "repeat": r, **f} for f in res.failed_json()]
                     reps.append(res.metrics(spec.world_size, gpu=has_gpu()))
+                    if spec0 is not None:  # vLLM's own spec-decode counters over this repeat
+                        reps[-1]["accept_length"] = vllm_profile.accept_length(spec0, vllm_profile.spec_counters(spec.base_url))
                 points.append({"isl": isl, "concurrency": conc, "repeats": reps, **summarize_repeats(reps),
                                **({"warmup": warm} if warm is not None else {})})
                 if isl == isls[0] and conc == cfg.concurrency[0]:

@@ -89,3 +89,34 @@ def into_window(files: list[Path], out_dir: Path) -> list[Path]:
         os.replace(f, dst)
         moved.append(dst)
     return moved
+
+
+def spec_counters(base_url: str) -> tuple[float, float] | None:
+    """(drafts, accepted draft tokens) so far, from vLLM's Prometheus counters
+    `vllm:spec_decode_num_drafts_total` and `vllm:spec_decode_num_accepted_tokens_total` (v1/spec_decode/
+    metrics.py; summed over their label sets); None without speculative decoding or /metrics."""
+    try:
+        status, body = request(base_url + "/metrics", timeout=30)
+    except HTTPFailure:
+        return None
+    if status != 200:
+        return None
+    got = {"vllm:spec_decode_num_drafts_total": 0.0, "vllm:spec_decode_num_accepted_tokens_total": 0.0}
+    seen = False
+    for line in body.decode(errors="replace").splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in got:
+            try:
+                got[name] += float(line.rsplit(" ", 1)[1])
+                seen = True
+            except (IndexError, ValueError):
+                continue
+    return (got["vllm:spec_decode_num_drafts_total"], got["vllm:spec_decode_num_accepted_tokens_total"]) if seen else None
+
+
+def accept_length(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
+    """Tokens per verify step per request between two spec_counters readings: 1 (the bonus token) +
+    accepted draft tokens per draft; None without drafts."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return 1.0 + (after[1] - before[1]) / (after[0] - before[0])

@@ -17,7 +17,7 @@ from typing import Any
 from profkit.attribution.diff import IDLE_KEYS, judged_against, term_label
 from profkit.findings import host_gap
 from profkit.report.numbers import ratio_pct
-from profkit.report.vocab import diff_timeline, words
+from profkit.report.vocab import diff_timeline, rank_timeline, words
 
 
 def within_noise(diff: Mapping[str, Any], metric: str) -> bool | None:
@@ -107,8 +107,9 @@ def headline_lines(diff: Mapping[str, Any]) -> list[str]:
     if max((v for v in slow.values() if v is not None), default=0.0) >= SLOWDOWN_NOTE:
         got = [(side, v) for side, v in slow.items() if v is not None]
         said = f"the {got[0][0]} ran {got[0][1]:.1f}×" + "".join(f" and the {side} {v:.1f}×" for side, v in got[1:])
+        terms = "python, iteration boundary" if diff_timeline(diff) == "cpu" else "launch, sync, gpu wait"
         lines.append(f"Profiled, {said} slower than unprofiled (tokens/s per user): the host-side idle "
-                     "terms (launch, sync, gpu wait) carry the profiler's own cost; read them with the unprofiled throughput.")
+                     f"terms ({terms}) carry the profiler's own cost; read them with the unprofiled throughput.")
     ee = diff.get("expected_effect") or {}
     if ee.get("known"):
         # an own term that is nothing on either side (no iteration-boundary idle to remove) says nothing
@@ -236,8 +237,9 @@ def outside_text(rank: Mapping[str, Any]) -> str | None:
     if not o or not o.get("gpu_ops"):
         return None
     busy = o.get("device_busy_us") or 0.0
-    share = f" ({100 * o['gpu_us'] / busy:.1f}% of the device's busy time)" if busy else ""
-    parts = [f"{o[k]} {label}" for k, label in (("before_first", "launched before the first iteration"),
+    cpu = rank_timeline(rank) == "cpu"  # a CPU-only run: its "ops" are aten ops, none of them launched
+    share = f" ({100 * o['gpu_us'] / busy:.1f}% of the {'CPU-op' if cpu else 'device’s'} busy time)".replace("’", "'") if busy else ""
+    parts = [f"{o[k]} {label}" for k, label in (("before_first", "before the first iteration" if cpu else "launched before the first iteration"),
                                                 ("after_last", "after the last"), ("no_launch_in_trace", "with no launch call in the trace"))
              if o.get(k)]
-    return f"outside every iteration: {o['gpu_ops']:,} GPU ops, {o['gpu_us']:,.1f} µs{share}: {', '.join(parts)}"
+    return f"outside every iteration: {o['gpu_ops']:,} {'aten ops' if cpu else 'GPU ops'}, {o['gpu_us']:,.1f} µs{share}: {', '.join(parts)}"
