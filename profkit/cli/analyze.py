@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
-from profkit.cli.common import _state, command, err, out, safe_name
+from profkit.cli.common import Strict, _state, check_strict, command, err, out, safe_name
 from profkit.errors import OutputError, UsageError
 
 
@@ -29,6 +29,7 @@ def analyze(
     capture: Annotated[Optional[list[Path]], typer.Option("--capture", help="Graph-capture profile(s) (SGLang's or the proxy's graph_capture_profile/*.json.gz): replayed kernels categorized as in eager mode (default: the run folder's).")] = None,
     tables: Annotated[Optional[Path], typer.Option("--tables", help="Write every iteration, GPU op, bubble, sync and launch as parquet under DIR (DIR/<table>/run=<run>/rank=<rank>/, hive layout: DuckDB and Spark read it as it is).")] = None,
     list_markers: Annotated[bool, typer.Option("--list-markers", help="List the CPU spans that could mark iterations (user annotations, engine step spans), with counts and the --marker regex for each; analyze nothing.")] = False,
+    strict: Strict = False,
 ) -> None:
     """Analyze traces: per-iteration wall, GPU busy/idle, bubbles by cause, syncs, launches, time by category.
 
@@ -57,6 +58,7 @@ def analyze(
     runs = summarize_runs(paths, opts, check=lambda rs: _check_several_runs(rs, json_out, timeline) if len(rs) > 1 else None)
     if len(runs) > 1:
         _analyze_several(runs, json_out=json_out, tables=tables, top=top, catalog_note=choice.note())
+        check_strict(strict, [(r.label, r.summary.get("health")) for r in runs])
         return
     run = runs[0]
     summary, analyses = run.summary, run.analyses or []
@@ -98,6 +100,7 @@ def analyze(
 
     TerminalRenderer(err if to_stdout else out, top=top).show(Report(runs=[("", summary)]))
     _print_catalog([summary], choice.note())
+    check_strict(strict, [(run.label, summary.get("health"))])
 
 
 def _print_catalog(summaries: list[dict[str, Any]], note: Optional[str]) -> None:

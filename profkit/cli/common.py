@@ -76,6 +76,7 @@ Target = Annotated[str, typer.Option("--target", help="proxy (the built-in engin
 Marker = Annotated[Optional[str], typer.Option("--marker", help="Regex for the CPU span that opens one iteration, for inputs analyzed now (traces).")]
 MinBubble = Annotated[float, typer.Option("--min-bubble-us", min=0.0, help="Shortest GPU idle gap counted as a bubble, for inputs analyzed now.")]
 CatalogOpt = Annotated[Optional[str], typer.Option("--catalog", help="Kernel catalog (name in kernels/ or a .toml path): classifies traces analyzed now and says which categories --opt owns.")]
+Strict = Annotated[bool, typer.Option("--strict", help="Exit 5 when capture health is not ok (degraded or unusable), after writing every output.")]
 Cdn = Annotated[bool, typer.Option("--cdn", help="Load plotly.js from its CDN (a small file that needs the network) instead of inlining it.")]
 
 
@@ -253,3 +254,16 @@ def safe_name(name: str) -> str:
     import re
 
     return re.sub(r"[^\w.-]+", "_", name).strip("_")[:80] or "run"
+
+
+def check_strict(strict: bool, healths: list[tuple[str, Any]]) -> None:
+    """--strict: exit 5 (profkit.errors.StrictCheckFailed) when any (label, health) is not ok."""
+    if not strict:
+        return
+    from profkit.analysis.health import health_text
+    from profkit.errors import StrictCheckFailed
+
+    bad = [(label, h) for label, h in healths if not (isinstance(h, dict) and h.get("verdict") == "ok")]
+    if bad:
+        raise StrictCheckFailed("--strict: " + "; ".join(f"{label}: {health_text(h)}" for label, h in bad),
+                                hint="the first line of the report names the checks; re-record, or drop --strict to read the figures with their marks")

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
-from profkit.cli.common import Cdn, CatalogOpt, Marker, MinBubble, command, err, out, safe_name
+from profkit.cli.common import Cdn, CatalogOpt, Marker, MinBubble, Strict, check_strict, command, err, out, safe_name
 from profkit.errors import TraceInputError, UsageError
 
 
@@ -50,6 +50,7 @@ def diff(
     cdn: Cdn = False,
     top: Annotated[int, typer.Option("--top", help="How many movers and sync groups to print.")] = 10,
     capture: Annotated[Optional[list[Path]], typer.Option("--capture", help="Graph-capture profile(s) for the replayed kernels' categories (default: graph_capture_profile/ of each run folder).")] = None,
+    strict: Strict = False,
 ) -> None:
     """Attribute the change between two runs: per-category time, overlap and idle by bubble cause
     (exact, mean per iteration), launches and syncs per iteration, kernels added and removed, and
@@ -109,6 +110,8 @@ def diff(
         sys.stdout.write(get_renderer("json")().render(result))  # the same text `--json FILE` writes
     for w in wrote:
         err.print(f"wrote {escape(w)}")
+    h = d.get("health") or {}
+    check_strict(strict, [(lb, h.get("baseline")), (lc, h.get("candidate"))])
 
 
 @command()
