@@ -127,3 +127,18 @@ def test_window_accept_length_from_the_manifest_is_preferred(tmp_path):
     assert c["accept_source"] == "window" and c["accept_length"] == 2.6
     assert c["gpu_us_per_accepted_token"] == pytest.approx(sum(c["owned_phase_us"].values()) / 2.6)
     assert c["wall_us_per_accepted_token"] == pytest.approx(c["wall_us"] / 2.6)
+
+
+def test_docs_examples_print_what_the_doc_shows():
+    """docs/capture-health.md: each `profkit diff ...` example prints the line the doc quotes under it."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "capture-health.md").read_text()
+    blocks = [ln[4:] for ln in doc.splitlines() if ln.startswith("    ")]
+    pairs = [(cmd, next(b for b in blocks[i + 1:] if not b.startswith("profkit "))) for i, cmd in enumerate(blocks)
+             if cmd.startswith("profkit diff ")]
+    assert len(pairs) == 2
+    root = Path(__file__).resolve().parent.parent
+    for cmd, line in pairs:
+        r = subprocess.run([sys.executable, "-m", "profkit", *cmd.split()[1:]], capture_output=True, text=True, cwd=root)
+        assert r.returncode == 0, r.stderr
+        assert line in r.stdout.splitlines(), (cmd, line)
+        assert r.stdout.splitlines()[0].startswith("health: ")
