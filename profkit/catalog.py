@@ -310,8 +310,8 @@ def choose_catalog(option: str | None, paths: Iterable[Path | str] = ()) -> Cata
 
 
 def manifest_catalog(paths: Iterable[Path | str]) -> str | None:
-    """The catalog a run's manifest implies, from its target (profkit's proxy engine -> proxy;
-    SGLang running a GLM-5.x preset or model -> sglang-glm52), else None (pick by kernel names).
+    """The catalog a run's manifest implies, from its target (profkit's proxy engine -> proxy; vLLM ->
+    vllm; SGLang running a GLM-5.x preset or model -> sglang-glm52), else None (pick by kernel names).
     The manifest: the run folder's manifest.json, one beside the trace, or <trace stem>.manifest.json."""
     import json
 
@@ -330,6 +330,8 @@ def manifest_catalog(paths: Iterable[Path | str]) -> str | None:
             target = doc.get("target")
             if target == "proxy":
                 return "proxy"
+            if target == "vllm":
+                return "vllm"
             if target == "sglang" and "glm" in json.dumps([doc.get("preset"), doc.get("model_path"), doc.get("model")]).lower():
                 return "sglang-glm52"
     return None

@@ -19,7 +19,8 @@ from profkit.catalog import CatalogChoice
 from profkit.errors import TraceInputError
 from profkit.summarize import SummarizeOptions, summarize
 
-_TRACE_NAMES = (".trace.json", ".trace.json.gz", ".pt.trace.json", ".pt.trace.json.gz", ".gz")
+_TRACE_NAMES = (".trace.json", ".trace.json.gz", ".pt.trace.json", ".pt.trace.json.gz", ".gz",
+                ".sqlite", ".nsys-rep", ".qdrep")  # Nsight Systems exports and reports (ingest/nsys.py)
 
 
 @dataclass
@@ -241,3 +242,100 @@ def infer_optimization(baseline_manifest: Any, candidate_manifest: Any) -> str |
         return None
     extra = c - (b or set())
     return next(iter(extra)) if len(extra) == 1 else None
+
+
+@dataclass
+class Pointed:
+    """One thing to analyze or render on its own: trace files/folders analyzed now, or a stored
+    summary.json (of a run folder under reports/, a sweep, an attribution)."""
+
+    label: str
+    traces: list[Path] = field(default_factory=list)
+    summary: Path | None = None
+
+
+def _window(path: Path, wins: list[Path], window: int) -> Path:
+    for w in wins:
+        if w.name.split("-")[1] == str(window):
+            return w
+    raise TraceInputError(f"{path}: no profile window {window} (it has {', '.join(w.name + '/' for w in wins) or 'none'})",
+                          hint="pick one of those with --window, or leave --window out for every window")
+
+
+def _sweep_summaries(path: Path, window: int | None) -> list[Pointed]:
+    doc = read_json(path / "sweep.json")
+    runs = doc.get("runs") if isinstance(doc, dict) else None
+    if not isinstance(runs, list):
+        raise TraceInputError(f"{path / 'sweep.json'}: no 'runs' list", hint="the file is damaged or not written by profkit sweep")
+    out = []
+    for r in runs:
+        s = Path(str(r.get("summary") or ""))
+        if window is not None:
+            s = _window(s.parent, profile_windows_of(s.parent), window) / "summary.json"
+        out.append(Pointed(str(r.get("label")), summary=s))
+    return out
+
+
+def profile_windows_of(path: Path) -> list[Path]:
+    from profkit.ingest import profile_windows
+
+    return profile_windows(path)
+
+
+def analysis_inputs(paths: list[Path], window: int | None = None) -> tuple[list[Pointed], list[str]]:
+    """What `analyze` and `export-perfetto` were pointed at -> the things each analyzes on its own,
+    and notes for the user (files skipped). Any folder `trace` or `sweep` writes is accepted: a run
+    folder of traces (each profile window on its own, or only --window i), a run folder of stored
+    summaries (reports/<run>/), an attribution folder (its before.json and after.json), a sweep
+    folder (each run's summary.json); loose trace files and plain trace folders are analyzed together."""
+    from profkit.ingest import is_sidecar, profile_windows, skipped_files
+
+    loose: list[Path] = []
+    out: list[Pointed] = []
+    notes: list[str] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            if p.suffix == ".json" and (is_sidecar(p.name) or is_summary_name(p.name)):
+                out.append(Pointed(_label(p) if p.name == "summary.json" else p.stem, summary=p))
+            else:
+                loose.append(p)
+            continue
+        if not p.is_dir():
+            loose.append(p)  # find_trace_files says what is wrong with it
+            continue
+        if (p / "sweep.json").is_file():
+            out += _sweep_summaries(p, window)
+            continue
+        if (p / "diff.json").is_file() and (p / "before.json").is_file():
+            out += [Pointed(f"{p.name}: {n}", summary=p / f"{n}.json") for n in ("before", "after") if (p / f"{n}.json").is_file()]
+            continue
+        wins = profile_windows(p)
+        if wins:
+            chosen = [_window(p, wins, window)] if window is not None else wins
+            for w in chosen:
+                has_traces = any(f.name.endswith((".json.gz", ".trace.json")) and not is_sidecar(f.name) for f in w.iterdir() if f.is_file())
+                if has_traces:
+                    out.append(Pointed(f"{p.name}/{w.name}", traces=[w]))
+                elif (w / "summary.json").is_file():
+                    out.append(Pointed(f"{p.name}/{w.name}", summary=w / "summary.json"))
+            skipped = [n for n in skipped_files(p) if n != "summary.json" or window is not None]
+            if skipped and any(x.traces for x in out):
+                notes.append(f"{p}: skipped {', '.join(skipped)} (not traces)")
+            continue
+        if window is not None:
+            raise TraceInputError(f"{p}: --window {window}, but the folder has no profile windows (window-<i>/)", hint="leave --window out")
+        if (p / "summary.json").is_file() and not any(f.name.endswith(".trace.json.gz") for f in p.iterdir()):
+            out.append(Pointed(_label(p), summary=p / "summary.json"))
+            continue
+        skipped = skipped_files(p)
+        if skipped:
+            shown = skipped if len(skipped) <= 6 else skipped[:5] + [f"and {len(skipped) - 5} more"]
+            notes.append(f"{p}: skipped {', '.join(shown)} (not traces)")
+        loose.append(p)
+    if loose:
+        out.insert(0, Pointed("", traces=loose))
+    return out, notes
+
+
+def is_summary_name(name: str) -> bool:
+    return name in ("summary.json", "before.json", "after.json") or name.endswith(".summary.json")

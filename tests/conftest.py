@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PUBLIC_TRACES = ROOT.parent / "shared" / "public-traces"
 GPU_DATA = ROOT / "tests" / "data" / "gpu"
+VLLM_CPU_DATA = ROOT / "tests" / "data" / "vllm_cpu"
 
 
 def _has_cuda() -> bool:
@@ -35,3 +36,13 @@ def public_traces() -> Path:
     if not PUBLIC_TRACES.exists():
         pytest.skip("../shared/public-traces is not beside this checkout")
     return PUBLIC_TRACES
+
+
+@pytest.fixture(autouse=True)
+def _end_started():
+    """Every process a test registered (processes.started / on_teardown) is ended here, after the
+    test, whether it passed or failed."""
+    from processes import end_started
+
+    yield
+    end_started()

@@ -65,8 +65,9 @@ class TraceBuilder:
         return path
 
 
-def http(url: str, body: Any = None, timeout: float = 60) -> tuple[int, str]:
-    """GET (no body) or POST JSON to a test server: (status, text), HTTP errors included."""
+def http(url: str, body: Any = None, timeout: float = 900) -> tuple[int, str]:
+    """GET (no body) or POST JSON to a test server: (status, text), HTTP errors included. The default
+    timeout only guards against a hang (processes.HANG_S): a loaded host answers late, not wrong."""
     import urllib.error
     import urllib.request
 

@@ -1,10 +1,19 @@
-"""Test helper: the live processes whose command line matches (what a test checks is left behind)."""
+"""Test helpers for the processes a test starts: find them by command line (what a test checks is left
+behind), wait on an event they produce (never on a fixed sleep or a speed threshold), and end every
+one of them in a fixture's teardown even when the test fails (conftest's `_end_started`)."""
 
 from __future__ import annotations
 
-from typing import Callable
+import signal
+import subprocess
+import time
+from typing import Any, Callable
 
 import psutil
+
+# how long a wait may last before the test is declared hung: not a speed bound (a loaded machine
+# can be ten times slower than a quiet one), only what keeps a hang from running forever
+HANG_S = 900.0
 
 
 def processes(match: Callable[[list[str]], bool]) -> list[psutil.Process]:
@@ -17,3 +26,70 @@ def processes(match: Callable[[list[str]], bool]) -> list[psutil.Process]:
         if match(cmd):
             out.append(p)
     return out
+
+
+def wait_until(cond: Callable[[], Any], what: str, *, proc: subprocess.Popen | None = None, poll_s: float = 0.05) -> Any:
+    """Poll `cond` until it returns something true and return that; fail at once when `proc` exits
+    first (with its output), and after HANG_S (a hang, not slowness)."""
+    deadline = time.monotonic() + HANG_S
+    while True:
+        got = cond()
+        if got:
+            return got
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what}: the process exited first (exit {proc.returncode})")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {HANG_S:.0f} s (hung)")
+        time.sleep(poll_s)
+
+
+def gone(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Wait for these processes to end (a killed process is reaped soon, whatever the load); the
+    ones still alive after HANG_S."""
+    return psutil.wait_procs(procs, timeout=HANG_S)[1]
+
+
+_started: list[Callable[[], None]] = []
+
+
+def started(proc: subprocess.Popen) -> subprocess.Popen:
+    """Register a process this test started: conftest's teardown ends it if it still runs (SIGTERM
+    first: profkit then tears its server down; SIGKILL if it does not end)."""
+
+    def end() -> None:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(HANG_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    _started.append(end)
+    return proc
+
+
+def on_teardown(fn: Callable[[], None]) -> None:
+    """Register any other clean-up (a Server's stop) for the end of the current test."""
+    _started.append(fn)
+
+
+def end_started() -> None:
+    while _started:
+        fn = _started.pop()
+        try:
+            fn()
+        except Exception:  # one clean-up failing must not keep the others from running
+            pass
+
+
+def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    """subprocess.run for a command that may start servers (`profkit trace`, `sweep`): registered with
+    `started`, so a failing or hung test still ends it by SIGTERM (profkit then stops its server;
+    subprocess.run's own timeout would SIGKILL profkit and orphan the server)."""
+    p = started(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw))
+    try:
+        out, err = p.communicate(timeout=HANG_S)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{argv[:4]}: still running after {HANG_S:.0f} s (hung)") from None
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)

@@ -5,6 +5,7 @@ Every case checks the exit code, the kept manifest and that no server process is
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import socket
@@ -16,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from processes import processes
+from processes import HANG_S, gone, processes, started, wait_until
 
 pytest.importorskip("torch")
 
@@ -37,36 +38,27 @@ def profkit(tmp: Path, *args: str, port: int | None = None, **kw) -> subprocess.
     argv = [sys.executable, "-m", "profkit", *args, "--traces-dir", str(tmp / "traces"), "--reports-dir", str(tmp / "reports")]
     if port:
         argv += ["--port", str(port)]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp, **kw)
+    return started(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp, **kw))
 
 
 def manifests(tmp: Path) -> list[dict]:
     return sorted((json.loads(p.read_text()) for p in (tmp / "traces").glob("*/manifest.json")), key=lambda m: m["started_at"] + m["run_id"])
 
 
-def wait_stage(tmp: Path, stage: str, proc: subprocess.Popen, timeout: float = 120) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for m in manifests(tmp):
-            if m["stage"] == stage:
-                return m
-        if proc.poll() is not None:
-            raise AssertionError(f"profkit exited early: {proc.communicate()}")
-        time.sleep(0.1)
-    raise AssertionError(f"never reached stage {stage}")
+def wait_stage(tmp: Path, stage: str, proc: subprocess.Popen) -> dict:
+    """The manifest, once a run reaches `stage` (a file written by profkit: no sleep, no speed bound)."""
+    return wait_until(lambda: next((m for m in manifests(tmp) if m["stage"] == stage), None), f"stage {stage}", proc=proc)
 
 
 def assert_no_leftovers(port: int) -> None:
-    deadline = time.monotonic() + 10
-    while servers_on(port) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert servers_on(port) == []
+    """profkit returns once its server's tree is gone: a killed process is only waited to be reaped."""
+    assert gone(servers_on(port)) == []
 
 
 def test_trace_end_to_end(tmp_path):
     port = free_port()
     p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL, port=port)
-    out, err = p.communicate(timeout=400)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 0, err
     ms = manifests(tmp_path)
     assert [m["status"] for m in ms] == ["ok", "ok"]
@@ -107,7 +99,7 @@ def test_trace_end_to_end(tmp_path):
 def test_sweep_three_optimizations(tmp_path):
     port = free_port()
     p = profkit(tmp_path, "sweep", "--opts", "topk_v2,indexer_fusion,moe_deferred_finalize", *SMALL[:8], "--num-steps", "5", "--no-warmup", port=port)
-    out, err = p.communicate(timeout=600)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 0, err
     doc = json.loads(next((tmp_path / "reports").glob("*sweep*/sweep.json")).read_text())
     assert doc["status"] == "ok"
@@ -124,7 +116,7 @@ def test_sweep_three_optimizations(tmp_path):
 
 def test_server_that_fails_to_start(tmp_path):
     p = profkit(tmp_path, "trace", "--opt", "topk_v2", "--extra-server-args", "--no-such-flag 1", *SMALL)
-    out, err = p.communicate(timeout=120)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 4
     assert "exited before it became healthy" in err
     assert "--no-such-flag" in err  # the log's tail is shown
@@ -139,7 +131,7 @@ def test_busy_port(tmp_path):
         s.listen()
         port = s.getsockname()[1]
         p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL, port=port)
-        out, err = p.communicate(timeout=60)
+        out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 4
     assert "already in use" in err
     (m,) = manifests(tmp_path)
@@ -151,7 +143,7 @@ def test_server_killed_mid_run(tmp_path):
     p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL[:6], "--turns", "40", "--no-warmup", port=port)
     m = wait_stage(tmp_path, "workload", p)
     os.kill(m["server_pid"], signal.SIGKILL)
-    out, err = p.communicate(timeout=120)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 4, err
     assert "died" in err or "failed" in err
     (m,) = manifests(tmp_path)
@@ -165,9 +157,64 @@ def test_interrupt_keeps_manifest_and_stops_server(tmp_path, sig):
     p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL[:6], "--turns", "40", "--no-warmup", port=port)
     wait_stage(tmp_path, "workload", p)
     p.send_signal(sig)
-    out, err = p.communicate(timeout=120)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 130, err
     (m,) = manifests(tmp_path)
     assert m["status"] == "interrupted"
     assert "workload" in m["error"]
     assert_no_leftovers(port)
+
+
+def test_progress_as_it_happens_and_every_folder_readable(tmp_path):
+    """Piped (not a TTY, as under `| tee`): one line per step, each arriving while the run goes on,
+    naming the run, the repeat and the profile window; the "done" lines carry whole paths. Then every
+    folder the run wrote reads back: analyze (each window, or --window i), report, export-perfetto."""
+    port = free_port()
+    p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL, "--profile-windows", "2", "--repeat", "2", port=port)
+    early: list[str] = []
+    for line in p.stderr:  # lines as they come: the process is still running when the first window's line arrives
+        early.append(line.rstrip("\n"))
+        if "run 2/2" in line and "profile window 1/2" in line:
+            assert p.poll() is None
+            break
+    rest_out, rest_err = p.communicate(timeout=400)
+    assert p.returncode == 0, rest_err
+    lines = early + rest_err.splitlines()
+    for want in ("run 1/2 baseline: workload isl=64 concurrency=1 repeat 2/2", "run 1/2 baseline: profile window 2/2 of 6 iterations",
+                 "run 1/2 baseline: analyzing profile window 2/2", "run 2/2 candidate (topk_v2): profile window 1/2"):
+        assert any(want in x for x in lines), (want, lines)
+    assert all(re.match(r"\[\d+:\d\d:\d\d\] ", x) for x in lines if x.startswith("[") and "run " in x)
+    done = [x for x in lines if ": done; traces " in x]
+    assert len(done) == 2
+    for x in done:  # the paths whole, and there
+        trace_dir, summary = re.search(r"traces (\S+), summary (\S+)$", x).groups()
+        assert (tmp_path / trace_dir / "manifest.json").is_file() and (tmp_path / summary).is_file()
+    run = tmp_path / re.search(r"traces (\S+),", done[0]).group(1)
+    assert sorted(d.name for d in run.iterdir() if d.is_dir() and d.name.startswith("window-")) == ["window-0", "window-1"]
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "profkit", *args], capture_output=True, text=True, cwd=tmp_path,
+                              env={**os.environ, "COLUMNS": "80"})
+
+    a = cli("analyze", str(run))
+    assert a.returncode == 0, a.stderr
+    assert "── 1 of 2: " in a.stdout and "── 2 of 2: " in a.stdout and "window-1" in a.stdout
+    assert "skipped manifest.json, server.log (not traces)" in a.stderr
+    one = cli("analyze", str(run), "--window", "1")
+    assert one.returncode == 0 and "── " not in one.stdout and "window-1" in one.stdout
+    bad = cli("analyze", str(run), "--window", "7")
+    assert bad.returncode == 3 and "no profile window 7 (it has window-0/, window-1/)" in bad.stderr
+    stored = cli("analyze", str(tmp_path / summary_dir(done[0])))  # reports/<run>/: the stored summaries of each window
+    assert stored.returncode == 0 and "stored summary" in stored.stdout
+    group = next(d for d in (tmp_path / "reports").iterdir() if (d / "diff.json").exists())
+    for args in (("report", str(run), "--window", "1", "-o", "w1.html"), ("report", str(group), "-o", "g.html")):
+        r = cli(*args)
+        assert r.returncode == 0, r.stderr
+    e = cli("export-perfetto", str(run), "-o", "x.perfetto-trace")
+    assert e.returncode == 0, e.stderr
+    assert (tmp_path / "x.window-0.perfetto-trace").stat().st_size > 0 and (tmp_path / "x.window-1.perfetto-trace").stat().st_size > 0
+    assert_no_leftovers(port)
+
+
+def summary_dir(done_line: str) -> str:
+    return str(Path(re.search(r"summary (\S+)$", done_line).group(1)).parent)

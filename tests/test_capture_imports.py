@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from processes import HANG_S, run
+
 BLOCK = r"""
 import sys, importlib.abc, runpy
 class Block(importlib.abc.MetaPathFinder):
@@ -90,10 +92,10 @@ def test_a_real_capture_runs_without_analysis_packages(tmp_path):
         port = s.getsockname()[1]
     pids = tmp_path / "pids.txt"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(Path(__file__).resolve().parent.parent)]), "PROFKIT_TEST_PIDS": str(pids)}
-    r = subprocess.run([sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", "--capture-only", "--profile-windows", "1",
+    r = run([sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", "--capture-only", "--profile-windows", "1",
                         "--isl", "64", "--turns", "2", "--turn-tokens", "16", "--output-tokens", "16", "--num-steps", "4",
                         "--traces-dir", str(tmp_path / "traces"), "--reports-dir", str(tmp_path / "reports"), "--port", str(port)],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+                       env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     runs = sorted((tmp_path / "traces").glob("*/manifest.json"))
     assert len(runs) == 2, runs  # the baseline and the candidate
@@ -118,13 +120,13 @@ def test_a_real_capture_only_run_without_analysis_packages(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(root)}
     argv = [sys.executable, "-c", BLOCK, "trace", "--opt", "topk_v2", "--capture-only", "--isl", "64", "--turns", "3", "--turn-tokens", "16",
             "--output-tokens", "24", "--num-steps", "4", "--profile-windows", "1", "--traces-dir", "traces", "--reports-dir", "reports"]
-    r = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=400)
+    r = run(argv, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     runs = sorted((tmp_path / "traces").iterdir(), key=lambda d: not d.name.endswith("-before"))
     assert len(runs) == 2 and all(list(d.glob("*.trace.json.gz")) and (d / "manifest.json").is_file() for d in runs)
     assert not (tmp_path / "reports").exists()  # nothing analyzed on the capture side
     assert f"profkit diff {Path('traces') / runs[0].name} {Path('traces') / runs[1].name}" in r.stdout
     d = subprocess.run([sys.executable, "-m", "profkit", "diff", *map(str, runs), "--json", "d.json"], capture_output=True, text=True,
-                       cwd=tmp_path, env=env, timeout=300)
+                       cwd=tmp_path, env=env, timeout=HANG_S)
     assert d.returncode == 0, d.stderr
     assert json.loads((tmp_path / "d.json").read_text())["optimization"] == "topk_v2"

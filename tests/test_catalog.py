@@ -548,3 +548,25 @@ def test_the_effect_catalog_is_the_choice_else_the_candidates_own():
     assert CatalogChoice().for_effect(summary, 0).name == "proxy"
     assert CatalogChoice().for_effect(summary, 1) is None  # recorded but not loadable: no expected-effect check
     assert CatalogChoice().for_effect(summary, 2) is None
+
+
+@pytest.mark.parametrize("catalog, name, category", [
+    # real SGLang 0.5.23 on a CPU: 97% of an iteration in aten::linear -> sgl_kernel::weight_packed_linear (issue 27)
+    ("generic", "aten::linear", "gemm"), ("generic", "sgl_kernel::weight_packed_linear", "gemm"), ("generic", "aten::addmm", "gemm"),
+    ("generic", "sgl_kernel::rmsnorm_cpu", "norm"), ("generic", "sgl_kernel::decode_attention_cpu", "attention"),
+    ("proxy", "aten::linear", "gemm"), ("proxy", "aten::to", "elementwise"),
+    # real vLLM 0.32 on a CPU (tests/data/vllm_cpu)
+    ("vllm", "_C::weight_packed_linear", "gemm"), ("vllm", "_C::onednn_mm", "gemm"),
+    ("vllm", "vllm::unified_attention_with_output", "attention"), ("vllm", "vllm::unified_kv_cache_update", "attention"),
+    ("vllm", "_C::rejection_greedy_sample_kernel_impl", "spec"), ("vllm", "_C::greedy_argmax", "sampling"),
+    ("vllm", "compiled code (Inductor, inside a compiled graph)", "compiled"), ("vllm", "aten::item", "other"),
+    # vLLM on a GPU keeps the generic rules
+    ("vllm", "nvjet_tst_128x64_64x4_1x2_h_bz_coopA_NNT", "gemm"), ("vllm", "Memcpy HtoD (Pinned -> Device)", "memcpy"),
+])
+def test_cpu_op_names(catalog, name, category):
+    assert load_catalog(catalog).classify(name, "kernel", None)[0] == category
+
+
+def test_vllm_catalog_is_picked_for_a_vllm_trace():
+    assert auto_catalog(["_C::weight_packed_linear", "aten::to", "vllm::unified_attention_with_output"]).name == "vllm"
+    assert auto_catalog(["aten::linear", "sgl_kernel::weight_packed_linear"]).name == "generic"

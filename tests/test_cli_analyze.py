@@ -119,3 +119,15 @@ def test_debug_shows_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "profkit", "--debug", "analyze", str(p)], capture_output=True, text=True)
     assert r.returncode == 3
     assert "Traceback" in r.stderr
+
+
+def test_folder_with_sidecar_manifests_is_read_and_says_what_it_skipped():
+    """tests/data/gpu_proxy holds <run>.manifest.json beside each trace and a README: they are not
+    read as traces (they failed the whole folder before), and the output says they were skipped."""
+    from pathlib import Path
+
+    folder = Path(__file__).parent / "data" / "gpu_proxy"
+    r = subprocess.run([sys.executable, "-m", "profkit", "analyze", str(folder), "--no-cache", "--top", "1"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "skipped README.md, all.manifest.json" in r.stderr
+    assert "run 7 of 7: topk_v2" in r.stdout

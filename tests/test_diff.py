@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from factories import TraceBuilder
 from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
-from profkit.attribution.diff import IDLE_KEYS, compare_summaries, normalize_kernel_name
+from profkit.attribution.diff import GPU_IDLE_KEYS, compare_summaries, normalize_kernel_name
 from profkit.catalog import load_catalog
 from profkit.cli import app
 from profkit.ingest import load_trace
@@ -159,7 +159,7 @@ def test_idle_split_by_cause_sync_and_launch(tmp_path):
     assert {(s["api"], s["trigger"], s["delta"]) for s in d["syncs"]} == {
         ("cudaMemcpyAsync", "aten::_local_scalar_dense", 1.0), ("cudaStreamSynchronize", "aten::_local_scalar_dense", 1.0)}
     assert [k["name"] for k in d["kernels_added"]] == ["Memcpy DtoH (Device -> Pageable)"]
-    assert set(dec["idle_us_by_cause"]) == set(IDLE_KEYS)
+    assert set(dec["idle_us_by_cause"]) == set(GPU_IDLE_KEYS)  # "python" only where a side is a CPU-only run
 
 
 def test_overlap_enters_with_a_minus_sign(tmp_path):

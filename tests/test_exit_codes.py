@@ -10,6 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from profkit.cli import app
+from processes import HANG_S
 
 TRACE = Path(__file__).parent / "data" / "gpu" / "eager_sync.pt.trace.json.gz"
 runner = CliRunner()
@@ -45,7 +46,7 @@ def test_a_bug_exits_70_with_the_traceback_in_a_file(tmp_path):
         "main()\n"
     )
     env = {"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin", "COLUMNS": "300"}
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG_S)
     assert p.returncode == 70, p.stderr
     lines = [x for x in p.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "simulated bug" in lines[0] and "traceback in" in lines[0], p.stderr

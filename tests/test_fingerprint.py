@@ -19,6 +19,7 @@ from profkit.cli import app
 from profkit.ingest import cache as pcache
 from profkit.ingest import identity
 from profkit.ingest.identity import code_fingerprint, fingerprint_files, package_root
+from processes import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 COVERED = [rel for rel, _ in fingerprint_files()]
@@ -99,7 +100,7 @@ def test_running_package_is_computed_once_and_polars_free(monkeypatch: pytest.Mo
     assert code_fingerprint(pk) == base  # a given root is hashed afresh, and not kept
     assert identity._FINGERPRINT == "computed before"
     r = subprocess.run([sys.executable, "-c", "import sys; from profkit.ingest.identity import code_fingerprint as f; "
-                        "print(f(), 'polars' in sys.modules)"], capture_output=True, text=True, timeout=60)
+                        "print(f(), 'polars' in sys.modules)"], capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stderr
     got, polars_imported = r.stdout.split()
     assert len(got) == 32 and polars_imported == "False"

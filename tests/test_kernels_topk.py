@@ -26,6 +26,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from profkit.proxy.kernels import topk as T  # noqa: E402
+from processes import HANG_S  # noqa: E402
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -233,7 +234,7 @@ def test_triton_kernels_in_interpreter():
     code = ("import sys; sys.path.insert(0, %r); import test_kernels_topk as t; t._interp_main()"
             % os.path.dirname(os.path.abspath(__file__)))
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=600)
+                       timeout=HANG_S)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "INTERP_OK" in p.stdout
 

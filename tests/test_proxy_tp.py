@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from factories import http as _http
+from processes import HANG_S, gone, wait_until
 
 torch = pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
@@ -28,7 +28,9 @@ from profkit.workloads.driver import _generate  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = 16
 LAYERS, STEPS = 2, 5  # CPU defaults: 2 layers, 5 speculative steps
-DELAY_S = 0.01  # per all-reduce on rank 1; well above this 2-core box's rank-to-rank jitter
+# per all-reduce on rank 1: 100 ms, ten times a CFS time slice on a loaded host, so no load makes
+# rank 0 the later one (it was 10 ms, which a busy 2-core host's scheduling delays can exceed)
+DELAY_S = 0.1
 # all-reduces per forward: one after attention, one after the MoE of every layer (MTP layer too)
 PER_ITERATION = {"extend": 2 * LAYERS + 2, "verify": 2 * (STEPS - 1) + 2 * LAYERS + 2}
 
@@ -52,19 +54,19 @@ class Server:
              "--device", device], cwd=ROOT, stdout=self.fh, stderr=subprocess.STDOUT,
             start_new_session=True, env=env)
 
-    def wait_healthy(self, timeout=90):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"server exited early:\n{self.log.read_text()[-4000:]}")
+    def wait_healthy(self):
+        def healthy() -> bool:
             try:
-                if _http(self.base + "/health", timeout=2)[0] == 200:
-                    return self
+                return _http(self.base + "/health", timeout=2)[0] == 200
             except OSError:
-                pass
-            time.sleep(0.2)
-        self.kill()
-        pytest.fail(f"server not healthy in time:\n{self.log.read_text()[-4000:]}")
+                return False
+
+        try:
+            wait_until(healthy, "the server's /health", proc=self.proc)
+        except AssertionError as e:
+            self.kill()
+            pytest.fail(f"{e}:\n{self.log.read_text()[-4000:]}")
+        return self
 
     def tree(self) -> list[psutil.Process]:
         try:
@@ -83,19 +85,17 @@ class Server:
         self.fh.close()
 
 
-def _start_both(tmp: Path) -> tuple[Server, Server]:
-    a = Server(tmp)
-    b = Server(tmp, {"PROFKIT_PROXY_RANK_DELAY": f"1:{DELAY_S}"})
-    return a.wait_healthy(), b.wait_healthy()
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
+    """Two TP=2 servers, the second with rank 1 delayed; both killed at the end, whatever failed."""
     tmp = tmp_path_factory.mktemp("tp")
-    a, b = _start_both(tmp)
-    yield a, b
-    a.kill()
-    b.kill()
+    a = Server(tmp)
+    b = Server(tmp, {"PROFKIT_PROXY_RANK_DELAY": f"1:{DELAY_S}"})
+    try:
+        yield a.wait_healthy(), b.wait_healthy()
+    finally:
+        a.kill()
+        b.kill()
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def tp1_reference():
     def run(ids, n):
         r = Req(ids, n)
         sched.submit(r)
-        assert r.finished.wait(60) and not r.error
+        assert r.finished.wait(HANG_S) and not r.error
         return r.output_ids
 
     yield run
@@ -123,12 +123,12 @@ def tp1_reference():
 def test_two_turns_streamed_match_one_rank(servers, tp1_reference):
     srv, _ = servers
     prompt1 = [(7 * i + 3) % 1000 for i in range(150)]
-    out1, m1, ttft1 = _generate(srv.base, prompt1, 24, 60)
+    out1, m1, ttft1 = _generate(srv.base, prompt1, 24, HANG_S)
     assert len(out1) == 24 and m1["completion_tokens"] == 24 and m1["prompt_tokens"] == 150
     assert ttft1 is not None and 0 < ttft1 < m1["e2e_latency"] + 1
     assert m1["spec_verify_ct"] >= 1 and m1["finish_reason"]["type"] == "length"
     prompt2 = prompt1 + out1 + [11, 12, 13, 14, 15]
-    out2, m2, _ = _generate(srv.base, prompt2, 16, 60)
+    out2, m2, _ = _generate(srv.base, prompt2, 16, HANG_S)
     assert len(out2) == 16
     assert m2["cached_tokens"] >= ((len(prompt1) + len(out1) - 1) // PAGE) * PAGE  # prefix reuse
     # greedy, fp32, same seed: TP=2 gives TP=1's tokens
@@ -143,7 +143,7 @@ def test_stream_format(servers):
     req = urllib.request.Request(srv.base + "/generate", data=json.dumps({
         "input_ids": list(range(1, 40)), "sampling_params": {"max_new_tokens": 10},
         "stream": True}).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
+    with urllib.request.urlopen(req, timeout=HANG_S) as r:
         assert r.headers["Content-Type"].startswith("text/event-stream")
         raw = r.read().decode()
     events = [e for e in raw.split("\n\n") if e]
@@ -174,7 +174,7 @@ def _profile(srv: Server, out: Path, pid: str, steps: int = STEPS_PROFILED) -> l
         code, text = _http(srv.base + "/generate", {"input_ids": [(seed * 31 + i) % 1000
                                                                    for i in range(40)],
                                                      "sampling_params": {"max_new_tokens": 32}},
-                           timeout=120)
+                           timeout=HANG_S)
         if code != 200:  # pragma: no cover
             errors.append(text)
 
@@ -186,13 +186,10 @@ def _profile(srv: Server, out: Path, pid: str, steps: int = STEPS_PROFILED) -> l
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(HANG_S)
     assert not errors
     files = [out / f"{pid}-TP-{r}.trace.json.gz" for r in (0, 1)]
-    deadline = time.time() + 60
-    while not all(f.exists() for f in files) and time.time() < deadline:
-        time.sleep(0.1)
-    assert all(f.exists() for f in files), sorted(os.listdir(out))
+    wait_until(lambda: all(f.exists() for f in files), f"the trace files in {out}", proc=srv.proc)
     assert sorted(p.name for p in out.iterdir()) == [f.name for f in files]  # no temp files left
     return files
 
@@ -252,7 +249,6 @@ def test_delayed_rank_is_the_straggler(plain_profile, slow_profile):
     # delayed rank 1, and longer than it did without the delay (no bound on how long: that is speed)
     assert wait_per_collective(x1, 0) > wait_per_collective(x1, 1)
     assert wait_per_collective(x1, 0) > wait_per_collective(x0, 0)
-    assert wait_per_collective(x1, 1) < 0.2 * DELAY_S * 1e6
 
 
 def test_sigterm_stops_every_rank(servers):
@@ -260,9 +256,8 @@ def test_sigterm_stops_every_rank(servers):
     tree = srv.tree()
     assert len(tree) == 2  # the server (rank 0) and rank 1
     srv.proc.send_signal(signal.SIGTERM)
-    srv.proc.wait(30)
-    gone, alive = psutil.wait_procs(tree, timeout=30)  # no orphans; how fast is a benchmark's business
-    assert not alive, alive
+    srv.proc.wait(HANG_S)
+    assert gone(tree) == []  # no orphans; how fast is a benchmark's business
     assert srv.proc.returncode == 0, srv.log.read_text()[-3000:]
 
 
@@ -271,9 +266,8 @@ def test_killed_server_takes_its_ranks_along(servers):
     tree = srv.tree()
     assert len(tree) == 2
     os.kill(srv.proc.pid, signal.SIGKILL)  # the server only: rank 1 must notice by itself
-    srv.proc.wait(10)
-    gone, alive = psutil.wait_procs(tree, timeout=5)
-    assert not alive, alive
+    srv.proc.wait(HANG_S)
+    assert gone(tree) == []
 
 
 @pytest.mark.gpu
@@ -283,9 +277,9 @@ def test_tp2_on_two_gpus_nccl(tmp_path):
     import gzip
     import json
 
-    srv = Server(tmp_path, device="cuda").wait_healthy(timeout=300)
+    srv = Server(tmp_path, device="cuda").wait_healthy()
     try:
-        out, _, _ = _generate(srv.base, list(range(1, 200)), 32, 120)
+        out, _, _ = _generate(srv.base, list(range(1, 200)), 32, HANG_S)
         assert len(out) == 32
         files = _profile(srv, tmp_path / "p", "g", steps=8)
         nccl = []
@@ -306,7 +300,7 @@ def test_tp2_on_two_gpus_nccl(tmp_path):
                 assert it["collectives"]["0"] == it["collectives"]["1"] > 0
         tree = srv.tree()
         srv.proc.send_signal(signal.SIGTERM)
-        srv.proc.wait(30)
-        assert not psutil.wait_procs(tree, timeout=10)[1]
+        srv.proc.wait(HANG_S)
+        assert gone(tree) == []
     finally:
         srv.kill()

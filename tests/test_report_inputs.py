@@ -14,6 +14,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from profkit.cli import app
+from processes import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "traces" / "sample"
@@ -65,7 +66,7 @@ def test_a_reader_that_leaves_early_costs_neither_exit_status_nor_files(tmp_path
            "--json", str(out["json"]), "--md", str(out["md"]), "--html", str(out["html"]), "--cdn"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=tmp_path)
     p.stdout.close()  # the reader is gone before the first line: every write to stdout is EPIPE
-    assert p.wait(timeout=120) == 0
+    assert p.wait(timeout=HANG_S) == 0
     for f in out.values():
         assert f.stat().st_size > 0, f
 

@@ -16,18 +16,17 @@ import gzip
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from processes import processes
+from processes import HANG_S, gone, on_teardown, processes
 from test_capture import free_port, manifests, profkit
 
 REPLICA = Path(__file__).resolve().parent / "sglang_replica"
 SMALL = ["--isl", "64", "--turns", "3", "--turn-tokens", "16", "--output-tokens", "24", "--num-steps", "6",
-         "--health-timeout", "60", "--profile-timeout", "60"]
+         "--health-timeout", "600", "--profile-timeout", "600"]  # guards against a hang, not speed bounds
 
 
 @pytest.fixture
@@ -45,12 +44,14 @@ def replica_procs(port: int) -> list[psutil.Process]:
 
 
 def assert_nothing_left(port: int, pids: list[int] = ()) -> None:
-    deadline = time.monotonic() + 10
-    while (replica_procs(port) or [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]) \
-            and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert replica_procs(port) == []
-    assert [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE] == []
+    """profkit returns once the tree is gone: a killed process is only waited to be reaped."""
+    procs = replica_procs(port)
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    assert gone(procs) == []
 
 
 def complete_trace(path: Path) -> dict:
@@ -62,7 +63,7 @@ def test_trace_end_to_end_against_the_replica(tmp_path, replica_python):
     port = free_port()
     p = profkit(tmp_path, "trace", "--target", "sglang", "--preset", "glm52-nvfp4-tp4", "--server-python", str(replica_python),
                 "--opt", "topk_v2", *SMALL, port=port)
-    out, err = p.communicate(timeout=300)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 0, err
     ms = manifests(tmp_path)
     assert [m["status"] for m in ms] == ["ok", "ok"]
@@ -94,7 +95,7 @@ def test_trace_end_to_end_against_the_replica(tmp_path, replica_python):
 def test_overflowing_workload_is_refused_before_launch(tmp_path, replica_python):
     p = profkit(tmp_path, "trace", "--target", "sglang", "--preset", "glm52-nvfp4-tp4", "--server-python", str(replica_python),
                 "--opt", "topk_v2", *SMALL[:2], "--isl", "89900", *SMALL[2:])
-    out, err = p.communicate(timeout=120)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 2, err
     assert "turn 2 (0-based)" in err and "90010 tokens" in err and "90000" in err and "--fit-context" in err
     (m,) = manifests(tmp_path)
@@ -121,7 +122,7 @@ def test_overflow_found_from_server_info_is_refused_and_fit_context_trims(tmp_pa
     args = ["trace", "--target", "sglang", "--model-path", str(model), "--extra-server-args", SPEC, "--server-python", str(replica_python),
             "--opt", "topk_v2", *SMALL[:2], "--isl", "100", *SMALL[2:], "--capture-only"]
     p = profkit(tmp_path, *args, port=port)
-    out, err = p.communicate(timeout=120)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 2, err
     assert "turn 2 (0-based)" in err and "208 tokens" in err and "/server_info" in err
     (m,) = manifests(tmp_path)
@@ -131,7 +132,7 @@ def test_overflow_found_from_server_info_is_refused_and_fit_context_trims(tmp_pa
     fit = tmp_path / "fit"
     fit.mkdir()
     p = profkit(fit, *args, "--fit-context", port=port)
-    out, err = p.communicate(timeout=300)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 0, err
     for m in manifests(fit):
         assert m["status"] == "ok" and m["failed_requests"] == []
@@ -148,7 +149,7 @@ def test_error_chunk_mid_run_fails_the_run_with_the_request_in_the_manifest(tmp_
     env = {**os.environ, "SGLANG_REPLICA_FAIL_REQUEST": "5", "SGLANG_REPLICA_FAIL_MESSAGE": "Abort request: KV cache pool is full"}
     p = profkit(tmp_path, "trace", "--target", "sglang", "--preset", "glm52-nvfp4-tp4", "--server-python", str(replica_python),
                 "--opt", "topk_v2", *SMALL, port=port, env=env)
-    out, err = p.communicate(timeout=300)
+    out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 4, err
     assert "Abort request: KV cache pool is full" in err and "1 of 2 requests of the measured pass failed" in err
     (m,) = manifests(tmp_path)  # the baseline failed: the candidate never started
@@ -166,13 +167,15 @@ def _start(tmp_path: Path, replica_python: Path, env: dict[str, str], tp: int = 
     from profkit.targets import sglang as sg
 
     spec = sg.compose({n: True for n in sg.registry("sglang")}, preset=None, model_path="replica-model",
-                      extra_args=["--tp", str(tp), *SPEC.split()], server_python=str(replica_python), port=free_port())
+                      extra_args=["--tp", str(tp), *SPEC.split()], server_python=str(replica_python), port=free_port(),
+                      caps=sg.gpu_compute_capabilities())  # as profkit composes at run time: no cutedsl without Blackwell
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         server = Server(spec, tmp_path / "server.log")
+        on_teardown(server.stop)  # stopped after the test even when it fails (stop is idempotent)
         server.start()
-        server.wait_healthy(60)
+        server.wait_healthy(HANG_S)
     finally:
         for k, v in old.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
@@ -194,7 +197,7 @@ def test_non_atomic_trace_writes_are_waited_for_until_profiling_done(tmp_path, r
         start_profile(spec.base_url, output_dir=out_dir, profile_id="win", num_steps=4)
         res = drive(spec.base_url, Workload(isl=32, turns=1, turn_tokens=0, output_tokens=40), concurrency=1)
         assert not res.failed and not res.errors
-        files = wait_for_traces(spec.base_url, out_dir, "win", spec.world_size, timeout_s=60, alive=server.alive,
+        files = wait_for_traces(spec.base_url, out_dir, "win", spec.world_size, timeout_s=HANG_S, alive=server.alive,
                                 log_path=server.log_path, log_offset=offset)
         assert [f.name for f in files] == ["win-TP-0.trace.json.gz", "win-TP-1.trace.json.gz"]
         for f in files:  # whole the moment profkit has them

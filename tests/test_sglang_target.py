@@ -203,11 +203,11 @@ def test_failed_requests_are_counted_and_kept_out_of_the_throughput(reply, expec
 def test_request_timeout_is_a_failed_request():
     from profkit.workloads.driver import drive
 
-    class Slow(_Canned):
-        def do_POST(self):
-            import time
+    release = threading.Event()
 
-            time.sleep(1.5)
+    class Slow(_Canned):
+        def do_POST(self):  # answers only after the client gave up: the timeout fires however slow the host
+            release.wait()
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -215,6 +215,7 @@ def test_request_timeout_is_a_failed_request():
         res = drive(f"http://127.0.0.1:{srv.server_address[1]}", Workload(isl=5, turns=1, turn_tokens=1, output_tokens=4), concurrency=1,
                     timeout_s=0.3)
     finally:
+        release.set()
         srv.shutdown()
     assert "timed out" in res.failed[0].error
 

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from profkit import summary_cache
 from profkit.cli import app
 from profkit.ingest import cache as pcache
+from processes import HANG_S
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "tests" / "data" / "gpu" / "eager_sync.pt.trace.json.gz"
@@ -39,7 +40,7 @@ def _analyze(*args: str) -> tuple[str, dict]:
 def _python(code: str) -> subprocess.CompletedProcess:
     """`python -c code` in a fresh process, with the cache on."""
     env = {k: v for k, v in os.environ.items() if k != "PROFKIT_NO_CACHE"}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG_S)
 
 
 def _stored(trace: Path) -> list[Path]:

@@ -26,10 +26,12 @@ MARKER_CHAIN: tuple[tuple[str, str], ...] = (
 WHOLE_TRACE = "<whole trace>"
 
 _STEP = re.compile(r"^step\[([A-Z_]+)(?:[^\]]*?\bbs=(\d+))?")
-_VLLM = re.compile(r"^execute_(?:\d+_)?context_(\d+)\(.*?\)_generation_(\d+)\(")
+# simple annotation: execute_context_<n>(<tokens>)_generation_<n>(<tokens>); detailed
+# (detailed_trace_annotation): execute_<tokens>_context_<n>(sq<tokens>sk...)_generation_<n>(sq<tokens>sk...)
+_VLLM = re.compile(r"^execute_(?:\d+_)?context_(\d+)\(.*?\)_generation_(\d+)\((?:sq)?(\d+)")
 _KIND = {"DECODE": "decode", "VERIFY": "verify", "TARGET_VERIFY": "verify", "EXTEND": "extend", "MIXED": "mixed",
          "SPLIT_PREFILL": "extend", "PREFILL": "extend"}
-_PRIORITY = {"verify": 0, "decode": 1, "mixed": 2, "extend": 3}
+_PRIORITY = {"verify": 0, "decode": 1, "mixed": 2, "extend": 3, "empty": 4}
 GRAPH_CAPTURE = "graph_capture"  # an iteration that captured a CUDA/HIP graph: its launches were recorded, its kernels did not run
 _CAPTURE_BEGIN = re.compile(r"^(cuda|hip)StreamBeginCapture")
 
@@ -44,6 +46,7 @@ class Iterations:
     frame: pl.DataFrame  # ITERATIONS_SCHEMA, sorted by cpu_start_ns, iteration = 0..n-1
     marker: str  # the regex used (or WHOLE_TRACE)
     warnings: tuple[str, ...] = ()
+    stub_markers: int = 0  # marker spans cut by the profiler's stop: dropped, not iterations
 
 
 _MARKER_CATS = ("user_annotation", "cpu_op")
@@ -124,6 +127,19 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
     marker_names = found["name"].to_list()
     cpu_end = starts[1:] + [ends[-1]]
     kinds, sizes = _kinds(cpu, marker_names, starts, cpu_end, names)
+    stubs = 0
+    if marker is None and len(kinds) > 1 and kinds[-1] == "unknown" and any(k != "unknown" for k in kinds[:-1]):
+        # DESIGN.md "Iteration": real SGLang 0.5.23 on CPU records num_steps + 1 scheduler.run_batch
+        # spans, the last a 6-16 ms stub with no step[...] inside, cut by the profiler's stop; as an
+        # iteration it would set every per-iteration minimum (busy 0). Dropped, counted and said.
+        stubs = 1
+        dur_us = (ends[-1] - starts[-1]) / 1000
+        warnings.append(
+            f"the last {marker_names[-1]!r} span ({dur_us:,.1f} µs) holds no engine step span (step[...], execute_...): "
+            "cut by the profiler's stop, it is not an iteration (dropped; stub_markers: 1)"
+        )
+        starts, ends, marker_names, kinds, sizes = starts[:-1], ends[:-1], marker_names[:-1], kinds[:-1], sizes[:-1]
+        cpu_end = starts[1:] + [ends[-1]]
     if marker is not None:
         # a user's marker: iterations with no engine step span inside are named after the marker
         # ("decode_step iterations"), not "unknown"
@@ -145,20 +161,27 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
         },
         schema=ITERATIONS_SCHEMA,
     )
-    return Iterations(frame, used, tuple(warnings))
+    return Iterations(frame, used, tuple(warnings), stubs)
 
 
 def parse_kind(name: str) -> tuple[str | None, int | None]:
     """(kind, batch size) from an SGLang `step[...]` or vLLM `execute_...` span name. vLLM's
-    ``execute_<tokens>_context_<n>(...)_generation_<m>(...)`` is decode with no context request,
-    prefill (extend) with no generation request, else mixed; its batch size counts both."""
+    ``execute_context_<n>(<tokens>)_generation_<m>(<tokens>)`` with no context request is a
+    speculative verify when its generation requests carry more tokens than one each (vLLM 0.32 with
+    n-gram or EAGLE drafts: ``generation_1(4)``), else decode; with no generation request it is
+    prefill (extend), with both mixed, with neither (``generation_0(0)``) an empty step. Its batch
+    size counts both kinds of request."""
     m = _STEP.match(name)
     if m:
         return _KIND.get(m.group(1)), int(m.group(2)) if m.group(2) else None
     m = _VLLM.match(name)
     if m:
-        ctx, gen = int(m.group(1)), int(m.group(2))
-        return ("decode" if ctx == 0 else "extend" if gen == 0 else "mixed"), ctx + gen
+        ctx, gen, gen_tokens = int(m.group(1)), int(m.group(2)), int(m.group(3))
+        if ctx == 0 and gen == 0:
+            return "empty", 0
+        if ctx == 0:
+            return ("verify" if gen_tokens > gen else "decode"), gen
+        return ("extend" if gen == 0 else "mixed"), ctx + gen
     return None, None
 
 

@@ -11,15 +11,20 @@ from profkit.analysis.clock import union_ns
 
 def outside_work(ops: pl.DataFrame, win: pl.DataFrame, device_busy_ns: int) -> dict[str, int]:
     """GPU ops no iteration owns, by why: launched before the first iteration's window, after the
-    last one's, or with no launch call in the trace; their count and busy union (and, to compare
-    it with, the device's busy union over the whole trace, as given)."""
+    last one's, or with no launch call in the trace; their count (and by kind: kernels, memcpy_<dir>,
+    memset) and busy union (and, to compare it with, the device's busy union over the whole trace,
+    as given)."""
     out = ops.filter(pl.col("iteration").is_null())
     first = win["cpu_start_ns"].min() if win.height else None
     no_launch = out.filter(pl.col("launch_ts_ns").is_null()).height
     before = out.filter(pl.col("launch_ts_ns") < first).height if first is not None else 0
+    kinds = {"kernels": (pl.col("cat") == "kernel"), "memset": (pl.col("cat") == "gpu_memset"),
+             **{f"memcpy_{d}": (pl.col("cat") == "gpu_memcpy") & (pl.col("direction").fill_null("other") == d) for d in ("h2d", "d2h", "d2d", "other")}}
+    by_kind = out.select(**{k: e.sum() for k, e in kinds.items()}).row(0, named=True) if out.height else dict.fromkeys(kinds, 0)
     return {
         "gpu_ops": out.height, "gpu_ns": union_ns(out), "before_first": before,
         "after_last": out.height - no_launch - before, "no_launch_in_trace": no_launch, "device_busy_ns": device_busy_ns,
+        **{k: int(v or 0) for k, v in by_kind.items()},
     }
 
 

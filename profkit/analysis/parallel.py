@@ -49,8 +49,9 @@ def _cached_analysis(f: Any, default_rank: int, options: dict[str, Any]) -> tupl
         rank=rank if f["rank_from_trace"] else default_rank, device=f["device"], path=path, marker=f["marker"],
         catalog=f["catalog"], t0_ns=int(f["t0_ns"]), warnings=list(f["warnings"]), device_timeline=f["device_timeline"],
         input_sha256=f["input_sha256"], phases=phases, outside={k: int(v) for k, v in f["outside"].items()},
-        device_records=f["device_records"], graph_capture=f.get("graph_capture"), overlap_slack=f.get("overlap_slack"),
-        capture=f.get("capture") or {}, speculative=f.get("speculative"), **frames,
+        device_records=f["device_records"], graph_capture=f.get("graph_capture"), source=f.get("source"),
+        stub_markers=int(f.get("stub_markers", 0)), **frames,
+        overlap_slack=f.get("overlap_slack"), capture=f.get("capture") or {}, speculative=f.get("speculative"),
     )
     return a, int(f["n_ingest_warnings"])
 
@@ -67,6 +68,8 @@ def _store_analysis(f: Any, a: RankAnalysis, n_ingest_warnings: int, rank_from_t
         "rank": a.rank, "rank_from_trace": rank_from_trace, "device": a.device, "marker": a.marker, "catalog": a.catalog,
         "t0_ns": a.t0_ns, "warnings": list(a.warnings), "device_timeline": a.device_timeline, "input_sha256": a.input_sha256,
         "n_ingest_warnings": n_ingest_warnings, "outside": dict(a.outside), "device_records": a.device_records,
+        "graph_capture": a.graph_capture, "stub_markers": a.stub_markers,
+        "source": a.source,
         "graph_capture": a.graph_capture, "overlap_slack": a.overlap_slack, "capture": a.capture,
         "speculative": a.speculative,
         # small (iterations x phases): kept with the fields rather than as a frame of its own
@@ -112,9 +115,9 @@ def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us
     at most one per file when several files); inputs smaller than `min_parallel_bytes`
     (estimated JSON) are read in this process.
     """
-    from profkit.ingest import expand_inputs, identify
+    from profkit.ingest import expand_inputs, identify_all
 
-    files = [identify(f) for f in expand_inputs(paths)]
+    files = identify_all(expand_inputs(paths))
     pairs, load_s = _analyze_files(files, list(range(len(files))), marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
                                    cache=cache, jobs=jobs, min_parallel_bytes=min_parallel_bytes, captures=captures)
     _renumber(pairs)

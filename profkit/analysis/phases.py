@@ -10,11 +10,19 @@ under none of them (sampling helpers, metadata copies between the forwards, work
 iteration) is `other`; an enclosing `sample`/`sampling` span makes it `sampling`.
 When spans of several phases enclose a launch, the first in PHASES' precedence wins (a
 `step[DRAFT]` inside `draft_extend` is draft-extend work).
+vLLM 0.32: the worker's step span `execute_context_<n>(<tokens>)_generation_<n>(<tokens>)` gives
+the phase of everything in it by the step's kind (iterations.parse_kind): a speculative verify
+step (`generation_1(4)`) `verify`, a decode step `decode`, a prefill or mixed step `extend`.
 """
 
 from __future__ import annotations
 
 import polars as pl
+
+from profkit.analysis.iterations import parse_kind
+
+_VLLM_SPAN = r"^execute_(\d+_)?context_"
+_VLLM_PHASE = {"verify": "verify", "decode": "decode", "extend": "extend", "mixed": "extend"}
 
 # (phase, regex over user_annotation names), in precedence order
 _RULES: tuple[tuple[str, str], ...] = (
@@ -37,9 +45,16 @@ def op_phases(ops: pl.DataFrame, cpu: pl.DataFrame) -> pl.Series:
     if ann.height == 0 or ops.height == 0:
         return phase
     pts = pts.filter(pl.col("t").is_not_null() & pl.col("tid").is_not_null()).sort("t")
+    # vLLM's step spans: the phase is the step's kind, read from the numbers in the name (which a
+    # regex cannot compare), once per distinct name
+    vllm: dict[str, list[str]] = {}
+    for n in ann.filter(pl.col("name").str.contains(_VLLM_SPAN))["name"].unique().to_list():
+        ph = _VLLM_PHASE.get(parse_kind(n)[0] or "")
+        if ph:
+            vllm.setdefault(ph, []).append(n)
     for name, regex in _RULES:
         spans = (
-            ann.filter(pl.col("name").str.contains(regex))
+            ann.filter(pl.col("name").str.contains(regex) | pl.col("name").is_in(vllm.get(name, [])))
             .select(pl.col("ts_ns").alias("t"), "end_ns", pl.col("tid").cast(pl.String))
             .sort("t")
         )

@@ -63,6 +63,8 @@ class RankAnalysis:
     outside: dict[str, int] = field(default_factory=dict)
     device_records: str = "present"  # "missing": launch calls but no GPU activity records; "none": CPU-only
     graph_capture: dict[str, Any] | None = None  # analysis/graphs.py: replayed ops mapped to their capture (with a capture profile)
+    source: dict[str, Any] | None = None  # what the input was read from when not a Kineto trace (an nsys export: ingest/nsys.py)
+    stub_markers: int = 0  # marker spans cut by the profiler's stop, dropped (analysis/iterations.py)
     overlap_slack: dict[str, Any] | None = None  # analysis/slack.py: every transition N -> N+1 and the rank's statistics
     capture: dict[str, Any] = field(default_factory=dict)  # analysis/health.py: the facts capture health is judged on
     speculative: dict[str, Any] | None = None  # analysis/spec.py: the verify iterations' owned GPU time by phase, wall time
@@ -77,16 +79,11 @@ def cpu_as_device(trace: Trace, iterations: pl.DataFrame) -> Trace:
     cpu = trace.cpu
     marker_names = set(iterations["marker"].to_list())
     tids = cpu.filter(pl.col("name").is_in(marker_names))["tid"].unique().to_list()
-    ops = cpu.filter(pl.col("cat") == "cpu_op")
+    every = cpu.filter(pl.col("cat") == "cpu_op")
     if tids:
-        ops = ops.filter(pl.col("tid").is_in(tids))
-    ops = (
-        ops.sort("tid", "ts_ns", pl.col("end_ns"), descending=[False, False, True])
-        .with_columns(pl.col("end_ns").cum_max().shift(1).over("tid").alias("_prev"))
-        .filter(pl.col("_prev").is_null() | (pl.col("ts_ns") >= pl.col("_prev")))
-        .sort("ts_ns")
-        .with_columns((-pl.int_range(1, pl.len() + 1, dtype=pl.Int64)).alias("correlation"))
-    )
+        every = every.filter(pl.col("tid").is_in(tids))
+    ops = _open_compiled(every, _outermost(every))
+    ops = ops.sort("ts_ns").with_columns((-pl.int_range(1, pl.len() + 1, dtype=pl.Int64)).alias("correlation"))
     gpu_ops = ops.select(
         "name", pl.lit("kernel").alias("cat"), "ts_ns", "dur_ns", "end_ns", pl.lit(None, pl.Int64).alias("device"),
         pl.lit(0, pl.Int64).alias("stream"), "correlation", pl.lit(None, pl.Int64).alias("bytes"),
@@ -98,6 +95,62 @@ def cpu_as_device(trace: Trace, iterations: pl.DataFrame) -> Trace:
     )
     calls = pl.concat([trace.calls, launches]).sort("ts_ns")
     return replace(trace, gpu_ops=gpu_ops, calls=calls)
+
+
+# torch.compile's wrapper of a compiled graph: on a CPU-only trace it is the outermost op of the
+# whole model forward (vLLM 0.32 compiled: 57% of the CPU op time in one "## Call CompiledFxGraph ... ##"),
+# so it is opened (_open_compiled)
+COMPILED_REGION = r"^(## Call CompiledFxGraph\b|Torch-Compiled Region\b)"
+COMPILED_CODE = "compiled code (Inductor, inside a compiled graph)"
+
+
+def _outermost(ops: pl.DataFrame) -> pl.DataFrame:
+    """The ops no other op of their thread encloses."""
+    return (
+        ops.sort("tid", "ts_ns", pl.col("end_ns"), descending=[False, False, True])
+        .with_columns(pl.col("end_ns").cum_max().shift(1).over("tid").alias("_prev"))
+        .filter(pl.col("_prev").is_null() | (pl.col("ts_ns") >= pl.col("_prev")))
+        .drop("_prev")
+    )
+
+
+def _open_compiled(every: pl.DataFrame, outer: pl.DataFrame) -> pl.DataFrame:
+    """Outermost ops with each compiled-graph wrapper replaced by what ran inside it: its outermost
+    ops (the engine's custom ops the graph calls: GEMMs, attention), and, for the time inside it that
+    no op covers, ops named COMPILED_CODE (Inductor's generated C++: the fused norms, rope,
+    activations and adds, which the profiler does not record as ops). They tile the wrapper, so the
+    busy time is the wrapper's, exactly."""
+    is_wrap = pl.col("name").str.contains(COMPILED_REGION)
+    wraps = outer.filter(is_wrap).select("tid", pl.col("ts_ns").alias("w0"), pl.col("end_ns").alias("w1"), pl.col("name").alias("wname"))
+    if wraps.height == 0:
+        return outer
+    inside = (
+        every.filter(~is_wrap).sort("ts_ns")
+        .join_asof(wraps.sort("w0"), left_on="ts_ns", right_on="w0", by="tid", strategy="backward", check_sortedness=False)
+        .filter(pl.col("w1").is_not_null() & (pl.col("end_ns") <= pl.col("w1")))
+    )
+    children = _outermost(inside.drop("w0", "w1", "wname"))
+    cols = outer.columns
+    rows: list[dict[str, object]] = []
+    kids = children.sort("tid", "ts_ns").select("tid", "ts_ns", "end_ns").rows()
+    template = outer.filter(is_wrap).sort("tid", "ts_ns").to_dicts()
+    k = 0
+    for w in template:
+        t, w0, w1 = w["tid"], w["ts_ns"], w["end_ns"]
+        while k < len(kids) and (kids[k][0], kids[k][1]) < (t, w0):
+            k += 1
+        at = w0
+        while k < len(kids) and kids[k][0] == t and kids[k][1] < w1:
+            if kids[k][1] > at:
+                rows.append({**w, "name": COMPILED_CODE,
+                             "ts_ns": at, "dur_ns": kids[k][1] - at, "end_ns": kids[k][1]})
+            at = max(at, kids[k][2])
+            k += 1
+        if w1 > at:
+            rows.append({**w, "name": COMPILED_CODE,
+                         "ts_ns": at, "dur_ns": w1 - at, "end_ns": w1})
+    code = pl.DataFrame(rows, schema=outer.schema) if rows else outer.clear()
+    return pl.concat([outer.filter(~is_wrap), children.select(cols), code.select(cols)])
 
 
 def gpu_by_time(trace: Trace) -> Trace:
@@ -177,6 +230,15 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     spill = owned_and_spill(owned)
     outside = outside_work(ops, win, length_ns(union))
     syncs, bubbles = host_side()
+    # host calls outside every iteration: with the ops above, iterations plus outside are the whole trace
+    outside["launch_calls"] = calls.filter(pl.col("iteration").is_null() & pl.col("api").is_in(LAUNCH_APIS)).height
+    loose = syncs.filter(pl.col("iteration").is_null())
+    outside["syncs"], outside["sync_copies"] = int((loose["kind"] == "sync").sum()), int((loose["kind"] == "sync_copy").sum())
+    if device_timeline == "cpu":
+        # each aten op is its own "launch" at its own start, so "the next op was launched late" is
+        # true of every gap: it was Python (or the scheduler's code) between ops, not a launch
+        bubbles = bubbles.with_columns(
+            pl.when(pl.col("cause").is_in(["launch", "gpu_wait"])).then(pl.lit("python")).otherwise(pl.col("cause")).alias("cause"))
     overlap_slack, capture = _slack_and_health(trace, ops, owned, calls, win, windows, syncs, its, device_timeline, device_records)
     if device_timeline == "gpu_by_time":
         device_timeline = "gpu"
@@ -208,8 +270,8 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls,
         ops=owned, bubbles=bubbles, syncs=syncs, phases=phases, warnings=warnings,
         device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None) or (digest() if digest else None), outside=outside,
-        device_records=device_records, graph_capture=gcap, overlap_slack=overlap_slack, capture=capture,
-        speculative=speculative,
+        device_records=device_records, graph_capture=gcap, source=trace.meta.get("source"), stub_markers=its.stub_markers,
+        overlap_slack=overlap_slack, capture=capture, speculative=speculative,
     )
 
 

@@ -66,7 +66,7 @@ def iteration_records(a: RankAnalysis) -> list[dict[str, Any]]:
                 "sync_copy_us": _us(r["sync_copy_ns"]),
                 "bubble_count": r["bubble_count"],
                 "bubble_us": _us(r["bubble_ns"]),
-                "bubble_us_by_cause": {c: _us(r[f"bubble_{c}_ns"]) for c in CAUSES},
+                "bubble_us_by_cause": {c: _us(r[f"bubble_{c}_ns"]) for c in causes(a.device_timeline)},
                 "category_us": dict(sorted(cats.get(i, {}).items())),
                 "phase_us": dict(sorted(phases.get(i, {}).items())),
                 "owned_gpu_us": _us(r["owned_gpu_ns"]),
@@ -125,6 +125,7 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, An
         "device_timeline": a.device_timeline,
         "device_records": a.device_records,
         **({"graph_capture": a.graph_capture} if a.graph_capture is not None else {}),
+        **({"source": a.source} if a.source is not None else {}),  # an nsys export: its format, schema version, device, pid
         "t0_us": _us(a.t0_ns),
         "iterations": records,
         "median": medians(records),
@@ -133,15 +134,21 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, An
         "sync_groups": sync_groups(sy),
         "bubbles": bubbles,
         "bubbles_total": a.bubbles.height,
-        "bubbles_by_cause": bubbles_by_cause(a.bubbles),
+        "bubbles_by_cause": bubbles_by_cause(a.bubbles, a.device_timeline),
         "bubble_cpu_ops": bubble_cpu_ops(a.bubbles, max_items=max_items),
         "kernels": [{"name": n, "category": c, "count": k, "total_us": _us(t)} for n, c, k, t in kernels.iter_rows()],
         "outside_iterations": {
             "gpu_ops": int(o.get("gpu_ops", 0)), "gpu_us": _us(o.get("gpu_ns", 0)), "before_first": int(o.get("before_first", 0)),
             "after_last": int(o.get("after_last", 0)), "no_launch_in_trace": int(o.get("no_launch_in_trace", 0)),
             "device_busy_us": _us(o.get("device_busy_ns", 0)),
+            # by kind, and the host calls outside every iteration: iterations plus these are the whole trace
+            "gpu_kernels": int(o.get("kernels", 0)), "memcpy": {d: int(o.get(f"memcpy_{d}", 0)) for d in DIRECTIONS},
+            "memset": int(o.get("memset", 0)), "launch_calls": int(o.get("launch_calls", 0)), "syncs": int(o.get("syncs", 0)),
+            "sync_copies": int(o.get("sync_copies", 0)),
         },
         "warnings": list(a.warnings),
+        # marker spans cut by the profiler's stop, dropped (a new optional key, as "timeline")
+        "stub_markers": a.stub_markers,
         # issue 31 (new optional keys): every transition's slack and the rank's statistics (analysis/slack.py);
         # the facts capture health is judged on (analysis/health.py)
         "overlap_slack": a.overlap_slack,
@@ -160,9 +167,15 @@ def largest_bubbles(bubbles: pl.DataFrame, n: int) -> pl.DataFrame:
     return bubbles[at].sort("start_ns")
 
 
-def bubbles_by_cause(bubbles: pl.DataFrame) -> dict[str, dict[str, Any]]:
+def causes(device_timeline: str) -> tuple[str, ...]:
+    """The bubble causes a rank's summary lists: "python" only on a CPU-only timeline (where it
+    replaces launch and gpu_wait, analysis/rank.py), so a GPU summary keeps its four."""
+    return CAUSES if device_timeline == "cpu" else tuple(c for c in CAUSES if c != "python")
+
+
+def bubbles_by_cause(bubbles: pl.DataFrame, device_timeline: str = "gpu") -> dict[str, dict[str, Any]]:
     """cause -> {count, us}: every bubble of the rank (inside the iterations' GPU windows)."""
-    got = {c: {"count": 0, "us": 0.0} for c in CAUSES}
+    got = {c: {"count": 0, "us": 0.0} for c in causes(device_timeline)}
     for c, n, t in bubbles.group_by("cause").agg(pl.len(), pl.col("dur_ns").sum()).iter_rows():
         got[c] = {"count": int(n), "us": _us(t)}
     return got

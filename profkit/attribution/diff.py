@@ -38,6 +38,13 @@ from profkit.terms import CAUSES
 
 DIFF_SCHEMA_VERSION = 1
 IDLE_KEYS = (*CAUSES, "short_gaps")
+# a GPU diff's idle terms: "python" is a CPU-only timeline's cause (analysis/rank.py), never listed for a GPU
+GPU_IDLE_KEYS = tuple(k for k in IDLE_KEYS if k != "python")
+
+
+def idle_keys(*ranks: Mapping[str, Any]) -> tuple[str, ...]:
+    """The idle terms a diff lists: with "python" when a side is a CPU-only run."""
+    return IDLE_KEYS if any(r.get("device_timeline") == "cpu" for r in ranks) else GPU_IDLE_KEYS
 COUNT_KEYS = ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h", "memcpy_h2d", "bubble_count")
 TIMING_KEYS = ("launch_us", "launch_latency_us_p50", "sync_us", "sync_copy_us", "bubble_us")
 # Without repeats a change outside the optimization's categories is flagged above both of these.
@@ -157,6 +164,20 @@ def select_shape(base_its: Sequence[Mapping[str, Any]], cand_its: Sequence[Mappi
     elif len(cb) > 1:
         warnings.append(f"several iteration shapes ({_shapes_text(cb)}); comparing {shape_label(shape)} only")
     return shape, warnings
+
+
+def speculative_pair(base_its: Sequence[Mapping[str, Any]], cand_its: Sequence[Mapping[str, Any]]) -> tuple[Shape, Shape] | None:
+    """(baseline decode shape, candidate verify shape) when speculative decoding is on in the candidate
+    only: the baseline has no verify step, the candidate's most common shape is verify bs=B and the
+    baseline has decode bs=B steps (vLLM with an n-gram drafter: some steps find no draft and stay
+    decode steps, so the sides may share decode bs=B too, but those are not what changed)."""
+    cb, cc = Counter(shape_of(i) for i in base_its), Counter(shape_of(i) for i in cand_its)
+    if not cc or any(k == "verify" for k, _ in cb):
+        return None
+    (kind, bs), _ = max(cc.items(), key=lambda kv: (kv[1], shape_label(kv[0])))
+    if kind != "verify" or ("decode", bs) not in cb:
+        return None
+    return ("decode", bs), ("verify", bs)
 
 
 def _shapes_text(c: Counter[Shape]) -> str:
@@ -304,7 +325,8 @@ def _repeat_metrics(summary: Mapping[str, Any], rank: int, shape: Shape | None) 
     for k, v in m["cats"].items():
         out[f"category_us.{k}"] = _us(v)
     for k, v in m["idle_by"].items():
-        out[f"idle_us_by_cause.{k}"] = _us(v)
+        if k in idle_keys(r):
+            out[f"idle_us_by_cause.{k}"] = _us(v)
     for k, v in m["phases"].items():
         out[f"phase_us.{k}"] = _us(v)
     for k, v in _counts(its).items():
@@ -313,8 +335,8 @@ def _repeat_metrics(summary: Mapping[str, Any], rank: int, shape: Shape | None) 
 
 
 def _noise(base_reps: Sequence[Mapping[str, Any]], cand_reps: Sequence[Mapping[str, Any]], rank: int,
-           shape: Shape | None, warnings: list[str]) -> dict[str, Any]:
-    bm = [m for m in (_repeat_metrics(s, rank, shape) for s in base_reps) if m is not None]
+           shape: Shape | None, warnings: list[str], base_shape: Shape | None = None) -> dict[str, Any]:
+    bm = [m for m in (_repeat_metrics(s, rank, base_shape or shape) for s in base_reps) if m is not None]
     cm = [m for m in (_repeat_metrics(s, rank, shape) for s in cand_reps) if m is not None]
     if len(base_reps) - len(bm) or len(cand_reps) - len(cm):
         warnings.append(f"{len(base_reps) - len(bm) + len(cand_reps) - len(cm)} repeat(s) hold no iterations of the compared shape; left out of the noise estimate")
@@ -493,17 +515,25 @@ def _side_info(summary: Mapping[str, Any], rank: Mapping[str, Any], its: Sequenc
 
 
 def _compared(baseline: Mapping[str, Any], candidate: Mapping[str, Any], rank: int = 0) -> tuple[
-        dict[str, Any], dict[str, Any], Shape | None, list[dict[str, Any]], list[dict[str, Any]], list[str]]:
-    """What a diff compares: each side's rank entry, the shape (None: no common one, all iterations),
+        dict[str, Any], dict[str, Any], Shape | None, Shape | None, list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    """What a diff compares: each side's rank entry, the shape (None: no common one, all iterations)
+    and the baseline's (the same but under speculative_pair: decode where the candidate verifies),
     each side's iterations of it (steady ones: each rank's last left out), and the warnings so far.
     Raises NothingToAnalyze when a side has no iteration to compare."""
     rb, rc = pick_rank(baseline, rank, "baseline"), pick_rank(candidate, rank, "candidate")
     warnings: list[str] = []
-    shape, w = select_shape(_steady(rb), _steady(rc))
+    spec = speculative_pair(_steady(rb), _steady(rc))
+    if spec is not None:  # the step itself changed: decode steps against the verify steps that replaced them
+        (base_shape, shape), w = spec, [f"speculative decoding on one side: the baseline's {shape_label(spec[0])} steps are compared with "
+                                        f"the candidate's {shape_label(spec[1])} steps that replaced them (a verify step yields up to "
+                                        "1 + draft tokens: per-token figures need the accept length)"]
+    else:
+        shape, w = select_shape(_steady(rb), _steady(rc))
+        base_shape = shape
     warnings.extend(w)
     if shape is None:
         warnings.append("the sides share no iteration shape (kind, batch size): comparing all iterations, which mixes shapes")
-    ib, ic = _select(rb, shape), _select(rc, shape)
+    ib, ic = _select(rb, base_shape), _select(rc, shape)
     if not ib or not ic:
         raise NothingToAnalyze(
             f"nothing to compare: {len(ib)} baseline and {len(ic)} candidate iterations",
@@ -511,8 +541,7 @@ def _compared(baseline: Mapping[str, Any], candidate: Mapping[str, Any], rank: i
         )
     if min(len(ib), len(ic)) < 3:
         warnings.append(f"only {min(len(ib), len(ic))} iteration(s) on one side: per-iteration means and medians are noisy")
-    return rb, rc, shape, ib, ic, warnings
-
+    return rb, rc, shape, base_shape, ib, ic, warnings
 
 NO_COMMON_SHAPE = "all iterations (no common shape)"
 
@@ -521,7 +550,7 @@ def compare_means(baseline: Mapping[str, Any], candidate: Mapping[str, Any], *, 
     """A diff's headline numbers only, from the same iterations and with the same exact means as
     `compare_summaries`: the compared shape's label, and ``wall_us`` and ``gpu_window_us`` as
     diff.json has them (baseline, candidate, delta, ratio; µs per iteration)."""
-    _, _, shape, ib, ic, _ = _compared(baseline, candidate, rank)
+    _, _, shape, _, ib, ic, _ = _compared(baseline, candidate, rank)
     mb, mc = _means(ib), _means(ic)
     return {"shape_label": shape_label(shape) if shape else NO_COMMON_SHAPE,
             "wall_us": _with_ratio(mb["wall"], mc["wall"]), "gpu_window_us": _with_ratio(mb["window"], mc["window"])}
@@ -544,7 +573,7 @@ def compare_summaries(
     and `opt` drive the expected-effect check. Repeats (summaries of the same configuration run
     again; the primary may be among them) give the noise estimate. Times are µs per iteration.
     """
-    rb, rc, shape, ib, ic, warnings = _compared(baseline, candidate, rank)
+    rb, rc, shape, base_shape, ib, ic, warnings = _compared(baseline, candidate, rank)
     mb, mc = _means(ib), _means(ic)
 
     # --- the exact decomposition --------------------------------------------------------------
@@ -553,7 +582,8 @@ def compare_summaries(
     phases = sorted(set(mb["phases"]) | set(mc["phases"]))
     d_phase = {k: mc["phases"].get(k, Fraction(0)) - mb["phases"].get(k, Fraction(0)) for k in phases}
     d_overlap = mc["overlap"] - mb["overlap"]
-    d_idle_by = {k: mc["idle_by"][k] - mb["idle_by"][k] for k in IDLE_KEYS}
+    keys = idle_keys(rb, rc)
+    d_idle_by = {k: mc["idle_by"][k] - mb["idle_by"][k] for k in keys}
     d_window = mc["window"] - mb["window"]
     residual = d_window - (sum(d_cat.values(), Fraction(0)) - d_overlap + sum(d_idle_by.values(), Fraction(0)))
     if residual != 0:
@@ -565,7 +595,7 @@ def compare_summaries(
             "category_us": {k: _us(m["cats"].get(k, Fraction(0))) for k in cats},
             "phase_us": {k: _us(m["phases"].get(k, Fraction(0))) for k in phases},
             "overlap_us": _us(m["overlap"]), "idle_us": _us(m["idle"]),
-            "idle_us_by_cause": {k: _us(m["idle_by"][k]) for k in IDLE_KEYS},
+            "idle_us_by_cause": {k: _us(m["idle_by"][k]) for k in keys},
         }
 
     decomposition = {
@@ -618,8 +648,8 @@ def compare_summaries(
     movers.sort(key=lambda m: (-abs(m["delta_us"]), m["name"]))
 
     # --- noise and expected effect ------------------------------------------------------------
-    noise = _noise(baseline_repeats, candidate_repeats, rank, shape, warnings)
-    win_b = _window_iterations(list(baseline_repeats) or [baseline], rank, shape)
+    noise = _noise(baseline_repeats, candidate_repeats, rank, shape, warnings, base_shape)
+    win_b = _window_iterations(list(baseline_repeats) or [baseline], rank, base_shape)
     win_c = _window_iterations(list(candidate_repeats) or [candidate], rank, shape)
     drift_b, drift_c = _backlog_drift_ns(win_b), _backlog_drift_ns(win_c)
     drift = drift_b + drift_c
@@ -645,6 +675,8 @@ def compare_summaries(
         "shape": {
             "kind": shape[0] if shape else None, "batch_size": shape[1] if shape else None,
             "label": shape_label(shape) if shape else NO_COMMON_SHAPE,
+            # (optional key) the baseline's shape where the step itself changed: speculative_pair
+            **({"baseline_label": shape_label(base_shape)} if base_shape and base_shape != shape else {}),
             "iterations": {"baseline": len(ib), "candidate": len(ic)},
         },
         "optimization": opt,

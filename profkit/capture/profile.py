@@ -52,7 +52,7 @@ def _done_lines(log_path: Path | None, offset: int, output_dir: Path) -> int:
 
 def wait_for_traces(base_url: str, output_dir: Path, profile_id: str, world_size: int, *, timeout_s: float,
                     alive: Callable[[], bool] = lambda: True, idle: Callable[[], bool] = lambda: False,
-                    log_path: Path | None = None, log_offset: int = 0) -> list[Path]:
+                    log_path: Path | None = None, log_offset: int = 0, notes: list[str] | None = None) -> list[Path]:
     """Wait until the server says the window's traces are written, then return the rank files.
 
     torch exports gzip straight into the final file name, so a file's existence or a pause in its
@@ -60,7 +60,10 @@ def wait_for_traces(base_url: str, output_dir: Path, profile_id: str, world_size
     every rank exported and passed a barrier across the TP group (profiler_manager._stop_profile),
     so that line in the server log (after `log_offset`) plus `world_size` files is the signal.
     /start_profile returns at once (SGLang §0 #9); if the window never closes (an idle server never
-    auto-stops), /stop_profile is called once, then waiting resumes.
+    auto-stops), /stop_profile is called once, then waiting resumes. A window that closed itself
+    (num_steps reached) while that call was on its way makes SGLang answer HTTP 500 ("Profiling is
+    not in progress", seen on a real 0.5.23 server): that is said in `notes` and waiting goes on for
+    the export it started; any other answer but 200 fails the window.
     """
     deadline = time.monotonic() + timeout_s
     stopped = False
@@ -81,9 +84,16 @@ def wait_for_traces(base_url: str, output_dir: Path, profile_id: str, world_size
         if not stopped and (time.monotonic() > half or idle()):
             stopped = True
             try:
-                request(base_url + "/stop_profile", {}, timeout=max(5.0, deadline - time.monotonic()))
-            except HTTPFailure:
-                pass
+                status, body = request(base_url + "/stop_profile", {}, timeout=max(5.0, deadline - time.monotonic()))
+            except HTTPFailure as e:
+                status, body = None, str(e).encode()
+            if status == 500:
+                (notes if notes is not None else []).append(
+                    "/stop_profile answered HTTP 500: the window had closed itself after its num_steps (SGLang: 'Profiling is not "
+                    "in progress'); waiting for its export")
+            elif status not in (200, None):
+                raise TargetError(f"/stop_profile answered HTTP {status}: {body[:200].decode(errors='replace')}",
+                                  hint="see the server log")
         time.sleep(0.2)
     found = rank_files(output_dir, profile_id)
     raise TargetError(

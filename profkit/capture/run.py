@@ -19,10 +19,13 @@ from profkit.capture.http import HTTPFailure, free_port, get_json
 from profkit.capture.manifest import Manifest
 from profkit.capture.gpu import wait_gpus_free
 from profkit.capture.profile import log_size, start_profile, wait_for_traces
-from profkit.capture.server import Server
+from profkit.capture import vllm as vllm_profile
+from profkit.capture.process import held_signals
+from profkit.capture.server import INTERRUPTED_GRACE_S, Server
 from profkit.errors import Interrupted, ProfkitError, TargetError, UsageError
 from profkit.targets import proxy as proxy_target
 from profkit.targets import sglang as sglang_target
+from profkit.targets import vllm as vllm_target
 from profkit.targets.spec import LaunchSpec
 from profkit.workloads.agentic import Workload
 from profkit.workloads.driver import DriveResult, RequestRecord, drive
@@ -83,9 +86,16 @@ NSYS_ARGS = ("profile", "--trace-fork-before-exec=true", "--cuda-graph-trace=nod
              "--capture-range-end=stop", "--force-overwrite=true")
 
 
-def compose(cfg: RunConfig, states: dict[str, bool], port: int, *, nsys_output: Path | None = None) -> LaunchSpec:
+def compose(cfg: RunConfig, states: dict[str, bool], port: int, *, nsys_output: Path | None = None,
+            trace_dir: Path | None = None) -> LaunchSpec:
     if cfg.target == "proxy":
         spec = proxy_target.compose(states, extra_args=list(cfg.extra_server_args), port=port, python=cfg.server_python)
+    elif cfg.target == "vllm":
+        # the profiler dir is fixed at launch: the run folder (a dry run shows where it would be)
+        spec = vllm_target.compose(states, model_path=cfg.model_path, extra_args=list(cfg.extra_server_args),
+                                   server_python=cfg.server_python, port=port, trace_dir=trace_dir or cfg.traces_dir / "<run_id>",
+                                   caps=sglang_target.gpu_compute_capabilities(), with_stack=cfg.with_stack,
+                                   record_shapes=cfg.record_shapes)
     else:
         spec = sglang_target.compose(states, preset=cfg.preset, model_path=cfg.model_path, extra_args=list(cfg.extra_server_args),
                                      server_python=cfg.server_python, port=port, caps=sglang_target.gpu_compute_capabilities())
@@ -121,15 +131,20 @@ def summarize_repeats(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: _spread([m.get(k) for m in metrics]) for k in keys}
 
 
-def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None) -> RunResult:
+def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None,
+            tick: Progress = lambda s: None) -> RunResult:
+    """One run of the target. `progress` gets one line per step (server start, warm-up, each repeat, each
+    profile window, analysis); `tick` the same line with the profile window's decode step, many times a second."""
     trace_dir = cfg.traces_dir / run_id
     report_dir = cfg.reports_dir / run_id
     port = cfg.port or free_port()
-    spec = compose(cfg, states, port, nsys_output=trace_dir / run_id)
+    spec = compose(cfg, states, port, nsys_output=trace_dir / run_id, trace_dir=trace_dir)
     # graph-capture profiles (SGLang 0.5.23's SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE; the proxy does the
     # same) land in traces/<run_id>/graph_capture_profile/: analyze/diff categorize replayed kernels from them
-    spec = replace(spec, env={**spec.env, "SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE": "1",
-                              "SGLANG_TORCH_PROFILER_DIR": str(trace_dir.resolve())})
+    if cfg.target != "vllm":  # vLLM's profiler (and its capture traces) are configured by --profiler-config
+        spec = replace(spec, env={**spec.env, "SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE": "1",
+                                  "SGLANG_TORCH_PROFILER_DIR": str(trace_dir.resolve())})
+    early = held_signals().hold()  # no interrupt between the manifest's creation and the `try` that finishes it
     trace_dir.mkdir(parents=True, exist_ok=False)
     warnings = list(spec.notes) + _accept_length_warning(cfg, spec)
     manifest = Manifest.create(
@@ -142,11 +157,14 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
     )
     server = Server(spec, trace_dir / "server.log")
     try:
+        early.release()  # a signal that came while the manifest was created: interrupted at "starting"
         manifest.stage("validate")
         if cfg.target == "sglang":
             sglang_target.check_gpu(spec, sglang_target.gpu_compute_capabilities())
             manifest.update(parser_check=sglang_target.validate(spec) or "passed",
                             versions={"profkit": manifest_version(), **_local_versions(spec)})
+        elif cfg.target == "vllm":
+            manifest.update(versions={"profkit": manifest_version(), **_local_versions(spec)})
         variants: dict[int, Workload] = {}
         if spec.context_length is not None:
             variants = _fit_workloads(cfg, spec.context_length, spec.reserved_tokens, "the command line's --context-length", manifest)
@@ -154,13 +172,13 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
             manifest.update(gpu_check=wait_gpus_free(spec.world_size))
         manifest.stage("server_start")
         progress(f"{label}: starting the {cfg.target} server on port {port}")
-        server.start()
-        manifest.update(server_pid=server.pid)
+        server.start(on_spawn=lambda pid: manifest.update(server_pid=pid))
         server.wait_healthy(cfg.health_timeout_s)
-        info = _server_info(spec.base_url)
+        info = _server_info(spec.base_url) if spec.api == "sglang" else _vllm_info(spec.base_url)
         manifest.update(server_info=info, versions={**manifest.data["versions"], **_versions(info)})
         if not variants:
-            ctx = sglang_target.context_from_server_info(info) if cfg.target == "sglang" else None
+            ctx = (sglang_target.context_from_server_info(info) if cfg.target == "sglang"
+                   else info.get("max_model_len") if cfg.target == "vllm" else None)
             if ctx is not None:
                 manifest.stage("context_check")
                 variants = _fit_workloads(cfg, ctx, spec.reserved_tokens, "the server's context length (/server_info)", manifest)
@@ -177,10 +195,10 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
                 for r in range(cfg.repeat):
                     progress(f"{label}: workload isl={isl} concurrency={conc} repeat {r + 1}/{cfg.repeat}")
                     wl = replace(variants[isl], seed=cfg.workload.seed + 7919 * (r + 1) + isl + 131 * conc)
-                    res = drive(spec.base_url, wl, concurrency=conc, timeout_s=cfg.request_timeout_s)
+                    res = drive(spec.base_url, wl, concurrency=conc, timeout_s=cfg.request_timeout_s, api=spec.api, model=spec.model)
                     _check_transport(res, server, "workload")
                     failed += [{"isl": isl, "concurrency": conc, "repeat": r, **f} for f in res.failed_json()]
-                    reps.append(res.metrics(spec.world_size))
+                    reps.append(res.metrics(spec.world_size, gpu=has_gpu()))
                 points.append({"isl": isl, "concurrency": conc, "repeats": reps, **summarize_repeats(reps),
                                **({"warmup": warm} if warm is not None else {})})
                 if isl == isls[0] and conc == cfg.concurrency[0]:
@@ -193,19 +211,23 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
                               f"first: conversation {f0['conversation']} turn {f0['turn']} ({f0['prompt_tokens']} prompt tokens): {f0['error']}",
                               hint=f"every failed request is listed under failed_requests in {manifest.path}; see {server.log_path}")
         manifest.stage("capture")
-        progress(f"{label}: capturing {cfg.num_steps} iterations")
-        files, overhead = _capture(cfg, spec, server, run_id, trace_dir, primary, manifest, variants[isls[0]])
+        files, overhead = _capture(cfg, spec, server, run_id, trace_dir, primary, manifest, variants[isls[0]], label, progress, tick)
         manifest.update(trace_files=[str(f.relative_to(trace_dir)) for f in files], profiler_overhead=overhead,
                         capture_traces=[str(p.relative_to(trace_dir)) for p in capture_traces(trace_dir)])
         manifest.stage("server_stop")
         progress(f"{label}: stopping the server (up to {spec.teardown_s:.0f} s for its own teardown)")
         server.stop(grace_s=max(spec.teardown_s, 60) if cfg.nsys else None)
-        manifest.update(leftover_pids=server.leftovers())
-        if cfg.nsys:
+        _record_stop(manifest, server)
+        if cfg.nsys:  # the report, and its SQLite export that profkit analyzes (ingest/nsys.py; the command is shown)
+            from profkit.ingest.nsys import exported
+
             rep = _wait_file(trace_dir / f"{run_id}.nsys-rep", cfg.profile_timeout_s)
-            manifest.update(trace_files=[rep.name], note="an Nsight Systems report: open it in nsys-ui; profkit analyzes torch-profiler traces")
-            manifest.finish("ok")
-            return RunResult(run_id, states, trace_dir, report_dir, rep, {}, manifest.data)
+            progress(f"{label}: exporting {rep.name} to SQLite")
+            files = [exported(rep)]
+            manifest.update(trace_files=[rep.name, files[0].name], note="an Nsight Systems report (nsys-ui) and its SQLite export (analyzed)")
+            if cfg.capture_only:
+                manifest.finish("ok")
+                return RunResult(run_id, states, trace_dir, report_dir, rep, {}, manifest.data)
 
         if cfg.capture_only:
             manifest.finish("ok")
@@ -219,7 +241,10 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         # as every command chooses it: --catalog, else the one this run's manifest (its target) implies
         catalog = choose_catalog(cfg.catalog, [trace_dir])
         windows = []
-        for i, (name, wfiles) in enumerate(_by_window(files, trace_dir)):
+        groups = _by_window(files, trace_dir)
+        for i, (name, wfiles) in enumerate(groups):
+            if len(groups) > 1:
+                progress(f"{label}: analyzing profile window {i + 1}/{len(groups)}")
             s = analyze_run(wfiles, cfg, manifest.data, catalog, captures=capture_traces(trace_dir), window=i)
             if name:
                 write_json_atomic(report_dir / name / "summary.json", s)
@@ -232,20 +257,26 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         return RunResult(run_id, states, trace_dir, report_dir, summary_path, summary, manifest.data,
                          windows if len(windows) > 1 else [], catalog)
     except KeyboardInterrupt:
-        server.stop(grace_s=5)
-        manifest.update(trace_files=_written(trace_dir), leftover_pids=server.leftovers())
-        manifest.finish("interrupted", error=f"interrupted during {manifest.data['stage']}")
+        with held_signals(deliver=False):  # a second Ctrl-C while the tree is torn down and the manifest written is the same interrupt
+            server.stop(grace_s=INTERRUPTED_GRACE_S)
+            _record_stop(manifest, server, trace_files=_written(trace_dir))
+            manifest.finish("interrupted", error=f"interrupted during {manifest.data['stage']}")
         raise Interrupted(f"interrupted during {manifest.data['stage']}; kept {trace_dir}", hint=f"see {trace_dir / 'manifest.json'}") from None
     except (ProfkitError, HTTPFailure) as e:
         if isinstance(e, HTTPFailure):  # the server stopped answering: say whether it died
             e = server.died(f"died during the {manifest.data['stage']}") if not server.alive() else TargetError(
                 f"the server stopped answering during the {manifest.data['stage']}: {e}", hint=f"see {server.log_path}")
-        server.stop()
-        manifest.update(trace_files=_written(trace_dir), leftover_pids=server.leftovers())
+        server.stop()  # a Ctrl-C meanwhile hurries it, then interrupts (the manifest says where)
+        _record_stop(manifest, server, trace_files=_written(trace_dir))
         manifest.finish("failed", error=str(e))
         raise e from None
     finally:
-        server.stop(grace_s=5)
+        server.stop(grace_s=INTERRUPTED_GRACE_S)
+
+
+def _record_stop(manifest: Manifest, server: Server, **fields: Any) -> None:
+    """The server's pid and how it ended, and any of its processes still running (none, unless a kill failed)."""
+    manifest.update(**fields, server_exit=server.ended, leftover_pids=server.leftovers())
 
 
 def _accept_length_warning(cfg: RunConfig, spec: LaunchSpec) -> list[str]:
@@ -348,6 +379,32 @@ def _server_info(base_url: str) -> dict[str, Any]:
     return {}
 
 
+def has_gpu() -> bool:
+    """Whether this machine has a GPU an engine could use: nvidia-smi lists one, or rocm-smi exists
+    (no nvidia-smi and no rocm-smi: a CPU machine, where "tokens/s per GPU" means nothing)."""
+    import shutil
+
+    caps = sglang_target.gpu_compute_capabilities()
+    return caps != [] or shutil.which("rocm-smi") is not None
+
+
+def _vllm_info(base_url: str) -> dict[str, Any]:
+    """vLLM's /version and the served model's max_model_len (/v1/models): vLLM has no /server_info
+    outside its dev mode."""
+    out: dict[str, Any] = {}
+    try:
+        v = get_json(base_url + "/version", timeout=30)
+        out["version"] = v.get("version") if isinstance(v, dict) else None
+        models = get_json(base_url + "/v1/models", timeout=30)
+        data = models.get("data") if isinstance(models, dict) else None
+        if data:
+            out["model"] = data[0].get("id")
+            out["max_model_len"] = data[0].get("max_model_len")
+    except (HTTPFailure, ValueError, AttributeError):
+        pass
+    return out
+
+
 def _versions(info: dict[str, Any]) -> dict[str, Any]:
     """What /server_info says about versions: SGLang's `version`; the proxy also reports its torch and device."""
     out = {}
@@ -376,7 +433,7 @@ def _warm_up(cfg: RunConfig, spec: LaunchSpec, server: Server, manifest: Manifes
     manifest.stage("warmup")
     progress(f"{label}: warm-up pass isl={isl} concurrency={conc}")
     w = replace(workload, seed=cfg.workload.seed + 999_983 + isl + 131 * conc)
-    res = _check(drive(spec.base_url, w, concurrency=conc, timeout_s=cfg.request_timeout_s), server, "warm-up")
+    res = _check(drive(spec.base_url, w, concurrency=conc, timeout_s=cfg.request_timeout_s, api=spec.api, model=spec.model), server, "warm-up")
     m = res.metrics(spec.world_size)
     return {"duration_s": m.get("duration_s"), "tokens_per_s": m.get("tokens_per_s")}
 
@@ -391,7 +448,7 @@ def _check(res: DriveResult, server: Server, what: str) -> DriveResult:
 
 
 def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trace_dir: Path, primary: list[dict[str, Any]],
-             manifest: Manifest, workload: Workload) -> tuple[list[Path], dict[str, Any]]:
+             manifest: Manifest, workload: Workload, label: str, progress: Progress, tick: Progress) -> tuple[list[Path], dict[str, Any]]:
     """`--profile-windows` windows, each in its own fresh pass (DESIGN.md "Noise": repeated profile windows;
     a short decode would end before a second window could open in the same pass); one window: at the top."""
     n = 1 if cfg.nsys else max(1, cfg.profile_windows)
@@ -400,15 +457,22 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
     for w in range(n):
         out_dir = trace_dir / f"window-{w}" if n > 1 else trace_dir
         out_dir.mkdir(parents=True, exist_ok=True)
-        got, oh = _capture_window(cfg, spec, server, run_id, out_dir, primary, manifest, workload, seed=cfg.workload.seed + 424_242 + 7 * w)
+        where = f"{label}: profile window {w + 1}/{n}"
+        progress(f"{where} of {cfg.num_steps} iterations: waiting for turn {min(cfg.profile_turn, workload.turns - 1)}'s decode")
+        got, oh = _capture_window(cfg, spec, server, run_id, out_dir, primary, manifest, workload, seed=cfg.workload.seed + 424_242 + 7 * w,
+                                  tick=lambda j, w=where: tick(f"{w}: iteration ~{j}/{cfg.num_steps}" if j < cfg.num_steps
+                                                               else f"{w}: {cfg.num_steps} iterations; the server writes the trace"))
         files += got
         overheads.append(oh)
     return files, overheads[0] if n == 1 else {**overheads[0], "windows": overheads}
 
 
 def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trace_dir: Path, primary: list[dict[str, Any]],
-                    manifest: Manifest, workload: Workload, *, seed: int) -> tuple[list[Path], dict[str, Any]]:
-    """Drive a fresh pass; once every conversation is inside `profile_turn` and decoding, open the window."""
+                    manifest: Manifest, workload: Workload, *, seed: int,
+                    tick: Callable[[int], None] = lambda j: None) -> tuple[list[Path], dict[str, Any]]:
+    """Drive a fresh pass; once every conversation is inside `profile_turn` and decoding, open the window.
+    `tick(j)`: the window's decode step as the stream shows it (chunks since the window opened, the
+    most any one conversation got; an estimate: the server does not report its profiler's steps)."""
     conc = cfg.concurrency[0]
     wl = replace(workload, seed=seed)
     turn = min(cfg.profile_turn, wl.turns - 1)
@@ -426,8 +490,25 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
 
     result: dict[str, DriveResult] = {}
     stop = threading.Event()
+    opened = threading.Event()
+    chunks: dict[int, int] = {}
+    shown = [0]
+
+    def on_chunk(conv: int) -> None:
+        if not opened.is_set():
+            return
+        with lock:
+            chunks[conv] = chunks.get(conv, 0) + 1
+            j = min(max(chunks.values()), cfg.num_steps)
+            if j == shown[0]:
+                return
+            shown[0] = j
+        tick(j)
+
     th = threading.Thread(target=lambda: result.setdefault("r", drive(spec.base_url, wl, concurrency=conc, on_submit=on_submit, stop=stop,
-                                                                      timeout_s=cfg.request_timeout_s)), daemon=True)
+                                                                      timeout_s=cfg.request_timeout_s, api=spec.api, model=spec.model,
+                                                                      on_chunk=on_chunk)),
+                          daemon=True)
     th.start()
     while not ready.wait(0.2):
         if not th.is_alive():
@@ -436,18 +517,39 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
             raise TargetError("the capture pass ended before reaching the profiled turn", hint="raise --turns or lower --profile-turn")
         if not server.alive():
             raise server.died("died during the capture pass")
+    if cfg.target == "vllm":
+        # at once: vLLM counts the window in engine steps, so it opens with the profiled turn's prefill
+        # (one step for a short prompt) and holds num_steps steps; after a sleep, a fast engine (a small
+        # compiled model decodes a token in ~1 ms on a CPU) would have finished the turn already
+        t_start = time.perf_counter()
+        prefix = f"{run_id}-{trace_dir.name}" if trace_dir.name.startswith("window-") else run_id
+        manifest.update(profile_request=vllm_profile.start(spec.base_url, prefix=prefix, num_steps=cfg.num_steps))
+        got = vllm_profile.finish(spec.base_url, cfg.traces_dir / run_id, prefix, spec.world_size, timeout_s=cfg.profile_timeout_s,
+                                  alive=server.alive, idle=lambda: not th.is_alive())
+        files = vllm_profile.into_window(got, trace_dir)
+        return _after_window(cfg, server, th, result, primary, files, t_start)
     time.sleep(0.3 * e2e)  # past prefill, into decode
     log_offset = log_size(server.log_path)
     t_start = time.perf_counter()
     body = start_profile(spec.base_url, output_dir=trace_dir, profile_id=run_id, num_steps=cfg.num_steps, with_stack=cfg.with_stack,
                          record_shapes=cfg.record_shapes, activities=("CUDA_PROFILER",) if cfg.nsys else ("CPU", "GPU"))
     manifest.update(profile_request=body)
+    opened.set()
     if cfg.nsys:  # no torch-profiler files: the window closes after num_steps; nsys writes its report when the server exits
         while th.is_alive():
             th.join(0.2)
         return [], {"note": "nsys mode: profiler overhead not measured"}
+    notes: list[str] = []
     files = wait_for_traces(spec.base_url, trace_dir, run_id, spec.world_size, timeout_s=cfg.profile_timeout_s, alive=server.alive,
-                            idle=lambda: not th.is_alive(), log_path=server.log_path, log_offset=log_offset)
+                            idle=lambda: not th.is_alive(), log_path=server.log_path, log_offset=log_offset, notes=notes)
+    if notes:
+        manifest.update(profile_stop=[*manifest.data.get("profile_stop", []), *notes])
+    return _after_window(cfg, server, th, result, primary, files, t_start)
+
+
+def _after_window(cfg: RunConfig, server: Server, th: threading.Thread, result: dict[str, DriveResult], primary: list[dict[str, Any]],
+                  files: list[Path], t_start: float) -> tuple[list[Path], dict[str, Any]]:
+    """Let the capture pass finish; the profiler's overhead from the requests that ran during the window."""
     t_end = time.perf_counter()
     while th.is_alive():
         th.join(0.2)

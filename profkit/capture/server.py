@@ -2,8 +2,11 @@
 
 Stop = SIGTERM to the server, as long as the engine's own teardown needs (SGLang: ~90 s, see
 targets/sglang.TEARDOWN_S), then SIGKILL to its process group and to every descendant seen while
-it ran (psutil, polled during the teardown too): a server that forks schedulers, whose children
-start JIT compilers in sessions of their own, must leave no orphans.
+it ran (psutil, polled during the teardown too) and to every process carrying the server's tag in
+its environment (capture/process.py): a server that forks schedulers, whose children start JIT
+compilers in sessions of their own, must leave no orphans. Spawn and teardown hold off Ctrl-C and
+SIGTERM (capture/process.py says why a signal mask is not enough), so the pid is recorded before a
+signal can act and a teardown is never cut short.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -18,6 +22,7 @@ from typing import Callable
 import psutil
 
 from profkit.capture.http import HTTPFailure, port_free, request
+from profkit.capture.process import TAG_ENV, describe_exit, held_signals, kill_all, new_tag, tagged
 from profkit.errors import TargetError
 from profkit.targets.spec import LaunchSpec
 
@@ -36,29 +41,30 @@ class Server:
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self._seen: dict[int, psutil.Process] = {}
+        self.tag = new_tag()  # in every process of the tree's environment (process.tagged finds them)
+        self.ended: dict[str, object] | None = None  # how it ended (pid, exit code, in words), for the manifest
 
-    def start(self) -> None:
+    def start(self, on_spawn: Callable[[int], None] | None = None) -> None:
+        """Spawn the server in a session (process group) of its own and call `on_spawn(pid)` (the
+        manifest records it) before a Ctrl-C or SIGTERM can act: both are held from before the fork
+        until the pid is recorded (process.held_signals), then delivered."""
         if not port_free(self.spec.host, self.spec.port):
             raise TargetError(f"port {self.spec.port} on {self.spec.host} is already in use", hint="pass another --port, or stop whatever listens there")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in self.spec.unset}
-        env.update({**self.spec.env, "PYTHONUNBUFFERED": "1"})
+        env.update({**self.spec.env, "PYTHONUNBUFFERED": "1", TAG_ENV: self.tag})
         with open(self.log_path, "ab") as log:
             log.write(f"# profkit: {self.spec.shell()}\n".encode())
             log.flush()
-            # Ctrl-C/SIGTERM between fork and `self.proc = ...` would orphan the server: defer them
-            # until the child is recorded (the child unblocks them for itself).
-            sigs = {signal.SIGINT, signal.SIGTERM}
-            old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-            try:
-                self.proc = subprocess.Popen(self.spec.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             env=env, start_new_session=True,
-                                             preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs))
-            except OSError as e:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
-                raise TargetError(f"cannot start {self.spec.argv[0]}: {e.strerror}", hint="check --server-python / the engine's install") from None
-            self._remember()
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            with held_signals():
+                try:
+                    self.proc = subprocess.Popen(self.spec.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                 env=env, start_new_session=True)
+                except OSError as e:
+                    raise TargetError(f"cannot start {self.spec.argv[0]}: {e.strerror}", hint="check --server-python / the engine's install") from None
+                self._remember()
+                if on_spawn is not None:
+                    on_spawn(self.proc.pid)
 
     def _remember(self) -> None:
         if self.proc is None:
@@ -105,20 +111,30 @@ class Server:
 
     def stop(self, grace_s: float | None = None) -> None:
         """SIGTERM, wait up to `grace_s` (default: the engine's teardown time) while noting every
-        descendant, then SIGKILL the group and every descendant seen. Idempotent."""
+        descendant, then SIGKILL the group, every descendant seen and every process carrying the
+        tag. A Ctrl-C or SIGTERM meanwhile does not cut it short: it shortens the grace to
+        INTERRUPTED_GRACE_S and is delivered once the tree is gone. Idempotent."""
         if self.proc is None:
             return
-        grace = self.spec.teardown_s if grace_s is None else grace_s
+        with held_signals() as held:
+            self._stop(self.spec.teardown_s if grace_s is None else grace_s, held.arrived)
+
+    def _stop(self, grace: float, hurry: threading.Event) -> None:
         self._remember()
+        sent: str | None = None
         if self.proc.poll() is None:
             try:
                 self.proc.send_signal(signal.SIGTERM)
+                sent = "SIGTERM"
             except ProcessLookupError:
                 pass
             deadline = time.monotonic() + grace
             while self.proc.poll() is None and time.monotonic() < deadline:
+                if hurry.is_set():
+                    deadline = min(deadline, time.monotonic() + INTERRUPTED_GRACE_S)
                 self._remember()
-                time.sleep(0.1)
+                hurry.wait(0.1)
+        killed = self.proc.poll() is None
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -130,28 +146,23 @@ class Server:
                         self._seen.setdefault(c.pid, c)
             except psutil.Error:
                 pass
-        for p in list(self._seen.values()):
-            try:
-                if p.is_running():
-                    p.kill()
-            except psutil.Error:
-                pass
+        for p in tagged(self.tag):
+            self._seen.setdefault(p.pid, p)
+        kill_all([p for p in self._seen.values() if _running(p)])
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        psutil.wait_procs([p for p in self._seen.values()], timeout=10)
+        rc = self.proc.poll()
+        if self.ended is None or self.ended.get("returncode") is None:
+            self.ended = {"pid": self.proc.pid, "returncode": rc, "how": describe_exit(rc, sent=sent, killed=killed)}
 
     def leftovers(self) -> list[int]:
-        """Pids of processes this server started that still run (should be empty after stop)."""
-        out = []
-        for p in self._seen.values():
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    out.append(p.pid)
-            except psutil.Error:
-                pass
-        return out
+        """Pids of processes this server started that still run (should be empty after stop): the
+        descendants seen and every process carrying its tag."""
+        out = {p.pid for p in self._seen.values() if _running(p)}
+        out |= {p.pid for p in tagged(self.tag)}
+        return sorted(out)
 
     def __enter__(self) -> "Server":
         self.start()
@@ -159,3 +170,13 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+INTERRUPTED_GRACE_S = 5.0  # the engine's own teardown, when the user has asked to stop
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

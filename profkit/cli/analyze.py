@@ -11,24 +11,26 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
-from profkit.cli.common import Strict, _state, check_strict, command, err, out, safe_name
+from profkit.cli.common import _state, check_strict, command, err, out, safe_name
+from profkit.cli.options import Captures, JsonOut, CatalogOpt, Marker, MinBubble, Strict, Top, Window
 from profkit.errors import OutputError, UsageError
 
 
 @command()
 def analyze(
     paths: Annotated[list[Path], typer.Argument(readable=False, help="Trace files (*.trace.json.gz, *.pt.trace.json) or run folders; one file per rank.")],
-    marker: Annotated[Optional[str], typer.Option("--marker", help="Regex for the CPU span that opens one iteration (default: scheduler.run_batch, step[...], execute_..., ProfilerStep#N).")] = None,
-    min_bubble_us: Annotated[float, typer.Option("--min-bubble-us", min=0.0, help="Shortest GPU idle gap counted as a bubble.")] = 2.0,
-    catalog: Annotated[Optional[str], typer.Option("--catalog", help="Kernel catalog: a name in kernels/ (generic, sglang-glm52, proxy) or a .toml path; default: picked from the kernel names.")] = None,
-    json_out: Annotated[Optional[str], typer.Option("--json", help="Write summary.json (schema v2) to FILE, or '-' for stdout.")] = None,
+    marker: Marker = None,
+    min_bubble_us: MinBubble = 2.0,
+    catalog: CatalogOpt = None,
+    json_out: JsonOut = None,
     timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Write the per-iteration kernel timeline (.parquet or .csv).")] = None,
-    top: Annotated[int, typer.Option("--top", help="How many kernels to list.")] = 10,
+    top: Top = 10,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Neither read nor write the parquet cache beside each trace (<trace>.profkit-cache/).")] = False,
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes: rank files in parallel, or one large file's chunks (default: min(cores, files)).")] = None,
-    capture: Annotated[Optional[list[Path]], typer.Option("--capture", help="Graph-capture profile(s) (SGLang's or the proxy's graph_capture_profile/*.json.gz): replayed kernels categorized as in eager mode (default: the run folder's).")] = None,
+    capture: Captures = None,
     tables: Annotated[Optional[Path], typer.Option("--tables", help="Write every iteration, GPU op, bubble, sync and launch as parquet under DIR (DIR/<table>/run=<run>/rank=<rank>/, hive layout: DuckDB and Spark read it as it is).")] = None,
     list_markers: Annotated[bool, typer.Option("--list-markers", help="List the CPU spans that could mark iterations (user annotations, engine step spans), with counts and the --marker regex for each; analyze nothing.")] = False,
+    window: Window = None,
     strict: Strict = False,
 ) -> None:
     """Analyze traces: per-iteration wall, GPU busy/idle, bubbles by cause, syncs, launches, time by category.
@@ -45,6 +47,15 @@ def analyze(
 
     _state["quick_exit"] = True  # see common._quick_exit
 
+    from profkit.inputs import analysis_inputs
+
+    pointed, notes = analysis_inputs(paths, window)
+    for n in notes:
+        err.print(f"[dim]note: {escape(n)}[/]", soft_wrap=True)
+    if len(pointed) == 1 and pointed[0].traces:
+        paths = pointed[0].traces
+    elif list_markers:
+        paths = [p for x in pointed for p in x.traces]
     if list_markers:
         _list_markers(paths)
         return
@@ -54,6 +65,10 @@ def analyze(
     choice = choose_catalog(catalog, paths)
     opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice, captures=tuple(capture) if capture else None,
                             cache=not no_cache, jobs=jobs, frames=timeline is not None or tables is not None)
+    if len(pointed) > 1 or not pointed[0].traces:
+        done = _analyze_each(pointed, opts, json_out=json_out, timeline=timeline, tables=tables, top=top, catalog_note=choice.note())
+        check_strict(strict, [(label, summary.get("health")) for label, summary in done])
+        return
     # several runs in one folder: each analyzed on its own (refused first where one file must hold them)
     runs = summarize_runs(paths, opts, check=lambda rs: _check_several_runs(rs, json_out, timeline) if len(rs) > 1 else None)
     if len(runs) > 1:
@@ -158,6 +173,46 @@ def _analyze_several(runs: list[Any], *, json_out: Optional[str], tables: Option
         out.rule(f"run {k + 1} of {len(runs)}: {escape(r.label)}", align="left")
         TerminalRenderer(out, top=top).show(Report(runs=[(r.label, r.summary)]))
     _print_catalog([r.summary for r in runs], catalog_note)
+
+
+def _analyze_each(pointed: list[Any], opts: Any, *, json_out: Optional[str], timeline: Optional[Path], tables: Optional[Path], top: int,
+                  catalog_note: Optional[str]) -> list[tuple[str, Any]]:
+    """Several things pointed at (profile windows, a sweep's runs, stored summaries): each printed on
+    its own, under a rule naming it; --json DIR/ writes one summary per thing."""
+    from profkit.inputs import check_summary, read_json
+    from profkit.report import Report
+    from profkit.report.terminal import TerminalRenderer
+    from profkit.store import json_text, write_bytes_atomic
+    from profkit.summarize import summarize_runs
+
+    what = ", ".join(x.label or "the trace files" for x in pointed[:4]) + (f" and {len(pointed) - 4} more" if len(pointed) > 4 else "")
+    if len(pointed) > 1:
+        if json_out and not _json_dir(json_out):
+            raise UsageError(f"these inputs hold {len(pointed)} profiles ({what}); --json {json_out} would hold one",
+                             hint="pick one with --window i, or pass --json DIR/ for one summary per profile")
+        if timeline is not None:
+            raise UsageError(f"these inputs hold {len(pointed)} profiles ({what}); --timeline {timeline} holds one", hint="pick one with --window i")
+    done: list[tuple[str, dict[str, Any], list[Any]]] = []
+    for x in pointed:
+        if x.summary is not None:
+            done.append((f"{x.label} (stored summary {x.summary})", check_summary(read_json(x.summary), x.summary), []))
+            continue
+        runs = summarize_runs(x.traces, opts)
+        for r in runs:
+            done.append((" · ".join(filter(None, (x.label, r.label if len(runs) > 1 or not x.label else ""))), r.summary, r.analyses or []))
+    if json_out:
+        for label, summary, _ in done:
+            p = Path(json_out) / f"{safe_name(label.split(' (stored')[0])}.summary.json" if _json_dir(json_out) else Path(json_out)
+            write_bytes_atomic(p, json_text(summary).encode())
+            err.print(f"wrote {escape(str(p))}")
+    if tables is not None:
+        _write_tables([a for _, _, an in done for a in an], tables)
+    for k, (label, summary, _) in enumerate(done):
+        if len(done) > 1:
+            out.print(f"[bold]── {k + 1} of {len(done)}: {escape(label)}[/]", soft_wrap=True)
+        TerminalRenderer(out, top=top).show(Report(runs=[(label, summary)]))
+    _print_catalog([s for _, s, _ in done], catalog_note)
+    return [(label, summary) for label, summary, _ in done]
 
 
 def _list_markers(paths: list[Path]) -> None:

@@ -16,7 +16,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from profkit.cli.common import Target, command, err, option, options_from, out
+from profkit.cli.common import command, err, option, options_from, out
+from profkit.cli.options import BASE, CATALOG, MARKER, MIN_BUBBLE_US, TARGET, BaseMode, SweepMode, Target, TargetName
 from profkit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -33,23 +34,23 @@ class RunOptions:
     and how they are analyzed. Help texts are trace's; sweep replaces a few (SWEEP_HELP). Help uses
     rich markup: a literal "[" is written "\\[". """
 
-    target: str = field(default="proxy", metadata=option("--target", help="proxy (the built-in engine) or sglang."))
-    base: str = field(default="on", metadata=option("--base", help="on (default, the study's regime): all on, baseline = all on minus opts (leave-one-out); off (exploration): baseline all off, candidate = baseline + opts."))
+    target: TargetName = TARGET.field(TargetName.proxy)
+    base: BaseMode = BASE.field(BaseMode.on)
     preset: Optional[str] = field(default=None, metadata=option("--preset", help="SGLang study preset: glm52-nvfp4-tp4, -tp8, -tep4, -tep8."))
     model_path: Optional[str] = field(default=None, metadata=option("--model-path", help="Override the preset's model path."))
     server_python: Optional[str] = field(default=None, metadata=option("--server-python", help="Python of the engine's environment (e.g. a before/after build of SGLang)."))
     extra_server_args: str = field(default="", metadata=option("--extra-server-args", help="More server flags, as one shell-quoted string."))
     isl: Optional[str] = field(default=None, metadata=option("--isl", help="First-prompt tokens (default 74000 on sglang: requests average 80K over 13 turns; 256 on the proxy); a list measures each."))
-    turns: int = field(default=13, metadata=option("--turns", help="Turns per conversation."))
+    turns: int = field(default=13, metadata=option("--turns", min=1, help="Turns per conversation."))
     turn_tokens: Optional[int] = field(default=None, metadata=option("--turn-tokens", help="New tokens per later turn (default 800; 32 on the proxy)."))
     output_tokens: Optional[int] = field(default=None, metadata=option("--output-tokens", help="Output tokens per turn, ignore_eos (default 220; 32 on the proxy)."))
     concurrency: str = field(default="1", metadata=option("--concurrency", help="Conversations in flight; a list (1,2,4) measures each, the first is profiled."))
     workload_file: Optional[Path] = field(default=None, metadata=option("--workload-file", help="JSONL replay: one conversation per line, {\"turns\": \\[\\[ids...], ...]}."))
     seed: int = field(default=0, metadata=option("--seed", help="Workload seed (token ids, prompt lengths): the same seed gives the same requests."))
-    repeat: int = field(default=1, metadata=option("--repeat", help="Repeat the unprofiled measurement N times (median and spread)."))
+    repeat: int = field(default=1, metadata=option("--repeat", min=1, help="Repeat the unprofiled measurement N times (median and spread)."))
     warmup: bool = field(default=True, metadata=option("--warmup/--no-warmup", help="Before each workload point's repeats, one unmeasured pass of the same shape (graph captures, JIT compiles, autotuning happen there, not in a measured repeat)."))
-    num_steps: int = field(default=20, metadata=option("--num-steps", help="run_batch iterations to profile."))
-    profile_windows: int = field(default=3, metadata=option("--profile-windows", help="Profile windows of --num-steps iterations per side (median and spread of every trace figure; 1: changes are not judged)."))
+    num_steps: int = field(default=20, metadata=option("--num-steps", min=1, help="run_batch iterations to profile."))
+    profile_windows: int = field(default=3, metadata=option("--profile-windows", min=1, help="Profile windows of --num-steps iterations per side (median and spread of every trace figure; 1: changes are not judged)."))
     with_stack: bool = field(default=False, metadata=option("--with-stack", help="Record Python stacks (bigger traces, more overhead)."))
     record_shapes: bool = field(default=False, metadata=option("--record-shapes", help="Record op shapes."))
     profile_turn: int = field(default=1, metadata=option("--profile-turn", help="Turn (0-based) whose decode is profiled."))
@@ -58,12 +59,12 @@ class RunOptions:
     profile_timeout: float = field(default=120.0, metadata=option("--profile-timeout", help="Seconds to wait for the trace files."))
     traces_dir: Path = field(default=Path("traces"), metadata=option("--traces-dir", help="Where run folders go: DIR/<run_id>/ (manifest.json, traces, server.log)."))
     reports_dir: Path = field(default=Path("reports"), metadata=option("--reports-dir", help="Where reports go: DIR/<run_id>/summary.json and the attribution folder."))
-    marker: Optional[str] = field(default=None, metadata=option("--marker", help="Regex for the CPU span that opens one iteration (default chain: scheduler.run_batch, step\\[...], execute_..., ProfilerStep#N)."))
-    min_bubble_us: float = field(default=2.0, metadata=option("--min-bubble-us", help="Shortest GPU idle gap counted as a bubble (µs)."))
-    catalog: Optional[str] = field(default=None, metadata=option("--catalog", help="Kernel catalog: a name in kernels/ or a .toml path (default: the target's)."))
+    marker: Optional[str] = MARKER.field(None)
+    min_bubble_us: float = MIN_BUBBLE_US.field(2.0)
+    catalog: Optional[str] = CATALOG.field(None)
     dry_run: bool = field(default=False, metadata=option("--dry-run", help="Print every command line and environment variable; start nothing."))
     capture_only: bool = field(default=False, metadata=option("--capture-only", help="Record traces and manifests only; analyze later with `profkit diff RUN_A RUN_B` (for GPU boxes without the analysis packages)."))
-    nsys: bool = field(default=False, metadata=option("--nsys", help="Wrap the server in `nsys profile --capture-range=cudaProfilerApi` and open the window with the CUDA_PROFILER activity (writes .nsys-rep; implies --capture-only)."))
+    nsys: bool = field(default=False, metadata=option("--nsys", help="Wrap the server in `nsys profile --capture-range=cudaProfilerApi` and open the window with the CUDA_PROFILER activity (writes .nsys-rep, exports it with `nsys export --type sqlite` and analyzes that)."))
     fit_context: bool = field(default=False, metadata=option("--fit-context", help="Trim the oldest history (the first prompt) so every turn fits the server's context length, instead of refusing the run."))
     accept_length: Optional[float] = field(default=None, metadata=option("--accept-length", help="sglang: fix the speculative accept length (SGLANG_SIMULATE_ACC_LEN; the study's Figure 8 used 5). Random token ids otherwise give whatever the model makes of noise."))
 
@@ -75,6 +76,7 @@ SWEEP_HELP = {
     "num_steps": "Iterations (run_batch steps) per profile window.",
     "profile_windows": "Profile windows of --num-steps iterations per run.",
     "capture_only": "Record traces and manifests only (attribute later with `profkit diff`).",
+    "base": "on (default): optimizations not in --opts stay on in every run, so 'all' is the full configuration; off (exploration): they are off everywhere.",
 }
 # trace's options that sweep does not take (its runs use their defaults)
 SWEEP_EXCLUDES = ("marker", "min_bubble_us", "with_stack", "record_shapes", "nsys")
@@ -83,7 +85,7 @@ SGLANG_ISL = 74_000
 
 
 def _caps(target: str) -> list[str] | None:
-    if target != "sglang":
+    if target not in ("sglang", "vllm"):
         return None
     from profkit.targets.sglang import gpu_compute_capabilities
 
@@ -95,6 +97,11 @@ def _sigterm_as_interrupt() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def _plain(o: RunOptions) -> RunOptions:
+    """The choices as their plain values (run ids, manifests and the library take strings)."""
+    return replace(o, target=str(o.target), base=str(o.base))  # type: ignore[arg-type]
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -113,8 +120,8 @@ def _config(o: RunOptions) -> RunConfig:
     from profkit.workloads.agentic import Workload, load_workload_file
 
     target = o.target
-    if target not in ("proxy", "sglang"):
-        raise UsageError(f"--target {target!r}: use proxy or sglang")
+    if target not in ("proxy", "sglang", "vllm"):
+        raise UsageError(f"--target {target!r}: use proxy, sglang or vllm")
     if o.preset and target != "sglang":
         raise UsageError("--preset goes with --target sglang")
     gpu = target == "sglang"
@@ -137,9 +144,10 @@ def _config(o: RunOptions) -> RunConfig:
         target=target, preset=o.preset, model_path=o.model_path, server_python=o.server_python,
         extra_server_args=tuple(shlex.split(o.extra_server_args)), workload=wl, concurrency=_ints(o.concurrency, "--concurrency"),
         isl=isls if len(isls) > 1 else (), repeat=o.repeat, num_steps=o.num_steps, with_stack=o.with_stack, record_shapes=o.record_shapes,
-        profile_turn=o.profile_turn, health_timeout_s=o.health_timeout or (3600.0 if gpu else 180.0), profile_timeout_s=o.profile_timeout,
+        profile_turn=o.profile_turn, health_timeout_s=o.health_timeout or (3600.0 if gpu or target == "vllm" else 180.0),
+        profile_timeout_s=o.profile_timeout,
         port=o.port, traces_dir=o.traces_dir, reports_dir=o.reports_dir, marker=o.marker, min_bubble_us=o.min_bubble_us, catalog=o.catalog,
-        capture_only=o.capture_only or o.nsys, nsys=o.nsys, base=o.base, fit_context=o.fit_context, accept_length=o.accept_length,
+        capture_only=o.capture_only, nsys=o.nsys, base=o.base, fit_context=o.fit_context, accept_length=o.accept_length,
         warmup=o.warmup,
     )
     return _windows(cfg, o.profile_windows)
@@ -155,22 +163,58 @@ def _stamp() -> str:
     return dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def _progress_runner() -> Progress:
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+class _Steps:
+    """Where a long run is, on stderr. On a terminal: one live line (spinner, run i of N, its step: the
+    repeat, the profile window, the window's iteration; elapsed time). Elsewhere (a pipe, `| tee`, a
+    log): one line per step as it happens, with the elapsed time, no spinner and no iteration ticks.
+    Finished runs get a "done" line with their full paths either way (never cut)."""
 
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=False)
+    def __init__(self, runs: int) -> None:
+        import time
 
+        self.runs, self.n, self.t0 = runs, 0, time.monotonic()
+        self.live: Progress | None = None
+        if err.is_terminal:
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+            from rich.table import Column
 
-def _run(cfg: RunConfig, states: dict[str, bool], run_id: str, label: str, progress: Progress) -> RunResult:
-    from profkit.capture.run import run_one
+            # one line at any width: the description is cut at its end, never the elapsed time
+            self.live = Progress(SpinnerColumn(), TimeElapsedColumn(), TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis")),
+                                 console=err, transient=True)
 
-    task = progress.add_task(escape(label), total=None)
-    res = run_one(cfg, states, run_id, label=label, progress=lambda s: progress.update(task, description=escape(s)))
-    progress.update(task, description=escape(f"{label}: done -> {res.summary_path}"))
-    progress.stop_task(task)
-    for w in res.manifest.get("warnings") or []:  # no-op switches, --fit-context trims, an uncontrolled accept length
-        err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}", soft_wrap=True)
-    return res
+    def __enter__(self) -> "_Steps":
+        if self.live:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live:
+            self.live.__exit__(*exc)
+
+    def _line(self, text: str) -> None:
+        import time
+
+        s = int(time.monotonic() - self.t0)
+        err.print(f"[dim]\\[{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}][/] {escape(text)}", soft_wrap=True)
+
+    def run(self, cfg: RunConfig, states: dict[str, bool], run_id: str, label: str) -> RunResult:
+        from profkit.capture.run import run_one
+
+        self.n += 1
+        where = f"run {self.n}/{self.runs}"
+        if self.live:
+            live = self.live
+            task = live.add_task(escape(f"{where} {label}"), total=None)
+            step = tick = lambda s: live.update(task, description=escape(f"{where} {s}"))  # noqa: E731
+        else:
+            step, tick = (lambda s: self._line(f"{where} {s}")), (lambda s: None)
+        res = run_one(cfg, states, run_id, label=label, progress=step, tick=tick)
+        if self.live:
+            self.live.remove_task(task)
+        self._line(f"{where} {label}: done; traces {res.trace_dir}, summary {res.summary_path}")
+        for w in res.manifest.get("warnings") or []:  # no-op switches, --fit-context trims, an uncontrolled accept length
+            err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}", soft_wrap=True)
+        return res
 
 
 def _dry_run(cfg: RunConfig, plans: list[tuple[str, dict[str, bool]]]) -> None:
@@ -230,8 +274,8 @@ def trace(opt: Opt, options: RunOptions) -> None:
     from profkit.capture.sweep import attribute, reproduce_command
     from profkit.targets.registry import check_comparison, check_opts, opt_states
 
-    o = options
-    target, base, catalog, reports_dir, capture_only = o.target, o.base, o.catalog, o.reports_dir, o.capture_only or o.nsys
+    o = _plain(options)
+    target, base, catalog, reports_dir, capture_only = o.target, o.base, o.catalog, o.reports_dir, o.capture_only
     cfg = _config(o)
     opts = check_opts(target, opt)
     s_base = opt_states(target, opts, base=base, candidate=False)
@@ -244,9 +288,9 @@ def trace(opt: Opt, options: RunOptions) -> None:
         return
     _sigterm_as_interrupt()
     stamp = _stamp()
-    with _progress_runner() as progress:
-        before = _run(cfg, s_base, f"{stamp}-{target}-base{base}-{tag}-before", "baseline", progress)
-        after = _run(cfg, s_cand, f"{stamp}-{target}-base{base}-{tag}-after", f"candidate ({tag})", progress)
+    with _Steps(2) as steps:
+        before = steps.run(cfg, s_base, f"{stamp}-{target}-base{base}-{tag}-before", "baseline")
+        after = steps.run(cfg, s_cand, f"{stamp}-{target}-base{base}-{tag}-after", f"candidate ({tag})")
     if capture_only:
         out.print(f"captured; attribute with: profkit diff {before.trace_dir} {after.trace_dir} --opt {tag} --html report.html", soft_wrap=True)
         return
@@ -258,7 +302,7 @@ def trace(opt: Opt, options: RunOptions) -> None:
 
 
 @command()
-def opts(target: Target = "proxy") -> None:
+def opts(target: Target = TargetName.proxy) -> None:
     """The optimization registry: each optimization's real on/off switch, what it means in the engine, what it depends on.
 
     Example:
@@ -267,6 +311,7 @@ def opts(target: Target = "proxy") -> None:
     """
     from profkit.targets.registry import registry
 
+    target = str(target)
     reg = registry(target)
     title = ("optimizations for --target sglang (SGLang 0.5.23: every one is on by default; on = that default or the study's "
              "own setting, off = the switch that removes it; --base on switches one off at a time)" if target == "sglang"
@@ -277,10 +322,10 @@ def opts(target: Target = "proxy") -> None:
         parts = [f"{k}={v}" for k, v in sw.env.items()] + list(sw.args)
         if sw.model_override:
             parts.append(f"--json-model-override-args '{json.dumps(sw.model_override)}'")
-        return " ".join(parts) or ("(SGLang's default)" if target == "sglang" else "--opts includes it")
+        return " ".join(parts) or (f"({'SGLang' if target == 'sglang' else 'vLLM'}'s default)" if target != "proxy" else "--opts includes it")
 
     for o in reg.values():
-        off = fmt(o.off) if target == "sglang" else "--opts omits it"
+        off = fmt(o.off) if target != "proxy" else "--opts omits it"
         out.print(f"\n[bold cyan]{o.name}[/]: {escape(o.title)}", soft_wrap=True)
         rows = [("meaning", o.meaning), ("on", fmt(o.on)), ("off", off),
                 ("requires", ", ".join(o.requires) + (f" ({o.requires_why})" if o.requires_why else "") if o.requires else ""),
@@ -294,8 +339,7 @@ def opts(target: Target = "proxy") -> None:
 @options_from(RunOptions, exclude=SWEEP_EXCLUDES, help=SWEEP_HELP)
 def sweep(
     opts_: Annotated[str, typer.Option("--opts", help="Comma-separated optimizations, e.g. overlap,topk_v2,indexer_fusion.")],
-    mode: Annotated[str, typer.Option("--mode", help="one-at-a-time (each alone vs baseline, then all), ladder (cumulative), leave-one-out (all on, each off).")] = "one-at-a-time",
-    base: Annotated[str, typer.Option("--base", help="on (default): optimizations not in --opts stay on in every run, so 'all' is the full configuration; off (exploration): they are off everywhere.")] = "on",
+    mode: Annotated[SweepMode, typer.Option("--mode", help="one-at-a-time (each alone vs baseline, then all), ladder (cumulative), leave-one-out (all on, each off).")] = SweepMode.one_at_a_time,
     options: RunOptions = RunOptions(),
 ) -> None:
     """Run a set of optimizations one at a time, as a ladder, or leave-one-out; one attribution table.
@@ -308,8 +352,8 @@ def sweep(
     from profkit.store import write_json_atomic
     from profkit.targets.registry import check_opts
 
-    o = options
-    target, reports_dir, capture_only = o.target, o.reports_dir, o.capture_only
+    o = _plain(options)
+    target, base, mode, reports_dir, capture_only = o.target, o.base, str(mode), o.reports_dir, o.capture_only
     cfg = _config(o)
     chosen = check_opts(target, [x.strip() for x in opts_.split(",") if x.strip()])
     if not chosen:
@@ -326,9 +370,9 @@ def sweep(
     results: dict[str, Any] = {}
     doc: dict[str, Any] = {"schema_version": 1, "kind": "sweep", "mode": mode, "base": base, "target": target, "optimizations": chosen, "runs": [],
                            "attribution": [], "status": "running"}
-    with _progress_runner() as progress:
+    with _Steps(len(plan)) as steps:
         for label, states, _, _ in plan:
-            res = _run(cfg, states, f"{stamp}-{target}-{mode}-{label_slug(label)}", label, progress)
+            res = steps.run(cfg, states, f"{stamp}-{target}-{mode}-{label_slug(label)}", label)
             results[label] = res
             doc["runs"].append({"label": label, "run_id": res.run_id, "states": states, "summary": str(res.summary_path),
                                 "throughput": res.manifest.get("throughput")})

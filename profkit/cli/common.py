@@ -1,6 +1,5 @@
 """What every command shares: the Typer app, the consoles, the options several commands declare
-(one definition each: the analysis options as aliases, trace's and sweep's run options as one
-dataclass, `options_from`), and the one place that maps errors to a line and an exit code
+(declared in options.py; trace's and sweep's run options as one dataclass, `options_from`), and the one place that maps errors to a line and an exit code
 (`command` for profkit's own errors, `main` for Ctrl-C and bugs). The commands live in analyze.py,
 capture.py and report.py; each imports this module, none imports another."""
 
@@ -16,14 +15,51 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Iterator, Optional, TypeVar, get_type_hints
 
 import typer
+
+try:  # typer >= 0.22 carries its own copy of click
+    from typer._click import exceptions as click_errors  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover  (older typer, e.g. on the GPU machine: click itself)
+    from click import exceptions as click_errors  # type: ignore[no-redef]
 from rich.console import Console
 from rich.markup import escape
 
 from profkit import __version__
 from profkit.errors import EXIT_BUG, EXIT_INTERRUPTED, ProfkitError
+from typer.core import TyperGroup
+
+
+_NO_ARGS = getattr(click_errors, "NoArgsIsHelpError", ())  # click >= 8.2: `profkit trace` alone shows the help
+
+
+class _Group(TyperGroup):
+    """The app's click group: a usage error (an unknown option, a value out of range, a choice not
+    offered, a shared option's check in options.py) is one line and exit 2, as profkit's own errors
+    are, instead of click's usage block and boxed message."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kw: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kw)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kw)
+        except _NO_ARGS as e:  # `profkit` or `profkit trace` alone: the help
+            e.show()
+            sys.exit(e.exit_code)
+        except click_errors.UsageError as e:
+            where = e.ctx.command_path if e.ctx is not None else "profkit"
+            err.print(f"[bold red]error:[/] {escape(e.format_message())}", soft_wrap=True)
+            err.print(f"[dim]hint:[/] {escape(where)} --help", soft_wrap=True)
+            sys.exit(e.exit_code)
+        except click_errors.ClickException as e:
+            err.print(f"[bold red]error:[/] {escape(e.format_message())}", soft_wrap=True)
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            err.print("[yellow]interrupted[/]")
+            sys.exit(EXIT_INTERRUPTED)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
 
 app = typer.Typer(
+    cls=_Group,
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
     help="Profile LLM serving engines: per-iteration GPU bubbles, host syncs, launches and per-optimization attribution.",
@@ -71,14 +107,6 @@ _state = {"debug": False}
 
 
 # --- options that several commands declare, defined once ---------------------------------------
-
-Target = Annotated[str, typer.Option("--target", help="proxy (the built-in engine) or sglang.")]
-Marker = Annotated[Optional[str], typer.Option("--marker", help="Regex for the CPU span that opens one iteration, for inputs analyzed now (traces).")]
-MinBubble = Annotated[float, typer.Option("--min-bubble-us", min=0.0, help="Shortest GPU idle gap counted as a bubble, for inputs analyzed now.")]
-CatalogOpt = Annotated[Optional[str], typer.Option("--catalog", help="Kernel catalog (name in kernels/ or a .toml path): classifies traces analyzed now and says which categories --opt owns.")]
-Strict = Annotated[bool, typer.Option("--strict", help="Exit 5 when capture health is not ok (degraded or unusable), after writing every output.")]
-Cdn = Annotated[bool, typer.Option("--cdn", help="Load plotly.js from its CDN (a small file that needs the network) instead of inlining it.")]
-
 
 def option(*flags: str, help: str, **typer_kw: Any) -> dict[str, Any]:
     """A dataclass field's command-line option, for `options_from`: its flags, its help text and

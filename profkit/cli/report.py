@@ -15,7 +15,8 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
-from profkit.cli.common import Cdn, CatalogOpt, Marker, MinBubble, Strict, check_strict, command, err, out, safe_name
+from profkit.cli.common import check_strict, command, err, out, safe_name
+from profkit.cli.options import OUTPUT, Captures, JsonOut, Cdn, CatalogOpt, Marker, MinBubble, Output, Strict, Top, Window
 from profkit.errors import TraceInputError, UsageError
 
 
@@ -42,14 +43,14 @@ def diff(
     catalog: CatalogOpt = None,
     md: Annotated[Optional[Path], typer.Option("--md", help="Write a GitHub Markdown PR comment to FILE.")] = None,
     html: Annotated[Optional[Path], typer.Option("--html", help="Write a self-contained HTML report to FILE.")] = None,
-    json_out: Annotated[Optional[str], typer.Option("--json", help="Write diff.json (schema v1) to FILE, or '-' for stdout.")] = None,
+    json_out: JsonOut = None,
     marker: Marker = None,
     min_bubble_us: MinBubble = 2.0,
     rank: Annotated[Optional[int], typer.Option("--rank", help="Which rank to compare (default 0; two single-rank sides are compared whatever their ranks).")] = None,
     allow_shape_mismatch: Annotated[bool, typer.Option("--allow-shape-mismatch", help="Compare sides that share no iteration shape (kind, batch size), mixing shapes; refused without it.")] = False,
     cdn: Cdn = False,
-    top: Annotated[int, typer.Option("--top", help="How many movers and sync groups to print.")] = 10,
-    capture: Annotated[Optional[list[Path]], typer.Option("--capture", help="Graph-capture profile(s) for the replayed kernels' categories (default: graph_capture_profile/ of each run folder).")] = None,
+    top: Top = 10,
+    capture: Captures = None,
     strict: Strict = False,
 ) -> None:
     """Attribute the change between two runs: per-category time, overlap and idle by bubble cause
@@ -116,12 +117,13 @@ def diff(
 
 @command()
 def report(
-    paths: Annotated[list[Path], typer.Argument(readable=False, help="Run folders, summary.json files, trace files or diff.json files; several runs make a sweep (ladder).")],
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The HTML file to write (default: under reports/).")] = None,
+    paths: Annotated[list[Path], typer.Argument(readable=False, help="Run folders, summary.json files, trace files, diff.json files, attribution or sweep folders; several runs make a sweep (ladder).")],
+    output: Annotated[Optional[Path], OUTPUT.option("The HTML file to write (default: under reports/).")] = None,
     cdn: Cdn = False,
     marker: Marker = None,
     min_bubble_us: MinBubble = 2.0,
     catalog: CatalogOpt = None,
+    window: Window = None,
 ) -> None:
     """Write one self-contained HTML report: headline numbers, a representative iteration's timeline,
     time by category, bubbles by cause, launches and syncs per iteration, top kernels, manifests;
@@ -143,7 +145,33 @@ def report(
     opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice)
     diffs: list[dict[str, Any]] = []
     runs: list[tuple[str, dict[str, Any]]] = []
+    def read_diff(p: Path) -> dict[str, Any]:
+        doc = read_json(p)
+        if doc.get("schema_version") != 1:
+            raise TraceInputError(f"{p}: diff.json schema version {doc.get('schema_version')!r}; this profkit reads 1", hint="re-run profkit diff")
+        return doc
+
+    expanded: list[Path] = []
     for p in paths:
+        if p.is_dir() and (p / "sweep.json").is_file():  # a sweep's folder: its runs, then its compared pairs
+            doc = read_json(p / "sweep.json")
+            for r in doc.get("runs") or []:
+                expanded.append(Path(r["summary"]).parent)
+            diffs += [read_diff(Path(a["diff"])) for a in doc.get("attribution") or [] if Path(a["diff"]).is_file()]
+        elif p.is_dir() and (p / "diff.json").is_file():  # an attribution folder (trace's, or one pair of a sweep)
+            diffs.append(read_diff(p / "diff.json"))
+        else:
+            expanded.append(p)
+    for p in expanded:
+        if window is not None and p.is_dir():
+            from profkit.inputs import profile_windows_of
+
+            wins = profile_windows_of(p)
+            hit = [w for w in wins if w.name.split("-")[1] == str(window)]
+            if not hit:
+                raise TraceInputError(f"{p}: no profile window {window} (it has {', '.join(w.name + '/' for w in wins) or 'none'})",
+                                      hint="pick one of those with --window, or leave --window out")
+            p = hit[0]
         if p.is_file() and p.suffix == ".json" and not p.name.endswith(".trace.json"):
             doc = read_json(p)
             if is_diff_doc(doc):
@@ -153,7 +181,8 @@ def report(
                 continue
         side = load_side(p, opts)
         if side.repeats:
-            err.print(f"[dim]{escape(str(p))}: {len(side.repeats)} repeats; reporting the first (diff uses all of them for noise)[/]")
+            err.print(f"[dim]{escape(str(p))}: {len(side.repeats)} profile windows; this report shows the first (--window i for another; "
+                      f"diff uses every window for noise)[/]", soft_wrap=True)
         runs.append((side.label, side.summary))
     labels = [label for label, _ in runs]
     if len(set(labels)) != len(labels):
@@ -171,11 +200,12 @@ def report(
 
 @command("export-perfetto")
 def export_perfetto(
-    trace: Annotated[Path, typer.Argument(readable=False, help="A trace file, or a run folder of trace files (one per rank).")],
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The .perfetto-trace file to write (default: beside the trace).")] = None,
+    trace: Annotated[Path, typer.Argument(readable=False, help="A trace file, or a run folder of trace files (one per rank; profile windows: one file each).")],
+    output: Annotated[Optional[Path], OUTPUT.option("The .perfetto-trace file to write (default: beside the trace; several windows: one file each, the window in the name).")] = None,
     marker: Marker = None,
     min_bubble_us: MinBubble = 2.0,
     catalog: CatalogOpt = None,
+    window: Window = None,
 ) -> None:
     """Write the trace plus profkit's findings (iterations, GPU windows, bubbles with cause, syncs
     with trigger) as a Perfetto protobuf trace; open it at ui.perfetto.dev.
@@ -191,13 +221,25 @@ def export_perfetto(
     from profkit.ingest import load_traces
     from profkit.store import write_bytes_atomic
 
+    from profkit.inputs import analysis_inputs
+
+    pointed, notes = analysis_inputs([trace], window)
+    for n in notes:
+        err.print(f"[dim]note: {escape(n)}[/]", soft_wrap=True)
+    stored = [x for x in pointed if x.summary is not None]
+    if stored:
+        raise TraceInputError(f"{stored[0].summary}: a stored summary, no trace events to export",
+                              hint="point export-perfetto at the run's traces (traces/<run_id>/, or one of its window-<i>/ folders)")
     choice = choose_catalog(catalog, [trace])
     _announce(choice)
-    traces = load_traces([trace])
-    pairs = [(t, analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=choice.catalog, digest=False)) for t in traces]
-    data = build_perfetto(pairs)
-    if output is None:
-        base = trace if trace.is_dir() else trace.parent
-        output = base / f"{short_label(trace.name)}.perfetto-trace"
-    write_bytes_atomic(output, data)
-    err.print(f"wrote {escape(str(output))} ({len(data):,} bytes, {len(traces)} rank(s)); open it at https://ui.perfetto.dev")
+    for x in pointed:
+        traces = load_traces(x.traces)
+        pairs = [(t, analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=choice.catalog, digest=False)) for t in traces]
+        data = build_perfetto(pairs)
+        src = x.traces[0]
+        if output is None:
+            dest = (src if src.is_dir() else src.parent) / f"{short_label(trace.name)}.perfetto-trace"
+        else:
+            dest = output if len(pointed) == 1 else output.with_name(f"{output.name.split('.')[0]}.{safe_name(src.name)}{''.join(output.suffixes) or '.perfetto-trace'}")
+        write_bytes_atomic(dest, data)
+        err.print(f"wrote {escape(str(dest))} ({len(data):,} bytes, {len(traces)} rank(s)); open it at https://ui.perfetto.dev", soft_wrap=True)

@@ -18,6 +18,35 @@ if TYPE_CHECKING:
 __all__ = ["Trace", "TraceFile", "load_trace", "load_traces", "find_trace_files"]
 
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json")
+# JSON that profkit writes beside traces (run manifests, a fixture's <run>.manifest.json, summaries, diffs,
+# sweeps, before/after of an attribution): never read as a trace in a folder
+SIDECAR_NAMES = ("manifest.json", "summary.json", "diff.json", "sweep.json", "before.json", "after.json")
+SIDECAR_SUFFIXES = (".manifest.json", ".summary.json", ".profkit.json")
+WINDOW_DIR = re.compile(r"(window|repeat)-(\d+)")
+
+
+def is_sidecar(name: str) -> bool:
+    return name in SIDECAR_NAMES or name.endswith(SIDECAR_SUFFIXES)
+
+
+def profile_windows(path: Path) -> list[Path]:
+    """The profile windows of a run folder (`trace --profile-windows N` writes window-<i>/; repeats
+    are repeat-<i>/), in order; [] for a file, or a folder with trace files of its own."""
+    path = Path(path)
+    if not path.is_dir() or any(e.is_file() and e.name.endswith(TRACE_SUFFIXES) and not is_sidecar(e.name) for e in path.iterdir()):
+        return []
+    subs = [d for d in path.iterdir() if d.is_dir() and WINDOW_DIR.fullmatch(d.name)]
+    return sorted(subs, key=lambda d: (d.name.split("-")[0], int(d.name.split("-")[1])))
+
+
+def skipped_files(path: Path) -> list[str]:
+    """The files of a folder that reading its traces leaves out (manifests, logs, READMEs, sidecar
+    JSON), by name; [] for a file."""
+    path = Path(path)
+    if not path.is_dir():
+        return []
+    return sorted(e.name for e in path.iterdir() if e.is_file() and not e.name.startswith(".")
+                  and (is_sidecar(e.name) or not e.name.endswith(TRACE_SUFFIXES)))
 
 
 def __getattr__(name: str) -> Any:
@@ -52,6 +81,10 @@ def load_trace(path: Path | TraceFile, *, default_rank: int = 0, cache: bool | N
 
     f = check_readable(path)  # missing, unreadable or empty: one line naming the file, before any fast path
     path = f.path
+    if f.sqlite:  # an Nsight Systems export (ingest/nsys.py): one rank of it, never cached
+        from profkit.ingest.nsys import load
+
+        return load(f)
     use_cache = ((not _cache.cache_disabled_by_env()) if cache is None else cache) and _cache.worth_caching(f)
     key = None
     if use_cache:
@@ -127,8 +160,12 @@ def identify(path: Path | TraceFile) -> TraceFile | Path:
         return Path(path)
 
 
+NSYS_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")  # Nsight Systems exports and reports (ingest/nsys.py)
+
+
 def find_trace_files(path: Path) -> list[Path]:
-    """The trace files a user means by `path`: the file itself, or the traces inside a run folder."""
+    """The trace files a user means by `path`: the file itself, or the traces inside a run folder
+    (Kineto traces, Nsight Systems exports, and reports with no export beside them)."""
     path = Path(path)
     try:
         st = path.stat()  # one stat: missing, unreachable, a file or a folder
@@ -141,12 +178,12 @@ def find_trace_files(path: Path) -> list[Path]:
     with os.scandir(path) as it:
         found = sorted(
             path / e.name for e in it
-            if e.is_file() and e.name.endswith(TRACE_SUFFIXES) and e.name not in ("manifest.json", "summary.json", "diff.json")
-            and not e.name.endswith((".profkit.json",))
+            if e.is_file() and e.name.endswith(TRACE_SUFFIXES + NSYS_SUFFIXES) and not is_sidecar(e.name)
         )
+        exports = {p.name for p in found if p.name.endswith(".sqlite")}
+        found = [p for p in found if not (p.name.endswith((".nsys-rep", ".qdrep")) and p.name.rsplit(".", 1)[0] + ".sqlite" in exports)]
     if not found:  # a run folder of `trace --profile-windows N` (or of repeats): one profile per subfolder
-        subs = sorted((d.name for d in path.iterdir() if d.is_dir() and re.fullmatch(r"(window|repeat)-\d+", d.name)),
-                      key=lambda n: (n.split("-")[0], int(n.split("-")[1])))
+        subs = [d.name for d in profile_windows(path)]
         if subs:
             raise TraceInputError(f"{path}: a run folder of {len(subs)} profile windows ({', '.join(s + '/' for s in subs[:3])}{' …' if len(subs) > 3 else ''}), each its own profile",
                                   hint=f"analyze one window ({path / subs[0]}), or compare the folder with `profkit diff` (which uses every window for noise)")
@@ -157,10 +194,26 @@ def find_trace_files(path: Path) -> list[Path]:
 
 def expand_inputs(paths: list[Path]) -> list[Path]:
     """Files and run folders -> the trace files, in input order."""
+    from profkit.ingest.nsys import exported, is_report
+
     files: list[Path] = []
     for p in paths:
-        files.extend(find_trace_files(Path(p)))
+        files.extend(exported(f) if is_report(f) else f for f in find_trace_files(Path(p)))
     return files
+
+
+def identify_all(files: list[Path]) -> list[TraceFile | Path]:
+    """identify() each file, an Nsight Systems export as one TraceFile per rank it holds (its `part`)."""
+    out: list[TraceFile | Path] = []
+    for p in files:
+        f = identify(p)
+        if isinstance(f, TraceFile) and f.sqlite:
+            from profkit.ingest.nsys import parts
+
+            out.extend(x[0] for x in parts(f))
+        else:
+            out.append(f)
+    return out
 
 
 def fix_duplicate_ranks(traces: list[Any]) -> None:
@@ -200,7 +253,7 @@ def load_traces(paths: list[Path], *, cache: bool | None = False, jobs: int | No
     """
     from profkit.ingest.columnar import default_jobs, make_executor
 
-    files = [identify(p) for p in expand_inputs(paths)]
+    files = identify_all(expand_inputs(paths))
     jobs = default_jobs(len(files)) if jobs is None else max(1, jobs)
     big = sum(estimated_raw_bytes(f) for f in files) >= min_parallel_bytes
     if jobs > 1 and big and len(files) > 1:

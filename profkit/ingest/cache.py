@@ -42,6 +42,8 @@ MIN_BYTES = 16 << 20
 
 
 def worth_caching(path: Path | TraceFile) -> bool:
+    if isinstance(path, TraceFile) and (path.sqlite or path.part is not None):
+        return False  # an Nsight Systems export: read rank by rank, never cached (docs/nsys.md)
     try:
         return estimated_json_bytes(path) >= MIN_BYTES
     except OSError:

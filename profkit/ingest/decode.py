@@ -163,9 +163,9 @@ def _sniff_not_json(path: Path, data: bytes) -> None:
     if head[:1] in (b"{", b"["):
         return
     name = path.name.lower()
-    if name.endswith(".nsys-rep") or name.endswith(".qdrep") or name.endswith(".sqlite"):
-        what = "an Nsight Systems report"
-        hint = "profkit reads Kineto JSON; capture with torch.profiler (SGLang: POST /start_profile), not nsys"
+    if name.endswith(".sqlite"):
+        what = "not an SQLite database (an Nsight Systems export starts with 'SQLite format 3')"
+        hint = "export the report again: nsys export --type sqlite -o CAPTURE.sqlite CAPTURE.nsys-rep"
     elif name.endswith((".pftrace", ".perfetto-trace", ".pb", ".proto")) or data[:1] in (b"\x0a", b"\x08"):
         what = "binary (a Perfetto protobuf trace?)"
         hint = "export the trace as Chrome JSON (torch: prof.export_chrome_trace('x.json.gz'))"

@@ -116,4 +116,6 @@ def start(file: Path | TraceFile, *, jobs: int, chunk_bytes: int = CHUNK_BYTES,
         f = trace_file(file)
     except OSError:
         return None
+    if f.sqlite:
+        return None  # an Nsight Systems export: ingest/nsys.py reads it, not the JSON decoder
     return EarlyDecode(f, jobs, chunk_bytes, prepare)

@@ -16,6 +16,7 @@ from typing import Any
 TP_RANK = re.compile(r"-TP-(\d+)")  # a rank file's name: <run>-TP-<rank>.trace.json.gz (SGLang, the proxy)
 
 _MIB = 1 << 20
+SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 CACHE_SUFFIX = ".profkit-cache"  # the cache folder beside a trace: <trace>.profkit-cache/
 
 
@@ -38,6 +39,9 @@ class TraceFile:
     head_tail_sha256: str  # of the first and last MiB (of the whole file, up to 2 MiB)
     head: bytes = field(default=b"", repr=False, compare=False)
     tail: bytes = field(default=b"", repr=False, compare=False)
+    # One rank of a file that holds several (an Nsight Systems export: ingest/nsys.py), e.g.
+    # "device=1 pid=4242"; None for a file that is one rank (every Kineto trace)
+    part: str | None = None
 
     @classmethod
     def of(cls, path: Path) -> TraceFile:
@@ -57,6 +61,11 @@ class TraceFile:
         h.update(tail)
         return cls(path=path, size=st.st_size, mtime_ns=st.st_mtime_ns, gzip=head[:2] == b"\x1f\x8b",
                    head_tail_sha256=h.hexdigest(), head=head, tail=tail)
+
+    @property
+    def sqlite(self) -> bool:
+        """An SQLite database (an Nsight Systems export), by its magic bytes."""
+        return self.head[:16] == SQLITE_MAGIC
 
     @property
     def estimated_json_bytes(self) -> int:
@@ -80,7 +89,8 @@ class TraceFile:
 
     def source_key(self) -> dict[str, Any]:
         """What identifies the file's content for the caches: size, mtime_ns, the head/tail hash."""
-        return {"size": self.size, "mtime_ns": self.mtime_ns, "head_tail_sha256": self.head_tail_sha256}
+        key = {"size": self.size, "mtime_ns": self.mtime_ns, "head_tail_sha256": self.head_tail_sha256}
+        return key if self.part is None else {**key, "part": self.part}
 
 
 def trace_file(path: Path | TraceFile) -> TraceFile:

@@ -108,6 +108,25 @@ def read_info(path: Path | TraceFile) -> FileInfo:
     return FileInfo(path, devices, world, rank, str(tid) if isinstance(tid, (str, int)) else None, names, file=f)
 
 
+def read_infos(files: list[Path]) -> tuple[list[Path], list[FileInfo]]:
+    """read_info of each file, an Nsight Systems export (ingest/nsys.py) as one FileInfo per rank
+    it holds, its path repeated in the files: (files, infos), in input order."""
+    out_files: list[Path] = []
+    infos: list[FileInfo] = []
+    for p in files:
+        info = read_info(p)
+        if info.file is not None and info.file.sqlite:
+            from profkit.ingest.nsys import parts
+
+            for f, _key, rank, world, device in parts(info.file):
+                out_files.append(p)
+                infos.append(FileInfo(info.path, (device,) if device else (), world, rank, None, (), file=f))
+            continue
+        out_files.append(p)
+        infos.append(info)
+    return out_files, infos
+
+
 def _json_head(f: TraceFile) -> bytes:
     """The first HEAD_BYTES of the file's JSON: from the bytes the TraceFile holds (gunzipped here
     when gzip), reading the file again only when they do not reach that far; b"" when the file is
@@ -179,7 +198,8 @@ def _why(run: RunPlan, others: list[RunPlan]) -> str:
 
 def plan_runs(files: list[Path], infos: list[FileInfo] | None = None) -> list[RunPlan]:
     """The input files -> runs, in input order (see the module doc)."""
-    infos = infos if infos is not None else [read_info(f) for f in files]
+    if infos is None:
+        files, infos = read_infos(files)
     runs: list[RunPlan] = []
     groups: dict[tuple[Any, ...], RunPlan] = {}
     for f, info in zip(files, infos):

@@ -21,7 +21,8 @@ PALETTE = (
     "#17BECF", "#BCBD22", "#E377C2", "#AEC7E8", "#98DF8A", "#FFBB78",
 )
 # Bubbles are hatched and in their own hues (red/yellow/grey/violet), apart from the category palette.
-CAUSE_COLORS = {"sync": "#C00000", "launch": "#E6B800", "iteration_boundary": "#8C8C8C", "gpu_wait": "#7B3FA0", "short_gaps": "#D9D9D9"}
+CAUSE_COLORS = {"sync": "#C00000", "launch": "#E6B800", "iteration_boundary": "#8C8C8C", "gpu_wait": "#7B3FA0", "python": "#3A7DC9",
+                 "short_gaps": "#D9D9D9"}
 SIDE_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#B279A2", "#E45756", "#72B7B2")
 MAX_HOVER_NAME = 160
 FONT = dict(family="system-ui, -apple-system, Segoe UI, sans-serif", size=12)

@@ -411,7 +411,7 @@ def _bubbles_by_cause(r: Mapping[str, Any]) -> dict[str, float]:
     by = dict(m.get("bubble_us_by_cause") or {})
     if m.get("gpu_idle_us") is not None and m.get("bubble_us") is not None:
         by["short_gaps"] = max(m["gpu_idle_us"] - m["bubble_us"], 0.0)
-    return {k: by.get(k, 0.0) for k in IDLE_KEYS}
+    return {k: by.get(k, 0.0) for k in IDLE_KEYS if k != "python" or k in by}
 
 
 # --------------------------------------------------------------------------------------------

@@ -95,11 +95,12 @@ def headline_lines(diff: Mapping[str, Any]) -> list[str]:
     idle = c.get("idle_us_by_cause") or {}
     win = c.get("gpu_window_us") or 0.0
     busy = c.get("gpu_busy_us") or 0.0
-    cause, us = max(((k, idle.get(k) or 0.0) for k in ("launch", "sync", "iteration_boundary", "gpu_wait")), key=lambda kv: kv[1])
+    cause, us = max(((k, idle.get(k) or 0.0) for k in ("launch", "sync", "iteration_boundary", "gpu_wait", "python")), key=lambda kv: kv[1])
     if win and busy >= 0.8 * win:
         bound = f"{W['device']}-bound (busy {busy:,.0f} of {win:,.0f} µs)"
     else:
-        name = {"launch": "launch-bound", "sync": "sync-bound", "iteration_boundary": "scheduler-bound", "gpu_wait": "dependency-bound"}[cause]
+        name = {"launch": "launch-bound", "sync": "sync-bound", "iteration_boundary": "scheduler-bound", "gpu_wait": "dependency-bound",
+                "python": "Python-bound"}[cause]
         bound = f"{name} ({cause} idle {us:,.0f} µs of a {win:,.0f} µs {W['window']}; busy {busy:,.0f} µs)"
     lines.append(f"The candidate's iteration is {bound}; {headline(diff)}.")
     slow = {side: profiler_slowdown(diff, side) for side in ("baseline", "candidate")}
@@ -197,7 +198,8 @@ def decomposition_rows(diff: Mapping[str, Any]) -> list[tuple[str, str, float, f
         rows.append(("category", k, v, b["category_us"].get(k), c["category_us"].get(k)))
     rows.append(("overlap", "overlap (counted once)", -d["overlap_us"], b["overlap_us"], c["overlap_us"]))
     for k in IDLE_KEYS:
-        rows.append(("idle", k, d["idle_us_by_cause"][k], b["idle_us_by_cause"][k], c["idle_us_by_cause"][k]))
+        if k in d["idle_us_by_cause"]:  # "python" only in a diff of CPU-only runs
+            rows.append(("idle", k, d["idle_us_by_cause"][k], b["idle_us_by_cause"][k], c["idle_us_by_cause"][k]))
     return rows
 
 

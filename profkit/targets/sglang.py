@@ -120,9 +120,11 @@ def compose(
 ) -> LaunchSpec:
     """The sglang.launch_server command for one optimization state.
 
-    `caps`: the GPUs' compute capabilities when known. bf16_gemm "on" is the study's
-    `--bf16-gemm-backend cutedsl` on SM10x or an unknown GPU, and `auto` on any other GPU (where
-    cutedsl would make SGLang raise at start-up and auto means cuBLAS: on and off are the same).
+    `caps`: the GPUs' compute capabilities when known ([]: this machine has no NVIDIA GPU; None:
+    unknown, e.g. composing for another machine). bf16_gemm "on" is the study's
+    `--bf16-gemm-backend cutedsl` on SM10x or an unknown GPU, and `auto` on any other GPU and
+    without one (where cutedsl makes SGLang raise at start-up, unquant.py:338 "requires SM100/SM103
+    (Blackwell)", seen on a CPU machine; auto means cuBLAS or torch there: on and off are the same).
     """
     reg = registry("sglang")
     if preset is not None and preset not in PRESETS:
@@ -148,14 +150,14 @@ def compose(
     args: list[str] = list(base)
     env: dict[str, str] = {}
     notes: list[str] = []
-    off_blackwell = bool(caps) and any(capability_major(c) not in HARDWARE["bf16_gemm"][0] for c in caps or [])
+    off_blackwell = caps is not None and (not caps or any(capability_major(c) not in HARDWARE["bf16_gemm"][0] for c in caps))
     for name, on in states.items():
         sw = reg[name].on if on else reg[name].off
         sw_args = sw.args
         if name == "bf16_gemm" and on and off_blackwell:
             sw_args = ("--bf16-gemm-backend", "auto")
-            notes.append(f"bf16_gemm on is --bf16-gemm-backend auto on compute capability {', '.join(sorted(set(caps or [])))} "
-                         "(cutedsl needs SM10x; auto = cuBLAS there)")
+            where = f"on compute capability {', '.join(sorted(set(caps or [])))}" if caps else "without a GPU (no nvidia-smi)"
+            notes.append(f"bf16_gemm on is --bf16-gemm-backend auto {where} (cutedsl needs SM10x; SGLang refuses it elsewhere)")
         _apply(args, sw_args)
         env.update(sw.env)
         overrides.update(sw.model_override)
@@ -177,24 +179,34 @@ def compose(
 def _caps_cached() -> tuple[str, ...] | None:
     try:
         p = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+    except FileNotFoundError:
+        return ()  # no NVIDIA driver: no GPU SGLang could use
     except (OSError, subprocess.TimeoutExpired):
         return None
     if p.returncode != 0:
-        return None
-    return tuple(x.strip() for x in p.stdout.splitlines() if x.strip()) or None
+        # "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver", or no device
+        return () if "driver" in (p.stdout + p.stderr).lower() or "no devices" in (p.stdout + p.stderr).lower() else None
+    return tuple(x.strip() for x in p.stdout.splitlines() if x.strip())
 
 
 def gpu_compute_capabilities() -> list[str] | None:
-    """Compute capabilities of the local GPUs from nvidia-smi (e.g. ['9.0']), or None when unknown."""
+    """Compute capabilities of the local GPUs from nvidia-smi (e.g. ['9.0']); [] when this machine
+    has no NVIDIA GPU (no nvidia-smi, or it finds no device); None when nvidia-smi cannot say."""
     caps = _caps_cached()
-    return list(caps) if caps else None
+    return None if caps is None else list(caps)
 
 
 def check_gpu(spec: LaunchSpec, caps: list[str] | None) -> None:
     """Refuse what SGLang would die on at start-up: --bf16-gemm-backend cutedsl off SM10x
-    (unquant.py: `get_platform().is_sm100`, i.e. compute capability major 10: B200, B300, GB300)."""
-    if flag_value(spec.argv, "--bf16-gemm-backend") == "cutedsl" and caps:
+    (unquant.py: `get_platform().is_sm100`, i.e. compute capability major 10: B200, B300, GB300),
+    and without a GPU at all (`caps == []`: SGLang on a CPU machine raises the same ValueError)."""
+    if flag_value(spec.argv, "--bf16-gemm-backend") == "cutedsl" and caps is not None:
         bad = [c for c in caps if capability_major(c) not in HARDWARE["bf16_gemm"][0]]
+        if not caps:
+            raise TargetError(
+                "--bf16-gemm-backend cutedsl needs an SM10x GPU (B200/B300/GB300); this machine has none (no nvidia-smi)",
+                hint="SGLang raises ValueError for it at start-up; drop it from --extra-server-args (profkit composes `auto` for bf16_gemm on here)",
+            )
         if bad:
             raise TargetError(
                 f"--bf16-gemm-backend cutedsl needs an SM10x GPU (B200/B300/GB300); this machine has compute capability {', '.join(sorted(set(bad)))}",

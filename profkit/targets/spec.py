@@ -21,6 +21,8 @@ class LaunchSpec:
     context_length: int | None = None  # from the command line; None: ask the server
     reserved_tokens: int = 0  # per-request slots the engine reserves on top of the input (EAGLE draft tokens)
     teardown_s: float = 20.0  # how long the engine's own graceful shutdown may take before profkit kills it
+    api: str = "sglang"  # the request protocol: "sglang" (POST /generate, input_ids) or "openai" (POST /v1/completions, token ids)
+    model: str | None = None  # the served model name ("openai" requests name it)
 
     @property
     def base_url(self) -> str:

@@ -1,7 +1,7 @@
 """Drive a workload over HTTP: `concurrency` conversations in flight, one thread each.
 
 Each request is SGLang's native POST /generate with input_ids (the whole history) and
-ignore_eos. With streaming the first chunk gives TTFT; the final meta_info gives prompt,
+ignore_eos (SGLang, the proxy), or vLLM's POST /v1/completions with the ids as the prompt. With streaming the first chunk gives TTFT; the final meta_info gives prompt,
 completion and cached tokens and the speculative verify count.
 
 A request fails when SGLang says so inside the stream (HTTP 200 with `data: {"error": ...}`,
@@ -68,7 +68,9 @@ class DriveResult:
         return [{"conversation": r.conversation, "turn": r.turn, "prompt_tokens": r.prompt_tokens,
                  "completion_tokens": r.completion_tokens, "error": r.error} for r in self.failed[:limit]]
 
-    def metrics(self, world_size: int = 1) -> dict[str, Any]:
+    def metrics(self, world_size: int = 1, *, gpu: bool = True) -> dict[str, Any]:
+        """Throughput and latency of the successful requests. `gpu` False (the engine ran on a
+        CPU): no tokens/s per GPU (None), there is no GPU to divide by."""
         r = [x for x in self.records if x.ok]
         failed = len(self.records) - len(r)
         if not r:
@@ -100,7 +102,7 @@ class DriveResult:
             "itl_ms_p50": 1000 * statistics.median(itls) if itls else None,
             "tokens_per_s_per_user_p50": statistics.median(per_user) if per_user else None,
             "tokens_per_s": total_tps,
-            "tokens_per_s_per_gpu": total_tps / max(world_size, 1),
+            "tokens_per_s_per_gpu": total_tps / max(world_size, 1) if gpu else None,
             "accept_length": (sum(x.completion_tokens for x in r if x.spec_verify_ct) / sum(verify)) if verify else None,
             "e2e_s_p50": statistics.median(x.e2e_s for x in r),
         }
@@ -116,8 +118,10 @@ def _error_text(obj: Any) -> str:
     return str(obj)
 
 
-def _generate(base_url: str, ids: list[int], max_new: int, timeout: float) -> tuple[list[int], dict[str, Any], float | None]:
+def _generate(base_url: str, ids: list[int], max_new: int, timeout: float,
+              on_chunk: Callable[[], None] | None = None) -> tuple[list[int], dict[str, Any], float | None]:
     """One /generate call, streamed. Returns output ids, final meta_info and TTFT (s from send).
+    `on_chunk` is called once per streamed chunk with output ids (one per decode step the server ran).
 
     Raises RequestFailed for anything the server refused or broke off, HTTPFailure when it does
     not answer at all (connection refused: it may have died)."""
@@ -151,6 +155,8 @@ def _generate(base_url: str, ids: list[int], max_new: int, timeout: float) -> tu
                     ids_ = list(chunk.get("output_ids") or [])
                     if ids_ and ttft is None:
                         ttft = time.perf_counter() - t0
+                    if ids_ and on_chunk:
+                        on_chunk()
                     meta = chunk.get("meta_info") or meta
                     # default: every chunk carries all ids so far; --incremental-streaming-output: only the new ones
                     n = meta.get("completion_tokens")
@@ -184,11 +190,87 @@ def _generate(base_url: str, ids: list[int], max_new: int, timeout: float) -> tu
     return out, meta, ttft
 
 
+def _completions(base_url: str, model: str, ids: list[int], max_new: int, timeout: float,
+                 on_chunk: Callable[[], None] | None = None) -> tuple[list[int], dict[str, Any], float | None]:
+    """One OpenAI-style POST /v1/completions with token ids (vLLM), streamed: the same contract as
+    _generate, with meta_info built from the final usage chunk (prompt, completion, cached tokens).
+
+    vLLM 0.32 (entrypoints/openai/completion/serving.py): `"prompt": [ids]`; `return_token_ids`
+    puts each chunk's new ids in `choices[0].token_ids`; `stream_options.include_usage` adds a last
+    chunk with `usage` (cached tokens under `prompt_tokens_details` with --enable-prompt-tokens-details);
+    an error is HTTP 400 `{"error": {"message"}}`, or `data: {"error": ...}` inside the stream."""
+    body = {"model": model, "prompt": ids, "max_tokens": max_new, "ignore_eos": True, "temperature": 0, "stream": True,
+            "return_token_ids": True, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(base_url + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    ttft = None
+    out: list[int] = []
+    usage: dict[str, Any] = {}
+    finish: Any = None
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            done = False
+            for raw in resp:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    raise RequestFailed(_error_text(chunk), completion_tokens=len(out))
+                for ch in chunk.get("choices") or []:
+                    new = list(ch.get("token_ids") or [])
+                    if new and ttft is None:
+                        ttft = time.perf_counter() - t0
+                    out += new
+                    finish = ch.get("finish_reason") or finish
+                    if new and on_chunk is not None:
+                        on_chunk()
+                usage = chunk.get("usage") or usage
+            if not done:
+                raise RequestFailed("the stream ended without data: [DONE]", completion_tokens=len(out))
+    except urllib.error.HTTPError as e:
+        text = e.read()[:500]
+        try:
+            msg = _error_text(json.loads(text))
+        except ValueError:
+            msg = text.decode(errors="replace").strip()
+        raise RequestFailed(f"HTTP {e.code}: {msg}") from None
+    except (socket.timeout, TimeoutError):
+        raise RequestFailed(f"timed out after {timeout:.0f} s", completion_tokens=len(out)) from None
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, (socket.timeout, TimeoutError)):
+            raise RequestFailed(f"timed out after {timeout:.0f} s", completion_tokens=len(out)) from None
+        raise HTTPFailure(f"{base_url}/v1/completions: {e.reason}") from None
+    except (ConnectionError, OSError) as e:
+        raise HTTPFailure(f"{base_url}/v1/completions: {e}") from None
+    got = int(usage.get("completion_tokens", len(out)))
+    if finish == "abort" or got < max_new:
+        raise RequestFailed(f"short reply: {got} of {max_new} tokens (finish_reason {json.dumps(finish)})", completion_tokens=got)
+    details = usage.get("prompt_tokens_details") or {}
+    meta = {"prompt_tokens": int(usage.get("prompt_tokens", len(ids))), "completion_tokens": got,
+            "cached_tokens": int(details.get("cached_tokens") or 0), "finish_reason": finish}
+    return out, meta, ttft
+
+
 def drive(
     base_url: str, workload: Workload, *, concurrency: int, conversations: int | None = None, timeout_s: float = 3600,
-    on_submit: Callable[[int, int], None] | None = None, stop: threading.Event | None = None,
+    on_submit: Callable[[int, int], None] | None = None, stop: threading.Event | None = None, api: str = "sglang",
+    model: str | None = None, on_chunk: Callable[[int], None] | None = None,
 ) -> DriveResult:
-    """Run `conversations` (default: `concurrency`) conversations, `concurrency` at a time."""
+    """Run `conversations` (default: `concurrency`) conversations, `concurrency` at a time.
+
+    `api`: "sglang" (POST /generate with input_ids: SGLang and the proxy) or "openai" (POST
+    /v1/completions with token ids and `model`: vLLM). `on_chunk(conversation)` is called for every
+    streamed chunk (progress of a profile window)."""
+    if api == "openai":
+        send: Callable[..., tuple[list[int], dict[str, Any], float | None]] = \
+            lambda url, ids, n, t, cb=None: _completions(url, model or "", ids, n, t, cb)
+    else:
+        send = _generate
     n_conv = conversations or concurrency
     result = DriveResult()
     lock = threading.Lock()
@@ -210,7 +292,8 @@ def drive(
                     on_submit(c, t)
                 start = time.perf_counter()
                 try:
-                    out, meta, ttft = _generate(base_url, history, workload.output_tokens, timeout_s)
+                    out, meta, ttft = send(base_url, history, workload.output_tokens, timeout_s,
+                                           (lambda c=c: on_chunk(c)) if on_chunk else None)
                 except RequestFailed as e:
                     with lock:
                         result.records.append(RequestRecord(

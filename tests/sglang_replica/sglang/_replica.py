@@ -55,10 +55,32 @@ def _prctl_child(title: str) -> None:
 # ----------------------------------------------------------------------------- rank processes
 
 
-def run_scheduler_process(rank: int, tp: int, ep: int, port: int, cmds: Any, results: Any, barrier: Any) -> None:
+def _compute_capability() -> str | None:
+    """The GPU's compute capability as torch.cuda would report it: SGLANG_REPLICA_GPU_CAPABILITY
+    (tests), else nvidia-smi's first GPU, else None (no GPU: SGLang's CPU platform)."""
+    cap = os.environ.get("SGLANG_REPLICA_GPU_CAPABILITY")
+    if cap is not None:
+        return cap or None
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [x.strip() for x in p.stdout.splitlines() if x.strip()] if p.returncode == 0 else []
+    return lines[0] if lines else None
+
+
+def run_scheduler_process(rank: int, tp: int, ep: int, port: int, cmds: Any, results: Any, barrier: Any,
+                          bf16_gemm_backend: str | None = None) -> None:
     title = f"sglang::scheduler_TP{rank}" + (f"_EP{rank}" if ep > 1 else "")
     _prctl_child(title)
     _setup_logging(f" TP{rank}" + (f" EP{rank}" if ep > 1 else ""))
+    cap = _compute_capability()
+    if bf16_gemm_backend == "cutedsl" and (cap is None or cap.split(".")[0] != "10"):
+        # srt/layers/quantization/unquant.py:338, at model load in every scheduler (seen on a CPU machine)
+        msg = "--bf16-gemm-backend cutedsl requires SM100/SM103 (Blackwell)"
+        log.error("Scheduler hit an exception: Traceback (most recent call last):\n  File \"unquant.py\", line 338\nValueError: %s", msg)
+        results.put(("failed", rank, f"ValueError: {msg}"))
+        return
     helper = None
     if rank == 0:
         # a JIT-compile-like child in its own session: PDEATHSIG does not reach grandchildren
@@ -113,6 +135,8 @@ def _trace(rank: int, tp: int, steps: list[tuple[int, int, str, int]], env: dict
     def x(cat: str, name: str, ts: int, dur: int, p: int, t: int, **args: Any) -> None:
         ev.append({"ph": "X", "cat": cat, "name": name, "pid": p, "tid": t, "ts": round(ts / 1000, 3), "dur": round(dur / 1000, 3), "args": args})
 
+    if env.get("_device") == "cpu":
+        return _cpu_trace(rank, tp, steps, pid, tid, x, ev)
     for ts, dur, kind, bs in steps:
         x("user_annotation", "scheduler.run_batch", ts, dur, pid, tid)
         label = f"step[EXTEND bs={bs} toks={bs}]" if kind == "extend" else f"step[{'VERIFY' if env.get('_spec') == '1' else 'DECODE'} bs={bs}]"
@@ -133,8 +157,49 @@ def _trace(rank: int, tp: int, steps: list[tuple[int, int, str, int]], env: dict
         x("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", gpu_t, 1500, dev, stream, device=dev, stream=stream, correlation=corr, bytes=8)
         if env.get("_overlap") == "0":
             x("cuda_runtime", "cudaStreamSynchronize", ts + dur - 2500, 2000, pid, tid)
+    _stub(steps, pid, tid, x)
     return {"schemaVersion": 1, "deviceProperties": [{"id": dev, "name": "SGLang replica GPU", "computeMajor": 10, "computeMinor": 0}],
             "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": tp}, "traceEvents": ev}
+
+
+def _stub(steps: list[tuple[int, int, str, int]], pid: int, tid: int, x: Any) -> None:
+    """The scheduler.run_batch that was running when the profiler stopped: real 0.5.23 on CPU records
+    num_steps + 1 run_batch spans per window, the last a 6-16 ms stub with no step[...] inside."""
+    if steps:
+        ts, dur, _, _ = steps[-1]
+        x("user_annotation", "scheduler.run_batch", ts + dur + 300_000, 6_000_000 + (ts % 10) * 1_000_000, pid, tid)
+
+
+# CPU ops of one decode step on SGLang's CPU engine, outermost first with their share of the step.
+# The real 0.5.23 server on a Sapphire Rapids CPU spent 97% of an iteration in aten::linear ->
+# sgl_kernel::weight_packed_linear (issue 27); the other names are sgl-kernel's CPU ops
+# (sgl-kernel/csrc/cpu/torch_extension_cpu.cpp).
+_CPU_OPS = (
+    ("aten::linear", "sgl_kernel::weight_packed_linear", 0.90),
+    ("sgl_kernel::rmsnorm_cpu", None, 0.02),
+    ("sgl_kernel::decode_attention_cpu", None, 0.03),
+    ("sgl_kernel::silu_and_mul_cpu", None, 0.01),
+)
+
+
+def _cpu_trace(rank: int, tp: int, steps: list[tuple[int, int, str, int]], pid: int, tid: int, x: Any, ev: list[dict[str, Any]]) -> dict[str, Any]:
+    """The CPU engine's trace (--device cpu): no GPU activity, cpu_ops on the scheduler thread,
+    Python time between them (4%), and the stub run_batch at the stop."""
+    for ts, dur, kind, bs in steps:
+        x("user_annotation", "scheduler.run_batch", ts, dur, pid, tid)
+        label = f"step[EXTEND bs={bs} toks={bs}]" if kind == "extend" else f"step[DECODE bs={bs}]"
+        x("user_annotation", label, ts + 1000, dur - 4000, pid, tid)
+        t = ts + 2000
+        body = dur - 8000
+        for outer, inner, share in _CPU_OPS:
+            d = int(body * share)
+            x("cpu_op", outer, t, d, pid, tid)
+            if inner:
+                x("cpu_op", inner, t + 500, d - 1000, pid, tid)
+            t += d + int(body * 0.01)
+    _stub(steps, pid, tid, x)
+    return {"schemaVersion": 1, "deviceProperties": [], "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": tp},
+            "traceEvents": ev}
 
 
 # ----------------------------------------------------------------------------- the engine (main process)
@@ -281,6 +346,7 @@ class Engine:
             env["_graphs"] = "0" if self.a.cuda_graph_backend_decode == "disabled" else "1"
             env["_overlap"] = "0" if self.a.disable_overlap_schedule else "1"
             env["_spec"] = "1" if self.spec else "0"
+            env["_device"] = self.a.device or ""
             for _, q in self.ranks:
                 q.put(("export", req["output_dir"], req["profile_id"], steps, env))
             done = 0
@@ -362,7 +428,8 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/stop_profile":
             try:
                 e.stop_profile()
-            except RuntimeError:
+            except RuntimeError as err:  # a window that closed itself (num_steps): the real server's 500
+                log.error("Exception in ASGI application\nRuntimeError: %s", err)
                 return self._send(500, b"Internal Server Error", "text/plain")
             return self._send(200, b"Stop profiling. This will take some time.\n", "text/plain")
         if path == "/generate":
@@ -431,6 +498,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--speculative-num-draft-tokens", type=int)
     p.add_argument("--disable-overlap-schedule", action="store_true")
     p.add_argument("--cuda-graph-backend-decode")
+    p.add_argument("--bf16-gemm-backend")
+    p.add_argument("--device", default=None)  # "cpu": SGLang's CPU engine (sgl_kernel CPU ops, no GPU activity in the traces)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     a, _unknown = p.parse_known_args(argv)  # the real flags are checked by SGLang's own parser elsewhere
@@ -442,7 +511,7 @@ def main(argv: list[str]) -> int:
     ranks = []
     for r in range(a.tp):
         q = ctx.Queue()
-        pr = ctx.Process(target=run_scheduler_process, args=(r, a.tp, a.ep, a.port, q, results, barrier), daemon=False)
+        pr = ctx.Process(target=run_scheduler_process, args=(r, a.tp, a.ep, a.port, q, results, barrier, a.bf16_gemm_backend), daemon=False)
         pr.start()
         ranks.append((pr, q))
     dq = ctx.Queue()
@@ -450,6 +519,12 @@ def main(argv: list[str]) -> int:
     detok.start()
     for _ in range(a.tp):  # wait for every scheduler to report ready before binding HTTP
         msg = results.get(timeout=120)
+        if msg[0] == "failed":  # engine.py: "Rank N scheduler is dead", then the launcher exits
+            log.error("Rank %d scheduler is dead. Please check if there are relevant logs. %s", msg[1], msg[2])
+            for pr, _ in ranks:
+                pr.kill()
+            detok.kill()
+            return 1
         log.info("scheduler TP%d ready (pid %d)", msg[1], msg[2])
 
     ENGINE = e = Engine(a, context_len, ranks, results, (detok, dq))

