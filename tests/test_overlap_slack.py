@@ -142,3 +142,35 @@ def test_docs_examples_print_what_the_doc_shows():
         assert r.returncode == 0, r.stderr
         assert line in r.stdout.splitlines(), (cmd, line)
         assert r.stdout.splitlines()[0].startswith("health: ")
+
+
+VLLM_METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 120.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 80.0
+# HELP vllm:spec_decode_num_drafts_created Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_created gauge
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e+09
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 360.0
+vllm:spec_decode_num_draft_tokens_total{engine="1",model_name="m"} 240.0
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 200.0
+vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 100.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 110.0
+"""
+
+
+def test_vllm_window_accept_length_from_its_spec_counters():
+    """vLLM has no per-request verify count: the capture reads its spec_decode counters (Prometheus /metrics,
+    summed over engines, `_created` and per-position series left out) before and after the window; the window's
+    accepted length is 1 + accepted drafts / drafts (vLLM's own 'Mean acceptance length')."""
+    from profkit.capture.vllm import parse_spec_counters, window_accept
+
+    before = parse_spec_counters(VLLM_METRICS)
+    assert before == {"drafts": 200.0, "draft_tokens": 600.0, "accepted": 300.0}
+    after = {"drafts": 240.0, "draft_tokens": 720.0, "accepted": 390.0}
+    got = window_accept(before, after)
+    assert got["accept_length"] == pytest.approx(1 + 90 / 40) and got["spec_verify_ct"] == 40 and got["draft_tokens"] == 120
+    assert window_accept(before, before) is None  # no verify step inside the window
+    assert parse_spec_counters("# HELP vllm:num_requests_running x\nvllm:num_requests_running 1\n") is None  # not speculative

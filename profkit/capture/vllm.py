@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from profkit.capture.http import HTTPFailure, request
 from profkit.errors import TargetError
@@ -89,3 +89,52 @@ def into_window(files: list[Path], out_dir: Path) -> list[Path]:
         os.replace(f, dst)
         moved.append(dst)
     return moved
+
+
+# --- speculative decoding counters (the window's accepted length) ------------------------------------
+
+SPEC_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+                 "accepted": "vllm:spec_decode_num_accepted_tokens"}
+
+
+def parse_spec_counters(text: str) -> dict[str, float] | None:
+    """vLLM's speculative-decoding counters from its Prometheus /metrics text, summed over label sets
+    (one per engine): drafts, draft_tokens, accepted. The exposition names a counter `<name>_total`;
+    None when the server exports none (not speculative)."""
+    got: dict[str, float] = {}
+    names = {f"{v}_total": k for k, v in SPEC_COUNTERS.items()} | {v: k for k, v in SPEC_COUNTERS.items()}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        key = names.get(head.split("{", 1)[0].strip())
+        if key is None:
+            continue
+        try:
+            got[key] = got.get(key, 0.0) + float(value)
+        except ValueError:
+            continue
+    return got if "drafts" in got and "accepted" in got else None
+
+
+def spec_counters(base_url: str) -> dict[str, float] | None:
+    """GET /metrics and parse_spec_counters; None when it does not answer or exports none."""
+    try:
+        status, data = request(base_url + "/metrics", timeout=30, method="GET")
+    except HTTPFailure:
+        return None
+    return parse_spec_counters(data.decode(errors="replace")) if status == 200 else None
+
+
+def window_accept(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any] | None:
+    """The window's accepted length from the counters' change across it: 1 + accepted / drafts (each
+    verify step emits its accepted drafts and one token of its own; vLLM's own 'Mean acceptance
+    length'), in the manifest's `accept` shape. None without drafts in the window."""
+    if not before or not after:
+        return None
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in SPEC_COUNTERS}
+    if d["drafts"] <= 0:
+        return None
+    return {"accept_length": 1 + d["accepted"] / d["drafts"], "spec_verify_ct": int(d["drafts"]), "accepted_drafts": int(d["accepted"]),
+            "draft_tokens": int(d["draft_tokens"]),
+            "source": "server: vLLM's spec_decode counters (/metrics), their change across the window"}
