@@ -9,6 +9,7 @@ EXIT_NOTHING = 1
 EXIT_USAGE = 2
 EXIT_INPUT = 3
 EXIT_TARGET = 4
+EXIT_STRICT = 5  # a check the user asked to be strict about failed (--strict on a degraded capture)
 EXIT_BUG = 70
 EXIT_INTERRUPTED = 130
 
@@ -50,6 +51,12 @@ class TargetError(ProfkitError):
     """The server under test failed to start or died; the hint carries its log tail."""
 
     exit_code = EXIT_TARGET
+
+
+class StrictCheckFailed(ProfkitError):
+    """A check the user asked to be strict about failed: --strict on a capture whose health is not ok."""
+
+    exit_code = EXIT_STRICT
 
 
 class Interrupted(ProfkitError):

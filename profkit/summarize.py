@@ -119,7 +119,7 @@ def summarize_runs(paths: Sequence[Path], options: SummarizeOptions | None = Non
             from profkit.analysis.ranks import cross_rank
 
             s["cross_rank"] = cross_rank(r.analyses)
-        _health_and_spec(s, paths)
+        _health_and_spec(s, [i.path for i in r.infos])
         out.append(RunSummary(r, s, r.analyses, None, analyzed_at))
     if key and len(out) == 1:
         from profkit.summary_cache import write_summary
@@ -128,14 +128,14 @@ def summarize_runs(paths: Sequence[Path], options: SummarizeOptions | None = Non
     return out
 
 
-def _health_and_spec(summary: dict[str, Any], paths: list[Path]) -> None:
+def _health_and_spec(summary: dict[str, Any], files: list[Any]) -> None:
     """summary.json's `health` (analysis/health.py: the ranks' capture facts, and the profiler overhead
     of the run manifest beside the inputs, that profile window's in a window-<i>/ folder) and
     `speculative` (analysis/spec.py: rank 0's cost per accepted token, the window's accepted length
     from that manifest; absent without verify iterations)."""
     from profkit.analysis import health, spec
 
-    manifest, window = health.manifest_near(paths)
+    manifest, window = health.manifest_near(files)
     m = manifest if isinstance(manifest, dict) else None
     summary["health"] = health.assess(summary, m.get("profiler_overhead") if m else None, window)
     cost = spec.spec_cost(summary, m, window)

@@ -67,7 +67,7 @@ def test_diff_report_escapes_every_trace_string(hostile):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html  # the kernel name, as text, in the tables
     assert "cand &lt;i&gt;" in html
     assert "&lt;/script&gt;&lt;script&gt;alert(3)&lt;/script&gt;" in html  # the manifest
-    assert html.count('<div id="profkit-fig-') == 6
+    assert html.count('<div id="profkit-fig-') == 7  # with the slack-per-step strip (issue 31)
 
 
 def test_report_is_byte_stable_and_plotly_inline_once(hostile):
@@ -75,7 +75,7 @@ def test_report_is_byte_stable_and_plotly_inline_once(hostile):
     a, b = html_page(diffs=[d]), html_page(diffs=[d])
     assert a == b
     assert 'src="http' not in a  # self-contained
-    assert a.count("Plotly.newPlot") == 6
+    assert a.count("Plotly.newPlot") == 7
     assert 1_000_000 < len(a) <= 2_000_000  # plotly.js's cartesian bundle inline, once: a self-contained report within 2 MB
     assert a.count("plotly.js (finance - minified)") == 1
     small = html_page(diffs=[d], cdn=True)
@@ -167,7 +167,7 @@ def test_html_renders_in_headless_chromium_and_runs_no_injected_script(tmp_path,
     assert "data-pwned=" not in dom
     console = [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
     assert console == [], console
-    assert dom.count('class="plot-container plotly"') == expected_figures == 12
+    assert dom.count('class="plot-container plotly"') == expected_figures == 14  # slack-per-step strips of the diff and the runs (issue 31)
     assert dom.count("js-plotly-plot") >= expected_figures
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom  # shown as text
     assert shot.exists() and shot.stat().st_size > 20_000
@@ -189,7 +189,7 @@ def test_throughput_headline_and_curves(hostile):
     assert d["throughput"]["baseline"]["concurrency"] == 1
     html = html_page(diffs=[d])
     assert "tokens/s per user (p50) (unprofiled)" in html and "+10.0%" in html
-    assert "Unprofiled throughput curves" in html and html.count('<div id="profkit-fig-') == 8
+    assert "Unprofiled throughput curves" in html and html.count('<div id="profkit-fig-') == 9
     md = MarkdownRenderer().render(Report(diffs=[d]))
     assert "#### Unprofiled throughput" in md and "| tokens/s per user (p50) | 100.00 | 110.00 | +10.0% | **beyond noise** |" in md
     sweep = html_page(runs=[("base", base), ("cand", cand)])

@@ -275,16 +275,15 @@ def worst(healths: list[Any]) -> dict[str, Any] | None:
             "cut_markers_dropped": sum(int(h.get("cut_markers_dropped") or 0) for h in hs)}
 
 
-def manifest_near(paths: list[Path]) -> tuple[Any, int | None]:
-    """The run manifest next to the inputs (a run folder, a window-<i>/ folder or a file in one) and
-    which profile window the inputs are: (manifest or None, window index or None)."""
-    for p in paths:
-        p = Path(p)
-        d = p if p.is_dir() else p.parent
+def manifest_near(files: list[Path]) -> tuple[Any, int | None]:
+    """The run manifest next to the trace files (beside them, `<stem>.manifest.json` beside one, or one
+    level up from a window-<i>/ folder) and which profile window they are: (manifest or None, window index
+    or None). Only the folders are looked at: the traces themselves are not stat'ed again."""
+    for f in files:
+        f = Path(getattr(f, "path", f))
+        d = f.parent
         window = int(d.name.split("-")[1]) if d.name.startswith("window-") and d.name.split("-")[-1].isdigit() else None
-        stem = p.name.split(".")[0] if p.is_file() else None
-        cands = ([d / f"{stem}.manifest.json"] if stem else []) + [d / "manifest.json", d.parent / "manifest.json"]
-        for cand in cands:
+        for cand in (d / f"{f.name.split('.')[0]}.manifest.json", d / "manifest.json", d.parent / "manifest.json"):
             if cand.is_file():
                 try:
                     return json.loads(cand.read_text()), window

@@ -287,7 +287,7 @@ def _slack_and_health(trace: Trace, ops: pl.DataFrame, owned: pl.DataFrame, call
         t = slack.transitions(owned)
         s = slack.rank_slack(t, slack.broken_by(trace, t, syncs), win)
     facts = health.rank_facts(trace, ops, calls, win, windows, "gpu" if device_timeline == "gpu_by_time" else device_timeline,
-                              device_records, int(getattr(its, "stubs_dropped", 0) or 0))
+                              device_records, int(getattr(its, "stub_markers", 0) or 0))
     return s, facts
 
 

@@ -19,21 +19,23 @@ cpu) or one without runtime calls has none (their "launch" is the op itself).
 from __future__ import annotations
 
 import math
+import re
 import statistics
-from typing import Any
-
-import polars as pl
+from typing import TYPE_CHECKING, Any
 
 from profkit.apis import SYNC_APIS, canonical_api
 
+if TYPE_CHECKING:
+    import polars as pl
+
 UNCOVERED = "host code outside recorded ops"
-
-SCHEMA = {"from_iteration": pl.Int64, "to_iteration": pl.Int64, "last_end_ns": pl.Int64, "next_launch_ns": pl.Int64,
-          "slack_ns": pl.Int64, "exposed_ns": pl.Int64, "tid": pl.String}
-
 
 def transitions(owned: pl.DataFrame) -> pl.DataFrame:
     """One row per transition N -> N+1 (both own GPU ops with a launch call in the trace)."""
+    import polars as pl
+
+    SCHEMA = {"from_iteration": pl.Int64, "to_iteration": pl.Int64, "last_end_ns": pl.Int64, "next_launch_ns": pl.Int64,
+              "slack_ns": pl.Int64, "exposed_ns": pl.Int64, "tid": pl.String}
     ops = owned.filter(pl.col("iteration").is_not_null() & pl.col("launch_ts_ns").is_not_null())
     if ops.height == 0:
         return pl.DataFrame(schema=SCHEMA)
@@ -52,8 +54,10 @@ def transitions(owned: pl.DataFrame) -> pl.DataFrame:
 
 def broken_by(trace: Any, t: pl.DataFrame, syncs: pl.DataFrame, rows_cache: dict | None = None) -> list[list[dict[str, Any]]]:
     """For each transition: what the launching thread did in its exposed interval (empty when none
-    was exposed), largest exclusive time first, with the uncovered rest last; the times add up to
-    the exposed time."""
+    was exposed), largest exclusive time first (what no recorded op covers among them, as
+    UNCOVERED); the times add up to the exposed time."""
+    import polars as pl
+
     from profkit.analysis.bubbles import gap_tops
 
     out: list[list[dict[str, Any]]] = [[] for _ in range(t.height)]
@@ -80,6 +84,8 @@ def broken_by(trace: Any, t: pl.DataFrame, syncs: pl.DataFrame, rows_cache: dict
 def _breaker(name: str, ns: int, syncs: pl.DataFrame | None, tid: str | None, g0: int, g1: int) -> dict[str, Any]:
     """A named piece of an exposed interval: a sync or blocking copy (found among the rank's syncs:
     same thread, overlapping the interval, same API) with its direction and trigger, else a CPU op."""
+    import polars as pl
+
     api = canonical_api(name)
     if syncs is not None:
         hit = syncs.filter((pl.col("api") == api) & (pl.col("ts_ns") < g1) & (pl.col("end_ns") > g0)
@@ -93,13 +99,14 @@ def _breaker(name: str, ns: int, syncs: pl.DataFrame | None, tid: str | None, g0
 
 
 def breaker_key(b: dict[str, Any]) -> str:
-    """One breaker as words: `sync cudaStreamSynchronize d2h (aten::item)`, `cpu_op aten::nonzero`."""
+    """One breaker as words: `sync cudaStreamSynchronize d2h (aten::item)`, `cpu aten::nonzero`; a step
+    number (`ProfilerStep#7`) as N, so one span is one breaker across transitions."""
     if b["kind"] in ("sync", "sync_copy"):
         extra = " ".join(x for x in (b.get("direction"), f"({b['trigger']})" if b.get("trigger") else None) if x)
         return f"{b['kind']} {b['name']}{' ' + extra if extra else ''}"
     if b["kind"] == "host":
         return b["name"]
-    return f"{b['kind']} {b['name']}"
+    return f"{b['kind']} {re.sub(r'#[0-9]+', '#N', b['name'])}"
 
 
 def lower_rank(values: list[float], q: float) -> float | None:

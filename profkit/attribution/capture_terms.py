@@ -45,6 +45,8 @@ def slack_side(windows: list[Mapping[str, Any]], rank: int) -> dict[str, Any] | 
         ({"breaker": k, "us_per_transition": statistics.median(v + [0.0] * (len(per) - len(v)))} for k, v in by.items()),
         key=lambda b: (-b["us_per_transition"], b["breaker"]))[:8]
     out["transitions"] = sum(p["count"] for p in per)
+    # the first window's transitions, for the reports' slack-per-step strip
+    out["series"] = [{k: t[k] for k in ("from", "to", "slack_us", "exposed_host_us", "broken_by")} for t in per[0].get("transitions") or []]
     return out
 
 

@@ -527,11 +527,13 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
         # compiled model decodes a token in ~1 ms on a CPU) would have finished the turn already
         t_start = time.perf_counter()
         prefix = f"{run_id}-{trace_dir.name}" if trace_dir.name.startswith("window-") else run_id
+        counted = vllm_profile.spec_counters(spec.base_url)  # the window's accepted length: the counters' change across it
         manifest.update(profile_request=vllm_profile.start(spec.base_url, prefix=prefix, num_steps=cfg.num_steps))
         got = vllm_profile.finish(spec.base_url, cfg.traces_dir / run_id, prefix, spec.world_size, timeout_s=cfg.profile_timeout_s,
                                   alive=server.alive, idle=lambda: not th.is_alive())
+        accept = vllm_profile.window_accept(counted, vllm_profile.spec_counters(spec.base_url))
         files = vllm_profile.into_window(got, trace_dir)
-        return _after_window(cfg, server, th, result, primary, files, t_start)
+        return _after_window(cfg, server, th, result, primary, files, t_start, accept=accept)
     time.sleep(0.3 * e2e)  # past prefill, into decode
     log_offset = log_size(server.log_path)
     t_start = time.perf_counter()
@@ -552,8 +554,9 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
 
 
 def _after_window(cfg: RunConfig, server: Server, th: threading.Thread, result: dict[str, DriveResult], primary: list[dict[str, Any]],
-                  files: list[Path], t_start: float) -> tuple[list[Path], dict[str, Any]]:
-    """Let the capture pass finish; the profiler's overhead from the requests that ran during the window."""
+                  files: list[Path], t_start: float, accept: dict[str, Any] | None = None) -> tuple[list[Path], dict[str, Any]]:
+    """Let the capture pass finish; the profiler's overhead from the requests that ran during the window, and the
+    window's accepted length (`accept`: vLLM's counters, else the requests' own counts)."""
     t_end = time.perf_counter()
     while th.is_alive():
         th.join(0.2)
@@ -570,7 +573,7 @@ def _after_window(cfg: RunConfig, server: Server, th: threading.Thread, result: 
         "slowdown": (base_user / prof_user) if (base_user and prof_user) else None,
         "window_s": t_end - t_start,
         "requests_in_window": len(during),
-        "accept": window_accept(during),
+        "accept": accept if accept is not None else window_accept(during),
     }
     return files, overhead
 

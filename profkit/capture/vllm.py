@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from profkit.capture.http import HTTPFailure, request
 from profkit.errors import TargetError
@@ -91,32 +91,57 @@ def into_window(files: list[Path], out_dir: Path) -> list[Path]:
     return moved
 
 
-def spec_counters(base_url: str) -> tuple[float, float] | None:
-    """(drafts, accepted draft tokens) so far, from vLLM's Prometheus counters
-    `vllm:spec_decode_num_drafts_total` and `vllm:spec_decode_num_accepted_tokens_total` (v1/spec_decode/
-    metrics.py; summed over their label sets); None without speculative decoding or /metrics."""
+# --- speculative decoding counters (the window's accepted length) ------------------------------------
+
+SPEC_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+                 "accepted": "vllm:spec_decode_num_accepted_tokens"}
+
+
+def parse_spec_counters(text: str) -> dict[str, float] | None:
+    """vLLM's speculative-decoding counters from its Prometheus /metrics text, summed over label sets
+    (one per engine): drafts, draft_tokens, accepted. The exposition names a counter `<name>_total`;
+    None when the server exports none (not speculative)."""
+    got: dict[str, float] = {}
+    names = {f"{v}_total": k for k, v in SPEC_COUNTERS.items()} | {v: k for k, v in SPEC_COUNTERS.items()}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        key = names.get(head.split("{", 1)[0].strip())
+        if key is None:
+            continue
+        try:
+            got[key] = got.get(key, 0.0) + float(value)
+        except ValueError:
+            continue
+    return got if "drafts" in got and "accepted" in got else None
+
+
+def spec_counters(base_url: str) -> dict[str, float] | None:
+    """GET /metrics and parse_spec_counters; None when it does not answer or exports none."""
     try:
-        status, body = request(base_url + "/metrics", timeout=30)
+        status, data = request(base_url + "/metrics", timeout=30, method="GET")
     except HTTPFailure:
         return None
-    if status != 200:
-        return None
-    got = {"vllm:spec_decode_num_drafts_total": 0.0, "vllm:spec_decode_num_accepted_tokens_total": 0.0}
-    seen = False
-    for line in body.decode(errors="replace").splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in got:
-            try:
-                got[name] += float(line.rsplit(" ", 1)[1])
-                seen = True
-            except (IndexError, ValueError):
-                continue
-    return (got["vllm:spec_decode_num_drafts_total"], got["vllm:spec_decode_num_accepted_tokens_total"]) if seen else None
+    return parse_spec_counters(data.decode(errors="replace")) if status == 200 else None
 
 
-def accept_length(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
-    """Tokens per verify step per request between two spec_counters readings: 1 (the bonus token) +
-    accepted draft tokens per draft; None without drafts."""
-    if before is None or after is None or after[0] <= before[0]:
+def window_accept(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any] | None:
+    """The window's accepted length from the counters' change across it: 1 + accepted / drafts (each
+    verify step emits its accepted drafts and one token of its own; vLLM's own 'Mean acceptance
+    length'), in the manifest's `accept` shape. None without drafts in the window."""
+    if not before or not after:
         return None
-    return 1.0 + (after[1] - before[1]) / (after[0] - before[0])
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in SPEC_COUNTERS}
+    if d["drafts"] <= 0:
+        return None
+    return {"accept_length": 1 + d["accepted"] / d["drafts"], "spec_verify_ct": int(d["drafts"]), "accepted_drafts": int(d["accepted"]),
+            "draft_tokens": int(d["draft_tokens"]),
+            "source": "server: vLLM's spec_decode counters (/metrics), their change across the window"}
+
+
+def accept_length(before: dict[str, float] | None, after: dict[str, float] | None) -> float | None:
+    """Tokens per verify step per request between two spec_counters readings (an unprofiled repeat's):
+    window_accept's accept_length; None without drafts."""
+    got = window_accept(before, after)
+    return got["accept_length"] if got else None

@@ -11,8 +11,8 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
-from profkit.cli.common import _state, command, err, out, safe_name
-from profkit.cli.options import Captures, JsonOut, CatalogOpt, Marker, MinBubble, Top, Window
+from profkit.cli.common import _state, check_strict, command, err, out, safe_name
+from profkit.cli.options import Captures, JsonOut, CatalogOpt, Marker, MinBubble, Strict, Top, Window
 from profkit.errors import OutputError, UsageError
 
 
@@ -31,6 +31,7 @@ def analyze(
     tables: Annotated[Optional[Path], typer.Option("--tables", help="Write every iteration, GPU op, bubble, sync and launch as parquet under DIR (DIR/<table>/run=<run>/rank=<rank>/, hive layout: DuckDB and Spark read it as it is).")] = None,
     list_markers: Annotated[bool, typer.Option("--list-markers", help="List the CPU spans that could mark iterations (user annotations, engine step spans), with counts and the --marker regex for each; analyze nothing.")] = False,
     window: Window = None,
+    strict: Strict = False,
 ) -> None:
     """Analyze traces: per-iteration wall, GPU busy/idle, bubbles by cause, syncs, launches, time by category.
 
@@ -65,12 +66,14 @@ def analyze(
     opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice, captures=tuple(capture) if capture else None,
                             cache=not no_cache, jobs=jobs, frames=timeline is not None or tables is not None)
     if len(pointed) > 1 or not pointed[0].traces:
-        _analyze_each(pointed, opts, json_out=json_out, timeline=timeline, tables=tables, top=top, catalog_note=choice.note())
+        done = _analyze_each(pointed, opts, json_out=json_out, timeline=timeline, tables=tables, top=top, catalog_note=choice.note())
+        check_strict(strict, [(label, summary.get("health")) for label, summary in done])
         return
     # several runs in one folder: each analyzed on its own (refused first where one file must hold them)
     runs = summarize_runs(paths, opts, check=lambda rs: _check_several_runs(rs, json_out, timeline) if len(rs) > 1 else None)
     if len(runs) > 1:
         _analyze_several(runs, json_out=json_out, tables=tables, top=top, catalog_note=choice.note())
+        check_strict(strict, [(r.label, r.summary.get("health")) for r in runs])
         return
     run = runs[0]
     summary, analyses = run.summary, run.analyses or []
@@ -112,6 +115,7 @@ def analyze(
 
     TerminalRenderer(err if to_stdout else out, top=top).show(Report(runs=[("", summary)]))
     _print_catalog([summary], choice.note())
+    check_strict(strict, [(run.label, summary.get("health"))])
 
 
 def _print_catalog(summaries: list[dict[str, Any]], note: Optional[str]) -> None:
@@ -172,7 +176,7 @@ def _analyze_several(runs: list[Any], *, json_out: Optional[str], tables: Option
 
 
 def _analyze_each(pointed: list[Any], opts: Any, *, json_out: Optional[str], timeline: Optional[Path], tables: Optional[Path], top: int,
-                  catalog_note: Optional[str]) -> None:
+                  catalog_note: Optional[str]) -> list[tuple[str, Any]]:
     """Several things pointed at (profile windows, a sweep's runs, stored summaries): each printed on
     its own, under a rule naming it; --json DIR/ writes one summary per thing."""
     from profkit.inputs import check_summary, read_json
@@ -208,6 +212,7 @@ def _analyze_each(pointed: list[Any], opts: Any, *, json_out: Optional[str], tim
             out.print(f"[bold]── {k + 1} of {len(done)}: {escape(label)}[/]", soft_wrap=True)
         TerminalRenderer(out, top=top).show(Report(runs=[(label, summary)]))
     _print_catalog([s for _, s, _ in done], catalog_note)
+    return [(label, summary) for label, summary, _ in done]
 
 
 def _list_markers(paths: list[Path]) -> None:

@@ -282,3 +282,16 @@ def safe_name(name: str) -> str:
     import re
 
     return re.sub(r"[^\w.-]+", "_", name).strip("_")[:80] or "run"
+
+
+def check_strict(strict: bool, healths: list[tuple[str, Any]]) -> None:
+    """--strict: exit 5 (profkit.errors.StrictCheckFailed) when any (label, health) is not ok."""
+    if not strict:
+        return
+    from profkit.analysis.health import health_text
+    from profkit.errors import StrictCheckFailed
+
+    bad = [(label, h) for label, h in healths if not (isinstance(h, dict) and h.get("verdict") == "ok")]
+    if bad:
+        raise StrictCheckFailed("--strict: " + "; ".join(f"{label}: {health_text(h)}" for label, h in bad),
+                                hint="the first line of the report names the checks; re-record, or drop --strict to read the figures with their marks")

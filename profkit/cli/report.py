@@ -15,8 +15,8 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
-from profkit.cli.common import command, err, out, safe_name
-from profkit.cli.options import OUTPUT, Captures, JsonOut, Cdn, CatalogOpt, Marker, MinBubble, Output, Top, Window
+from profkit.cli.common import check_strict, command, err, out, safe_name
+from profkit.cli.options import OUTPUT, Captures, JsonOut, Cdn, CatalogOpt, Marker, MinBubble, Output, Strict, Top, Window
 from profkit.errors import TraceInputError, UsageError
 
 
@@ -51,6 +51,7 @@ def diff(
     cdn: Cdn = False,
     top: Top = 10,
     capture: Captures = None,
+    strict: Strict = False,
 ) -> None:
     """Attribute the change between two runs: per-category time, overlap and idle by bubble cause
     (exact, mean per iteration), launches and syncs per iteration, kernels added and removed, and
@@ -110,6 +111,8 @@ def diff(
         sys.stdout.write(get_renderer("json")().render(result))  # the same text `--json FILE` writes
     for w in wrote:
         err.print(f"wrote {escape(w)}")
+    h = d.get("health") or {}
+    check_strict(strict, [(lb, h.get("baseline")), (lc, h.get("candidate"))])
 
 
 @command()

@@ -150,7 +150,7 @@ def read_bytes(path: Path | TraceFile) -> bytes:
             raw = gzip.decompress(raw)
         except (EOFError, gzip.BadGzipFile, zlib.error) as e:
             raise TraceInputError(
-                f"{path}: truncated or corrupt gzip ({e})",
+                f"{path}: truncated or corrupt gzip ({e}): capture health: unusable",
                 hint="the file was cut short (copy interrupted, or the profiler still writing); copy or record it again",
             ) from None
         if not raw:
@@ -191,7 +191,8 @@ def decode_events(path: Path, data: bytes) -> tuple[list[Event], dict[str, Any],
     except msgspec.ValidationError:
         pass
     except msgspec.DecodeError as e:
-        raise TraceInputError(f"{path}: not valid JSON ({_short(e)})", hint="the file is truncated or corrupt; record or copy it again") from None
+        raise TraceInputError(f"{path}: not valid JSON ({_short(e)}): capture health: unusable",
+                              hint="the file is truncated or corrupt; record or copy it again") from None
     try:
         if is_list:
             events = _LAX_LIST.decode(data)
@@ -215,7 +216,7 @@ def _decode_loose(path: Path, data: bytes, is_list: bool, warnings: list[str]) -
     try:
         obj = msgspec.json.decode(data)
     except msgspec.DecodeError as e:
-        raise TraceInputError(f"{path}: not valid JSON ({_short(e)})", hint="the file is truncated or corrupt") from None
+        raise TraceInputError(f"{path}: not valid JSON ({_short(e)}): capture health: unusable", hint="the file is truncated or corrupt") from None
     meta: dict[str, Any] = {}
     if is_list:
         items = obj

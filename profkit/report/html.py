@@ -23,6 +23,8 @@ from markupsafe import Markup
 from profkit import __version__
 from profkit.attribution.diff import IDLE_KEYS, swings, throughput_points
 from profkit.findings import largest_bubbles, sync_groups
+from profkit.analysis import health
+from profkit.report import capture_view
 from profkit.report import figures as F
 from profkit.report.base import Renderer, Report
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
@@ -162,7 +164,8 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         cards.append({"label": f"{label} per iteration (median)", "value": f"{num(x['baseline'], COUNT)} → {num(x['candidate'], COUNT)}",
                       "sub": num(x["delta"], COUNT, sign=True) if x["delta"] else "no change", "tone": ""})
     cards.append({"label": "residual", "value": f"{num(dec['residual_us'], RESIDUAL)} µs", "sub": "exact" if dec.get("exact") else "inexact", "tone": ""})
-    head = _section(f"{prefix}-summary", f"{b['label']} → {c['label']}", headline=" ".join(headline_lines(diff)), cards=cards)
+    head = _section(f"{prefix}-summary", f"{b['label']} → {c['label']}", headline=" ".join([capture_view.diff_health(diff) + ".",
+                                                                                          *headline_lines(diff)]), cards=cards)
     ee = diff.get("expected_effect")
     if ee and ee.get("known"):
         if effect_flags(ee):
@@ -184,6 +187,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     head["notes"] += [f"warning: {x}" for x in diff.get("warnings") or []]
 
     out = [head]
+    out += capture_section(prefix, diff, figs, lb, lc)
     series = diff.get("series") or {}
     if series.get("baseline") or series.get("candidate"):
         # first among the figures: a side whose iterations swing must be seen before its mean is read
@@ -210,6 +214,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         if group == "overlap":
             bv, cv = -(bv or 0), -(cv or 0)
         label = {"category": term, "overlap": "− overlap (multi-stream, counted once)", "idle": f"idle: {term.replace('_', ' ')}"}[group]
+        label = capture_view.mark(label, capture_view.doubted_in_diff(diff, {"category": "category_us", "idle": "gpu_idle_us"}.get(group, "overlap_us")))
         rows.append([label, num(bv), num(cv), num(delta, sign=True), noise_verdict(diff, metric)])
     rows.append([W["window"], num(g["baseline"]), num(g["candidate"]), num(g["delta"], sign=True), noise_verdict(diff, "gpu_window_us")])
     rows.append(["residual", "", "", num(dec["residual_us"], RESIDUAL), "exact" if dec.get("exact") else "inexact"])
@@ -277,6 +282,18 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     return out
 
 
+def capture_section(prefix: str, diff: Mapping[str, Any], figs: _Figures, lb: str, lc: str) -> list[dict[str, Any]]:
+    """Issue 31: overlap slack per step of each side (the first window's transitions), with the diff's slack and
+    speculative-cost lines."""
+    sl = diff.get("overlap_slack") or {}
+    strips = [(lb, (sl.get("baseline") or {}).get("series") or []), (lc, (sl.get("candidate") or {}).get("series") or [])]
+    lines = capture_view.diff_lines(diff)
+    if not any(t for _, t in strips) and not lines:
+        return []
+    figures = [figs.div(capture_view.slack_strip_figure(strips))] if any(t for _, t in strips) else []
+    return [_section(f"{prefix}-slack", "Overlap slack per step and speculative cost", notes=lines, figures=figures)]
+
+
 # --------------------------------------------------------------------------------------------
 # runs (one summary, or a sweep of several)
 
@@ -316,7 +333,11 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
             ("gpu_kernels", W["kernels"], COUNT), ("kernel_launches", "kernel launches", COUNT), ("graph_launches", "graph launches", COUNT), ("syncs", "host syncs", COUNT),
             ("bubble_count", "bubbles", COUNT))]
         swing = _instability(label, [{"gpu_window_us": i.get("gpu_window_us")} for i in its[:-1]], W["window"])
-        notes = [f"rank {r.get('rank')} · {r.get('device') or 'unknown device'} · {len(its)} iterations · marker {r.get('marker')} · catalog {r.get('catalog')}"]
+        notes = [capture_view.summary_health(s), *capture_view.summary_lines(s)]  # issue 31: capture health first
+        cards = [{**c, "label": capture_view.mark(c["label"], health.doubted(s.get("health"), k))}
+                 for c, k in zip(cards, ("wall_us", "gpu_window_us", "gpu_busy_us", "gpu_idle_us", "gpu_kernels", "kernel_launches",
+                                         "graph_launches", "syncs", "bubble_count"))]
+        notes.append(f"rank {r.get('rank')} · {r.get('device') or 'unknown device'} · {len(its)} iterations · marker {r.get('marker')} · catalog {r.get('catalog')}")
         notes += [x for x in (host_gap_text(r), outside_text(r)) if x]
         notes += [f"warning: {w}" for w in r.get("warnings") or []]
         if swing:
@@ -338,6 +359,9 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
     else:
         s["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
     out.append(s)
+    strips = [(label, (_rank0(s).get("overlap_slack") or {}).get("transitions") or []) for label, s in runs]
+    if any(t for _, t in strips):
+        out.append(_section("runs-slack", "Overlap slack per step", figures=[figs.div(capture_view.slack_strip_figure(strips))]))
     out.append(_section("runs-categories", "Time by category and bubbles by cause (medians per iteration)", figures=[
         figs.div(F.category_figure([(label, (_rank0(s).get("median") or {}).get("category_us") or {}) for label, s in runs], device=W["device"])),
         figs.div(F.bubbles_figure([(label, _bubbles_by_cause(_rank0(s))) for label, s in runs], device=W["device"])),

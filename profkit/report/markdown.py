@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, num, pct
 from profkit.report.views import cpu_ops_text, decomposition_rows, headline_lines, noise_verdict, phase_rows, row_metric, throughput_rows
@@ -76,7 +77,9 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     title = f"### profkit diff: {md_escape(b['label'], max_len=80)} → {md_escape(c['label'], max_len=80)}"
     if opt:
         title += f" — {md_escape(opt, max_len=60)}"
-    out += [title, "", *(f"> {md_escape(line, max_len=None)}" for line in headline_lines(diff)), ""]
+    out += [f"**{md_escape(capture_view.diff_health(diff), max_len=None)}**", "",  # issue 31: first, before any number
+            title, "", *(f"> {md_escape(line, max_len=None)}" for line in headline_lines(diff)), ""]
+    out += [*(f"- {md_escape(line, max_len=None)}" for line in capture_view.diff_lines(diff)), ""] if capture_view.diff_lines(diff) else []
 
     tl = diff_timeline(diff)
     W = words(tl)
@@ -133,6 +136,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
                  "idle": f"idle: {md_escape(term.replace('_', ' '))}"}[group]
         if group == "overlap":
             bv, cv = (-bv if bv is not None else None), (-cv if cv is not None else None)
+        label = capture_view.mark(label, capture_view.doubted_in_diff(diff, {"category": "category_us", "idle": "gpu_idle_us"}.get(group, "overlap_us")))
         rows.append([label, num(bv), num(cv), num(delta, sign=True), _noise_mark(diff, metric)])
     if len(shown) < len(cats):
         rest = sum(r[2] for r in cats if r not in shown)

@@ -15,6 +15,8 @@ from rich.table import Table
 
 from profkit.attribution.diff import shape_label, shape_of
 from profkit.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
+from profkit.analysis import health
+from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
 from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, num, pct
@@ -54,6 +56,9 @@ class TerminalRenderer(Renderer):
 
 
 def _summary(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
+    console.print(f"[bold]{escape(capture_view.summary_health(summary))}[/]", soft_wrap=True)  # issue 31: first, before any number
+    for line in capture_view.summary_lines(summary):
+        console.print(escape(line), soft_wrap=True)
     _ranks(summary, console, top=top)
     if summary.get("cross_rank"):
         _cross_rank(summary["cross_rank"], console)
@@ -86,6 +91,7 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
         )
         for label, key, d in rows:
             vals = [i[key] for i in its if i[key] is not None]
+            label = capture_view.mark(label, health.doubted(summary.get("health"), key))
             t.add_row(label, _num(m[key], d), _num(min(vals), d) if vals else "-", _num(max(vals), d) if vals else "-")
         for d in ("h2d", "d2h", "d2d"):
             vals = [i["memcpy"][d] for i in its]
@@ -148,8 +154,11 @@ def _cross_rank(x: Mapping[str, Any], console: Console) -> None:
 
 def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
     b, c = diff["baseline"], diff["candidate"]
+    console.print(f"[bold]{escape(capture_view.diff_health(diff))}[/]", soft_wrap=True)  # issue 31: first, before any number
     for line in headline_lines(diff):  # the headline first (what bounds it, its own effect, what else moved, throughput)
         console.print(f"[bold]{escape(line)}[/]", soft_wrap=True)
+    for line in capture_view.diff_lines(diff):
+        console.print(escape(line), soft_wrap=True)
     console.print(f"[bold]{escape(b['label'])}[/] → [bold]{escape(c['label'])}[/]"
                   + (f"  [cyan]{escape(diff['optimization'])}[/]" if diff.get("optimization") else ""))
     tp = throughput_rows(diff)
@@ -188,6 +197,8 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
             label = "− overlap"
         else:
             label = term if group == "category" else f"idle: {term.replace('_', ' ')}"
+        label = capture_view.mark(label, capture_view.doubted_in_diff(diff, "category_us" if group == "category" else "gpu_idle_us"
+                                                                      if group == "idle" else "overlap_us"))
         rows.append((label, _num(bv), _num(cv), _num(delta, sign=True), noise_verdict(diff, metric)))
     rows.append((W["window"], _num(g["baseline"]), _num(g["candidate"]), _num(g["delta"], sign=True), noise_verdict(diff, "gpu_window_us")))
     rows.append(("residual", "", "", _num(diff["decomposition"]["residual_us"], RESIDUAL), "exact" if diff["decomposition"].get("exact") else "inexact"))

@@ -1,0 +1,86 @@
+"""What every report shows of issue 31's figures, worded once for the three renderers: the capture-health
+verdict (the first line of every report), the overlap-slack line, the speculative-cost line, the mark on a
+figure that capture health puts in doubt, and the slack-per-step strip of the HTML report."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from profkit.analysis import health, slack, spec
+from profkit.attribution import capture_terms
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+DOUBT_MARK = " †"
+DOUBT_NOTE = "† in doubt: capture health says this recording may distort it (see the first line)"
+
+
+def summary_health(summary: Mapping[str, Any]) -> str:
+    return health.health_text(summary.get("health"))
+
+
+def summary_lines(summary: Mapping[str, Any]) -> list[str]:
+    """A run's lines after its health line: overlap slack per rank, speculative cost per accepted token."""
+    ranks = summary.get("ranks") or []
+    out = []
+    for r in ranks:
+        line = slack.slack_line(r.get("overlap_slack"))
+        if line:
+            out.append(line if len(ranks) == 1 else f"rank {r.get('rank')}: {line}")
+    sp = summary.get("speculative")
+    if isinstance(sp, Mapping) and sp.get("gpu_us_per_accepted_token") is not None:
+        per = sp["phase_us_per_accepted_token"]
+        src = "" if sp.get("accept_source") == "window" else f" [accept length from the {sp.get('accept_source')}, not this window]"
+        out.append(f"Speculative cost per accepted token (accept length {sp['accept_length']:.2f}{src}): GPU "
+                   + ", ".join(f"{p} {per[p]:,.1f}" for p in spec.PHASES) + f" µs (all {sp['gpu_us_per_accepted_token']:,.1f}); "
+                   f"wall {sp['wall_us_per_accepted_token']:,.1f} µs ({sp['verify_iterations']} verify iterations)")
+    if (summary.get("health") or {}).get("verdict") in ("degraded", "unusable"):
+        out.append(DOUBT_NOTE)
+    return out
+
+
+def diff_health(diff: Mapping[str, Any]) -> str:
+    return capture_terms.health_diff_line(diff.get("health"))
+
+
+def diff_lines(diff: Mapping[str, Any]) -> list[str]:
+    """A diff's lines after its health line: the change in exposed host time, speculative cost side by side."""
+    h = diff.get("health") or {}
+    note = [DOUBT_NOTE] if any(isinstance(x, Mapping) and x.get("verdict") in ("degraded", "unusable")
+                               for x in (h.get("baseline"), h.get("candidate"))) else []
+    return [x for x in (capture_terms.slack_diff_line(diff.get("overlap_slack")), spec.spec_line(diff.get("speculative"))) if x] + note
+
+
+def doubted_in_diff(diff: Mapping[str, Any], metric: str) -> bool:
+    h = diff.get("health") or {}
+    return health.doubted(h.get("baseline"), metric) or health.doubted(h.get("candidate"), metric)
+
+
+def mark(label: str, doubted: bool) -> str:
+    return label + DOUBT_MARK if doubted else label
+
+
+def slack_strip_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> go.Figure:
+    """Slack per step (one bar per transition N → N+1), one row per side: above zero the host was ahead,
+    below it the GPU waited for the host (exposed host time)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=max(len(sides), 1), cols=1, shared_xaxes=True, subplot_titles=[label for label, _ in sides] or None)
+    for k, (label, ts) in enumerate(sides, start=1):
+        fig.add_trace(go.Bar(
+            x=[f"{t['from']}→{t['to']}" for t in ts], y=[t["slack_us"] for t in ts], name=label, showlegend=False,
+            marker_color=["#c0392b" if t["slack_us"] < 0 else "#2e86c1" for t in ts],
+            hovertext=[("exposed " + f"{t['exposed_host_us']:,.1f} µs: " + "; ".join(
+                f"{capture_breaker(b)} {b['us']:,.1f}" for b in (t.get("broken_by") or [])[:3])) if t["exposed_host_us"] > 0 else "host ahead"
+                for t in ts],
+        ), row=k, col=1)
+        fig.update_yaxes(title_text="slack µs", row=k, col=1, zeroline=True)
+    fig.update_layout(title="Overlap slack per step (below 0: the GPU waited for the host)", height=220 + 160 * len(sides),
+                      margin={"l": 60, "r": 20, "t": 60, "b": 40})
+    return fig
+
+
+def capture_breaker(b: Mapping[str, Any]) -> str:
+    return slack.breaker_key({**b, "ns": 0})
