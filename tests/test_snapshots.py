@@ -98,3 +98,56 @@ def test_numbers_survive_80_columns(name, tmp_path):
     assert not missing, missing[:10]
     for copy in ("cudaStreamSynchronize", "aten::_local_scalar_dense"):
         assert copy in narrow
+
+
+PROXY = ROOT / "tests" / "data" / "gpu_proxy"  # the project's own H200 recordings (README there)
+
+
+def _sweep_table(width: int) -> str:
+    """`sweep`'s closing table (cli.capture._render_sweep) for a one-at-a-time sweep of the H200 proxy
+    recordings: baseline against +topk_v2 and against +indexer_fusion, compared as `sweep` compares them."""
+    from types import SimpleNamespace
+
+    from profkit.attribution.diff import compare_summaries
+    from profkit.capture.sweep import attribution_row
+    from profkit.catalog import CatalogChoice, load_catalog
+    from profkit.cli.capture import _render_sweep
+    from profkit.summarize import SummarizeOptions, summarize
+
+    opts = SummarizeOptions(catalog=CatalogChoice(load_catalog("proxy"), "test"), cache=False)
+    s = {n: summarize([PROXY / f"{n}.trace.json.gz"], opts).summary for n in ("baseline", "topk_v2", "indexer_fusion")}
+    doc = {"mode": "one-at-a-time", "attribution": []}
+    diffs = []
+    for opt in ("topk_v2", "indexer_fusion"):
+        d = compare_summaries(s["baseline"], s[opt], opt=opt, catalog=load_catalog("proxy"), labels=("baseline", f"+{opt}"))
+        diffs.append(d)
+        doc["attribution"].append(attribution_row(f"+{opt}", opt, SimpleNamespace(run_id="baseline"), SimpleNamespace(run_id=opt), d, Path("pair")))
+    saved = cli.out.width
+    cli.out.width = width
+    try:
+        with cli.out.capture() as cap:
+            _render_sweep(doc, diffs)
+    finally:
+        cli.out._width = None
+        del saved
+    return "\n".join(line.rstrip() for line in cap.get().splitlines()) + "\n"
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_sweep_table_snapshot(width):
+    got = _sweep_table(width)
+    path = SNAP / f"sweep-table-{width}.txt"
+    if UPDATE or not path.exists():
+        path.write_text(got)
+        if not UPDATE:
+            pytest.skip(f"wrote new snapshot {path.name}")
+        return
+    assert got == path.read_text(), "".join(difflib.unified_diff(path.read_text().splitlines(True), got.splitlines(True), path.name, "now"))
+    assert all(len(line) <= width for line in got.splitlines() if not line.startswith(("flag:", "unstable:")))
+
+
+def test_sweep_table_keeps_its_numbers_at_80_columns():
+    wide, narrow = _sweep_table(120), _sweep_table(80)
+    nums = [t for t in wide.split() if re.fullmatch(r"[-+]?\d[\d,]*(\.\d+)?%?", t)]
+    assert nums and all(n in narrow.split() for n in nums), [n for n in nums if n not in narrow.split()]
+    assert "+topk_v2" in narrow and "+indexer_fusion" in narrow

@@ -90,13 +90,23 @@ def fit_table(console: Console, title: str | None, columns: Sequence[tuple[str, 
     fixed = sum(w for w, k in zip(natural, kinds) if k == NUM)
     flex = [i for i, k in enumerate(kinds) if k != NUM]
     room = max(width - pad - fixed, sum(MIN_NAME if kinds[i] == NAME else 4 for i in flex))
-    # share the room among the non-number columns: each gets what it needs if all fit, else a fair share
+    # strings a user copies first, whole, while the others keep their least (a name MIN_NAME; wrapping
+    # text its longest word, at least 8): text wraps, a cut switch or API is useless
     share = dict.fromkeys(flex, 0)
-    left, todo = room, sorted(flex, key=lambda i: natural[i])
+    least = {i: MIN_NAME if kinds[i] == NAME else min(natural[i], max(8, max((cell_len(w) for r in cells for w in r[i].split()), default=4)))
+             if kinds[i] == TEXT else 4 for i in flex}
+    left = room
+    for i in sorted((i for i in flex if kinds[i] == COPY), key=lambda i: natural[i]):
+        rest = sum(least[j] for j in flex if j != i and share[j] == 0)
+        if natural[i] <= left - rest:
+            share[i] = natural[i]
+            left -= natural[i]
+    # share the rest among the others: each gets what it needs if all fit, else a fair share
+    todo = sorted((i for i in flex if share[i] == 0), key=lambda i: natural[i])
     while todo:
         fair = left // len(todo)
         i = todo.pop(0)
-        w = min(natural[i], max(fair, MIN_NAME if kinds[i] == NAME else 4))
+        w = min(natural[i], max(fair, least[i]))
         share[i] = w
         left -= w
     over = [i for i in flex if kinds[i] == COPY and share[i] < natural[i]]
