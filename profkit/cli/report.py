@@ -148,17 +148,20 @@ def report(
         return doc
 
     expanded: list[Path] = []
+    named: dict[Path, str] = {}  # a sweep's runs keep the sweep's labels (baseline, +topk_v2, ...)
     for p in paths:
         if p.is_dir() and (p / "sweep.json").is_file():  # a sweep's folder: its runs, then its compared pairs
             doc = read_json(p / "sweep.json")
             for r in doc.get("runs") or []:
                 expanded.append(Path(r["summary"]).parent)
+                named[expanded[-1]] = str(r.get("label"))
             diffs += [read_diff(Path(a["diff"])) for a in doc.get("attribution") or [] if Path(a["diff"]).is_file()]
         elif p.is_dir() and (p / "diff.json").is_file():  # an attribution folder (trace's, or one pair of a sweep)
             diffs.append(read_diff(p / "diff.json"))
         else:
             expanded.append(p)
     for p in expanded:
+        label = named.get(p)
         if window is not None and p.is_dir():
             from profkit.inputs import profile_windows_of
 
@@ -179,7 +182,7 @@ def report(
         if side.repeats:
             err.print(f"[dim]{escape(str(p))}: {len(side.repeats)} profile windows; this report shows the first (--window i for another; "
                       f"diff uses every window for noise)[/]", soft_wrap=True)
-        runs.append((side.label, side.summary))
+        runs.append((label or side.label, side.summary))
     labels = [label for label, _ in runs]
     if len(set(labels)) != len(labels):
         runs = [(f"{label} #{i + 1}", s) for i, (label, s) in enumerate(runs)]

@@ -52,6 +52,15 @@ def _bubble_ops(b: Mapping[str, Any], top: int = 2) -> str:
     return "".join(f"<br>CPU in {esc(n, 60)}" + (f": {us[i]:,.1f} µs" if i < len(us) else "") for i, n in enumerate(names))
 
 
+HOVER_OPS = 200  # bubbles per timeline whose hover names the CPU ops inside them (the longest)
+
+
+def _round_us(values: Sequence[float]) -> Any:
+    """Times in µs to 0.01 µs (the hover shows 0.1): a GPU iteration has thousands of ops, and their
+    17-digit floats would double the page (a report stays under 2 MB)."""
+    return [round(v, 2) for v in values]
+
+
 def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, colors: Mapping[str, str] | None = None,
                     window: str = "GPU window") -> go.Figure:
     """One representative iteration per side, stacked: GPU ops as bars on stream rows (colour =
@@ -78,15 +87,20 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
         for c, k in sorted(by_name, key=lambda ck: (ck[0], names[ck[1]])):
             idx = by_name[(c, k)]
             label = esc(names[k]).replace("%", "&#37;")  # a literal % would open a template field
+            durs = _round_us([ops["dur_us"][i] for i in idx])
+            # a bar with a base hovers %{x} as its end (base + x): the duration goes in customdata, the start is %{base}
             fig.add_trace(go.Bar(
-                y=[f"stream {ops['stream'][i]}" for i in idx], x=[ops["dur_us"][i] for i in idx], base=[ops["start_us"][i] for i in idx],
-                customdata=[ops["start_us"][i] for i in idx],
+                y=[f"stream {ops['stream'][i]}" for i in idx], x=durs, base=_round_us([ops["start_us"][i] for i in idx]),
+                customdata=durs,
                 orientation="h", name=esc(c), legendgroup=f"cat:{c}", showlegend=c not in shown,
                 marker=dict(color=colors.get(c, "#999999"), line=dict(width=0)),
-                hovertemplate=f"{label}<br>{esc(c)} · %{{x:,.1f}} µs at %{{customdata:,.1f}} µs<extra></extra>",
+                hovertemplate=f"{label}<br>{esc(c)} · %{{customdata:,.1f}} µs at %{{base:,.1f}} µs<extra></extra>",
             ), row=row, col=1)
             shown.add(c)
         by_cause: dict[str, list[Mapping[str, Any]]] = {}
+        # the CPU ops in the hover of the longest HOVER_OPS bubbles only: an eager GPU iteration has ~1,500
+        # bubbles, mostly launch gaps of a few µs, and their text alone was a third of the figure (2 MB per report)
+        worded = {id(b) for b in sorted(t["bubbles"], key=lambda b: -b["dur_us"])[:HOVER_OPS]}
         for bub in t["bubbles"]:
             by_cause.setdefault(bub["cause"], []).append(bub)
         for cause in sorted(by_cause):
@@ -96,8 +110,8 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
                 y=["bubbles"] * len(bs), x=[b["dur_us"] for b in bs], base=[b["start_us"] for b in bs], orientation="h",
                 name=esc(f"bubble: {cause}"), legendgroup=key, showlegend=key not in shown,
                 marker=dict(color=CAUSE_COLORS.get(cause, "#999999"), pattern=dict(shape="/")),
-                customdata=[b["start_us"] for b in bs], text=[_bubble_ops(b).replace("%", "&#37;") for b in bs], textposition="none",
-                hovertemplate=f"bubble · {esc(cause)} · %{{x:,.1f}} µs at %{{customdata:,.1f}} µs%{{text}}<extra></extra>",
+                customdata=_round_us([b["dur_us"] for b in bs]), text=[_bubble_ops(b).replace("%", "&#37;") if id(b) in worded else "" for b in bs], textposition="none",
+                hovertemplate=f"bubble · {esc(cause)} · %{{customdata:,.1f}} µs at %{{base:,.1f}} µs%{{text}}<extra></extra>",
             ), row=row, col=1)
             shown.add(key)
         if t["syncs"]:
@@ -212,12 +226,12 @@ def per_iteration_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]
     return _layout(fig, title="Launches, syncs and bubbles per iteration", height=400)
 
 
-def ladder_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
-    """Sweep ladder: mean wall and GPU window per configuration, in order."""
+def ladder_figure(rows: Sequence[Mapping[str, Any]], *, window: str = "GPU window") -> go.Figure:
+    """Sweep ladder: mean wall and GPU window (`window`: "CPU-op window" on a CPU) per configuration, in order."""
     x = [esc(r["label"], 60) for r in rows]
     fig = go.Figure()
     fig.add_trace(go.Bar(x=x, y=[r["wall_us"] for r in rows], name="wall µs", marker_color=SIDE_COLORS[0]))
-    fig.add_trace(go.Bar(x=x, y=[r["gpu_window_us"] for r in rows], name="GPU window µs", marker_color=SIDE_COLORS[1]))
+    fig.add_trace(go.Bar(x=x, y=[r["gpu_window_us"] for r in rows], name=f"{window} µs", marker_color=SIDE_COLORS[1]))
     fig.update_yaxes(title_text="µs per iteration (mean)")
     return _layout(fig, title="Ladder: per-iteration time by configuration", barmode="group")
 

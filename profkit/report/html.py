@@ -12,6 +12,7 @@ with ``cdn=True``. Figure div ids are fixed so that the same input gives the sam
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any, ClassVar
@@ -33,6 +34,7 @@ from profkit.report.views import (
 from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
 
 MAX_ROWS = 50
+MAX_BYTES = 2_000_000  # a report is at most 2 MB (README)
 MAX_MANIFEST_ROWS = 200
 
 
@@ -95,7 +97,7 @@ def _instability(label: str, series: Sequence[Mapping[str, Any]], window: str) -
 
 def _section(id: str, title: str, **kw: Any) -> dict[str, Any]:
     s = {"id": id, "title": title, "headline": None, "cards": [], "flags": [], "flags_title": "", "ok": None, "notes": [],
-         "figures": [], "tables": []}
+         "figures": [], "tables": [], "details_open": None, "details_close": False}
     s.update(kw)
     return s
 
@@ -139,7 +141,10 @@ def _manifest_table(label: str, manifest: Any) -> dict[str, Any] | None:
 # a diff
 
 
-def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "diff") -> list[dict[str, Any]]:
+def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "diff", timeline: bool = True, single: bool = False) -> list[dict[str, Any]]:
+    """The sections of one diff. `timeline`: draw the representative iterations and list the manifests (a
+    sweep's step leaves them to the page's per-configuration timeline and manifests, which show every run once); `single`: the page holds this diff alone (its
+    h1 names the two sides, so the first h2 does not again)."""
     b, c = diff["baseline"], diff["candidate"]
     lb, lc = f"baseline: {b['label']}", f"candidate: {c['label']}"
     w, g = diff["wall_us"], diff["gpu_window_us"]
@@ -161,8 +166,9 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         x = diff["counts"][key]
         cards.append({"label": f"{label} per iteration (median)", "value": f"{num(x['baseline'], COUNT)} → {num(x['candidate'], COUNT)}",
                       "sub": num(x["delta"], COUNT, sign=True) if x["delta"] else "no change", "tone": ""})
-    cards.append({"label": "residual", "value": f"{num(dec['residual_us'], RESIDUAL)} µs", "sub": "exact" if dec.get("exact") else "inexact", "tone": ""})
-    head = _section(f"{prefix}-summary", f"{b['label']} → {c['label']}", headline=" ".join(headline_lines(diff)), cards=cards)
+    if not dec.get("exact") or dec["residual_us"]:  # an exact decomposition's 0.000 tells a reader nothing: shown only when not
+        cards.append({"label": "residual", "value": f"{num(dec['residual_us'], RESIDUAL)} µs", "sub": "exact" if dec.get("exact") else "inexact", "tone": ""})
+    head = _section(f"{prefix}-summary", "Summary" if single else f"{b['label']} → {c['label']}", headline=" ".join(headline_lines(diff)), cards=cards)
     ee = diff.get("expected_effect")
     if ee and ee.get("known"):
         if effect_flags(ee):
@@ -198,11 +204,14 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     cats = sorted(set(dec["baseline"]["category_us"]) | set(dec["candidate"]["category_us"]))
     colors = F.category_colors(cats + [c for _, t in sides if t for c in t["ops"]["category"]])
     s = _section(f"{prefix}-timeline", "Timeline of a representative iteration")
-    if any(t for _, t in sides):
+    if not timeline:
+        pass
+    elif any(t for _, t in sides):
         s["figures"].append(figs.div(F.timeline_figure(sides, colors=colors, window=W["window"])))
+        out.append(s)
     else:
         s["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
-    out.append(s)
+        out.append(s)
 
     rows = []
     for group, term, delta, bv, cv in decomposition_rows(diff):
@@ -272,7 +281,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         out.append(curves)
     man = [t for t in (_manifest_table(lb, (diff.get("manifests") or {}).get("baseline")),
                        _manifest_table(lc, (diff.get("manifests") or {}).get("candidate"))) if t]
-    if man:
+    if man and timeline:  # a sweep's step: its runs' manifests are at the end of the page, once
         out.append(_section(f"{prefix}-manifests", "Run manifests", tables=man))
     return out
 
@@ -286,24 +295,33 @@ def _rank0(summary: Mapping[str, Any]) -> Mapping[str, Any]:
     return ranks[0]
 
 
-def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence[Mapping[str, Any]] | None, figs: _Figures) -> list[dict[str, Any]]:
+def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence[Mapping[str, Any]] | None, figs: _Figures,
+                 *, timelines: int | None = None) -> list[dict[str, Any]]:
+    """The sections of one run, or of a sweep's runs (the ladder first). `timelines`: at most that many runs
+    (the first and the last) in the per-configuration timeline, to keep a long sweep's page under MAX_BYTES."""
     out: list[dict[str, Any]] = []
     if len(runs) >= 2:
         if ladder is None or len(ladder) != len(runs):
             raise ValueError(f"a report of {len(runs)} runs draws their ladder: pass Report(ladder=profkit.attribution.ladder_steps(runs))")
         rows = []
+        LW = words("cpu" if all(rank_timeline(_rank0(s)) == "cpu" for _, s in runs) else "gpu")
+        cpu = LW["window"] != words("gpu")["window"]
         for i, ((label, s), step) in enumerate(zip(runs, ladder)):
             m = _rank0(s).get("median") or {}
-            rows.append([label, step["shape"], num(step["wall_us"]), "" if i == 0 else num(step["wall_delta_vs_previous_us"], sign=True),
+            rows.append([label, step["shape"], num(step.get("tokens_per_s_per_user"), RATE), num(step.get("tokens_per_s"), RATE), num(step["wall_us"]),
+                         "" if i == 0 else num(step["wall_delta_vs_previous_us"], sign=True),
                          "" if i == 0 else num(step["wall_delta_vs_first_us"], sign=True), num(step["gpu_window_us"]),
-                         num(m.get("gpu_kernels"), COUNT), num(m.get("kernel_launches"), COUNT), num(m.get("graph_launches"), COUNT), num(m.get("syncs"), COUNT),
+                         num(m.get("gpu_kernels"), COUNT), *([] if cpu else [num(m.get("kernel_launches"), COUNT), num(m.get("graph_launches"), COUNT),
+                                                                            num(m.get("syncs"), COUNT)]),
                          num(m.get("bubble_us"))])
+        cols = ["configuration", "shape", "tokens/s per user (unprofiled)", "tokens/s (unprofiled)", "wall µs", "Δ vs previous", "Δ vs first",
+                f"{LW['window']} µs", LW["kernels"], *([] if cpu else ["kernel launches", "graph launches", "syncs"]), "bubble µs"]
         out.append(_section(
-            "ladder", "Ladder", notes=["Each row against the previous one and against the first (mean µs per iteration, iterations of the shape both share)."],
+            "ladder", "Ladder", notes=["Each row against the previous one and against the first (mean µs per iteration, iterations of the shape both share); "
+                                       "tokens/s from each run's unprofiled workload (median of its repeats)."],
             figures=[figs.div(F.ladder_figure([{"label": label, "wall_us": st["wall_us"], "gpu_window_us": st["gpu_window_us"]}
-                                               for (label, _), st in zip(runs, ladder)]))],
-            tables=[_table(["configuration", "shape", "wall µs", "Δ vs previous", "Δ vs first", "GPU window µs", "kernels", "kernel launches",
-                            "graph launches", "syncs", "bubble µs"], rows, align="llrrrrrrrrr", name_cols=(0,))],
+                                               for (label, _), st in zip(runs, ladder)], window=LW["window"]))],
+            tables=[_table(cols, rows, align="ll" + "r" * (len(cols) - 2), name_cols=(0,))],
         ))
     # headline cards per run
     for i, (label, s) in enumerate(runs):
@@ -333,6 +351,10 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
                   for i in _rank0(s).get("iterations") or []]) for label, s in runs], window=W["window"]))]))
     sides = [(label, _rank0(s).get("timeline")) for label, s in runs]
     s = _section("runs-timeline", "Timeline of a representative iteration" + (" per configuration" if len(runs) > 1 else ""))
+    if timelines is not None and len(sides) > timelines:
+        s["notes"].append(f"The first and the last of the {len(sides)} configurations only, to keep this page under 2 MB: "
+                          "each run's own report (profkit report RUN) has its timeline.")
+        sides = [sides[0], sides[-1]]
     if any(t for _, t in sides):
         s["figures"].append(figs.div(F.timeline_figure(sides, window=W["window"])))
     else:
@@ -407,22 +429,37 @@ class HtmlRenderer(Renderer):
         self.title = title
 
     def render(self, report: Report) -> str:
-        return _page(report.diffs, report.runs, report.ladder, cdn=self.cdn, title=self.title)
+        page = _page(report.diffs, report.runs, report.ladder, cdn=self.cdn, title=self.title)
+        if len(page.encode()) > MAX_BYTES and len(report.runs) > 2:
+            # a long sweep: the per-configuration timeline keeps its first and last runs (each run's own report has its timeline)
+            page = _page(report.diffs, report.runs, report.ladder, cdn=self.cdn, title=self.title, timelines=2)
+        return page
 
 
 def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence[Mapping[str, Any]] | None,
-          *, cdn: bool, title: str | None) -> str:
+          *, cdn: bool, title: str | None, timelines: int | None = None) -> str:
     figs = _Figures(cdn=cdn)
     sections: list[dict[str, Any]] = []
+    sweep = len(runs) >= 2
+    rest = run_sections(runs, ladder, figs, timelines=timelines) if runs else []
+    if sweep:  # a sweep leads with its own result, the ladder; each compared step follows, collapsed
+        sections.append(rest.pop(0))
     for i, d in enumerate(diffs):
-        sections += diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff")
-    if runs:
-        sections += run_sections(runs, ladder, figs)
+        ds = diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff", timeline=not sweep, single=len(diffs) == 1 and not runs)
+        if sweep:
+            lb, lc = d["baseline"]["label"], d["candidate"]["label"]
+            common = os.path.commonprefix([lb, lc])  # run ids of one sweep share their stamp: name the steps by what differs
+            cut = common.rfind("-") + 1 if len(common) < min(len(lb), len(lc)) else 0
+            ds[0]["details_open"] = f"step {i + 1} of {len(diffs)}: {lb[cut:]} → {lc[cut:]}" + (
+                f" ({d['optimization']})" if d.get("optimization") else "") + ": " + (headline_lines(d) or [""])[0]
+            ds[-1]["details_close"] = True
+        sections += ds
+    sections += rest
     if title is None:
         if diffs and not runs and len(diffs) == 1:
             title = f"profkit diff: {diffs[0]['baseline']['label']} → {diffs[0]['candidate']['label']}"
-        elif len(runs) > 1 and not diffs:
-            title = f"profkit sweep: {len(runs)} configurations"
+        elif len(runs) > 1:
+            title = f"profkit sweep: {len(runs)} configurations" + (f", {len(diffs)} compared steps" if diffs else "")
         elif runs and not diffs:
             title = f"profkit report: {runs[0][0]}"
         else:
@@ -438,7 +475,7 @@ def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[
     page_banner = banner("mixed" if "mixed" in tls or len(tls) > 1 else (tls.pop() if tls else "gpu"))
     return _env().get_template("report.html").render(
         title=title, subtitle=None, profkit_version=__version__, sections=sections, banner=page_banner,
-        nav=[{"id": s["id"], "title": s["title"]} for s in sections if s["id"].endswith(("summary", "ladder"))],
+        nav=[{"id": s["id"], "title": s["title"]} for s in sections if s["id"].endswith(("summary", "ladder")) and not s.get("details_open")],
         footer="times are µs per iteration; decompositions use means, counts use medians",
         data=data,
     )
