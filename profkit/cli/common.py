@@ -75,7 +75,7 @@ _state = {"debug": False}
 Target = Annotated[str, typer.Option("--target", help="proxy (the built-in engine) or sglang.")]
 Marker = Annotated[Optional[str], typer.Option("--marker", help="Regex for the CPU span that opens one iteration, for inputs analyzed now (traces).")]
 MinBubble = Annotated[float, typer.Option("--min-bubble-us", min=0.0, help="Shortest GPU idle gap counted as a bubble, for inputs analyzed now.")]
-CatalogOpt = Annotated[Optional[str], typer.Option("--catalog", help="Kernel catalog (name in kernels/ or a .toml path): classifies traces analyzed now and says which categories --opt owns.")]
+CatalogOpt = Annotated[Optional[str], typer.Option("--catalog", help="Kernel catalog (a name in kernels/ or a .toml path) for traces analyzed now (default: from the run manifest or the kernel names).")]
 Window = Annotated[Optional[int], typer.Option("--window", min=0, help="Of a run folder of profile windows (window-<i>/): window i only (default: each window on its own).")]
 Cdn = Annotated[bool, typer.Option("--cdn", help="Load plotly.js from its CDN (a small file that needs the network) instead of inlining it.")]
 

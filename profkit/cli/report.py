@@ -36,9 +36,9 @@ def _write_text(path: Path, text: str, *, announce: bool = True) -> None:
 
 @command()
 def diff(
-    before: Annotated[Path, typer.Argument(readable=False, help="Baseline: a summary.json, a trace file, or a run folder (repeat-*/ subfolders are repeats).")],
+    before: Annotated[Path, typer.Argument(readable=False, help="Baseline: a summary.json, a trace file, or a run folder (its window-*/ or repeat-*/ subfolders: profile windows, for noise).")],
     after: Annotated[Path, typer.Argument(readable=False, help="Candidate: same kinds as BEFORE.")],
-    opt: Annotated[Optional[str], typer.Option("--opt", help="The optimization the candidate adds (default: from the run manifests) for the expected-effect check.")] = None,
+    opt: Annotated[Optional[str], typer.Option("--opt", help="The optimization the candidate adds (default: from the run manifests) for the expected-effect check; its categories come from --catalog.")] = None,
     catalog: CatalogOpt = None,
     md: Annotated[Optional[Path], typer.Option("--md", help="Write a GitHub Markdown PR comment to FILE.")] = None,
     html: Annotated[Optional[Path], typer.Option("--html", help="Write a self-contained HTML report to FILE.")] = None,
@@ -57,7 +57,7 @@ def diff(
 
     Example:
 
-        profkit diff traces/base/summary.json traces/topk/summary.json --opt topk_v2 --md comment.md --html diff.html
+        profkit diff reports/RUN_A reports/RUN_B --opt topk_v2 --html diff.html
     """
     from profkit.attribution.diff import compare_summaries
     from profkit.catalog import choose_catalog
@@ -211,7 +211,7 @@ def export_perfetto(
 
     Example:
 
-        profkit export-perfetto traces/sample/eager_sync.pt.trace.json.gz -o eager_sync.perfetto-trace
+        profkit export-perfetto traces/sample/eager_sync.pt.trace.json.gz
     """
     from profkit.analysis import analyze_trace
     from profkit.ingest.identity import short_label

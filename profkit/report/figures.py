@@ -34,9 +34,23 @@ def esc(s: object, max_len: int | None = MAX_HOVER_NAME) -> str:
     return html.escape(text, quote=True)
 
 
+# the catalogs' categories (kernels/*.toml) each in a hue of its own, the same in every report; the pairs
+# that sit side by side in a decode step (attention/rope, gemm/sampling, moe/topk) far apart on the wheel
+CATEGORY_COLORS = {
+    "attention": "#1F77B4", "gemm": "#2CA02C", "moe": "#9467BD", "topk": "#FF7F0E", "sampling": "#8C564B", "rope": "#E377C2",
+    "indexer": "#17BECF", "norm": "#BCBD22", "comm": "#D62728", "elementwise": "#7F7F7F", "memcpy": "#393B79", "quant": "#F7B6D2",
+    "reduce": "#637939", "spec": "#AD494A", "other": "#C7C7C7",
+}
+
+
 def category_colors(categories: Sequence[str]) -> dict[str, str]:
-    """A stable colour per category (sorted order), the same in every figure of a report."""
-    return {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(sorted(set(categories)))}
+    """A stable colour per category: the catalogs' own from CATEGORY_COLORS, any other from PALETTE
+    (sorted order, skipping colours already in use), the same in every figure of a report."""
+    out = {c: CATEGORY_COLORS[c] for c in set(categories) if c in CATEGORY_COLORS}
+    spare = [p for p in PALETTE if p.upper() not in {v.upper() for v in out.values()}] or list(PALETTE)
+    for i, c in enumerate(sorted(set(categories) - set(out))):
+        out[c] = spare[i % len(spare)]
+    return out
 
 
 def _layout(fig: go.Figure, *, title: str, height: int = 380, **kw: Any) -> go.Figure:
@@ -69,11 +83,12 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
     run, report.vocab). `sides`: (label, summary timeline)."""
     present = [(lab, t) for lab, t in sides if t]
     n = max(len(present), 1)
-    titles = [esc(f"{lab}: iteration {t['iteration']} ({t['kind']}"
-                  + (f" bs={t['batch_size']}" if t.get("batch_size") is not None else "")
-                  + f"), {window} {t['gpu_window_us']:,.1f} µs", 200) for lab, t in present] or ["no timeline"]
+    # two lines (the side, then the iteration): one line was cut at 900 px
+    titles = [esc(lab, 70) + "<br>" + esc(f"iteration {t['iteration']} ({t['kind']}"
+                                         + (f" bs={t['batch_size']}" if t.get("batch_size") is not None else "")
+                                         + f"), {window} {t['gpu_window_us']:,.1f} µs", 110) for lab, t in present] or ["no timeline"]
     # each side on its own x-axis (a 60 ms baseline would make a 1 ms candidate a sliver); a button shares them
-    fig = make_subplots(rows=n, cols=1, shared_xaxes=False, vertical_spacing=0.16 if n > 1 else 0.1, subplot_titles=titles)
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=False, vertical_spacing=0.2 if n > 1 else 0.1, subplot_titles=titles)
     cats = sorted({c for _, t in present for c in t["ops"]["category"]})
     colors = dict(colors or category_colors(cats))
     shown: set[str] = set()
@@ -129,12 +144,15 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
     if n > 1:
         share = {f"xaxis{i}.matches": "x" for i in range(2, n + 1)}
         own = {f"xaxis{i}.matches": None for i in range(2, n + 1)}
-        fig.update_layout(updatemenus=[dict(type="buttons", direction="left", x=1.0, xanchor="right", y=1.0 + 40 / (260 + 230 * n),
+        # right above the first plot, under the modebar; the subplot titles are left-aligned, clear of it at 900 px
+        fig.update_layout(updatemenus=[dict(type="buttons", direction="left", x=1.0, xanchor="right", y=1.0 + 4 / (300 + 230 * n),
                                             yanchor="bottom", showactive=True, active=0,
                                             buttons=[dict(label="x-axis per side", method="relayout", args=[own]),
                                                      dict(label="share x-axis", method="relayout", args=[share])])])
+    fig.for_each_annotation(lambda a: a.update(x=0.0, xanchor="left", align="left"))  # the subplot titles
     what = {1: "", 2: ", before and after"}.get(len(present), f", {len(present)} configurations")
-    return _layout(fig, title=f"Representative iteration (median {window}){what}", height=260 + 230 * n, barmode="overlay")
+    fig = _layout(fig, title=f"Representative iteration (median {window}){what}", height=300 + 230 * n, barmode="overlay")
+    return fig.update_layout(margin=dict(t=100))
 
 
 def gpu_window_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], *, window: str = "GPU window") -> go.Figure:
@@ -180,7 +198,7 @@ def waterfall_figure(diff: Mapping[str, Any], *, max_terms: int = 12, window: st
         levels.append(level)
     lo, hi = min(levels), max(levels)
     pad = max((hi - lo) * 0.25, abs(hi) * 0.002, 1.0)
-    fig.update_yaxes(title_text="µs per iteration (mean; axis zoomed to the changes)", range=[max(lo - pad, 0.0), hi + pad])
+    fig.update_yaxes(title_text="µs per iteration (mean; zoomed)", range=[max(lo - pad, 0.0), hi + pad])
     return _layout(fig, title=f"Where the {window} went: {g['delta']:+,.1f} µs per iteration", height=420)
 
 

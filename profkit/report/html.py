@@ -28,7 +28,7 @@ from profkit.report import figures as F
 from profkit.report.base import Renderer, Report
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
 from profkit.report.views import (
-    cpu_ops_text, decomposition_rows, effect_flags, headline_lines, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
+    cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
     throughput_rows,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
@@ -176,13 +176,15 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
             what = [x for x, on in (("its own effect went the wrong way", ee.get("against")),
                                     (f"changes outside {ee['optimization']}'s categories ({', '.join(ee['categories']) or 'none'})", ee["flags"])) if on]
             head["flags_title"] = f"Expected-effect check: {'; '.join(what)}, threshold {ee['threshold']}"
-        else:
+        elif ee.get("judged"):
             head["ok"] = f"Expected-effect check passed: {ee['optimization']} changed nothing outside its categories ({', '.join(ee['categories']) or 'none'}) beyond {ee['threshold']}."
+        else:
+            head["notes"].append(f"Expected-effect check {ee['threshold']}.")
     elif ee:
         head["notes"].append(ee.get("note", ""))
     noise = diff.get("noise") or {}
     head["notes"].append(
-        f"Noise: {noise['repeats']['baseline']} baseline and {noise['repeats']['candidate']} candidate repeats; changes smaller than the spread are marked “within noise”."
+        f"Noise: {noise['repeats']['baseline']} baseline and {noise['repeats']['candidate']} candidate profile windows; changes smaller than the spread are marked “within noise”."
         if noise.get("available") else f"Noise: {noise.get('note', 'no noise estimate')}."
     )
     head["notes"].append(f"Compared {diff['shape']['label']} iterations: {diff['shape']['iterations']['baseline']} baseline, "
@@ -195,7 +197,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         # first among the figures: a side whose iterations swing must be seen before its mean is read
         swing = [x for x in (_instability(lb, series.get("baseline") or [], W["window"]),
                              _instability(lc, series.get("candidate") or [], W["window"])) if x]
-        head["notes"][:0] = [f"warning: {x}" for x in swing]
+        # said once, at the plot that shows it (the headline names the unstable side too)
         out.append(_section(f"{prefix}-windows", f"{W['window']} per iteration, each side", notes=[f"warning: {x}" for x in swing],
                             figures=[figs.div(F.gpu_window_figure([(lb, series.get("baseline") or []), (lc, series.get("candidate") or [])],
                                                                   window=W["window"]))]))
@@ -214,7 +216,8 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         out.append(s)
 
     rows = []
-    for group, term, delta, bv, cv in decomposition_rows(diff):
+    # in the waterfall's order above it: largest |Δ| first
+    for group, term, delta, bv, cv in sorted(decomposition_rows(diff), key=lambda r: -abs(r[2] or 0.0)):
         metric = row_metric(group, term)
         if group == "overlap":
             bv, cv = -(bv or 0), -(cv or 0)
@@ -261,7 +264,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     out.append(_section(f"{prefix}-counts", "Launches and syncs per iteration", figures=figs_l, tables=tables))
 
     movers = diff.get("top_movers") or []
-    ktables = [_table(["kernel (normalized)", "category", "baseline µs", "candidate µs", "Δ µs", "", "full name, e.g."],
+    ktables = [_table([f"{W['kernel']} (normalized)", "category", "baseline µs", "candidate µs", "Δ µs", "", "full name, e.g."],
                       [[m["name"], m["category"], num(m["baseline_us"]), num(m["candidate_us"]), num(m["delta_us"], sign=True), m["status"],
                         _example(m)] for m in movers],
                       align="llrrrll", caption="top movers, µs per iteration", name_cols=(0, 6))]
@@ -269,12 +272,12 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         ks = diff.get(key) or []
         total = diff.get(f"{key}_total", len(ks))
         if ks:
-            ktables.append(_table(["kernel (normalized)", "category", "per iteration", "µs per iteration", "full name, e.g."],
+            ktables.append(_table([f"{W['kernel']} (normalized)", "category", "per iteration", "µs per iteration", "full name, e.g."],
                                   [[k["name"], k["category"], num(k["count_per_iteration"], RATE), num(k["us_per_iteration"]), _example(k)]
                                    for k in ks[:MAX_ROWS]],
-                                  align="llrrl", caption=f"{total} kernel(s) {what}", name_cols=(0, 4), collapsed=True,
+                                  align="llrrl", caption=f"{total} {W['kernel']}(s) {what}", name_cols=(0, 4), collapsed=True,
                                   more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
-    out.append(_section(f"{prefix}-kernels", "Top kernels", tables=ktables))
+    out.append(_section(f"{prefix}-kernels", f"Top {W['kernels_plain']}", tables=ktables))
     curves = _curve_section(f"{prefix}-throughput", [(lb, throughput_points((diff.get("manifests") or {}).get("baseline"))),
                                                        (lc, throughput_points((diff.get("manifests") or {}).get("candidate")))], figs)
     if curves:
@@ -334,7 +337,7 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
             ("gpu_kernels", W["kernels"], COUNT), ("kernel_launches", "kernel launches", COUNT), ("graph_launches", "graph launches", COUNT), ("syncs", "host syncs", COUNT),
             ("bubble_count", "bubbles", COUNT))]
         swing = _instability(label, [{"gpu_window_us": i.get("gpu_window_us")} for i in its[:-1]], W["window"])
-        notes = [f"rank {r.get('rank')} · {r.get('device') or 'unknown device'} · {len(its)} iterations · marker {r.get('marker')} · catalog {r.get('catalog')}"]
+        notes = [f"rank {r.get('rank')} · {device_text(r, s.get('manifest'))} · {len(its)} iterations · marker {r.get('marker')} · catalog {r.get('catalog')}"]
         notes += [x for x in (host_gap_text(r), outside_text(r)) if x]
         notes += [f"warning: {w}" for w in r.get("warnings") or []]
         if swing:

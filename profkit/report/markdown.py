@@ -95,6 +95,8 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     if ee:
         if not ee.get("known"):
             out.append(f"ℹ️ {md_escape(ee.get('note'), max_len=300)}")
+        elif ee.get("ok") and not ee.get("judged", True):  # nothing judged: no "passed"
+            out.append(f"ℹ️ Expected-effect check {md_escape(ee['threshold'])}.")
         elif ee.get("ok"):
             cats = ", ".join(md_escape(x) for x in ee["categories"]) or "none (idle and launch time only)"
             out.append(f"✅ Expected-effect check passed: no change outside {md_escape(opt)}'s categories ({cats}) beyond "
@@ -112,7 +114,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     noise = diff.get("noise") or {}
     if noise.get("available"):
         r = noise["repeats"]
-        out.append(f"Noise: {r['baseline']} baseline and {r['candidate']} candidate repeats; a change smaller than the spread is marked *within noise*.")
+        out.append(f"Noise: {r['baseline']} baseline and {r['candidate']} candidate profile windows; a change smaller than the spread is marked *within noise*.")
     else:
         out.append(f"Noise: {md_escape(noise.get('note', 'no noise estimate'), max_len=300)}.")
     out.append("")

@@ -19,7 +19,7 @@ from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
 from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, num, pct
 from profkit.report.views import (
-    cpu_ops_text, decomposition_rows, effect_flags, headline_lines, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
+    cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
     throughput_rows,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, words
@@ -64,7 +64,7 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
         its = r["iterations"]
         kinds = Counter(shape_label(shape_of(i)) for i in its)
         console.print(
-            f"[bold]rank {r['rank']}[/] {escape(r['device'] or '')}  [dim]{escape(r['path'])}[/]\n"
+            f"[bold]rank {r['rank']}[/] {escape(device_text(r, summary.get('manifest')))}  [dim]{escape(r['path'])}[/]\n"
             f"  {len(its)} iterations ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r['marker']))}[/]; catalog {escape(r['catalog'])}",
             soft_wrap=True,
         )
@@ -100,10 +100,12 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
         by_cause = m.get("bubble_us_by_cause") or {}
         causes = bubble_causes(r)
         if causes and any(v["count"] for v in causes.values()):
+            n_it = max(len(its), 1)  # the CPU ops' idle time is summed over every iteration: per iteration, like the µs beside it
             console.print(fit_table(
-                console, "bubbles by cause (median µs per iteration; count over all iterations; CPU ops by the idle time inside the bubbles)",
+                console, "bubbles by cause (µs: median per iteration; count: all iterations; CPU ops: idle µs inside, mean per iteration)",
                 (("cause", COPY), ("µs", NUM), ("count", NUM), ("CPU was in", TEXT)),
-                [(c, _num(v), str(causes.get(c, {}).get("count", 0)), cpu_ops_text(idle_cpu_ops(r, c, 2)))
+                [(c, _num(v), str(causes.get(c, {}).get("count", 0)),
+                  cpu_ops_text([(op, None if us is None else us / n_it) for op, us in idle_cpu_ops(r, c, 2)]))
                  for c, v in sorted(by_cause.items(), key=lambda kv: -kv[1])]))
             big = largest_bubbles(r, top)
             console.print(fit_table(
@@ -166,9 +168,11 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
         if effect_flags(ee):
             for f in effect_flags(ee):
                 console.print(f"[bold red]flag:[/] {escape(f)}", soft_wrap=True)
-        else:
+        elif ee.get("judged"):
             console.print(f"[green]expected effect ok:[/] no change outside {escape(', '.join(ee['categories']) or 'its (empty) categories')} "
-                          f"beyond {escape(ee['threshold'])}")
+                          f"beyond {escape(ee['threshold'])}", soft_wrap=True)
+        else:  # nothing was judged: no "ok"
+            console.print(f"[yellow]expected effect {escape(ee['threshold'])}[/]", soft_wrap=True)
     elif ee:
         console.print(f"[yellow]note:[/] {escape(ee.get('note', ''))}", soft_wrap=True)
     noise = diff.get("noise") or {}
@@ -227,6 +231,6 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
         if ks:
             names = ", ".join(k["name"] for k in ks[:5])
             more = f" and {diff.get(f'{key}_total', len(ks)) - 5} more" if diff.get(f"{key}_total", len(ks)) > 5 else ""
-            console.print(f"kernels {what}: {escape(names)}{more}", soft_wrap=True)
+            console.print(f"{W['kernels_plain']} {what}: {escape(names)}{more}", soft_wrap=True)
     for w in diff.get("warnings") or []:
         console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)

@@ -62,7 +62,10 @@ def throughput_rows(diff: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not b and not c:
         return []
     rows = []
+    cpu = diff_timeline(diff) == "cpu"
     for key, label, higher in THROUGHPUT_KEYS:
+        if key == "tokens_per_s_per_gpu" and cpu:
+            label = "tokens/s per rank"  # a CPU-only run has no GPU: the same figure, per process of the engine
         (bv, bs), (cv, cs) = _median_of(b, key), _median_of(c, key)
         if bv is None and cv is None:
             continue
@@ -238,4 +241,17 @@ def outside_text(rank: Mapping[str, Any]) -> str | None:
     parts = [f"{o[k]} {label}" for k, label in (("before_first", "launched before the first iteration"),
                                                 ("after_last", "after the last"), ("no_launch_in_trace", "with no launch call in the trace"))
              if o.get(k)]
-    return f"outside every iteration: {o['gpu_ops']:,} GPU ops, {o['gpu_us']:,.1f} µs{share}: {', '.join(parts)}"
+    ops = "aten ops" if rank.get("device_timeline") == "cpu" else "GPU ops"  # a CPU-only run's device ops are its aten ops
+    return f"outside every iteration: {o['gpu_ops']:,} {ops}, {o['gpu_us']:,.1f} µs{share}: {', '.join(parts)}"
+
+
+def device_text(rank: Mapping[str, Any], manifest: Any = None) -> str:
+    """What ran the rank: the trace's device name, else the run manifest's (its gpu, e.g. "cpu"), else
+    "CPU" for a CPU-only trace; "unknown device" only when nothing says."""
+    if rank.get("device"):
+        return str(rank["device"])
+    versions = manifest.get("versions") if isinstance(manifest, Mapping) else None
+    gpu = (versions or {}).get("gpu") if isinstance(versions, Mapping) else None
+    if gpu:
+        return "CPU" if str(gpu).lower() == "cpu" else str(gpu)
+    return "CPU" if rank.get("device_timeline") == "cpu" else "unknown device"
