@@ -61,3 +61,19 @@ def test_html_decomposition_table_in_the_waterfalls_order(tmp_path):
     deltas = [float(x.replace(",", "").replace("+", "").replace("−", "-")) for x in re.findall(r'<td class="r">([+-−]?[\d,]+\.\d)</td>\s*<td class="l">', sec)]
     body = [abs(d) for d in deltas[:-1]]  # the last one is the window itself
     assert len(body) > 3 and body == sorted(body, reverse=True)
+
+
+def test_analyze_gives_a_verdict_when_the_gpu_mostly_idles():
+    """tests/data/gpu_overlap/eager_long_gap (H200): the GPU idles 7,334.4 of 7,425.7 µs per iteration
+    (tests/data/gpu_overlap/expected.json); the verdict names the largest cause and the op behind it."""
+    trace = Path(__file__).resolve().parent / "data" / "gpu_overlap" / "eager_long_gap.trace.json.gz"
+    r = runner.invoke(app, ["analyze", str(trace), "--no-cache"])
+    assert r.exit_code == 0, r.output
+    import json
+    import statistics
+
+    its = json.loads((trace.parent / "expected.json").read_text())["traces"][trace.name]["per_iteration"]  # check.py's, from the raw events
+    idle, win = statistics.median(i["gpu_idle_us"] for i in its), statistics.median(i["gpu_window_us"] for i in its)
+    line = " ".join(r.output.split("verdict: ", 1)[1].split("\nper iteration", 1)[0].split())
+    assert line.startswith(f"the GPU idles {idle:,.1f} of its {win:,.1f} µs window per iteration (99%, medians); launch-bound"), line
+    assert "aten::sort" in line

@@ -95,6 +95,9 @@ def fit_table(console: Console, title: str | None, columns: Sequence[tuple[str, 
     share = dict.fromkeys(flex, 0)
     least = {i: MIN_NAME if kinds[i] == NAME else min(natural[i], max(8, max((cell_len(w) for r in cells for w in r[i].split()), default=4)))
              if kinds[i] == TEXT else 4 for i in flex}
+    for i in flex:  # a text column's longest word is folded, not kept whole, when it would crowd the others out
+        if kinds[i] == TEXT:
+            least[i] = min(least[i], max(8, room // 2))
     left = room
     for i in sorted((i for i in flex if kinds[i] == COPY), key=lambda i: natural[i]):
         rest = sum(least[j] for j in flex if j != i and share[j] == 0)

@@ -28,7 +28,7 @@ from profkit.report import figures as F
 from profkit.report.base import Renderer, Report
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
 from profkit.report.views import (
-    cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
+    cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
     throughput_rows,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
@@ -338,7 +338,7 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
             ("bubble_count", "bubbles", COUNT))]
         swing = _instability(label, [{"gpu_window_us": i.get("gpu_window_us")} for i in its[:-1]], W["window"])
         notes = [f"rank {r.get('rank')} · {device_text(r, s.get('manifest'))} · {len(its)} iterations · marker {r.get('marker')} · catalog {r.get('catalog')}"]
-        notes += [x for x in (host_gap_text(r), outside_text(r)) if x]
+        notes += [x for x in (idle_verdict(r), host_gap_text(r), outside_text(r)) if x]
         notes += [f"warning: {w}" for w in r.get("warnings") or []]
         if swing:
             notes.insert(0, f"warning: {swing}")

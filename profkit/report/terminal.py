@@ -19,7 +19,7 @@ from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
 from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, num, pct
 from profkit.report.views import (
-    cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
+    cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
     throughput_rows,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, words
@@ -37,9 +37,11 @@ class TerminalRenderer(Renderer):
     name: ClassVar[str] = "terminal"
     output_file_extension: ClassVar[str] = "txt"
 
-    def __init__(self, console: Console, *, top: int = 10) -> None:
+    def __init__(self, console: Console, *, top: int = 10, warn: Console | None = None) -> None:
+        """`warn`: print each run's warnings there, before its tables (analyze: stderr), instead of after them."""
         self.console = console
         self.top = top
+        self.warn = warn
 
     def render(self, report: Report) -> str:
         with self.console.capture() as captured:
@@ -50,16 +52,19 @@ class TerminalRenderer(Renderer):
         for d in report.diffs:
             _diff(d, self.console, top=self.top)
         for _label, s in report.runs:
-            _summary(s, self.console, top=self.top)
+            _summary(s, self.console, top=self.top, warn=self.warn)
 
 
-def _summary(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
-    _ranks(summary, console, top=top)
+def _summary(summary: Mapping[str, Any], console: Console, *, top: int, warn: Console | None = None) -> None:
+    if warn is not None:
+        for w in [w for r in summary["ranks"] for w in r["warnings"]] + list((summary.get("cross_rank") or {}).get("warnings") or []):
+            warn.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+    _ranks(summary, console, top=top, warnings=warn is None)
     if summary.get("cross_rank"):
-        _cross_rank(summary["cross_rank"], console)
+        _cross_rank(summary["cross_rank"], console, warnings=warn is None)
 
 
-def _ranks(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
+def _ranks(summary: Mapping[str, Any], console: Console, *, top: int, warnings: bool = True) -> None:
     for r in summary["ranks"]:
         its = r["iterations"]
         kinds = Counter(shape_label(shape_of(i)) for i in its)
@@ -68,6 +73,9 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
             f"  {len(its)} iterations ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r['marker']))}[/]; catalog {escape(r['catalog'])}",
             soft_wrap=True,
         )
+        verdict = idle_verdict(r)
+        if verdict:
+            console.print(f"  [bold]{escape(verdict)}[/]", soft_wrap=True)
         for line in filter(None, (host_gap_text(r), outside_text(r))):
             console.print(f"  [bold magenta]{escape(line)}[/]", soft_wrap=True)
         m = r["median"]
@@ -126,11 +134,11 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
                                     (("total µs", NUM), ("calls/iter", NUM), ("category", COPY), ("name", NAME)),
                                     # calls per iteration with one decimal in this table (the diff tables use RATE, two)
                                     [(_num(k["total_us"]), _num(k["count"] / n_it, 1), k["category"] or "-", k["name"]) for k in r["kernels"][:top]]))
-        for w in r["warnings"]:
+        for w in r["warnings"] if warnings else ():
             console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
 
 
-def _cross_rank(x: Mapping[str, Any], console: Console) -> None:
+def _cross_rank(x: Mapping[str, Any], console: Console, *, warnings: bool = True) -> None:
     """The straggler table and per-iteration spread across ranks."""
     offs = ", ".join(f"rank {r}: {v:+,.1f} µs" for r, v in x["clock_offsets_us"].items())
     console.print(f"[bold]across {len(x['ranks'])} ranks[/]: {x['aligned_iterations']} aligned iterations; clock offsets {escape(offs)}")
@@ -144,7 +152,7 @@ def _cross_rank(x: Mapping[str, Any], console: Console) -> None:
     if spreads:
         spreads.sort()
         console.print(f"GPU-window spread across ranks per iteration: median {_num(spreads[len(spreads) // 2])} µs, max {_num(spreads[-1])} µs")
-    for w in x["warnings"]:
+    for w in x["warnings"] if warnings else ():
         console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
 
 

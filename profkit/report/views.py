@@ -255,3 +255,38 @@ def device_text(rank: Mapping[str, Any], manifest: Any = None) -> str:
     if gpu:
         return "CPU" if str(gpu).lower() == "cpu" else str(gpu)
     return "CPU" if rank.get("device_timeline") == "cpu" else "unknown device"
+
+
+IDLE_VERDICT = 0.5  # a GPU idle for at least this share of its window gets a verdict line
+_IDLE_WHY = {
+    "launch": "launch-bound: the host issues kernels slower than the GPU runs them",
+    "sync": "sync-bound: the host blocks on the GPU and the GPU then waits for the host",
+    "iteration_boundary": "scheduler-bound: the GPU waits between iterations for the host's scheduling",
+    "gpu_wait": "dependency-bound: the GPU waits on other streams or events",
+    "short_gaps": "gaps shorter than --min-bubble-us between kernels (many small kernels)",
+}
+
+
+def idle_verdict(rank: Mapping[str, Any]) -> str | None:
+    """One line when the GPU mostly idles (median idle >= IDLE_VERDICT of the median window): what bounds
+    the iteration, by the largest idle cause, with the CPU op most of that idle time went to. None for a
+    GPU that is mostly busy, or a CPU-only run (its "idle" is of the CPU-op timeline)."""
+    from profkit.findings import idle_cpu_ops
+
+    if rank.get("device_timeline") == "cpu":
+        return None
+    m = rank.get("median") or {}
+    win, idle = m.get("gpu_window_us"), m.get("gpu_idle_us")
+    if not win or idle is None or idle < IDLE_VERDICT * win:
+        return None
+    causes = {k: v or 0.0 for k, v in (m.get("bubble_us_by_cause") or {}).items()}
+    causes["short_gaps"] = max(idle - (m.get("bubble_us") or 0.0), 0.0)
+    cause, us = max(causes.items(), key=lambda kv: kv[1])
+    where = ""
+    ops = idle_cpu_ops(rank, cause, 1) if cause != "short_gaps" else []
+    if ops and ops[0][1]:
+        n = max(len(rank.get("iterations") or []), 1)
+        where = f"; the CPU op with most of that idle time: {ops[0][0]} ({ops[0][1] / n:,.1f} µs per iteration)"
+    launches = f", {m['kernel_launches']:,.0f} kernel launches per iteration" if cause == "launch" and m.get("kernel_launches") else ""
+    return (f"verdict: the GPU idles {idle:,.1f} of its {win:,.1f} µs window per iteration ({100 * idle / win:.0f}%, medians); "
+            f"{_IDLE_WHY.get(cause, cause)} ({cause.replace('_', ' ')} {us:,.1f} µs{launches}){where}")
