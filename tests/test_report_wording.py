@@ -77,3 +77,31 @@ def test_analyze_gives_a_verdict_when_the_gpu_mostly_idles():
     line = " ".join(r.output.split("verdict: ", 1)[1].split("\nper iteration", 1)[0].split())
     assert line.startswith(f"the GPU idles {idle:,.1f} of its {win:,.1f} µs window per iteration (99%, medians); launch-bound"), line
     assert "aten::sort" in line
+
+
+def test_kernel_names_demangled_and_told_apart(tmp_path):
+    """aiter's kernels use a mangling libstdc++'s demangler does not read (DF16b): c++filt does; the
+    report shows C++ and keeps the recorded name in the hover (title). Three Cijk_Alik_… GEMMs that
+    differ in the middle of their names stay apart at 80 columns."""
+    import shutil
+
+    import pytest
+
+    from profkit.report.fit import cut_names, demangle
+
+    mangled = "_ZN5aiter24add_rmsnorm_quant_kernelIDF16bDF16bLi256ELi16ELb0ELb0ELb1ELi1EEEvPT0_PT_PfS4_S4_S4_diiiiiiib"
+    names = ["Cijk_Alik_Bljk_BBS_BH_MT256x32x64_MI16x16x1_SN_LDSB1_AFC1_WSGRB0_WS64_WG64_4_1",
+             "Cijk_Alik_Bljk_BBS_BH_MT32x32x256_MI16x16x1_SN_LDSB1_AFC1_WSGRB0_WS64_WG16_4_4",
+             "Cijk_Alik_Bljk_BBS_BH_MT64x32x256_MI16x16x1_SN_LDSB1_AFC1_WSGRB0_WS64_WG16_4_4"]
+    cut = cut_names(names, 32)
+    assert len(set(cut)) == 3 and all(len(c) <= 32 for c in cut), cut
+    if shutil.which("c++filt") is None and demangle(mangled) == mangled:
+        pytest.skip("no demangler on this machine reads DF16b (binutils' c++filt does)")
+    assert demangle(mangled).startswith("void aiter::add_rmsnorm_quant_kernel<std::bfloat16_t, std::bfloat16_t, 256, 16,")
+    trace = Path(__file__).resolve().parent / "data" / "public" / "tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz"
+    if not trace.exists():
+        pytest.skip(f"{trace} absent")
+    page = tmp_path / "r.html"
+    r = runner.invoke(app, ["report", str(trace), "-o", str(page)])
+    assert r.exit_code == 0, r.output
+    assert f'title="{mangled}">void aiter::add_rmsnorm_quant_kernel&lt;' in page.read_text()

@@ -14,6 +14,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from profkit.report.fit import demangle, demangle_many
 from profkit.report.views import decomposition_rows
 
 PALETTE = (
@@ -94,6 +95,7 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
     shown: set[str] = set()
     for row, (_lab, t) in enumerate(present, start=1):
         ops, names = t["ops"], t["names"]
+        demangle_many(names)
         # one trace per (category, kernel name): the name is written once, in its hover template,
         # rather than in every op's hover text (a decode iteration repeats ~100 names ~1,400 times)
         by_name: dict[tuple[str, int], list[int]] = {}
@@ -101,7 +103,8 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
             by_name.setdefault((c, k), []).append(i)
         for c, k in sorted(by_name, key=lambda ck: (ck[0], names[ck[1]])):
             idx = by_name[(c, k)]
-            label = esc(names[k]).replace("%", "&#37;")  # a literal % would open a template field
+            cxx = demangle(names[k])  # as C++; the recorded (mangled) name on the hover's second line
+            label = (esc(cxx) + (f"<br>{esc(names[k])}" if cxx != names[k] else "")).replace("%", "&#37;")  # a literal % would open a template field
             durs = _round_us([ops["dur_us"][i] for i in idx])
             # a bar with a base hovers %{x} as its end (base + x): the duration goes in customdata, the start is %{base}
             fig.add_trace(go.Bar(

@@ -26,6 +26,7 @@ from profkit.attribution.diff import IDLE_KEYS, swings, throughput_points
 from profkit.findings import largest_bubbles, sync_groups
 from profkit.report import figures as F
 from profkit.report.base import Renderer, Report
+from profkit.report.fit import demangle, demangle_many
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
 from profkit.report.views import (
     cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
@@ -121,6 +122,12 @@ def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, str]]:
             out += _flatten(v, f"{prefix}[{i}]")
         return out
     return [(prefix, obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False))]
+
+
+def _kname(name: str) -> Any:
+    """A kernel name as C++ (demangled), the name as recorded in its hover; other names as they are."""
+    d = demangle(name)
+    return name if d == name else {"text": d, "title": name}
 
 
 def _example(k: Mapping[str, Any], max_len: int = 300) -> str:
@@ -265,7 +272,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
 
     movers = diff.get("top_movers") or []
     ktables = [_table([f"{W['kernel']} (normalized)", "category", "baseline µs", "candidate µs", "Δ µs", "", "full name, e.g."],
-                      [[m["name"], m["category"], num(m["baseline_us"]), num(m["candidate_us"]), num(m["delta_us"], sign=True), m["status"],
+                      [[_kname(m["name"]), m["category"], num(m["baseline_us"]), num(m["candidate_us"]), num(m["delta_us"], sign=True), m["status"],
                         _example(m)] for m in movers],
                       align="llrrrll", caption="top movers, µs per iteration", name_cols=(0, 6))]
     for key, what in (("kernels_added", "added"), ("kernels_removed", "removed")):
@@ -273,7 +280,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         total = diff.get(f"{key}_total", len(ks))
         if ks:
             ktables.append(_table([f"{W['kernel']} (normalized)", "category", "per iteration", "µs per iteration", "full name, e.g."],
-                                  [[k["name"], k["category"], num(k["count_per_iteration"], RATE), num(k["us_per_iteration"]), _example(k)]
+                                  [[_kname(k["name"]), k["category"], num(k["count_per_iteration"], RATE), num(k["us_per_iteration"]), _example(k)]
                                    for k in ks[:MAX_ROWS]],
                                   align="llrrl", caption=f"{total} {W['kernel']}(s) {what}", name_cols=(0, 4), collapsed=True,
                                   more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
@@ -375,7 +382,7 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
         n = max(len(r.get("iterations") or []), 1)
         ks = r.get("kernels") or []
         tables.append(_table(["kernel", "category", "count / iter", "µs / iter", "total µs"],
-                             [[k["name"], k["category"], num(k["count"] / n, RATE), num(k["total_us"] / n), num(k["total_us"])] for k in ks[:MAX_ROWS]],
+                             [[_kname(k["name"]), k["category"], num(k["count"] / n, RATE), num(k["total_us"] / n), num(k["total_us"])] for k in ks[:MAX_ROWS]],
                              align="llrrr", caption=f"top kernels: {label} ({len(ks)} distinct)", name_cols=(0,),
                              more=f"{len(ks) - MAX_ROWS} more not shown" if len(ks) > MAX_ROWS else None, collapsed=len(runs) > 1))
         # every sync (the summary's sync_groups; its `syncs` list is bounded), as the terminal's table has them
@@ -444,6 +451,8 @@ def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[
     figs = _Figures(cdn=cdn)
     sections: list[dict[str, Any]] = []
     sweep = len(runs) >= 2
+    demangle_many([k["name"] for d in diffs for key in ("top_movers", "kernels_added", "kernels_removed") for k in d.get(key) or []]
+                  + [k["name"] for _, s in runs for k in (_rank0(s).get("kernels") or [])[:MAX_ROWS]])  # one c++filt for the page
     rest = run_sections(runs, ladder, figs, timelines=timelines) if runs else []
     if sweep:  # a sweep leads with its own result, the ladder; each compared step follows, collapsed
         sections.append(rest.pop(0))

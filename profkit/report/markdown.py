@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from profkit.report.base import Renderer, Report
+from profkit.report.fit import demangle
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, num, pct
 from profkit.report.views import cpu_ops_text, decomposition_rows, headline_lines, noise_verdict, phase_rows, row_metric, throughput_rows
 from profkit.report.vocab import banner, count_label, diff_timeline, words
@@ -196,7 +197,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         cut = movers[:limit]
         out += ["#### Top movers (µs per iteration, by normalized kernel name)", ""]
         rows = [[num(m["delta_us"], sign=True), num(m["baseline_us"]), num(m["candidate_us"]), md_escape(m["category"]),
-                 md_escape(m["name"], max_len=MAX_NAME), md_escape(m["status"])] for m in cut]
+                 md_escape(demangle(m["name"]), max_len=MAX_NAME), md_escape(m["status"])] for m in cut]
         out += _table(["Δ µs", "baseline µs", "candidate µs", "category", W["kernel"], "status"], "rrrlll", rows)
         out += _more(len(movers), len(cut), "movers")
         out.append("")
@@ -209,7 +210,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         cut = ks[:limit] if limit else []
         out += [f"<details><summary>{total} kernel(s) {what}</summary>", ""]
         if cut:
-            rows = [[num(k["us_per_iteration"]), num(k["count_per_iteration"], RATE), md_escape(k["category"]), md_escape(k["name"], max_len=MAX_NAME)]
+            rows = [[num(k["us_per_iteration"]), num(k["count_per_iteration"], RATE), md_escape(k["category"]), md_escape(demangle(k["name"]), max_len=MAX_NAME)]
                     for k in cut]
             out += _table(["µs per iteration", "calls/iter", "category", "kernel"], "rrll", rows)
         out += _more(total, len(cut), f"{what} kernels")
