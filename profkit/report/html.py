@@ -354,7 +354,7 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
                          [[num(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"])] for b in big],
                          align="rlrl", caption=f"largest bubbles: {label} (of {r.get('bubbles_total', len(r.get('bubbles') or []))})",
                          name_cols=(3,))] if big else []
-        out.append(_section(f"run-{i}", label, cards=cards, notes=notes, tables=tables))
+        out.append(_section(f"run-{i}", label if len(runs) > 1 else "Summary", cards=cards, notes=notes, tables=tables))  # one run: the h1 names it
     W = words("cpu" if runs and all(rank_timeline(_rank0(s)) == "cpu" for _, s in runs) else "gpu")
     out.append(_section("runs-windows", f"{W['window']} per iteration", figures=[figs.div(F.gpu_window_figure(
         [(label, [{**i, "used": True, "shape": f"{i.get('kind')}" + (f" bs={i['batch_size']}" if i.get("batch_size") is not None else "")}

@@ -58,7 +58,7 @@ class TerminalRenderer(Renderer):
 def _summary(summary: Mapping[str, Any], console: Console, *, top: int, warn: Console | None = None) -> None:
     if warn is not None:
         for w in [w for r in summary["ranks"] for w in r["warnings"]] + list((summary.get("cross_rank") or {}).get("warnings") or []):
-            warn.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+            warn.print(f"[yellow]warning:[/] {escape(w)}")
     _ranks(summary, console, top=top, warnings=warn is None)
     if summary.get("cross_rank"):
         _cross_rank(summary["cross_rank"], console, warnings=warn is None)
@@ -71,13 +71,12 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int, warnings: 
         console.print(
             f"[bold]rank {r['rank']}[/] {escape(device_text(r, summary.get('manifest')))}  [dim]{escape(r['path'])}[/]\n"
             f"  {len(its)} iterations ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r['marker']))}[/]; catalog {escape(r['catalog'])}",
-            soft_wrap=True,
         )
         verdict = idle_verdict(r)
         if verdict:
-            console.print(f"  [bold]{escape(verdict)}[/]", soft_wrap=True)
+            console.print(f"  [bold]{escape(verdict)}[/]")
         for line in filter(None, (host_gap_text(r), outside_text(r))):
-            console.print(f"  [bold magenta]{escape(line)}[/]", soft_wrap=True)
+            console.print(f"  [bold magenta]{escape(line)}[/]")
         m = r["median"]
         if not m:
             continue
@@ -135,7 +134,7 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int, warnings: 
                                     # calls per iteration with one decimal in this table (the diff tables use RATE, two)
                                     [(_num(k["total_us"]), _num(k["count"] / n_it, 1), k["category"] or "-", k["name"]) for k in r["kernels"][:top]]))
         for w in r["warnings"] if warnings else ():
-            console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+            console.print(f"[yellow]warning:[/] {escape(w)}")
 
 
 def _cross_rank(x: Mapping[str, Any], console: Console, *, warnings: bool = True) -> None:
@@ -153,13 +152,13 @@ def _cross_rank(x: Mapping[str, Any], console: Console, *, warnings: bool = True
         spreads.sort()
         console.print(f"GPU-window spread across ranks per iteration: median {_num(spreads[len(spreads) // 2])} µs, max {_num(spreads[-1])} µs")
     for w in x["warnings"] if warnings else ():
-        console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+        console.print(f"[yellow]warning:[/] {escape(w)}")
 
 
 def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
     b, c = diff["baseline"], diff["candidate"]
     for line in headline_lines(diff):  # the headline first (what bounds it, its own effect, what else moved, throughput)
-        console.print(f"[bold]{escape(line)}[/]", soft_wrap=True)
+        console.print(f"[bold]{escape(line)}[/]")
     console.print(f"[bold]{escape(b['label'])}[/] → [bold]{escape(c['label'])}[/]"
                   + (f"  [cyan]{escape(diff['optimization'])}[/]" if diff.get("optimization") else ""))
     tp = throughput_rows(diff)
@@ -175,22 +174,22 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
     if ee and ee.get("known"):
         if effect_flags(ee):
             for f in effect_flags(ee):
-                console.print(f"[bold red]flag:[/] {escape(f)}", soft_wrap=True)
+                console.print(f"[bold red]flag:[/] {escape(f)}")
         elif ee.get("judged"):
             console.print(f"[green]expected effect ok:[/] no change outside {escape(', '.join(ee['categories']) or 'its (empty) categories')} "
-                          f"beyond {escape(ee['threshold'])}", soft_wrap=True)
+                          f"beyond {escape(ee['threshold'])}")
         else:  # nothing was judged: no "ok"
-            console.print(f"[yellow]expected effect {escape(ee['threshold'])}[/]", soft_wrap=True)
+            console.print(f"[yellow]expected effect {escape(ee['threshold'])}[/]")
     elif ee:
-        console.print(f"[yellow]note:[/] {escape(ee.get('note', ''))}", soft_wrap=True)
+        console.print(f"[yellow]note:[/] {escape(ee.get('note', ''))}")
     noise = diff.get("noise") or {}
     if not noise.get("available"):
-        console.print(f"[dim]{escape(noise.get('note', 'no noise estimate'))}[/]", soft_wrap=True)
+        console.print(f"[dim]{escape(noise.get('note', 'no noise estimate'))}[/]")
 
     tl = diff_timeline(diff)
     W = words(tl)
     if banner(tl):
-        console.print(f"[bold yellow]{escape(banner(tl) or '')}[/]", soft_wrap=True)
+        console.print(f"[bold yellow]{escape(banner(tl) or '')}[/]")
     g = diff["decomposition"]["gpu_window_us"]
     rows: list[tuple[str, ...]] = []
     for group, term, delta, bv, cv in decomposition_rows(diff):
@@ -239,6 +238,6 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
         if ks:
             names = ", ".join(k["name"] for k in ks[:5])
             more = f" and {diff.get(f'{key}_total', len(ks)) - 5} more" if diff.get(f"{key}_total", len(ks)) > 5 else ""
-            console.print(f"{W['kernels_plain']} {what}: {escape(names)}{more}", soft_wrap=True)
+            console.print(f"{W['kernels_plain']} {what}: {escape(names)}{more}")
     for w in diff.get("warnings") or []:
-        console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+        console.print(f"[yellow]warning:[/] {escape(w)}")
