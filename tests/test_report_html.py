@@ -56,6 +56,9 @@ def _no_raw_hostile(html: str) -> None:
         tag, body = m.group(0), html[m.end(): m.end() + 80].lstrip()
         if tag == '<script type="application/json" id="profkit-data">' or tag.startswith('<script charset="utf-8" src="https://cdn.plot.ly/'):
             continue
+        if tag == '<script id="profkit-details">':  # the template's own, static: sizes figures inside a <details> when it opens
+            assert body.startswith("/* a figure drawn inside a closed <details>"), body
+            continue
         assert tag in ("<script>", '<script type="text/javascript">'), tag
         assert body.startswith(("window.PlotlyConfig", "/**\n* plotly.js", "window.PLOTLYENV")), body
 
@@ -167,7 +170,7 @@ def test_html_renders_in_headless_chromium_and_runs_no_injected_script(tmp_path,
     assert "data-pwned=" not in dom
     console = [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
     assert console == [], console
-    assert dom.count('class="plot-container plotly"') == expected_figures == 14  # slack-per-step strips of the diff and the runs (issue 31)
+    assert dom.count('class="plot-container plotly"') == expected_figures == 13  # slack-per-step strips (issue 31); the sweep step leaves its timeline to the per-configuration one (issue 28)
     assert dom.count("js-plotly-plot") >= expected_figures
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom  # shown as text
     assert shot.exists() and shot.stat().st_size > 20_000
@@ -286,3 +289,41 @@ def test_run_report_counts_every_sync_not_only_the_listed_ones():
     table = table[:table.index("</table>")]
     rates = [float(x) for x in re.findall(r'<td class="r">([0-9.]+)</td>\s*<td class="r">[0-9.,]+</td>\s*</tr>', table)]
     assert rates and sum(rates) == pytest.approx(want)
+
+
+def test_a_sweep_report_leads_with_its_ladder_and_folds_each_step():
+    """issue 28: the sweep's own result first (the ladder, with tokens/s), then each compared step
+    collapsed in a <details> named by what differs, then the runs; under 2 MB with the H200 proxy runs."""
+    from pathlib import Path as P
+
+    from profkit.attribution import ladder_steps
+    from profkit.catalog import CatalogChoice, load_catalog
+    from profkit.summarize import SummarizeOptions, summarize
+
+    data = P(__file__).resolve().parent / "data" / "gpu_proxy"
+    opts = SummarizeOptions(catalog=CatalogChoice(load_catalog("proxy"), "test"), cache=False)
+    runs = []
+    for n, label in (("baseline", "baseline"), ("topk_v2", "+topk_v2"), ("indexer_fusion", "+indexer_fusion")):
+        s = summarize([data / f"{n}.trace.json.gz"], opts).summary
+        s["manifest"] = json.loads((data / f"{n}.manifest.json").read_text())
+        runs.append((label, s))
+    diffs = [compare_summaries(runs[0][1], s, opt=label[1:], catalog=load_catalog("proxy"), labels=("sweep-x-baseline", f"sweep-x-{label[1:]}"))
+             for label, s in runs[1:]]
+    html = HtmlRenderer().render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs)))
+    assert len(html.encode()) <= 2_000_000
+    body = html.split("<body>", 1)[1]
+    assert body.index('id="ladder"') < body.index('<details class="step">') < body.index('id="run-0"')
+    assert body.count('<details class="step">') == 2 and body.count("</details>") >= 2
+    assert "<summary>step 1 of 2: baseline → topk_v2 (topk_v2): " in body
+    ladder = body[body.index('id="ladder"'):body.index('<details class="step">')]
+    assert "tokens/s per user (unprofiled)" in ladder and "GPU window µs" in ladder
+    h = re.findall(r"<h[12]>([^<]*)</h[12]>", html)
+    assert h[0].startswith("profkit sweep: 3 configurations") and h[1] == "Ladder"
+
+
+def test_one_diff_page_does_not_repeat_its_title_nor_show_an_exact_zero_residual(hostile):
+    _, _, d = hostile
+    html = html_page(diffs=[d])
+    h = re.findall(r"<h[12]>([^<]*)</h[12]>", html)
+    assert h[1] == "Summary" and h[0] != h[1]
+    assert d["decomposition"]["exact"] and '<div class="label">residual</div>' not in html

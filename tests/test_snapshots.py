@@ -98,3 +98,102 @@ def test_numbers_survive_80_columns(name, tmp_path):
     assert not missing, missing[:10]
     for copy in ("cudaStreamSynchronize", "aten::_local_scalar_dense"):
         assert copy in narrow
+
+
+PROXY = ROOT / "tests" / "data" / "gpu_proxy"  # the project's own H200 recordings (README there)
+
+
+def _sweep_table(width: int) -> str:
+    """`sweep`'s closing table (cli.capture._render_sweep) for a one-at-a-time sweep of the H200 proxy
+    recordings: baseline against +topk_v2 and against +indexer_fusion, compared as `sweep` compares them."""
+    from types import SimpleNamespace
+
+    from profkit.attribution.diff import compare_summaries
+    from profkit.capture.sweep import attribution_row
+    from profkit.catalog import CatalogChoice, load_catalog
+    from profkit.cli.capture import _render_sweep
+    from profkit.summarize import SummarizeOptions, summarize
+
+    opts = SummarizeOptions(catalog=CatalogChoice(load_catalog("proxy"), "test"), cache=False)
+    s = {n: summarize([PROXY / f"{n}.trace.json.gz"], opts).summary for n in ("baseline", "topk_v2", "indexer_fusion")}
+    doc = {"mode": "one-at-a-time", "attribution": []}
+    diffs = []
+    for opt in ("topk_v2", "indexer_fusion"):
+        d = compare_summaries(s["baseline"], s[opt], opt=opt, catalog=load_catalog("proxy"), labels=("baseline", f"+{opt}"))
+        diffs.append(d)
+        doc["attribution"].append(attribution_row(f"+{opt}", opt, SimpleNamespace(run_id="baseline"), SimpleNamespace(run_id=opt), d, Path("pair")))
+    saved = cli.out.width
+    cli.out.width = width
+    try:
+        with cli.out.capture() as cap:
+            _render_sweep(doc, diffs)
+    finally:
+        cli.out._width = None
+        del saved
+    return "\n".join(line.rstrip() for line in cap.get().splitlines()) + "\n"
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_sweep_table_snapshot(width):
+    got = _sweep_table(width)
+    path = SNAP / f"sweep-table-{width}.txt"
+    if UPDATE or not path.exists():
+        path.write_text(got)
+        if not UPDATE:
+            pytest.skip(f"wrote new snapshot {path.name}")
+        return
+    assert got == path.read_text(), "".join(difflib.unified_diff(path.read_text().splitlines(True), got.splitlines(True), path.name, "now"))
+    assert all(len(line) <= width for line in got.splitlines() if not line.startswith(("flag:", "unstable:")))
+
+
+def test_sweep_table_keeps_its_numbers_at_80_columns():
+    wide, narrow = _sweep_table(120), _sweep_table(80)
+    nums = [t for t in wide.split() if re.fullmatch(r"[-+]?\d[\d,]*(\.\d+)?%?", t)]
+    assert nums and all(n in narrow.split() for n in nums), [n for n in nums if n not in narrow.split()]
+    assert "+topk_v2" in narrow and "+indexer_fusion" in narrow
+
+
+def _in_pty(args: list[str], cols: int) -> str:
+    """`profkit ARGS` in a real pseudo-terminal of `cols` columns (rich sees a terminal and asks it
+    its size, as in tmux): its output as the terminal received it, colour codes removed."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a terminal of cols x 50, no COLUMNS/LINES to override it
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 50, cols, 0, 0))
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR", "TERM")}
+        env.update(TERM="xterm-256color", PROFKIT_NO_CACHE="1")
+        os.chdir(ROOT)
+        os.execve(sys.executable, [sys.executable, "-m", "profkit", *args], env)
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.waitpid(pid, 0)
+    text = b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", text)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+@pytest.mark.parametrize("name", ["diff", "analyze-eager"])
+def test_a_real_80_column_terminal_cuts_no_number(name, tmp_path):
+    """In a real 80-column pseudo-terminal no line is wider than 80 cells (a wider one would wrap and
+    split a number across lines) and every number of the 120-column output is there whole."""
+    from rich.cells import cell_len
+
+    narrow = _in_pty(COMMANDS[name], 80)
+    assert "[exit" not in narrow and narrow.strip(), narrow[:500]
+    long = [ln for ln in narrow.splitlines() if cell_len(ln) > 80]
+    assert not long, long[:5]  # the headline and warnings wrap at spaces too: the terminal never folds a number
+    wide = _in_pty(COMMANDS[name], 120)
+    nums = [t for t in wide.split() if re.fullmatch(r"[-+]?\d[\d,]*\.\d+%?|[-+]?\d{1,3}(,\d{3})+", t)]
+    have = set(narrow.split())
+    assert nums and not [n for n in nums if n not in have]

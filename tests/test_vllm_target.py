@@ -111,7 +111,7 @@ def test_accept_length_from_vllms_counters():
     try:
         url = f"http://127.0.0.1:{srv.server_address[1]}"
         before = spec_counters(url)
-        assert before == (10.0, 12.0)
+        assert before == {"drafts": 10.0, "accepted": 12.0, "draft_tokens": 30.0}
         state.update(drafts=30.0, acc=42.0)
         assert accept_length(before, spec_counters(url)) == 2.5  # 20 drafts, 30 accepted: 1 + 1.5
     finally:

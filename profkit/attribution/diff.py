@@ -693,7 +693,7 @@ def compare_summaries(
         "top_movers": movers[:TOP_MOVERS],
         "expected_effect": expected,
         "noise": noise,
-        "stability": {"baseline": _stability(win_b), "candidate": _stability(win_c)},
+        "stability": {"baseline": _stability(win_b, rb), "candidate": _stability(win_c, rc)},
         "warnings": warnings,
         # for reports, so that `profkit report diff.json` needs nothing else
         "timelines": {"baseline": rb.get("timeline"), "candidate": rc.get("timeline")},
@@ -766,10 +766,11 @@ def stability(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None)
     return _stability(_window_iterations(reps, rank, shape))
 
 
-def _stability(windows: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]) -> str | None:
+def _stability(windows: Sequence[tuple[int, Sequence[Mapping[str, Any]]]], rank: Mapping[str, Any] | None = None) -> str | None:
     bad = []
+    what = "CPU-op window" if (rank or {}).get("device_timeline") == "cpu" else "GPU window"  # report/vocab.py's words
     for i, its in windows:
         ws = [it.get("gpu_window_us") or 0 for it in its]
         if swings(ws):
-            bad.append(f"window {i}: GPU window {min(ws):,.0f}–{max(ws):,.0f} µs")
+            bad.append(f"profile window {i}: {what} {min(ws):,.0f}–{max(ws):,.0f} µs")
     return "; ".join(bad) if bad else None

@@ -10,14 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from profkit.attribution.diff import compare_means
+from profkit.attribution.diff import compare_means, throughput_points
 
 
 def ladder_steps(runs: Sequence[tuple[str, Mapping[str, Any]]], *, rank: int = 0) -> list[dict[str, Any]]:
     """One step per run, in order: ``label``; ``shape``, the label of the shape compared with the
     first run; ``wall_us`` and ``gpu_window_us``, the run's means over those iterations (µs per
     iteration); ``wall_delta_vs_first_us`` and ``wall_delta_vs_previous_us`` (None on the first
-    step). Fewer than two runs make no ladder: []. Raises as `compare_summaries` does (UsageError
+    step); ``tokens_per_s_per_user`` and ``tokens_per_s``, the run's first unprofiled workload point
+    (median over its repeats; None without one). Fewer than two runs make no ladder: []. Raises as `compare_summaries` does (UsageError
     without the rank, NothingToAnalyze without iterations to compare)."""
     steps: list[dict[str, Any]] = []
     if len(runs) < 2:
@@ -32,6 +33,19 @@ def ladder_steps(runs: Sequence[tuple[str, Mapping[str, Any]]], *, rank: int = 0
             "wall_us": d0["wall_us"]["candidate"], "gpu_window_us": d0["gpu_window_us"]["candidate"],
             "wall_delta_vs_first_us": None if i == 0 else d0["wall_us"]["delta"],
             "wall_delta_vs_previous_us": None if i == 0 else dp["wall_us"]["delta"],
+            **_tokens(s),
         })
         prev = s
     return steps
+
+
+def _tokens(summary: Mapping[str, Any]) -> dict[str, float | None]:
+    """The run's unprofiled tokens/s (its manifest's, or its `run` section's, first workload point)."""
+    pts = throughput_points(summary.get("manifest")) or throughput_points(summary.get("run"))
+    p = pts[0] if pts else {}
+
+    def med(k: str) -> float | None:
+        v = p.get(k)
+        return v.get("median") if isinstance(v, Mapping) else None
+
+    return {"tokens_per_s_per_user": med("tokens_per_s_per_user_p50"), "tokens_per_s": med("tokens_per_s")}

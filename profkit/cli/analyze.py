@@ -113,7 +113,7 @@ def analyze(
     from profkit.report import Report
     from profkit.report.terminal import TerminalRenderer
 
-    TerminalRenderer(err if to_stdout else out, top=top).show(Report(runs=[("", summary)]))
+    TerminalRenderer(err if to_stdout else out, top=top, warn=err).show(Report(runs=[("", summary)]))
     _print_catalog([summary], choice.note())
     check_strict(strict, [(run.label, summary.get("health"))])
 
@@ -171,7 +171,7 @@ def _analyze_several(runs: list[Any], *, json_out: Optional[str], tables: Option
         _write_tables([a for r in runs for a in r.analyses or []], tables)
     for k, r in enumerate(runs):
         out.rule(f"run {k + 1} of {len(runs)}: {escape(r.label)}", align="left")
-        TerminalRenderer(out, top=top).show(Report(runs=[(r.label, r.summary)]))
+        TerminalRenderer(out, top=top, warn=err).show(Report(runs=[(r.label, r.summary)]))
     _print_catalog([r.summary for r in runs], catalog_note)
 
 
@@ -210,7 +210,7 @@ def _analyze_each(pointed: list[Any], opts: Any, *, json_out: Optional[str], tim
     for k, (label, summary, _) in enumerate(done):
         if len(done) > 1:
             out.print(f"[bold]── {k + 1} of {len(done)}: {escape(label)}[/]", soft_wrap=True)
-        TerminalRenderer(out, top=top).show(Report(runs=[(label, summary)]))
+        TerminalRenderer(out, top=top, warn=err).show(Report(runs=[(label, summary)]))
     _print_catalog([s for _, s, _ in done], catalog_note)
     return [(label, summary) for label, summary, _ in done]
 

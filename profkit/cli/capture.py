@@ -395,15 +395,23 @@ def sweep(
     write_json_atomic(sweep_dir / "sweep.json", doc)
     _notes(write_reports(sweep_dir, diffs=diffs,  # the diffs just written (each pair's diff.json), not read back
                          runs=[(lbl, results[lbl].summary) for lbl, *_ in plan]))
-    _render_sweep(doc)
+    _render_sweep(doc, diffs)
     wrote = [sweep_dir / n for n in ("sweep.json", "report.html") if (sweep_dir / n).is_file()]
     out.print(f"wrote {', '.join(escape(str(p)) for p in wrote)}", soft_wrap=True)
 
 
-def _render_sweep(doc: dict[str, Any]) -> None:
-    t = Table(title=f"attribution ({doc['mode']}); per-iteration means, counts per-iteration medians", title_justify="left", box=None)
-    for c in ("run", "tok/s/user", "Δ window µs", "top category Δ", "Δ idle µs", "Δ kernels", "Δ launches", "Δ syncs"):
-        t.add_column(c, justify="left" if c in ("run", "top category Δ") else "right", no_wrap=True)
+def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
+    """The sweep's table, fitted to the terminal (report/fit.py: numbers never cut; a step label that
+    does not fit goes on a line of its own), then each step's flags and unstable windows."""
+    from profkit.report.fit import COPY, NUM, TEXT, fit_table
+    from profkit.report.vocab import diff_timeline, words
+
+    cpu = bool(diffs) and all(diff_timeline(d) == "cpu" for d in diffs)
+    W = words("cpu" if cpu else "gpu")
+    cols = [("step", COPY), ("tok/s/user", NUM), ("Δ window", NUM), ("Δ idle", NUM), (f"Δ {W['kernels_plain']}", NUM)]
+    cols += [] if cpu else [("Δ launches", NUM), ("Δ syncs", NUM)]
+    cols += [("top category", TEXT)]
+    rows = []
     flags: list[str] = []
     for row in doc["attribution"]:
         tp = row["tokens_per_s_per_user"]
@@ -412,18 +420,20 @@ def _render_sweep(doc: dict[str, Any]) -> None:
         cats = dec.get("category_us") or {}
         top = max(cats.items(), key=lambda kv: abs(kv[1]), default=None)
         c = row["counts"]
-        t.add_row(
-            escape(row["label"]),
-            f"{tp['baseline']:.0f}→{tp['candidate']:.0f}" if tp["baseline"] and tp["candidate"] else "-",
-            f"{w.get('delta', 0):+,.0f}" if w else "-",
-            escape(f"{top[0]} {top[1]:+,.0f}") if top else "-",
-            f"{dec.get('idle_us', 0):+,.0f}" if dec else "-",
-            _d(c.get("gpu_kernels")), _d(c.get("kernel_launches")), _d(c.get("syncs")),
-        )
+        rows.append((row["label"], f"{tp['baseline']:,.0f} → {tp['candidate']:,.0f}" if tp["baseline"] and tp["candidate"] else "-",
+                     f"{w.get('delta', 0):+,.0f}" if w else "-", f"{dec.get('idle_us', 0):+,.0f}" if dec else "-", _d(c.get("gpu_kernels")),
+                     *([] if cpu else [_d(c.get("kernel_launches")), _d(c.get("syncs"))]), f"{top[0]} {top[1]:+,.0f}" if top else "-"))
         flags += [f"{row['label']}: {f}" for f in row["flags"]]
-    out.print(t)
+    keep = [i for i in range(len(cols)) if any(r[i] != "-" for r in rows) or cols[i][1] != NUM]  # no throughput (capture-only): no column
+    title = f"attribution ({doc['mode']}): Δ in µs per iteration (means; {W['window']}), counts per-iteration medians"
+    out.print(fit_table(out, title, [cols[i] for i in keep], [[r[i] for i in keep] for r in rows]))
     for f in flags:
         out.print(f"[yellow]flag:[/] {escape(f)}", soft_wrap=True)
+    for row, d in zip(doc["attribution"], diffs):
+        for side in ("baseline", "candidate"):
+            u = (d.get("stability") or {}).get(side)
+            if u:
+                out.print(f"[yellow]unstable:[/] {escape(row['label'])}: the {side}'s {escape(u)}; its change is the swing as much as the step", soft_wrap=True)
 
 
 def _d(v: Any) -> str:

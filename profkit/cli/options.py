@@ -93,9 +93,9 @@ BASE = Shared(("--base",), "on (default, the study's regime): all on, baseline =
 MARKER = Shared(("--marker",), "Regex for the CPU span that opens one iteration (default chain: scheduler.run_batch, step\\[...], "
                 "execute_..., ProfilerStep#N); for traces analyzed now.", {"callback": _regex})
 MIN_BUBBLE_US = Shared(("--min-bubble-us",), "Shortest GPU idle gap counted as a bubble (µs); for traces analyzed now.", {"min": 0.0})
-CATALOG = Shared(("--catalog",), "Kernel catalog: a name in kernels/ (generic, sglang-glm52, proxy) or a .toml path; classifies traces "
-                 "analyzed now and says which categories --opt owns (default: the one the run manifest's target implies, else "
-                 "picked from the kernel names).", {"callback": _catalog})
+CATALOG = Shared(("--catalog",), "Kernel catalog: a name in kernels/ (generic, sglang-glm52, proxy, vllm) or a .toml path, for traces "
+                 "analyzed now (default: the one the run manifest's target implies, else picked from the kernel names).",
+                 {"callback": _catalog})
 CDN = Shared(("--cdn",), "Load plotly.js from its CDN (a small file that needs the network) instead of inlining it.")
 TOP = Shared(("--top",), "How many kernels (analyze), movers and sync groups (diff) to print.", {"min": 1})
 CAPTURE = Shared(("--capture",), "Graph-capture profile(s) (SGLang's or the proxy's graph_capture_profile/*.json.gz): replayed kernels "

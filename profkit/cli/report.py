@@ -37,9 +37,9 @@ def _write_text(path: Path, text: str, *, announce: bool = True) -> None:
 
 @command()
 def diff(
-    before: Annotated[Path, typer.Argument(readable=False, help="Baseline: a summary.json, a trace file, or a run folder (repeat-*/ subfolders are repeats).")],
+    before: Annotated[Path, typer.Argument(readable=False, help="Baseline: a summary.json, a trace file, or a run folder (its window-*/ or repeat-*/ subfolders: profile windows, for noise).")],
     after: Annotated[Path, typer.Argument(readable=False, help="Candidate: same kinds as BEFORE.")],
-    opt: Annotated[Optional[str], typer.Option("--opt", help="The optimization the candidate adds (default: from the run manifests) for the expected-effect check.")] = None,
+    opt: Annotated[Optional[str], typer.Option("--opt", help="The optimization the candidate adds (default: from the run manifests) for the expected-effect check; its categories come from --catalog.")] = None,
     catalog: CatalogOpt = None,
     md: Annotated[Optional[Path], typer.Option("--md", help="Write a GitHub Markdown PR comment to FILE.")] = None,
     html: Annotated[Optional[Path], typer.Option("--html", help="Write a self-contained HTML report to FILE.")] = None,
@@ -59,7 +59,7 @@ def diff(
 
     Example:
 
-        profkit diff traces/base/summary.json traces/topk/summary.json --opt topk_v2 --md comment.md --html diff.html
+        profkit diff reports/RUN_A reports/RUN_B --opt topk_v2 --html diff.html
     """
     from profkit.attribution.diff import compare_summaries
     from profkit.catalog import choose_catalog
@@ -152,17 +152,20 @@ def report(
         return doc
 
     expanded: list[Path] = []
+    named: dict[Path, str] = {}  # a sweep's runs keep the sweep's labels (baseline, +topk_v2, ...)
     for p in paths:
         if p.is_dir() and (p / "sweep.json").is_file():  # a sweep's folder: its runs, then its compared pairs
             doc = read_json(p / "sweep.json")
             for r in doc.get("runs") or []:
                 expanded.append(Path(r["summary"]).parent)
+                named[expanded[-1]] = str(r.get("label"))
             diffs += [read_diff(Path(a["diff"])) for a in doc.get("attribution") or [] if Path(a["diff"]).is_file()]
         elif p.is_dir() and (p / "diff.json").is_file():  # an attribution folder (trace's, or one pair of a sweep)
             diffs.append(read_diff(p / "diff.json"))
         else:
             expanded.append(p)
     for p in expanded:
+        label = named.get(p)
         if window is not None and p.is_dir():
             from profkit.inputs import profile_windows_of
 
@@ -183,7 +186,7 @@ def report(
         if side.repeats:
             err.print(f"[dim]{escape(str(p))}: {len(side.repeats)} profile windows; this report shows the first (--window i for another; "
                       f"diff uses every window for noise)[/]", soft_wrap=True)
-        runs.append((side.label, side.summary))
+        runs.append((label or side.label, side.summary))
     labels = [label for label, _ in runs]
     if len(set(labels)) != len(labels):
         runs = [(f"{label} #{i + 1}", s) for i, (label, s) in enumerate(runs)]
@@ -212,7 +215,7 @@ def export_perfetto(
 
     Example:
 
-        profkit export-perfetto traces/sample/eager_sync.pt.trace.json.gz -o eager_sync.perfetto-trace
+        profkit export-perfetto traces/sample/eager_sync.pt.trace.json.gz
     """
     from profkit.analysis import analyze_trace
     from profkit.ingest.identity import short_label

@@ -14,6 +14,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from profkit.report.fit import demangle, demangle_many
 from profkit.report.views import decomposition_rows
 
 PALETTE = (
@@ -35,9 +36,23 @@ def esc(s: object, max_len: int | None = MAX_HOVER_NAME) -> str:
     return html.escape(text, quote=True)
 
 
+# the catalogs' categories (kernels/*.toml) each in a hue of its own, the same in every report; the pairs
+# that sit side by side in a decode step (attention/rope, gemm/sampling, moe/topk) far apart on the wheel
+CATEGORY_COLORS = {
+    "attention": "#1F77B4", "gemm": "#2CA02C", "moe": "#9467BD", "topk": "#FF7F0E", "sampling": "#8C564B", "rope": "#E377C2",
+    "indexer": "#17BECF", "norm": "#BCBD22", "comm": "#D62728", "elementwise": "#7F7F7F", "memcpy": "#393B79", "quant": "#F7B6D2",
+    "reduce": "#637939", "spec": "#AD494A", "other": "#C7C7C7",
+}
+
+
 def category_colors(categories: Sequence[str]) -> dict[str, str]:
-    """A stable colour per category (sorted order), the same in every figure of a report."""
-    return {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(sorted(set(categories)))}
+    """A stable colour per category: the catalogs' own from CATEGORY_COLORS, any other from PALETTE
+    (sorted order, skipping colours already in use), the same in every figure of a report."""
+    out = {c: CATEGORY_COLORS[c] for c in set(categories) if c in CATEGORY_COLORS}
+    spare = [p for p in PALETTE if p.upper() not in {v.upper() for v in out.values()}] or list(PALETTE)
+    for i, c in enumerate(sorted(set(categories) - set(out))):
+        out[c] = spare[i % len(spare)]
+    return out
 
 
 def _layout(fig: go.Figure, *, title: str, height: int = 380, **kw: Any) -> go.Figure:
@@ -53,6 +68,15 @@ def _bubble_ops(b: Mapping[str, Any], top: int = 2) -> str:
     return "".join(f"<br>CPU in {esc(n, 60)}" + (f": {us[i]:,.1f} µs" if i < len(us) else "") for i, n in enumerate(names))
 
 
+HOVER_OPS = 200  # bubbles per timeline whose hover names the CPU ops inside them (the longest)
+
+
+def _round_us(values: Sequence[float]) -> Any:
+    """Times in µs to 0.01 µs (the hover shows 0.1): a GPU iteration has thousands of ops, and their
+    17-digit floats would double the page (a report stays under 2 MB)."""
+    return [round(v, 2) for v in values]
+
+
 def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, colors: Mapping[str, str] | None = None,
                     window: str = "GPU window") -> go.Figure:
     """One representative iteration per side, stacked: GPU ops as bars on stream rows (colour =
@@ -61,16 +85,18 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
     run, report.vocab). `sides`: (label, summary timeline)."""
     present = [(lab, t) for lab, t in sides if t]
     n = max(len(present), 1)
-    titles = [esc(f"{lab}: iteration {t['iteration']} ({t['kind']}"
-                  + (f" bs={t['batch_size']}" if t.get("batch_size") is not None else "")
-                  + f"), {window} {t['gpu_window_us']:,.1f} µs", 200) for lab, t in present] or ["no timeline"]
+    # two lines (the side, then the iteration): one line was cut at 900 px
+    titles = [esc(lab, 70) + "<br>" + esc(f"iteration {t['iteration']} ({t['kind']}"
+                                         + (f" bs={t['batch_size']}" if t.get("batch_size") is not None else "")
+                                         + f"), {window} {t['gpu_window_us']:,.1f} µs", 110) for lab, t in present] or ["no timeline"]
     # each side on its own x-axis (a 60 ms baseline would make a 1 ms candidate a sliver); a button shares them
-    fig = make_subplots(rows=n, cols=1, shared_xaxes=False, vertical_spacing=0.16 if n > 1 else 0.1, subplot_titles=titles)
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=False, vertical_spacing=0.2 if n > 1 else 0.1, subplot_titles=titles)
     cats = sorted({c for _, t in present for c in t["ops"]["category"]})
     colors = dict(colors or category_colors(cats))
     shown: set[str] = set()
     for row, (_lab, t) in enumerate(present, start=1):
         ops, names = t["ops"], t["names"]
+        demangle_many(names)
         # one trace per (category, kernel name): the name is written once, in its hover template,
         # rather than in every op's hover text (a decode iteration repeats ~100 names ~1,400 times)
         by_name: dict[tuple[str, int], list[int]] = {}
@@ -78,16 +104,22 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
             by_name.setdefault((c, k), []).append(i)
         for c, k in sorted(by_name, key=lambda ck: (ck[0], names[ck[1]])):
             idx = by_name[(c, k)]
-            label = esc(names[k]).replace("%", "&#37;")  # a literal % would open a template field
+            cxx = demangle(names[k])  # as C++; the recorded (mangled) name on the hover's second line
+            label = (esc(cxx) + (f"<br>{esc(names[k])}" if cxx != names[k] else "")).replace("%", "&#37;")  # a literal % would open a template field
+            durs = _round_us([ops["dur_us"][i] for i in idx])
+            # a bar with a base hovers %{x} as its end (base + x): the duration goes in customdata, the start is %{base}
             fig.add_trace(go.Bar(
-                y=[f"stream {ops['stream'][i]}" for i in idx], x=[ops["dur_us"][i] for i in idx], base=[ops["start_us"][i] for i in idx],
-                customdata=[ops["start_us"][i] for i in idx],
+                y=[f"stream {ops['stream'][i]}" for i in idx], x=durs, base=_round_us([ops["start_us"][i] for i in idx]),
+                customdata=durs,
                 orientation="h", name=esc(c), legendgroup=f"cat:{c}", showlegend=c not in shown,
                 marker=dict(color=colors.get(c, "#999999"), line=dict(width=0)),
-                hovertemplate=f"{label}<br>{esc(c)} · %{{x:,.1f}} µs at %{{customdata:,.1f}} µs<extra></extra>",
+                hovertemplate=f"{label}<br>{esc(c)} · %{{customdata:,.1f}} µs at %{{base:,.1f}} µs<extra></extra>",
             ), row=row, col=1)
             shown.add(c)
         by_cause: dict[str, list[Mapping[str, Any]]] = {}
+        # the CPU ops in the hover of the longest HOVER_OPS bubbles only: an eager GPU iteration has ~1,500
+        # bubbles, mostly launch gaps of a few µs, and their text alone was a third of the figure (2 MB per report)
+        worded = {id(b) for b in sorted(t["bubbles"], key=lambda b: -b["dur_us"])[:HOVER_OPS]}
         for bub in t["bubbles"]:
             by_cause.setdefault(bub["cause"], []).append(bub)
         for cause in sorted(by_cause):
@@ -97,8 +129,8 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
                 y=["bubbles"] * len(bs), x=[b["dur_us"] for b in bs], base=[b["start_us"] for b in bs], orientation="h",
                 name=esc(f"bubble: {cause}"), legendgroup=key, showlegend=key not in shown,
                 marker=dict(color=CAUSE_COLORS.get(cause, "#999999"), pattern=dict(shape="/")),
-                customdata=[b["start_us"] for b in bs], text=[_bubble_ops(b).replace("%", "&#37;") for b in bs], textposition="none",
-                hovertemplate=f"bubble · {esc(cause)} · %{{x:,.1f}} µs at %{{customdata:,.1f}} µs%{{text}}<extra></extra>",
+                customdata=_round_us([b["dur_us"] for b in bs]), text=[_bubble_ops(b).replace("%", "&#37;") if id(b) in worded else "" for b in bs], textposition="none",
+                hovertemplate=f"bubble · {esc(cause)} · %{{customdata:,.1f}} µs at %{{base:,.1f}} µs%{{text}}<extra></extra>",
             ), row=row, col=1)
             shown.add(key)
         if t["syncs"]:
@@ -116,12 +148,15 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
     if n > 1:
         share = {f"xaxis{i}.matches": "x" for i in range(2, n + 1)}
         own = {f"xaxis{i}.matches": None for i in range(2, n + 1)}
-        fig.update_layout(updatemenus=[dict(type="buttons", direction="left", x=1.0, xanchor="right", y=1.0 + 40 / (260 + 230 * n),
+        # right above the first plot, under the modebar; the subplot titles are left-aligned, clear of it at 900 px
+        fig.update_layout(updatemenus=[dict(type="buttons", direction="left", x=1.0, xanchor="right", y=1.0 + 4 / (300 + 230 * n),
                                             yanchor="bottom", showactive=True, active=0,
                                             buttons=[dict(label="x-axis per side", method="relayout", args=[own]),
                                                      dict(label="share x-axis", method="relayout", args=[share])])])
+    fig.for_each_annotation(lambda a: a.update(x=0.0, xanchor="left", align="left"))  # the subplot titles
     what = {1: "", 2: ", before and after"}.get(len(present), f", {len(present)} configurations")
-    return _layout(fig, title=f"Representative iteration (median {window}){what}", height=260 + 230 * n, barmode="overlay")
+    fig = _layout(fig, title=f"Representative iteration (median {window}){what}", height=300 + 230 * n, barmode="overlay")
+    return fig.update_layout(margin=dict(t=100))
 
 
 def gpu_window_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], *, window: str = "GPU window") -> go.Figure:
@@ -167,7 +202,7 @@ def waterfall_figure(diff: Mapping[str, Any], *, max_terms: int = 12, window: st
         levels.append(level)
     lo, hi = min(levels), max(levels)
     pad = max((hi - lo) * 0.25, abs(hi) * 0.002, 1.0)
-    fig.update_yaxes(title_text="µs per iteration (mean; axis zoomed to the changes)", range=[max(lo - pad, 0.0), hi + pad])
+    fig.update_yaxes(title_text="µs per iteration (mean; zoomed)", range=[max(lo - pad, 0.0), hi + pad])
     return _layout(fig, title=f"Where the {window} went: {g['delta']:+,.1f} µs per iteration", height=420)
 
 
@@ -213,12 +248,12 @@ def per_iteration_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]
     return _layout(fig, title="Launches, syncs and bubbles per iteration", height=400)
 
 
-def ladder_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
-    """Sweep ladder: mean wall and GPU window per configuration, in order."""
+def ladder_figure(rows: Sequence[Mapping[str, Any]], *, window: str = "GPU window") -> go.Figure:
+    """Sweep ladder: mean wall and GPU window (`window`: "CPU-op window" on a CPU) per configuration, in order."""
     x = [esc(r["label"], 60) for r in rows]
     fig = go.Figure()
     fig.add_trace(go.Bar(x=x, y=[r["wall_us"] for r in rows], name="wall µs", marker_color=SIDE_COLORS[0]))
-    fig.add_trace(go.Bar(x=x, y=[r["gpu_window_us"] for r in rows], name="GPU window µs", marker_color=SIDE_COLORS[1]))
+    fig.add_trace(go.Bar(x=x, y=[r["gpu_window_us"] for r in rows], name=f"{window} µs", marker_color=SIDE_COLORS[1]))
     fig.update_yaxes(title_text="µs per iteration (mean)")
     return _layout(fig, title="Ladder: per-iteration time by configuration", barmode="group")
 

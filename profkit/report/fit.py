@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from collections.abc import Sequence
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 from rich.cells import cell_len
@@ -38,12 +41,8 @@ def _cxa_demangle():  # the C++ runtime's own demangler (libstdc++), through cty
         return None
 
 
-@lru_cache(maxsize=4096)
-def demangle(name: str) -> str:
-    """An Itanium-mangled C++ name (``_Z...``) as C++ (libstdc++'s __cxa_demangle); any other name,
-    or one the runtime cannot demangle (or no libstdc++), unchanged."""
-    if not name.startswith("_Z"):
-        return name
+def _cxa(name: str) -> str:
+    """libstdc++'s __cxa_demangle, or `name` when it cannot (or no libstdc++)."""
     fns = _cxa_demangle()
     if fns is None:
         return name
@@ -61,6 +60,42 @@ def demangle(name: str) -> str:
         free(p)
 
 
+_DEMANGLED: dict[str, str] = {}
+
+
+def demangle_many(names: Iterable[str]) -> None:
+    """Demangle the Itanium-mangled names (``_Z...``) among `names` into the cache: libstdc++'s
+    __cxa_demangle first, then binutils' c++filt (one process for all the rest) for what the runtime's
+    demangler does not know (newer manglings such as DF16b, std::bfloat16_t); a name neither can read stays."""
+    todo = [n for n in dict.fromkeys(names) if n.startswith("_Z") and n not in _DEMANGLED]
+    rest = []
+    for n in todo:
+        d = _cxa(n)
+        if d != n:
+            _DEMANGLED[n] = d
+        else:
+            rest.append(n)
+    tool = shutil.which("c++filt") if rest else None
+    got: list[str] = []
+    if tool and all("\n" not in n for n in rest):
+        try:
+            got = subprocess.run([tool], input="\n".join(rest) + "\n", capture_output=True, text=True, timeout=30).stdout.splitlines()
+        except (OSError, subprocess.SubprocessError):
+            got = []
+    for i, n in enumerate(rest):
+        _DEMANGLED[n] = got[i] if len(got) == len(rest) and got[i] else n
+
+
+def demangle(name: str) -> str:
+    """An Itanium-mangled C++ name (``_Z...``) as C++ (demangle_many); any other name, or one that no
+    demangler reads, unchanged."""
+    if not name.startswith("_Z"):
+        return name
+    if name not in _DEMANGLED:
+        demangle_many([name])
+    return _DEMANGLED.get(name, name)
+
+
 def middle_ellipsis(text: str, width: int) -> str:
     """`text` in at most `width` cells: its head and tail kept, the middle replaced by one ``…``."""
     if cell_len(text) <= width:
@@ -71,6 +106,30 @@ def middle_ellipsis(text: str, width: int) -> str:
     head = (keep + 1) // 2
     tail = keep - head
     return text[:head] + ELLIPSIS + (text[-tail:] if tail else "")
+
+
+def cut_names(names: Sequence[str], width: int) -> list[str]:
+    """Each name in at most `width` cells, cut in the middle; names that would look the same once cut
+    (three Cijk_Alik_… GEMMs that differ in the middle) show instead their head, then the part from
+    just before where they differ."""
+    shown = [middle_ellipsis(n, width) for n in names]
+    by_shown: dict[str, set[str]] = {}
+    for n, v in zip(names, shown):
+        by_shown.setdefault(v, set()).add(n)
+    fixed: dict[str, str] = {}
+    for group in (g for g in by_shown.values() if len(g) > 1):
+        p = len(os.path.commonprefix(sorted(group)))
+        head = max(4, width // 4)
+        for n in group:
+            if cell_len(n) <= width:
+                continue
+            start = max(head, p - 6)
+            room = width - head - 1
+            seg = n[start:start + room]
+            if start + room < len(n):
+                seg = seg[:-1] + ELLIPSIS
+            fixed[n] = n[:head] + ELLIPSIS + seg
+    return [fixed.get(n, v) for n, v in zip(names, shown)]
 
 
 def fit_table(console: Console, title: str | None, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[object]],
@@ -90,13 +149,26 @@ def fit_table(console: Console, title: str | None, columns: Sequence[tuple[str, 
     fixed = sum(w for w, k in zip(natural, kinds) if k == NUM)
     flex = [i for i, k in enumerate(kinds) if k != NUM]
     room = max(width - pad - fixed, sum(MIN_NAME if kinds[i] == NAME else 4 for i in flex))
-    # share the room among the non-number columns: each gets what it needs if all fit, else a fair share
+    # strings a user copies first, whole, while the others keep their least (a name MIN_NAME; wrapping
+    # text its longest word, at least 8): text wraps, a cut switch or API is useless
     share = dict.fromkeys(flex, 0)
-    left, todo = room, sorted(flex, key=lambda i: natural[i])
+    least = {i: MIN_NAME if kinds[i] == NAME else min(natural[i], max(8, max((cell_len(w) for r in cells for w in r[i].split()), default=4)))
+             if kinds[i] == TEXT else 4 for i in flex}
+    for i in flex:  # a text column's longest word is folded, not kept whole, when it would crowd the others out
+        if kinds[i] == TEXT:
+            least[i] = min(least[i], max(8, room // 2))
+    left = room
+    for i in sorted((i for i in flex if kinds[i] == COPY), key=lambda i: natural[i]):
+        rest = sum(least[j] for j in flex if j != i and share[j] == 0)
+        if natural[i] <= left - rest:
+            share[i] = natural[i]
+            left -= natural[i]
+    # share the rest among the others: each gets what it needs if all fit, else a fair share
+    todo = sorted((i for i in flex if share[i] == 0), key=lambda i: natural[i])
     while todo:
         fair = left // len(todo)
         i = todo.pop(0)
-        w = min(natural[i], max(fair, MIN_NAME if kinds[i] == NAME else 4))
+        w = min(natural[i], max(fair, least[i]))
         share[i] = w
         left -= w
     over = [i for i in flex if kinds[i] == COPY and share[i] < natural[i]]
@@ -110,13 +182,13 @@ def fit_table(console: Console, title: str | None, columns: Sequence[tuple[str, 
             t.add_column(escape(h), no_wrap=True, width=share[i], overflow="ellipsis")
         else:
             t.add_column(escape(h), width=share[i], overflow="fold")
+    demangle_many(r[i] for r in cells for i in range(len(columns)) if kinds[i] == NAME)
+    for i in range(len(columns)):
+        if kinds[i] == NAME:
+            for r, v in zip(cells, cut_names([demangle(r[i]) for r in cells], share[i])):
+                r[i] = v
     for r in cells:
-        out = []
-        for i, v in enumerate(r):
-            if kinds[i] == NAME:
-                v = middle_ellipsis(demangle(v), share[i])
-            out.append(Text(v))
-        t.add_row(*out)
+        t.add_row(*(Text(v) for v in r))
     if not title:
         return t
     return Group(Text(title, style="italic"), t)

@@ -12,6 +12,7 @@ with ``cdn=True``. Figure div ids are fixed so that the same input gives the sam
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any, ClassVar
@@ -27,14 +28,16 @@ from profkit.analysis import health
 from profkit.report import capture_view
 from profkit.report import figures as F
 from profkit.report.base import Renderer, Report
+from profkit.report.fit import demangle, demangle_many
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
 from profkit.report.views import (
-    cpu_ops_text, decomposition_rows, effect_flags, headline_lines, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
+    cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
     throughput_rows,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
 
 MAX_ROWS = 50
+MAX_BYTES = 2_000_000  # a report is at most 2 MB (README)
 MAX_MANIFEST_ROWS = 200
 
 
@@ -97,7 +100,7 @@ def _instability(label: str, series: Sequence[Mapping[str, Any]], window: str) -
 
 def _section(id: str, title: str, **kw: Any) -> dict[str, Any]:
     s = {"id": id, "title": title, "headline": None, "cards": [], "flags": [], "flags_title": "", "ok": None, "notes": [],
-         "figures": [], "tables": []}
+         "figures": [], "tables": [], "details_open": None, "details_close": False}
     s.update(kw)
     return s
 
@@ -123,6 +126,12 @@ def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, str]]:
     return [(prefix, obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False))]
 
 
+def _kname(name: str) -> Any:
+    """A kernel name as C++ (demangled), the name as recorded in its hover; other names as they are."""
+    d = demangle(name)
+    return name if d == name else {"text": d, "title": name}
+
+
 def _example(k: Mapping[str, Any], max_len: int = 300) -> str:
     ex = (k.get("examples") or [""])[0]
     return ex if len(ex) <= max_len else ex[: max_len - 1] + "…"
@@ -141,7 +150,10 @@ def _manifest_table(label: str, manifest: Any) -> dict[str, Any] | None:
 # a diff
 
 
-def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "diff") -> list[dict[str, Any]]:
+def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "diff", timeline: bool = True, single: bool = False) -> list[dict[str, Any]]:
+    """The sections of one diff. `timeline`: draw the representative iterations and list the manifests (a
+    sweep's step leaves them to the page's per-configuration timeline and manifests, which show every run once); `single`: the page holds this diff alone (its
+    h1 names the two sides, so the first h2 does not again)."""
     b, c = diff["baseline"], diff["candidate"]
     lb, lc = f"baseline: {b['label']}", f"candidate: {c['label']}"
     w, g = diff["wall_us"], diff["gpu_window_us"]
@@ -163,9 +175,10 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         x = diff["counts"][key]
         cards.append({"label": f"{label} per iteration (median)", "value": f"{num(x['baseline'], COUNT)} → {num(x['candidate'], COUNT)}",
                       "sub": num(x["delta"], COUNT, sign=True) if x["delta"] else "no change", "tone": ""})
-    cards.append({"label": "residual", "value": f"{num(dec['residual_us'], RESIDUAL)} µs", "sub": "exact" if dec.get("exact") else "inexact", "tone": ""})
-    head = _section(f"{prefix}-summary", f"{b['label']} → {c['label']}", headline=" ".join([capture_view.diff_health(diff) + ".",
-                                                                                          *headline_lines(diff)]), cards=cards)
+    if not dec.get("exact") or dec["residual_us"]:  # an exact decomposition's 0.000 tells a reader nothing: shown only when not
+        cards.append({"label": "residual", "value": f"{num(dec['residual_us'], RESIDUAL)} µs", "sub": "exact" if dec.get("exact") else "inexact", "tone": ""})
+    head = _section(f"{prefix}-summary", "Summary" if single else f"{b['label']} → {c['label']}",
+                    headline=" ".join([capture_view.diff_health(diff) + ".", *headline_lines(diff)]), cards=cards)
     ee = diff.get("expected_effect")
     if ee and ee.get("known"):
         if effect_flags(ee):
@@ -173,13 +186,15 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
             what = [x for x, on in (("its own effect went the wrong way", ee.get("against")),
                                     (f"changes outside {ee['optimization']}'s categories ({', '.join(ee['categories']) or 'none'})", ee["flags"])) if on]
             head["flags_title"] = f"Expected-effect check: {'; '.join(what)}, threshold {ee['threshold']}"
-        else:
+        elif ee.get("judged"):
             head["ok"] = f"Expected-effect check passed: {ee['optimization']} changed nothing outside its categories ({', '.join(ee['categories']) or 'none'}) beyond {ee['threshold']}."
+        else:
+            head["notes"].append(f"Expected-effect check {ee['threshold']}.")
     elif ee:
         head["notes"].append(ee.get("note", ""))
     noise = diff.get("noise") or {}
     head["notes"].append(
-        f"Noise: {noise['repeats']['baseline']} baseline and {noise['repeats']['candidate']} candidate repeats; changes smaller than the spread are marked “within noise”."
+        f"Noise: {noise['repeats']['baseline']} baseline and {noise['repeats']['candidate']} candidate profile windows; changes smaller than the spread are marked “within noise”."
         if noise.get("available") else f"Noise: {noise.get('note', 'no noise estimate')}."
     )
     head["notes"].append(f"Compared {diff['shape']['label']} iterations: {diff['shape']['iterations']['baseline']} baseline, "
@@ -193,7 +208,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         # first among the figures: a side whose iterations swing must be seen before its mean is read
         swing = [x for x in (_instability(lb, series.get("baseline") or [], W["window"]),
                              _instability(lc, series.get("candidate") or [], W["window"])) if x]
-        head["notes"][:0] = [f"warning: {x}" for x in swing]
+        # said once, at the plot that shows it (the headline names the unstable side too)
         out.append(_section(f"{prefix}-windows", f"{W['window']} per iteration, each side", notes=[f"warning: {x}" for x in swing],
                             figures=[figs.div(F.gpu_window_figure([(lb, series.get("baseline") or []), (lc, series.get("candidate") or [])],
                                                                   window=W["window"]))]))
@@ -202,14 +217,18 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     cats = sorted(set(dec["baseline"]["category_us"]) | set(dec["candidate"]["category_us"]))
     colors = F.category_colors(cats + [c for _, t in sides if t for c in t["ops"]["category"]])
     s = _section(f"{prefix}-timeline", "Timeline of a representative iteration")
-    if any(t for _, t in sides):
+    if not timeline:
+        pass
+    elif any(t for _, t in sides):
         s["figures"].append(figs.div(F.timeline_figure(sides, colors=colors, window=W["window"])))
+        out.append(s)
     else:
         s["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
-    out.append(s)
+        out.append(s)
 
     rows = []
-    for group, term, delta, bv, cv in decomposition_rows(diff):
+    # in the waterfall's order above it: largest |Δ| first
+    for group, term, delta, bv, cv in sorted(decomposition_rows(diff), key=lambda r: -abs(r[2] or 0.0)):
         metric = row_metric(group, term)
         if group == "overlap":
             bv, cv = -(bv or 0), -(cv or 0)
@@ -257,27 +276,27 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     out.append(_section(f"{prefix}-counts", "Launches and syncs per iteration", figures=figs_l, tables=tables))
 
     movers = diff.get("top_movers") or []
-    ktables = [_table(["kernel (normalized)", "category", "baseline µs", "candidate µs", "Δ µs", "", "full name, e.g."],
-                      [[m["name"], m["category"], num(m["baseline_us"]), num(m["candidate_us"]), num(m["delta_us"], sign=True), m["status"],
+    ktables = [_table([f"{W['kernel']} (normalized)", "category", "baseline µs", "candidate µs", "Δ µs", "", "full name, e.g."],
+                      [[_kname(m["name"]), m["category"], num(m["baseline_us"]), num(m["candidate_us"]), num(m["delta_us"], sign=True), m["status"],
                         _example(m)] for m in movers],
                       align="llrrrll", caption="top movers, µs per iteration", name_cols=(0, 6))]
     for key, what in (("kernels_added", "added"), ("kernels_removed", "removed")):
         ks = diff.get(key) or []
         total = diff.get(f"{key}_total", len(ks))
         if ks:
-            ktables.append(_table(["kernel (normalized)", "category", "per iteration", "µs per iteration", "full name, e.g."],
-                                  [[k["name"], k["category"], num(k["count_per_iteration"], RATE), num(k["us_per_iteration"]), _example(k)]
+            ktables.append(_table([f"{W['kernel']} (normalized)", "category", "per iteration", "µs per iteration", "full name, e.g."],
+                                  [[_kname(k["name"]), k["category"], num(k["count_per_iteration"], RATE), num(k["us_per_iteration"]), _example(k)]
                                    for k in ks[:MAX_ROWS]],
-                                  align="llrrl", caption=f"{total} kernel(s) {what}", name_cols=(0, 4), collapsed=True,
+                                  align="llrrl", caption=f"{total} {W['kernel']}(s) {what}", name_cols=(0, 4), collapsed=True,
                                   more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
-    out.append(_section(f"{prefix}-kernels", "Top kernels", tables=ktables))
+    out.append(_section(f"{prefix}-kernels", f"Top {W['kernels_plain']}", tables=ktables))
     curves = _curve_section(f"{prefix}-throughput", [(lb, throughput_points((diff.get("manifests") or {}).get("baseline"))),
                                                        (lc, throughput_points((diff.get("manifests") or {}).get("candidate")))], figs)
     if curves:
         out.append(curves)
     man = [t for t in (_manifest_table(lb, (diff.get("manifests") or {}).get("baseline")),
                        _manifest_table(lc, (diff.get("manifests") or {}).get("candidate"))) if t]
-    if man:
+    if man and timeline:  # a sweep's step: its runs' manifests are at the end of the page, once
         out.append(_section(f"{prefix}-manifests", "Run manifests", tables=man))
     return out
 
@@ -303,24 +322,33 @@ def _rank0(summary: Mapping[str, Any]) -> Mapping[str, Any]:
     return ranks[0]
 
 
-def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence[Mapping[str, Any]] | None, figs: _Figures) -> list[dict[str, Any]]:
+def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence[Mapping[str, Any]] | None, figs: _Figures,
+                 *, timelines: int | None = None) -> list[dict[str, Any]]:
+    """The sections of one run, or of a sweep's runs (the ladder first). `timelines`: at most that many runs
+    (the first and the last) in the per-configuration timeline, to keep a long sweep's page under MAX_BYTES."""
     out: list[dict[str, Any]] = []
     if len(runs) >= 2:
         if ladder is None or len(ladder) != len(runs):
             raise ValueError(f"a report of {len(runs)} runs draws their ladder: pass Report(ladder=profkit.attribution.ladder_steps(runs))")
         rows = []
+        LW = words("cpu" if all(rank_timeline(_rank0(s)) == "cpu" for _, s in runs) else "gpu")
+        cpu = LW["window"] != words("gpu")["window"]
         for i, ((label, s), step) in enumerate(zip(runs, ladder)):
             m = _rank0(s).get("median") or {}
-            rows.append([label, step["shape"], num(step["wall_us"]), "" if i == 0 else num(step["wall_delta_vs_previous_us"], sign=True),
+            rows.append([label, step["shape"], num(step.get("tokens_per_s_per_user"), RATE), num(step.get("tokens_per_s"), RATE), num(step["wall_us"]),
+                         "" if i == 0 else num(step["wall_delta_vs_previous_us"], sign=True),
                          "" if i == 0 else num(step["wall_delta_vs_first_us"], sign=True), num(step["gpu_window_us"]),
-                         num(m.get("gpu_kernels"), COUNT), num(m.get("kernel_launches"), COUNT), num(m.get("graph_launches"), COUNT), num(m.get("syncs"), COUNT),
+                         num(m.get("gpu_kernels"), COUNT), *([] if cpu else [num(m.get("kernel_launches"), COUNT), num(m.get("graph_launches"), COUNT),
+                                                                            num(m.get("syncs"), COUNT)]),
                          num(m.get("bubble_us"))])
+        cols = ["configuration", "shape", "tokens/s per user (unprofiled)", "tokens/s (unprofiled)", "wall µs", "Δ vs previous", "Δ vs first",
+                f"{LW['window']} µs", LW["kernels"], *([] if cpu else ["kernel launches", "graph launches", "syncs"]), "bubble µs"]
         out.append(_section(
-            "ladder", "Ladder", notes=["Each row against the previous one and against the first (mean µs per iteration, iterations of the shape both share)."],
+            "ladder", "Ladder", notes=["Each row against the previous one and against the first (mean µs per iteration, iterations of the shape both share); "
+                                       "tokens/s from each run's unprofiled workload (median of its repeats)."],
             figures=[figs.div(F.ladder_figure([{"label": label, "wall_us": st["wall_us"], "gpu_window_us": st["gpu_window_us"]}
-                                               for (label, _), st in zip(runs, ladder)]))],
-            tables=[_table(["configuration", "shape", "wall µs", "Δ vs previous", "Δ vs first", "GPU window µs", "kernels", "kernel launches",
-                            "graph launches", "syncs", "bubble µs"], rows, align="llrrrrrrrrr", name_cols=(0,))],
+                                               for (label, _), st in zip(runs, ladder)], window=LW["window"]))],
+            tables=[_table(cols, rows, align="ll" + "r" * (len(cols) - 2), name_cols=(0,))],
         ))
     # headline cards per run
     for i, (label, s) in enumerate(runs):
@@ -337,8 +365,8 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
         cards = [{**c, "label": capture_view.mark(c["label"], health.doubted(s.get("health"), k))}
                  for c, k in zip(cards, ("wall_us", "gpu_window_us", "gpu_busy_us", "gpu_idle_us", "gpu_kernels", "kernel_launches",
                                          "graph_launches", "syncs", "bubble_count"))]
-        notes.append(f"rank {r.get('rank')} · {r.get('device') or 'unknown device'} · {len(its)} iterations · marker {r.get('marker')} · catalog {r.get('catalog')}")
-        notes += [x for x in (host_gap_text(r), outside_text(r)) if x]
+        notes.append(f"rank {r.get('rank')} · {device_text(r, s.get('manifest'))} · {len(its)} iterations · marker {r.get('marker')} · catalog {r.get('catalog')}")
+        notes += [x for x in (idle_verdict(r), host_gap_text(r), outside_text(r)) if x]
         notes += [f"warning: {w}" for w in r.get("warnings") or []]
         if swing:
             notes.insert(0, f"warning: {swing}")
@@ -347,13 +375,17 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
                          [[num(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"])] for b in big],
                          align="rlrl", caption=f"largest bubbles: {label} (of {r.get('bubbles_total', len(r.get('bubbles') or []))})",
                          name_cols=(3,))] if big else []
-        out.append(_section(f"run-{i}", label, cards=cards, notes=notes, tables=tables))
+        out.append(_section(f"run-{i}", label if len(runs) > 1 else "Summary", cards=cards, notes=notes, tables=tables))  # one run: the h1 names it
     W = words("cpu" if runs and all(rank_timeline(_rank0(s)) == "cpu" for _, s in runs) else "gpu")
     out.append(_section("runs-windows", f"{W['window']} per iteration", figures=[figs.div(F.gpu_window_figure(
         [(label, [{**i, "used": True, "shape": f"{i.get('kind')}" + (f" bs={i['batch_size']}" if i.get("batch_size") is not None else "")}
                   for i in _rank0(s).get("iterations") or []]) for label, s in runs], window=W["window"]))]))
     sides = [(label, _rank0(s).get("timeline")) for label, s in runs]
     s = _section("runs-timeline", "Timeline of a representative iteration" + (" per configuration" if len(runs) > 1 else ""))
+    if timelines is not None and len(sides) > timelines:
+        s["notes"].append(f"The first and the last of the {len(sides)} configurations only, to keep this page under 2 MB: "
+                          "each run's own report (profkit report RUN) has its timeline.")
+        sides = [sides[0], sides[-1]]
     if any(t for _, t in sides):
         s["figures"].append(figs.div(F.timeline_figure(sides, window=W["window"])))
     else:
@@ -374,7 +406,7 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
         n = max(len(r.get("iterations") or []), 1)
         ks = r.get("kernels") or []
         tables.append(_table(["kernel", "category", "count / iter", "µs / iter", "total µs"],
-                             [[k["name"], k["category"], num(k["count"] / n, RATE), num(k["total_us"] / n), num(k["total_us"])] for k in ks[:MAX_ROWS]],
+                             [[_kname(k["name"]), k["category"], num(k["count"] / n, RATE), num(k["total_us"] / n), num(k["total_us"])] for k in ks[:MAX_ROWS]],
                              align="llrrr", caption=f"top kernels: {label} ({len(ks)} distinct)", name_cols=(0,),
                              more=f"{len(ks) - MAX_ROWS} more not shown" if len(ks) > MAX_ROWS else None, collapsed=len(runs) > 1))
         # every sync (the summary's sync_groups; its `syncs` list is bounded), as the terminal's table has them
@@ -431,22 +463,39 @@ class HtmlRenderer(Renderer):
         self.title = title
 
     def render(self, report: Report) -> str:
-        return _page(report.diffs, report.runs, report.ladder, cdn=self.cdn, title=self.title)
+        page = _page(report.diffs, report.runs, report.ladder, cdn=self.cdn, title=self.title)
+        if len(page.encode()) > MAX_BYTES and len(report.runs) > 2:
+            # a long sweep: the per-configuration timeline keeps its first and last runs (each run's own report has its timeline)
+            page = _page(report.diffs, report.runs, report.ladder, cdn=self.cdn, title=self.title, timelines=2)
+        return page
 
 
 def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence[Mapping[str, Any]] | None,
-          *, cdn: bool, title: str | None) -> str:
+          *, cdn: bool, title: str | None, timelines: int | None = None) -> str:
     figs = _Figures(cdn=cdn)
     sections: list[dict[str, Any]] = []
+    sweep = len(runs) >= 2
+    demangle_many([k["name"] for d in diffs for key in ("top_movers", "kernels_added", "kernels_removed") for k in d.get(key) or []]
+                  + [k["name"] for _, s in runs for k in (_rank0(s).get("kernels") or [])[:MAX_ROWS]])  # one c++filt for the page
+    rest = run_sections(runs, ladder, figs, timelines=timelines) if runs else []
+    if sweep:  # a sweep leads with its own result, the ladder; each compared step follows, collapsed
+        sections.append(rest.pop(0))
     for i, d in enumerate(diffs):
-        sections += diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff")
-    if runs:
-        sections += run_sections(runs, ladder, figs)
+        ds = diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff", timeline=not sweep, single=len(diffs) == 1 and not runs)
+        if sweep:
+            lb, lc = d["baseline"]["label"], d["candidate"]["label"]
+            common = os.path.commonprefix([lb, lc])  # run ids of one sweep share their stamp: name the steps by what differs
+            cut = common.rfind("-") + 1 if len(common) < min(len(lb), len(lc)) else 0
+            ds[0]["details_open"] = f"step {i + 1} of {len(diffs)}: {lb[cut:]} → {lc[cut:]}" + (
+                f" ({d['optimization']})" if d.get("optimization") else "") + ": " + (headline_lines(d) or [""])[0]
+            ds[-1]["details_close"] = True
+        sections += ds
+    sections += rest
     if title is None:
         if diffs and not runs and len(diffs) == 1:
             title = f"profkit diff: {diffs[0]['baseline']['label']} → {diffs[0]['candidate']['label']}"
-        elif len(runs) > 1 and not diffs:
-            title = f"profkit sweep: {len(runs)} configurations"
+        elif len(runs) > 1:
+            title = f"profkit sweep: {len(runs)} configurations" + (f", {len(diffs)} compared steps" if diffs else "")
         elif runs and not diffs:
             title = f"profkit report: {runs[0][0]}"
         else:
@@ -462,7 +511,7 @@ def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[
     page_banner = banner("mixed" if "mixed" in tls or len(tls) > 1 else (tls.pop() if tls else "gpu"))
     return _env().get_template("report.html").render(
         title=title, subtitle=None, profkit_version=__version__, sections=sections, banner=page_banner,
-        nav=[{"id": s["id"], "title": s["title"]} for s in sections if s["id"].endswith(("summary", "ladder"))],
+        nav=[{"id": s["id"], "title": s["title"]} for s in sections if s["id"].endswith(("summary", "ladder")) and not s.get("details_open")],
         footer="times are µs per iteration; decompositions use means, counts use medians",
         data=data,
     )

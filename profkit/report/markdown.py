@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
+from profkit.report.fit import demangle
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, num, pct
 from profkit.report.views import cpu_ops_text, decomposition_rows, headline_lines, noise_verdict, phase_rows, row_metric, throughput_rows
 from profkit.report.vocab import banner, count_label, diff_timeline, words
@@ -98,6 +99,8 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     if ee:
         if not ee.get("known"):
             out.append(f"ℹ️ {md_escape(ee.get('note'), max_len=300)}")
+        elif ee.get("ok") and not ee.get("judged", True):  # nothing judged: no "passed"
+            out.append(f"ℹ️ Expected-effect check {md_escape(ee['threshold'])}.")
         elif ee.get("ok"):
             cats = ", ".join(md_escape(x) for x in ee["categories"]) or "none (idle and launch time only)"
             out.append(f"✅ Expected-effect check passed: no change outside {md_escape(opt)}'s categories ({cats}) beyond "
@@ -115,7 +118,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     noise = diff.get("noise") or {}
     if noise.get("available"):
         r = noise["repeats"]
-        out.append(f"Noise: {r['baseline']} baseline and {r['candidate']} candidate repeats; a change smaller than the spread is marked *within noise*.")
+        out.append(f"Noise: {r['baseline']} baseline and {r['candidate']} candidate profile windows; a change smaller than the spread is marked *within noise*.")
     else:
         out.append(f"Noise: {md_escape(noise.get('note', 'no noise estimate'), max_len=300)}.")
     out.append("")
@@ -198,7 +201,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         cut = movers[:limit]
         out += ["#### Top movers (µs per iteration, by normalized kernel name)", ""]
         rows = [[num(m["delta_us"], sign=True), num(m["baseline_us"]), num(m["candidate_us"]), md_escape(m["category"]),
-                 md_escape(m["name"], max_len=MAX_NAME), md_escape(m["status"])] for m in cut]
+                 md_escape(demangle(m["name"]), max_len=MAX_NAME), md_escape(m["status"])] for m in cut]
         out += _table(["Δ µs", "baseline µs", "candidate µs", "category", W["kernel"], "status"], "rrrlll", rows)
         out += _more(len(movers), len(cut), "movers")
         out.append("")
@@ -211,7 +214,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         cut = ks[:limit] if limit else []
         out += [f"<details><summary>{total} kernel(s) {what}</summary>", ""]
         if cut:
-            rows = [[num(k["us_per_iteration"]), num(k["count_per_iteration"], RATE), md_escape(k["category"]), md_escape(k["name"], max_len=MAX_NAME)]
+            rows = [[num(k["us_per_iteration"]), num(k["count_per_iteration"], RATE), md_escape(k["category"]), md_escape(demangle(k["name"]), max_len=MAX_NAME)]
                     for k in cut]
             out += _table(["µs per iteration", "calls/iter", "category", "kernel"], "rrll", rows)
         out += _more(total, len(cut), f"{what} kernels")

@@ -21,7 +21,7 @@ from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
 from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, num, pct
 from profkit.report.views import (
-    cpu_ops_text, decomposition_rows, effect_flags, headline_lines, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
+    cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
     throughput_rows,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, words
@@ -39,9 +39,11 @@ class TerminalRenderer(Renderer):
     name: ClassVar[str] = "terminal"
     output_file_extension: ClassVar[str] = "txt"
 
-    def __init__(self, console: Console, *, top: int = 10) -> None:
+    def __init__(self, console: Console, *, top: int = 10, warn: Console | None = None) -> None:
+        """`warn`: print each run's warnings there, before its tables (analyze: stderr), instead of after them."""
         self.console = console
         self.top = top
+        self.warn = warn
 
     def render(self, report: Report) -> str:
         with self.console.capture() as captured:
@@ -52,29 +54,34 @@ class TerminalRenderer(Renderer):
         for d in report.diffs:
             _diff(d, self.console, top=self.top)
         for _label, s in report.runs:
-            _summary(s, self.console, top=self.top)
+            _summary(s, self.console, top=self.top, warn=self.warn)
 
 
-def _summary(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
-    console.print(f"[bold]{escape(capture_view.summary_health(summary))}[/]", soft_wrap=True)  # issue 31: first, before any number
+def _summary(summary: Mapping[str, Any], console: Console, *, top: int, warn: Console | None = None) -> None:
+    console.print(f"[bold]{escape(capture_view.summary_health(summary))}[/]")  # issue 31: first, before any number
     for line in capture_view.summary_lines(summary):
-        console.print(escape(line), soft_wrap=True)
-    _ranks(summary, console, top=top)
+        console.print(escape(line))
+    if warn is not None:
+        for w in [w for r in summary["ranks"] for w in r["warnings"]] + list((summary.get("cross_rank") or {}).get("warnings") or []):
+            warn.print(f"[yellow]warning:[/] {escape(w)}")
+    _ranks(summary, console, top=top, warnings=warn is None)
     if summary.get("cross_rank"):
-        _cross_rank(summary["cross_rank"], console)
+        _cross_rank(summary["cross_rank"], console, warnings=warn is None)
 
 
-def _ranks(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
+def _ranks(summary: Mapping[str, Any], console: Console, *, top: int, warnings: bool = True) -> None:
     for r in summary["ranks"]:
         its = r["iterations"]
         kinds = Counter(shape_label(shape_of(i)) for i in its)
         console.print(
-            f"[bold]rank {r['rank']}[/] {escape(r['device'] or '')}  [dim]{escape(r['path'])}[/]\n"
+            f"[bold]rank {r['rank']}[/] {escape(device_text(r, summary.get('manifest')))}  [dim]{escape(r['path'])}[/]\n"
             f"  {len(its)} iterations ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r['marker']))}[/]; catalog {escape(r['catalog'])}",
-            soft_wrap=True,
         )
+        verdict = idle_verdict(r)
+        if verdict:
+            console.print(f"  [bold]{escape(verdict)}[/]")
         for line in filter(None, (host_gap_text(r), outside_text(r))):
-            console.print(f"  [bold magenta]{escape(line)}[/]", soft_wrap=True)
+            console.print(f"  [bold magenta]{escape(line)}[/]")
         m = r["median"]
         if not m:
             continue
@@ -106,10 +113,12 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
         by_cause = m.get("bubble_us_by_cause") or {}
         causes = bubble_causes(r)
         if causes and any(v["count"] for v in causes.values()):
+            n_it = max(len(its), 1)  # the CPU ops' idle time is summed over every iteration: per iteration, like the µs beside it
             console.print(fit_table(
-                console, "bubbles by cause (median µs per iteration; count over all iterations; CPU ops by the idle time inside the bubbles)",
+                console, "bubbles by cause (µs: median per iteration; count: all iterations; CPU ops: idle µs inside, mean per iteration)",
                 (("cause", COPY), ("µs", NUM), ("count", NUM), ("CPU was in", TEXT)),
-                [(c, _num(v), str(causes.get(c, {}).get("count", 0)), cpu_ops_text(idle_cpu_ops(r, c, 2)))
+                [(c, _num(v), str(causes.get(c, {}).get("count", 0)),
+                  cpu_ops_text([(op, None if us is None else us / n_it) for op, us in idle_cpu_ops(r, c, 2)]))
                  for c, v in sorted(by_cause.items(), key=lambda kv: -kv[1])]))
             big = largest_bubbles(r, top)
             console.print(fit_table(
@@ -130,11 +139,11 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int) -> None:
                                     (("total µs", NUM), ("calls/iter", NUM), ("category", COPY), ("name", NAME)),
                                     # calls per iteration with one decimal in this table (the diff tables use RATE, two)
                                     [(_num(k["total_us"]), _num(k["count"] / n_it, 1), k["category"] or "-", k["name"]) for k in r["kernels"][:top]]))
-        for w in r["warnings"]:
-            console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+        for w in r["warnings"] if warnings else ():
+            console.print(f"[yellow]warning:[/] {escape(w)}")
 
 
-def _cross_rank(x: Mapping[str, Any], console: Console) -> None:
+def _cross_rank(x: Mapping[str, Any], console: Console, *, warnings: bool = True) -> None:
     """The straggler table and per-iteration spread across ranks."""
     offs = ", ".join(f"rank {r}: {v:+,.1f} µs" for r, v in x["clock_offsets_us"].items())
     console.print(f"[bold]across {len(x['ranks'])} ranks[/]: {x['aligned_iterations']} aligned iterations; clock offsets {escape(offs)}")
@@ -148,17 +157,17 @@ def _cross_rank(x: Mapping[str, Any], console: Console) -> None:
     if spreads:
         spreads.sort()
         console.print(f"GPU-window spread across ranks per iteration: median {_num(spreads[len(spreads) // 2])} µs, max {_num(spreads[-1])} µs")
-    for w in x["warnings"]:
-        console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+    for w in x["warnings"] if warnings else ():
+        console.print(f"[yellow]warning:[/] {escape(w)}")
 
 
 def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
     b, c = diff["baseline"], diff["candidate"]
-    console.print(f"[bold]{escape(capture_view.diff_health(diff))}[/]", soft_wrap=True)  # issue 31: first, before any number
+    console.print(f"[bold]{escape(capture_view.diff_health(diff))}[/]")  # issue 31: first, before any number
     for line in headline_lines(diff):  # the headline first (what bounds it, its own effect, what else moved, throughput)
-        console.print(f"[bold]{escape(line)}[/]", soft_wrap=True)
+        console.print(f"[bold]{escape(line)}[/]")
     for line in capture_view.diff_lines(diff):
-        console.print(escape(line), soft_wrap=True)
+        console.print(escape(line))
     console.print(f"[bold]{escape(b['label'])}[/] → [bold]{escape(c['label'])}[/]"
                   + (f"  [cyan]{escape(diff['optimization'])}[/]" if diff.get("optimization") else ""))
     tp = throughput_rows(diff)
@@ -174,20 +183,22 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
     if ee and ee.get("known"):
         if effect_flags(ee):
             for f in effect_flags(ee):
-                console.print(f"[bold red]flag:[/] {escape(f)}", soft_wrap=True)
-        else:
+                console.print(f"[bold red]flag:[/] {escape(f)}")
+        elif ee.get("judged"):
             console.print(f"[green]expected effect ok:[/] no change outside {escape(', '.join(ee['categories']) or 'its (empty) categories')} "
                           f"beyond {escape(ee['threshold'])}")
+        else:  # nothing was judged: no "ok"
+            console.print(f"[yellow]expected effect {escape(ee['threshold'])}[/]")
     elif ee:
-        console.print(f"[yellow]note:[/] {escape(ee.get('note', ''))}", soft_wrap=True)
+        console.print(f"[yellow]note:[/] {escape(ee.get('note', ''))}")
     noise = diff.get("noise") or {}
     if not noise.get("available"):
-        console.print(f"[dim]{escape(noise.get('note', 'no noise estimate'))}[/]", soft_wrap=True)
+        console.print(f"[dim]{escape(noise.get('note', 'no noise estimate'))}[/]")
 
     tl = diff_timeline(diff)
     W = words(tl)
     if banner(tl):
-        console.print(f"[bold yellow]{escape(banner(tl) or '')}[/]", soft_wrap=True)
+        console.print(f"[bold yellow]{escape(banner(tl) or '')}[/]")
     g = diff["decomposition"]["gpu_window_us"]
     rows: list[tuple[str, ...]] = []
     for group, term, delta, bv, cv in decomposition_rows(diff):
@@ -238,6 +249,6 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
         if ks:
             names = ", ".join(k["name"] for k in ks[:5])
             more = f" and {diff.get(f'{key}_total', len(ks)) - 5} more" if diff.get(f"{key}_total", len(ks)) > 5 else ""
-            console.print(f"kernels {what}: {escape(names)}{more}", soft_wrap=True)
+            console.print(f"{W['kernels_plain']} {what}: {escape(names)}{more}")
     for w in diff.get("warnings") or []:
-        console.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
+        console.print(f"[yellow]warning:[/] {escape(w)}")

@@ -62,7 +62,10 @@ def throughput_rows(diff: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not b and not c:
         return []
     rows = []
+    cpu = diff_timeline(diff) == "cpu"
     for key, label, higher in THROUGHPUT_KEYS:
+        if key == "tokens_per_s_per_gpu" and cpu:
+            label = "tokens/s per rank"  # a CPU-only run has no GPU: the same figure, per process of the engine
         (bv, bs), (cv, cs) = _median_of(b, key), _median_of(c, key)
         if bv is None and cv is None:
             continue
@@ -242,4 +245,52 @@ def outside_text(rank: Mapping[str, Any]) -> str | None:
     parts = [f"{o[k]} {label}" for k, label in (("before_first", "before the first iteration" if cpu else "launched before the first iteration"),
                                                 ("after_last", "after the last"), ("no_launch_in_trace", "with no launch call in the trace"))
              if o.get(k)]
-    return f"outside every iteration: {o['gpu_ops']:,} {'aten ops' if cpu else 'GPU ops'}, {o['gpu_us']:,.1f} µs{share}: {', '.join(parts)}"
+    ops = "aten ops" if cpu else "GPU ops"  # a CPU-only run's device ops are its aten ops
+    return f"outside every iteration: {o['gpu_ops']:,} {ops}, {o['gpu_us']:,.1f} µs{share}: {', '.join(parts)}"
+
+
+def device_text(rank: Mapping[str, Any], manifest: Any = None) -> str:
+    """What ran the rank: the trace's device name, else the run manifest's (its gpu, e.g. "cpu"), else
+    "CPU" for a CPU-only trace; "unknown device" only when nothing says."""
+    if rank.get("device"):
+        return str(rank["device"])
+    versions = manifest.get("versions") if isinstance(manifest, Mapping) else None
+    gpu = (versions or {}).get("gpu") if isinstance(versions, Mapping) else None
+    if gpu:
+        return "CPU" if str(gpu).lower() == "cpu" else str(gpu)
+    return "CPU" if rank.get("device_timeline") == "cpu" else "unknown device"
+
+
+IDLE_VERDICT = 0.5  # a GPU idle for at least this share of its window gets a verdict line
+_IDLE_WHY = {
+    "launch": "launch-bound: the host issues kernels slower than the GPU runs them",
+    "sync": "sync-bound: the host blocks on the GPU and the GPU then waits for the host",
+    "iteration_boundary": "scheduler-bound: the GPU waits between iterations for the host's scheduling",
+    "gpu_wait": "dependency-bound: the GPU waits on other streams or events",
+    "short_gaps": "gaps shorter than --min-bubble-us between kernels (many small kernels)",
+}
+
+
+def idle_verdict(rank: Mapping[str, Any]) -> str | None:
+    """One line when the GPU mostly idles (median idle >= IDLE_VERDICT of the median window): what bounds
+    the iteration, by the largest idle cause, with the CPU op most of that idle time went to. None for a
+    GPU that is mostly busy, or a CPU-only run (its "idle" is of the CPU-op timeline)."""
+    from profkit.findings import idle_cpu_ops
+
+    if rank.get("device_timeline") == "cpu":
+        return None
+    m = rank.get("median") or {}
+    win, idle = m.get("gpu_window_us"), m.get("gpu_idle_us")
+    if not win or idle is None or idle < IDLE_VERDICT * win:
+        return None
+    causes = {k: v or 0.0 for k, v in (m.get("bubble_us_by_cause") or {}).items()}
+    causes["short_gaps"] = max(idle - (m.get("bubble_us") or 0.0), 0.0)
+    cause, us = max(causes.items(), key=lambda kv: kv[1])
+    where = ""
+    ops = idle_cpu_ops(rank, cause, 1) if cause != "short_gaps" else []
+    if ops and ops[0][1]:
+        n = max(len(rank.get("iterations") or []), 1)
+        where = f"; the CPU op with most of that idle time: {ops[0][0]} ({ops[0][1] / n:,.1f} µs per iteration)"
+    launches = f", {m['kernel_launches']:,.0f} kernel launches per iteration" if cause == "launch" and m.get("kernel_launches") else ""
+    return (f"verdict: the GPU idles {idle:,.1f} of its {win:,.1f} µs window per iteration ({100 * idle / win:.0f}%, medians); "
+            f"{_IDLE_WHY.get(cause, cause)} ({cause.replace('_', ' ')} {us:,.1f} µs{launches}){where}")
