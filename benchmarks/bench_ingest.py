@@ -29,9 +29,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# third-party traces are never committed: read beside the checkout (tests/data/public/README.md)
+PUBLIC = Path(os.environ.get("PROFKIT_PUBLIC_TRACES") or ROOT.parent / "shared" / "public-traces")
 TEMPLATES = {
     # real SGLang trace with Python stacks (AMD MI300X, TraceLens' public fixture)
-    "sglang": ROOT / "tests/data/public/tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz",
+    "sglang": PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz",
     # real H200 eager decode with host syncs, recorded for profkit (Kineto's own pretty layout)
     "eager_sync": ROOT / "tests/data/gpu/eager_sync.pt.trace.json.gz",
     # kernel-dense: the proxy engine's eager decode on the H200 (the study's "before" shape: ~1,400
@@ -322,6 +324,10 @@ def main() -> None:
 
     shapes = [t.strip() for t in args.templates.split(",") if t.strip()]
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    for sh in shapes:
+        if not TEMPLATES.get(sh, Path(sh)).is_file():
+            raise SystemExit(f"{TEMPLATES.get(sh, Path(sh))}: no such trace (the sglang template is third-party: "
+                             "put shared/public-traces beside the checkout or set PROFKIT_PUBLIC_TRACES)")
     args.workdir.mkdir(parents=True, exist_ok=True)
     results: dict = {"machine": machine(), "templates": {sh: str(TEMPLATES.get(sh, Path(sh))) for sh in shapes}, "runs": [], "hta": []}
     rows: list[tuple] = []

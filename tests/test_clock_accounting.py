@@ -1,4 +1,4 @@
-"""Busy time by the clock on every real trace under tests/data (DESIGN.md "Time inside a window").
+"""Busy time by the clock on every real trace under tests/data and ../shared/public-traces (DESIGN.md "Time inside a window").
 
 The expected side is a plain computation over the raw events (gzip + json, no profkit code): the
 union of every GPU op (kernel, memcpy, memset; any owner) inside each of profkit's GPU windows.
@@ -18,9 +18,10 @@ import pytest
 from profkit.analysis.parallel import analyze_paths
 from profkit.analysis.summary import build_summary
 
-DATA = Path(__file__).parent / "data"
-TRACES = sorted(p for d in ("gpu", "gpu_proxy", "gpu_tp2", "gpu_overlap", "public") for p in (DATA / d).glob("*.json.gz")
-                if not p.name.startswith("expected"))
+from conftest import DATA, PUBLIC_TRACES, TRACELENS_STEPS, public_trace
+
+TRACES = sorted(p for d in ("gpu", "gpu_proxy", "gpu_tp2", "gpu_overlap") for p in (DATA / d).glob("*.json.gz")
+                if not p.name.startswith("expected")) + [PUBLIC_TRACES / n for n in TRACELENS_STEPS]
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 
 
@@ -52,8 +53,10 @@ def _union_inside(ops: list[tuple[int, int]], g0: int, g1: int) -> int:
     return total + (0 if cur is None else cur[1] - cur[0])
 
 
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{'public' if p.parent == PUBLIC_TRACES else p.parent.name}/{p.name}")
 def test_busy_is_the_union_of_all_ops_inside_each_window(path: Path) -> None:
+    if path.parent == PUBLIC_TRACES:
+        path = public_trace(path.name)
     s = build_summary(analyze_paths([path], cache=False))
     r = s["ranks"][0]
     ops = _raw_ops(path)
@@ -74,4 +77,4 @@ def test_busy_is_the_union_of_all_ops_inside_each_window(path: Path) -> None:
 
 
 def test_every_fixture_folder_is_covered() -> None:
-    assert {p.parent.name for p in TRACES} >= {"gpu", "gpu_proxy", "gpu_tp2", "public"}
+    assert {p.parent.name for p in TRACES} >= {"gpu", "gpu_proxy", "gpu_tp2", PUBLIC_TRACES.name}

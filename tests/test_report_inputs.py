@@ -15,9 +15,10 @@ from typer.testing import CliRunner
 
 from profkit.cli import app
 
+from conftest import public_trace
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "traces" / "sample"
-PUBLIC = ROOT / "tests" / "data" / "public"
 runner = CliRunner()
 
 
@@ -39,7 +40,7 @@ def test_single_rank_sides_compare_whatever_their_ranks(tmp_path):
 
 
 def test_sides_without_a_common_shape_need_the_flag_and_warn_first():
-    dec, ext = (str(PUBLIC / f"tracelens_sglang_qwen3-8b_mi300x_{k}_step.json.gz") for k in ("decode", "extend"))
+    dec, ext = (str(public_trace(f"tracelens_sglang_qwen3-8b_mi300x_{k}_step.json.gz")) for k in ("decode", "extend"))
     r = runner.invoke(app, ["diff", dec, ext])
     assert r.exit_code == 2
     assert "share no iteration shape" in r.output and "--allow-shape-mismatch" in r.output

@@ -23,6 +23,8 @@ from profkit.ingest.columnar import NotFast, decode_chunk_msgspec_tables, decode
 from profkit.ingest.decode import read_bytes
 from profkit.ingest.strings import Strings
 
+from conftest import public_trace
+
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = sorted(p for p in (ROOT / "tests" / "data").rglob("*.json*") if p.name.endswith((".json", ".json.gz"))
                 and "bad" not in p.parts and "expected" not in p.name and not p.name.endswith(("info.json", "manifest.json")))
@@ -215,7 +217,7 @@ def test_no_scanner_same_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     """PROFKIT_NO_SCANNER=1 (or no compiler): msgspec decodes, and the trace is the same."""
     from profkit.ingest import load_trace
 
-    path = ROOT / "tests" / "data" / "public" / "tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz"
+    path = public_trace("tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz")
     with_scan = load_trace(path, cache=False)
     monkeypatch.setattr(scan, "_TRIED", True)
     monkeypatch.setattr(scan, "_LIB", None)
