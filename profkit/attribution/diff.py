@@ -39,8 +39,6 @@ DIFF_SCHEMA_VERSION = 1
 IDLE_KEYS = (*CAUSES, "short_gaps")
 COUNT_KEYS = ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h", "memcpy_h2d", "bubble_count")
 TIMING_KEYS = ("launch_us", "launch_latency_us_p50", "sync_us", "sync_copy_us", "bubble_us")
-# Without repeats a change outside the optimization's categories is flagged above both of these.
-REL_THRESHOLD = 0.05
 ABS_THRESHOLD_NS = 1_000
 TOP_MOVERS = 20
 MAX_KERNEL_LIST = 200
@@ -724,11 +722,6 @@ def swings(values: Sequence[float]) -> bool:
     """Whether iterations' GPU windows vary by more than UNSTABLE_RATIO (the one rule: diff.json's stability,
     every report's "unstable" warning)."""
     return len(values) > 1 and min(values) > 0 and max(values) / min(values) > UNSTABLE_RATIO
-
-
-def stability(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> str | None:
-    """A sentence when some profile window's GPU window varies by more than 2x (max/min), else None."""
-    return _stability(_window_iterations(reps, rank, shape))
 
 
 def _stability(windows: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]) -> str | None:
