@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from profkit.analysis.parallel import analyze_paths
 from profkit.analysis.summary import build_summary
 
 from conftest import DATA, PUBLIC_TRACES, TRACELENS_STEPS, public_trace
+from helpers import analyze_paths
 
 TRACES = sorted(p for d in ("gpu", "gpu_proxy", "gpu_tp2", "gpu_overlap") for p in (DATA / d).glob("*.json.gz")
                 if not p.name.startswith("expected")) + [PUBLIC_TRACES / n for n in TRACELENS_STEPS]

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from profkit.analysis.parallel import analyze_paths
 from profkit.analysis.summary import build_summary
 from profkit.attribution.diff import compare_summaries
 from profkit.catalog import load_catalog
 
 from conftest import public_trace
+from helpers import analyze_paths
 
 DATA = Path(__file__).parent / "data" / "gpu_loo"
 CAT = load_catalog("proxy")

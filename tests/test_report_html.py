@@ -271,7 +271,7 @@ def test_run_report_counts_every_sync_not_only_the_listed_ones():
     pageable memory per iteration), so it says 3 per iteration when the list holds a single one (it said 1/8)."""
     from pathlib import Path
 
-    from profkit.analysis.parallel import analyze_paths
+    from helpers import analyze_paths
     from profkit.analysis.summary import build_summary
 
     data = Path(__file__).parent / "data" / "gpu"

@@ -13,7 +13,6 @@ import polars as pl
 import pytest
 
 from profkit.analysis import analyze_trace
-from profkit.analysis.parallel import analyze_paths
 from profkit.analysis.summary import build_summary
 from profkit.ingest import load_trace, load_traces
 from profkit.ingest import cache as pcache
@@ -23,6 +22,7 @@ from profkit.ingest.decode import decode_events, read_bytes
 from profkit.ingest.tables import add_unusable_warnings, events_frame, split_tables
 
 from conftest import PUBLIC_TRACES, TRACELENS_STEPS, public_trace
+from helpers import analyze_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / "tests" / "data" / "gpu"
@@ -420,7 +420,8 @@ def test_stdlib_gzip_fallback_same_tables(monkeypatch: pytest.MonkeyPatch) -> No
     """Without isal and zlib-ng the stdlib decompresses: same tables."""
     import sys
 
-    from profkit.ingest.columnar import gzip_library, load_tables_fast
+    from helpers import gzip_library
+    from profkit.ingest.columnar import load_tables_fast
 
     path = public_trace("tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz")
     fast = load_tables_fast(path)

@@ -103,18 +103,6 @@ def _sync_gaps(gaps: pl.DataFrame, syncs: pl.DataFrame) -> pl.Series:
     return pl.concat(found).unique()
 
 
-def gap_cpu_ops(trace: Trace, g0s: pl.Series, g1s: pl.Series, tids: pl.Series,
-                 rows_cache: dict | None = None) -> pl.DataFrame:
-    """gap_tops as rows (_g: the gap's position, name, ns), most time first within a gap."""
-    import numpy as np
-
-    top_id, top_ns, names = gap_tops(trace, g0s, g1s, tids, rows_cache)
-    n, top = top_id.shape
-    flat = pl.DataFrame({"_g": np.repeat(np.arange(n, dtype=np.int64), top), "k": top_id.reshape(-1), "ns": top_ns.reshape(-1)})
-    flat = flat.filter(pl.col("k") >= 0)
-    return flat.select("_g", names.gather(flat["k"]).alias("name"), "ns")
-
-
 def gap_tops(trace: Trace, g0s: pl.Series, g1s: pl.Series, tids: pl.Series,
              rows_cache: dict | None = None) -> tuple[np.ndarray, np.ndarray, pl.Series]:
     """For each gap [g0, g1) on thread tid: the GAP_TOP CPU events of that thread (cpu_op,
