@@ -61,12 +61,12 @@ def test_windows_busy_idle_exact(analysis):
     assert col(analysis, "spill_ns") == [0, 15 * US, 0]
 
 
-def test_identities_hold_exactly(analysis):
-    it = analysis.iterations
-    assert (it["gpu_window_ns"] == it["gpu_busy_ns"] + it["gpu_idle_ns"]).all()
+def test_category_time_is_every_op_inside_the_window(analysis):
+    """Counted by hand from build(): it0 k1 10 + k2 20 + k3 10; it1 k4 15 + DtoH 5 + k5 5 + k6 10
+    (x_late runs past every window); it2 g1 10 + g2 10. (busy, idle and overlap are pinned above.)"""
     cats = analysis.categories.group_by("iteration").agg(pl.col("dur_ns").sum()).sort("iteration")
-    assert (cats["dur_ns"] - it["overlap_ns"] == it["gpu_busy_ns"]).all()
-    assert (it["bubble_ns"] <= it["gpu_idle_ns"]).all()
+    assert cats["dur_ns"].to_list() == [40 * US, 35 * US, 20 * US]
+    assert (analysis.iterations["bubble_ns"] <= analysis.iterations["gpu_idle_ns"]).all()
 
 
 def test_ownership_follows_launch_not_clock(analysis):
