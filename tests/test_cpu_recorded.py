@@ -16,7 +16,7 @@ def record(tmp_path, steps: int, *, marker: bool = True):
     x = torch.randn(64, 64)
     w = torch.randn(64, 64)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for i in range(steps):
+        for _ in range(steps):
             if marker:
                 with record_function("scheduler.run_batch"), record_function("step[DECODE bs=2]"):
                     y = torch.relu(x @ w)

@@ -294,7 +294,7 @@ def _repeat_metrics(summary: Mapping[str, Any], rank: int, shape: Shape | None) 
     if not its:
         return None
     m = _means(its)
-    out: dict[str, float] = {
+    out: dict[str, Any] = {
         "wall_us": _us(m["wall"]), "gpu_window_us": _us(m["window"]), "gpu_busy_us": _us(m["busy"]),
         "gpu_idle_us": _us(m["idle"]), "overlap_us": _us(m["overlap"]),
     }
@@ -306,7 +306,7 @@ def _repeat_metrics(summary: Mapping[str, Any], rank: int, shape: Shape | None) 
         out[f"phase_us.{k}"] = _us(v)
     for k, v in _counts(its).items():
         out[f"counts.{k}"] = float(v or 0)
-    return out  # type: ignore[return-value]
+    return out
 
 
 def _noise(base_reps: Sequence[Mapping[str, Any]], cand_reps: Sequence[Mapping[str, Any]], rank: int,
@@ -343,9 +343,9 @@ def _noise(base_reps: Sequence[Mapping[str, Any]], cand_reps: Sequence[Mapping[s
     }
 
 
-def _window_iterations(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> list[tuple[int, list[Mapping[str, Any]]]]:
+def _window_iterations(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> list[tuple[int, list[dict[str, Any]]]]:
     """Each profile window's (index, compared iterations); a window without the rank is left out."""
-    out = []
+    out: list[tuple[int, list[dict[str, Any]]]] = []
     for i, s in enumerate(reps):
         try:
             out.append((i, _select(pick_rank(s, rank, "window"), shape)))
@@ -436,7 +436,7 @@ def _expected_effect(opt: str | None, catalog: Any, base: dict[str, Any], cand: 
            + [own_term(f"phase_us.{p}", "phases", p) for p in phases]
            + [own_term(f"idle_us_by_cause.{k}", "idle_by", k) for k in idle_own])
     against = [f"{opt} moved its own {term_label(t['term'])} the wrong way: {t['delta_us']:+,.1f} µs per iteration, "
-               f"expected a decrease (beyond {judged_against(_us(drift_ns))})" for t in own if t["as_expected"] is False]
+               f"expected a decrease (beyond {judged_against(float(drift_ns / 1000))})" for t in own if t["as_expected"] is False]
     elsewhere = [term(f"category_us.{c}", delta("cats", c)) for c in sorted(set(base["cats"]) | set(cand["cats"])) if c not in owned]
     elsewhere += [term(f"idle_us_by_cause.{k}", delta("idle_by", k)) for k in IDLE_KEYS if k not in idle_own]
     beyond = sorted((t for t in elsewhere if t["within_noise"] is False and abs(t["delta_us"]) >= floor_us),
@@ -695,7 +695,7 @@ def _bubble_view(rank: Mapping[str, Any], its: Sequence[Mapping[str, Any]], n: i
 def throughput_points(manifest: Any) -> list[dict[str, Any]]:
     """The manifest's unprofiled workload points ({isl, concurrency, <metric>: {median, spread, ...}}), or []."""
     pts = manifest.get("throughput") if isinstance(manifest, Mapping) else None
-    return [p for p in pts if isinstance(p, Mapping)] if isinstance(pts, list) else []
+    return [p for p in pts if isinstance(p, dict)] if isinstance(pts, list) else []
 
 
 def _first_point(manifest: Any) -> dict[str, Any] | None:
