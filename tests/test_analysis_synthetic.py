@@ -6,37 +6,13 @@ import polars as pl
 import pytest
 
 from factories import TraceBuilder
+from factories import synthetic_trace as build
 from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
 from profkit.catalog import load_catalog
 from profkit.ingest import load_trace
 
 US = 1000
-
-
-def build() -> TraceBuilder:
-    b = TraceBuilder()
-    for i, (s, d) in enumerate(((0, 100), (200, 100), (400, 100))):
-        b.cpu("scheduler.run_batch", s * US, d * US)
-        b.cpu(f"step[DECODE bs={i + 1}]", (s + 1) * US, (d - 2) * US)
-    # iteration 0: two back-to-back kernels, then a launch-bound gap, then an iteration-boundary gap
-    b.kernel("k1", 10 * US, 20 * US, 10 * US)
-    b.kernel("k2", 13 * US, 30 * US, 20 * US)
-    b.kernel("k3", 80 * US, 85 * US, 10 * US)
-    # iteration 1: .item() = pageable D2H copy + stream sync inside aten::_local_scalar_dense
-    b.kernel("k4", 210 * US, 215 * US, 15 * US)
-    b.cpu("aten::item", 217 * US, 34 * US, cat="cpu_op")
-    b.cpu("aten::_local_scalar_dense", 218 * US, 32 * US, cat="cpu_op")
-    b.memcpy("DtoH", 220 * US, 25 * US, 235 * US, 5 * US)
-    b.call("cudaStreamSynchronize", 246 * US, 1 * US)
-    b.kernel("k5", 260 * US, 265 * US, 5 * US)
-    b.kernel("k6", 267 * US, 290 * US, 10 * US)  # launched before the GPU went idle at 270: gpu_wait
-    b.kernel("x_late", 395 * US, 445 * US, 15 * US, stream=8)  # launched in it1, runs in it2's window
-    # iteration 2: one graph launch replaying two kernels (same correlation)
-    corr = b.call("cudaGraphLaunch", 410 * US, 5 * US)
-    b.op("g1", 420 * US, 10 * US, corr)
-    b.op("g2", 430 * US, 10 * US, corr)
-    return b
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from test_capture import SMALL, assert_no_leftovers, free_port, manifests, profkit, wait_stage
+from processes import SMALL, assert_no_leftovers, free_port, manifests, profkit, wait_stage
 
 pytest.importorskip("torch")
 GPU = Path(__file__).parent / "data" / "gpu"

@@ -17,7 +17,7 @@ from profkit.catalog import load_catalog  # noqa: E402
 from profkit.cli import app  # noqa: E402
 from profkit.export.perfetto import build_perfetto  # noqa: E402
 from profkit.ingest import load_trace  # noqa: E402
-from test_analysis_synthetic import build  # noqa: E402
+from factories import synthetic_trace as build  # noqa: E402
 
 US = 1000
 GPU_DATA = Path(__file__).resolve().parent / "data" / "gpu"

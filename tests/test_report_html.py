@@ -19,33 +19,14 @@ from profkit.report import Report
 from profkit.report import figures as F
 from profkit.report.html import HtmlRenderer
 from profkit.report.markdown import MarkdownRenderer
-from test_diff import BASE, CATALOG, decode_trace, summarize
+from factories import CATALOG, HOSTILE_MANIFEST, SCRIPT_NAME
 
-SCRIPT_NAME = "<script>alert(1)</script>"
-HOSTILE = [
-    (SCRIPT_NAME, 6),
-    ("<img src=x onerror=\"document.body.setAttribute('data-pwned','img')\">", 4),
-    ("</script><script>document.body.setAttribute('data-pwned','breakout')</script>", 3),
-    ("evil|pipe `tick` @everyone **bold** [link](javascript:alert(2)) & <b>x</b>", 2),
-]
-HOSTILE_MANIFEST = {"command": "python serve.py --name '</script><script>alert(3)</script>'", "opts": ["topk_v2"],
-                    "gpu": "<img src=y onerror=alert(4)>"}
 runner = CliRunner()
 
 
 def html_page(*, diffs=(), runs=(), cdn=False):
     """The page `profkit report` writes: the runs' ladder computed by attribution, then rendered."""
     return HtmlRenderer(cdn=cdn).render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs)))
-
-
-@pytest.fixture(scope="module")
-def hostile(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("hostile")
-    base = summarize(decode_trace(BASE), tmp, "base")
-    cand = summarize(decode_trace([(n, 20 if n == "topk_select" else d) for n, d in BASE] + HOSTILE, sync=True), tmp, "cand")
-    cand["manifest"] = HOSTILE_MANIFEST
-    d = compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG, labels=("base", "cand <i>"))
-    return base, cand, d
 
 
 def _no_raw_hostile(html: str) -> None:

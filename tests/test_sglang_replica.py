@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from processes import processes
-from test_capture import free_port, manifests, profkit
+from processes import free_port, manifests, profkit
 
 REPLICA = Path(__file__).resolve().parent / "sglang_replica"
 SMALL = ["--isl", "64", "--turns", "3", "--turn-tokens", "16", "--output-tokens", "24", "--num-steps", "6",
