@@ -14,9 +14,9 @@ import pytest
 from profkit.catalog import Catalog, auto_catalog, catalog_dir, catalog_names, load_catalog
 from profkit.errors import UsageError
 
-from conftest import needs_public, public_steps
+from conftest import ROOT, needs_public, public_steps
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = ROOT
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 

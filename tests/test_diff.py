@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -19,8 +18,10 @@ from profkit.cli import app
 from profkit.ingest import load_trace
 from profkit.report.views import decomposition_rows
 
+from conftest import DATA
+
 US = 1000
-GPU_DATA = Path(__file__).resolve().parent / "data" / "gpu"
+GPU_DATA = DATA / "gpu"
 runner = CliRunner()
 
 
@@ -342,7 +343,7 @@ def test_decomposition_residual_is_zero_for_any_valid_summaries(b, c):
     assert total == pytest.approx(dec["gpu_window_us"]["delta"], abs=1e-6)
 
 
-V1 = Path(__file__).parent / "data" / "v1"
+V1 = DATA / "v1"
 
 
 def test_version_1_summaries_are_still_read(tmp_path):
@@ -356,7 +357,7 @@ def test_version_1_summaries_are_still_read(tmp_path):
     assert d["counts"]["kernel_launches"]["baseline"] == 25 == d["counts"]["kernel_launches"]["candidate"]
     assert d["counts"]["syncs"]["baseline"] == 0 and d["counts"]["syncs"]["candidate"] == 2  # from v1's full sync list
     v2 = tmp_path / "v2.json"
-    r = runner.invoke(app, ["analyze", str(Path(__file__).parent / "data" / "gpu" / "eager_sync.pt.trace.json.gz"), "--no-cache",
+    r = runner.invoke(app, ["analyze", str(DATA / "gpu" / "eager_sync.pt.trace.json.gz"), "--no-cache",
                             "--json", str(v2)])
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["diff", str(b), str(v2), "--json", str(tmp_path / "d2.json")])

@@ -19,10 +19,9 @@ from profkit.ingest import early
 from profkit.ingest.columnar import load_tables_fast
 from profkit.ingest.scan import lib
 
-from conftest import public_trace
+from conftest import DATA, public_trace
 
-ROOT = Path(__file__).resolve().parent.parent
-BAD = ROOT / "tests" / "data" / "bad"
+BAD = DATA / "bad"
 SMALL_CHUNKS = 256 << 10
 
 pytestmark = pytest.mark.skipif(lib() is None, reason="no C compiler here: nothing is decoded early")

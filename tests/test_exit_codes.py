@@ -11,7 +11,9 @@ from typer.testing import CliRunner
 
 from profkit.cli import app
 
-TRACE = Path(__file__).parent / "data" / "gpu" / "eager_sync.pt.trace.json.gz"
+from conftest import DATA
+
+TRACE = DATA / "gpu" / "eager_sync.pt.trace.json.gz"
 runner = CliRunner()
 
 

@@ -10,14 +10,15 @@ import resource
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from processes import SMALL, assert_no_leftovers, free_port, manifests, profkit, wait_stage
 
+from conftest import DATA
+
 pytest.importorskip("torch")
-GPU = Path(__file__).parent / "data" / "gpu"
+GPU = DATA / "gpu"
 
 
 def test_missing_engine_and_model_path(tmp_path):

@@ -4,7 +4,6 @@ recording's construction implies, identities hold exactly, and a clean trace war
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import polars as pl
 import pytest
@@ -15,7 +14,9 @@ from profkit.ingest import load_trace
 
 from helpers import raw_gpu_ops, sum_inside, union_inside
 
-GPU = Path(__file__).parent / "data" / "gpu"
+from conftest import DATA
+
+GPU = DATA / "gpu"
 EXPECTED = json.loads((GPU / "expected.json").read_text())
 FIXTURES = ["eager_decode", "graph_decode", "eager_sync", "two_streams"]
 FIELDS = {"gpu_kernels": "gpu_kernels", "kernel_launches": "kernel_launches", "graph_launches": "graph_launches",

@@ -6,7 +6,6 @@ why (found on the data, not tuned away)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +16,9 @@ from profkit.catalog import load_catalog
 from conftest import public_trace
 from helpers import analyze_paths
 
-DATA = Path(__file__).parent / "data" / "gpu_loo"
+import conftest
+
+DATA = conftest.DATA / "gpu_loo"
 CAT = load_catalog("proxy")
 
 

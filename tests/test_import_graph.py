@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parent.parent / "profkit"
+from conftest import ROOT
+
+PKG = ROOT / "profkit"
 
 # Circles allowed to remain: none (the last ones, cli <-> cli_capture/cli_report and the proxy's
 # scheduler <-> tp, went with the cli/ package, whose commands import only cli/common.py, and

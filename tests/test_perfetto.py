@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+
+from conftest import DATA
 
 pytest.importorskip("perfetto", reason="the 'perfetto' package (profkit[report]) is not installed")
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent  # noqa: E402
@@ -20,7 +21,7 @@ from profkit.ingest import load_trace  # noqa: E402
 from factories import synthetic_trace as build  # noqa: E402
 
 US = 1000
-GPU_DATA = Path(__file__).resolve().parent / "data" / "gpu"
+GPU_DATA = DATA / "gpu"
 runner = CliRunner()
 
 

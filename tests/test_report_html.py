@@ -21,6 +21,8 @@ from profkit.report.html import HtmlRenderer
 from profkit.report.markdown import MarkdownRenderer
 from factories import CATALOG, HOSTILE_MANIFEST, SCRIPT_NAME
 
+from conftest import DATA
+
 runner = CliRunner()
 
 
@@ -250,12 +252,11 @@ def test_run_report_counts_every_sync_not_only_the_listed_ones():
     """summary.json lists only the largest syncs (max_items) and counts all of them in sync_groups: the HTML
     run report's sync table reads the groups (eager_sync, expected.json: 2 syncs and 1 blocking copy from
     pageable memory per iteration), so it says 3 per iteration when the list holds a single one (it said 1/8)."""
-    from pathlib import Path
 
     from helpers import analyze_paths
     from profkit.analysis.summary import build_summary
 
-    data = Path(__file__).parent / "data" / "gpu"
+    data = DATA / "gpu"
     per = json.loads((data / "expected.json").read_text())["eager_sync"]["per_iteration"]
     want = per["syncs"] + per["memcpy_from_or_to_pageable"]
     s = build_summary(analyze_paths([data / "eager_sync.pt.trace.json.gz"], cache=False), max_items=1)

@@ -13,7 +13,7 @@ from profkit.analysis.iterations import parse_kind
 from profkit.attribution.diff import shape_label
 from profkit.cli import app
 
-from conftest import public_trace
+from conftest import ROOT, public_trace
 
 US = 1000
 runner = CliRunner()
@@ -62,7 +62,7 @@ def test_list_markers_and_the_nomatch_hint(tmp_path):
     r = runner.invoke(app, ["analyze", str(p), "--list-markers"])
     assert r.exit_code == 0, r.output
     assert "decode_step" in r.output and "^decode_step$" in r.output and " 4 " in r.output
-    sample = Path(__file__).resolve().parent.parent / "traces" / "sample" / "eager_sync.pt.trace.json.gz"
+    sample = ROOT / "traces" / "sample" / "eager_sync.pt.trace.json.gz"
     r = runner.invoke(app, ["analyze", str(sample), "--list-markers"])
     assert "ProfilerStep#N" in r.output and r"^ProfilerStep#\d+$" in r.output
     assert "^scheduler\\.run_batch$" in r.output and "default" in r.output

@@ -17,9 +17,8 @@ from profkit.ingest import load_traces
 from profkit.ingest.runs import plan_runs, read_info
 from profkit.inputs import check_summary
 
-from conftest import TRACELENS_STEPS, needs_public, public_trace
+from conftest import DATA, TRACELENS_STEPS, needs_public, public_trace
 
-DATA = Path(__file__).parent / "data"
 GPU, TP2 = DATA / "gpu", DATA / "gpu_tp2"
 
 

@@ -21,11 +21,10 @@ from profkit.ingest.columnar import load_tables_fast, make_executor
 from profkit.ingest.decode import decode_events, read_bytes
 from profkit.ingest.tables import add_unusable_warnings, events_frame, split_tables
 
-from conftest import PUBLIC_TRACES, TRACELENS_STEPS, public_trace
+from conftest import DATA, PUBLIC_TRACES, ROOT, TRACELENS_STEPS, public_trace
 from helpers import analyze_paths
 
-ROOT = Path(__file__).resolve().parent.parent
-GPU = ROOT / "tests" / "data" / "gpu"
+GPU = DATA / "gpu"
 FIXTURES = sorted(GPU.glob("*.json.gz")) + [PUBLIC_TRACES / n for n in TRACELENS_STEPS]
 
 

@@ -23,10 +23,9 @@ from profkit.ingest.columnar import NotFast, decode_chunk_msgspec_tables, decode
 from profkit.ingest.decode import read_bytes
 from profkit.ingest.strings import Strings
 
-from conftest import public_trace
+from conftest import DATA, public_trace
 
-ROOT = Path(__file__).resolve().parent.parent
-TRACES = sorted(p for p in (ROOT / "tests" / "data").rglob("*.json*") if p.name.endswith((".json", ".json.gz"))
+TRACES = sorted(p for p in (DATA).rglob("*.json*") if p.name.endswith((".json", ".json.gz"))
                 and "bad" not in p.parts and "expected" not in p.name and not p.name.endswith(("info.json", "manifest.json")))
 
 needs_scanner = pytest.mark.skipif(scan.lib() is None, reason="no C compiler here: the msgspec decoder is used")
@@ -83,7 +82,7 @@ def _events_array(path: Path) -> bytes | None:
 
 
 @needs_scanner
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: str(p.relative_to(ROOT / "tests" / "data")))
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: str(p.relative_to(DATA)))
 def test_real_traces_scan_exactly(path: Path) -> None:
     """Each real trace's events, as written (compact re-dump) and pretty-printed like Kineto."""
     arr = _events_array(path)
