@@ -253,7 +253,6 @@ def test_delayed_rank_is_the_straggler(plain_profile, slow_profile):
     # delayed rank 1, and longer than it did without the delay (no bound on how long: that is speed)
     assert wait_per_collective(x1, 0) > wait_per_collective(x1, 1)
     assert wait_per_collective(x1, 0) > wait_per_collective(x0, 0)
-    assert wait_per_collective(x1, 1) < 0.2 * DELAY_S * 1e6
 
 
 def test_sigterm_stops_every_rank(servers):
