@@ -29,9 +29,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# third-party traces are never committed: read beside the checkout (tests/data/public/README.md)
+PUBLIC = Path(os.environ.get("PROFKIT_PUBLIC_TRACES") or ROOT.parent / "shared" / "public-traces")
 TEMPLATES = {
     # real SGLang trace with Python stacks (AMD MI300X, TraceLens' public fixture)
-    "sglang": ROOT / "tests/data/public/tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz",
+    "sglang": PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz",
     # real H200 eager decode with host syncs, recorded for profkit (Kineto's own pretty layout)
     "eager_sync": ROOT / "tests/data/gpu/eager_sync.pt.trace.json.gz",
     # kernel-dense: the proxy engine's eager decode on the H200 (the study's "before" shape: ~1,400
@@ -215,27 +217,47 @@ def run_child(cmd: list[str], env: dict | None = None) -> dict:
             "stdout": out.decode(errors="replace"), "stderr": err.decode(errors="replace")}
 
 
+# The parse / analysis split, timed from outside: profkit's public functions in a fresh process
+# (load_traces picks its decoding jobs as `analyze` does; no cache).
+STAGES_SNIPPET = r"""
+import json, sys, time
+from pathlib import Path
+from profkit.analysis import analyze_trace
+from profkit.ingest import load_traces
+t0 = time.perf_counter()
+traces = load_traces([Path(sys.argv[1])], cache=False)
+t1 = time.perf_counter()
+for t in traces:
+    analyze_trace(t)
+print(json.dumps({"load_s": t1 - t0, "analysis_s": time.perf_counter() - t1}))
+"""
+
+
+def profkit_stages(path: Path) -> dict:
+    """load_s and analysis_s of one uncached file, timed around the public functions."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    r = run_child([sys.executable, "-c", STAGES_SNIPPET, str(path)], env)
+    try:
+        return json.loads(r["stdout"].strip().splitlines()[-1]) if r["rc"] == 0 else {}
+    except (IndexError, ValueError):
+        return {}
+
+
 def profkit_analyze(paths: list[Path], extra: list[str], tag: str) -> dict:
-    """`python -m profkit analyze` in a fresh process; parse/analysis split from PROFKIT_TIMINGS."""
-    tfile = Path(tempfile.mkstemp(prefix="profkit-timings-", suffix=".json")[1])
+    """`python -m profkit analyze` in a fresh process."""
     sfile = Path(tempfile.mkstemp(prefix="profkit-summary-", suffix=".json")[1])
-    env = dict(os.environ, PROFKIT_TIMINGS=str(tfile))
+    env = dict(os.environ)
     # as on a user's machine, where pip compiled the bytecode at install: this project's sandbox sets
     # PYTHONDONTWRITEBYTECODE, which makes every run recompile profkit's modules from source
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     cmd = [sys.executable, "-m", "profkit", "analyze", *map(str, paths), "--json", str(sfile), *extra]
     r = run_child(cmd, env)
-    try:
-        timings = json.loads(tfile.read_text()) if tfile.stat().st_size else {}
-    except (OSError, ValueError):
-        timings = {}
-    tfile.unlink(missing_ok=True)
     sfile.unlink(missing_ok=True)
     if r["rc"] != 0:
         print(f"[{tag}] profkit analyze failed rc={r['rc']}:\n{r['stderr'][-2000:]}", file=sys.stderr)
     r.pop("stdout")
     r["stderr"] = r["stderr"][-500:]
-    r.update(timings)
     r["tag"] = tag
     return r
 
@@ -322,6 +344,10 @@ def main() -> None:
 
     shapes = [t.strip() for t in args.templates.split(",") if t.strip()]
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    for sh in shapes:
+        if not TEMPLATES.get(sh, Path(sh)).is_file():
+            raise SystemExit(f"{TEMPLATES.get(sh, Path(sh))}: no such trace (the sglang template is third-party: "
+                             "put shared/public-traces beside the checkout or set PROFKIT_PUBLIC_TRACES)")
     args.workdir.mkdir(parents=True, exist_ok=True)
     results: dict = {"machine": machine(), "templates": {sh: str(TEMPLATES.get(sh, Path(sh))) for sh in shapes}, "runs": [], "hta": []}
     rows: list[tuple] = []
@@ -356,6 +382,8 @@ def _measure(args: argparse.Namespace, shape: str, template: Path, sizes: list[i
                 clear_cache(paths)
             load_before = os.getloadavg()[0]
             r = profkit_analyze(paths, extra, label)
+            if "--no-cache" in extra and len(paths) == 1:
+                r.update(profkit_stages(paths[0]))
             r["loadavg_1min_before"] = load_before
             r.update(run=i + 1, label=label, shape=shape, raw_bytes=info["raw_bytes"], gz_bytes=info["gz_bytes"], events=info["events"],
                      files=len(paths))

@@ -241,7 +241,7 @@ def topk_section(args, results):
         rec["read_once_us"] = ROWS * n * 4 / args.bw * 1e6
         log(f"{name}: {json.dumps({k: v for k, v in rec.items() if k != 'tune'}, default=str)}")
         rows_out.append(rec)
-        del bufs
+        bufs = dup = None  # the GPU buffers go before the next size's
     results["topk"] = rows_out
 
 

@@ -4,7 +4,7 @@
     python benchmarks/golden.py check /tmp/golden-before     # after it: exit 1 on any difference
 
 `write` runs the real CLI (``python -m profkit``, uncached) over every trace and run folder under
-tests/data (analyze --json, plus the Markdown and JSON of the diffs the fixtures pair up) and stores
+tests/data and the six TraceLens steps of ../shared/public-traces (analyze --json, plus the Markdown and JSON of the diffs the fixtures pair up) and stores
 what it wrote; `check` writes the same into a temporary folder and compares them byte for byte,
 ``profkit_version`` excepted (a refactor changes the version string, not the numbers). It imports
 nothing of profkit: it is the CLI's output that must not change.
@@ -23,13 +23,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
+# third-party traces are never committed: read beside the checkout (tests/data/public/README.md)
+PUBLIC = Path(os.environ.get("PROFKIT_PUBLIC_TRACES") or ROOT.parent / "shared" / "public-traces")
 
 
 def _analyze_inputs() -> list[Path]:
     """Single trace files and run folders (a run folder is analyzed as one run)."""
     out: list[Path] = []
-    for sub in ("gpu", "gpu_proxy", "gpu_overlap", "public"):
+    for sub in ("gpu", "gpu_proxy", "gpu_overlap"):
         out += sorted((DATA / sub).glob("*.json.gz"))
+    public = sorted(PUBLIC.glob("tracelens_*_step.json.gz"))
+    if not public:
+        print(f"note: no third-party traces in {PUBLIC} (set PROFKIT_PUBLIC_TRACES); their summaries are left out")
+    out += public
     out.append(DATA / "gpu_tp2")
     out += sorted(p / "window-0" for p in (DATA / "gpu_loo").iterdir() if (p / "window-0").is_dir())
     return [p for p in out if "graph_capture" not in p.name]
@@ -49,6 +55,8 @@ def _diff_pairs() -> list[tuple[Path, Path, str]]:
 
 
 def _name(p: Path) -> str:
+    if p.parent == PUBLIC:
+        return f"public__{p.name}"
     return str(p.relative_to(DATA)).replace("/", "__")
 
 
@@ -74,6 +82,8 @@ def write(out: Path) -> None:
 
 
 def _normal(text: str, suffix: str) -> str:
+    # where the public traces were read from is not an output (they were once under tests/data/public)
+    text = text.replace(str(DATA / "public"), "<public>").replace(str(PUBLIC), "<public>")
     if suffix == ".json":
         def strip(o):
             if isinstance(o, dict):

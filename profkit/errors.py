@@ -4,7 +4,6 @@ from __future__ import annotations
 
 # Exit codes (DESIGN.md): 0 ok, 1 nothing to analyze, 2 usage, 3 input (and files profkit cannot
 # write), 4 target, 130 interrupted, 70 a bug in profkit (one line; the traceback goes to a file).
-EXIT_OK = 0
 EXIT_NOTHING = 1
 EXIT_USAGE = 2
 EXIT_INPUT = 3

@@ -12,7 +12,6 @@ Nothing here prints or exits; errors are profkit.errors exceptions.
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -45,7 +44,6 @@ class RunSummary:
     summary: dict[str, Any]
     analyses: list[Any] | None  # one RankAnalysis per rank; None when the summary was read from the cache
     text: str | None = None  # the JSON the cached summary was stored as (the bytes `--json` writes); None when built now
-    analyzed_at: float | None = None  # time.perf_counter() when the analysis ended (PROFKIT_TIMINGS)
 
     @property
     def label(self) -> str:
@@ -109,7 +107,6 @@ def summarize_runs(paths: Sequence[Path], options: SummarizeOptions | None = Non
     finally:
         if early is not None:
             early.stop()  # not taken (a cache answered, or an error came first): it stops
-    analyzed_at = time.perf_counter()
     if len(runs) > 1 and check is not None:
         check(runs)
     out = []
@@ -120,7 +117,7 @@ def summarize_runs(paths: Sequence[Path], options: SummarizeOptions | None = Non
 
             s["cross_rank"] = cross_rank(r.analyses)
         _health_and_spec(s, [i.path for i in r.infos])
-        out.append(RunSummary(r, s, r.analyses, None, analyzed_at))
+        out.append(RunSummary(r, s, r.analyses))
     if key and len(out) == 1:
         from profkit.summary_cache import write_summary
 

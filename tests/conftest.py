@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -8,9 +9,41 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-PUBLIC_TRACES = ROOT.parent / "shared" / "public-traces"
-GPU_DATA = ROOT / "tests" / "data" / "gpu"
-VLLM_CPU_DATA = ROOT / "tests" / "data" / "vllm_cpu"
+DATA = ROOT / "tests" / "data"
+GPU_DATA = DATA / "gpu"
+VLLM_CPU_DATA = DATA / "vllm_cpu"
+SAMPLE = ROOT / "traces" / "sample"
+
+# Third-party traces (TraceLens, HTA) are never committed: they live in ../shared/public-traces beside
+# the checkout (or $PROFKIT_PUBLIC_TRACES); what profkit must report on them is the project's own
+# expected_public.json (tests/data/public/, computed by expected_public.py from the raw events).
+PUBLIC_TRACES = Path(os.environ.get("PROFKIT_PUBLIC_TRACES") or ROOT.parent / "shared" / "public-traces")
+PUBLIC_EXPECTED = DATA / "public"
+NO_PUBLIC = (f"third-party traces not found in {PUBLIC_TRACES}: put shared/public-traces beside the "
+             "checkout or set PROFKIT_PUBLIC_TRACES")
+# the six TraceLens serving-step traces (SGLang / vLLM on MI300X and B200; tests/data/public/README.md)
+TRACELENS_STEPS = (
+    "tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz",
+    "tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz",
+    "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz",
+    "tracelens_vllm_gpt-oss-120b_b200_tp8_eager_prefill_step.json.gz",
+    "tracelens_vllm_gpt-oss-20b_mi300x_decode_fullgraph_step.json.gz",
+    "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz",
+)
+needs_public = pytest.mark.skipif(not PUBLIC_TRACES.is_dir(), reason=NO_PUBLIC)
+
+
+def public_trace(name: str) -> Path:
+    """The third-party trace `name` from PUBLIC_TRACES; skips the calling test when it is absent."""
+    path = PUBLIC_TRACES / name
+    if not path.is_file():
+        pytest.skip(f"{name}: {NO_PUBLIC}")
+    return path
+
+
+def public_steps() -> list[Path]:
+    """The six TraceLens step traces that are present (none when PUBLIC_TRACES is absent)."""
+    return [PUBLIC_TRACES / n for n in TRACELENS_STEPS if (PUBLIC_TRACES / n).is_file()]
 
 
 def _has_cuda() -> bool:
@@ -33,8 +66,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def public_traces() -> Path:
-    if not PUBLIC_TRACES.exists():
-        pytest.skip("../shared/public-traces is not beside this checkout")
+    if not PUBLIC_TRACES.is_dir():
+        pytest.skip(NO_PUBLIC)
     return PUBLIC_TRACES
 
 
@@ -46,3 +79,17 @@ def _end_started():
 
     yield
     end_started()
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    """A diff of synthetic summaries whose kernel names and manifest are hostile strings (the report tests)."""
+    from factories import BASE, CATALOG, HOSTILE, HOSTILE_MANIFEST, decode_trace, summarize
+    from profkit.attribution.diff import compare_summaries
+
+    tmp = tmp_path_factory.mktemp("hostile")
+    base = summarize(decode_trace(BASE), tmp, "base")
+    cand = summarize(decode_trace([(n, 20 if n == "topk_select" else d) for n, d in BASE] + HOSTILE, sync=True), tmp, "cand")
+    cand["manifest"] = HOSTILE_MANIFEST
+    d = compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG, labels=("base", "cand <i>"))
+    return base, cand, d

@@ -10,10 +10,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from profkit.analysis import bubbles, rank
+from profkit.analysis import rank
 from profkit.analysis.spans import MaxTree, innermost_enclosing, innermost_enclosing_by
 from profkit.ingest import Trace
 from profkit.ingest.tables import CALLS_SCHEMA, CPU_SCHEMA, GPU_OPS_SCHEMA
+
+from helpers import gap_cpu_ops
 
 NAMES = ["a", "b", "c", "aa", "B", "é", "z"]
 TIDS = ["1", "2", "3"]
@@ -106,7 +108,7 @@ def test_gap_cpu_ops_is_the_definition(seed, native, monkeypatch):
     horizon = rng.choice([8, 30, 200])
     trace = make_trace(rng, n_cpu=rng.randrange(0, 300), n_calls=rng.randrange(0, 40), horizon=horizon, sort=seed % 4 != 0)
     g0s, g1s, tids = random_gaps(rng, rng.randrange(1, 30), horizon)
-    got = bubbles.gap_cpu_ops(trace, pl.Series(g0s, dtype=pl.Int64), pl.Series(g1s, dtype=pl.Int64), pl.Series(tids, dtype=pl.String))
+    got = gap_cpu_ops(trace, pl.Series(g0s, dtype=pl.Int64), pl.Series(g1s, dtype=pl.Int64), pl.Series(tids, dtype=pl.String))
     assert _as_lists(got, len(g0s)) == ref_gap_cpu_ops(trace, g0s, g1s, tids)
 
 
@@ -120,7 +122,7 @@ def test_gap_ties_are_decided_by_name():
     trace = Trace(path=Path("t"), rank=0, device=None, gpu_ops=pl.DataFrame(schema=GPU_OPS_SCHEMA),
                   calls=pl.DataFrame(schema=CALLS_SCHEMA), cpu=cpu, gpu_annotations=pl.DataFrame(schema=CPU_SCHEMA),
                   t0_ns=0, n_events=11)
-    got = bubbles.gap_cpu_ops(trace, pl.Series([10, 55], dtype=pl.Int64), pl.Series([40, 70], dtype=pl.Int64), pl.Series(["1", "1"]))
+    got = gap_cpu_ops(trace, pl.Series([10, 55], dtype=pl.Int64), pl.Series([40, 70], dtype=pl.Int64), pl.Series(["1", "1"]))
     assert _as_lists(got, 2) == ref_gap_cpu_ops(trace, [10, 55], [40, 70], ["1", "1"]) == [[("j", 30)], [("late", 5)]]
 
 
@@ -138,7 +140,7 @@ def test_gap_ties_across_cpu_events_and_calls():
     trace = Trace(path=Path("t"), rank=0, device=None, gpu_ops=pl.DataFrame(schema=GPU_OPS_SCHEMA), calls=calls, cpu=cpu,
                   gpu_annotations=pl.DataFrame(schema=CPU_SCHEMA), t0_ns=0, n_events=40)
     g0s, g1s = [5, 35, 60], [20, 55, 90]
-    got = bubbles.gap_cpu_ops(trace, pl.Series(g0s, dtype=pl.Int64), pl.Series(g1s, dtype=pl.Int64), pl.Series(["1"] * 3))
+    got = gap_cpu_ops(trace, pl.Series(g0s, dtype=pl.Int64), pl.Series(g1s, dtype=pl.Int64), pl.Series(["1"] * 3))
     assert _as_lists(got, 3) == ref_gap_cpu_ops(trace, g0s, g1s, ["1"] * 3)
 
 

@@ -15,7 +15,9 @@ from typer.testing import CliRunner
 
 from profkit.cli import app
 
-BAD = Path(__file__).parent / "data" / "bad"
+from conftest import DATA, ROOT
+
+BAD = DATA / "bad"
 sys.path.insert(0, str(BAD))
 from make_bad import EXPECTED  # noqa: E402
 
@@ -75,7 +77,7 @@ def test_unreadable_file():
     p.write_text(json.dumps({"traceEvents": []}))
     p.chmod(0)
     cmd = [sys.executable, "-m", "profkit", "analyze", str(p)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if os.geteuid() == 0:  # root reads anything: run as nobody
         drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
         probe = subprocess.run([*drop, sys.executable, "-c", "import typer, polars, msgspec, profkit.cli"], capture_output=True, env=env, cwd="/")

@@ -11,48 +11,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-import psutil
 import pytest
 
-from processes import HANG_S, gone, processes, started, wait_until
+from processes import HANG_S, SMALL, assert_no_leftovers, free_port, gone, manifests, processes, profkit, servers_on, started, wait_stage, wait_until
 
 pytest.importorskip("torch")
-
-SMALL = ["--isl", "64", "--turns", "3", "--turn-tokens", "16", "--output-tokens", "24", "--num-steps", "6"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def servers_on(port: int) -> list[psutil.Process]:
-    return processes(lambda cmd: "profkit.proxy.server" in cmd and str(port) in cmd)
-
-
-def profkit(tmp: Path, *args: str, port: int | None = None, **kw) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "profkit", *args, "--traces-dir", str(tmp / "traces"), "--reports-dir", str(tmp / "reports")]
-    if port:
-        argv += ["--port", str(port)]
-    return started(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp, **kw))
-
-
-def manifests(tmp: Path) -> list[dict]:
-    return sorted((json.loads(p.read_text()) for p in (tmp / "traces").glob("*/manifest.json")), key=lambda m: m["started_at"] + m["run_id"])
-
-
-def wait_stage(tmp: Path, stage: str, proc: subprocess.Popen) -> dict:
-    """The manifest, once a run reaches `stage` (a file written by profkit: no sleep, no speed bound)."""
-    return wait_until(lambda: next((m for m in manifests(tmp) if m["stage"] == stage), None), f"stage {stage}", proc=proc)
-
-
-def assert_no_leftovers(port: int) -> None:
-    """profkit returns once its server's tree is gone: a killed process is only waited to be reaped."""
-    assert gone(servers_on(port)) == []
 
 
 def test_trace_end_to_end(tmp_path):

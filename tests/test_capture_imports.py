@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from processes import HANG_S, run
 
 BLOCK = r"""
@@ -26,7 +27,7 @@ runpy.run_module('profkit', run_name='__main__')
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCK, *args], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    return subprocess.run([sys.executable, "-c", BLOCK, *args], capture_output=True, text=True, cwd=ROOT)
 
 
 def test_cli_and_capture_import_without_analysis_packages():
@@ -42,7 +43,7 @@ def test_cli_and_capture_import_without_analysis_packages():
 def test_proxy_server_help_without_analysis_packages():
     p = subprocess.run([sys.executable, "-c", BLOCK.replace("runpy.run_module('profkit', run_name='__main__')",
                                                              "runpy.run_module('profkit.proxy.server', run_name='__main__')"), "--help"],
-                       capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+                       capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
 
 
@@ -55,12 +56,12 @@ def test_nsys_mode_wraps_the_server(tmp_path):
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     r = subprocess.run([sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", "--nsys", "--dry-run"], capture_output=True, text=True,
-                       env=env, cwd=Path(__file__).resolve().parent.parent)
+                       env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     line = next(ln for ln in r.stdout.splitlines() if "profkit.proxy.server" in ln)
     assert line.startswith(f"{fake} profile ") and "--capture-range=cudaProfilerApi" in line and "--cuda-graph-trace=node" in line
     r = subprocess.run([sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", "--nsys", "--dry-run"], capture_output=True, text=True,
-                       env={**os.environ, "PATH": "/usr/bin:/bin"}, cwd=Path(__file__).resolve().parent.parent)
+                       env={**os.environ, "PATH": "/usr/bin:/bin"}, cwd=ROOT)
     assert r.returncode == 2 and "no `nsys` on PATH" in r.stderr
 
 
@@ -116,7 +117,7 @@ def test_a_real_capture_only_run_without_analysis_packages(tmp_path):
     CLI's process (the engine is its own process); the runs are then analyzed elsewhere, here by a
     plain `profkit diff` of the two run folders (the switch inferred from their manifests)."""
     pytest.importorskip("torch")
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     env = {**os.environ, "PYTHONPATH": str(root)}
     argv = [sys.executable, "-c", BLOCK, "trace", "--opt", "topk_v2", "--capture-only", "--isl", "64", "--turns", "3", "--turn-tokens", "16",
             "--output-tokens", "24", "--num-steps", "4", "--profile-windows", "1", "--traces-dir", "traces", "--reports-dir", "reports"]

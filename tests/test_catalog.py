@@ -14,25 +14,12 @@ import pytest
 from profkit.catalog import Catalog, auto_catalog, catalog_dir, catalog_names, load_catalog
 from profkit.errors import UsageError
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import ROOT, needs_public, public_steps
+
+REPO = ROOT
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def _public_traces_dir() -> Path | None:
-    candidates = [
-        os.environ.get("PROFKIT_PUBLIC_TRACES"),
-        REPO / "tests/data/public",
-        REPO / "shared/public-traces",
-        REPO.parent / "shared/public-traces",
-    ]
-    for c in candidates:
-        if c and Path(c).is_dir() and any(Path(c).glob("*.json.gz")):
-            return Path(c)
-    return None
-
-
-PUBLIC = _public_traces_dir()
-needs_public = pytest.mark.skipif(PUBLIC is None, reason="shared/public-traces not found (set PROFKIT_PUBLIC_TRACES)")
 
 
 def _write(tmp_path: Path, text: str, name: str = "cat.toml") -> Path:
@@ -397,9 +384,8 @@ def _kernel_times(path: Path) -> Counter[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def public_kernel_times() -> Counter[tuple[str, str]]:
-    assert PUBLIC is not None
     total: Counter[tuple[str, str]] = Counter()
-    for p in sorted(PUBLIC.glob("*.json.gz")):
+    for p in public_steps():  # the six TraceLens serving steps
         total.update(_kernel_times(p))
     return total
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from factories import TraceBuilder
 from profkit.cli import app
-from test_analysis_synthetic import build
+from factories import synthetic_trace as build
 
 runner = CliRunner()
 

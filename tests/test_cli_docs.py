@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from typer.main import get_command
@@ -10,8 +9,10 @@ from typer.testing import CliRunner
 
 from profkit.cli import app
 
+from conftest import ROOT
+
 COMMANDS = sorted(get_command(app).commands)  # type: ignore[attr-defined]
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+README = (ROOT / "README.md").read_text()
 
 
 def test_the_commands():

@@ -1,4 +1,4 @@
-"""Busy time by the clock on every real trace under tests/data (DESIGN.md "Time inside a window").
+"""Busy time by the clock on every real trace under tests/data and ../shared/public-traces (DESIGN.md "Time inside a window").
 
 The expected side is a plain computation over the raw events (gzip + json, no profkit code): the
 union of every GPU op (kernel, memcpy, memset; any owner) inside each of profkit's GPU windows.
@@ -8,56 +8,26 @@ must keep the identities exactly (to the µs rounding of the JSON).
 
 from __future__ import annotations
 
-import gzip
-import json
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
-from profkit.analysis.parallel import analyze_paths
 from profkit.analysis.summary import build_summary
 
-DATA = Path(__file__).parent / "data"
-TRACES = sorted(p for d in ("gpu", "gpu_proxy", "gpu_tp2", "gpu_overlap", "public") for p in (DATA / d).glob("*.json.gz")
-                if not p.name.startswith("expected"))
-GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
+from conftest import DATA, PUBLIC_TRACES, TRACELENS_STEPS, public_trace
+from helpers import analyze_paths, raw_gpu_ops, union_inside
 
-
-def _ns(us) -> int:
-    return round(Fraction(us) * 1000)
-
-
-def _raw_ops(path: Path) -> list[tuple[int, int]]:
-    with gzip.open(path, "rb") as f:
-        doc = json.load(f)
-    evs = doc["traceEvents"] if isinstance(doc, dict) else doc
-    out = []
-    for e in evs:
-        if e.get("ph") == "X" and str(e.get("cat", "")).lower() in GPU_CATS and e.get("dur") is not None and e.get("ts") is not None:
-            a = _ns(e["ts"])
-            out.append((a, a + _ns(e["dur"])))
-    return out
-
-
-def _union_inside(ops: list[tuple[int, int]], g0: int, g1: int) -> int:
-    iv = sorted((max(a, g0), min(b, g1)) for a, b in ops if min(b, g1) > max(a, g0))
-    total, cur = 0, None
-    for a, b in iv:
-        if cur is None or a > cur[1]:
-            total += 0 if cur is None else cur[1] - cur[0]
-            cur = [a, b]
-        else:
-            cur[1] = max(cur[1], b)
-    return total + (0 if cur is None else cur[1] - cur[0])
-
-
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{p.parent.name}/{p.name}")
+TRACES = sorted(p for d in ("gpu", "gpu_proxy", "gpu_tp2", "gpu_overlap") for p in (DATA / d).glob("*.json.gz")
+                if not p.name.startswith("expected")) + [PUBLIC_TRACES / n for n in TRACELENS_STEPS]
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: f"{'public' if p.parent == PUBLIC_TRACES else p.parent.name}/{p.name}")
 def test_busy_is_the_union_of_all_ops_inside_each_window(path: Path) -> None:
+    if path.parent == PUBLIC_TRACES:
+        path = public_trace(path.name)
     s = build_summary(analyze_paths([path], cache=False))
     r = s["ranks"][0]
-    ops = _raw_ops(path)
-    t0 = _ns(r["t0_us"])
+    ops = raw_gpu_ops(path)
+    t0 = round(Fraction(r["t0_us"]) * 1000)
     mine = theirs = 0.0
     for it in r["iterations"]:
         assert it["gpu_window_us"] == pytest.approx(it["gpu_busy_us"] + it["gpu_idle_us"], abs=2e-3)
@@ -67,11 +37,11 @@ def test_busy_is_the_union_of_all_ops_inside_each_window(path: Path) -> None:
         assert 0 <= it["spill_us"] <= it["owned_gpu_us"] + 1e-3
         if it["gpu_start_us"] is None:
             continue
-        g0 = t0 + _ns(it["gpu_start_us"])
+        g0 = t0 + round(Fraction(it["gpu_start_us"]) * 1000)
         mine += it["gpu_busy_us"]
-        theirs += _union_inside(ops, g0, g0 + _ns(it["gpu_window_us"])) / 1000
+        theirs += union_inside(ops, g0, g0 + round(Fraction(it["gpu_window_us"]) * 1000)) / 1000
     assert mine == pytest.approx(theirs, rel=5e-3, abs=1.0)
 
 
 def test_every_fixture_folder_is_covered() -> None:
-    assert {p.parent.name for p in TRACES} >= {"gpu", "gpu_proxy", "gpu_tp2", "public"}
+    assert {p.parent.name for p in TRACES} >= {"gpu", "gpu_proxy", "gpu_tp2", PUBLIC_TRACES.name}

@@ -16,7 +16,7 @@ def record(tmp_path, steps: int, *, marker: bool = True):
     x = torch.randn(64, 64)
     w = torch.randn(64, 64)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for i in range(steps):
+        for _ in range(steps):
             if marker:
                 with record_function("scheduler.run_batch"), record_function("step[DECODE bs=2]"):
                     y = torch.relu(x @ w)
@@ -37,7 +37,6 @@ def test_cpu_trace_iterations(tmp_path):
     assert a.device_timeline == "cpu"
     # per step: matmul, relu, sum, item at the top level of the step span
     assert it["gpu_kernels"].to_list() == [4] * 5
-    assert (it["gpu_window_ns"] == it["gpu_busy_ns"] + it["gpu_idle_ns"]).all()
     assert (it["kernel_launches"] == 0).all() and (it["syncs"] == 0).all()
     assert (it["wall_ns"] > 0).all()
     assert any("CPU-only" in w for w in a.warnings)

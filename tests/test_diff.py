@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
 
-from factories import TraceBuilder
+from factories import BASE, CATALOG, decode_trace, summarize
 from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
 from profkit.attribution.diff import GPU_IDLE_KEYS, compare_summaries, normalize_kernel_name
@@ -20,49 +18,11 @@ from profkit.cli import app
 from profkit.ingest import load_trace
 from profkit.report.views import decomposition_rows
 
+from conftest import DATA
+
 US = 1000
-GPU_DATA = Path(__file__).resolve().parent / "data" / "gpu"
-CATALOG = SimpleNamespace(name="test", optimizations={"topk_v2": ("topk",), "cuda_graph": ()})
+GPU_DATA = DATA / "gpu"
 runner = CliRunner()
-
-
-def decode_trace(kernels: list[tuple[str, int]], *, n: int = 6, period: int = 400, bs: int = 1, sync: bool = False,
-                 gap_after: dict[str, int] | None = None, jitter: int = 0, stream2: list[tuple[str, int]] = ()) -> TraceBuilder:
-    """n decode iterations of `period` µs; kernels (name, µs) run back to back from 20 µs into each
-    iteration, launched well ahead; `gap_after[name]` µs of launch-bound idle after that kernel."""
-    b = TraceBuilder()
-    gap_after = gap_after or {}
-    for i in range(n):
-        s = i * period * US
-        b.cpu("scheduler.run_batch", s, (period - 10) * US)
-        b.cpu(f"step[DECODE bs={bs}]", s + 1 * US, (period - 12) * US)
-        t = s + 20 * US
-        lt = s + 2 * US
-        for name, dur in kernels:
-            d = (dur + (jitter if i % 2 else 0)) * US
-            b.kernel(name, lt, t, d, launch_dur=500)
-            lt += 1 * US
-            t += d
-            if name in gap_after:
-                # the next kernel's launch starts after the GPU went idle: a launch bubble
-                t += gap_after[name] * US
-                lt = t - 1 * US
-        for name, dur in stream2:
-            b.kernel(name, s + 3 * US, s + 20 * US, dur * US, stream=9, launch_dur=500)
-        if sync:
-            b.cpu("aten::item", t + 1 * US, 20 * US, cat="cpu_op")
-            b.cpu("aten::_local_scalar_dense", t + 2 * US, 18 * US, cat="cpu_op")
-            b.memcpy("DtoH", t + 3 * US, 10 * US, t + 5 * US, 2 * US)
-            b.call("cudaStreamSynchronize", t + 14 * US, 2 * US)
-    return b
-
-
-BASE = [("gemm_qkv", 40), ("attention_decode", 50), ("topk_select", 30), ("gemm_out", 40)]
-
-
-def summarize(b: TraceBuilder, tmp_path: Path, name: str) -> dict:
-    p = b.write(tmp_path / f"{name}.pt.trace.json.gz")
-    return build_summary([analyze_trace(load_trace(p), catalog=load_catalog("generic"))])
 
 
 def exact_residual(d: dict, base: dict, cand: dict) -> Fraction:
@@ -225,7 +185,7 @@ def test_cli_diff_traces_summaries_and_folders(tmp_path):
     assert "| topk |" in (out / "d.md").read_text()
     assert "topk" in r.stdout and "residual" in r.stdout
     # summaries, and repeat folders
-    for side, trace_doc in (("b", decode_trace(BASE, jitter=0)), ("c", decode_trace(BASE, jitter=0))):
+    for side in ("b", "c"):
         for j in (0, 1):
             rep = tmp_path / side / f"repeat-{j}"
             rep.mkdir(parents=True)
@@ -383,7 +343,7 @@ def test_decomposition_residual_is_zero_for_any_valid_summaries(b, c):
     assert total == pytest.approx(dec["gpu_window_us"]["delta"], abs=1e-6)
 
 
-V1 = Path(__file__).parent / "data" / "v1"
+V1 = DATA / "v1"
 
 
 def test_version_1_summaries_are_still_read(tmp_path):
@@ -397,7 +357,7 @@ def test_version_1_summaries_are_still_read(tmp_path):
     assert d["counts"]["kernel_launches"]["baseline"] == 25 == d["counts"]["kernel_launches"]["candidate"]
     assert d["counts"]["syncs"]["baseline"] == 0 and d["counts"]["syncs"]["candidate"] == 2  # from v1's full sync list
     v2 = tmp_path / "v2.json"
-    r = runner.invoke(app, ["analyze", str(Path(__file__).parent / "data" / "gpu" / "eager_sync.pt.trace.json.gz"), "--no-cache",
+    r = runner.invoke(app, ["analyze", str(DATA / "gpu" / "eager_sync.pt.trace.json.gz"), "--no-cache",
                             "--json", str(v2)])
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["diff", str(b), str(v2), "--json", str(tmp_path / "d2.json")])

@@ -8,14 +8,14 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from profkit.cli import app
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
+
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMAND = re.compile(r"`(profkit [a-z-]+(?: [^`|]*)?)`|^ {4}(?:\$ )?(profkit [a-z-]+.*)$", re.M)
 PLACEHOLDER = re.compile(r"<|\[|\.\.\.|\b[A-Z][A-Z_]*\b|\|")

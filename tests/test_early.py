@@ -19,9 +19,9 @@ from profkit.ingest import early
 from profkit.ingest.columnar import load_tables_fast
 from profkit.ingest.scan import lib
 
-ROOT = Path(__file__).resolve().parent.parent
-PUBLIC = ROOT / "tests" / "data" / "public"
-BAD = ROOT / "tests" / "data" / "bad"
+from conftest import DATA, public_trace
+
+BAD = DATA / "bad"
 SMALL_CHUNKS = 256 << 10
 
 pytestmark = pytest.mark.skipif(lib() is None, reason="no C compiler here: nothing is decoded early")
@@ -56,13 +56,13 @@ def _same(a, b, *, declined: bool = False) -> None:
 @pytest.mark.parametrize("name", ["tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz",
                                   "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz"])
 def test_early_decode_gives_the_same_tables(name: str, jobs: int) -> None:
-    path = PUBLIC / name
+    path = public_trace(name)
     _same(_load(path, ahead=True, jobs=jobs), _load(path, ahead=False, jobs=jobs))
 
 
 def test_chunks_the_scanner_declines_are_decoded_by_msgspec(tmp_path: Path) -> None:
     """An escaped key in a few events: their chunks go to msgspec later, the rest is scanned early."""
-    src = json.loads(gzip.decompress((PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz").read_bytes()))
+    src = json.loads(gzip.decompress((public_trace("tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz")).read_bytes()))
     text = json.dumps(src)
     n = text.count('"ph": "X"')
     text = text.replace('"ph": "X"', '"\\u0070h": "X"', n // 50)  # msgspec reads the key; the scanner declines
@@ -95,7 +95,7 @@ def test_analyze_decodes_early_and_says_the_same(tmp_path: Path, monkeypatch: py
     import profkit.ingest as ingest
 
     path = tmp_path / "t.json.gz"
-    shutil.copy(PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz", path)
+    shutil.copy(public_trace("tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"), path)
     runner = CliRunner()
     r = runner.invoke(app, ["analyze", str(path), "--no-cache", "--json", str(tmp_path / "plain.json")])
     assert r.exit_code == 0, r.output
@@ -116,7 +116,7 @@ def test_analyze_decodes_early_and_says_the_same(tmp_path: Path, monkeypatch: py
 
 def test_a_run_nobody_takes_is_stopped() -> None:
     """stop() (analyze's exit path) stops a decode nobody took; a later load decodes the file itself."""
-    path = PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"
+    path = public_trace("tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz")
     handle = early.start(path, jobs=2, chunk_bytes=SMALL_CHUNKS)
     handle.stop()
     assert handle._stop and handle.take(path) is None
@@ -126,8 +126,8 @@ def test_a_run_nobody_takes_is_stopped() -> None:
 
 def test_a_decode_of_another_file_is_not_taken() -> None:
     """The handle goes only to the load of its own file; another file's load decodes that file."""
-    path = PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"
-    other = PUBLIC / "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz"
+    path = public_trace("tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz")
+    other = public_trace("tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz")
     handle = early.start(path, jobs=2, chunk_bytes=SMALL_CHUNKS)
     got = load_tables_fast(other, chunk_bytes=SMALL_CHUNKS, early=handle)
     assert not handle.taken

@@ -12,7 +12,9 @@ from typer.testing import CliRunner
 from profkit.cli import app
 from processes import HANG_S
 
-TRACE = Path(__file__).parent / "data" / "gpu" / "eager_sync.pt.trace.json.gz"
+from conftest import DATA
+
+TRACE = DATA / "gpu" / "eager_sync.pt.trace.json.gz"
 runner = CliRunner()
 
 

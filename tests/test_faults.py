@@ -10,16 +10,16 @@ import resource
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import signal_trials
-from processes import HANG_S
-from test_capture import SMALL, assert_no_leftovers, free_port, manifests, profkit, wait_stage
+from processes import HANG_S, SMALL, assert_no_leftovers, free_port, manifests, profkit, wait_stage
+
+from conftest import DATA
 
 pytest.importorskip("torch")
-GPU = Path(__file__).parent / "data" / "gpu"
+GPU = DATA / "gpu"
 
 
 def test_missing_engine_and_model_path(tmp_path):

@@ -21,7 +21,8 @@ from profkit.ingest import identity
 from profkit.ingest.identity import code_fingerprint, fingerprint_files, package_root
 from processes import HANG_S
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import DATA
+
 COVERED = [rel for rel, _ in fingerprint_files()]
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd")
 
@@ -113,7 +114,7 @@ def test_an_edit_invalidates_a_real_cached_analyze(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(pcache, "MIN_BYTES", 0)
     monkeypatch.setattr(summary_cache, "_MIN_BYTES", 0)
     monkeypatch.delenv("PROFKIT_NO_CACHE", raising=False)
-    src = ROOT / "tests" / "data" / "gpu" / "eager_sync.pt.trace.json.gz"
+    src = DATA / "gpu" / "eager_sync.pt.trace.json.gz"
     t = tmp_path / src.name
     shutil.copyfile(src, t)
 

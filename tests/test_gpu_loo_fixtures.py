@@ -6,16 +6,19 @@ why (found on the data, not tuned away)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from profkit.analysis.parallel import analyze_paths
 from profkit.analysis.summary import build_summary
 from profkit.attribution.diff import compare_summaries
 from profkit.catalog import load_catalog
 
-DATA = Path(__file__).parent / "data" / "gpu_loo"
+from conftest import public_trace
+from helpers import analyze_paths
+
+import conftest
+
+DATA = conftest.DATA / "gpu_loo"
 CAT = load_catalog("proxy")
 
 
@@ -181,9 +184,8 @@ def test_eager_vs_graphs_model_categories(runs):
 
 def test_public_tracelens_capture_pair_aligns_by_name():
     """The public SGLang MI300X pair: ROCm capture launches carry kernel names; all 544 replayed kernels align."""
-    pub = Path(__file__).parent / "data" / "public"
-    a = analyze_paths([pub / "tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz"],
-                      captures=[pub / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"], cache=False)
+    a = analyze_paths([public_trace("tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz")],
+                      captures=[public_trace("tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz")], cache=False)
     g = a[0].graph_capture
     assert g["graphs"] == 1 and g["replays_mapped"] == 1 and g["ops_mapped"] == 544 and g["unmapped_us"] == 0
 

@@ -3,11 +3,12 @@ folder's own stdlib checker, and show what they were recorded to show (no profki
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent / "data" / "gpu_overlap"
+from conftest import DATA
+
+HERE = DATA / "gpu_overlap"
 
 
 def _checker():

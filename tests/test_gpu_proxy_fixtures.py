@@ -6,7 +6,6 @@ two fused Triton kernels), the top-k becomes the Triton TopK-V2, CUDA graphs rep
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import polars as pl
 import pytest
@@ -17,7 +16,9 @@ from profkit.attribution.diff import compare_summaries
 from profkit.catalog import load_catalog
 from profkit.ingest import load_trace
 
-DATA = Path(__file__).parent / "data" / "gpu_proxy"
+import conftest
+
+DATA = conftest.DATA / "gpu_proxy"
 CAT = load_catalog("proxy")
 NAMES = ["baseline", "topk_v2", "indexer_fusion", "cuda_graph", "all"]
 

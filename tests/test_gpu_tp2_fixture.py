@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from profkit.analysis import analyze_trace
 from profkit.analysis.ranks import cross_rank
 from profkit.ingest import load_traces
 
-DATA = Path(__file__).parent / "data" / "gpu_tp2"
+import conftest
+
+DATA = conftest.DATA / "gpu_tp2"
 
 
 def test_tp2_ranks_align_and_collectives_match():

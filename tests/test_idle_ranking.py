@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from profkit.cli import app
 
-DATA = Path(__file__).parent / "data" / "gpu_overlap"
+import conftest
+
+DATA = conftest.DATA / "gpu_overlap"
 TRACE = DATA / "eager_long_gap.trace.json.gz"
 runner = CliRunner()
 

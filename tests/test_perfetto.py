@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+
+from conftest import DATA
 
 pytest.importorskip("perfetto", reason="the 'perfetto' package (profkit[report]) is not installed")
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent  # noqa: E402
@@ -17,10 +18,10 @@ from profkit.catalog import load_catalog  # noqa: E402
 from profkit.cli import app  # noqa: E402
 from profkit.export.perfetto import build_perfetto  # noqa: E402
 from profkit.ingest import load_trace  # noqa: E402
-from test_analysis_synthetic import build  # noqa: E402
+from factories import synthetic_trace as build  # noqa: E402
 
 US = 1000
-GPU_DATA = Path(__file__).resolve().parent / "data" / "gpu"
+GPU_DATA = DATA / "gpu"
 runner = CliRunner()
 
 

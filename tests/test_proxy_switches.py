@@ -4,7 +4,6 @@ Traces are read with plain json (no profkit.analysis): events are counted by nam
 `scheduler.run_batch` windows of decode iterations (those holding a step[VERIFY]/step[DECODE]).
 """
 
-import collections
 import gzip
 import json
 import os

@@ -20,12 +20,13 @@ import pytest
 from factories import http as _http
 from processes import HANG_S, gone, wait_until
 
+from conftest import ROOT
+
 torch = pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
 from profkit.workloads.driver import _generate  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGE = 16
 LAYERS, STEPS = 2, 5  # CPU defaults: 2 layers, 5 speculative steps
 # per all-reduce on rank 1: 100 ms, ten times a CFS time slice on a loaded host, so no load makes

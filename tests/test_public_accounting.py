@@ -5,17 +5,15 @@ tests/data/public/expected_public.json from the raw events of every public trace
 DESIGN.md "Definitions": counts by ownership, time inside a window by the clock, work outside
 every iteration reported per rank. This file asserts profkit's summary against it.
 
-A trace is looked for in tests/data/public/, ../shared/public-traces/ (beside the checkout) and
-$PROFKIT_PUBLIC_TRACES; a trace found nowhere is skipped (see tests/data/public/README.md for where
-each one comes from).
+The traces themselves are third-party data and never committed: they are read from
+../shared/public-traces/ beside the checkout (or $PROFKIT_PUBLIC_TRACES); a trace not there is
+skipped (see tests/data/public/README.md for where each one comes from).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-from pathlib import Path
 
 import pytest
 
@@ -23,12 +21,9 @@ from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
 from profkit.ingest import load_trace
 
-HERE = Path(__file__).parent
-PUBLIC = HERE / "data" / "public"
-EXPECTED = json.loads((PUBLIC / "expected_public.json").read_text())["traces"]
-SEARCH = [PUBLIC, HERE.parent.parent / "shared" / "public-traces"]
-if os.environ.get("PROFKIT_PUBLIC_TRACES"):
-    SEARCH.append(Path(os.environ["PROFKIT_PUBLIC_TRACES"]))
+from conftest import PUBLIC_EXPECTED, TRACELENS_STEPS, public_trace
+
+EXPECTED = json.loads((PUBLIC_EXPECTED / "expected_public.json").read_text())["traces"]
 NAMES = sorted(EXPECTED)
 
 # DESIGN.md "ROCm traces": each HIP call counts as its CUDA twin. Compared here by kind of call, so
@@ -55,23 +50,13 @@ def _close(got, want, rel=0.005, floor=1.0) -> bool:
     return got is not None and abs(got - want) <= max(floor, rel * abs(want))
 
 
-def _find(name: str) -> Path | None:
-    for d in SEARCH:
-        if (d / name).exists():
-            return d / name
-    return None
-
-
 _CACHE: dict[str, dict] = {}
 
 
 def summary(name: str) -> dict:
     """The rank entry of profkit's summary for one public trace (analysed once per session)."""
     if name not in _CACHE:
-        p = _find(name)
-        if p is None:
-            pytest.skip(f"{name} is not in {', '.join(str(d) for d in SEARCH)}")
-        _CACHE[name] = build_summary([analyze_trace(load_trace(p))])["ranks"][0]
+        _CACHE[name] = build_summary([analyze_trace(load_trace(public_trace(name)))])["ranks"][0]
     return _CACHE[name]
 
 
@@ -80,17 +65,18 @@ def gpu_traces():
 
 
 def test_every_public_trace_has_expected_values():
-    here = {p.name for p in PUBLIC.glob("*.json.gz")}
-    assert here <= set(EXPECTED), f"run tests/data/public/expected_public.py for {sorted(here - set(EXPECTED))}"
+    assert set(TRACELENS_STEPS) <= set(EXPECTED), "run tests/data/public/expected_public.py"
+
+
+def test_no_third_party_trace_is_committed():
+    assert not list(PUBLIC_EXPECTED.glob("*.json*.gz")), "third-party traces belong in ../shared/public-traces only"
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_expected_values_are_for_this_file(name):
     import hashlib
 
-    p = _find(name)
-    if p is None:
-        pytest.skip(f"{name} not found")
+    p = public_trace(name)
     assert hashlib.sha256(p.read_bytes()).hexdigest() == EXPECTED[name]["sha256"]
 
 

@@ -1,8 +1,6 @@
-"""Real traces recorded by others (tests/data/public, MIT, see its README): identities and known facts."""
+"""Real traces recorded by others (../shared/public-traces, MIT, see tests/data/public/README.md): identities and known facts."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import polars as pl
 import pytest
@@ -11,8 +9,10 @@ from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
 from profkit.ingest import load_trace
 
-PUBLIC = Path(__file__).parent / "data" / "public"
-FILES = sorted(PUBLIC.glob("*.json.gz"))
+from conftest import TRACELENS_STEPS, needs_public, public_steps
+
+FILES = public_steps()
+pytestmark = needs_public
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +21,10 @@ def analyses():
 
 
 def test_all_six_present():
-    assert len(FILES) == 6
+    assert [p.name for p in FILES] == list(TRACELENS_STEPS)
 
 
-@pytest.mark.parametrize("name", [p.name for p in FILES])
+@pytest.mark.parametrize("name", TRACELENS_STEPS)
 def test_identities_and_no_warnings(analyses, name):
     a = analyses[name]
     it = a.iterations

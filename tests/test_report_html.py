@@ -19,33 +19,16 @@ from profkit.report import Report
 from profkit.report import figures as F
 from profkit.report.html import HtmlRenderer
 from profkit.report.markdown import MarkdownRenderer
-from test_diff import BASE, CATALOG, decode_trace, summarize
+from factories import CATALOG, HOSTILE_MANIFEST, SCRIPT_NAME
 
-SCRIPT_NAME = "<script>alert(1)</script>"
-HOSTILE = [
-    (SCRIPT_NAME, 6),
-    ("<img src=x onerror=\"document.body.setAttribute('data-pwned','img')\">", 4),
-    ("</script><script>document.body.setAttribute('data-pwned','breakout')</script>", 3),
-    ("evil|pipe `tick` @everyone **bold** [link](javascript:alert(2)) & <b>x</b>", 2),
-]
-HOSTILE_MANIFEST = {"command": "python serve.py --name '</script><script>alert(3)</script>'", "opts": ["topk_v2"],
-                    "gpu": "<img src=y onerror=alert(4)>"}
+from conftest import DATA
+
 runner = CliRunner()
 
 
 def html_page(*, diffs=(), runs=(), cdn=False):
     """The page `profkit report` writes: the runs' ladder computed by attribution, then rendered."""
     return HtmlRenderer(cdn=cdn).render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs)))
-
-
-@pytest.fixture(scope="module")
-def hostile(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("hostile")
-    base = summarize(decode_trace(BASE), tmp, "base")
-    cand = summarize(decode_trace([(n, 20 if n == "topk_select" else d) for n, d in BASE] + HOSTILE, sync=True), tmp, "cand")
-    cand["manifest"] = HOSTILE_MANIFEST
-    d = compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG, labels=("base", "cand <i>"))
-    return base, cand, d
 
 
 def _no_raw_hostile(html: str) -> None:
@@ -272,12 +255,11 @@ def test_run_report_counts_every_sync_not_only_the_listed_ones():
     """summary.json lists only the largest syncs (max_items) and counts all of them in sync_groups: the HTML
     run report's sync table reads the groups (eager_sync, expected.json: 2 syncs and 1 blocking copy from
     pageable memory per iteration), so it says 3 per iteration when the list holds a single one (it said 1/8)."""
-    from pathlib import Path
 
-    from profkit.analysis.parallel import analyze_paths
+    from helpers import analyze_paths
     from profkit.analysis.summary import build_summary
 
-    data = Path(__file__).parent / "data" / "gpu"
+    data = DATA / "gpu"
     per = json.loads((data / "expected.json").read_text())["eager_sync"]["per_iteration"]
     want = per["syncs"] + per["memcpy_from_or_to_pageable"]
     s = build_summary(analyze_paths([data / "eager_sync.pt.trace.json.gz"], cache=False), max_items=1)

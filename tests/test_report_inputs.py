@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 from profkit.cli import app
 from processes import HANG_S
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import DATA, ROOT, public_trace
+
 SAMPLE = ROOT / "traces" / "sample"
-PUBLIC = ROOT / "tests" / "data" / "public"
 runner = CliRunner()
 
 
@@ -40,7 +40,7 @@ def test_single_rank_sides_compare_whatever_their_ranks(tmp_path):
 
 
 def test_sides_without_a_common_shape_need_the_flag_and_warn_first():
-    dec, ext = (str(PUBLIC / f"tracelens_sglang_qwen3-8b_mi300x_{k}_step.json.gz") for k in ("decode", "extend"))
+    dec, ext = (str(public_trace(f"tracelens_sglang_qwen3-8b_mi300x_{k}_step.json.gz")) for k in ("decode", "extend"))
     r = runner.invoke(app, ["diff", dec, ext])
     assert r.exit_code == 2
     assert "share no iteration shape" in r.output and "--allow-shape-mismatch" in r.output
@@ -50,7 +50,7 @@ def test_sides_without_a_common_shape_need_the_flag_and_warn_first():
 
 
 def test_catalog_from_the_run_manifest_and_an_auto_pick_is_said(tmp_path):
-    data = ROOT / "tests" / "data" / "gpu_proxy"
+    data = DATA / "gpu_proxy"
     for name in ("baseline", "topk_v2"):
         r = runner.invoke(app, ["analyze", str(data / f"{name}.trace.json.gz"), "--no-cache", "--json", str(tmp_path / f"{name}.json")])
         assert r.exit_code == 0, r.output
@@ -72,7 +72,7 @@ def test_a_reader_that_leaves_early_costs_neither_exit_status_nor_files(tmp_path
 
 
 def test_cpu_only_diff_says_cpu_op_window_everywhere(tmp_path):
-    trace = ROOT / "tests" / "data" / "bad" / "cpu_only.json.gz"
+    trace = DATA / "bad" / "cpu_only.json.gz"
     md = tmp_path / "c.md"
     r = runner.invoke(app, ["diff", str(trace), str(trace), "--md", str(md)])
     assert r.exit_code == 0, r.output
@@ -86,7 +86,7 @@ def test_cpu_only_diff_says_cpu_op_window_everywhere(tmp_path):
 
 def test_cpu_only_diff_html_counts_aten_ops(tmp_path):
     """The HTML counts table words a CPU-only diff as the terminal and Markdown do (it had said "GPU kernels")."""
-    trace = ROOT / "tests" / "data" / "bad" / "cpu_only.json.gz"
+    trace = DATA / "bad" / "cpu_only.json.gz"
     html = tmp_path / "c.html"
     r = runner.invoke(app, ["diff", str(trace), str(trace), "--html", str(html)])
     assert r.exit_code == 0, r.output
@@ -99,7 +99,7 @@ def test_cpu_only_diff_html_counts_aten_ops(tmp_path):
 
 def test_json_to_stdout_is_the_file_json(tmp_path):
     """`--json -` prints exactly what `--json FILE` writes (it printed the stdlib's text, non-ASCII escaped: µ as \\u00b5)."""
-    loo = ROOT / "tests" / "data" / "gpu_loo"  # its expected-effect threshold and warnings say µs
+    loo = DATA / "gpu_loo"  # its expected-effect threshold and warnings say µs
     b, c = str(loo / "all-overlap"), str(loo / "all")
     f = tmp_path / "d.json"
     assert runner.invoke(app, ["diff", b, c, "--opt", "overlap", "--json", str(f)]).exit_code == 0

@@ -13,7 +13,8 @@ from profkit.analysis.iterations import parse_kind
 from profkit.attribution.diff import shape_label
 from profkit.cli import app
 
-PUBLIC = Path(__file__).resolve().parent / "data" / "public"
+from conftest import ROOT, public_trace
+
 US = 1000
 runner = CliRunner()
 
@@ -43,14 +44,14 @@ def test_vllm_mixed_step_is_mixed():
     assert parse_kind("execute_8192_context_0(x)_generation_32(y)") == ("decode", 32)
     assert parse_kind("execute_8192_context_3(x)_generation_0(y)") == ("extend", 3)
     assert parse_kind("step[MIXED bs=8]") == ("mixed", 8)
-    r = runner.invoke(app, ["analyze", str(PUBLIC / "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz"), "--no-cache"])
+    r = runner.invoke(app, ["analyze", str(public_trace("tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz")), "--no-cache"])
     assert r.exit_code == 0, r.output
     assert "1× mixed bs=46" in r.output and "extend" not in r.output.split("per iteration")[0]
 
 
 def test_graph_capture_says_its_kernels_did_not_run():
     assert shape_label(("graph_capture", None)) == "graph capture (kernels did not run)"
-    r = runner.invoke(app, ["analyze", str(PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"), "--no-cache"])
+    r = runner.invoke(app, ["analyze", str(public_trace("tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz")), "--no-cache"])
     assert r.exit_code == 0, r.output
     assert "1× graph capture (kernels did not run)" in r.output
     assert "capture a CUDA graph" in r.output and "the kernels did not run" in r.output
@@ -61,7 +62,7 @@ def test_list_markers_and_the_nomatch_hint(tmp_path):
     r = runner.invoke(app, ["analyze", str(p), "--list-markers"])
     assert r.exit_code == 0, r.output
     assert "decode_step" in r.output and "^decode_step$" in r.output and " 4 " in r.output
-    sample = Path(__file__).resolve().parent.parent / "traces" / "sample" / "eager_sync.pt.trace.json.gz"
+    sample = ROOT / "traces" / "sample" / "eager_sync.pt.trace.json.gz"
     r = runner.invoke(app, ["analyze", str(sample), "--list-markers"])
     assert "ProfilerStep#N" in r.output and r"^ProfilerStep#\d+$" in r.output
     assert "^scheduler\\.run_batch$" in r.output and "default" in r.output

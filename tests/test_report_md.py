@@ -11,7 +11,6 @@ from markdown_it import MarkdownIt
 
 from profkit.report import Report
 from profkit.report.markdown import GITHUB_COMMENT_LIMIT, MarkdownRenderer, md_escape
-from test_report_html import hostile  # noqa: F401  (fixture)
 
 
 def render_md(d, **options):

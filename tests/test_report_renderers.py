@@ -16,7 +16,7 @@ from profkit.errors import UsageError
 from profkit.report import Renderer, Report, get_renderer, renderer_for
 from profkit.report.base import RENDERERS
 from profkit.report.numbers import HYPHEN, num, pct, ratio_pct
-from test_diff import BASE, CATALOG, decode_trace, summarize
+from factories import BASE, CATALOG, decode_trace, summarize
 
 # --- the number formatter -----------------------------------------------------------------------
 # The four formatters it replaced, as they were (report/console.py, report/console_diff.py,

@@ -17,8 +17,9 @@ from profkit.ingest import load_traces
 from profkit.ingest.runs import plan_runs, read_info
 from profkit.inputs import check_summary
 
-DATA = Path(__file__).parent / "data"
-GPU, TP2, PUBLIC = DATA / "gpu", DATA / "gpu_tp2", DATA / "public"
+from conftest import DATA, TRACELENS_STEPS, needs_public, public_trace
+
+GPU, TP2 = DATA / "gpu", DATA / "gpu_tp2"
 
 
 def rewrite(src: Path, dst: Path, *, device: str | None = None, trace_id: str | None = None, dist: dict | None = None) -> Path:
@@ -41,11 +42,12 @@ def profkit(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           env={"PATH": "/usr/bin:/bin", "COLUMNS": "120", "PROFKIT_NO_CACHE": "1"})
 
 
+@needs_public
 def test_public_traces_are_six_runs_from_their_headers():
-    files = sorted(PUBLIC.glob("*.json.gz"))
+    files = [public_trace(n) for n in TRACELENS_STEPS]
     runs = plan_runs(files)
     assert [len(r.files) for r in runs] == [1] * 6  # MI300X and B200, world sizes 1 and 8: never "ranks 0-5"
-    b200 = read_info(PUBLIC / "tracelens_vllm_gpt-oss-120b_b200_tp8_eager_prefill_step.json.gz")
+    b200 = read_info(public_trace("tracelens_vllm_gpt-oss-120b_b200_tp8_eager_prefill_step.json.gz"))
     assert b200.devices == ("NVIDIA B200",) and b200.world_size == 8 and b200.trace_id == "77C6C16CEF784657A94763DE3FE086C3"
     tp = [read_info(f) for f in sorted(TP2.glob("*.trace.json.gz"))]
     assert [(i.rank, i.world_size) for i in tp] == [(0, 2), (1, 2)]

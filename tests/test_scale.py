@@ -13,7 +13,6 @@ import polars as pl
 import pytest
 
 from profkit.analysis import analyze_trace
-from profkit.analysis.parallel import analyze_paths
 from profkit.analysis.summary import build_summary
 from profkit.ingest import load_trace, load_traces
 from profkit.ingest import cache as pcache
@@ -22,10 +21,11 @@ from profkit.ingest.columnar import load_tables_fast, make_executor
 from profkit.ingest.decode import decode_events, read_bytes
 from profkit.ingest.tables import add_unusable_warnings, events_frame, split_tables
 
-ROOT = Path(__file__).resolve().parent.parent
-GPU = ROOT / "tests" / "data" / "gpu"
-PUBLIC = ROOT / "tests" / "data" / "public"
-FIXTURES = sorted(GPU.glob("*.json.gz")) + sorted(PUBLIC.glob("*.json.gz"))
+from conftest import DATA, PUBLIC_TRACES, ROOT, TRACELENS_STEPS, public_trace
+from helpers import analyze_paths
+
+GPU = DATA / "gpu"
+FIXTURES = sorted(GPU.glob("*.json.gz")) + [PUBLIC_TRACES / n for n in TRACELENS_STEPS]
 
 
 @pytest.fixture(autouse=True)
@@ -73,6 +73,8 @@ def _tiered_tables(path: Path):
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
 def test_chunked_decoder_matches_tiered_decoder(path: Path) -> None:
     """Tiny chunks (hundreds of cuts) give the tiered decoder's tables, t0, metadata and warnings."""
+    if path.parent == PUBLIC_TRACES:
+        path = public_trace(path.name)
     fast = load_tables_fast(path, chunk_bytes=64 << 10)
     assert fast is not None, "the fast path should apply to real Kineto files"
     meta = fast.meta
@@ -84,7 +86,7 @@ def test_chunked_decoder_matches_tiered_decoder(path: Path) -> None:
 
 def test_chunked_decoder_in_worker_processes() -> None:
     """Chunks decoded in worker processes (each with ids of its own, mapped back here): the same tables."""
-    path = PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz"
+    path = public_trace("tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz")
     ex = make_executor(2)
     try:
         par = load_tables_fast(path, executor=ex, jobs=2, chunk_bytes=256 << 10)
@@ -147,7 +149,7 @@ def test_cache_roundtrip_and_summary_identity(tmp_path: Path) -> None:
 
 
 def test_cached_tables_are_the_ingested_tables(tmp_path: Path) -> None:
-    src = _copy(PUBLIC / "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz", tmp_path)
+    src = _copy(public_trace("tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz"), tmp_path)
     a = load_trace(src, cache=True)
     b = load_trace(src, cache=True)
     for name in ("gpu_ops", "calls", "cpu", "gpu_annotations"):
@@ -304,7 +306,7 @@ def test_parallel_duplicate_ranks_warn_like_serial(tmp_path: Path) -> None:
 
 
 def test_single_file_chunk_parallel_identical(tmp_path: Path) -> None:
-    src = _copy(PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz", tmp_path)
+    src = _copy(public_trace("tracelens_sglang_qwen3-8b_mi300x_extend_step.json.gz"), tmp_path)
     serial = _summary([analyze_trace(t) for t in load_traces([src], cache=False, jobs=1)])
     par = _summary([analyze_trace(t) for t in load_traces([src], cache=False, jobs=2, min_parallel_bytes=0)])
     assert serial == par
@@ -367,7 +369,7 @@ def test_gzip_of_plain_json_same_result(tmp_path: Path) -> None:
 
 def test_analysis_cache_roundtrip_is_exact(tmp_path: Path) -> None:
     """Re-running with the same options reads the per-rank results back: every frame, dtype and field."""
-    files = [_copy(f, tmp_path) for f in (GPU / "eager_sync.pt.trace.json.gz", PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz")]
+    files = [_copy(f, tmp_path) for f in (GPU / "eager_sync.pt.trace.json.gz", public_trace("tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz"))]
     fresh = analyze_paths(files, cache=False, jobs=1)
     analyze_paths(files, cache=True, jobs=1)  # writes
     assert all((pcache.cache_dir(f) / "analysis").is_dir() for f in files)
@@ -417,9 +419,10 @@ def test_stdlib_gzip_fallback_same_tables(monkeypatch: pytest.MonkeyPatch) -> No
     """Without isal and zlib-ng the stdlib decompresses: same tables."""
     import sys
 
-    from profkit.ingest.columnar import gzip_library, load_tables_fast
+    from helpers import gzip_library
+    from profkit.ingest.columnar import load_tables_fast
 
-    path = PUBLIC / "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz"
+    path = public_trace("tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz")
     fast = load_tables_fast(path)
     monkeypatch.setitem(sys.modules, "isal", None)
     monkeypatch.setitem(sys.modules, "zlib_ng", None)
@@ -433,7 +436,7 @@ def test_chunked_tables_in_worker_processes_identical() -> None:
     """Tables decoded by the workers (sent back as Arrow IPC) equal the ones decoded here."""
     from profkit.ingest.columnar import load_tables_fast
 
-    path = PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"
+    path = public_trace("tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz")
     ex = make_executor(2)
     try:
         par = load_tables_fast(path, executor=ex, jobs=2, chunk_bytes=512 << 10)
@@ -453,7 +456,7 @@ def test_parallel_decode_without_room_in_dev_shm(monkeypatch: pytest.MonkeyPatch
     import profkit.ingest.reading as reading
 
     monkeypatch.setattr(reading, "_room_in", lambda folder, need: False)
-    path = PUBLIC / "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz"
+    path = public_trace("tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz")
     ex = make_executor(2)
     try:
         par = col.load_tables_fast(path, executor=ex, jobs=2, chunk_bytes=256 << 10)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from test_capture import free_port, manifests, profkit
+from processes import free_port, manifests, profkit
 from test_sglang_replica import REPLICA, assert_nothing_left, replica_python  # noqa: F401  (fixture)
 
 NO_GPU = shutil.which("nvidia-smi") is None

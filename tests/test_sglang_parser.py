@@ -8,7 +8,6 @@ environment's python. Skipped cleanly when neither is available.
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import os
 import subprocess
 import sys

@@ -21,8 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from processes import HANG_S, gone, on_teardown, processes
-from test_capture import free_port, manifests, profkit
+from processes import HANG_S, free_port, gone, manifests, on_teardown, processes, profkit
 
 REPLICA = Path(__file__).resolve().parent / "sglang_replica"
 SMALL = ["--isl", "64", "--turns", "3", "--turn-tokens", "16", "--output-tokens", "24", "--num-steps", "6",

@@ -73,7 +73,7 @@ def test_leave_one_out_removes_one_thing_from_the_study_command():
     plan = sweep_plan("sglang", SIX, "leave-one-out")
     full = _compose(plan[0][1])
     assert full.argv[3:-4] == STUDY_ARGS and full.env == STUDY_ENV
-    for label, st, _, opt in plan[1:]:
+    for label, st, _, _opt in plan[1:]:
         sp = _compose(st)
         changed = [a for a in sp.argv if a not in full.argv] + [f"{k}={v}" for k, v in sp.env.items() if full.env.get(k) != v]
         assert len(changed) in (1, 2), (label, changed)  # one flag (+ its value), or one variable

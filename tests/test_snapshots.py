@@ -22,17 +22,19 @@ from typer.testing import CliRunner
 from profkit import __version__
 from profkit import cli
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import NO_PUBLIC, PUBLIC_TRACES, ROOT, SAMPLE
+
 SNAP = Path(__file__).resolve().parent / "snapshots"
-SAMPLE = ROOT / "traces" / "sample"
-PUBLIC = ROOT / "tests" / "data" / "public"
 UPDATE = bool(os.environ.get("PROFKIT_UPDATE_SNAPSHOTS"))
 
 # paths relative to the checkout (the commands run there): the output is the same wherever it is cloned
 EAGER = str((SAMPLE / "eager_sync.pt.trace.json.gz").relative_to(ROOT))
 GRAPH = str((SAMPLE / "graph_decode.pt.trace.json.gz").relative_to(ROOT))
-CAPTURE = str((PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz").relative_to(ROOT))
-MIXED = str((PUBLIC / "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz").relative_to(ROOT))
+# third-party traces (never committed): ../shared/public-traces beside the checkout, spelled that way in
+# the snapshots wherever $PROFKIT_PUBLIC_TRACES points
+PUBLIC_REL = os.path.relpath(PUBLIC_TRACES, ROOT)
+CAPTURE = os.path.join(PUBLIC_REL, "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz")
+MIXED = os.path.join(PUBLIC_REL, "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz")
 
 COMMANDS = {
     "analyze-eager": ["analyze", EAGER, "--no-cache"],
@@ -51,7 +53,7 @@ COMMANDS = {
 def _normalize(text: str, tmp: Path) -> str:
     # the interpreter first: it usually lives inside the checkout (.venv), which is <repo> next
     text = text.replace(sys.executable, "<python>").replace(str(tmp), "<tmp>").replace(str(ROOT), "<repo>")
-    text = text.replace(__version__, "<version>")
+    text = text.replace(__version__, "<version>").replace(PUBLIC_REL + os.sep, "../shared/public-traces/")
     text = re.sub(r"\(\d[\d,]* bytes", "(<n> bytes", text)
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
 
@@ -73,6 +75,8 @@ def _run(args: list[str], width: int, tmp: Path) -> str:
 @pytest.mark.parametrize("width", [80, 120])
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_snapshot(name, width, tmp_path):
+    if PUBLIC_REL in " ".join(COMMANDS[name]) and not PUBLIC_TRACES.is_dir():
+        pytest.skip(NO_PUBLIC)
     got = _run(COMMANDS[name], width, tmp_path)
     path = SNAP / f"{name}-{width}.txt"
     if UPDATE or not path.exists():

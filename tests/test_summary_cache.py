@@ -18,8 +18,9 @@ from profkit.cli import app
 from profkit.ingest import cache as pcache
 from processes import HANG_S
 
-ROOT = Path(__file__).resolve().parent.parent
-SRC = ROOT / "tests" / "data" / "gpu" / "eager_sync.pt.trace.json.gz"
+from conftest import DATA
+
+SRC = DATA / "gpu" / "eager_sync.pt.trace.json.gz"
 runner = CliRunner()
 
 
@@ -92,7 +93,7 @@ def test_changed_trace_options_or_damage_miss(tmp_path: Path) -> None:
     _, again = _analyze(str(t), str(tmp_path / "c.json"))
     assert again == base
     # another trace under the same name: a miss
-    other = ROOT / "tests" / "data" / "gpu" / "eager_decode.pt.trace.json.gz"
+    other = DATA / "gpu" / "eager_decode.pt.trace.json.gz"
     shutil.copyfile(other, t)
     _, s_other = _analyze(str(t), str(tmp_path / "d.json"))
     _, fresh = _analyze(str(t), "--no-cache", str(tmp_path / "e.json"))
@@ -149,7 +150,7 @@ def test_diff_and_report_of_traces_read_the_stored_summaries(tmp_path: Path, mon
     byte-identical to a diff that uses no cache at all."""
     import profkit.analysis.parallel as parallel
 
-    proxy = ROOT / "tests" / "data" / "gpu_proxy"
+    proxy = DATA / "gpu_proxy"
     a, b = tmp_path / "baseline.trace.json.gz", tmp_path / "topk_v2.trace.json.gz"
     shutil.copyfile(proxy / a.name, a)
     shutil.copyfile(proxy / b.name, b)

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from profkit.cli import app
 
+import conftest
+
 duckdb = pytest.importorskip("duckdb")
-DATA = Path(__file__).parent / "data" / "gpu_proxy"
+DATA = conftest.DATA / "gpu_proxy"
 runner = CliRunner()
 
 

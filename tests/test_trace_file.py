@@ -21,8 +21,9 @@ from profkit.ingest import expand_inputs, load_trace
 from profkit.ingest.identity import TraceFile
 from profkit.ingest.runs import plan_runs, read_info
 
-ROOT = Path(__file__).resolve().parent.parent
-TRACE = ROOT / "tests" / "data" / "gpu" / "eager_sync.pt.trace.json.gz"
+from conftest import DATA
+
+TRACE = DATA / "gpu" / "eager_sync.pt.trace.json.gz"
 
 _WATCH: dict[str, list[str]] = {}  # abspath -> the calls that touched it, while a test watches
 

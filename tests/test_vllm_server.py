@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from conftest import ROOT
-from test_capture import free_port, manifests
+from processes import free_port, manifests
 
 VLLM_PYTHON = Path(os.environ.get("PROFKIT_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 STEP = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")

@@ -4,7 +4,7 @@ the launching thread with the most exclusive time inside it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -23,7 +23,7 @@ GAP_TOP = 3  # CPU ops kept per gap
 
 def find_bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.DataFrame, syncs: pl.DataFrame,
              min_ns: int, rows_cache: dict | None = None) -> pl.DataFrame:
-    schema = {"iteration": pl.Int64, "start_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String, "cpu_ops": pl.List(pl.String),
+    schema: dict[str, Any] = {"iteration": pl.Int64, "start_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String, "cpu_ops": pl.List(pl.String),
               "cpu_ops_ns": pl.List(pl.Int64)}
     w = windows.filter(pl.col("gpu_start_ns").is_not_null()).sort("gpu_start_ns")
     if w.height == 0 or ops.height == 0:
@@ -103,18 +103,6 @@ def _sync_gaps(gaps: pl.DataFrame, syncs: pl.DataFrame) -> pl.Series:
     return pl.concat(found).unique()
 
 
-def gap_cpu_ops(trace: Trace, g0s: pl.Series, g1s: pl.Series, tids: pl.Series,
-                 rows_cache: dict | None = None) -> pl.DataFrame:
-    """gap_tops as rows (_g: the gap's position, name, ns), most time first within a gap."""
-    import numpy as np
-
-    top_id, top_ns, names = gap_tops(trace, g0s, g1s, tids, rows_cache)
-    n, top = top_id.shape
-    flat = pl.DataFrame({"_g": np.repeat(np.arange(n, dtype=np.int64), top), "k": top_id.reshape(-1), "ns": top_ns.reshape(-1)})
-    flat = flat.filter(pl.col("k") >= 0)
-    return flat.select("_g", names.gather(flat["k"]).alias("name"), "ns")
-
-
 def gap_tops(trace: Trace, g0s: pl.Series, g1s: pl.Series, tids: pl.Series,
              rows_cache: dict | None = None) -> tuple[np.ndarray, np.ndarray, pl.Series]:
     """For each gap [g0, g1) on thread tid: the GAP_TOP CPU events of that thread (cpu_op,
@@ -150,7 +138,8 @@ def gap_tops(trace: Trace, g0s: pl.Series, g1s: pl.Series, tids: pl.Series,
         enum = pl.Enum(names)  # its codes are the positions in names
         streams = [(ts, end, nm.cast(enum).to_physical().cast(pl.Int32)) for ts, end, nm in streams]
         g0, g1 = mine["g0"], mine["g1"]  # disjoint, in order
-        got = scan.gap_exclusive(*[(ts.to_numpy(), end.to_numpy(), i.to_numpy()) for ts, end, i in streams], g0.to_numpy(),
+        a, b = [(ts.to_numpy(), end.to_numpy(), i.to_numpy()) for ts, end, i in streams]  # the CPU events, the calls
+        got = scan.gap_exclusive(a, b, g0.to_numpy(),
                                  g1.to_numpy(), GAP_TOP)
         if got is None:
             got = _sweep_overlapping(streams, g0, g1)

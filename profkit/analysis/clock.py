@@ -10,6 +10,8 @@ time is lost and none is counted twice. All times integer ns.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import polars as pl
 
 
@@ -48,11 +50,11 @@ def tiles(windows: pl.DataFrame) -> pl.DataFrame:
 def by_window(iv: pl.DataFrame, w: pl.DataFrame, keys: tuple[str, ...] = ()) -> pl.DataFrame:
     """Intervals (a, b, *keys) split at the window edges `w` (from `tiles`): the time inside each
     window, summed per (iteration, *keys) as dur_ns. Time outside every window is left out."""
-    schema = {"iteration": pl.Int64, **{k: iv.schema[k] for k in keys}, "dur_ns": pl.Int64}
+    schema: dict[str, Any] = {"iteration": pl.Int64, **{k: iv.schema[k] for k in keys}, "dur_ns": pl.Int64}
     if w.height == 0 or iv.height == 0:
         return pl.DataFrame(schema=schema)
     starts, ends = w["gpu_start_ns"], w["gpu_end_ns"]
-    lo, hi = starts.min(), ends.max()
+    lo, hi = cast(int, starts.min()), cast(int, ends.max())
     x = iv.select(pl.col("a").clip(lo, hi), pl.col("b").clip(lo, hi), *keys).filter(pl.col("b") > pl.col("a"))
     if x.height == 0:
         return pl.DataFrame(schema=schema)

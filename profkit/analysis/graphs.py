@@ -127,13 +127,13 @@ def _graphs_of(path: Path) -> list[CapturedGraph]:
         cat = e.get("cat")
         tid = (e.get("pid"), e.get("tid"))
         if cat in ("cuda_runtime", "cuda_driver"):
-            api = HIP_TWINS.get(e.get("name"), e.get("name"))
+            api = HIP_TWINS.get(str(e.get("name")), e.get("name"))
             d = by_tid.setdefault(tid, {"calls": [], "ann": []})
             d["calls"].append((float(e["ts"]), api, e))
         elif cat == "user_annotation":
             by_tid.setdefault(tid, {"calls": [], "ann": []})["ann"].append((float(e["ts"]), float(e["ts"]) + float(e.get("dur") or 0), str(e.get("name"))))
     graphs: list[CapturedGraph] = []
-    for tid, d in by_tid.items():
+    for d in by_tid.values():
         calls = sorted(d["calls"], key=lambda c: c[0])
         anns = sorted(d["ann"], key=lambda a: (a[0], -a[1]))
         launches = [(t, api, e) for t, api, e in calls
@@ -155,6 +155,7 @@ def _graphs_of(path: Path) -> list[CapturedGraph]:
             phase, batch = None, None
             if label is not None:
                 lm = _LABEL.match(label)
+                assert lm is not None  # label was picked by _LABEL.match
                 if lm.group(1):
                     phase, batch = _phase_of(lm.group(1)), int(lm.group(2)) if lm.group(2) else None
                 else:
@@ -246,7 +247,7 @@ def map_replays(rows: list[tuple[int, int, str, str, int]], phases: dict[int, st
     for r in rows:
         groups.setdefault(r[1], []).append(r)
     mapped: dict[int, str | None] = {}
-    st = {"graphs": len(graphs), "replays": len(groups), "replays_mapped": 0, "replays_refused": 0, "ops": len(rows), "ops_mapped": 0,
+    st: dict[str, Any] = {"graphs": len(graphs), "replays": len(groups), "replays_mapped": 0, "replays_refused": 0, "ops": len(rows), "ops_mapped": 0,
           "replayed_ns": sum(r[4] for r in rows), "mapped_ns": 0, "refused": {}}
     for corr, ops in groups.items():
         ph = phases.get(corr)

@@ -5,7 +5,6 @@ same options are read back instead. Results are identical to
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,27 +105,6 @@ def _load_and_analyze(path: Any, default_rank: int, cache: bool, marker: str | N
     return a, n
 
 
-def analyze_paths(paths: list[Path], *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Catalog | None = None,
-                  cache: bool | None = None, jobs: int | None = None, min_parallel_bytes: int | None = None,
-                  captures: Any = None) -> list[RankAnalysis]:
-    """Files or run folders -> one RankAnalysis per rank file, sorted by rank (see module doc).
-
-    cache: None = on unless PROFKIT_NO_CACHE is set. jobs: worker processes (default: the cores,
-    at most one per file when several files); inputs smaller than `min_parallel_bytes`
-    (estimated JSON) are read in this process.
-    """
-    from profkit.ingest import expand_inputs, identify_all
-
-    files = identify_all(expand_inputs(paths))
-    pairs, load_s = _analyze_files(files, list(range(len(files))), marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
-                                   cache=cache, jobs=jobs, min_parallel_bytes=min_parallel_bytes, captures=captures)
-    _renumber(pairs)
-    out = sorted((a for a, _ in pairs), key=lambda a: a.rank)
-    if out and load_s is not None:
-        out[0]._load_s = load_s  # type: ignore[attr-defined]  (read by `analyze`'s PROFKIT_TIMINGS)
-    return out
-
-
 def _renumber(pairs: list[tuple[RankAnalysis, int]]) -> None:
     """Duplicate ranks, as ingest.fix_duplicate_ranks does before analysis (the warning follows the
     ingest warnings, on the files concerned only)."""
@@ -152,7 +130,7 @@ def analyze_runs(paths: list[Path], *, marker: str | None = None, min_bubble_us:
         runs = plan_runs(expand_inputs(paths))
     files = [i.file or f for r in runs for f, i in zip(r.files, r.infos)]  # as plan_runs inspected them
     defaults = [k for r in runs for k in range(len(r.files))]
-    pairs, load_s = _analyze_files(files, defaults, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
+    pairs = _analyze_files(files, defaults, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
                                    cache=cache, jobs=jobs, min_parallel_bytes=min_parallel_bytes, captures=captures,
                                    early=early)
     k = 0
@@ -161,10 +139,7 @@ def analyze_runs(paths: list[Path], *, marker: str | None = None, min_bubble_us:
         k += len(r.files)
         _renumber(mine)
         r.analyses = sorted((a for a, _ in mine), key=lambda a: a.rank)
-    out = split_by_analysis(runs)
-    if out and out[0].analyses and load_s is not None:
-        out[0].analyses[0]._load_s = load_s  # type: ignore[attr-defined]
-    return out
+    return split_by_analysis(runs)
 
 
 def split_by_analysis(runs: list[Any]) -> list[Any]:
@@ -204,12 +179,13 @@ def split_by_analysis(runs: list[Any]) -> list[Any]:
 
 def _analyze_files(files: list[Any], default_ranks: list[int], *, marker: str | None, min_bubble_us: float, catalog: Catalog | None,
                    cache: bool | None, jobs: int | None, min_parallel_bytes: int | None,
-                   captures: Any, early: Any = None) -> tuple[list[tuple[RankAnalysis, int]], float | None]:
+                   captures: Any, early: Any = None) -> list[tuple[RankAnalysis, int]]:
     """Every file (a path or its ingest.TraceFile) analyzed (or read from the cache), in file
-    order: (analysis, its ingest warnings), load seconds."""
+    order: (analysis, its ingest warnings)."""
     from profkit.ingest import PARALLEL_MIN_BYTES, estimated_raw_bytes, load_trace
     from profkit.ingest import cache as pcache
-    from profkit.ingest.columnar import default_jobs, make_executor
+    from profkit.ingest.columnar import make_executor
+    from profkit.ingest.reading import default_jobs
 
     use_cache = (not pcache.cache_disabled_by_env()) if cache is None else cache
     jobs = default_jobs(len(files)) if jobs is None else max(1, jobs)
@@ -219,8 +195,6 @@ def _analyze_files(files: list[Any], default_ranks: list[int], *, marker: str | 
 
         captures = load_captures([Path(p) for p in captures])
     options = _options(marker, min_bubble_us, catalog, captures)
-    t_start = time.perf_counter()
-
     done: list[tuple[RankAnalysis, int] | None] = [None] * len(files)
     cached_ok = [use_cache and pcache.worth_caching(f) for f in files]
     for i, f in enumerate(files):
@@ -228,7 +202,6 @@ def _analyze_files(files: list[Any], default_ranks: list[int], *, marker: str | 
             done[i] = _cached_analysis(f, default_ranks[i], options)
     todo = [i for i, d in enumerate(done) if d is None]
     big = sum(estimated_raw_bytes(files[i]) for i in todo) >= threshold
-    load_s = None
     if todo and jobs > 1 and len(todo) > 1 and big:
         ex = make_executor(min(jobs, len(todo)))
         try:
@@ -249,7 +222,6 @@ def _analyze_files(files: list[Any], default_ranks: list[int], *, marker: str | 
         finally:
             if ex is not None:
                 ex.shutdown(cancel_futures=True)
-        load_s = time.perf_counter() - t_start
         for i in todo:
             t = traces.pop(i)
             n = len(t.warnings)
@@ -257,6 +229,4 @@ def _analyze_files(files: list[Any], default_ranks: list[int], *, marker: str | 
             if cached_ok[i]:
                 _store_analysis(files[i], a, n, _rank_from_trace(t, default_ranks[i]), options)
             done[i] = (a, n)
-    else:
-        load_s = time.perf_counter() - t_start
-    return [d for d in done if d is not None], load_s
+    return [d for d in done if d is not None]

@@ -172,7 +172,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     from profkit.catalog import auto_catalog
 
     warnings = list(trace.warnings)
-    digest = _digest_meanwhile(trace.path) if digest and getattr(trace, "sha256", None) is None else None
+    wait_digest = _digest_meanwhile(trace.path) if digest and getattr(trace, "sha256", None) is None else None
     its = find_iterations(trace, marker=marker)
     warnings.extend(its.warnings)
     win = its.frame
@@ -269,7 +269,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         rank=trace.rank, device=trace.device, path=trace.path, marker=its.marker, catalog=getattr(catalog, "name", str(catalog)),
         t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls,
         ops=owned, bubbles=bubbles, syncs=syncs, phases=phases, warnings=warnings,
-        device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None) or (digest() if digest else None), outside=outside,
+        device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None) or (wait_digest() if wait_digest else None), outside=outside,
         device_records=device_records, graph_capture=gcap, source=trace.meta.get("source"), stub_markers=its.stub_markers,
         overlap_slack=overlap_slack, capture=capture, speculative=speculative,
     )
@@ -354,7 +354,7 @@ def _classify(owned: pl.DataFrame, trace: Trace, catalog: Catalog, captures: Any
         ann, mask, gstats = graphs.apply(owned, trace, captures, ann.to_list() if isinstance(ann, pl.Series) else ann)
     owned = owned.with_columns(ann if isinstance(ann, pl.Series) else pl.Series("annotation", ann, dtype=pl.String))
     out = _categorize(catalog, owned)
-    return out, (graphs.finish_stats(gstats, out, mask, captures) if mask is not None else None)
+    return out, (graphs.finish_stats(gstats, out, mask, captures) if mask is not None and gstats is not None else None)
 
 
 def _categorize(catalog: Catalog, ops: pl.DataFrame) -> pl.DataFrame:

@@ -87,7 +87,7 @@ def candidate_spans(points: pl.DataFrame, spans: pl.DataFrame, *, cache: dict | 
     Per thread of the points: the spans starting at or before a point's start are a prefix of the
     thread's spans ordered by start, and of those the ones ending at or after it are found with a
     MaxTree of their ends, so the search costs about the spans found, not the whole prefix."""
-    schema = {"_row": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64, "tid": spans.schema["tid"]}
+    schema: dict[str, Any] = {"_row": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64, "tid": spans.schema["tid"]}
     pt = points.select("ts_ns", "tid").filter(pl.col("ts_ns").is_not_null())
     starts: dict[Any, set[int]] = defaultdict(set)
     for ts, tid in zip(pt["ts_ns"].to_list(), pt["tid"].to_list()):

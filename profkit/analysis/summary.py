@@ -28,10 +28,10 @@ def _us(ns: int | float | None) -> float | None:
 
 def iteration_records(a: RankAnalysis) -> list[dict[str, Any]]:
     """One dict per iteration with every summary.json v2 field."""
-    cats: dict[int, dict[str, float]] = {}
+    cats: dict[int, dict[str, float | None]] = {}
     for it, cat, dur in a.categories.select("iteration", "category", "dur_ns").iter_rows():
         cats.setdefault(it, {})[cat] = _us(dur)
-    phases: dict[int, dict[str, float]] = {}
+    phases: dict[int, dict[str, float | None]] = {}
     for it, ph, dur in a.phases.select("iteration", "phase", "dur_ns").iter_rows():
         phases.setdefault(it, {})[ph] = _us(dur)
     lcalls: dict[int, dict[str, int]] = {}
@@ -175,7 +175,7 @@ def causes(device_timeline: str) -> tuple[str, ...]:
 
 def bubbles_by_cause(bubbles: pl.DataFrame, device_timeline: str = "gpu") -> dict[str, dict[str, Any]]:
     """cause -> {count, us}: every bubble of the rank (inside the iterations' GPU windows)."""
-    got = {c: {"count": 0, "us": 0.0} for c in causes(device_timeline)}
+    got: dict[str, dict[str, Any]] = {c: {"count": 0, "us": 0.0} for c in causes(device_timeline)}
     for c, n, t in bubbles.group_by("cause").agg(pl.len(), pl.col("dur_ns").sum()).iter_rows():
         got[c] = {"count": int(n), "us": _us(t)}
     return got

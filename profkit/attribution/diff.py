@@ -47,8 +47,6 @@ def idle_keys(*ranks: Mapping[str, Any]) -> tuple[str, ...]:
     return IDLE_KEYS if any(r.get("device_timeline") == "cpu" for r in ranks) else GPU_IDLE_KEYS
 COUNT_KEYS = ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h", "memcpy_h2d", "bubble_count")
 TIMING_KEYS = ("launch_us", "launch_latency_us_p50", "sync_us", "sync_copy_us", "bubble_us")
-# Without repeats a change outside the optimization's categories is flagged above both of these.
-REL_THRESHOLD = 0.05
 ABS_THRESHOLD_NS = 1_000
 TOP_MOVERS = 20
 MAX_KERNEL_LIST = 200
@@ -318,7 +316,7 @@ def _repeat_metrics(summary: Mapping[str, Any], rank: int, shape: Shape | None) 
     if not its:
         return None
     m = _means(its)
-    out: dict[str, float] = {
+    out: dict[str, Any] = {
         "wall_us": _us(m["wall"]), "gpu_window_us": _us(m["window"]), "gpu_busy_us": _us(m["busy"]),
         "gpu_idle_us": _us(m["idle"]), "overlap_us": _us(m["overlap"]),
     }
@@ -331,7 +329,7 @@ def _repeat_metrics(summary: Mapping[str, Any], rank: int, shape: Shape | None) 
         out[f"phase_us.{k}"] = _us(v)
     for k, v in _counts(its).items():
         out[f"counts.{k}"] = float(v or 0)
-    return out  # type: ignore[return-value]
+    return out
 
 
 def _noise(base_reps: Sequence[Mapping[str, Any]], cand_reps: Sequence[Mapping[str, Any]], rank: int,
@@ -368,9 +366,9 @@ def _noise(base_reps: Sequence[Mapping[str, Any]], cand_reps: Sequence[Mapping[s
     }
 
 
-def _window_iterations(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> list[tuple[int, list[Mapping[str, Any]]]]:
+def _window_iterations(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> list[tuple[int, list[dict[str, Any]]]]:
     """Each profile window's (index, compared iterations); a window without the rank is left out."""
-    out = []
+    out: list[tuple[int, list[dict[str, Any]]]] = []
     for i, s in enumerate(reps):
         try:
             out.append((i, _select(pick_rank(s, rank, "window"), shape)))
@@ -461,7 +459,7 @@ def _expected_effect(opt: str | None, catalog: Any, base: dict[str, Any], cand: 
            + [own_term(f"phase_us.{p}", "phases", p) for p in phases]
            + [own_term(f"idle_us_by_cause.{k}", "idle_by", k) for k in idle_own])
     against = [f"{opt} moved its own {term_label(t['term'])} the wrong way: {t['delta_us']:+,.1f} µs per iteration, "
-               f"expected a decrease (beyond {judged_against(_us(drift_ns))})" for t in own if t["as_expected"] is False]
+               f"expected a decrease (beyond {judged_against(float(drift_ns / 1000))})" for t in own if t["as_expected"] is False]
     elsewhere = [term(f"category_us.{c}", delta("cats", c)) for c in sorted(set(base["cats"]) | set(cand["cats"])) if c not in owned]
     elsewhere += [term(f"idle_us_by_cause.{k}", delta("idle_by", k)) for k in IDLE_KEYS if k not in idle_own]
     beyond = sorted((t for t in elsewhere if t["within_noise"] is False and abs(t["delta_us"]) >= floor_us),
@@ -732,7 +730,7 @@ def _bubble_view(rank: Mapping[str, Any], its: Sequence[Mapping[str, Any]], n: i
 def throughput_points(manifest: Any) -> list[dict[str, Any]]:
     """The manifest's unprofiled workload points ({isl, concurrency, <metric>: {median, spread, ...}}), or []."""
     pts = manifest.get("throughput") if isinstance(manifest, Mapping) else None
-    return [p for p in pts if isinstance(p, Mapping)] if isinstance(pts, list) else []
+    return [p for p in pts if isinstance(p, dict)] if isinstance(pts, list) else []
 
 
 def _first_point(manifest: Any) -> dict[str, Any] | None:
@@ -759,11 +757,6 @@ def swings(values: Sequence[float]) -> bool:
     """Whether iterations' GPU windows vary by more than UNSTABLE_RATIO (the one rule: diff.json's stability,
     every report's "unstable" warning)."""
     return len(values) > 1 and min(values) > 0 and max(values) / min(values) > UNSTABLE_RATIO
-
-
-def stability(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> str | None:
-    """A sentence when some profile window's GPU window varies by more than 2x (max/min), else None."""
-    return _stability(_window_iterations(reps, rank, shape))
 
 
 def _stability(windows: Sequence[tuple[int, Sequence[Mapping[str, Any]]]], rank: Mapping[str, Any] | None = None) -> str | None:

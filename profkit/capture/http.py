@@ -35,16 +35,6 @@ def get_json(url: str, *, timeout: float = 30.0) -> Any:
     return json.loads(body)
 
 
-def post_json(url: str, body: Any, *, timeout: float = 600.0) -> Any:
-    status, data = request(url, body, timeout=timeout)
-    if status != 200:
-        raise HTTPFailure(f"{url}: HTTP {status}: {data[:300]!r}", status)
-    try:
-        return json.loads(data)
-    except ValueError:
-        return data.decode(errors="replace")
-
-
 def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         # like the servers themselves: a port in TIME_WAIT after the previous run is free

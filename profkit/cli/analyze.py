@@ -3,7 +3,6 @@ plus the optional per-GPU-op timeline, parquet tables and the list of candidate 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -39,8 +38,6 @@ def analyze(
 
         profkit analyze traces/sample/eager_sync.pt.trace.json.gz --json summary.json
     """
-    import os
-    import time
 
     from profkit.catalog import choose_catalog
     from profkit.summarize import SummarizeOptions, summarize_runs
@@ -61,7 +58,6 @@ def analyze(
         return
     if timeline is not None and timeline.suffix not in (".parquet", ".csv"):
         raise UsageError(f"--timeline {timeline}: use a .parquet or .csv file name", hint="e.g. --timeline timeline.parquet")
-    t_start = time.perf_counter()
     choice = choose_catalog(catalog, paths)
     opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice, captures=tuple(capture) if capture else None,
                             cache=not no_cache, jobs=jobs, frames=timeline is not None or tables is not None)
@@ -77,9 +73,6 @@ def analyze(
         return
     run = runs[0]
     summary, analyses = run.summary, run.analyses or []
-    if os.environ.get("PROFKIT_TIMINGS"):  # for benchmarks/bench_ingest.py
-        t_analyzed = run.analyzed_at if run.analyzed_at is not None else time.perf_counter()
-        _write_timings(os.environ["PROFKIT_TIMINGS"], analyses, t_start, t_analyzed, time.perf_counter())
     to_stdout = json_out == "-"
     if json_out:
         from profkit.store import json_text, write_bytes_atomic
@@ -229,14 +222,3 @@ def _list_markers(paths: list[Path]) -> None:
             continue
         out.print(fit_table(out, None, (("count", NUM), ("span", COPY), ("--marker", COPY), ("", TEXT)),
                             [(f"{m['count']:,}", m["name"], m["regex"], "default" if m["default"] else "") for m in found]))
-
-
-def _write_timings(path: str, analyses: list[Any], t_start: float, t_analyzed: float, t_summary: float) -> None:
-    """Where `analyze`'s time went (load = ingest, including the cache; analysis), as JSON."""
-    load = sum(getattr(a, "_load_s", 0.0) for a in analyses)
-    data = {"ingest_and_analysis_s": t_analyzed - t_start, "summary_s": t_summary - t_analyzed,
-            "load_s": load or None, "analysis_s": (t_analyzed - t_start - load) if load else None}
-    try:
-        Path(path).write_text(json.dumps(data))
-    except OSError:
-        pass

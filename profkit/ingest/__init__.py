@@ -251,7 +251,8 @@ def load_traces(paths: list[Path], *, cache: bool | None = False, jobs: int | No
     file: its chunks are decoded in parallel; several files: the files are. Inputs smaller than
     `min_parallel_bytes` (estimated JSON) are read here. `cache`: see load_trace.
     """
-    from profkit.ingest.columnar import default_jobs, make_executor
+    from profkit.ingest.columnar import make_executor
+    from profkit.ingest.reading import default_jobs
 
     files = identify_all(expand_inputs(paths))
     jobs = default_jobs(len(files)) if jobs is None else max(1, jobs)

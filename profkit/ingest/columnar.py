@@ -35,10 +35,7 @@ import polars as pl
 
 from profkit.ingest.decode import Args
 from profkit.ingest.identity import TraceFile, trace_file
-from profkit.ingest.reading import (  # noqa: F401  (re-exported: the reading half of this path)
-    CHUNK_BYTES, Cut, NotFast, Reader, decode_chunks, default_jobs, done, falls_back, gzip_library, open_decompressed,
-    parse_meta, slot_count,
-)
+from profkit.ingest.reading import CHUNK_BYTES, Cut, NotFast, Reader, decode_chunks, done, falls_back, parse_meta, slot_count
 from profkit.ingest.units import us_to_ns
 
 # Chrome trace-event phases. The complete events ('X') carry every field profkit uses; of the others

@@ -57,16 +57,6 @@ def open_decompressed(path: Path, gzipped: bool):
         return gzip.open(path, "rb")
 
 
-def gzip_library() -> str:
-    for mod, label in (("isal", "isal"), ("zlib_ng", "zlib-ng")):
-        try:
-            __import__(mod)
-            return label
-        except ImportError:
-            pass
-    return "zlib"
-
-
 _WS = b" \t\r\n"
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 

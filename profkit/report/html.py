@@ -99,8 +99,8 @@ def _instability(label: str, series: Sequence[Mapping[str, Any]], window: str) -
 
 
 def _section(id: str, title: str, **kw: Any) -> dict[str, Any]:
-    s = {"id": id, "title": title, "headline": None, "cards": [], "flags": [], "flags_title": "", "ok": None, "notes": [],
-         "figures": [], "tables": [], "details_open": None, "details_close": False}
+    s: dict[str, Any] = {"id": id, "title": title, "headline": None, "cards": [], "flags": [], "flags_title": "", "ok": None, "notes": [],
+                         "figures": [], "tables": [], "details_open": None, "details_close": False}
     s.update(kw)
     return s
 
@@ -280,14 +280,14 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
                       [[_kname(m["name"]), m["category"], num(m["baseline_us"]), num(m["candidate_us"]), num(m["delta_us"], sign=True), m["status"],
                         _example(m)] for m in movers],
                       align="llrrrll", caption="top movers, µs per iteration", name_cols=(0, 6))]
-    for key, what in (("kernels_added", "added"), ("kernels_removed", "removed")):
+    for key, change in (("kernels_added", "added"), ("kernels_removed", "removed")):
         ks = diff.get(key) or []
         total = diff.get(f"{key}_total", len(ks))
         if ks:
             ktables.append(_table([f"{W['kernel']} (normalized)", "category", "per iteration", "µs per iteration", "full name, e.g."],
                                   [[_kname(k["name"]), k["category"], num(k["count_per_iteration"], RATE), num(k["us_per_iteration"]), _example(k)]
                                    for k in ks[:MAX_ROWS]],
-                                  align="llrrl", caption=f"{total} {W['kernel']}(s) {what}", name_cols=(0, 4), collapsed=True,
+                                  align="llrrl", caption=f"{total} {W['kernel']}(s) {change}", name_cols=(0, 4), collapsed=True,
                                   more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
     out.append(_section(f"{prefix}-kernels", f"Top {W['kernels_plain']}", tables=ktables))
     curves = _curve_section(f"{prefix}-throughput", [(lb, throughput_points((diff.get("manifests") or {}).get("baseline"))),

@@ -102,8 +102,8 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         elif ee.get("ok") and not ee.get("judged", True):  # nothing judged: no "passed"
             out.append(f"ℹ️ Expected-effect check {md_escape(ee['threshold'])}.")
         elif ee.get("ok"):
-            cats = ", ".join(md_escape(x) for x in ee["categories"]) or "none (idle and launch time only)"
-            out.append(f"✅ Expected-effect check passed: no change outside {md_escape(opt)}'s categories ({cats}) beyond "
+            owned = ", ".join(md_escape(x) for x in ee["categories"]) or "none (idle and launch time only)"
+            out.append(f"✅ Expected-effect check passed: no change outside {md_escape(opt)}'s categories ({owned}) beyond "
                        f"{md_escape(ee['threshold'])}.")
         else:
             if ee.get("against"):
@@ -167,8 +167,8 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
                                                 "memcpy_h2d", "bubble_count")}
     rows = [[lab, num(diff["counts"][k]["baseline"], COUNT), num(diff["counts"][k]["candidate"], COUNT), num(diff["counts"][k]["delta"], COUNT, sign=True),
              _noise_mark(diff, f"counts.{k}")] for k, lab in labels.items()]
-    tl = {"launch_us": "launch host µs", "sync_us": "sync blocked µs", "bubble_us": "bubble µs"}
-    for k, lab in tl.items():
+    timing_labels = {"launch_us": "launch host µs", "sync_us": "sync blocked µs", "bubble_us": "bubble µs"}
+    for k, lab in timing_labels.items():
         t = (diff.get("timings") or {}).get(k)
         if t:
             rows.append([lab, num(t["baseline"]), num(t["candidate"]), num(t["delta"], sign=True), ""])

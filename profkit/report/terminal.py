@@ -100,10 +100,10 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int, warnings: 
             vals = [i[key] for i in its if i[key] is not None]
             label = capture_view.mark(label, health.doubted(summary.get("health"), key))
             t.add_row(label, _num(m[key], d), _num(min(vals), d) if vals else "-", _num(max(vals), d) if vals else "-")
-        for d in ("h2d", "d2h", "d2d"):
-            vals = [i["memcpy"][d] for i in its]
+        for way in ("h2d", "d2h", "d2d"):
+            vals = [i["memcpy"][way] for i in its]
             if any(vals):
-                t.add_row(f"memcpy {d}", _num(m["memcpy"][d], COUNT), _num(min(vals), COUNT), _num(max(vals), COUNT))
+                t.add_row(f"memcpy {way}", _num(m["memcpy"][way], COUNT), _num(min(vals), COUNT), _num(max(vals), COUNT))
         console.print(t)
         cat = m.get("category_us") or {}
         total = sum(cat.values()) or 1.0

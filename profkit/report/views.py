@@ -164,8 +164,8 @@ def profiler_slowdown(diff: Mapping[str, Any], side: str) -> float | None:
     oh = m.get("profiler_overhead") if isinstance(m, Mapping) else None
     if not isinstance(oh, Mapping):
         return None
-    vals = [w.get("slowdown") for w in oh.get("windows") or [oh] if isinstance(w, Mapping)]
-    vals = [float(v) for v in vals if isinstance(v, (int, float))]
+    raw = [w.get("slowdown") for w in oh.get("windows") or [oh] if isinstance(w, Mapping)]
+    vals = [float(v) for v in raw if isinstance(v, (int, float))]
     return statistics.median(vals) if vals else None
 
 

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from functools import lru_cache
-from pathlib import Path
 
 from profkit.errors import TargetError, UsageError
 from profkit.targets.registry import HARDWARE, capability_major, inactive, registry
@@ -280,7 +279,3 @@ def validate(spec: LaunchSpec, python: str | None = None) -> str | None:
     if res[0] is not None:
         raise UsageError(f"SGLang's parser rejects the composed arguments: {res[0]}", hint="check --extra-server-args and the preset")
     return None
-
-
-def sglang_python_exists(path: str | None) -> bool:
-    return path is None or Path(path).exists()

@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from profkit.capture.http import HTTPFailure
@@ -325,7 +325,3 @@ def drive(
             th.join(timeout=0.2)
     result.duration_s = time.perf_counter() - t0
     return result
-
-
-def records_json(result: DriveResult) -> list[dict[str, Any]]:
-    return [asdict(r) for r in result.records]

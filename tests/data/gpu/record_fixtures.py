@@ -886,7 +886,7 @@ def main() -> int:
 
     # --- print
     print()
-    for name, (a, *_rest) in results.items():
+    for name, (_a, *_rest) in results.items():
         ob = expected[name]["observed"]
         print(f"== {name}: per-iteration runtime calls: {ob['runtime_calls_per_iteration']}")
         print(f"   gaps: {ob['gaps']['designed_gap_us_min']}..{ob['gaps']['designed_gap_us_max']} us designed, "

@@ -24,9 +24,9 @@ taken per device and summed (windows and ownership are over all ops of the trace
 
     python3 tests/data/public/expected_public.py [TRACE_OR_DIR ...] [--out FILE]
 
-Without arguments it reads every *.json.gz beside this file and in ../shared/public-traces (the
-folder beside the checkout) and $PROFKIT_PUBLIC_TRACES, and writes expected_public.json beside
-this file. Entries already in that JSON for traces not found this time are kept.
+Without arguments it reads every *.json.gz in ../shared/public-traces (the folder beside the
+checkout; the traces are third-party data and never committed) and $PROFKIT_PUBLIC_TRACES, and
+writes expected_public.json beside this file. Entries already in that JSON for traces not found this time are kept.
 """
 
 from __future__ import annotations
@@ -374,7 +374,7 @@ def main(argv: list[str]) -> int:
         else:
             args.append(Path(a))
     if not args:
-        args = [HERE, HERE.parents[3] / "shared" / "public-traces"]
+        args = [HERE.parents[3] / "shared" / "public-traces"]
         if os.environ.get("PROFKIT_PUBLIC_TRACES"):
             args.append(Path(os.environ["PROFKIT_PUBLIC_TRACES"]))
     files = {}
