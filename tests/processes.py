@@ -83,7 +83,7 @@ def end_started() -> None:
             pass
 
 
-def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+def run_to_end(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     """subprocess.run for a command that may start servers (`profkit trace`, `sweep`): registered with
     `started`, so a failing or hung test still ends it by SIGTERM (profkit then stops its server;
     subprocess.run's own timeout would SIGKILL profkit and orphan the server)."""
