@@ -93,3 +93,15 @@ def hostile(tmp_path_factory):
     cand["manifest"] = HOSTILE_MANIFEST
     d = compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG, labels=("base", "cand <i>"))
     return base, cand, d
+
+
+@pytest.fixture
+def replica_python(tmp_path: Path) -> Path:
+    """A `python` that runs the SGLang replica (tests/sglang_replica) as `sglang`: profkit's --server-python."""
+    from processes import REPLICA
+
+    w = tmp_path / "replica-bin" / "python"
+    w.parent.mkdir()
+    w.write_text(f'#!/bin/sh\nPYTHONPATH="{REPLICA}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" "$@"\n')
+    w.chmod(0o755)
+    return w

@@ -142,7 +142,7 @@ def figures(path: str) -> dict:
     for p, cs in calls_of.items():
         if p not in device_of:
             continue
-        for corr, n in cs:
+        for _corr, n in cs:
             if n in LAUNCH:
                 launch[device_of[p]][n] += 1
 

@@ -87,7 +87,7 @@ def end_started() -> None:
             pass
 
 
-def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+def run_to_end(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     """subprocess.run for a command that may start servers (`profkit trace`, `sweep`): registered with
     `started`, so a failing or hung test still ends it by SIGTERM (profkit then stops its server;
     subprocess.run's own timeout would SIGKILL profkit and orphan the server)."""
@@ -133,3 +133,24 @@ def wait_stage(tmp: Path, stage: str, proc: subprocess.Popen) -> dict:
 def assert_no_leftovers(port: int) -> None:
     """profkit returns once its server's tree is gone: a killed process is only waited to be reaped."""
     assert gone(servers_on(port)) == []
+
+
+# --- the SGLang replica (tests/sglang_replica) ---------------------------------------------------------
+
+REPLICA = Path(__file__).resolve().parent / "sglang_replica"
+
+
+def replica_procs(port: int) -> list[psutil.Process]:
+    """The replica's processes for this port: its main, and the helper started in a session of its own."""
+    return processes(lambda cmd: str(port) in cmd and ("sglang.launch_server" in cmd or "sglang-replica-jit-helper" in cmd))
+
+
+def assert_nothing_left(port: int, pids: list[int] = ()) -> None:
+    """profkit returns once the tree is gone: a killed process is only waited to be reaped."""
+    procs = replica_procs(port)
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    assert gone(procs) == []

@@ -11,10 +11,11 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from processes import HANG_S, SMALL, assert_no_leftovers, free_port, gone, manifests, processes, profkit, servers_on, started, wait_stage, wait_until
+from processes import HANG_S, SMALL, assert_no_leftovers, free_port, manifests, profkit, wait_stage
 
 pytest.importorskip("torch")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from processes import HANG_S, run
+from processes import HANG_S, run_to_end
 
 BLOCK = r"""
 import sys, importlib.abc, runpy
@@ -93,7 +93,7 @@ def test_a_real_capture_runs_without_analysis_packages(tmp_path):
         port = s.getsockname()[1]
     pids = tmp_path / "pids.txt"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(Path(__file__).resolve().parent.parent)]), "PROFKIT_TEST_PIDS": str(pids)}
-    r = run([sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", "--capture-only", "--profile-windows", "1",
+    r = run_to_end([sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", "--capture-only", "--profile-windows", "1",
                         "--isl", "64", "--turns", "2", "--turn-tokens", "16", "--output-tokens", "16", "--num-steps", "4",
                         "--traces-dir", str(tmp_path / "traces"), "--reports-dir", str(tmp_path / "reports"), "--port", str(port)],
                        env=env, cwd=tmp_path)
@@ -121,7 +121,7 @@ def test_a_real_capture_only_run_without_analysis_packages(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(root)}
     argv = [sys.executable, "-c", BLOCK, "trace", "--opt", "topk_v2", "--capture-only", "--isl", "64", "--turns", "3", "--turn-tokens", "16",
             "--output-tokens", "24", "--num-steps", "4", "--profile-windows", "1", "--traces-dir", "traces", "--reports-dir", "reports"]
-    r = run(argv, cwd=tmp_path, env=env)
+    r = run_to_end(argv, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     runs = sorted((tmp_path / "traces").iterdir(), key=lambda d: not d.name.endswith("-before"))
     assert len(runs) == 2 and all(list(d.glob("*.trace.json.gz")) and (d / "manifest.json").is_file() for d in runs)

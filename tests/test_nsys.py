@@ -187,7 +187,7 @@ def make_export(path: Path, *, kernel_table: bool = True, steps: int = 3, kernel
     pid = (1 << 48) | (4242 << 24)
     tid = pid | 4242
     t, corr = 1_000_000, 100
-    for s in range(steps):
+    for _ in range(steps):
         start = t
         for _ in range(kernels_per_step):
             con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 0, ?, ?, 1, 0, NULL)", (t, t + 2_000, tid, corr))

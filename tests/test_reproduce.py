@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from profkit.inputs import infer_optimization
-from processes import run
+from processes import run_to_end
 
 SMALL = ["--isl", "64", "--turns", "3", "--turn-tokens", "16", "--output-tokens", "24", "--num-steps", "5", "--profile-windows", "2"]
 
@@ -49,7 +49,7 @@ def test_printed_command_reproduces_the_attribution(tmp_path):
     pytest.importorskip("torch")
     argv = [sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", *SMALL, "--port", str(_free_port()),
             "--traces-dir", "traces", "--reports-dir", "reports"]
-    p = run(argv, cwd=tmp_path)
+    p = run_to_end(argv, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     line = next(x for x in p.stderr.splitlines() if x.startswith("reproduce the attribution: "))
     cmd = shlex.split(line.split(": ", 1)[1])
@@ -97,7 +97,7 @@ def test_sweep_names_its_steps_and_announces_its_report(tmp_path):
     assert label_slug("+overlap+topk_v2") == "plus-overlap-plus-topk_v2" and label_slug("all-topk_v2") == "all-topk_v2"
     argv = [sys.executable, "-m", "profkit", "sweep", "--opts", "topk_v2,indexer_fusion", "--mode", "ladder", *SMALL[:8],
             "--num-steps", "4", "--profile-windows", "1", "--port", str(_free_port()), "--traces-dir", "traces", "--reports-dir", "reports"]
-    p = run(argv, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "COLUMNS": "160"})
+    p = run_to_end(argv, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "COLUMNS": "160"})
     assert p.returncode == 0, p.stderr
     names = sorted(d.name.split("-ladder-", 1)[1] for d in (tmp_path / "traces").iterdir())
     assert names == ["baseline", "plus-topk_v2", "plus-topk_v2-plus-indexer_fusion"]

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from processes import free_port, manifests, profkit
-from test_sglang_replica import REPLICA, assert_nothing_left, replica_python  # noqa: F401  (fixture)
+from processes import assert_nothing_left
 
 NO_GPU = shutil.which("nvidia-smi") is None
 SMALL = ["--isl", "64", "--turns", "3", "--turn-tokens", "16", "--output-tokens", "24", "--num-steps", "5",

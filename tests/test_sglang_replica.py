@@ -15,42 +15,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import sys
 from pathlib import Path
 
 import psutil
-import pytest
 
-from processes import HANG_S, free_port, gone, manifests, on_teardown, processes, profkit
-
-REPLICA = Path(__file__).resolve().parent / "sglang_replica"
+from processes import HANG_S, assert_nothing_left, free_port, manifests, on_teardown, profkit, replica_procs
 SMALL = ["--isl", "64", "--turns", "3", "--turn-tokens", "16", "--output-tokens", "24", "--num-steps", "6",
          "--health-timeout", "600", "--profile-timeout", "600"]  # guards against a hang, not speed bounds
-
-
-@pytest.fixture
-def replica_python(tmp_path: Path) -> Path:
-    w = tmp_path / "replica-bin" / "python"
-    w.parent.mkdir()
-    w.write_text(f'#!/bin/sh\nPYTHONPATH="{REPLICA}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" "$@"\n')
-    w.chmod(0o755)
-    return w
-
-
-def replica_procs(port: int) -> list[psutil.Process]:
-    """The replica's processes for this port: its main, and the helper started in a session of its own."""
-    return processes(lambda cmd: str(port) in cmd and ("sglang.launch_server" in cmd or "sglang-replica-jit-helper" in cmd))
-
-
-def assert_nothing_left(port: int, pids: list[int] = ()) -> None:
-    """profkit returns once the tree is gone: a killed process is only waited to be reaped."""
-    procs = replica_procs(port)
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    assert gone(procs) == []
 
 
 def complete_trace(path: Path) -> dict:

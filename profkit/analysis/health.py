@@ -121,7 +121,6 @@ def _cut_markers(trace: Any, win: pl.DataFrame, stubs_dropped: int) -> dict[str,
     """Marker spans cut by the profiler's stop: those the iteration finder dropped (when it does),
     plus a last iteration still standing that has no engine step span inside while the others do
     (SGLang 0.5.23's stub run_batch, which the finder keeps unless told otherwise)."""
-    import polars as pl
 
     kept = 0
     if win.height >= 2:

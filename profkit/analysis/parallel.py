@@ -68,8 +68,7 @@ def _store_analysis(f: Any, a: RankAnalysis, n_ingest_warnings: int, rank_from_t
         "t0_ns": a.t0_ns, "warnings": list(a.warnings), "device_timeline": a.device_timeline, "input_sha256": a.input_sha256,
         "n_ingest_warnings": n_ingest_warnings, "outside": dict(a.outside), "device_records": a.device_records,
         "graph_capture": a.graph_capture, "stub_markers": a.stub_markers,
-        "source": a.source,
-        "graph_capture": a.graph_capture, "overlap_slack": a.overlap_slack, "capture": a.capture,
+        "source": a.source, "overlap_slack": a.overlap_slack, "capture": a.capture,
         "speculative": a.speculative,
         # small (iterations x phases): kept with the fields rather than as a frame of its own
         "phases": [list(r) for r in a.phases.select("iteration", "phase", "dur_ns").iter_rows()],

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from profkit.cli.common import check_strict, command, err, out, safe_name
-from profkit.cli.options import OUTPUT, Captures, JsonOut, Cdn, CatalogOpt, Marker, MinBubble, Output, Strict, Top, Window
+from profkit.cli.options import OUTPUT, Captures, JsonOut, Cdn, CatalogOpt, Marker, MinBubble, Strict, Top, Window
 from profkit.errors import TraceInputError, UsageError
 
 

@@ -379,7 +379,7 @@ def read_all(f: TraceFile) -> dict[str, Any]:
     keys = p.ranks or [RankKey(0, None)]
     out: dict[str, Any] = {}
     for rank, key in enumerate(keys):
-        mine = (lambda df: df.filter(pl.col("proc") == key.process)) if key.process is not None else (lambda df: df)
+        mine = (lambda df, key=key: df.filter(pl.col("proc") == key.process)) if key.process is not None else (lambda df: df)
         g = mine(gpu).filter(pl.col("device") == key.device)
         siblings = [k for k in keys if k.process == key.process]
         c = mine(calls)
