@@ -30,6 +30,7 @@ def _path(f: Any) -> Path:
 
 
 def _cached_analysis(f: Any, default_rank: int, options: dict[str, Any]) -> tuple[RankAnalysis, int] | None:
+    from profkit.analysis.owned import owned_by
     from profkit.ingest import cache as pcache
 
     path = _path(f)
@@ -51,6 +52,8 @@ def _cached_analysis(f: Any, default_rank: int, options: dict[str, Any]) -> tupl
         input_sha256=f["input_sha256"], phases=phases, outside={k: int(v) for k, v in f["outside"].items()},
         device_records=f["device_records"], graph_capture=f.get("graph_capture"), **frames,
     )
+    # time by ownership: derived from the stored owned ops (their category, phase and times), not stored again
+    a.owned_categories, a.owned_phases = owned_by(a.ops, "category"), owned_by(a.ops, "phase")
     return a, int(f["n_ingest_warnings"])
 
 
