@@ -65,6 +65,7 @@ class RunOptions:
     capture_only: bool = field(default=False, metadata=option("--capture-only", help="Record traces and manifests only; analyze later with `profkit diff RUN_A RUN_B` (for GPU boxes without the analysis packages)."))
     nsys: bool = field(default=False, metadata=option("--nsys", help="Wrap the server in `nsys profile --capture-range=cudaProfilerApi` and open the window with the CUDA_PROFILER activity (writes .nsys-rep; implies --capture-only)."))
     fit_context: bool = field(default=False, metadata=option("--fit-context", help="Trim the oldest history (the first prompt) so every turn fits the server's context length, instead of refusing the run."))
+    alternate: Optional[bool] = field(default=None, metadata=option("--alternate/--sequential", help="Record the runs side by side, their unprofiled repeats and profile windows alternating (A B A B), so load drift lands on every side (default on the proxy); --sequential: one run after the other (default on sglang, where a server costs minutes and a GPU)."))
     accept_length: Optional[float] = field(default=None, metadata=option("--accept-length", help="sglang: fix the speculative accept length (SGLANG_SIMULATE_ACC_LEN; the study's Figure 8 used 5). Random token ids otherwise give whatever the model makes of noise."))
 
 
@@ -141,6 +142,8 @@ def _config(o: RunOptions) -> RunConfig:
         port=o.port, traces_dir=o.traces_dir, reports_dir=o.reports_dir, marker=o.marker, min_bubble_us=o.min_bubble_us, catalog=o.catalog,
         capture_only=o.capture_only or o.nsys, nsys=o.nsys, base=o.base, fit_context=o.fit_context, accept_length=o.accept_length,
         warmup=o.warmup,
+        capture_order="alternating" if (o.alternate if o.alternate is not None else target == "proxy") and not o.nsys and o.port is None
+        else "sequential",
     )
     return _windows(cfg, o.profile_windows)
 
@@ -170,6 +173,28 @@ def _run(cfg: RunConfig, states: dict[str, bool], run_id: str, label: str, progr
     progress.stop_task(task)
     for w in res.manifest.get("warnings") or []:  # no-op switches, --fit-context trims, an uncontrolled accept length
         err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}", soft_wrap=True)
+    return res
+
+
+def _run_all(cfg: RunConfig, jobs: list[tuple[dict[str, bool], str, str]], progress: Progress) -> list[RunResult]:
+    """The runs of one command: side by side, alternating (cfg.capture_order "alternating"), or one after the other."""
+    if cfg.capture_order != "alternating" or len(jobs) < 2:
+        return [_run(cfg, states, run_id, label, progress) for states, run_id, label in jobs]
+    from profkit.capture.run import run_interleaved
+
+    tasks = {label: progress.add_task(escape(label), total=None) for _, _, label in jobs}
+
+    def say(s: str) -> None:
+        label = max((lb for lb in tasks if s.startswith(lb + ":")), key=len, default=None)  # "all" vs "all-topk_v2"
+        if label is not None:
+            progress.update(tasks[label], description=escape(s))
+
+    res = run_interleaved([(cfg, states, run_id, label) for states, run_id, label in jobs], progress=say)
+    for (_, _, label), r in zip(jobs, res):
+        progress.update(tasks[label], description=escape(f"{label}: done -> {r.summary_path}"))
+        progress.stop_task(tasks[label])
+        for w in r.manifest.get("warnings") or []:
+            err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}", soft_wrap=True)
     return res
 
 
@@ -245,8 +270,8 @@ def trace(opt: Opt, options: RunOptions) -> None:
     _sigterm_as_interrupt()
     stamp = _stamp()
     with _progress_runner() as progress:
-        before = _run(cfg, s_base, f"{stamp}-{target}-base{base}-{tag}-before", "baseline", progress)
-        after = _run(cfg, s_cand, f"{stamp}-{target}-base{base}-{tag}-after", f"candidate ({tag})", progress)
+        before, after = _run_all(cfg, [(s_base, f"{stamp}-{target}-base{base}-{tag}-before", "baseline"),
+                                       (s_cand, f"{stamp}-{target}-base{base}-{tag}-after", f"candidate ({tag})")], progress)
     if capture_only:
         out.print(f"captured; attribute with: profkit diff {before.trace_dir} {after.trace_dir} --opt {tag} --html report.html", soft_wrap=True)
         return
@@ -327,8 +352,8 @@ def sweep(
     doc: dict[str, Any] = {"schema_version": 1, "kind": "sweep", "mode": mode, "base": base, "target": target, "optimizations": chosen, "runs": [],
                            "attribution": [], "status": "running"}
     with _progress_runner() as progress:
-        for label, states, _, _ in plan:
-            res = _run(cfg, states, f"{stamp}-{target}-{mode}-{label_slug(label)}", label, progress)
+        ran = _run_all(cfg, [(states, f"{stamp}-{target}-{mode}-{label_slug(label)}", label) for label, states, _, _ in plan], progress)
+        for (label, states, _, _), res in zip(plan, ran):
             results[label] = res
             doc["runs"].append({"label": label, "run_id": res.run_id, "states": states, "summary": str(res.summary_path),
                                 "throughput": res.manifest.get("throughput")})

@@ -74,16 +74,16 @@ def topk_v2(scores: torch.Tensor, lengths: torch.Tensor, k: int,
     n = shape[-1]
     kk = min(k, n)
     dev = scores.device
-    pos = torch.arange(n, device=dev)
-    valid = pos < lengths.unsqueeze(-1)
-    key = scores.float().masked_fill(~valid, float("-inf")) + 0.0  # + 0.0: -0.0 == +0.0, as the sort sees them
     if kk == 0:
         return torch.full(shape[:-1] + (0,), -1, dtype=torch.int64, device=dev)
+    pos = torch.arange(n, device=dev)
+    # past a row's length: -inf, below every score (IEEE compares -0.0 == +0.0, as the sort orders them)
+    key = scores.float().masked_fill(pos >= lengths.unsqueeze(-1), float("-inf"))
     thr = key.kthvalue(n - kk + 1, dim=-1, keepdim=True).values  # the kk-th largest, by quickselect (-inf: a short row)
-    above = valid & (key > thr)
-    need = lengths.clamp(min=0, max=kk).unsqueeze(-1) - above.sum(-1, keepdim=True)
-    tie = valid & (key == thr)
-    sel = above | (tie & (tie.cumsum(-1) <= need))  # ties at the threshold: lowest indices first
+    above = key > thr
+    # ties at the threshold, lowest indices first, up to the row's need (0 in a short row: its -inf padding ties)
+    tie = key == thr
+    sel = above | (tie & (tie.cumsum(-1) <= lengths.clamp(max=kk).unsqueeze(-1) - above.sum(-1, keepdim=True)))
     # emit, compacted in index order, with the index -> slot translation fused into the scatter
     dst = torch.where(sel, sel.cumsum(-1) - 1, kk)
     src = pos.expand(shape) if slot_table is None else slot_table.expand(shape)

@@ -61,7 +61,18 @@ def statistic_note(diff: Mapping[str, Any]) -> str:
              "inside the windows that the compared iterations' own work does not account for" if dec.get("basis") == "ownership" else
              "; categories by the clock (the summaries predate time by ownership: re-run profkit analyze to split out the backlog)"
              if dec.get("basis") == "clock" else "")
-    return what + basis + "."
+    return what + basis + order_note(diff) + "."
+
+
+def order_note(diff: Mapping[str, Any]) -> str:
+    """How the two sides were recorded (the manifests' capture_order), as a clause; "" when unknown."""
+    ms = diff.get("manifests") or {}
+    orders = {m.get("capture_order") for m in (ms.get("baseline"), ms.get("candidate")) if isinstance(m, Mapping)}
+    if orders == {"alternating"}:
+        return "; the sides were recorded side by side, their repeats and profile windows alternating (A B A B)"
+    if orders == {"sequential"}:
+        return "; one side was recorded after the other (sequential: load drift between them is not evened out)"
+    return ""
 
 
 THROUGHPUT_KEYS = (
