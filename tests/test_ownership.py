@@ -125,3 +125,24 @@ def test_owned_category_time_agrees_with_a_plain_count(run):
         # and by ownership the categories add up to the owned GPU time (their union) plus the owned overlap
         for i in its:
             assert sum(i["owned_category_us"].values()) - i["owned_overlap_us"] == pytest.approx(i["owned_gpu_us"], abs=0.002)
+
+
+def test_windows_that_disagree_are_not_judged():
+    """DESIGN.md "Judged, or not judged": a side whose profile windows disagree by more than the instability
+    rule (2x in mean GPU window) gets no verdict, whatever the spreads; the median statistic and the exact
+    per-window identity are unaffected."""
+    from fractions import Fraction as F
+
+    from profkit.attribution.windows import decomposition, unstable_windows
+
+    def w(window, topk):  # one window's exact means: topk plus idle make up the window, no backlog
+        return {"gpu_window_us": F(window), "category_us.topk": F(topk), "idle_us_by_cause.launch": F(window - topk),
+                "overlap_us": F(0), "backlog_us": F(0)}
+
+    base, cand = [w(1000_000, 400_000), w(1100_000, 410_000), w(2500_000, 420_000)], [w(900_000, 300_000)] * 3
+    why = unstable_windows(base, cand, 2.0)
+    assert why and "baseline" in why and "2.5×" in why
+    d = decomposition(base, cand, "ownership", unstable=why)
+    assert d["judged"] is False and d["spread_us"]["category_us"]["topk"] is None
+    assert d["category_us"]["topk"] == -110.0 and all(p["exact"] for p in d["per_window"])
+    assert unstable_windows(base[:2], cand, 2.0) is None and decomposition(base[:2], cand[:2], "ownership")["judged"] is True

@@ -34,7 +34,7 @@ from profkit.ingest.identity import short_label
 from profkit.errors import NothingToAnalyze, UsageError
 from profkit.findings import idle_cpu_ops, largest_bubbles
 from profkit.terms import CAUSES
-from profkit.attribution.windows import basis_of, decomposition as window_decomposition, flat_means, judged, window_statistic, within
+from profkit.attribution.windows import basis_of, decomposition as window_decomposition, flat_means, judged, unstable_windows, window_statistic, within
 
 DIFF_SCHEMA_VERSION = 1
 IDLE_KEYS = (*CAUSES, "short_gaps")
@@ -305,7 +305,7 @@ def _window_flat(its: Sequence[Mapping[str, Any]], basis: str) -> dict[str, Frac
     return out
 
 
-def _noise(st: Mapping[str, Any], nb: int, nc: int) -> dict[str, Any]:
+def _noise(st: Mapping[str, Any], nb: int, nc: int, unstable: str | None = None) -> dict[str, Any]:
     """diff.json's ``noise``: per metric, each side's median and spread over its windows, the change
     (median over paired windows of the per-window change: the figure every renderer shows) and the
     noise it is judged against (the larger spread)."""
@@ -315,6 +315,9 @@ def _noise(st: Mapping[str, Any], nb: int, nc: int) -> dict[str, Any]:
             "repeats": {"baseline": nb, "candidate": nc},
             "note": "not judged: one profile window per side, so no noise estimate; profile with --profile-windows N (N >= 2)",
         }
+    if unstable:
+        return {"available": False, "unstable": True, "repeats": {"baseline": nb, "candidate": nc},
+                "note": f"not judged: unstable ({unstable}); profile on a quieter machine, or with more iterations per window (--num-steps)"}
     metrics: dict[str, Any] = {}
     for k, m in st.items():
         metrics[k] = {
@@ -367,7 +370,7 @@ def _backlog_drift_ns(windows: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]
 
 
 def _expected_effect(opt: str | None, catalog: Any, st: Mapping[str, Any], use_noise: bool,
-                     drift_ns: Fraction = Fraction(0), *, clock: bool = False) -> dict[str, Any] | None:
+                     drift_ns: Fraction = Fraction(0), *, clock: bool = False, unstable: str | None = None) -> dict[str, Any] | None:
     """The expected-effect check on the statistic `st` (attribution/windows.window_statistic: every
     figure the median over paired windows of the per-window change, judged against the larger
     spread): the optimization's own terms first, then what else moved beyond the noise. Nothing is
@@ -447,11 +450,13 @@ def _expected_effect(opt: str | None, catalog: Any, st: Mapping[str, Any], use_n
         "judged": use_noise,
         "threshold": (f"the noise (spread over profile windows) and {_us(floor):,.1f} µs (1 µs, {MATERIAL_SHARE:.0%} of the baseline's GPU window)" if not clock or drift_ns <= ABS_THRESHOLD_NS else
                       f"the noise (spread over profile windows) and the GPU backlog's drift ({_us(drift_ns):,.1f} µs per iteration)")
-                     if use_noise else "not judged: one profile window per side (no noise estimate)",
+                     if use_noise else (f"not judged: unstable ({unstable})" if unstable else "not judged: one profile window per side (no noise estimate)"),
         "backlog_drift_us": _us(drift_ns),
         "own": own, "against": against, "beyond_noise": beyond_noise, "floor_us": _us(floor),
         # None when not judged: no pass, no fail
-        "changes": changes, "flags": flags, "ok": (not flags and not against) if use_noise else None,
+        # a pass only when judged, nothing against it, and its own effect seen beyond the noise; None: no pass, no fail
+        "changes": changes, "flags": flags,
+        "ok": None if not use_noise else False if (flags or against) else True if any(t["as_expected"] for t in own) else None,
     }
 
 
@@ -563,8 +568,13 @@ def compare_summaries(
                         "the clock and the GPU's backlog cannot be split from them; re-run `profkit analyze` on the traces to split it")
     fb, fc = [_window_flat(its, basis) for its in wb], [_window_flat(its, basis) for its in wc]
     st = window_statistic(fb, fc)
-    use_noise = judged(fb, fc)
-    decomposition = window_decomposition(fb, fc, basis)
+    # not judged either when a side's profile windows disagree by more than the instability rule (DESIGN.md "Judged, or
+    # not judged"); iterations swinging inside a window (stability) stay a warning: owned time per iteration does not
+    # depend on how long its window was
+    stab = {"baseline": _stability(win_b), "candidate": _stability(win_c)}
+    unstable = unstable_windows(fb, fc, UNSTABLE_RATIO)
+    use_noise = judged(fb, fc) and unstable is None
+    decomposition = window_decomposition(fb, fc, basis, unstable=unstable)
     if not decomposition["exact"]:
         warnings.append(f"the decomposition leaves up to {decomposition['residual_us']:+.3f} µs unexplained in a profile window: an input "
                         "summary breaks window = busy + idle")
@@ -602,7 +612,7 @@ def compare_summaries(
     movers.sort(key=lambda m: (-abs(m["delta_us"]), m["name"]))
 
     # --- noise and expected effect ------------------------------------------------------------
-    noise = _noise(st, len(fb), len(fc))
+    noise = _noise(st, len(fb), len(fc), unstable)
     drift_b, drift_c = _backlog_drift_ns(win_b), _backlog_drift_ns(win_c)
     drift = drift_b + drift_c
     gw = st.get("gpu_window_us") or {}
@@ -615,7 +625,7 @@ def compare_summaries(
             warnings.append(f"the GPU's backlog moved during the compared iterations (GPU-bound, the host ahead): {_us(drift_b):,.1f} µs "
                             f"per iteration on the baseline, {_us(drift_c):,.1f} on the candidate; time by the clock inside a window "
                             f"then misses or gains that much of each iteration's work, so category changes below {_us(drift):,.1f} µs are not flagged")
-    expected = _expected_effect(opt, catalog, st, use_noise, drift, clock=basis == "clock")
+    expected = _expected_effect(opt, catalog, st, use_noise, drift, clock=basis == "clock", unstable=unstable)
     if bool(cb.get("graph_launches")) != bool(cc.get("graph_launches")):  # eager on one side, graph replay on the other
         warnings.append("one side replays CUDA graphs and the other launches eagerly: a replayed kernel is recorded a little longer "
                         "than the same kernel launched from a stream, though it runs no longer (on an H200, +0.12 µs for a 1.3 µs "
@@ -649,7 +659,7 @@ def compare_summaries(
         "top_movers": movers[:TOP_MOVERS],
         "expected_effect": expected,
         "noise": noise,
-        "stability": {"baseline": _stability(win_b), "candidate": _stability(win_c)},
+        "stability": stab,
         "warnings": warnings,
         # for reports, so that `profkit report diff.json` needs nothing else
         "timelines": {"baseline": rb.get("timeline"), "candidate": rc.get("timeline")},

@@ -124,6 +124,17 @@ def window_statistic(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapp
     return out
 
 
+def unstable_windows(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapping[str, Fraction]], ratio: float) -> str | None:
+    """A sentence when one side's windows disagree by more than `ratio` (max/min of their mean GPU window), else None."""
+    bad = []
+    for side, ws in (("baseline", base), ("candidate", cand)):
+        v = [w.get("gpu_window_us", Fraction(0)) for w in ws]
+        if len(v) > 1 and min(v) > 0 and max(v) / min(v) > Fraction(ratio):
+            bad.append(f"the {side}'s profile windows disagree {float(max(v) / min(v)):.1f}× (mean GPU window "
+                       f"{float(min(v)) / 1000:,.0f}–{float(max(v)) / 1000:,.0f} µs)")
+    return "; ".join(bad) or None
+
+
 def judged(base: Sequence[Any], cand: Sequence[Any]) -> bool:
     """Whether a noise estimate exists: a window on each side and at least two on one."""
     return bool(base) and bool(cand) and max(len(base), len(cand)) >= 2
@@ -134,12 +145,13 @@ def within(delta: Fraction, noise: Fraction) -> bool:
     return delta == 0 or abs(delta) < noise
 
 
-def decomposition(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapping[str, Fraction]], basis: str) -> dict[str, Any]:
+def decomposition(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapping[str, Fraction]], basis: str, *,
+                  unstable: str | None = None) -> dict[str, Any]:
     """diff.json's ``decomposition``: every term as the statistic (median over paired windows of the
     per-window change), its noise beside it (None when not judged), each pair's exact terms and
     residual, and each side's medians over its windows."""
     st = window_statistic(base, cand)
-    use_noise = judged(base, cand)
+    use_noise = judged(base, cand) and unstable is None  # unstable windows: not judged, whatever their spread
     cats = sorted(k.split(".", 1)[1] for k in st if k.startswith("category_us."))
     phases = sorted(k.split(".", 1)[1] for k in st if k.startswith("phase_us."))
     z = {"delta": Fraction(0), "noise": Fraction(0), "baseline": Fraction(0), "candidate": Fraction(0), "per_window": []}
@@ -182,6 +194,7 @@ def decomposition(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapping
     n = len(per_window)
     g = get("gpu_window_us")
     return {
+        "unstable": unstable,
         "statistic": (f"median over {n} profile windows of the per-window change" if n > 1 else
                       "mean over the compared iterations (one profile window a side)"),
         "basis": basis,

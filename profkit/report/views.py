@@ -61,7 +61,8 @@ def statistic_note(diff: Mapping[str, Any]) -> str:
              "inside the windows that the compared iterations' own work does not account for" if dec.get("basis") == "ownership" else
              "; categories by the clock (the summaries predate time by ownership: re-run profkit analyze to split out the backlog)"
              if dec.get("basis") == "clock" else "")
-    return what + basis + order_note(diff) + "."
+    unstable = f"; not judged: unstable ({dec['unstable']})" if dec.get("unstable") else ""
+    return what + basis + order_note(diff) + unstable + "."
 
 
 def order_note(diff: Mapping[str, Any]) -> str:
@@ -128,6 +129,8 @@ def _own_text(t: Mapping[str, Any]) -> str:
 
 
 def _why_not_judged(diff: Mapping[str, Any]) -> str:
+    if (diff.get("noise") or {}).get("unstable"):
+        return "the windows are unstable"
     r = (diff.get("noise") or {}).get("repeats") or {}
     n = max(r.get("baseline") or 0, r.get("candidate") or 0)
     return "one profile window a side, no noise estimate" if n < 2 else "the windows disagree"
@@ -137,6 +140,8 @@ def what_to_run(diff: Mapping[str, Any]) -> str:
     """What would make an unjudged change judged, for the headline."""
     noise = diff.get("noise") or {}
     r = noise.get("repeats") or {}
+    if noise.get("unstable"):
+        return "on a quieter machine, or with more iterations per window (--num-steps)"
     if max(r.get("baseline") or 0, r.get("candidate") or 0) < 2:
         return "with --profile-windows 3"
     return "on a quieter machine, or with --profile-windows 5"
