@@ -100,13 +100,19 @@ def verdict(diff: dict[str, Any]) -> dict[str, Any]:
             "identity_residual_us": diff["decomposition"]["residual_us"], "basis": diff["decomposition"].get("basis")}
 
 
-def read(recs: list[Path], catalog_name: str = "proxy") -> dict[str, Any]:
+def read(recs: list[Path], catalog_name: str = "proxy", reuse: bool = False) -> dict[str, Any]:
     from profkit.attribution.diff import compare_summaries
     from profkit.catalog import load_catalog
 
     cat = load_catalog(catalog_name)
     per_opt: dict[str, list[dict[str, Any]]] = {}
     for rec in recs:
+        cached = rec / "repro_rows.json"  # one recording's rows, kept beside it (`read` again is then instant)
+        if cached.is_file() and reuse:
+            for opt, row in json.loads(cached.read_text()).items():
+                per_opt.setdefault(opt, []).append(row)
+            continue
+        rows_here: dict[str, dict[str, Any]] = {}
         runs = run_folders(rec)
         if "all" not in runs:
             print(f"{rec}: no run folder ending in -all; skipped", file=sys.stderr)
@@ -119,8 +125,15 @@ def read(recs: list[Path], catalog_name: str = "proxy") -> dict[str, Any]:
             base = windows(path, cat)
             d = compare_summaries(base[0], cand[0], opt=opt, catalog=cat, baseline_repeats=base, candidate_repeats=cand,
                                   labels=(f"{rec.name}/{name}", f"{rec.name}/all"))
-            per_opt.setdefault(opt, []).append({"recording": str(rec), **own_figure(d, opt), **verdict(d),
-                                                "order": (d.get("manifests") or {}).get("candidate", {}).get("capture_order")})
+            row = {"recording": str(rec), **own_figure(d, opt), **verdict(d),
+                   "order": ((d.get("manifests") or {}).get("candidate") or {}).get("capture_order")}
+            per_opt.setdefault(opt, []).append(row)
+            rows_here[opt] = row
+        if reuse:
+            try:
+                cached.write_text(json.dumps(rows_here, default=str))
+            except OSError:
+                pass
     out: dict[str, Any] = {}
     for opt, rows in sorted(per_opt.items()):
         ds = [r["delta_us"] for r in rows]
@@ -190,6 +203,7 @@ def main() -> None:
     r = sub.add_parser("read")
     r.add_argument("recordings", nargs="+", type=Path)
     r.add_argument("--json", type=Path)
+    r.add_argument("--reuse", action="store_true", help="keep each recording's rows in <recording>/repro_rows.json and reuse them")
     w = sub.add_parser("run")
     w.add_argument("--k", type=int, default=5)
     w.add_argument("--opts", default="topk_v2,indexer_fusion,index_share")
@@ -203,7 +217,7 @@ def main() -> None:
         recs = record(a.k, a.opts, a.out, a.loaded, a.extra)
     else:
         recs = a.recordings
-    res = read(recs)
+    res = read(recs, reuse=getattr(a, "reuse", False) or a.cmd == "run")
     show(res)
     if a.json:
         a.json.write_text(json.dumps({"recordings": [str(p) for p in recs], "results": res}, indent=1, default=str) + "\n")
