@@ -308,7 +308,7 @@ def _window_flat(its: Sequence[Mapping[str, Any]], basis: str) -> dict[str, Frac
 def _noise(st: Mapping[str, Any], nb: int, nc: int, unstable: str | None = None) -> dict[str, Any]:
     """diff.json's ``noise``: per metric, each side's median and spread over its windows, the change
     (median over paired windows of the per-window change: the figure every renderer shows) and the
-    noise it is judged against (the larger spread)."""
+    noise it is judged against (the largest spread: either side's windows, or the per-window changes)."""
     if not judged(range(nb), range(nc)):
         return {
             "available": False,
@@ -332,7 +332,8 @@ def _noise(st: Mapping[str, Any], nb: int, nc: int, unstable: str | None = None)
         "repeats": {"baseline": nb, "candidate": nc},
         "statistic": "median over paired profile windows (window i of each side) of the per-window change",
         "note": "per metric: each side's median and spread (max - min) over its profile windows; the change is the median over "
-                "paired windows of the per-window change, within noise when smaller than the larger spread (or none at all)",
+                "paired windows of the per-window change, within noise when smaller than the largest spread (either side's, or "
+                "that of the per-window changes) or none at all",
         "metrics": metrics,
     }
 

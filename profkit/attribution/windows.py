@@ -14,7 +14,8 @@ Pure: lists of summary.json iterations in, plain dicts out (exact Fractions of i
 * **Per window, then the median.** Each side's profile windows give exact means over their compared
   iterations; window i of the baseline is paired with window i of the candidate (recorded next to
   each other when the windows alternate, A B A B); a term's change is the median over the pairs of
-  the per-window change, and its noise is the larger spread (max - min) of the two sides' windows.
+  the per-window change, and its noise is the largest spread (max - min): of either side's windows, or of the
+  per-window changes themselves.
   Every pair's terms add up exactly; medians of terms need not add up, so the identity is checked
   per window.
 """
@@ -109,7 +110,7 @@ def _median(vals: Sequence[Fraction]) -> Fraction:
 
 def window_statistic(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapping[str, Fraction]]) -> dict[str, Any]:
     """Per key: each side's median over its windows (and spread), the median over paired windows of
-    the per-window change, the noise (the larger spread), and the pairs' own changes. `base` and
+    the per-window change, the noise (the largest spread), and the pairs' own changes. `base` and
     `cand` are per-window flat means (`flat_means`), in recording order."""
     keys = sorted({k for m in (*base, *cand) for k in m})
     pairs = list(zip(base, cand))
@@ -119,8 +120,11 @@ def window_statistic(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapp
         cv = [m.get(k, Fraction(0)) for m in cand]
         d = [c.get(k, Fraction(0)) - b.get(k, Fraction(0)) for b, c in pairs]
         sb, sc = max(bv) - min(bv), max(cv) - min(cv)
+        sd = max(d) - min(d) if d else Fraction(0)
+        # the noise: the larger of either side's spread over its windows and the spread of the per-window changes
+        # themselves (a change that one pair of windows shows and another does not is not established)
         out[k] = {"baseline": _median(bv), "candidate": _median(cv), "baseline_spread": sb, "candidate_spread": sc,
-                  "delta": _median(d), "noise": max(sb, sc), "per_window": d}
+                  "delta_spread": sd, "delta": _median(d), "noise": max(sb, sc, sd), "per_window": d}
     return out
 
 

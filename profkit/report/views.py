@@ -54,7 +54,8 @@ def statistic_note(diff: Mapping[str, Any]) -> str:
     dec = diff["decomposition"]
     n = dec.get("windows") or 1
     what = (f"Each term is the median over {n} paired profile windows of the per-window change, with the noise it is judged "
-            "against (the larger spread of a side's windows); each window's terms add up exactly to its change (residual), "
+            "against (the largest spread: of a side's windows, or of the per-window changes); each window's terms add up exactly "
+            "to its change (residual), "
             "their medians need not" if n > 1 else
             "Each term is the mean change over the compared iterations of one profile window a side: not judged (no noise estimate)")
     basis = (f"; categories, phases and overlap by ownership (each iteration's own {dev} work), the backlog is the {dev} time "
