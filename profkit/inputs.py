@@ -58,7 +58,7 @@ def is_diff_doc(doc: Any) -> bool:
     return isinstance(doc, dict) and "decomposition" in doc and "baseline" in doc and "candidate" in doc
 
 
-SUMMARY_SCHEMA_READ = 2  # the newest summary.json schema this profkit reads (it reads every older one)
+SUMMARY_SCHEMA_READ = 3  # the newest summary.json schema this profkit reads (it reads every older one)
 
 
 def check_summary(doc: Any, path: Path) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def check_summary(doc: Any, path: Path) -> dict[str, Any]:
                               hint="write one with `profkit analyze TRACE --json summary.json`, or pass the trace itself")
     v = doc.get("schema_version")
     if not isinstance(v, int) or v > SUMMARY_SCHEMA_READ:
-        raise TraceInputError(f"{path}: summary.json schema version {v!r}; this profkit reads versions 1 and 2",
+        raise TraceInputError(f"{path}: summary.json schema version {v!r}; this profkit reads versions 1 to 3",
                               hint="upgrade profkit, or re-run `profkit analyze` with this version")
     for r in doc["ranks"]:
         if not isinstance(r, dict) or not isinstance(r.get("iterations"), list):

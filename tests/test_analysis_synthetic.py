@@ -94,7 +94,7 @@ def test_sync_direction_and_trigger(analysis):
 
 def test_summary_json_fields(analysis):
     s = build_summary([analysis])
-    assert s["schema_version"] == 2
+    assert s["schema_version"] == 3
     r = s["ranks"][0]
     it1 = r["iterations"][1]
     assert it1["bubble_us_by_cause"] == {"sync": 25.0, "launch": 0.0, "iteration_boundary": 120.0, "gpu_wait": 25.0}

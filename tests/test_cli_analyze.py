@@ -48,7 +48,7 @@ def test_json_to_stdout_is_pure_json(tmp_path):
     t = build().write(tmp_path / "t.json")
     p = subprocess.run([sys.executable, "-m", "profkit", "analyze", str(t), "--json", "-"], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout)["schema_version"] == 2
+    assert json.loads(p.stdout)["schema_version"] == 3
     assert "per iteration" in p.stderr
 
 

@@ -72,7 +72,7 @@ def test_two_single_gpu_runs_are_analyzed_separately_without_stragglers(tmp_path
     assert ok.returncode == 0, ok.stderr
     for name in ("eager_sync", "graph_decode"):
         s = check_summary(json.loads((tmp_path / "out" / f"{name}.summary.json").read_text()), Path(name))
-        assert s["schema_version"] == 2 and [r["rank"] for r in s["ranks"]] == [0] and "cross_rank" not in s
+        assert s["schema_version"] == 3 and [r["rank"] for r in s["ranks"]] == [0] and "cross_rank" not in s
         assert not any("appears in several inputs" in w for w in s["ranks"][0]["warnings"])
 
 

@@ -126,7 +126,7 @@ def test_quick_exit_keeps_every_write(tmp_path: Path) -> None:
     r = _python(code)
     assert r.returncode == 0, r.stderr
     assert "NOT REACHED" not in r.stdout and "per iteration" in r.stdout and "wrote" in r.stderr
-    assert json.loads((tmp_path / "a.json").read_text())["schema_version"] == 2
+    assert json.loads((tmp_path / "a.json").read_text())["schema_version"] == 3
     assert (pcache.cache_dir(t) / "manifest.json").is_file() and len(_stored(t)) == 1
     assert pcache.read(t) is not None  # the tables cache is complete and valid
     bad = subprocess.run([sys.executable, "-m", "profkit", "analyze", str(tmp_path / "missing.json")], capture_output=True, text=True)

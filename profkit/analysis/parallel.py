@@ -29,6 +29,7 @@ def _path(f: Any) -> Path:
 
 
 def _cached_analysis(f: Any, default_rank: int, options: dict[str, Any]) -> tuple[RankAnalysis, int] | None:
+    from profkit.analysis.owned import owned_by
     from profkit.ingest import cache as pcache
 
     path = _path(f)
@@ -52,6 +53,8 @@ def _cached_analysis(f: Any, default_rank: int, options: dict[str, Any]) -> tupl
         stub_markers=int(f.get("stub_markers", 0)), **frames,
         overlap_slack=f.get("overlap_slack"), capture=f.get("capture") or {}, speculative=f.get("speculative"),
     )
+    # time by ownership: derived from the stored owned ops (their category, phase and times), not stored again
+    a.owned_categories, a.owned_phases = owned_by(a.ops, "category"), owned_by(a.ops, "phase")
     return a, int(f["n_ingest_warnings"])
 
 

@@ -25,6 +25,7 @@ from profkit.apis import GRAPH_LAUNCH_APIS, KERNEL_LAUNCH_APIS, LAUNCH_APIS
 from profkit.analysis.bubbles import find_bubbles
 from profkit.analysis.clock import busy_by_window, by_window, device_union, length_ns, owned_and_spill, tiles
 from profkit.analysis.iterations import WHOLE_TRACE, find_iterations
+from profkit.analysis.owned import owned_by
 from profkit.analysis.ownership import gpu_windows, outside_work, own_calls, own_ops
 from profkit.analysis.phases import op_phases
 from profkit.analysis.spans import innermost_enclosing
@@ -55,6 +56,9 @@ class RankAnalysis:
     bubbles: pl.DataFrame  # iteration, start_ns, dur_ns, cause, cpu_ops
     syncs: pl.DataFrame  # iteration, api, kind (sync|sync_copy), direction, ts_ns, blocked_ns, trigger, stack
     phases: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema={"iteration": pl.Int64, "phase": pl.String, "dur_ns": pl.Int64}))
+    # by ownership (analysis/owned.py): each iteration's own ops, unclipped, per category / phase
+    owned_categories: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema={"iteration": pl.Int64, "category": pl.String, "dur_ns": pl.Int64}))
+    owned_phases: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema={"iteration": pl.Int64, "phase": pl.String, "dur_ns": pl.Int64}))
     warnings: list[str] = field(default_factory=list)
     device_timeline: str = "gpu"  # "cpu": a CPU-only trace, outermost aten ops stand in for device ops
     input_sha256: str | None = None  # of the trace file, when ingest knew it (cached); else summary hashes it
@@ -269,6 +273,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         rank=trace.rank, device=trace.device, path=trace.path, marker=its.marker, catalog=getattr(catalog, "name", str(catalog)),
         t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls,
         ops=owned, bubbles=bubbles, syncs=syncs, phases=phases, warnings=warnings,
+        owned_categories=owned_by(owned, "category"), owned_phases=owned_by(owned, "phase"),
         device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None) or (wait_digest() if wait_digest else None), outside=outside,
         device_records=device_records, graph_capture=gcap, source=trace.meta.get("source"), stub_markers=its.stub_markers,
         overlap_slack=overlap_slack, capture=capture, speculative=speculative,

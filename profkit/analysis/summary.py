@@ -1,4 +1,7 @@
-"""RankAnalysis frames -> summary.json schema v2 (DESIGN.md), times in µs relative to the trace start.
+"""RankAnalysis frames -> summary.json schema v3 (DESIGN.md), times in µs relative to the trace start.
+
+Version 3: time by ownership per iteration (owned_category_us, owned_phase_us, owned_overlap_us), what a
+diff splits the change by (attribution/diff.py), so the GPU's backlog never moves a category.
 
 Version 2: time inside a window by the clock (owned_gpu_us, spill_us, phase_us per iteration),
 work outside every iteration (outside_iterations), whether the device records exist
@@ -18,7 +21,7 @@ from profkit.terms import CAUSES
 from profkit.analysis.rank import DIRECTIONS, RankAnalysis
 from profkit.analysis.timeline import representative_timeline
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MAX_ITEMS = 100  # bubbles and syncs listed per rank (the largest); the aggregates count them all
 
 
@@ -34,6 +37,8 @@ def iteration_records(a: RankAnalysis) -> list[dict[str, Any]]:
     phases: dict[int, dict[str, float | None]] = {}
     for it, ph, dur in a.phases.select("iteration", "phase", "dur_ns").iter_rows():
         phases.setdefault(it, {})[ph] = _us(dur)
+    owned_cats = _per_key_ns(a.owned_categories, "category")
+    owned_phases = _per_key_ns(a.owned_phases, "phase")
     lcalls: dict[int, dict[str, int]] = {}
     for it, api, n in a.launch_calls.select("iteration", "api", "n").iter_rows():
         lcalls.setdefault(it, {})[api] = n
@@ -71,8 +76,20 @@ def iteration_records(a: RankAnalysis) -> list[dict[str, Any]]:
                 "phase_us": dict(sorted(phases.get(i, {}).items())),
                 "owned_gpu_us": _us(r["owned_gpu_ns"]),
                 "spill_us": _us(r["spill_ns"]),
+                # schema v3: by ownership (each iteration's own ops, unclipped); sum(owned_category_us) -
+                # owned_overlap_us == owned_gpu_us exactly (in ns)
+                "owned_category_us": {k: _us(v) for k, v in sorted(owned_cats.get(i, {}).items())},
+                "owned_phase_us": {k: _us(v) for k, v in sorted(owned_phases.get(i, {}).items())},
+                "owned_overlap_us": _us(sum(owned_cats.get(i, {}).values()) - r["owned_gpu_ns"]),
             }
         )
+    return out
+
+
+def _per_key_ns(frame: pl.DataFrame, key: str) -> dict[int, dict[str, int]]:
+    out: dict[int, dict[str, int]] = {}
+    for it, k, dur in frame.select("iteration", key, "dur_ns").iter_rows():
+        out.setdefault(it, {})[k] = int(dur)
     return out
 
 
@@ -222,7 +239,7 @@ def sha256(path: Path) -> str:
 
 
 def build_summary(analyses: list[RankAnalysis], *, marker: str | None = None, max_items: int = MAX_ITEMS) -> dict[str, Any]:
-    """summary.json v2 for one run (one entry per rank)."""
+    """summary.json v3 for one run (one entry per rank)."""
     markers = sorted({a.marker for a in analyses})
     return {
         "schema_version": SCHEMA_VERSION,

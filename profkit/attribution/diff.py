@@ -35,6 +35,7 @@ from profkit.ingest.identity import short_label
 from profkit.errors import NothingToAnalyze, UsageError
 from profkit.findings import idle_cpu_ops, largest_bubbles
 from profkit.terms import CAUSES
+from profkit.attribution.windows import basis_of, decomposition as window_decomposition, flat_means, judged, unstable_windows, window_statistic, within
 
 DIFF_SCHEMA_VERSION = 1
 IDLE_KEYS = (*CAUSES, "short_gaps")
@@ -47,6 +48,7 @@ def idle_keys(*ranks: Mapping[str, Any]) -> tuple[str, ...]:
     return IDLE_KEYS if any(r.get("device_timeline") == "cpu" for r in ranks) else GPU_IDLE_KEYS
 COUNT_KEYS = ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h", "memcpy_h2d", "bubble_count")
 TIMING_KEYS = ("launch_us", "launch_latency_us_p50", "sync_us", "sync_copy_us", "bubble_us")
+MATERIAL_SHARE = 0.01  # a judged change smaller than this share of the baseline's GPU window is reported, never flagged
 ABS_THRESHOLD_NS = 1_000
 TOP_MOVERS = 20
 MAX_KERNEL_LIST = 200
@@ -247,6 +249,13 @@ def _side_by_side(b: float | None, c: float | None) -> dict[str, float | None]:
     return {"baseline": b, "candidate": c, "delta": delta}
 
 
+def _stat_ratio(m: Mapping[str, Any]) -> dict[str, float | None]:
+    """A metric of the statistic (windows.window_statistic) as diff.json's {baseline, candidate, delta, ratio}:
+    each side's median over its windows, the median of the per-window change, 1 + delta / baseline."""
+    b, c = m["baseline"], m["candidate"]
+    return {"baseline": _us(b), "candidate": _us(c), "delta": _us(m["delta"]), "ratio": float((b + m["delta"]) / b) if b else None}
+
+
 def _with_ratio(b: Fraction, c: Fraction) -> dict[str, float | None]:
     return {"baseline": _us(b), "candidate": _us(c), "delta": _us(c - b), "ratio": float(c / b) if b else None}
 
@@ -307,66 +316,53 @@ def _sync_groups(rank: Mapping[str, Any], its: Sequence[Mapping[str, Any]]) -> d
 # noise
 
 
-def _repeat_metrics(summary: Mapping[str, Any], rank: int, shape: Shape | None) -> dict[str, float] | None:
-    try:
-        r = pick_rank(summary, rank, "repeat")
-    except UsageError:
-        return None
-    its = _select(r, shape)
-    if not its:
-        return None
-    m = _means(its)
-    out: dict[str, Any] = {
-        "wall_us": _us(m["wall"]), "gpu_window_us": _us(m["window"]), "gpu_busy_us": _us(m["busy"]),
-        "gpu_idle_us": _us(m["idle"]), "overlap_us": _us(m["overlap"]),
-    }
-    for k, v in m["cats"].items():
-        out[f"category_us.{k}"] = _us(v)
-    for k, v in m["idle_by"].items():
-        if k in idle_keys(r):
-            out[f"idle_us_by_cause.{k}"] = _us(v)
-    for k, v in m["phases"].items():
-        out[f"phase_us.{k}"] = _us(v)
+def _window_flat(its: Sequence[Mapping[str, Any]], basis: str) -> dict[str, Fraction]:
+    """One profile window's figures for the statistic: exact means of every decomposition term on
+    `basis` (attribution/windows.py) and the per-iteration medians of the counts (``counts.<key>``)."""
+    out = flat_means(its, basis)
     for k, v in _counts(its).items():
-        out[f"counts.{k}"] = float(v or 0)
+        out[f"counts.{k}"] = Fraction(v or 0)
     return out
 
 
-def _noise(base_reps: Sequence[Mapping[str, Any]], cand_reps: Sequence[Mapping[str, Any]], rank: int,
-           shape: Shape | None, warnings: list[str], base_shape: Shape | None = None) -> dict[str, Any]:
-    bm = [m for m in (_repeat_metrics(s, rank, base_shape or shape) for s in base_reps) if m is not None]
-    cm = [m for m in (_repeat_metrics(s, rank, shape) for s in cand_reps) if m is not None]
-    if len(base_reps) - len(bm) or len(cand_reps) - len(cm):
-        warnings.append(f"{len(base_reps) - len(bm) + len(cand_reps) - len(cm)} repeat(s) hold no iterations of the compared shape; left out of the noise estimate")
-    if not bm or not cm or max(len(bm), len(cm)) < 2:
+def _noise(st: Mapping[str, Any], nb: int, nc: int, unstable: str | None = None) -> dict[str, Any]:
+    """diff.json's ``noise``: per metric, each side's median and spread over its windows, the change
+    (median over paired windows of the per-window change: the figure every renderer shows) and the
+    noise it is judged against (the largest spread: either side's windows, or the per-window changes)."""
+    if not judged(range(nb), range(nc)):
         return {
             "available": False,
-            "repeats": {"baseline": len(bm), "candidate": len(cm)},
+            "repeats": {"baseline": nb, "candidate": nc},
             "note": "not judged: one profile window per side, so no noise estimate; profile with --profile-windows N (N >= 2)",
         }
+    if unstable:
+        return {"available": False, "unstable": True, "repeats": {"baseline": nb, "candidate": nc},
+                "note": f"not judged: unstable ({unstable}); profile on a quieter machine, or with more iterations per window (--num-steps)"}
     metrics: dict[str, Any] = {}
-    keys = sorted({k for m in bm + cm for k in m})
-    for k in keys:
-        bv = [m.get(k, 0.0) for m in bm]
-        cv = [m.get(k, 0.0) for m in cm]
-        b_med, c_med = statistics.median(bv), statistics.median(cv)
-        spread = max(max(bv) - min(bv), max(cv) - min(cv))
-        delta = c_med - b_med
+    for k, m in st.items():
         metrics[k] = {
-            "baseline": {"median": b_med, "spread": max(bv) - min(bv), "n": len(bv)},
-            "candidate": {"median": c_med, "spread": max(cv) - min(cv), "n": len(cv)},
-            # no change at all is no change, even where neither side varied (spread 0)
-            "delta": delta, "spread": spread, "within_noise": delta == 0 or abs(delta) < spread,
+            "baseline": {"median": _us_or_count(k, m["baseline"]), "spread": _us_or_count(k, m["baseline_spread"]), "n": nb},
+            "candidate": {"median": _us_or_count(k, m["candidate"]), "spread": _us_or_count(k, m["candidate_spread"]), "n": nc},
+            "delta": _us_or_count(k, m["delta"]), "spread": _us_or_count(k, m["noise"]),
+            "per_window": [_us_or_count(k, d) for d in m["per_window"]],
+            "within_noise": within(m["delta"], m["noise"]),
         }
     return {
         "available": True,
-        "repeats": {"baseline": len(bm), "candidate": len(cm)},
-        "note": "per metric: median and spread (max - min) over repeats of each side; a change smaller than the larger spread (or none at all) is within noise",
+        "repeats": {"baseline": nb, "candidate": nc},
+        "statistic": "median over paired profile windows (window i of each side) of the per-window change",
+        "note": "per metric: each side's median and spread (max - min) over its profile windows; the change is the median over "
+                "paired windows of the per-window change, within noise when smaller than the largest spread (either side's, or "
+                "that of the per-window changes) or none at all",
         "metrics": metrics,
     }
 
 
-def _window_iterations(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> list[tuple[int, list[dict[str, Any]]]]:
+def _us_or_count(key: str, v: Fraction) -> float:
+    return float(v) if key.startswith("counts.") else float(v / 1000)
+
+
+def _window_iterations(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> list[tuple[int, list[Mapping[str, Any]]]]:
     """Each profile window's (index, compared iterations); a window without the rank is left out."""
     out: list[tuple[int, list[dict[str, Any]]]] = []
     for i, s in enumerate(reps):
@@ -394,8 +390,13 @@ def _backlog_drift_ns(windows: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]
 # expected effect
 
 
-def _expected_effect(opt: str | None, catalog: Any, base: dict[str, Any], cand: dict[str, Any],
-                     noise: Mapping[str, Any], drift_ns: Fraction = Fraction(0)) -> dict[str, Any] | None:
+def _expected_effect(opt: str | None, catalog: Any, st: Mapping[str, Any], use_noise: bool,
+                     drift_ns: Fraction = Fraction(0), *, clock: bool = False, unstable: str | None = None) -> dict[str, Any] | None:
+    """The expected-effect check on the statistic `st` (attribution/windows.window_statistic: every
+    figure the median over paired windows of the per-window change, judged against the larger
+    spread): the optimization's own terms first, then what else moved beyond the noise. Nothing is
+    judged (no flag, no verdict) without a noise estimate. `drift_ns`: the GPU backlog's drift, a
+    floor for verdicts when the categories are by the clock (`clock`: older summaries), where it moves them."""
     if opt is None:
         return None
     optimizations: Mapping[str, Sequence[str]] = getattr(catalog, "optimizations", None) or {}
@@ -403,76 +404,80 @@ def _expected_effect(opt: str | None, catalog: Any, base: dict[str, Any], cand: 
     if opt not in optimizations:
         return {
             "optimization": opt, "known": False, "catalog": cat_name, "categories": [], "changes": [], "flags": [], "against": [], "ok": None,
+            "judged": False,
             "note": f"{opt!r} is not an optimization of catalog {cat_name!r}: no expected-effect check"
                     + (f" (known: {', '.join(sorted(optimizations))})" if optimizations else ""),
         }
     owned = list(optimizations[opt])
-    use_noise = bool(noise.get("available"))
+    # a verdict needs a change beyond the noise that also matters: at least 1 µs and MATERIAL_SHARE of the baseline's
+    # GPU window (kernel time by ownership barely varies between a side's windows, so a 2 µs move of a 600 µs category
+    # can exceed their spread without changing the iteration), and the backlog's drift where categories are by the clock
+    material = Fraction((st.get("gpu_window_us") or {}).get("baseline") or 0) * Fraction(MATERIAL_SHARE)
+    floor = max(Fraction(ABS_THRESHOLD_NS), drift_ns if clock else Fraction(0), material)
+    zero = {"delta": Fraction(0), "noise": Fraction(0), "baseline": Fraction(0), "candidate": Fraction(0)}
+
+    def get(key: str) -> Mapping[str, Any]:
+        return st.get(key, zero)
+
+    def beyond(key: str) -> bool:
+        m = get(key)
+        return use_noise and not within(m["delta"], m["noise"]) and abs(m["delta"]) >= floor
+
+    def term(key: str) -> dict[str, Any]:
+        m = get(key)
+        return {"term": key, "delta_us": _us(m["delta"]), "spread_us": _us(m["noise"]) if use_noise else None,
+                "within_noise": within(m["delta"], m["noise"]) if use_noise else None}
+
     changes, flags = [], []
-    for cat in sorted(set(base["cats"]) | set(cand["cats"])):
-        b, c = base["cats"].get(cat, Fraction(0)), cand["cats"].get(cat, Fraction(0))
-        d = c - b
-        if d == 0:
+    for cat in sorted(k.split(".", 1)[1] for k in st if k.startswith("category_us.")):
+        m = get(f"category_us.{cat}")
+        if m["delta"] == 0:
             continue
         inside = cat in owned
-        nm = (noise.get("metrics") or {}).get(f"category_us.{cat}") if use_noise else None
-        if nm is not None:
-            exceeds = abs(float(nm["delta"])) >= nm["spread"] and abs(d) >= max(ABS_THRESHOLD_NS, drift_ns)
-        else:  # one profile window a side: no noise estimate, so the change is not judged (never flagged)
-            exceeds = False
-        pct = float(d / b * 100) if b else None
+        exceeds = beyond(f"category_us.{cat}")  # not judged (one window a side): never flagged
+        pct = float(m["delta"] / m["baseline"] * 100) if m["baseline"] else None
         flagged = (not inside) and exceeds
         changes.append({
-            "category": cat, "baseline_us": _us(b), "candidate_us": _us(c), "delta_us": _us(d), "pct": pct,
+            "category": cat, "baseline_us": _us(m["baseline"]), "candidate_us": _us(m["candidate"]), "delta_us": _us(m["delta"]), "pct": pct,
             "inside": inside, "exceeds_threshold": exceeds, "flagged": flagged,
-            "within_noise": None if nm is None else bool(nm["within_noise"]),
+            "within_noise": term(f"category_us.{cat}")["within_noise"],
         })
         if flagged:
-            how = f"by {pct:+.1f}%" if pct is not None else f"by {_us(d):+.1f} µs (absent in the baseline)"
-            flags.append(f"{opt} changed {cat} time {how}, outside its categories ({_us(d):+.1f} µs per iteration)")
+            how = f"by {pct:+.1f}%" if pct is not None else f"by {_us(m['delta']):+.1f} µs (absent in the baseline)"
+            flags.append(f"{opt} changed {cat} time {how}, outside its categories ({_us(m['delta']):+.1f} µs per iteration)")
     changes.sort(key=lambda ch: -abs(ch["delta_us"]))
-    metrics = noise.get("metrics") or {}
-
-    def term(key: str, d_ns: Fraction) -> dict[str, Any]:
-        nm = metrics.get(key)
-        return {"term": key, "delta_us": _us(d_ns), "spread_us": None if nm is None else nm["spread"],
-                "within_noise": None if nm is None else bool(nm["within_noise"])}
 
     # its own effect first: the catalog's categories, phases and idle causes of the optimization, each expected
     # to shrink, with the verdict (as_expected: True/False beyond the noise, None within it or not judged);
     # then what else moved beyond the noise
     phases = list((getattr(catalog, "optimization_phases", None) or {}).get(opt, ()))
     idle_own = list((getattr(catalog, "optimization_idle", None) or {}).get(opt, ()))
-    floor_us = float(max(Fraction(ABS_THRESHOLD_NS), drift_ns) / 1000)
 
-    def own_term(key: str, part: str, k: str) -> dict[str, Any]:
-        b, c = base[part].get(k, Fraction(0)), cand[part].get(k, Fraction(0))
-        t = term(key, c - b)
-        beyond = use_noise and t["within_noise"] is False and abs(t["delta_us"]) >= floor_us
-        return {**t, "baseline_us": _us(b), "candidate_us": _us(c), "expected": "decrease",
-                "as_expected": (t["delta_us"] < 0) if beyond else None}
+    def own_term(key: str) -> dict[str, Any]:
+        m = get(key)
+        return {**term(key), "baseline_us": _us(m["baseline"]), "candidate_us": _us(m["candidate"]), "expected": "decrease",
+                "as_expected": (m["delta"] < 0) if beyond(key) else None}
 
-    def delta(part: str, k: str) -> Fraction:
-        return cand[part].get(k, Fraction(0)) - base[part].get(k, Fraction(0))
-
-    own = ([own_term(f"category_us.{c}", "cats", c) for c in owned]
-           + [own_term(f"phase_us.{p}", "phases", p) for p in phases]
-           + [own_term(f"idle_us_by_cause.{k}", "idle_by", k) for k in idle_own])
+    own = ([own_term(f"category_us.{c}") for c in owned] + [own_term(f"phase_us.{p}") for p in phases]
+           + [own_term(f"idle_us_by_cause.{k}") for k in idle_own])
     against = [f"{opt} moved its own {term_label(t['term'])} the wrong way: {t['delta_us']:+,.1f} µs per iteration, "
-               f"expected a decrease (beyond {judged_against(float(drift_ns / 1000))})" for t in own if t["as_expected"] is False]
-    elsewhere = [term(f"category_us.{c}", delta("cats", c)) for c in sorted(set(base["cats"]) | set(cand["cats"])) if c not in owned]
-    elsewhere += [term(f"idle_us_by_cause.{k}", delta("idle_by", k)) for k in IDLE_KEYS if k not in idle_own]
-    beyond = sorted((t for t in elsewhere if t["within_noise"] is False and abs(t["delta_us"]) >= floor_us),
-                    key=lambda t: -abs(t["delta_us"]))
+               f"expected a decrease (beyond {judged_against(_us(drift_ns) if clock else 0.0)})" for t in own if t["as_expected"] is False]
+    elsewhere = [term(k) for k in sorted(st) if k.startswith("category_us.") and k.split(".", 1)[1] not in owned]
+    elsewhere += [term(f"idle_us_by_cause.{k}") for k in IDLE_KEYS if k not in idle_own]
+    elsewhere += [term("backlog_us")] if "backlog_us" in st else []
+    beyond_noise = sorted((t for t in elsewhere if beyond(t["term"])), key=lambda t: -abs(t["delta_us"]))
     return {
         "optimization": opt, "known": True, "catalog": cat_name, "categories": owned, "phases": phases, "idle": idle_own,
         "judged": use_noise,
-        "threshold": ("the noise (spread over profile windows) and 1 µs" if drift_ns <= ABS_THRESHOLD_NS else
+        "threshold": (f"the noise (spread over profile windows) and {_us(floor):,.1f} µs (1 µs, {MATERIAL_SHARE:.0%} of the baseline's GPU window)" if not clock or drift_ns <= ABS_THRESHOLD_NS else
                       f"the noise (spread over profile windows) and the GPU backlog's drift ({_us(drift_ns):,.1f} µs per iteration)")
-                     if use_noise else "not judged: one profile window per side (no noise estimate)",
+                     if use_noise else (f"not judged: unstable ({unstable})" if unstable else "not judged: one profile window per side (no noise estimate)"),
         "backlog_drift_us": _us(drift_ns),
-        "own": own, "against": against, "beyond_noise": beyond,
-        "changes": changes, "flags": flags, "ok": not flags and not against,
+        "own": own, "against": against, "beyond_noise": beyond_noise, "floor_us": _us(floor),
+        # None when not judged: no pass, no fail
+        # a pass only when judged, nothing against it, and its own effect seen beyond the noise; None: no pass, no fail
+        "changes": changes, "flags": flags,
+        "ok": None if not use_noise else False if (flags or against) else True if any(t["as_expected"] for t in own) else None,
     }
 
 
@@ -485,7 +490,9 @@ def term_label(key: str) -> str:
     """A decomposition term's key in words: category_us.topk -> topk, phase_us.draft -> draft phase,
     idle_us_by_cause.sync -> sync idle."""
     group, _, name = key.partition(".")
-    return {"phase_us": f"{name} phase", "idle_us_by_cause": f"{name} idle"}.get(group, name)
+    if not name:
+        return key.removesuffix("_us")  # backlog_us -> backlog
+    return {"phase_us": f"{name} phase", "idle_us_by_cause": f"{name.replace('_', ' ')} idle"}.get(group, name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -572,46 +579,33 @@ def compare_summaries(
     again; the primary may be among them) give the noise estimate. Times are µs per iteration.
     """
     rb, rc, shape, base_shape, ib, ic, warnings = _compared(baseline, candidate, rank)
-    mb, mc = _means(ib), _means(ic)
 
-    # --- the exact decomposition --------------------------------------------------------------
-    cats = sorted(set(mb["cats"]) | set(mc["cats"]))
-    d_cat = {k: mc["cats"].get(k, Fraction(0)) - mb["cats"].get(k, Fraction(0)) for k in cats}
-    phases = sorted(set(mb["phases"]) | set(mc["phases"]))
-    d_phase = {k: mc["phases"].get(k, Fraction(0)) - mb["phases"].get(k, Fraction(0)) for k in phases}
-    d_overlap = mc["overlap"] - mb["overlap"]
-    keys = idle_keys(rb, rc)
-    d_idle_by = {k: mc["idle_by"][k] - mb["idle_by"][k] for k in keys}
-    d_window = mc["window"] - mb["window"]
-    residual = d_window - (sum(d_cat.values(), Fraction(0)) - d_overlap + sum(d_idle_by.values(), Fraction(0)))
-    if residual != 0:
-        warnings.append(f"the decomposition leaves {_us(residual):+.3f} µs unexplained: an input summary breaks window = busy + idle")
-
-    def side_terms(m: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "gpu_window_us": _us(m["window"]), "gpu_busy_us": _us(m["busy"]),
-            "category_us": {k: _us(m["cats"].get(k, Fraction(0))) for k in cats},
-            "phase_us": {k: _us(m["phases"].get(k, Fraction(0))) for k in phases},
-            "overlap_us": _us(m["overlap"]), "idle_us": _us(m["idle"]),
-            "idle_us_by_cause": {k: _us(m["idle_by"][k]) for k in keys},
-        }
-
-    decomposition = {
-        "statistic": "mean",
-        "identity": "delta gpu_window = sum(delta category) - delta overlap + sum(delta idle by cause)",
-        "gpu_window_us": _with_ratio(mb["window"], mc["window"]),
-        "category_us": {k: _us(v) for k, v in sorted(d_cat.items(), key=lambda kv: (-abs(kv[1]), kv[0]))},
-        "overlap_us": _us(d_overlap),
-        "idle_us": _us(mc["idle"] - mb["idle"]),
-        "idle_us_by_cause": {k: _us(v) for k, v in d_idle_by.items()},
-        "residual_us": _us(residual),
-        "exact": residual == 0,
-        # the same change in GPU time by phase (draft, verify, ...; schema v2 inputs only): the
-        # phases sum to the categories, so sum(delta phase) - delta overlap = delta busy as well
-        "phase_us": {k: _us(v) for k, v in sorted(d_phase.items(), key=lambda kv: (-abs(kv[1]), kv[0]))},
-        "baseline": side_terms(mb),
-        "candidate": side_terms(mc),
-    }
+    # --- each profile window's exact terms, and the statistic every renderer shows -----------------
+    win_b = _window_iterations(list(baseline_repeats) or [baseline], rank, base_shape)
+    win_c = _window_iterations(list(candidate_repeats) or [candidate], rank, shape)
+    empty = sum(1 for _, its in (*win_b, *win_c) if not its)
+    if empty:
+        warnings.append(f"{empty} profile window(s) hold no iterations of the compared shape; left out of the statistic and the noise estimate")
+    wb, wc = [its for _, its in win_b if its], [its for _, its in win_c if its]
+    if len(wb) != len(wc) and min(len(wb), len(wc)) > 0:
+        warnings.append(f"{len(wb)} baseline and {len(wc)} candidate profile windows: the change is taken over the first "
+                        f"{min(len(wb), len(wc))} pairs, the noise over every window")
+    basis = basis_of([*wb, *wc])
+    if basis == "clock":
+        warnings.append("the summaries have no time by ownership (owned_category_us: summary.json v3): categories and phases are by "
+                        "the clock and the GPU's backlog cannot be split from them; re-run `profkit analyze` on the traces to split it")
+    fb, fc = [_window_flat(its, basis) for its in wb], [_window_flat(its, basis) for its in wc]
+    st = window_statistic(fb, fc)
+    # not judged either when a side's profile windows disagree by more than the instability rule (DESIGN.md "Judged, or
+    # not judged"); iterations swinging inside a window (stability) stay a warning: owned time per iteration does not
+    # depend on how long its window was
+    stab = {"baseline": _stability(win_b, rb), "candidate": _stability(win_c, rc)}
+    unstable = unstable_windows(fb, fc, UNSTABLE_RATIO)
+    use_noise = judged(fb, fc) and unstable is None
+    decomposition = _only_idle_keys(window_decomposition(fb, fc, basis, unstable=unstable), idle_keys(rb, rc))
+    if not decomposition["exact"]:
+        warnings.append(f"the decomposition leaves up to {decomposition['residual_us']:+.3f} µs unexplained in a profile window: an input "
+                        "summary breaks window = busy + idle")
 
     # --- counts -------------------------------------------------------------------------------
     cb, cc = _counts(ib), _counts(ic)
@@ -646,16 +640,20 @@ def compare_summaries(
     movers.sort(key=lambda m: (-abs(m["delta_us"]), m["name"]))
 
     # --- noise and expected effect ------------------------------------------------------------
-    noise = _noise(baseline_repeats, candidate_repeats, rank, shape, warnings, base_shape)
-    win_b = _window_iterations(list(baseline_repeats) or [baseline], rank, base_shape)
-    win_c = _window_iterations(list(candidate_repeats) or [candidate], rank, shape)
+    noise = _noise(st, len(fb), len(fc), unstable)
     drift_b, drift_c = _backlog_drift_ns(win_b), _backlog_drift_ns(win_c)
     drift = drift_b + drift_c
-    if drift > ABS_THRESHOLD_NS and drift * 100 >= min(mb["window"], mc["window"]):  # 1% of the GPU window
-        warnings.append(f"the GPU's backlog moved during the compared iterations (GPU-bound, the host ahead): {_us(drift_b):,.1f} µs "
-                        f"per iteration on the baseline, {_us(drift_c):,.1f} on the candidate; time by the clock inside a window "
-                        f"then misses or gains that much of each iteration's work, so category changes below {_us(drift):,.1f} µs are not flagged")
-    expected = _expected_effect(opt, catalog, mb, mc, noise, drift)
+    gw = st.get("gpu_window_us") or {}
+    if drift > ABS_THRESHOLD_NS and drift * 100 >= min(gw.get("baseline", 0), gw.get("candidate", 0)):  # 1% of the GPU window
+        if basis == "ownership":
+            warnings.append(f"the GPU's backlog moved during the compared iterations (GPU-bound, the host ahead): {_us(drift_b):,.1f} µs "
+                            f"per iteration on the baseline, {_us(drift_c):,.1f} on the candidate; categories and phases are by "
+                            "ownership, so it shows in the backlog term, not in them")
+        else:
+            warnings.append(f"the GPU's backlog moved during the compared iterations (GPU-bound, the host ahead): {_us(drift_b):,.1f} µs "
+                            f"per iteration on the baseline, {_us(drift_c):,.1f} on the candidate; time by the clock inside a window "
+                            f"then misses or gains that much of each iteration's work, so category changes below {_us(drift):,.1f} µs are not flagged")
+    expected = _expected_effect(opt, catalog, st, use_noise, drift, clock=basis == "clock", unstable=unstable)
     if bool(cb.get("graph_launches")) != bool(cc.get("graph_launches")):  # eager on one side, graph replay on the other
         warnings.append("one side replays CUDA graphs and the other launches eagerly: a replayed kernel is recorded a little longer "
                         "than the same kernel launched from a stream, though it runs no longer (on an H200, +0.12 µs for a 1.3 µs "
@@ -678,8 +676,8 @@ def compare_summaries(
             "iterations": {"baseline": len(ib), "candidate": len(ic)},
         },
         "optimization": opt,
-        "wall_us": _with_ratio(mb["wall"], mc["wall"]),
-        "gpu_window_us": _with_ratio(mb["window"], mc["window"]),
+        "wall_us": _stat_ratio(st["wall_us"]),
+        "gpu_window_us": dict(decomposition["gpu_window_us"]),
         "decomposition": decomposition,
         "counts": counts,
         "timings": timings,
@@ -691,7 +689,7 @@ def compare_summaries(
         "top_movers": movers[:TOP_MOVERS],
         "expected_effect": expected,
         "noise": noise,
-        "stability": {"baseline": _stability(win_b, rb), "candidate": _stability(win_c, rc)},
+        "stability": stab,
         "warnings": warnings,
         # for reports, so that `profkit report diff.json` needs nothing else
         "timelines": {"baseline": rb.get("timeline"), "candidate": rc.get("timeline")},
@@ -757,6 +755,17 @@ def swings(values: Sequence[float]) -> bool:
     """Whether iterations' GPU windows vary by more than UNSTABLE_RATIO (the one rule: diff.json's stability,
     every report's "unstable" warning)."""
     return len(values) > 1 and min(values) > 0 and max(values) / min(values) > UNSTABLE_RATIO
+
+
+def _only_idle_keys(doc: Any, keys: tuple[str, ...]) -> Any:
+    """The decomposition with only the idle causes this diff lists (a GPU diff keeps its four, without the
+    CPU timeline's "python"), wherever it holds an `idle_us_by_cause` map."""
+    if isinstance(doc, dict):
+        return {k: ({c: x for c, x in v.items() if c in keys or c == "short_gaps"} if k == "idle_us_by_cause" and isinstance(v, dict)
+                    else _only_idle_keys(v, keys)) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_only_idle_keys(v, keys) for v in doc]
+    return doc
 
 
 def _stability(windows: Sequence[tuple[int, Sequence[Mapping[str, Any]]]], rank: Mapping[str, Any] | None = None) -> str | None:

@@ -61,6 +61,9 @@ class RunConfig:
     catalog: str | None = None
     warmup: bool = True
     capture_only: bool = False  # record traces and the manifest; analyze elsewhere (e.g. a GPU box without polars)
+    # how the runs of one trace/sweep were recorded (the manifest says it, reports show it): "alternating"
+    # (servers side by side, repeats and windows A B A B) or "sequential" (one run after the other)
+    capture_order: str = "sequential"
     nsys: bool = False  # wrap the server in `nsys profile --capture-range=cudaProfilerApi`; the window uses CUDA_PROFILER
     base: str = "on"  # how the states were chosen (recorded: reports of --base off say so)
     fit_context: bool = False  # trim the oldest history instead of refusing a workload that overflows the context
@@ -133,8 +136,40 @@ def summarize_repeats(metrics: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None,
             tick: Progress = lambda s: None) -> RunResult:
-    """One run of the target. `progress` gets one line per step (server start, warm-up, each repeat, each
-    profile window, analysis); `tick` the same line with the profile window's decode step, many times a second."""
+    """One run from start to end (its steps one after the other). `progress` gets one line per step (server
+    start, warm-up, each repeat, each profile window, analysis); `tick` the same line with the profile
+    window's decode step, many times a second."""
+    return run_interleaved([(cfg, states, run_id, label)], progress, tick)[0]
+
+
+def run_interleaved(jobs: list[tuple[RunConfig, dict[str, bool], str, str]], progress: Progress = lambda s: None,
+                    tick: Progress = lambda s: None) -> list[RunResult]:
+    """Several runs side by side, their steps alternating (A B A B ...): every server is started, then
+    each one's warm-up and unprofiled repeat in turn, then each one's profile window in turn, so that
+    a drift of the host's load lands on every side alike (DESIGN.md "Judged, or not judged"); then
+    each is stopped and analyzed. One job: `run_one`. A failure stops every server."""
+    gens = [run_steps(cfg, states, run_id, label=label, progress=progress, tick=tick) for cfg, states, run_id, label in jobs]
+    results: list[RunResult | None] = [None] * len(gens)
+    live = list(range(len(gens)))
+    try:
+        while live:
+            for i in list(live):
+                try:
+                    next(gens[i])
+                except StopIteration as done:
+                    results[i] = done.value
+                    live.remove(i)
+    finally:
+        for g in gens:  # on a failure or Ctrl-C: each unfinished run stops its server (run_steps' finally)
+            g.close()
+    return [r for r in results if r is not None]
+
+
+def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None,
+              tick: Progress = lambda s: None) -> Any:
+    """One run as a generator: it yields after its server is up, after each unprofiled repeat and after
+    each profile window (the points where `run_interleaved` lets the next run take its turn), and
+    returns the RunResult."""
     trace_dir = cfg.traces_dir / run_id
     report_dir = cfg.reports_dir / run_id
     port = cfg.port or free_port()
@@ -153,6 +188,7 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         command=spec.shell(), argv=spec.argv, env=spec.env, env_unset=list(spec.unset), world_size=spec.world_size,
         workload={**cfg.workload.describe(), "concurrency": list(cfg.concurrency), "isl_sweep": list(cfg.isl), "repeat": cfg.repeat},
         profile={"num_steps": cfg.num_steps, "windows": cfg.profile_windows, "with_stack": cfg.with_stack, "record_shapes": cfg.record_shapes, "profile_turn": cfg.profile_turn},
+        capture_order=cfg.capture_order,
         versions={"profkit": manifest_version()}, warnings=warnings, failed_requests=[],
     )
     server = Server(spec, trace_dir / "server.log")
@@ -176,6 +212,7 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         server.wait_healthy(cfg.health_timeout_s)
         info = _server_info(spec.base_url) if spec.api == "sglang" else _vllm_info(spec.base_url)
         manifest.update(server_info=info, versions={**manifest.data["versions"], **_versions(info)})
+        yield "started"
         if not variants:
             ctx = (sglang_target.context_from_server_info(info) if cfg.target == "sglang"
                    else info.get("max_model_len") if cfg.target == "vllm" else None)
@@ -202,6 +239,7 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
                     reps.append(res.metrics(spec.world_size, gpu=has_gpu()))
                     if spec0 is not None:  # vLLM's own spec-decode counters over this repeat
                         reps[-1]["accept_length"] = vllm_profile.accept_length(spec0, vllm_profile.spec_counters(spec.base_url))
+                    yield "repeat"
                 points.append({"isl": isl, "concurrency": conc, "repeats": reps, **summarize_repeats(reps),
                                **({"warmup": warm} if warm is not None else {})})
                 if isl == isls[0] and conc == cfg.concurrency[0]:
@@ -214,7 +252,7 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
                               f"first: conversation {f0['conversation']} turn {f0['turn']} ({f0['prompt_tokens']} prompt tokens): {f0['error']}",
                               hint=f"every failed request is listed under failed_requests in {manifest.path}; see {server.log_path}")
         manifest.stage("capture")
-        files, overhead = _capture(cfg, spec, server, run_id, trace_dir, primary, manifest, variants[isls[0]], label, progress, tick)
+        files, overhead = yield from _capture(cfg, spec, server, run_id, trace_dir, primary, manifest, variants[isls[0]], label, progress, tick)
         manifest.update(trace_files=[str(f.relative_to(trace_dir)) for f in files], profiler_overhead=overhead,
                         capture_traces=[str(p.relative_to(trace_dir)) for p in capture_traces(trace_dir)])
         manifest.stage("server_stop")
@@ -260,6 +298,11 @@ def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str,
         manifest.finish("ok")
         return RunResult(run_id, states, trace_dir, report_dir, summary_path, summary, manifest.data,
                          windows if len(windows) > 1 else [], catalog)
+    except GeneratorExit:  # run_interleaved stopped it: another run of the same command failed or was interrupted
+        server.stop(grace_s=5)
+        manifest.update(trace_files=_written(trace_dir), leftover_pids=server.leftovers())
+        manifest.finish("interrupted", error=f"stopped during {manifest.data['stage']}: another run recorded alongside it failed")
+        raise
     except KeyboardInterrupt:
         with held_signals(deliver=False):  # a second Ctrl-C while the tree is torn down and the manifest written is the same interrupt
             server.stop(grace_s=INTERRUPTED_GRACE_S)
@@ -452,9 +495,10 @@ def _check(res: DriveResult, server: Server, what: str) -> DriveResult:
 
 
 def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trace_dir: Path, primary: list[dict[str, Any]],
-             manifest: Manifest, workload: Workload, label: str, progress: Progress, tick: Progress) -> tuple[list[Path], dict[str, Any]]:
+             manifest: Manifest, workload: Workload, label: str, progress: Progress, tick: Progress) -> Any:
     """`--profile-windows` windows, each in its own fresh pass (DESIGN.md "Noise": repeated profile windows;
-    a short decode would end before a second window could open in the same pass); one window: at the top."""
+    a short decode would end before a second window could open in the same pass); one window: at the top.
+    A generator (yields after each window, see run_steps); returns (files, profiler overhead)."""
     n = 1 if cfg.nsys else max(1, cfg.profile_windows)
     files: list[Path] = []
     overheads: list[dict[str, Any]] = []
@@ -468,6 +512,7 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
                                                                else f"{w}: {cfg.num_steps} iterations; the server writes the trace"))
         files += got
         overheads.append(oh)
+        yield "window"
     return files, overheads[0] if n == 1 else {**overheads[0], "windows": overheads}
 
 
@@ -609,5 +654,6 @@ def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any], cat
         "optimizations": manifest["optimizations"], "base": manifest.get("base"), "command": manifest["command"], "throughput": manifest.get("throughput"),
         "profiler_overhead": manifest.get("profiler_overhead"), "versions": manifest.get("versions"), "workload": manifest.get("workload"),
         "window": window,
+        "capture_order": manifest.get("capture_order"),  # alternating (A B A B) or sequential: the report says which
     }
     return summary

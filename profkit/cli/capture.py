@@ -39,7 +39,7 @@ class RunOptions:
     model_path: Optional[str] = field(default=None, metadata=option("--model-path", help="Override the preset's model path."))
     server_python: Optional[str] = field(default=None, metadata=option("--server-python", help="Python of the engine's environment (e.g. a before/after build of SGLang)."))
     extra_server_args: str = field(default="", metadata=option("--extra-server-args", help="More server flags, as one shell-quoted string."))
-    isl: Optional[str] = field(default=None, metadata=option("--isl", help="First-prompt tokens (default 74000 on sglang: requests average 80K over 13 turns; 256 on the proxy); a list measures each."))
+    isl: Optional[str] = field(default=None, metadata=option("--isl", help="First-prompt tokens (default 74000 on sglang: requests average 80K over 13 turns; 4096 on the proxy, where selection top-k beats the sort on a CPU too); a list measures each."))
     turns: int = field(default=13, metadata=option("--turns", min=1, help="Turns per conversation."))
     turn_tokens: Optional[int] = field(default=None, metadata=option("--turn-tokens", help="New tokens per later turn (default 800; 32 on the proxy)."))
     output_tokens: Optional[int] = field(default=None, metadata=option("--output-tokens", help="Output tokens per turn, ignore_eos (default 220; 32 on the proxy)."))
@@ -65,6 +65,7 @@ class RunOptions:
     capture_only: bool = field(default=False, metadata=option("--capture-only", help="Record traces and manifests only; analyze later with `profkit diff RUN_A RUN_B` (for GPU boxes without the analysis packages)."))
     nsys: bool = field(default=False, metadata=option("--nsys", help="Wrap the server in `nsys profile --capture-range=cudaProfilerApi` and open the window with the CUDA_PROFILER activity (writes .nsys-rep, exports it with `nsys export --type sqlite` and analyzes that)."))
     fit_context: bool = field(default=False, metadata=option("--fit-context", help="Trim the oldest history (the first prompt) so every turn fits the server's context length, instead of refusing the run."))
+    alternate: Optional[bool] = field(default=None, metadata=option("--alternate/--sequential", help="Record the runs side by side, their unprofiled repeats and profile windows alternating (A B A B), so load drift lands on every side (default on the proxy); --sequential: one run after the other (default on sglang, where a server costs minutes and a GPU)."))
     accept_length: Optional[float] = field(default=None, metadata=option("--accept-length", help="sglang: fix the speculative accept length (SGLANG_SIMULATE_ACC_LEN; the study's Figure 8 used 5). Random token ids otherwise give whatever the model makes of noise."))
 
 
@@ -126,7 +127,9 @@ def _config(o: RunOptions) -> RunConfig:
     gpu = target == "sglang"
     # 74K first prompt: the 13 requests average 80K tokens (the study's "mean input ~ 80k tokens/request")
     # and the last one, 86,466 tokens with its output and EAGLE's reserved slots, fits --context-length 90000
-    isls = _ints(o.isl, "--isl") if o.isl else ((SGLANG_ISL,) if gpu else (256,))
+    # the proxy: 4K, a long context for its size: the top-k then selects 64 of 4K+ positions, where a selection beats the
+    # full sort on a CPU as on a GPU (at 256 the sort of a 300-score row is cheaper than a selection's extra ops: issue 30)
+    isls = _ints(o.isl, "--isl") if o.isl else ((SGLANG_ISL,) if gpu else (PROXY_ISL,))
     out_tok = o.output_tokens if o.output_tokens is not None else (220 if gpu else 32)
     if o.workload_file:
         wl = load_workload_file(o.workload_file, output_tokens=out_tok)
@@ -148,6 +151,8 @@ def _config(o: RunOptions) -> RunConfig:
         port=o.port, traces_dir=o.traces_dir, reports_dir=o.reports_dir, marker=o.marker, min_bubble_us=o.min_bubble_us, catalog=o.catalog,
         capture_only=o.capture_only, nsys=o.nsys, base=o.base, fit_context=o.fit_context, accept_length=o.accept_length,
         warmup=o.warmup,
+        capture_order="alternating" if (o.alternate if o.alternate is not None else target == "proxy") and not o.nsys and o.port is None
+        else "sequential",
     )
     return _windows(cfg, o.profile_windows)
 
@@ -156,6 +161,9 @@ def _windows(cfg: RunConfig, n: int) -> RunConfig:
     if n < 1:
         raise UsageError(f"--profile-windows {n}: at least 1")
     return replace(cfg, profile_windows=n)
+
+
+PROXY_ISL = 4096
 
 
 def _stamp() -> str:
@@ -213,6 +221,30 @@ class _Steps:
         self._line(f"{where} {label}: done; traces {res.trace_dir}, summary {res.summary_path}")
         for w in res.manifest.get("warnings") or []:  # no-op switches, --fit-context trims, an uncontrolled accept length
             err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}", soft_wrap=True)
+        return res
+
+    def run_all(self, cfg: RunConfig, jobs: list[tuple[dict[str, bool], str, str]]) -> list[RunResult]:
+        """The runs of one command: side by side, their steps alternating (cfg.capture_order "alternating":
+        capture/run.run_interleaved; each progress line starts with its run's label), or one after the other."""
+        if cfg.capture_order != "alternating" or len(jobs) < 2:
+            return [self.run(cfg, states, run_id, label) for states, run_id, label in jobs]
+        from profkit.capture.run import run_interleaved
+
+        first, self.n = self.n + 1, self.n + len(jobs)
+        where = f"runs {first}-{self.n}/{self.runs}, alternating:"
+        if self.live:
+            live = self.live
+            task = live.add_task(escape(where), total=None)
+            step = tick = lambda s: live.update(task, description=escape(f"{where} {s}"))  # noqa: E731
+        else:
+            step, tick = (lambda s: self._line(f"{where} {s}")), (lambda s: None)
+        res = run_interleaved([(cfg, states, run_id, label) for states, run_id, label in jobs], progress=step, tick=tick)
+        if self.live:
+            self.live.remove_task(task)
+        for (_, _, label), r in zip(jobs, res):
+            self._line(f"{label}: done; traces {r.trace_dir}, summary {r.summary_path}")
+            for w in r.manifest.get("warnings") or []:
+                err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}", soft_wrap=True)
         return res
 
 
@@ -288,8 +320,8 @@ def trace(opt: Opt, options: RunOptions) -> None:
     _sigterm_as_interrupt()
     stamp = _stamp()
     with _Steps(2) as steps:
-        before = steps.run(cfg, s_base, f"{stamp}-{target}-base{base}-{tag}-before", "baseline")
-        after = steps.run(cfg, s_cand, f"{stamp}-{target}-base{base}-{tag}-after", f"candidate ({tag})")
+        before, after = steps.run_all(cfg, [(s_base, f"{stamp}-{target}-base{base}-{tag}-before", "baseline"),
+                                             (s_cand, f"{stamp}-{target}-base{base}-{tag}-after", f"candidate ({tag})")])
     if capture_only:
         out.print(f"captured; attribute with: profkit diff {before.trace_dir} {after.trace_dir} --opt {tag} --html report.html", soft_wrap=True)
         return
@@ -370,8 +402,8 @@ def sweep(
     doc: dict[str, Any] = {"schema_version": 1, "kind": "sweep", "mode": mode, "base": base, "target": target, "optimizations": chosen, "runs": [],
                            "attribution": [], "status": "running"}
     with _Steps(len(plan)) as steps:
-        for label, states, _, _ in plan:
-            res = steps.run(cfg, states, f"{stamp}-{target}-{mode}-{label_slug(label)}", label)
+        ran = steps.run_all(cfg, [(states, f"{stamp}-{target}-{mode}-{label_slug(label)}", label) for label, states, _, _ in plan])
+        for (label, states, _, _), res in zip(plan, ran):
             results[label] = res
             doc["runs"].append({"label": label, "run_id": res.run_id, "states": states, "summary": str(res.summary_path),
                                 "throughput": res.manifest.get("throughput")})

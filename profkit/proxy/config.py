@@ -23,8 +23,8 @@ SWITCH_HELP: dict[str, str] = {
     "overlap": "no host read-back in the decode loop; each step's KV slots and metadata "
     "planned from host bookkeeping on a CUDA plan stream (the forward waits by event), the CPU "
     "one step ahead, results copied non_blocking and consumed one iteration later",
-    "topk_v2": "radix/histogram select fused with the index -> cache-slot translation "
-    "(off: full sort of the score row, slice, gather)",
+    "topk_v2": "selection top-k (CUDA: radix/threshold select; CPU: quickselect threshold) fused with the "
+    "index -> cache-slot translation (off: full sort of the score row, slice, gather)",
     "indexer_fusion": "wk_weights_proj GEMM + fused k-side (norm+rope+quant+store) + fused q-side "
     "(rope+quant+gate) (off: the 12-step unfused chain incl. Hadamard)",
     "index_share": "draft steps 1.. reuse the indexer top-k of draft step 0",

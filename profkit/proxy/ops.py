@@ -52,18 +52,18 @@ def order_preserving_keys(x: torch.Tensor) -> torch.Tensor:
     return torch.where(b >= 0x80000000, 0xFFFFFFFF - b, b | 0x80000000)
 
 
-# (shift, bits): a coarse 10-bit histogram locates the threshold bin, then two exact 11-bit
-# refinement passes over the boundary candidates only; 10 + 11 + 11 = 32 key bits.
-_RADIX_PASSES = ((22, 10), (11, 11), (0, 11))
-
-
 def topk_v2(scores: torch.Tensor, lengths: torch.Tensor, k: int,
             slot_table: torch.Tensor | None = None) -> torch.Tensor:
-    """Selection-based top-k (the study's TopK-V2), fused with the slot translation.
+    """Selection-based top-k (the study's TopK-V2), fused with the slot translation. No sort.
 
-    Histogram radix select: everything above the threshold bin is emitted directly; only the
-    boundary bin is refined; the final ties are broken by lowest index. The emit step scatters the
-    *slot* of each selected position (translation fused in, no separate gather). No sort.
+    On CUDA the Triton kernels (sampled threshold, filter, exact select of the candidates). On CPU a
+    threshold select: a quickselect (``kthvalue``, O(n) per row, no sort) finds each row's k-th
+    largest score; everything above it is taken, the ties at it go to the lowest indices, and the
+    emit step scatters the *slot* of each selected position in index order (translation fused in,
+    no separate gather). On this project's 2-core CPU, under load, it runs ~2.4x faster than the full
+    sort of `topk_v1` at 8K-16K positions and k = 64 (issue 30: the radix select it replaces, three
+    histogram passes of torch ops, was slower than the sort, so the CPU proxy taught the opposite of
+    the study).
     """
     if scores.is_cuda:
         from profkit.proxy import kernels
@@ -74,24 +74,16 @@ def topk_v2(scores: torch.Tensor, lengths: torch.Tensor, k: int,
     n = shape[-1]
     kk = min(k, n)
     dev = scores.device
-    key = order_preserving_keys(scores)
+    if kk == 0:
+        return torch.full(shape[:-1] + (0,), -1, dtype=torch.int64, device=dev)
     pos = torch.arange(n, device=dev)
-    cand = pos < lengths.unsqueeze(-1)
-    need = lengths.clamp(min=0, max=kk)
-    sel = torch.zeros_like(cand)
-    for shift, bits in _RADIX_PASSES:
-        nb = 1 << bits
-        digit = (key >> shift) & (nb - 1)
-        hist = torch.zeros(shape[:-1] + (nb,), dtype=torch.int64, device=dev)
-        hist.scatter_add_(-1, digit, cand.to(torch.int64))
-        at_or_above = hist.flip(-1).cumsum(-1).flip(-1)  # candidates with digit >= d
-        thr = (at_or_above >= need.unsqueeze(-1)).sum(-1, keepdim=True) - 1
-        above = cand & (digit > thr)
-        sel |= above
-        need = need - above.sum(-1)
-        cand = cand & (digit == thr)
-    # equal keys left: lowest indices first
-    sel |= cand & (cand.cumsum(-1) <= need.unsqueeze(-1))
+    # past a row's length: -inf, below every score (IEEE compares -0.0 == +0.0, as the sort orders them)
+    key = scores.float().masked_fill(pos >= lengths.unsqueeze(-1), float("-inf"))
+    thr = key.kthvalue(n - kk + 1, dim=-1, keepdim=True).values  # the kk-th largest, by quickselect (-inf: a short row)
+    above = key > thr
+    # ties at the threshold, lowest indices first, up to the row's need (0 in a short row: its -inf padding ties)
+    tie = key == thr
+    sel = above | (tie & (tie.cumsum(-1) <= lengths.clamp(max=kk).unsqueeze(-1) - above.sum(-1, keepdim=True)))
     # emit, compacted in index order, with the index -> slot translation fused into the scatter
     dst = torch.where(sel, sel.cumsum(-1) - 1, kk)
     src = pos.expand(shape) if slot_table is None else slot_table.expand(shape)

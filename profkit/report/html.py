@@ -31,7 +31,8 @@ from profkit.report.base import Renderer, Report
 from profkit.report.fit import demangle, demangle_many
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
 from profkit.report.views import (
-    cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
+    cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
+    row_metric, statistic_note, within_noise,
     throughput_rows,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
@@ -99,8 +100,8 @@ def _instability(label: str, series: Sequence[Mapping[str, Any]], window: str) -
 
 
 def _section(id: str, title: str, **kw: Any) -> dict[str, Any]:
-    s: dict[str, Any] = {"id": id, "title": title, "headline": None, "cards": [], "flags": [], "flags_title": "", "ok": None, "notes": [],
-                         "figures": [], "tables": [], "details_open": None, "details_close": False}
+    s: dict[str, Any] = {"id": id, "title": title, "headline": None, "bullets": [], "cards": [], "flags": [], "flags_title": "", "ok": None,
+                         "notes": [], "figures": [], "tables": [], "details_open": None, "details_close": False}
     s.update(kw)
     return s
 
@@ -150,6 +151,13 @@ def _manifest_table(label: str, manifest: Any) -> dict[str, Any] | None:
 # a diff
 
 
+def _tone(diff: Mapping[str, Any], metric: str, delta: float | None) -> str:
+    """A card's colour: only for a change judged beyond noise (judged, or not judged: never both)."""
+    if within_noise(diff, metric) is not False or not delta:
+        return ""
+    return "good" if delta < 0 else "bad"
+
+
 def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "diff", timeline: bool = True, single: bool = False) -> list[dict[str, Any]]:
     """The sections of one diff. `timeline`: draw the representative iterations and list the manifests (a
     sweep's step leaves them to the page's per-configuration timeline and manifests, which show every run once); `single`: the page holds this diff alone (its
@@ -162,14 +170,15 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     dec = diff["decomposition"]
     cards = [
         {"label": f"{t['label']} (unprofiled)", "value": f"{num(t['baseline'], RATE)} → {num(t['candidate'], RATE)}",
-         "sub": pct(t["change_pct"], missing="") + {None: "", True: " · within noise", False: " · beyond noise"}[t["within_noise"]],
-         "tone": "" if t["change_pct"] is None or t["within_noise"] else ("good" if (t["change_pct"] > 0) == t["higher_is_better"] else "bad")}
+         "sub": pct(t["change_pct"], missing="") + {None: " · not judged", True: " · within noise", False: " · beyond noise"}[t["within_noise"]],
+         # a colour only for a change judged beyond noise (one repeat a side: not judged, no colour)
+         "tone": "" if t["change_pct"] is None or t["within_noise"] is not False else ("good" if (t["change_pct"] > 0) == t["higher_is_better"] else "bad")}
         for t in throughput_rows(diff) if t["key"] in ("tokens_per_s_per_user_p50", "tokens_per_s_per_gpu")
     ] + [
-        {"label": "wall µs per iteration (mean)", "value": f"{num(w['baseline'])} → {num(w['candidate'])}", "sub": f"{num(w['delta'], sign=True)} µs {ratio_pct(w['ratio'], missing='')}",
-         "tone": "good" if (w["delta"] or 0) < 0 else "bad" if (w["delta"] or 0) > 0 else ""},
-        {"label": f"{W['window']} µs (mean)", "value": f"{num(g['baseline'])} → {num(g['candidate'])}", "sub": f"{num(g['delta'], sign=True)} µs {ratio_pct(g['ratio'], missing='')}",
-         "tone": "good" if (g["delta"] or 0) < 0 else "bad" if (g["delta"] or 0) > 0 else ""},
+        {"label": "wall µs per iteration", "value": f"{num(w['baseline'])} → {num(w['candidate'])}",
+         "sub": f"{num(w['delta'], sign=True)} µs {ratio_pct(w['ratio'], missing='')} · {noise_verdict(diff, 'wall_us')}", "tone": _tone(diff, "wall_us", w["delta"])},
+        {"label": f"{W['window']} µs", "value": f"{num(g['baseline'])} → {num(g['candidate'])}",
+         "sub": f"{num(g['delta'], sign=True)} µs {ratio_pct(g['ratio'], missing='')} · {noise_verdict(diff, 'gpu_window_us')}", "tone": _tone(diff, "gpu_window_us", g["delta"])},
     ]
     for key, label in (("kernel_launches", "kernel launches"), ("syncs", "host syncs"), ("bubble_count", "bubbles")):
         x = diff["counts"][key]
@@ -177,8 +186,10 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
                       "sub": num(x["delta"], COUNT, sign=True) if x["delta"] else "no change", "tone": ""})
     if not dec.get("exact") or dec["residual_us"]:  # an exact decomposition's 0.000 tells a reader nothing: shown only when not
         cards.append({"label": "residual", "value": f"{num(dec['residual_us'], RESIDUAL)} µs", "sub": "exact" if dec.get("exact") else "inexact", "tone": ""})
+    first, *bullets = headline_lines(diff)  # one line, then at most three bullets: the same words as the terminal and Markdown
     head = _section(f"{prefix}-summary", "Summary" if single else f"{b['label']} → {c['label']}",
-                    headline=" ".join([capture_view.diff_health(diff) + ".", *headline_lines(diff)]), cards=cards)
+                    headline=capture_view.diff_health(diff) + ". " + first, cards=cards)
+    head["bullets"] = bullets
     ee = diff.get("expected_effect")
     if ee and ee.get("known"):
         if effect_flags(ee):
@@ -186,7 +197,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
             what = [x for x, on in (("its own effect went the wrong way", ee.get("against")),
                                     (f"changes outside {ee['optimization']}'s categories ({', '.join(ee['categories']) or 'none'})", ee["flags"])) if on]
             head["flags_title"] = f"Expected-effect check: {'; '.join(what)}, threshold {ee['threshold']}"
-        elif ee.get("judged"):
+        elif ee.get("ok"):  # judged, nothing against it: the only case with a pass box
             head["ok"] = f"Expected-effect check passed: {ee['optimization']} changed nothing outside its categories ({', '.join(ee['categories']) or 'none'}) beyond {ee['threshold']}."
         else:
             head["notes"].append(f"Expected-effect check {ee['threshold']}.")
@@ -232,20 +243,21 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         metric = row_metric(group, term)
         if group == "overlap":
             bv, cv = -(bv or 0), -(cv or 0)
-        label = {"category": term, "overlap": "− overlap (multi-stream, counted once)", "idle": f"idle: {term.replace('_', ' ')}"}[group]
+        label = {"category": term, "overlap": "− overlap (multi-stream, counted once)", "idle": f"idle: {term.replace('_', ' ')}",
+                 "backlog": "backlog (GPU behind the host)"}[group]
         label = capture_view.mark(label, capture_view.doubted_in_diff(diff, {"category": "category_us", "idle": "gpu_idle_us"}.get(group, "overlap_us")))
         rows.append([label, num(bv), num(cv), num(delta, sign=True), noise_verdict(diff, metric)])
     rows.append([W["window"], num(g["baseline"]), num(g["candidate"]), num(g["delta"], sign=True), noise_verdict(diff, "gpu_window_us")])
-    rows.append(["residual", "", "", num(dec["residual_us"], RESIDUAL), "exact" if dec.get("exact") else "inexact"])
+    rows.append(["residual (worst window)", "", "", num(dec["residual_us"], RESIDUAL), "exact" if dec.get("exact") else "inexact"])
     out.append(_section(
-        f"{prefix}-decomposition", f"Where the {W['window']} went (mean µs per iteration)",
+        f"{prefix}-decomposition", f"Where the {W['window']} went (µs per iteration)", notes=[statistic_note(diff)],
         figures=[figs.div(F.waterfall_figure(diff, window=W["window"]))],
         tables=[_table(["term", "baseline", "candidate", "Δ µs", "noise"], rows, align="lrrrl")],
     ))
     ph = phase_rows(diff)
     if ph:  # the same change by phase (issue 19: where in the iteration, apart from what kind of kernel)
         out.append(_section(
-            f"{prefix}-phases", f"The same change by phase ({W['device']} time, mean µs per iteration)",
+            f"{prefix}-phases", f"The same change by phase ({W['device']} time, µs per iteration)",
             tables=[_table(["phase", "baseline", "candidate", "Δ µs", "noise"],
                            [[k, num(bv), num(cv), num(d, sign=True), noise_verdict(diff, m)] for k, bv, cv, d, m in ph], align="lrrrl")],
         ))

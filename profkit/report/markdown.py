@@ -15,7 +15,7 @@ from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import demangle
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, num, pct
-from profkit.report.views import cpu_ops_text, decomposition_rows, headline_lines, noise_verdict, phase_rows, row_metric, throughput_rows
+from profkit.report.views import cpu_ops_text, decomposition_rows, headline_lines, noise_verdict, phase_rows, row_metric, statistic_note, throughput_rows
 from profkit.report.vocab import banner, count_label, diff_timeline, words
 
 GITHUB_COMMENT_LIMIT = 65_536
@@ -50,7 +50,7 @@ def _table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
 
 def _noise_mark(diff: Mapping[str, Any], metric: str) -> str:
     v = noise_verdict(diff, metric)
-    return f"**{v}**" if v == "beyond noise" else v
+    return v.removesuffix("beyond noise") + "**beyond noise**" if v.endswith("beyond noise") else v
 
 
 class MarkdownRenderer(Renderer):
@@ -78,8 +78,9 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     title = f"### profkit diff: {md_escape(b['label'], max_len=80)} → {md_escape(c['label'], max_len=80)}"
     if opt:
         title += f" — {md_escape(opt, max_len=60)}"
+    first, *bullets = headline_lines(diff)  # one line, then at most three bullets
     out += [f"**{md_escape(capture_view.diff_health(diff), max_len=None)}**", "",  # issue 31: first, before any number
-            title, "", *(f"> {md_escape(line, max_len=None)}" for line in headline_lines(diff)), ""]
+            title, "", f"> **{md_escape(first, max_len=None)}**", *(f"> - {md_escape(line, max_len=None)}" for line in bullets), ""]
     out += [*(f"- {md_escape(line, max_len=None)}" for line in capture_view.diff_lines(diff)), ""] if capture_view.diff_lines(diff) else []
 
     tl = diff_timeline(diff)
@@ -89,7 +90,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     tp = throughput_rows(diff)
     if tp:
         out += ["#### Unprofiled throughput", ""]
-        mark = {None: "", True: "within noise", False: "**beyond noise**"}
+        mark = {None: "not judged", True: "within noise", False: "**beyond noise**"}
         out += _table(["metric", "baseline", "candidate", "change", "noise"], "lrrrl",
                       [[t["label"], num(t["baseline"], RATE), num(t["candidate"], RATE),
                         pct(t["change_pct"]), mark[t["within_noise"]]] for t in tp])
@@ -99,8 +100,8 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     if ee:
         if not ee.get("known"):
             out.append(f"ℹ️ {md_escape(ee.get('note'), max_len=300)}")
-        elif ee.get("ok") and not ee.get("judged", True):  # nothing judged: no "passed"
-            out.append(f"ℹ️ Expected-effect check {md_escape(ee['threshold'])}.")
+        elif not ee.get("judged"):
+            out.append(f"Expected-effect check: {md_escape(ee['threshold'])}.")
         elif ee.get("ok"):
             owned = ", ".join(md_escape(x) for x in ee["categories"]) or "none (idle and launch time only)"
             out.append(f"✅ Expected-effect check passed: no change outside {md_escape(opt)}'s categories ({owned}) beyond "
@@ -125,7 +126,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
 
     # decomposition
     dec = diff["decomposition"]
-    out.append(f"#### Where the {W['window']} went (mean µs per iteration, {md_escape(diff['shape']['label'])}, "
+    out.append(f"#### Where the {W['window']} went (µs per iteration, {md_escape(diff['shape']['label'])}, "
                f"{diff['shape']['iterations']['baseline']} vs {diff['shape']['iterations']['candidate']} iterations)")
     out.append("")
     rows = []
@@ -135,7 +136,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     # every term, the largest change first: the reader sees what moved the window in the first rows
     for group, term, delta, bv, cv in sorted(shown + [r for r in drows if r[0] != "category"], key=lambda r: -abs(r[2] or 0)):
         metric = row_metric(group, term)
-        label = {"category": f"{md_escape(term)}", "overlap": "− overlap (multi-stream, counted once)",
+        label = {"category": f"{md_escape(term)}", "overlap": "− overlap (multi-stream, counted once)", "backlog": "backlog (GPU behind the host)",
                  "idle": f"idle: {md_escape(term.replace('_', ' '))}"}[group]
         if group == "overlap":
             bv, cv = (-bv if bv is not None else None), (-cv if cv is not None else None)
@@ -147,15 +148,16 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     g = dec["gpu_window_us"]
     rows.append([f"**{W['window']}**", f"**{num(g['baseline'])}**", f"**{num(g['candidate'])}**", f"**{num(g['delta'], sign=True)}**",
                  _noise_mark(diff, "gpu_window_us")])
-    rows.append(["residual", "", "", num(dec["residual_us"], RESIDUAL, sign=True), "exact" if dec.get("exact") else "**inexact**"])
+    rows.append(["residual (worst window)", "", "", num(dec["residual_us"], RESIDUAL, sign=True), "exact" if dec.get("exact") else "**inexact**"])
     out += _table(["term (largest change first)", "baseline µs", "candidate µs", "Δ µs", "noise"], "lrrrl", rows)
+    out += ["", f"<sub>{md_escape(statistic_note(diff), max_len=None)}</sub>"]
     w = diff["wall_us"]
     out += ["", f"Wall (CPU) per iteration: {num(w['baseline'])} → {num(w['candidate'])} µs ({num(w['delta'], sign=True)} µs)."
             f" {_noise_mark(diff, 'wall_us')}".rstrip(), ""]
 
     ph = phase_rows(diff)
     if ph:
-        out += [f"#### The same change by phase ({W['device']} time, mean µs per iteration)", ""]
+        out += [f"#### The same change by phase ({W['device']} time, µs per iteration)", ""]
         out += _table(["phase", "baseline", "candidate", "Δ µs", "noise"], "lrrrl",
                       [[md_escape(k), num(bv), num(cv), num(d, sign=True), _noise_mark(diff, m)] for k, bv, cv, d, m in ph])
         out.append("")
@@ -228,7 +230,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         out += _more(len(warns), len(cut), "warnings")
         out.append("")
     out.append(f"<sub>profkit {md_escape(diff.get('profkit_version'))} · diff.json schema {diff.get('schema_version')} · rank {diff.get('rank')} · "
-               f"decomposition of mean {W['window']}, counts are medians</sub>")
+               f"decomposition: {md_escape(diff['decomposition'].get('statistic') or 'mean')}, counts are medians</sub>")
     return "\n".join(out) + "\n"
 
 

@@ -21,7 +21,8 @@ from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
 from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, num, pct
 from profkit.report.views import (
-    cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows, row_metric,
+    cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
+    row_metric, statistic_note,
     throughput_rows,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, words
@@ -164,8 +165,10 @@ def _cross_rank(x: Mapping[str, Any], console: Console, *, warnings: bool = True
 def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
     b, c = diff["baseline"], diff["candidate"]
     console.print(f"[bold]{escape(capture_view.diff_health(diff))}[/]")  # issue 31: first, before any number
-    for line in headline_lines(diff):  # the headline first (what bounds it, its own effect, what else moved, throughput)
-        console.print(f"[bold]{escape(line)}[/]")
+    first, *bullets = headline_lines(diff)  # the headline: one line, then at most three bullets
+    console.print(f"[bold]{escape(first)}[/]")
+    for line in bullets:
+        console.print(f"  • {escape(line)}")
     for line in capture_view.diff_lines(diff):
         console.print(escape(line))
     console.print(f"[bold]{escape(b['label'])}[/] → [bold]{escape(c['label'])}[/]"
@@ -177,18 +180,18 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
             t.add_column(col, justify="left" if col == "" else "right")
         for r in tp:
             t.add_row(r["label"], _num(r["baseline"], RATE), _num(r["candidate"], RATE), pct(r["change_pct"], missing=HYPHEN),
-                      {None: "", True: "[dim]within noise[/]", False: "[bold]beyond noise[/]"}[r["within_noise"]])
+                      {None: "[dim]not judged[/]", True: "[dim]within noise[/]", False: "[bold]beyond noise[/]"}[r["within_noise"]])
         console.print(t)
     ee = diff.get("expected_effect")
     if ee and ee.get("known"):
         if effect_flags(ee):
             for f in effect_flags(ee):
                 console.print(f"[bold red]flag:[/] {escape(f)}")
-        elif ee.get("judged"):
+        elif ee.get("ok"):  # judged, and nothing against it: the only case with a pass
             console.print(f"[green]expected effect ok:[/] no change outside {escape(', '.join(ee['categories']) or 'its (empty) categories')} "
                           f"beyond {escape(ee['threshold'])}")
-        else:  # nothing was judged: no "ok"
-            console.print(f"[yellow]expected effect {escape(ee['threshold'])}[/]")
+        else:
+            console.print(f"expected effect: {escape(ee['threshold'])}")
     elif ee:
         console.print(f"[yellow]note:[/] {escape(ee.get('note', ''))}")
     noise = diff.get("noise") or {}
@@ -207,18 +210,19 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
             bv, cv = -(bv or 0), -(cv or 0)
             label = "− overlap"
         else:
-            label = term if group == "category" else f"idle: {term.replace('_', ' ')}"
+            label = term if group in ("category", "backlog") else f"idle: {term.replace('_', ' ')}"
         label = capture_view.mark(label, capture_view.doubted_in_diff(diff, "category_us" if group == "category" else "gpu_idle_us"
                                                                       if group == "idle" else "overlap_us"))
         rows.append((label, _num(bv), _num(cv), _num(delta, sign=True), noise_verdict(diff, metric)))
     rows.append((W["window"], _num(g["baseline"]), _num(g["candidate"]), _num(g["delta"], sign=True), noise_verdict(diff, "gpu_window_us")))
-    rows.append(("residual", "", "", _num(diff["decomposition"]["residual_us"], RESIDUAL), "exact" if diff["decomposition"].get("exact") else "inexact"))
-    console.print(fit_table(console, f"change in mean {W['window']} per iteration ({diff['shape']['label']})",
+    rows.append(("residual (worst window)", "", "", _num(diff["decomposition"]["residual_us"], RESIDUAL), "exact" if diff["decomposition"].get("exact") else "inexact"))
+    console.print(fit_table(console, f"change in {W['window']} per iteration ({diff['shape']['label']})",
                             (("term", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)), rows))
+    console.print(f"[dim]{escape(statistic_note(diff))}[/]", soft_wrap=True)
 
     ph = phase_rows(diff)
     if ph:
-        console.print(fit_table(console, f"the same change in {W['device']} time by phase (mean µs per iteration)",
+        console.print(fit_table(console, f"the same change in {W['device']} time by phase (µs per iteration)",
                                 (("phase", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)),
                                 [(k, _num(bv), _num(cv), _num(d, sign=True), noise_verdict(diff, m)) for k, bv, cv, d, m in ph]))
 

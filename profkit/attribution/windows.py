@@ -1,0 +1,232 @@
+"""A diff's terms per profile window, and the one statistic every report shows (DESIGN.md "Categories
+and phases by ownership in a diff", "One statistic, everywhere").
+
+Pure: lists of summary.json iterations in, plain dicts out (exact Fractions of integer ns).
+
+* **By ownership.** Each compared iteration contributes the GPU time of the ops it owns
+  (``owned_category_us``, ``owned_phase_us``, ``owned_overlap_us``, summary.json v3), and the
+  **backlog** is what the clock saw that this own work does not account for: ``backlog = busy -
+  owned_gpu``. Per iteration ``window = busy + idle`` and ``sum(owned category) - owned overlap =
+  owned_gpu``, so ``window = sum(owned category) - owned overlap + idle + backlog`` exactly, and a
+  change in how far the GPU runs behind the host lands in the backlog, never in a category.
+  Summaries without the owned fields (v1, v2) fall back to time by the clock with no backlog term
+  (``basis: "clock"``): the identity still holds, but the categories carry the backlog's drift.
+* **Per window, then the median.** Each side's profile windows give exact means over their compared
+  iterations; window i of the baseline is paired with window i of the candidate (recorded next to
+  each other when the windows alternate, A B A B); a term's change is the median over the pairs of
+  the per-window change, and its noise is the largest spread (max - min): of either side's windows, or of the
+  per-window changes themselves.
+  Every pair's terms add up exactly; medians of terms need not add up, so the identity is checked
+  per window.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Any
+
+from profkit.terms import CAUSES
+
+IDLE_KEYS = (*CAUSES, "short_gaps")
+OWNED_FIELDS = ("owned_category_us", "owned_gpu_us")
+
+
+def _ns(us: float | int | None) -> int:
+    return 0 if us is None else int(round(float(us) * 1000))
+
+
+def _us(ns: Fraction | int | None) -> float | None:
+    return None if ns is None else float(Fraction(ns) / 1000)
+
+
+def basis_of(windows: Sequence[Sequence[Mapping[str, Any]]]) -> str:
+    """``ownership`` when every iteration of every window carries the owned fields (summary.json v3), else ``clock``."""
+    its = [it for w in windows for it in w]
+    return "ownership" if its and all(isinstance(it.get("owned_category_us"), Mapping) and it.get("owned_gpu_us") is not None
+                                      for it in its) else "clock"
+
+
+def components(it: Mapping[str, Any], basis: str) -> dict[str, Any]:
+    """One iteration's terms in integer ns on `basis`."""
+    idle = _ns(it.get("gpu_idle_us"))
+    busy = _ns(it.get("gpu_busy_us"))
+    by_cause = {c: _ns((it.get("bubble_us_by_cause") or {}).get(c)) for c in CAUSES}
+    by_cause["short_gaps"] = idle - sum(by_cause.values())
+    if basis == "ownership":
+        cats = {k: _ns(v) for k, v in (it.get("owned_category_us") or {}).items()}
+        owned_gpu = _ns(it.get("owned_gpu_us"))
+        overlap = sum(cats.values()) - owned_gpu  # == owned_overlap_us, recomputed from the same ns
+        phases = {k: _ns(v) for k, v in (it.get("owned_phase_us") or {}).items()}
+        backlog = busy - owned_gpu
+    else:
+        cats = {k: _ns(v) for k, v in (it.get("category_us") or {}).items()}
+        overlap = _ns(it.get("overlap_us"))
+        phases = {k: _ns(v) for k, v in (it.get("phase_us") or {}).items()}
+        backlog = 0
+    return {"window": _ns(it.get("gpu_window_us")), "busy": busy, "wall": _ns(it.get("wall_us")), "idle": idle,
+            "overlap": overlap, "backlog": backlog, "cats": cats, "phases": phases, "idle_by": by_cause}
+
+
+def flat_means(its: Sequence[Mapping[str, Any]], basis: str) -> dict[str, Fraction]:
+    """Exact means over `its` of every term, as flat keys (``gpu_window_us``, ``category_us.topk``,
+    ``phase_us.draft``, ``overlap_us``, ``idle_us_by_cause.sync``, ``backlog_us``, ...); a
+    category missing from an iteration counts 0."""
+    n = len(its)
+    out: dict[str, Fraction] = {}
+    if n == 0:
+        return out
+    sums: dict[str, int] = {}
+
+    def add(k: str, v: int) -> None:
+        sums[k] = sums.get(k, 0) + v
+
+    for it in its:
+        c = components(it, basis)
+        for k, name in (("window", "gpu_window_us"), ("busy", "gpu_busy_us"), ("wall", "wall_us"), ("idle", "idle_us"),
+                        ("overlap", "overlap_us"), ("backlog", "backlog_us")):
+            add(name, c[k])
+        for k, v in c["cats"].items():
+            add(f"category_us.{k}", v)
+        for k, v in c["phases"].items():
+            add(f"phase_us.{k}", v)
+        for k, v in c["idle_by"].items():
+            add(f"idle_us_by_cause.{k}", v)
+    return {k: Fraction(v, n) for k, v in sums.items()}
+
+
+def residual(delta: Mapping[str, Fraction]) -> Fraction:
+    """Δwindow − (ΣΔcategory − Δoverlap + ΣΔidle by cause + Δbacklog): 0 when the terms add up."""
+    g = lambda k: delta.get(k, Fraction(0))  # noqa: E731
+    cats = sum((v for k, v in delta.items() if k.startswith("category_us.")), Fraction(0))
+    idle = sum((g(f"idle_us_by_cause.{k}") for k in IDLE_KEYS), Fraction(0))
+    return g("gpu_window_us") - (cats - g("overlap_us") + idle + g("backlog_us"))
+
+
+def _median(vals: Sequence[Fraction]) -> Fraction:
+    return Fraction(statistics.median(vals))
+
+
+def window_statistic(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapping[str, Fraction]]) -> dict[str, Any]:
+    """Per key: each side's median over its windows (and spread), the median over paired windows of
+    the per-window change, the noise (the largest spread), and the pairs' own changes. `base` and
+    `cand` are per-window flat means (`flat_means`), in recording order."""
+    keys = sorted({k for m in (*base, *cand) for k in m})
+    pairs = list(zip(base, cand))
+    out: dict[str, Any] = {}
+    for k in keys:
+        bv = [m.get(k, Fraction(0)) for m in base]
+        cv = [m.get(k, Fraction(0)) for m in cand]
+        d = [c.get(k, Fraction(0)) - b.get(k, Fraction(0)) for b, c in pairs]
+        sb, sc = max(bv) - min(bv), max(cv) - min(cv)
+        sd = max(d) - min(d) if d else Fraction(0)
+        # the noise: the larger of either side's spread over its windows and the spread of the per-window changes
+        # themselves (a change that one pair of windows shows and another does not is not established)
+        out[k] = {"baseline": _median(bv), "candidate": _median(cv), "baseline_spread": sb, "candidate_spread": sc,
+                  "delta_spread": sd, "delta": _median(d), "noise": max(sb, sc, sd), "per_window": d}
+    return out
+
+
+def unstable_windows(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapping[str, Fraction]], ratio: float) -> str | None:
+    """A sentence when one side's windows disagree by more than `ratio` (max/min of their mean GPU window), else None."""
+    bad = []
+    for side, ws in (("baseline", base), ("candidate", cand)):
+        v = [w.get("gpu_window_us", Fraction(0)) for w in ws]
+        if len(v) > 1 and min(v) > 0 and max(v) / min(v) > Fraction(ratio):
+            bad.append(f"the {side}'s profile windows disagree {float(max(v) / min(v)):.1f}× (mean GPU window "
+                       f"{float(min(v)) / 1000:,.0f}–{float(max(v)) / 1000:,.0f} µs)")
+    return "; ".join(bad) or None
+
+
+def judged(base: Sequence[Any], cand: Sequence[Any]) -> bool:
+    """Whether a noise estimate exists: a window on each side and at least two on one."""
+    return bool(base) and bool(cand) and max(len(base), len(cand)) >= 2
+
+
+def within(delta: Fraction, noise: Fraction) -> bool:
+    """A change smaller than the noise (or none at all) is within noise."""
+    return delta == 0 or abs(delta) < noise
+
+
+def decomposition(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapping[str, Fraction]], basis: str, *,
+                  unstable: str | None = None) -> dict[str, Any]:
+    """diff.json's ``decomposition``: every term as the statistic (median over paired windows of the
+    per-window change), its noise beside it (None when not judged), each pair's exact terms and
+    residual, and each side's medians over its windows."""
+    st = window_statistic(base, cand)
+    use_noise = judged(base, cand) and unstable is None  # unstable windows: not judged, whatever their spread
+    cats = sorted(k.split(".", 1)[1] for k in st if k.startswith("category_us."))
+    phases = sorted(k.split(".", 1)[1] for k in st if k.startswith("phase_us."))
+    z = {"delta": Fraction(0), "noise": Fraction(0), "baseline": Fraction(0), "candidate": Fraction(0), "per_window": []}
+    get = lambda k: st.get(k, z)  # noqa: E731
+
+    def by_size(keys: Sequence[str], prefix: str) -> list[str]:
+        return sorted(keys, key=lambda k: (-abs(get(f"{prefix}.{k}")["delta"]), k))
+
+    def delta(k: str) -> float | None:
+        return _us(get(k)["delta"])
+
+    def noise(k: str) -> float | None:
+        return _us(get(k)["noise"]) if use_noise else None
+
+    def side(which: str) -> dict[str, Any]:
+        return {
+            "gpu_window_us": _us(get("gpu_window_us")[which]), "gpu_busy_us": _us(get("gpu_busy_us")[which]),
+            "category_us": {k: _us(get(f"category_us.{k}")[which]) for k in cats},
+            "phase_us": {k: _us(get(f"phase_us.{k}")[which]) for k in phases},
+            "overlap_us": _us(get("overlap_us")[which]), "idle_us": _us(get("idle_us")[which]),
+            "idle_us_by_cause": {k: _us(get(f"idle_us_by_cause.{k}")[which]) for k in IDLE_KEYS},
+            "backlog_us": _us(get("backlog_us")[which]),
+        }
+
+    per_window = []
+    worst = Fraction(0)
+    for i, (b, c) in enumerate(zip(base, cand)):
+        d = {k: c.get(k, Fraction(0)) - b.get(k, Fraction(0)) for k in st}
+        r = residual(d)
+        worst = max(worst, abs(r))
+        per_window.append({
+            "window": i, "gpu_window_us": _us(d.get("gpu_window_us", Fraction(0))),
+            "category_us": {k: _us(d.get(f"category_us.{k}", Fraction(0))) for k in cats},
+            "overlap_us": _us(d.get("overlap_us", Fraction(0))),
+            "idle_us_by_cause": {k: _us(d.get(f"idle_us_by_cause.{k}", Fraction(0))) for k in IDLE_KEYS},
+            "backlog_us": _us(d.get("backlog_us", Fraction(0))),
+            "phase_us": {k: _us(d.get(f"phase_us.{k}", Fraction(0))) for k in phases},
+            "residual_us": _us(r), "exact": r == 0,
+        })
+    n = len(per_window)
+    g = get("gpu_window_us")
+    return {
+        "unstable": unstable,
+        "statistic": (f"median over {n} profile windows of the per-window change" if n > 1 else
+                      "mean over the compared iterations (one profile window a side)"),
+        "basis": basis,
+        "windows": n,
+        "judged": use_noise,
+        "identity": ("per window: delta gpu_window = sum(delta category) - delta overlap + sum(delta idle by cause) + delta backlog"
+                     + ("; categories, phases and overlap by ownership, backlog = busy - owned GPU time" if basis == "ownership" else
+                        "; categories by the clock (the summaries have no owned_category_us: re-run profkit analyze to split out the backlog)")),
+        "gpu_window_us": {"baseline": _us(g["baseline"]), "candidate": _us(g["candidate"]), "delta": _us(g["delta"]),
+                          # the change's own ratio (1 + delta / baseline), so that ratio and delta say the same
+                          "ratio": float((g["baseline"] + g["delta"]) / g["baseline"]) if g["baseline"] else None},
+        "category_us": {k: delta(f"category_us.{k}") for k in by_size(cats, "category_us")},
+        "overlap_us": delta("overlap_us"),
+        "idle_us": delta("idle_us"),
+        "idle_us_by_cause": {k: delta(f"idle_us_by_cause.{k}") for k in IDLE_KEYS},
+        "backlog_us": delta("backlog_us"),
+        "phase_us": {k: delta(f"phase_us.{k}") for k in by_size(phases, "phase_us")},
+        # the noise each term is judged against (None: not judged), keyed like the terms
+        "spread_us": {
+            "gpu_window_us": noise("gpu_window_us"),
+            "category_us": {k: noise(f"category_us.{k}") for k in cats},
+            "overlap_us": noise("overlap_us"), "idle_us": noise("idle_us"),
+            "idle_us_by_cause": {k: noise(f"idle_us_by_cause.{k}") for k in IDLE_KEYS},
+            "backlog_us": noise("backlog_us"),
+            "phase_us": {k: noise(f"phase_us.{k}") for k in phases},
+        },
+        "residual_us": _us(worst), "exact": all(p["exact"] for p in per_window),
+        "per_window": per_window,
+        "baseline": side("baseline"),
+        "candidate": side("candidate"),
+    }
