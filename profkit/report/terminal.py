@@ -218,7 +218,7 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
     rows.append(("residual (worst window)", "", "", _num(diff["decomposition"]["residual_us"], RESIDUAL), "exact" if diff["decomposition"].get("exact") else "inexact"))
     console.print(fit_table(console, f"change in {W['window']} per iteration ({diff['shape']['label']})",
                             (("term", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)), rows))
-    console.print(f"[dim]{escape(statistic_note(diff))}[/]", soft_wrap=True)
+    console.print(f"[dim]{escape(statistic_note(diff))}[/]")
 
     ph = phase_rows(diff)
     if ph:
