@@ -28,7 +28,7 @@ WHOLE_TRACE = "<whole trace>"
 _STEP = re.compile(r"^step\[([A-Z_]+)(?:[^\]]*?\bbs=(\d+))?")
 # simple annotation: execute_context_<n>(<tokens>)_generation_<n>(<tokens>); detailed
 # (detailed_trace_annotation): execute_<tokens>_context_<n>(sq<tokens>sk...)_generation_<n>(sq<tokens>sk...)
-_VLLM = re.compile(r"^execute_(?:\d+_)?context_(\d+)\(.*?\)_generation_(\d+)\((?:sq)?(\d+)")
+_VLLM = re.compile(r"^execute_(?:\d+_)?context_(\d+)\(.*?\)_generation_(\d+)\((?:sq)?(\d+)?")
 _KIND = {"DECODE": "decode", "VERIFY": "verify", "TARGET_VERIFY": "verify", "EXTEND": "extend", "MIXED": "mixed",
          "SPLIT_PREFILL": "extend", "PREFILL": "extend"}
 _PRIORITY = {"verify": 0, "decode": 1, "mixed": 2, "extend": 3, "empty": 4}
@@ -176,7 +176,8 @@ def parse_kind(name: str) -> tuple[str | None, int | None]:
         return _KIND.get(m.group(1)), int(m.group(2)) if m.group(2) else None
     m = _VLLM.match(name)
     if m:
-        ctx, gen, gen_tokens = int(m.group(1)), int(m.group(2)), int(m.group(3))
+        ctx, gen = int(m.group(1)), int(m.group(2))
+        gen_tokens = int(m.group(3)) if m.group(3) else gen  # no token count: not told apart from decode
         if ctx == 0 and gen == 0:
             return "empty", 0
         if ctx == 0:
