@@ -46,17 +46,20 @@ def test_replica_refuses_cutedsl_off_blackwell(tmp_path, replica_python):
                         "--port", str(port)], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0
     assert "--bf16-gemm-backend cutedsl requires SM100/SM103 (Blackwell)" in p.stderr
-    env["SGLANG_REPLICA_GPU_CAPABILITY"] = "10.0"  # Blackwell: it starts (stopped at once)
-    q = subprocess.Popen([str(replica_python), "-m", "sglang.launch_server", "--model-path", "m", "--bf16-gemm-backend", "cutedsl",
-                          "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env["SGLANG_REPLICA_GPU_CAPABILITY"] = "10.0"  # Blackwell: it starts (then profkit's Server stops it and its helper)
+    from profkit.capture.server import Server
+    from profkit.targets.spec import LaunchSpec
+
+    spec = LaunchSpec(target="sglang", argv=[str(replica_python), "-m", "sglang.launch_server", "--model-path", "m",
+                                             "--bf16-gemm-backend", "cutedsl", "--port", str(port)],
+                      env={"SGLANG_REPLICA_GPU_CAPABILITY": "10.0"}, host="127.0.0.1", port=port, world_size=1, teardown_s=30)
+    server = Server(spec, tmp_path / "server.log")
     try:
-        for line in q.stdout:
-            if "Uvicorn running" in line:
-                break
-        assert q.poll() is None
+        server.start()
+        server.wait_healthy(120)
     finally:
-        q.terminate()
-        q.wait(60)
+        server.stop()
+    assert_nothing_left(port)
 
 
 @pytest.mark.skipif(not NO_GPU, reason="needs a machine without nvidia-smi (SGLang's CPU case)")

@@ -116,3 +116,19 @@ def test_accept_length_from_vllms_counters():
         assert accept_length(before, spec_counters(url)) == 2.5  # 20 drafts, 30 accepted: 1 + 1.5
     finally:
         srv.shutdown()
+
+
+def test_a_window_without_a_step_is_refused(tmp_path):
+    """vLLM answers /stop_profile with a trace even when no engine step ran in the window (the turn
+    ended before /start_profile took effect): that file is refused, not analyzed as one 'unknown' step."""
+    import gzip
+    import json as _json
+
+    from profkit.capture.vllm import _holds_a_step
+
+    empty, step = tmp_path / "p_rank0.1.pt.trace.json.gz", tmp_path / "q_rank0.1.pt.trace.json.gz"
+    empty.write_bytes(gzip.compress(_json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::to", "ts": 1, "dur": 1}]}).encode()))
+    pad = [{"ph": "X", "cat": "cpu_op", "name": "x" * 100, "ts": i, "dur": 1} for i in range(20000)]  # the span after the first MiB
+    step.write_bytes(gzip.compress(_json.dumps({"traceEvents": [*pad, {"ph": "X", "cat": "user_annotation",
+                                                                        "name": "execute_context_0(0)_generation_1(1)", "ts": 1, "dur": 1}]}).encode()))
+    assert not _holds_a_step(empty) and _holds_a_step(step)

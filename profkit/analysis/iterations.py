@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass
-from typing import cast
 
 import polars as pl
 
@@ -106,14 +105,14 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
                 used = regex
                 break
     if used == WHOLE_TRACE:
-        firsts = [cast(int, f["ts_ns"].min()) for f in (trace.cpu, trace.calls, trace.gpu_ops) if f.height]
-        lasts = [cast(int, f["end_ns"].max()) for f in (trace.cpu, trace.calls, trace.gpu_ops) if f.height]
-        first, last = (min(firsts), max(lasts)) if firsts else (0, 0)
+        starts = [f["ts_ns"].min() for f in (trace.cpu, trace.calls, trace.gpu_ops) if f.height]
+        ends = [f["end_ns"].max() for f in (trace.cpu, trace.calls, trace.gpu_ops) if f.height]
+        s, e = (min(starts), max(ends)) if starts else (0, 0)
         warnings.append(
             "no iteration marker found (scheduler.run_batch, step[...], execute_..., ProfilerStep#N): the whole trace is one window"
         )
         frame = pl.DataFrame(
-            {"iteration": [0], "cpu_start_ns": [first], "cpu_end_ns": [last], "marker": [WHOLE_TRACE], "kind": ["unknown"], "batch_size": [None]},
+            {"iteration": [0], "cpu_start_ns": [s], "cpu_end_ns": [e], "marker": [WHOLE_TRACE], "kind": ["unknown"], "batch_size": [None]},
             schema=ITERATIONS_SCHEMA,
         )
         return Iterations(frame, used, tuple(warnings))
@@ -177,9 +176,8 @@ def parse_kind(name: str) -> tuple[str | None, int | None]:
         return _KIND.get(m.group(1)), int(m.group(2)) if m.group(2) else None
     m = _VLLM.match(name)
     if m:
-        # the generation requests' token count where the span says it (0.32); else one token each
         ctx, gen = int(m.group(1)), int(m.group(2))
-        gen_tokens = int(m.group(3)) if m.group(3) else gen
+        gen_tokens = int(m.group(3)) if m.group(3) else gen  # no token count: not told apart from decode
         if ctx == 0 and gen == 0:
             return "empty", 0
         if ctx == 0:
