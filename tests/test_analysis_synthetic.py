@@ -110,7 +110,8 @@ def test_summary_json_fields(analysis):
     assert [i["phase_us"] for i in r["iterations"]] == [{"decode": 40.0}, {"decode": 35.0}, {"decode": 20.0}]
     assert [i["spill_us"] for i in r["iterations"]] == [0.0, 15.0, 0.0]
     assert r["outside_iterations"] == {"gpu_ops": 0, "gpu_us": 0.0, "before_first": 0, "after_last": 0, "no_launch_in_trace": 0,
-                                       "device_busy_us": 110.0}
+                                       "device_busy_us": 110.0, "gpu_kernels": 0, "memcpy": {"h2d": 0, "d2h": 0, "d2d": 0, "other": 0},
+                                       "memset": 0, "launch_calls": 0, "syncs": 0, "sync_copies": 0}
     assert r["device_records"] == "present" and r["syncs_total"] == 2 and r["bubbles_total"] == len(r["bubbles"])
 
 
