@@ -23,7 +23,9 @@ RULES = [("draft_extend", r"^(draft_extend|spec\.draft_extend)\b"), ("draft", r"
 def per_iteration(path):
     ev = json.load(gzip.open(path))["traceEvents"]
     xs = [e for e in ev if e.get("ph") == "X"]
-    its = sorted((e for e in xs if e["name"] == "scheduler.run_batch"), key=lambda e: e["ts"])
+    # the host's spans only: Kineto also copies each annotation onto the GPU timeline (cat gpu_user_annotation),
+    # and those copies are not iterations
+    its = sorted((e for e in xs if e["name"] == "scheduler.run_batch" and e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
     spans = [e for e in xs if e.get("cat") == "user_annotation"]
     launches = {e["args"]["correlation"]: e for e in xs if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     out = [defaultdict(float) for _ in its]
