@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from profkit.cli.common import Target, command, err, option, options_from, out
 from profkit.errors import UsageError
