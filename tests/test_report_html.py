@@ -309,3 +309,49 @@ def test_one_diff_page_does_not_repeat_its_title_nor_show_an_exact_zero_residual
     h = re.findall(r"<h[12]>([^<]*)</h[12]>", html)
     assert h[1] == "Summary" and h[0] != h[1]
     assert d["decomposition"]["exact"] and '<div class="label">residual</div>' not in html
+
+
+MEASURE = """<script>window.addEventListener("load", function () { setTimeout(function () {
+  var w = window.innerWidth, over = [];
+  document.querySelectorAll("section, table, .js-plotly-plot, .cards, .headline, .note, summary").forEach(function (e) {
+    var r = e.getBoundingClientRect(); if (r.width > 0 && r.right > w + 1) over.push(e.tagName + "." + e.className + ":" + Math.round(r.right)); });
+  document.body.setAttribute("data-measure", JSON.stringify({inner: w, scroll: document.documentElement.scrollWidth, over: over,
+    plots: document.querySelectorAll(".js-plotly-plot .main-svg").length}));
+}, 500); });</script>"""
+
+
+@needs_chromium
+@pytest.mark.parametrize("width", [900, 1400])
+def test_the_diff_and_the_sweep_hold_their_layout_at_900_px(tmp_path, width):
+    """issue 28: at 900 px (and 1400) nothing sticks out of the page: no horizontal scroll, every section,
+    table, figure and card inside the viewport; the sample diff and a 3-run sweep of the H200 proxy runs."""
+    from pathlib import Path as P
+
+    from profkit.catalog import CatalogChoice, load_catalog
+    from profkit.summarize import SummarizeOptions, summarize as summarize_files
+
+    sample = P(__file__).resolve().parent.parent / "traces" / "sample"
+    diff_page = tmp_path / "diff.html"
+    r = runner.invoke(app, ["diff", str(sample / "eager_sync.pt.trace.json.gz"), str(sample / "graph_decode.pt.trace.json.gz"), "--html", str(diff_page)])
+    assert r.exit_code == 0, r.output
+    data = P(__file__).resolve().parent / "data" / "gpu_proxy"
+    opts = SummarizeOptions(catalog=CatalogChoice(load_catalog("proxy"), "test"), cache=False)
+    runs = [(label, summarize_files([data / f"{n}.trace.json.gz"], opts).summary)
+            for n, label in (("baseline", "baseline"), ("topk_v2", "+topk_v2"), ("all", "all"))]
+    diffs = [compare_summaries(runs[0][1], s, labels=("baseline", label)) for label, s in runs[1:]]
+    sweep_page = tmp_path / "sweep.html"
+    sweep_page.write_text(HtmlRenderer().render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs))))
+    for page in (diff_page, sweep_page):
+        probe = tmp_path / f"probe-{page.name}"
+        probe.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))  # a copy: the report itself is not changed
+        r = _chromium(f"--window-size={width},1600", "--dump-dom", probe.as_uri())
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln] == []
+        m = json.loads(html_unescape(re.search(r'data-measure="([^"]*)"', r.stdout).group(1)))
+        assert m["plots"] > 0 and m["over"] == [] and m["scroll"] <= m["inner"], (page.name, m)
+
+
+def html_unescape(s: str) -> str:
+    import html
+
+    return html.unescape(s)

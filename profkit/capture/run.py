@@ -509,7 +509,8 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
         progress(f"{where} of {cfg.num_steps} iterations: waiting for turn {min(cfg.profile_turn, workload.turns - 1)}'s decode")
         got, oh = _capture_window(cfg, spec, server, run_id, out_dir, primary, manifest, workload, seed=cfg.workload.seed + 424_242 + 7 * w,
                                   tick=lambda j, w=where: tick(f"{w}: iteration ~{j}/{cfg.num_steps}" if j < cfg.num_steps
-                                                               else f"{w}: {cfg.num_steps} iterations; the server writes the trace"))
+                                                               else f"{w}: {cfg.num_steps} iterations; the server writes the trace"),
+                                  opened=lambda w=where: progress(f"{w}: profiling {cfg.num_steps} iterations"))
         files += got
         overheads.append(oh)
         yield "window"
@@ -518,7 +519,7 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
 
 def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trace_dir: Path, primary: list[dict[str, Any]],
                     manifest: Manifest, workload: Workload, *, seed: int,
-                    tick: Callable[[int], None] = lambda j: None) -> tuple[list[Path], dict[str, Any]]:
+                    tick: Callable[[int], None] = lambda j: None, opened: Callable[[], None] = lambda: None) -> tuple[list[Path], dict[str, Any]]:
     """Drive a fresh pass; once every conversation is inside `profile_turn` and decoding, open the window.
     `tick(j)`: the window's decode step as the stream shows it (chunks since the window opened, the
     most any one conversation got; an estimate: the server does not report its profiler's steps)."""
@@ -539,12 +540,12 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
 
     result: dict[str, DriveResult] = {}
     stop = threading.Event()
-    opened = threading.Event()
+    window_open = threading.Event()
     chunks: dict[int, int] = {}
     shown = [0]
 
     def on_chunk(conv: int) -> None:
-        if not opened.is_set():
+        if not window_open.is_set():
             return
         with lock:
             chunks[conv] = chunks.get(conv, 0) + 1
@@ -585,7 +586,8 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
     body = start_profile(spec.base_url, output_dir=trace_dir, profile_id=run_id, num_steps=cfg.num_steps, with_stack=cfg.with_stack,
                          record_shapes=cfg.record_shapes, activities=("CUDA_PROFILER",) if cfg.nsys else ("CPU", "GPU"))
     manifest.update(profile_request=body)
-    opened.set()
+    window_open.set()
+    opened()
     if cfg.nsys:  # no torch-profiler files: the window closes after num_steps; nsys writes its report when the server exits
         while th.is_alive():
             th.join(0.2)

@@ -40,7 +40,7 @@ def esc(s: object, max_len: int | None = MAX_HOVER_NAME) -> str:
 # that sit side by side in a decode step (attention/rope, gemm/sampling, moe/topk) far apart on the wheel
 CATEGORY_COLORS = {
     "attention": "#1F77B4", "gemm": "#2CA02C", "moe": "#9467BD", "topk": "#FF7F0E", "sampling": "#8C564B", "rope": "#E377C2",
-    "indexer": "#17BECF", "norm": "#BCBD22", "comm": "#D62728", "elementwise": "#7F7F7F", "memcpy": "#393B79", "quant": "#F7B6D2",
+    "indexer": "#17BECF", "norm": "#BCBD22", "comm": "#D62728", "elementwise": "#AEC7E8", "memcpy": "#393B79", "quant": "#F7B6D2",
     "reduce": "#637939", "spec": "#AD494A", "other": "#C7C7C7",
 }
 

@@ -342,25 +342,28 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
     if len(runs) >= 2:
         if ladder is None or len(ladder) != len(runs):
             raise ValueError(f"a report of {len(runs)} runs draws their ladder: pass Report(ladder=profkit.attribution.ladder_steps(runs))")
-        rows = []
+        rows, crows = [], []
         LW = words("cpu" if all(rank_timeline(_rank0(s)) == "cpu" for _, s in runs) else "gpu")
         cpu = LW["window"] != words("gpu")["window"]
+        tps = any(step.get("tokens_per_s_per_user") is not None or step.get("tokens_per_s") is not None for step in ladder)
         for i, ((label, s), step) in enumerate(zip(runs, ladder)):
             m = _rank0(s).get("median") or {}
-            rows.append([label, step["shape"], num(step.get("tokens_per_s_per_user"), RATE), num(step.get("tokens_per_s"), RATE), num(step["wall_us"]),
-                         "" if i == 0 else num(step["wall_delta_vs_previous_us"], sign=True),
-                         "" if i == 0 else num(step["wall_delta_vs_first_us"], sign=True), num(step["gpu_window_us"]),
-                         num(m.get("gpu_kernels"), COUNT), *([] if cpu else [num(m.get("kernel_launches"), COUNT), num(m.get("graph_launches"), COUNT),
-                                                                            num(m.get("syncs"), COUNT)]),
-                         num(m.get("bubble_us"))])
-        cols = ["configuration", "shape", "tokens/s per user (unprofiled)", "tokens/s (unprofiled)", "wall µs", "Δ vs previous", "Δ vs first",
-                f"{LW['window']} µs", LW["kernels"], *([] if cpu else ["kernel launches", "graph launches", "syncs"]), "bubble µs"]
+            rows.append([label, step["shape"], *([num(step.get("tokens_per_s_per_user"), RATE), num(step.get("tokens_per_s"), RATE)] if tps else []),
+                         num(step["wall_us"]), "" if i == 0 else num(step["wall_delta_vs_previous_us"], sign=True),
+                         "" if i == 0 else num(step["wall_delta_vs_first_us"], sign=True), num(step["gpu_window_us"])])
+            crows.append([label, num(m.get("gpu_kernels"), COUNT), *([] if cpu else [num(m.get("kernel_launches"), COUNT), num(m.get("graph_launches"), COUNT),
+                                                                                  num(m.get("syncs"), COUNT)]), num(m.get("bubble_us"))])
+        cols = ["configuration", "shape", *(["tokens/s per user (unprofiled)", "tokens/s (unprofiled)"] if tps else []), "wall µs", "Δ vs previous",
+                "Δ vs first", f"{LW['window']} µs"]
+        ccols = ["configuration", LW["kernels"], *([] if cpu else ["kernel launches", "graph launches", "syncs"]), "bubble µs"]
+        # two tables, not one of 13 columns: the ladder holds at 900 px
         out.append(_section(
-            "ladder", "Ladder", notes=["Each row against the previous one and against the first (mean µs per iteration, iterations of the shape both share); "
-                                       "tokens/s from each run's unprofiled workload (median of its repeats)."],
+            "ladder", "Ladder", notes=["Each row against the previous one and against the first (mean µs per iteration, iterations of the shape both share)"
+                                       + ("; tokens/s from each run's unprofiled workload (median of its repeats)." if tps else ".")],
             figures=[figs.div(F.ladder_figure([{"label": label, "wall_us": st["wall_us"], "gpu_window_us": st["gpu_window_us"]}
                                                for (label, _), st in zip(runs, ladder)], window=LW["window"]))],
-            tables=[_table(cols, rows, align="ll" + "r" * (len(cols) - 2), name_cols=(0,))],
+            tables=[_table(cols, rows, align="ll" + "r" * (len(cols) - 2), name_cols=(0,)),
+                    _table(ccols, crows, align="l" + "r" * (len(ccols) - 1), name_cols=(0,), caption="per iteration (medians)")],
         ))
     # headline cards per run
     for i, (label, s) in enumerate(runs):
