@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import subprocess
 import time
 from pathlib import Path
@@ -48,7 +49,14 @@ class Server:
             log.flush()
             # Ctrl-C/SIGTERM between fork and `self.proc = ...` would orphan the server: defer them
             # until the child is recorded (the child unblocks them for itself).
+            # The mask only covers this thread: a signal another thread takes (a progress bar's) still makes Python raise
+            # KeyboardInterrupt here between two bytecodes, e.g. after Popen returned and before its result is stored.
+            # So the Python-level handlers are deferred too (main thread only), and run once the child is recorded.
             sigs = {signal.SIGINT, signal.SIGTERM}
+            got: list[int] = []
+            handlers = {}
+            if threading.current_thread() is threading.main_thread():
+                handlers = {s: signal.signal(s, lambda n, _f: got.append(n)) for s in sigs}
             old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
             try:
                 self.proc = subprocess.Popen(self.spec.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -56,9 +64,15 @@ class Server:
                                              preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs))
             except OSError as e:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old)
+                for sg, h in handlers.items():
+                    signal.signal(sg, h)
                 raise TargetError(f"cannot start {self.spec.argv[0]}: {e.strerror}", hint="check --server-python / the engine's install") from None
             self._remember()
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            for sg, h in handlers.items():
+                signal.signal(sg, h)
+            for n in got[:1]:  # what arrived meanwhile, now that the child is known (stop() will find it): its own handler
+                signal.raise_signal(n)
 
     def _remember(self) -> None:
         if self.proc is None:
