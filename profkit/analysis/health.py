@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
 if TYPE_CHECKING:
     import polars as pl
@@ -81,7 +81,7 @@ def rank_facts(trace: Any, ops: pl.DataFrame, calls: pl.DataFrame, win: pl.DataF
         facts["deferred_work"] = _deferred(ops, windows)
         facts["stream_overlap"] = _stream_overlap(ops)
     facts["cut_markers"] = _cut_markers(trace, win, stubs_dropped)
-    facts["first_iteration_start_ns"] = int(win["cpu_start_ns"].min()) if win.height else None
+    facts["first_iteration_start_ns"] = int(cast(int, win["cpu_start_ns"].min())) if win.height else None
     return facts
 
 
@@ -178,8 +178,7 @@ def skew_finding(summary: Mapping[str, Any]) -> dict[str, Any] | None:
     if len(ranks) < 2:
         return None
     starts = {r["rank"]: r["capture"]["first_iteration_start_ns"] for r in ranks}
-    walls = [(r.get("median") or {}).get("wall_us") for r in ranks]
-    walls = [w for w in walls if w]
+    walls = [w for w in ((r.get("median") or {}).get("wall_us") for r in ranks) if w]
     if not walls:
         return None
     one = max(walls)
@@ -199,7 +198,7 @@ def overhead_finding(overhead: Any, window: int | None = None) -> dict[str, Any]
     if isinstance(ws, list) and ws:
         o = ws[window] if window is not None and 0 <= window < len(ws) else None
         if o is None:
-            vals = [w.get("slowdown") for w in ws if isinstance(w, Mapping) and isinstance(w.get("slowdown"), (int, float))]
+            vals = [v for w in ws if isinstance(w, Mapping) and isinstance(v := w.get("slowdown"), (int, float))]
             slow = max(vals) if vals else None
         else:
             slow = o.get("slowdown")
@@ -218,7 +217,7 @@ def assess(summary: Mapping[str, Any], overhead: Any = None, window: int | None 
     sk = skew_finding(summary)
     if sk:
         findings.append(sk)
-    run = summary.get("run") if isinstance(summary.get("run"), Mapping) else {}
+    run = got if isinstance(got := summary.get("run"), Mapping) else {}
     if overhead is None:
         overhead = run.get("profiler_overhead")
         window = run.get("window") if window is None else window

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass
+from typing import cast
 
 import polars as pl
 
@@ -86,10 +87,10 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
     if marker is not None:
         try:
             re.compile(marker)
-        except re.error as e:
+        except re.error as err:
             from profkit.errors import UsageError
 
-            raise UsageError(f"--marker {marker!r} is not a valid regex ({e})") from None
+            raise UsageError(f"--marker {marker!r} is not a valid regex ({err})") from None
         found = _markers(cpu, marker, names)
         if found.height == 0:
             raise NothingToAnalyze(
@@ -105,8 +106,8 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
                 used = regex
                 break
     if used == WHOLE_TRACE:
-        starts = [f["ts_ns"].min() for f in (trace.cpu, trace.calls, trace.gpu_ops) if f.height]
-        ends = [f["end_ns"].max() for f in (trace.cpu, trace.calls, trace.gpu_ops) if f.height]
+        starts = [cast(int, f["ts_ns"].min()) for f in (trace.cpu, trace.calls, trace.gpu_ops) if f.height]
+        ends = [cast(int, f["end_ns"].max()) for f in (trace.cpu, trace.calls, trace.gpu_ops) if f.height]
         s, e = (min(starts), max(ends)) if starts else (0, 0)
         warnings.append(
             "no iteration marker found (scheduler.run_batch, step[...], execute_..., ProfilerStep#N): the whole trace is one window"

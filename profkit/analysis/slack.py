@@ -49,7 +49,7 @@ def transitions(owned: pl.DataFrame) -> pl.DataFrame:
          .with_columns((pl.col("last_end_ns") - pl.col("next_launch_ns")).alias("slack_ns"))
          .with_columns(pl.when(pl.col("slack_ns") < 0).then(-pl.col("slack_ns")).otherwise(0).alias("exposed_ns"))
          .sort("from_iteration"))
-    return t.select(list(SCHEMA)).cast(SCHEMA)
+    return t.select(list(SCHEMA)).cast(pl.Schema(SCHEMA))
 
 
 def broken_by(trace: Any, t: pl.DataFrame, syncs: pl.DataFrame, rows_cache: dict | None = None) -> list[list[dict[str, Any]]]:
@@ -64,8 +64,8 @@ def broken_by(trace: Any, t: pl.DataFrame, syncs: pl.DataFrame, rows_cache: dict
     exp = t.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_i")).filter(pl.col("exposed_ns") > 0)
     if exp.height == 0:
         return out
-    top_id, top_ns, names = gap_tops(trace, exp["last_end_ns"], exp["next_launch_ns"], exp["tid"], rows_cache)
-    names = names.str.replace(r" at 0x[0-9a-fA-F]+>", ">").to_list()
+    top_id, top_ns, name_col = gap_tops(trace, exp["last_end_ns"], exp["next_launch_ns"], exp["tid"], rows_cache)
+    names = name_col.str.replace(r" at 0x[0-9a-fA-F]+>", ">").to_list()
     sy = syncs.select("api", "kind", "direction", "trigger", "ts_ns", "end_ns", "tid") if syncs.height else None
     for j, (i, g0, g1, tid, exposed) in enumerate(exp.select("_i", "last_end_ns", "next_launch_ns", "tid", "exposed_ns").iter_rows()):
         got: list[dict[str, Any]] = []

@@ -19,7 +19,7 @@ profiler's stop cuts it).
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
 if TYPE_CHECKING:
     import polars as pl
@@ -46,7 +46,7 @@ def rank_spec(owned: pl.DataFrame, per: pl.DataFrame) -> dict[str, Any] | None:
         key = ph if ph in PHASES else "other"
         phase_us[key] += ns / 1000.0 / n
     return {"verify_iterations": n, "owned_phase_us": phase_us, "owned_gpu_us": sum(phase_us.values()),
-            "wall_us": float(its["wall_ns"].mean()) / 1000.0}
+            "wall_us": float(cast(float, its["wall_ns"].mean())) / 1000.0}
 
 
 def window_accept(manifest: Any, window: int | None) -> tuple[float | None, str | None]:
@@ -76,7 +76,7 @@ def spec_cost(summary: Mapping[str, Any], manifest: Any = None, window: int | No
     sp = ranks[0].get("speculative") if ranks else None
     if not sp:
         return None
-    run = summary.get("run") if isinstance(summary.get("run"), Mapping) else {}
+    run = got if isinstance(got := summary.get("run"), Mapping) else {}
     if manifest is None:
         manifest = summary.get("manifest") if isinstance(summary.get("manifest"), Mapping) else (
             {"profiler_overhead": run.get("profiler_overhead"), "throughput": run.get("throughput")} if run else None)
@@ -97,7 +97,7 @@ def side_cost(summaries: list[Mapping[str, Any]], manifest: Any = None, rank: in
     each per-token figure (DESIGN.md "One statistic, everywhere") with its spread."""
     per = []
     for i, s in enumerate(summaries):
-        run = s.get("run") if isinstance(s.get("run"), Mapping) else {}
+        run = got if isinstance(got := s.get("run"), Mapping) else {}
         w = run.get("window") if isinstance(run.get("window"), int) else (i if len(summaries) > 1 else None)
         c = spec_cost(s, manifest, w, rank)
         if c is not None:

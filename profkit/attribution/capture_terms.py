@@ -9,7 +9,7 @@ or within noise) and is `not judged` with one window a side.
 from __future__ import annotations
 
 import statistics
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 from profkit.analysis import health, spec
 
@@ -35,7 +35,7 @@ def slack_side(windows: list[Mapping[str, Any]], rank: int) -> dict[str, Any] | 
     per = [p for p in per if p.get("count")]
     if not per:
         return None
-    out = {k: _stat([p[k] for p in per if p.get(k) is not None]) for k in SLACK_FIGURES}
+    out: dict[str, Any] = {k: _stat([p[k] for p in per if p.get(k) is not None]) for k in SLACK_FIGURES}
     by: dict[str, list[float]] = {}
     for p in per:
         for b in p.get("exposed_us_by_breaker") or []:
@@ -43,7 +43,7 @@ def slack_side(windows: list[Mapping[str, Any]], rank: int) -> dict[str, Any] | 
     # µs per transition by breaker, the median over the windows (a window without that breaker counts 0)
     out["exposed_us_by_breaker"] = sorted(
         ({"breaker": k, "us_per_transition": statistics.median(v + [0.0] * (len(per) - len(v)))} for k, v in by.items()),
-        key=lambda b: (-b["us_per_transition"], b["breaker"]))[:8]
+        key=lambda b: (-cast(float, b["us_per_transition"]), b["breaker"]))[:8]
     out["transitions"] = sum(p["count"] for p in per)
     # the first window's transitions, for the reports' slack-per-step strip
     out["series"] = [{k: t[k] for k in ("from", "to", "slack_us", "exposed_host_us", "broken_by")} for t in per[0].get("transitions") or []]

@@ -362,7 +362,7 @@ def _us_or_count(key: str, v: Fraction) -> float:
     return float(v) if key.startswith("counts.") else float(v / 1000)
 
 
-def _window_iterations(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> list[tuple[int, list[Mapping[str, Any]]]]:
+def _window_iterations(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> list[tuple[int, list[dict[str, Any]]]]:
     """Each profile window's (index, compared iterations); a window without the rank is left out."""
     out: list[tuple[int, list[dict[str, Any]]]] = []
     for i, s in enumerate(reps):
@@ -461,7 +461,7 @@ def _expected_effect(opt: str | None, catalog: Any, st: Mapping[str, Any], use_n
     own = ([own_term(f"category_us.{c}") for c in owned] + [own_term(f"phase_us.{p}") for p in phases]
            + [own_term(f"idle_us_by_cause.{k}") for k in idle_own])
     against = [f"{opt} moved its own {term_label(t['term'])} the wrong way: {t['delta_us']:+,.1f} µs per iteration, "
-               f"expected a decrease (beyond {judged_against(_us(drift_ns) if clock else 0.0)})" for t in own if t["as_expected"] is False]
+               f"expected a decrease (beyond {judged_against((_us(drift_ns) or 0.0) if clock else 0.0)})" for t in own if t["as_expected"] is False]
     elsewhere = [term(k) for k in sorted(st) if k.startswith("category_us.") and k.split(".", 1)[1] not in owned]
     elsewhere += [term(f"idle_us_by_cause.{k}") for k in IDLE_KEYS if k not in idle_own]
     elsewhere += [term("backlog_us")] if "backlog_us" in st else []
@@ -528,6 +528,8 @@ def _compared(baseline: Mapping[str, Any], candidate: Mapping[str, Any], rank: i
     rb, rc = pick_rank(baseline, rank, "baseline"), pick_rank(candidate, rank, "candidate")
     warnings: list[str] = []
     spec = speculative_pair(_steady(rb), _steady(rc))
+    shape: Shape | None
+    base_shape: Shape | None
     if spec is not None:  # the step itself changed: decode steps against the verify steps that replaced them
         (base_shape, shape), w = spec, [f"speculative decoding on one side: the baseline's {shape_label(spec[0])} steps are compared with "
                                         f"the candidate's {shape_label(spec[1])} steps that replaced them (a verify step yields up to "
