@@ -411,4 +411,4 @@ def test_own_effect_the_wrong_way_fails_the_check(tmp_path):
     from profkit.report import Report
 
     md = MarkdownRenderer().render(Report(diffs=[bad]))
-    assert "own effect went the wrong way" in md and "topk +10.0 µs (±" in md and "beyond noise the WRONG way" in md.split("\n")[2]
+    assert "own effect went the wrong way" in md and "topk +10.0 µs (±" in md and "beyond noise the WRONG way" in next(ln for ln in md.splitlines() if ln.startswith("> **"))  # the headline

@@ -9,7 +9,6 @@ import json
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
