@@ -45,3 +45,18 @@ def _end_started():
 
     yield
     end_started()
+
+
+def _sigterm_is_ctrl_c(signum, frame):
+    raise KeyboardInterrupt
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM to pytest (a CI timeout, a stray kill) ends the session as Ctrl-C does, so the
+    fixtures' teardown still runs and stops the servers the tests started (a plain SIGTERM would
+    leave a module fixture's servers running: seen once on this machine)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _sigterm_is_ctrl_c)
