@@ -105,3 +105,18 @@ def replica_python(tmp_path: Path) -> Path:
     w.write_text(f'#!/bin/sh\nPYTHONPATH="{REPLICA}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" "$@"\n')
     w.chmod(0o755)
     return w
+
+
+def _sigterm_is_ctrl_c(signum, frame):
+    raise KeyboardInterrupt
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM to pytest (a CI timeout, a stray kill) ends the session as Ctrl-C does, so the
+    fixtures' teardown still runs and stops the servers the tests started (a plain SIGTERM would
+    leave a module fixture's servers running: seen once on this machine)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _sigterm_is_ctrl_c)
