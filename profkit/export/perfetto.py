@@ -154,9 +154,12 @@ class _Builder:
             out.write_packet(p)
 
         streams: Iterable[Iterator[tuple[int, int, int, _Slice | None]]] = [_events(t.uuid, t.slices) for t in self.tracks if t.slices]
+        # a trace packet's timestamp is unsigned: a capture whose events start before its own zero (an Nsight
+        # Systems export's session start, say) is shifted as a whole so its first event is at 0
+        shift = max(0, -min((s.ts for t in self.tracks for s in t.slices), default=0))
         for ts, track, _order, s in heapq.merge(*streams, key=lambda e: e[0]):
             p = packet()
-            p.timestamp = ts
+            p.timestamp = ts + shift
             ev = p.track_event
             ev.track_uuid = track
             if s is None:
