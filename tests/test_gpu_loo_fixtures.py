@@ -200,16 +200,18 @@ def test_capture_count_mismatch_is_refused():
 
 
 def test_analyze_of_a_windows_run_folder_names_its_windows():
-    """`profkit analyze RUN` on a folder `trace --profile-windows 3` wrote: one line naming the windows and
-    what to run instead (exit 3), not "holds no trace files"; `diff` of the same folders works (above)."""
+    """`profkit analyze RUN` on a folder `trace --profile-windows 3` wrote: each window on its own, named
+    (issue 28: it was refused, exit 3), or the one --window names; `diff` of the same folders works (above)."""
     from typer.testing import CliRunner
 
     from profkit.cli import app
 
     r = CliRunner().invoke(app, ["analyze", str(DATA / "all"), "--no-cache"])
-    assert r.exit_code == 3
+    assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
-    assert "3 profile windows (window-0/, window-1/, window-2/)" in text and str(DATA / "all" / "window-0") in text
+    assert all(f"── {i + 1} of 3: all/window-{i}" in text for i in range(3)), text[:500]
+    r = CliRunner().invoke(app, ["analyze", str(DATA / "all"), "--no-cache", "--window", "2"])
+    assert r.exit_code == 0 and "── " not in r.output and str(DATA / "all" / "window-2") in " ".join(r.output.split())
 
 
 def _drift_us(windows: list[dict]) -> float:
