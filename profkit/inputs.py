@@ -288,12 +288,15 @@ def analysis_inputs(paths: list[Path], window: int | None = None) -> tuple[list[
     folder of traces (each profile window on its own, or only --window i), a run folder of stored
     summaries (reports/<run>/), an attribution folder (its before.json and after.json), a sweep
     folder (each run's summary.json); loose trace files and plain trace folders are analyzed together."""
-    from profkit.ingest import is_sidecar, profile_windows, skipped_files
+    from profkit.ingest import TRACE_SUFFIXES, is_sidecar, profile_windows, skipped_files
 
     loose: list[Path] = []
     out: list[Pointed] = []
     notes: list[str] = []
     for p in map(Path, paths):
+        if p.name.endswith(TRACE_SUFFIXES) and p.suffix != ".json":  # a trace file by its name: no stat here (ingest opens it once)
+            loose.append(p)
+            continue
         if p.is_file():
             if p.suffix == ".json" and (is_sidecar(p.name) or is_summary_name(p.name)):
                 out.append(Pointed(_label(p) if p.name == "summary.json" else p.stem, summary=p))

@@ -137,7 +137,7 @@ def test_server_killed_mid_run(tmp_path):
     assert_no_leftovers(port)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])  # SIGHUP: the terminal closed
 def test_interrupt_keeps_manifest_and_stops_server(tmp_path, sig):
     port = free_port()
     p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL[:6], "--turns", "40", "--no-warmup", port=port)

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import psutil
 
-HELD = (signal.SIGINT, signal.SIGTERM)
+HELD = (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
 TAG_ENV = "PROFKIT_SERVER_TAG"
 
 

@@ -93,10 +93,14 @@ def _caps(target: str) -> list[str] | None:
 
 
 def _sigterm_as_interrupt() -> None:
+    """SIGTERM, and SIGHUP (the terminal closed: a tmux window killed, an ssh session dropped), end a run as
+    Ctrl-C does: the server's tree stopped, the manifest finished."""
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup keeps its SIG_IGN
+        signal.signal(signal.SIGHUP, handler)
 
 
 def _plain(o: RunOptions) -> RunOptions:
