@@ -50,7 +50,7 @@ def run_folders(rec: Path) -> dict[str, Path]:
 
 
 def windows(run: Path, catalog: Any) -> list[dict[str, Any]]:
-    from profkit.analysis.parallel import analyze_paths
+    from profkit.analysis.parallel import analyze_runs
     from profkit.analysis.summary import build_summary
 
     caps = sorted((run / "graph_capture_profile").glob("*.json.gz"))
@@ -58,7 +58,8 @@ def windows(run: Path, catalog: Any) -> list[dict[str, Any]]:
     manifest = json.loads((run / "manifest.json").read_text())
     out = []
     for w in ws:
-        s = build_summary(analyze_paths([w], catalog=catalog, captures=caps or None, cache=False))
+        analyses = [a for r in analyze_runs([w], catalog=catalog, captures=caps or None, cache=False) for a in r.analyses]
+        s = build_summary(analyses)
         s["manifest"] = manifest
         out.append(s)
     return out
