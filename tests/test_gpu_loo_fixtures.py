@@ -6,16 +6,19 @@ why (found on the data, not tuned away)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from profkit.analysis.parallel import analyze_paths
 from profkit.analysis.summary import build_summary
 from profkit.attribution.diff import compare_summaries
 from profkit.catalog import load_catalog
 
-DATA = Path(__file__).parent / "data" / "gpu_loo"
+from conftest import public_trace
+from helpers import analyze_paths
+
+import conftest
+
+DATA = conftest.DATA / "gpu_loo"
 CAT = load_catalog("proxy")
 
 
@@ -139,7 +142,8 @@ def _eager_vs_graphs(runs) -> dict[str, float]:
 def test_eager_vs_graphs_within_10_percent_but_elementwise(runs):
     rel = _eager_vs_graphs(runs)
     assert set(rel) >= {"attention", "moe", "topk", "indexer", "gemm", "memcpy", "norm", "rope", "sampling", "elementwise"}
-    assert {k for k, v in rel.items() if abs(v) > 0.10} == {"elementwise"}, rel
+    # by ownership, median of the 3 windows (issue 30): memcpy's ~1 µs copies +10.3% as well, the same graph-replay recording effect
+    assert {k for k, v in rel.items() if abs(v) > 0.10} <= {"elementwise", "memcpy"} and rel["elementwise"] > 0.10, rel
 
 
 @pytest.mark.xfail(strict=True, reason="elementwise +13.5% under graphs (+11.5% on the previous recording): the same kernels, as many of "
@@ -181,9 +185,8 @@ def test_eager_vs_graphs_model_categories(runs):
 
 def test_public_tracelens_capture_pair_aligns_by_name():
     """The public SGLang MI300X pair: ROCm capture launches carry kernel names; all 544 replayed kernels align."""
-    pub = Path(__file__).parent / "data" / "public"
-    a = analyze_paths([pub / "tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz"],
-                      captures=[pub / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"], cache=False)
+    a = analyze_paths([public_trace("tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz")],
+                      captures=[public_trace("tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz")], cache=False)
     g = a[0].graph_capture
     assert g["graphs"] == 1 and g["replays_mapped"] == 1 and g["ops_mapped"] == 544 and g["unmapped_us"] == 0
 
@@ -226,15 +229,18 @@ def _drift_us(windows: list[dict]) -> float:
 def test_a_growing_gpu_backlog_is_measured_and_not_flagged(runs):
     """Without indexer fusion the GPU falls ever further behind the host during a window (spill_us 1.36 -> 2.48 ms
     over window 2's verify iterations): time by the clock misses ~161 µs of each iteration's work there (~194 on the
-    previous recording). The diff measures that drift, warns, and flags no category change below it (attention +42,
-    moe +28 µs); the optimization's own effect is far beyond it."""
+    previous recording). The diff measures that drift and warns; by ownership (issue 30) attention and moe no longer
+    move with it (+42 and +28 µs by the clock), the backlog term carries it; the own effect is far beyond it."""
     d = _diff(runs, "indexer_fusion")
     want = _drift_us(runs["all-indexer_fusion"]) + _drift_us(runs["all"])
     e = d["expected_effect"]
     assert e["backlog_drift_us"] == pytest.approx(want, abs=0.01) and want > 150
     assert any("backlog" in w for w in d["warnings"]) and e["flags"] == []
-    cats = d["decomposition"]["category_us"]
-    assert 0 < cats["attention"] < want and 0 < cats["moe"] < want and -cats["indexer"] > want
+    # issue 30: by ownership the drift lands in the backlog term, not in attention and moe (+41.9 and +28.1 by the clock)
+    dec = d["decomposition"]
+    cats = dec["category_us"]
+    assert dec["basis"] == "ownership" and abs(cats["attention"]) < 5 and abs(cats["moe"]) < 5 and -cats["indexer"] > want
+    assert dec["backlog_us"] > 100
 
 
 def test_the_first_measured_repeat_is_warm():
@@ -278,16 +284,16 @@ def test_headline_says_how_much_the_profiler_slowed_each_side(tmp_path, monkeypa
     assert want in text and want in " ".join(r.output.split())
     assert slow[0] > 2 and slow[1] > 2
     # with its spread (max - min of each side's 2 repeats: 979-991 and 1,104-1,130 in the manifests)
-    assert "Unprofiled tokens/s per user 985 → 1,117 (+13.4%; the repeats spread 11 and 25) beyond noise" in text
+    assert "Unprofiled tokens/s per user 985 → 1,117 (+13.4%), beyond noise (the repeats spread 11 and 25)" in text
 
 
 def test_own_effect_leads_with_categories_phases_and_idle(runs):
     """kernels/proxy.toml says what each optimization owns: categories, the phases it is confined to
-    (index_share: draft) and the idle it removes (overlap: sync, iteration_boundary; cuda_graph: launch).
+    (index_share: draft) and the idle it removes (overlap: sync, launch, iteration_boundary; cuda_graph: launch).
     Each is stated first, expected to shrink; on these runs each that moved beyond the noise shrank."""
     want = {"topk_v2": ["category_us.topk"], "indexer_fusion": ["category_us.indexer"],
             "index_share": ["category_us.indexer", "category_us.topk", "phase_us.draft"],
-            "overlap": ["idle_us_by_cause.sync", "idle_us_by_cause.iteration_boundary"],
+            "overlap": ["idle_us_by_cause.sync", "idle_us_by_cause.launch", "idle_us_by_cause.iteration_boundary"],
             "cuda_graph": ["idle_us_by_cause.launch"]}
     for opt, keys in want.items():
         ee = _diff(runs, opt)["expected_effect"]
@@ -297,24 +303,25 @@ def test_own_effect_leads_with_categories_phases_and_idle(runs):
     ee = _diff(runs, "index_share")["expected_effect"]
     draft = next(t for t in ee["own"] if t["term"] == "phase_us.draft")
     assert draft["as_expected"] is True and draft["delta_us"] < -ee["backlog_drift_us"]
-    (sync, _) = _diff(runs, "overlap")["expected_effect"]["own"]
+    (sync, _, _) = _diff(runs, "overlap")["expected_effect"]["own"]
     assert sync["as_expected"] is True
 
 
 def test_every_report_has_the_change_by_phase_with_its_noise(tmp_path, monkeypatch):
-    """index_share: the draft phase -171.0 µs beyond noise, verify within it; in the terminal, the Markdown
+    """index_share: the draft phase -171.0 µs beyond noise, "other" within it; in the terminal, the Markdown
     and the HTML (which had no phase table) alike, each phase with its verdict over the 3 windows."""
     import re
 
     md, html = tmp_path / "d.md", tmp_path / "d.html"
     r = _cli_diff(monkeypatch, "index_share", "--md", str(md), "--html", str(html))
-    assert re.search(r"draft\s+1,171\.0\s+1,000\.0\s+-171\.0\s+beyond noise", r.output)
-    assert re.search(r"verify\s+1,005\.3\s+994\.3\s+-11\.0\s+within noise", r.output)
-    assert "| draft | 1,171.0 | 1,000.0 | -171.0 | **beyond noise** |" in md.read_text()
+    # by ownership, the median of the 3 paired windows with the noise beside it (issue 30); verify +7.3 as plain_phases.py counts it
+    assert re.search(r"draft\s+1,171\.0\s+1,000\.0\s+-171\.0\s+±2\.7 beyond noise", r.output)
+    assert re.search(r"other\s+30\.5\s+35\.5\s+\+4\.2\s+±4\.8 within noise", r.output)
+    assert "| draft | 1,171.0 | 1,000.0 | -171.0 | ±2.7 **beyond noise** |" in md.read_text()
     h = html.read_text()
     sec = h[h.index("The same change by phase"):]
     sec = sec[:sec.index("</table>")]
-    assert re.search(r">draft<.*?>-171\.0<.*?>beyond noise<", sec, re.S) and re.search(r">verify<.*?>-11\.0<.*?>within noise<", sec, re.S)
+    assert re.search(r">draft<.*?>-171\.0<.*?>±2\.7 beyond noise<", sec, re.S) and re.search(r">other<.*?>\+4\.2<.*?>±4\.8 within noise<", sec, re.S)
 
 
 def test_index_share_draft_phase_against_a_plain_count(runs):

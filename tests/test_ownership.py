@@ -89,7 +89,7 @@ def test_identity_and_the_numbers_the_verdicts_use(tmp_path, monkeypatch, before
         if s is not None:
             assert f"±{s:,.1f}" in row.group(2)
     # the headline's first line says whether the own effect was judged
-    first = md.split("\n")[2]
+    first = next(ln for ln in md.splitlines() if ln.startswith("> **"))  # the headline, after the health banner
     if ee and ee.get("known") and not ee["judged"]:
         assert "not judged" in first and "--profile-windows" in first
 
@@ -102,7 +102,7 @@ def _compared(summary: dict) -> list[dict]:
 
 @pytest.mark.parametrize("run", sorted(p.name for p in LOO.glob("all*")))
 def test_owned_category_time_agrees_with_a_plain_count(run):
-    from profkit.analysis.parallel import analyze_paths
+    from helpers import analyze_paths
     from profkit.analysis.summary import build_summary
     from profkit.catalog import load_catalog
 

@@ -36,7 +36,7 @@ def test_a_user_marker_names_its_iterations(tmp_path):
     assert "unknown" not in r.output
     r = runner.invoke(app, ["diff", str(p), str(p), "--marker", "^decode_step$"])
     assert r.exit_code == 0, r.output
-    assert r.output.splitlines()[0].startswith("decode_step iterations: GPU window")
+    assert r.output.splitlines()[1].startswith("decode_step iterations: GPU window")  # after the capture-health line
 
 
 def test_vllm_mixed_step_is_mixed():

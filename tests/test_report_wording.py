@@ -98,9 +98,9 @@ def test_kernel_names_demangled_and_told_apart(tmp_path):
     if shutil.which("c++filt") is None and demangle(mangled) == mangled:
         pytest.skip("no demangler on this machine reads DF16b (binutils' c++filt does)")
     assert demangle(mangled).startswith("void aiter::add_rmsnorm_quant_kernel<std::bfloat16_t, std::bfloat16_t, 256, 16,")
-    trace = Path(__file__).resolve().parent / "data" / "public" / "tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz"
-    if not trace.exists():
-        pytest.skip(f"{trace} absent")
+    from conftest import public_trace
+
+    trace = public_trace("tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz")  # third-party: ../shared, skipped when absent
     page = tmp_path / "r.html"
     r = runner.invoke(app, ["report", str(trace), "-o", str(page)])
     assert r.exit_code == 0, r.output

@@ -101,7 +101,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
         if not ee.get("known"):
             out.append(f"ℹ️ {md_escape(ee.get('note'), max_len=300)}")
         elif not ee.get("judged"):
-            out.append(f"Expected-effect check: {md_escape(ee['threshold'])}.")
+            out.append(f"Expected-effect check {md_escape(ee['threshold'])}.")  # "not judged: ..." (this branch: nothing judged)
         elif ee.get("ok"):
             owned = ", ".join(md_escape(x) for x in ee["categories"]) or "none (idle and launch time only)"
             out.append(f"✅ Expected-effect check passed: no change outside {md_escape(opt)}'s categories ({owned}) beyond "

@@ -191,7 +191,8 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
             console.print(f"[green]expected effect ok:[/] no change outside {escape(', '.join(ee['categories']) or 'its (empty) categories')} "
                           f"beyond {escape(ee['threshold'])}")
         else:
-            console.print(f"expected effect: {escape(ee['threshold'])}")
+            sep = " " if not ee.get("judged") else ": "  # "expected effect not judged: ...", or what it was judged against
+            console.print(f"expected effect{sep}{escape(ee['threshold'])}")
     elif ee:
         console.print(f"[yellow]note:[/] {escape(ee.get('note', ''))}")
     noise = diff.get("noise") or {}
