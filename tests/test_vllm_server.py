@@ -132,5 +132,10 @@ def test_trace_against_a_real_vllm_server(tmp_path, vllm_python, switch, base):
         cache = [m["throughput"][0]["cache_hit_rate"]["median"] for m in ms]
         assert cache[0] == 0 and cache[1] > 0  # turn 2 reuses turn 1's history only with prefix caching
     # profkit returns once the tree is stopped; what is still exiting is waited for (a hang is not slowness), never ignored
-    left = [psutil.Process(pid) for pid in vllm_procs() - before if psutil.pid_exists(pid)]
+    left = []
+    for pid in vllm_procs() - before:
+        try:
+            left.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
     assert {p.pid for p in gone(left)} == set()
