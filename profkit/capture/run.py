@@ -531,12 +531,20 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
     ready = threading.Event()
     lock = threading.Lock()
 
+    # vLLM: the profiled turn's requests wait (in the driver's threads, before they are sent) until the
+    # window is open. vLLM counts the window in engine steps and has none while idle, so the window then
+    # starts with that turn's prefill; a request sent first can finish before the profiler starts (a small
+    # model decodes a token in about a millisecond on a quiet CPU), leaving a window without a step
+    gate = threading.Event()
+
     def on_submit(conv: int, t: int) -> None:
         if t == turn:
             with lock:
                 submitted[conv] = t
                 if len(submitted) >= conc:
                     ready.set()
+            if cfg.target == "vllm":
+                gate.wait(cfg.profile_timeout_s)
 
     result: dict[str, DriveResult] = {}
     stop = threading.Event()
@@ -568,13 +576,15 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
         if not server.alive():
             raise server.died("died during the capture pass")
     if cfg.target == "vllm":
-        # at once: vLLM counts the window in engine steps, so it opens with the profiled turn's prefill
-        # (one step for a short prompt) and holds num_steps steps; after a sleep, a fast engine (a small
-        # compiled model decodes a token in ~1 ms on a CPU) would have finished the turn already
+        # before the profiled turn is sent (it waits on `gate`): the window opens with that turn's prefill
+        # (one step for a short prompt) and holds num_steps steps
         t_start = time.perf_counter()
         prefix = f"{run_id}-{trace_dir.name}" if trace_dir.name.startswith("window-") else run_id
         counted = vllm_profile.spec_counters(spec.base_url)  # the window's accepted length: the counters' change across it
-        manifest.update(profile_request=vllm_profile.start(spec.base_url, prefix=prefix, num_steps=cfg.num_steps))
+        try:
+            manifest.update(profile_request=vllm_profile.start(spec.base_url, prefix=prefix, num_steps=cfg.num_steps))
+        finally:
+            gate.set()  # the requests go, whether the window opened or not (a failure is raised here, not hung on)
         got = vllm_profile.finish(spec.base_url, cfg.traces_dir / run_id, prefix, spec.world_size, timeout_s=cfg.profile_timeout_s,
                                   alive=server.alive, idle=lambda: not th.is_alive())
         accept = vllm_profile.window_accept(counted, vllm_profile.spec_counters(spec.base_url))
