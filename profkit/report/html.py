@@ -100,7 +100,7 @@ def _instability(label: str, series: Sequence[Mapping[str, Any]], window: str) -
 
 
 def _section(id: str, title: str, **kw: Any) -> dict[str, Any]:
-    s: dict[str, Any] = {"id": id, "title": title, "headline": None, "bullets": [], "cards": [], "flags": [], "flags_title": "", "ok": None,
+    s: dict[str, Any] = {"id": id, "title": title, "headline": None, "bullets": [], "cards": [], "flags": [], "flags_title": "", "ok": None, "health": None,
                          "notes": [], "figures": [], "tables": [], "details_open": None, "details_close": False}
     s.update(kw)
     return s
@@ -188,7 +188,8 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         cards.append({"label": "residual", "value": f"{num(dec['residual_us'], RESIDUAL)} µs", "sub": "exact" if dec.get("exact") else "inexact", "tone": ""})
     first, *bullets = headline_lines(diff)  # one line, then at most three bullets: the same words as the terminal and Markdown
     head = _section(f"{prefix}-summary", "Summary" if single else f"{b['label']} → {c['label']}",
-                    headline=capture_view.diff_health(diff) + ". " + first, cards=cards)
+                    headline=first, cards=cards)
+    head["health"] = capture_view.diff_health(diff)  # its own line above the headline, as in the terminal and Markdown
     head["bullets"] = bullets
     ee = diff.get("expected_effect")
     if ee and ee.get("known"):
@@ -489,14 +490,16 @@ def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[
           *, cdn: bool, title: str | None, timelines: int | None = None) -> str:
     figs = _Figures(cdn=cdn)
     sections: list[dict[str, Any]] = []
-    sweep = len(runs) >= 2
+    # a sweep leads with its ladder, each compared step collapsed below it; one compared pair (`profkit trace`) leads with its diff
+    sweep = len(runs) >= 2 and len(diffs) != 1
     demangle_many([k["name"] for d in diffs for key in ("top_movers", "kernels_added", "kernels_removed") for k in d.get(key) or []]
                   + [k["name"] for _, s in runs for k in (_rank0(s).get("kernels") or [])[:MAX_ROWS]])  # one c++filt for the page
-    rest = run_sections(runs, ladder, figs, timelines=timelines) if runs else []
+    # built in page order: the first figure built carries plotly.js for the ones below it
+    rest = run_sections(runs, ladder, figs, timelines=timelines) if runs and sweep else []
     if sweep:  # a sweep leads with its own result, the ladder; each compared step follows, collapsed
         sections.append(rest.pop(0))
     for i, d in enumerate(diffs):
-        ds = diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff", timeline=not sweep, single=len(diffs) == 1 and not runs)
+        ds = diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff", timeline=not runs, single=len(diffs) == 1)
         if sweep:
             lb, lc = d["baseline"]["label"], d["candidate"]["label"]
             common = os.path.commonprefix([lb, lc])  # run ids of one sweep share their stamp: name the steps by what differs
@@ -505,9 +508,11 @@ def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[
                 f" ({d['optimization']})" if d.get("optimization") else "") + ": " + (headline_lines(d) or [""])[0]
             ds[-1]["details_close"] = True
         sections += ds
+    if runs and not sweep:
+        rest = run_sections(runs, ladder, figs, timelines=timelines)
     sections += rest
     if title is None:
-        if diffs and not runs and len(diffs) == 1:
+        if len(diffs) == 1:
             title = f"profkit diff: {diffs[0]['baseline']['label']} → {diffs[0]['candidate']['label']}"
         elif len(runs) > 1:
             title = f"profkit sweep: {len(runs)} configurations" + (f", {len(diffs)} compared steps" if diffs else "")
