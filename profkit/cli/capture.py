@@ -190,8 +190,11 @@ class _Steps:
             from rich.table import Column
 
             # one line at any width: the description is cut at its end, never the elapsed time
-            self.live = Progress(SpinnerColumn(), TimeElapsedColumn(), TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis")),
-                                 console=err, transient=True)
+            # (the description's column takes what is left of the line, ratio=1 with expand=True: without it rich shrank
+            # every column alike and the elapsed time read "0:…" at 80 columns)
+            self.live = Progress(SpinnerColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.description}", table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
+                                 console=err, transient=True, expand=True)
 
     def __enter__(self) -> "_Steps":
         if self.live:
