@@ -202,7 +202,7 @@ def waterfall_figure(diff: Mapping[str, Any], *, max_terms: int = 12, window: st
         levels.append(level)
     lo, hi = min(levels), max(levels)
     pad = max((hi - lo) * 0.25, abs(hi) * 0.002, 1.0)
-    fig.update_yaxes(title_text="µs per iteration (mean; zoomed)", range=[max(lo - pad, 0.0), hi + pad])
+    fig.update_yaxes(title_text="µs per iteration (zoomed)", range=[max(lo - pad, 0.0), hi + pad])
     return _layout(fig, title=f"Where the {window} went: {g['delta']:+,.1f} µs per iteration", height=420)
 
 
