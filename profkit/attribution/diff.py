@@ -469,7 +469,7 @@ def _expected_effect(opt: str | None, catalog: Any, st: Mapping[str, Any], use_n
     return {
         "optimization": opt, "known": True, "catalog": cat_name, "categories": owned, "phases": phases, "idle": idle_own,
         "judged": use_noise,
-        "threshold": (f"the noise (spread over profile windows) and {_us(floor):,.1f} µs (1 µs, {MATERIAL_SHARE:.0%} of the baseline's GPU window)" if not clock or drift_ns <= ABS_THRESHOLD_NS else
+        "threshold": (f"the noise (spread over profile windows) and {_us(floor):,.1f} µs (the larger of 1 µs and {MATERIAL_SHARE:.0%} of the baseline's window)" if not clock or drift_ns <= ABS_THRESHOLD_NS else
                       f"the noise (spread over profile windows) and the GPU backlog's drift ({_us(drift_ns):,.1f} µs per iteration)")
                      if use_noise else (f"not judged: unstable ({unstable})" if unstable else "not judged: one profile window per side (no noise estimate)"),
         "backlog_drift_us": _us(drift_ns),
