@@ -245,7 +245,7 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         if group == "overlap":
             bv, cv = -(bv or 0), -(cv or 0)
         label = {"category": term, "overlap": "− overlap (multi-stream, counted once)", "idle": f"idle: {term.replace('_', ' ')}",
-                 "backlog": "backlog (GPU behind the host)"}[group]
+                 "backlog": f"backlog ({W['device']} behind the host)"}[group]
         label = capture_view.mark(label, capture_view.doubted_in_diff(diff, {"category": "category_us", "idle": "gpu_idle_us"}.get(group, "overlap_us")))
         rows.append([label, num(bv), num(cv), num(delta, sign=True), noise_verdict(diff, metric)])
     rows.append([W["window"], num(g["baseline"]), num(g["candidate"]), num(g["delta"], sign=True), noise_verdict(diff, "gpu_window_us")])

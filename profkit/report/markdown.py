@@ -136,7 +136,7 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     # every term, the largest change first: the reader sees what moved the window in the first rows
     for group, term, delta, bv, cv in sorted(shown + [r for r in drows if r[0] != "category"], key=lambda r: -abs(r[2] or 0)):
         metric = row_metric(group, term)
-        label = {"category": f"{md_escape(term)}", "overlap": "− overlap (multi-stream, counted once)", "backlog": "backlog (GPU behind the host)",
+        label = {"category": f"{md_escape(term)}", "overlap": "− overlap (multi-stream, counted once)", "backlog": f"backlog ({W['device']} behind the host)",
                  "idle": f"idle: {md_escape(term.replace('_', ' '))}"}[group]
         if group == "overlap":
             bv, cv = (-bv if bv is not None else None), (-cv if cv is not None else None)
@@ -152,8 +152,9 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     out += _table(["term (largest change first)", "baseline µs", "candidate µs", "Δ µs", "noise"], "lrrrl", rows)
     out += ["", f"<sub>{md_escape(statistic_note(diff), max_len=None)}</sub>"]
     w = diff["wall_us"]
-    out += ["", f"Wall (CPU) per iteration: {num(w['baseline'])} → {num(w['candidate'])} µs ({num(w['delta'], sign=True)} µs)."
-            f" {_noise_mark(diff, 'wall_us')}".rstrip(), ""]
+    wn = _noise_mark(diff, "wall_us")  # beside the change it judges, inside the sentence
+    out += ["", f"Wall (CPU) per iteration: {num(w['baseline'])} → {num(w['candidate'])} µs ({num(w['delta'], sign=True)} µs"
+            + (f", {wn}" if wn else "") + ").", ""]
 
     ph = phase_rows(diff)
     if ph:
