@@ -467,11 +467,19 @@ def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
     out.print(fit_table(out, title, [cols[i] for i in keep], [[r[i] for i in keep] for r in rows]))
     for f in flags:
         out.print(f"[yellow]flag:[/] {escape(f)}", soft_wrap=True)
+    # once per run, with the steps it takes part in (a ladder's middle run is one step's candidate and the next one's
+    # baseline: it was listed twice, once as each)
+    unstable: dict[str, tuple[str, list[str]]] = {}
+    config = {r.get("run_id"): r.get("label") for r in doc.get("runs") or []}  # a run by its configuration's name
     for row, d in zip(doc["attribution"], diffs):
         for side in ("baseline", "candidate"):
             u = (d.get("stability") or {}).get(side)
             if u:
-                out.print(f"[yellow]unstable:[/] {escape(row['label'])}: the {side}'s {escape(u)}; its change is the swing as much as the step", soft_wrap=True)
+                run = row.get(side) or (d.get(side) or {}).get("label") or side
+                unstable.setdefault(str(config.get(run) or run), (u, []))[1].append(row["label"])
+    for run, (u, steps) in unstable.items():
+        out.print(f"[yellow]unstable:[/] {escape(run)}: {escape(u)}; step{'s' if len(steps) > 1 else ''} {escape(', '.join(steps))}: "
+                  f"{'their changes are' if len(steps) > 1 else 'its change is'} the swing as much as the step", soft_wrap=True)
 
 
 def _d(v: Any) -> str:
