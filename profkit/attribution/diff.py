@@ -444,7 +444,7 @@ def _expected_effect(opt: str | None, catalog: Any, st: Mapping[str, Any], use_n
         })
         if flagged:
             how = f"by {pct:+.1f}%" if pct is not None else f"by {_us(m['delta']):+.1f} µs (absent in the baseline)"
-            flags.append(f"{opt} changed {cat} time {how}, outside its categories ({_us(m['delta']):+.1f} µs per iteration)")
+            flags.append(f"{opt} changed {cat} time {how}, outside its categories ({_us(m['delta']):+,.1f} µs per iteration)")
     changes.sort(key=lambda ch: -abs(ch["delta_us"]))
 
     # its own effect first: the catalog's categories, phases and idle causes of the optimization, each expected
