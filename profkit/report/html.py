@@ -107,10 +107,11 @@ def _section(id: str, title: str, **kw: Any) -> dict[str, Any]:
 
 
 def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, align: str | None = None, caption: str | None = None,
-           name_cols: Sequence[int] = (), more: str | None = None, collapsed: bool = False) -> dict[str, Any]:
+           name_cols: Sequence[int] = (), more: str | None = None, collapsed: bool = False, wide_cols: Sequence[int] = ()) -> dict[str, Any]:
+    """`wide_cols`: columns left out under 1100 px (base.html's .wide), whose text a hover elsewhere in the row keeps."""
     al = align or ("l" + "r" * (len(columns) - 1))
     return {"columns": list(columns), "rows": [list(r) for r in rows], "align": ["r" if a == "r" else "l" for a in al], "caption": caption,
-            "name_cols": list(name_cols), "more": more, "collapsed": collapsed}
+            "name_cols": list(name_cols), "more": more, "collapsed": collapsed, "wide_cols": list(wide_cols)}
 
 
 def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -131,6 +132,15 @@ def _kname(name: str) -> Any:
     """A kernel name as C++ (demangled), the name as recorded in its hover; other names as they are."""
     d = demangle(name)
     return name if d == name else {"text": d, "title": name}
+
+
+def _kname_full(k: Mapping[str, Any]) -> Any:
+    """A kernel's normalized name as C++, its full name (an example, else as recorded) in the hover: the full-name
+    column is left out at 900 px (a 300-character template name made each row 15 lines tall)."""
+    d = _kname(k["name"])
+    text = d["text"] if isinstance(d, dict) else d
+    full = (k.get("examples") or [""])[0] or k["name"]
+    return text if full == text else {"text": text, "title": full}
 
 
 def _example(k: Mapping[str, Any], max_len: int = 300) -> str:
@@ -290,17 +300,17 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
 
     movers = diff.get("top_movers") or []
     ktables = [_table([f"{W['kernel']} (normalized)", "category", "baseline µs", "candidate µs", "Δ µs", "", "full name, e.g."],
-                      [[_kname(m["name"]), m["category"], num(m["baseline_us"]), num(m["candidate_us"]), num(m["delta_us"], sign=True), m["status"],
+                      [[_kname_full(m), m["category"], num(m["baseline_us"]), num(m["candidate_us"]), num(m["delta_us"], sign=True), m["status"],
                         _example(m)] for m in movers],
-                      align="llrrrll", caption="top movers, µs per iteration", name_cols=(0, 6))]
+                      align="llrrrll", caption="top movers, µs per iteration", name_cols=(0, 6), wide_cols=(6,))]
     for key, change in (("kernels_added", "added"), ("kernels_removed", "removed")):
         ks = diff.get(key) or []
         total = diff.get(f"{key}_total", len(ks))
         if ks:
             ktables.append(_table([f"{W['kernel']} (normalized)", "category", "per iteration", "µs per iteration", "full name, e.g."],
-                                  [[_kname(k["name"]), k["category"], num(k["count_per_iteration"], RATE), num(k["us_per_iteration"]), _example(k)]
+                                  [[_kname_full(k), k["category"], num(k["count_per_iteration"], RATE), num(k["us_per_iteration"]), _example(k)]
                                    for k in ks[:MAX_ROWS]],
-                                  align="llrrl", caption=f"{total} {W['kernel']}(s) {change}", name_cols=(0, 4), collapsed=True,
+                                  align="llrrl", caption=f"{total} {W['kernel']}(s) {change}", name_cols=(0, 4), collapsed=True, wide_cols=(4,),
                                   more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
     out.append(_section(f"{prefix}-kernels", f"Top {W['kernels_plain']}", tables=ktables))
     curves = _curve_section(f"{prefix}-throughput", [(lb, throughput_points((diff.get("manifests") or {}).get("baseline"))),
@@ -502,9 +512,13 @@ def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[
         ds = diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff", timeline=not runs, single=len(diffs) == 1)
         if sweep:
             lb, lc = d["baseline"]["label"], d["candidate"]["label"]
-            common = os.path.commonprefix([lb, lc])  # run ids of one sweep share their stamp: name the steps by what differs
-            cut = common.rfind("-") + 1 if len(common) < min(len(lb), len(lc)) else 0
-            ds[0]["details_open"] = f"step {i + 1} of {len(diffs)}: {lb[cut:]} → {lc[cut:]}" + (
+            # a step by its configurations' names ("+topk_v2 → +topk_v2+overlap", from the runs' manifests), else by what
+            # differs in the run ids (one sweep's share their stamp; a ladder's next id extends the previous one)
+            config = {(sm.get("run") or {}).get("run_id"): (sm.get("run") or {}).get("label") for _, sm in runs}
+            common = os.path.commonprefix([lb, lc])
+            cut = common.rfind("-") + 1
+            lb, lc = config.get(lb) or lb[cut:] or lb, config.get(lc) or lc[cut:] or lc
+            ds[0]["details_open"] = f"step {i + 1} of {len(diffs)}: {lb} → {lc}" + (
                 f" ({d['optimization']})" if d.get("optimization") else "") + ": " + (headline_lines(d) or [""])[0]
             ds[-1]["details_close"] = True
         sections += ds
