@@ -28,7 +28,7 @@ from profkit.analysis import health
 from profkit.report import capture_view
 from profkit.report import figures as F
 from profkit.report.base import Renderer, Report
-from profkit.report.fit import demangle, demangle_many
+from profkit.report.fit import cut_names, demangle, demangle_many
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
 from profkit.report.views import (
     cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
@@ -143,7 +143,21 @@ def _kname_full(k: Mapping[str, Any]) -> Any:
     return text if full == text else {"text": text, "title": full}
 
 
-def _example(k: Mapping[str, Any], max_len: int = 300) -> str:
+KNAME_CHARS = 90  # a run's kernel name in its table, cut in the middle (at 900 px a whole template name made a row 300 px tall)
+
+
+def _knames_cut(names: Sequence[str]) -> list[Any]:
+    """A run's kernels as C++, each cut in the middle to KNAME_CHARS where the names sharing a start still differ
+    (three instantiations of one template stay apart, as in the terminal), the whole name and the recorded one in the hover."""
+    full = [demangle(n) for n in names]
+    out: list[Any] = []
+    for raw, f, c in zip(names, full, cut_names(full, KNAME_CHARS)):
+        hover = f + (f"\n{raw}" if raw != f else "")
+        out.append(c if c == hover else {"text": c, "title": hover})
+    return out
+
+
+def _example(k: Mapping[str, Any], max_len: int = 160) -> str:  # the whole name is in the row's hover
     ex = (k.get("examples") or [""])[0]
     return ex if len(ex) <= max_len else ex[: max_len - 1] + "…"
 
@@ -431,8 +445,9 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
         r = _rank0(s)
         n = max(len(r.get("iterations") or []), 1)
         ks = r.get("kernels") or []
-        tables.append(_table(["kernel", "category", "count / iter", "µs / iter", "total µs"],
-                             [[_kname(k["name"]), k["category"], num(k["count"] / n, RATE), num(k["total_us"] / n), num(k["total_us"])] for k in ks[:MAX_ROWS]],
+        tables.append(_table([f"{words(rank_timeline(r))['kernel']} (whole name in the hover)", "category", "count / iter", "µs / iter", "total µs"],
+                             [[kn, k["category"], num(k["count"] / n, RATE), num(k["total_us"] / n), num(k["total_us"])]
+                              for kn, k in zip(_knames_cut([k["name"] for k in ks[:MAX_ROWS]]), ks[:MAX_ROWS])],
                              align="llrrr", caption=f"top kernels: {label} ({len(ks)} distinct)", name_cols=(0,),
                              more=f"{len(ks) - MAX_ROWS} more not shown" if len(ks) > MAX_ROWS else None, collapsed=len(runs) > 1))
         # every sync (the summary's sync_groups; its `syncs` list is bounded), as the terminal's table has them
