@@ -100,6 +100,9 @@ def test_timeline_figure_data(hostile):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in hover and SCRIPT_NAME not in hover
     n_ops = sum(len(t.x) for t in fig.data if t.legendgroup.startswith("cat:"))
     assert n_ops == len(tl["ops"]["start_us"]) == tl["ops_total"]
+    # each op bar starts where its op starts (a bar without its base is drawn from 0: the timeline showed one bar)
+    starts = sorted(round(v, 2) for v in tl["ops"]["start_us"])
+    assert sorted(b for t in fig.data if t.legendgroup.startswith("cat:") for b in (t.base or [None])) == starts
 
 
 def test_waterfall_adds_up(hostile):

@@ -109,7 +109,9 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
             durs = _round_us([ops["dur_us"][i] for i in idx])
             # a bar with a base hovers %{x} as its end (base + x): the duration goes in customdata, the start is %{base}
             fig.add_trace(go.Bar(
-                y=[f"stream {ops['stream'][i]}" if window == "GPU window" else "aten ops" for i in idx], x=durs,  # a CPU run has no stream base=_round_us([ops["start_us"][i] for i in idx]),
+                # a CPU run has no stream: its row is its aten ops
+                y=[f"stream {ops['stream'][i]}" if window == "GPU window" else "aten ops" for i in idx], x=durs,
+                base=_round_us([ops["start_us"][i] for i in idx]),
                 customdata=durs,
                 orientation="h", name=esc(c), legendgroup=f"cat:{c}", showlegend=c not in shown,
                 marker=dict(color=colors.get(c, "#999999"), line=dict(width=0)),
