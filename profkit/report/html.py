@@ -182,6 +182,11 @@ def _tone(diff: Mapping[str, Any], metric: str, delta: float | None) -> str:
     return "good" if delta < 0 else "bad"
 
 
+def _sub(*parts: str) -> str:
+    """A card's second line, its non-empty parts joined by " · " (an unjudged diff ended one with a lone "·")."""
+    return " · ".join(p.strip() for p in parts if p and p.strip())
+
+
 def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "diff", timeline: bool = True, single: bool = False) -> list[dict[str, Any]]:
     """The sections of one diff. `timeline`: draw the representative iterations and list the manifests (a
     sweep's step leaves them to the page's per-configuration timeline and manifests, which show every run once); `single`: the page holds this diff alone (its
@@ -200,9 +205,9 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         for t in throughput_rows(diff) if t["key"] in ("tokens_per_s_per_user_p50", "tokens_per_s_per_gpu")
     ] + [
         {"label": "wall µs per iteration", "value": f"{num(w['baseline'])} → {num(w['candidate'])}",
-         "sub": f"{num(w['delta'], sign=True)} µs {ratio_pct(w['ratio'], missing='')} · {noise_verdict(diff, 'wall_us')}", "tone": _tone(diff, "wall_us", w["delta"])},
+         "sub": _sub(f"{num(w['delta'], sign=True)} µs {ratio_pct(w['ratio'], missing='')}", noise_verdict(diff, "wall_us")), "tone": _tone(diff, "wall_us", w["delta"])},
         {"label": f"{W['window']} µs", "value": f"{num(g['baseline'])} → {num(g['candidate'])}",
-         "sub": f"{num(g['delta'], sign=True)} µs {ratio_pct(g['ratio'], missing='')} · {noise_verdict(diff, 'gpu_window_us')}", "tone": _tone(diff, "gpu_window_us", g["delta"])},
+         "sub": _sub(f"{num(g['delta'], sign=True)} µs {ratio_pct(g['ratio'], missing='')}", noise_verdict(diff, "gpu_window_us")), "tone": _tone(diff, "gpu_window_us", g["delta"])},
     ]
     for key, label in (("kernel_launches", "kernel launches"), ("syncs", "host syncs"), ("bubble_count", "bubbles")):
         x = diff["counts"][key]
