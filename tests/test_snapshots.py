@@ -149,7 +149,48 @@ def test_sweep_table_snapshot(width):
             pytest.skip(f"wrote new snapshot {path.name}")
         return
     assert got == path.read_text(), "".join(difflib.unified_diff(path.read_text().splitlines(True), got.splitlines(True), path.name, "now"))
-    assert all(len(line) <= width for line in got.splitlines() if not line.startswith(("flag:", "unstable:")))
+    assert all(len(line) <= width for line in got.splitlines())  # the flag and unstable lines too: wrapped at spaces
+
+
+def test_sweep_flags_and_unstable_runs_at_80_columns():
+    """The lines under the sweep's table wrap at spaces within 80 columns (they were printed unwrapped and a
+    terminal folded them mid-number), and a run shared by two steps is listed as unstable once, with both steps."""
+    from types import SimpleNamespace
+
+    from profkit.attribution.diff import compare_summaries
+    from profkit.capture.sweep import attribution_row
+    from profkit.catalog import CatalogChoice, load_catalog
+    from profkit.cli.capture import _render_sweep
+    from profkit.summarize import SummarizeOptions, summarize
+
+    opts = SummarizeOptions(catalog=CatalogChoice(load_catalog("proxy"), "test"), cache=False)
+    s = {n: summarize([PROXY / f"{n}.trace.json.gz"], opts).summary for n in ("baseline", "topk_v2", "all")}
+    doc = {"mode": "ladder", "attribution": [], "runs": [{"run_id": "r0", "label": "baseline"}, {"run_id": "r1", "label": "+topk_v2"},
+                                                         {"run_id": "r2", "label": "+topk_v2+all"}]}
+    diffs = []
+    for a, b, label in (("baseline", "topk_v2", "+topk_v2"), ("topk_v2", "all", "+topk_v2+all")):
+        d = compare_summaries(s[a], s[b], opt="topk_v2", catalog=load_catalog("proxy"), labels=(a, b))
+        diffs.append(d)
+        run = {"baseline": "r0", "topk_v2": "r1", "all": "r2"}
+        doc["attribution"].append(attribution_row(label, "topk_v2", SimpleNamespace(run_id=run[a]), SimpleNamespace(run_id=run[b]), d, Path("pair")))
+    # what an unstable middle run of a ladder looks like in the diffs (diff.json's stability), and a long flag
+    swing = "profile window 0: GPU window 26,771–138,605 µs; profile window 1: GPU window 42,799–127,812 µs"
+    diffs[0]["stability"], diffs[1]["stability"] = {"candidate": swing}, {"baseline": swing}
+    doc["attribution"][1]["flags"] = ["topk_v2 changed indexer time by +37.2%, outside its categories (+3,376.3 µs per iteration)"]
+    saved = cli.out.width
+    cli.out.width = 80
+    try:
+        with cli.out.capture() as cap:
+            _render_sweep(doc, diffs)
+    finally:
+        cli.out._width = None
+        del saved
+    got = cap.get()
+    assert all(len(line) <= 80 for line in got.splitlines()), got
+    flat = " ".join(got.split())  # a number folded across two lines would read "26,771–13 8,605" here
+    for n in ("26,771–138,605", "42,799–127,812", "+3,376.3", "+37.2%"):
+        assert n in flat, n
+    assert got.count("unstable:") == 1 and "unstable: +topk_v2: " in got and "steps +topk_v2, +topk_v2+all:" in " ".join(got.split())
 
 
 def test_sweep_table_keeps_its_numbers_at_80_columns():

@@ -227,7 +227,7 @@ class _Steps:
             self.live.remove_task(task)
         self._line(f"{where} {label}: done; traces {res.trace_dir}, summary {res.summary_path}")
         for w in res.manifest.get("warnings") or []:  # no-op switches, --fit-context trims, an uncontrolled accept length
-            err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}", soft_wrap=True)
+            err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}")
         return res
 
     def run_all(self, cfg: RunConfig, jobs: list[tuple[dict[str, bool], str, str]]) -> list[RunResult]:
@@ -251,7 +251,7 @@ class _Steps:
         for (_, _, label), r in zip(jobs, res):
             self._line(f"{label}: done; traces {r.trace_dir}, summary {r.summary_path}")
             for w in r.manifest.get("warnings") or []:
-                err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}", soft_wrap=True)
+                err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}")
         return res
 
 
@@ -466,7 +466,7 @@ def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
     title = f"attribution ({doc['mode']}): Δ in µs per iteration (means; {W['window']}), counts per-iteration medians"
     out.print(fit_table(out, title, [cols[i] for i in keep], [[r[i] for i in keep] for r in rows]))
     for f in flags:
-        out.print(f"[yellow]flag:[/] {escape(f)}", soft_wrap=True)
+        out.print(f"[yellow]flag:[/] {escape(f)}")  # wrapped at spaces: a terminal's own wrap would split a number
     # once per run, with the steps it takes part in (a ladder's middle run is one step's candidate and the next one's
     # baseline: it was listed twice, once as each)
     unstable: dict[str, tuple[str, list[str]]] = {}
@@ -479,7 +479,7 @@ def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
                 unstable.setdefault(str(config.get(run) or run), (u, []))[1].append(row["label"])
     for run, (u, steps) in unstable.items():
         out.print(f"[yellow]unstable:[/] {escape(run)}: {escape(u)}; step{'s' if len(steps) > 1 else ''} {escape(', '.join(steps))}: "
-                  f"{'their changes are' if len(steps) > 1 else 'its change is'} the swing as much as the step", soft_wrap=True)
+                  f"{'their changes are' if len(steps) > 1 else 'its change is'} the swing as much as the step")
 
 
 def _d(v: Any) -> str:
