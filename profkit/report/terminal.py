@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from profkit.attribution.diff import shape_label, shape_of
 from profkit.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
@@ -167,8 +168,12 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
     console.print(f"[bold]{escape(capture_view.diff_health(diff))}[/]")  # issue 31: first, before any number
     first, *bullets = headline_lines(diff)  # the headline: one line, then at most three bullets
     console.print(f"[bold]{escape(first)}[/]")
-    for line in bullets:
-        console.print(f"  • {escape(line)}")
+    for line in bullets:  # a hanging indent: a bullet's second line starts under its text, not at column 0
+        g = Table.grid(padding=(0, 1))
+        g.add_column(no_wrap=True)
+        g.add_column()
+        g.add_row(" •", Text(line))
+        console.print(g)
     for line in capture_view.diff_lines(diff):
         console.print(escape(line))
     console.print(f"[bold]{escape(b['label'])}[/] → [bold]{escape(c['label'])}[/]"
