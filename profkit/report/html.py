@@ -92,11 +92,16 @@ def _instability(label: str, series: Sequence[Mapping[str, Any]], window: str) -
     """A warning when the compared iterations' windows swing (max over min above 2, the rule of diff.json's
     stability: attribution.diff.swings): their mean then says little, and a change between two such runs
     may be the swing, not the change."""
+    part = _swing(label, series, window)
+    return None if part is None else (f"unstable: {part} over the compared iterations; its mean says little, and a change may be "
+                                      "that swing (see the plot of every iteration)")
+
+
+def _swing(label: str, series: Sequence[Mapping[str, Any]], window: str) -> str | None:
     vals = [x["gpu_window_us"] for x in series if x.get("used", True) and x.get("gpu_window_us")]
     if not swings(vals):
         return None
-    return (f"unstable: {label}'s {window} per iteration swings {min(vals):,.1f} – {max(vals):,.1f} µs ({max(vals) / min(vals):.1f}×) "
-            "over the compared iterations; its mean says little, and a change may be that swing (see the plot of every iteration)")
+    return f"{label}'s {window} per iteration swings {min(vals):,.1f} – {max(vals):,.1f} µs ({max(vals) / min(vals):.1f}×)"
 
 
 def _section(id: str, title: str, **kw: Any) -> dict[str, Any]:
@@ -243,14 +248,19 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
     head["notes"] += [f"warning: {x}" for x in diff.get("warnings") or []]
 
     out = [head]
-    out += capture_section(prefix, diff, figs, lb, lc)
+    slack = capture_section(prefix, diff, figs, lb, lc)
+    if not slack and capture_view.DOUBT_NOTE in capture_view.diff_lines(diff):
+        head["notes"].append(capture_view.DOUBT_NOTE)
+    out += slack
     series = diff.get("series") or {}
     if series.get("baseline") or series.get("candidate"):
         # first among the figures: a side whose iterations swing must be seen before its mean is read
-        swing = [x for x in (_instability(lb, series.get("baseline") or [], W["window"]),
-                             _instability(lc, series.get("candidate") or [], W["window"])) if x]
-        # said once, at the plot that shows it (the headline names the unstable side too)
-        out.append(_section(f"{prefix}-windows", f"{W['window']} per iteration, each side", notes=[f"warning: {x}" for x in swing],
+        swing = [x for x in (_swing(lb, series.get("baseline") or [], W["window"]), _swing(lc, series.get("candidate") or [], W["window"])) if x]
+        # one note for both sides, at the plot that shows it (the headline names the unstable sides too; it was one note a side)
+        note = ([f"warning: unstable: {'; '.join(swing)} over the compared iterations; "
+                 f"{'their means say' if len(swing) > 1 else 'its mean says'} little, and a change may be that swing (the plot below)"]
+                if swing else [])
+        out.append(_section(f"{prefix}-windows", f"{W['window']} per iteration, each side", notes=note,
                             figures=[figs.div(F.gpu_window_figure([(lb, series.get("baseline") or []), (lc, series.get("candidate") or [])],
                                                                   window=W["window"]))]))
     timelines = diff.get("timelines") or {}  # (not `tl`: that is the sides' device timeline, which the labels below read)
@@ -349,8 +359,8 @@ def capture_section(prefix: str, diff: Mapping[str, Any], figs: _Figures, lb: st
     sl = diff.get("overlap_slack") or {}
     strips = [(lb, (sl.get("baseline") or {}).get("series") or []), (lc, (sl.get("candidate") or {}).get("series") or [])]
     lines = capture_view.diff_lines(diff)
-    if not any(t for _, t in strips) and not lines:
-        return []
+    if not any(t for _, t in strips) and all(x == capture_view.DOUBT_NOTE for x in lines):
+        return []  # nothing of its own (a CPU run has no slack): the † note goes with the summary (diff_sections)
     figures = [figs.div(capture_view.slack_strip_figure(strips))] if any(t for _, t in strips) else []
     return [_section(f"{prefix}-slack", "Overlap slack per step and speculative cost", notes=lines, figures=figures)]
 
