@@ -137,7 +137,6 @@ def test_ingest_imports_no_catalog():
     assert _edges(graph(), "profkit.ingest", "profkit.catalog") == []
 
 
-@pytest.mark.xfail(strict=True, reason="workloads/driver.py imports capture/http.py until http is a ground module (issue 26 point 1)")
 def test_workloads_import_no_capture():
     assert _edges(graph(), "profkit.workloads", "profkit.capture") == []
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from profkit.capture.http import HTTPFailure, free_port, get_json
+from profkit.http import HTTPFailure, free_port, get_json
 from profkit.capture.manifest import Manifest
 from profkit.capture.gpu import wait_gpus_free
 from profkit.capture.profile import log_size, start_profile, wait_for_traces
