@@ -13,7 +13,7 @@ from factories import BASE, CATALOG, decode_trace, summarize
 from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
 from profkit.attribution.diff import GPU_IDLE_KEYS, compare_summaries, normalize_kernel_name
-from profkit.catalog import load_catalog
+from profkit.analysis.catalog import load_catalog
 from profkit.cli import app
 from profkit.ingest import load_trace
 from profkit.report.views import decomposition_rows

@@ -129,12 +129,11 @@ def _edges(g: dict[str, set[str]], src: str | tuple[str, ...], dst: str | tuple[
 # analysing, attributing and rendering that capture/run.py and capture/sweep.py do today.
 @pytest.mark.xfail(strict=True, reason="capture/run.py analyzes and capture/sweep.py attributes and renders until the flows/ layer (issue 26 point 1)")
 def test_capture_imports_no_analysis_attribution_or_report():
-    assert _edges(graph(), "profkit.capture", ("profkit.analysis", "profkit.attribution", "profkit.report", "profkit.summarize")) == []
+    assert _edges(graph(), "profkit.capture", ("profkit.analysis", "profkit.attribution", "profkit.report", "profkit.analysis.summarize")) == []
 
 
-@pytest.mark.xfail(strict=True, reason="ingest/cache.py imports catalog (catalog_identity) until the catalog moves under analysis (issue 26 point 1)")
 def test_ingest_imports_no_catalog():
-    assert _edges(graph(), "profkit.ingest", "profkit.catalog") == []
+    assert _edges(graph(), "profkit.ingest", "profkit.analysis.catalog") == []
 
 
 def test_workloads_import_no_capture():

@@ -31,7 +31,7 @@ from profkit.workloads.agentic import Workload
 from profkit.workloads.driver import DriveResult, RequestRecord, drive
 
 if TYPE_CHECKING:
-    from profkit.catalog import CatalogChoice
+    from profkit.analysis.catalog import CatalogChoice
 
 Progress = Callable[[str], None]
 
@@ -276,7 +276,7 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
             return RunResult(run_id, states, trace_dir, report_dir, trace_dir, {}, manifest.data)
         manifest.stage("analysis")
         progress(f"{label}: analyzing")
-        from profkit.catalog import choose_catalog
+        from profkit.analysis.catalog import choose_catalog
         from profkit.store import write_json_atomic
 
         report_dir.mkdir(parents=True, exist_ok=True)
@@ -654,9 +654,9 @@ def window_accept(during: list[RequestRecord]) -> dict[str, Any] | None:
 
 def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any], catalog: CatalogChoice,
                 captures: list[Path] | None = None, window: int = 0) -> dict[str, Any]:
-    """One profile window's traces -> its summary.json (profkit.summarize, as `analyze` does it),
+    """One profile window's traces -> its summary.json (profkit.analysis.summarize, as `analyze` does it),
     with the run's `run` section (labels, switches, throughput, which profile window) added."""
-    from profkit.summarize import SummarizeOptions, summarize
+    from profkit.analysis.summarize import SummarizeOptions, summarize
 
     # ranks in parallel, large traces through the parquet cache (a later diff/report reads it)
     summary = summarize(files, SummarizeOptions(marker=cfg.marker, min_bubble_us=cfg.min_bubble_us, catalog=catalog,

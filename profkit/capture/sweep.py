@@ -90,7 +90,7 @@ def attribute(before: RunResult, after: RunResult, opts: list[str], group_dir: P
     """before.json, after.json, diff.json (+ report.html and report.md where the report modules exist) in
     group_dir: the diff, and notes for the user."""
     from profkit.attribution.diff import compare_summaries
-    from profkit.catalog import CatalogChoice
+    from profkit.analysis.catalog import CatalogChoice
     from profkit.store import write_json_atomic
 
     # the expected effect is judged with the catalog the candidate was summarized with (run_one's
