@@ -293,7 +293,7 @@ def test_cli_diff_run_folders_with_manifests_infer_the_optimization(tmp_path):
 
 
 def test_infer_optimization():
-    from profkit.inputs import infer_optimization
+    from profkit.flows.inputs import infer_optimization
 
     assert infer_optimization({"opts": "overlap"}, {"opts": "overlap,topk_v2"}) == "topk_v2"
     assert infer_optimization(None, {"config": {"opt": "cuda_graph"}}) == "cuda_graph"

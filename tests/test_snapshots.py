@@ -113,7 +113,7 @@ def _sweep_table(width: int) -> str:
     from types import SimpleNamespace
 
     from profkit.attribution.diff import compare_summaries
-    from profkit.capture.sweep import attribution_row
+    from profkit.flows.sweep import attribution_row
     from profkit.analysis.catalog import CatalogChoice, load_catalog
     from profkit.cli.capture import _render_sweep
     from profkit.analysis.summarize import SummarizeOptions, summarize

@@ -44,7 +44,7 @@ def analyze(
 
     _state["quick_exit"] = True  # see common._quick_exit
 
-    from profkit.inputs import analysis_inputs
+    from profkit.flows.inputs import analysis_inputs
 
     pointed, notes = analysis_inputs(paths, window)
     for n in notes:
@@ -172,7 +172,7 @@ def _analyze_each(pointed: list[Any], opts: Any, *, json_out: Optional[str], tim
                   catalog_note: Optional[str]) -> list[tuple[str, Any]]:
     """Several things pointed at (profile windows, a sweep's runs, stored summaries): each printed on
     its own, under a rule naming it; --json DIR/ writes one summary per thing."""
-    from profkit.inputs import check_summary, read_json
+    from profkit.flows.inputs import check_summary, read_json
     from profkit.report import Report
     from profkit.report.terminal import TerminalRenderer
     from profkit.store import json_text, write_bytes_atomic

@@ -1,6 +1,6 @@
 """The `diff`, `report` and `export-perfetto` commands.
 
-Thin: each picks the catalog (catalog.choose_catalog), resolves its inputs (profkit.inputs: traces
+Thin: each picks the catalog (catalog.choose_catalog), resolves its inputs (profkit.flows.inputs: traces
 and run folders through profkit.analysis.summarize, with the summary cache), calls the library
 (attribution, report, export) and writes atomically (profkit.store). Status lines go to stderr;
 `--json -` puts diff.json on stdout.
@@ -63,7 +63,7 @@ def diff(
     """
     from profkit.attribution.diff import compare_summaries
     from profkit.analysis.catalog import choose_catalog
-    from profkit.inputs import align_single_ranks, infer_optimization, load_pair
+    from profkit.flows.inputs import align_single_ranks, infer_optimization, load_pair
     from profkit.report import Report, get_renderer
     from profkit.report.terminal import TerminalRenderer
     from profkit.analysis.summarize import SummarizeOptions
@@ -134,7 +134,7 @@ def report(
         profkit report traces/base traces/topk -o reports/sweep.html
     """
     from profkit.analysis.catalog import choose_catalog
-    from profkit.inputs import is_diff_doc, load_side, read_json
+    from profkit.flows.inputs import is_diff_doc, load_side, read_json
     from profkit.attribution import ladder_steps
     from profkit.report import Report
     from profkit.report.html import HtmlRenderer
@@ -167,7 +167,7 @@ def report(
     for p in expanded:
         label = named.get(p)
         if window is not None and p.is_dir():
-            from profkit.inputs import profile_windows_of
+            from profkit.flows.inputs import profile_windows_of
 
             wins = profile_windows_of(p)
             hit = [w for w in wins if w.name.split("-")[1] == str(window)]
@@ -224,7 +224,7 @@ def export_perfetto(
     from profkit.ingest import load_traces
     from profkit.store import write_bytes_atomic
 
-    from profkit.inputs import analysis_inputs
+    from profkit.flows.inputs import analysis_inputs
 
     pointed, notes = analysis_inputs([trace], window)
     for n in notes:

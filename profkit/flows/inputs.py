@@ -157,9 +157,9 @@ def load_side(path: Path, opts: SummarizeOptions) -> Side:
     if not summaries:
         summaries = [summarize([path], opts).summary]
     manifest = summaries[0].get("manifest") if isinstance(summaries[0].get("manifest"), dict) else _manifest_near(path)
-    for s in summaries:
-        if manifest is not None and "manifest" not in s:
-            s["manifest"] = manifest
+    for doc in summaries:
+        if manifest is not None and "manifest" not in doc:
+            doc["manifest"] = manifest
     return Side(path, _label(path), summaries[0], summaries if len(summaries) > 1 else [], manifest)
 
 
@@ -226,7 +226,8 @@ def infer_optimization(baseline_manifest: Any, candidate_manifest: Any) -> str |
     def opts(m: Any) -> set[str] | None:
         if not isinstance(m, dict):
             return None
-        for holder in (m, m.get("config") if isinstance(m.get("config"), dict) else {}):
+        config = m.get("config")
+        for holder in (m, config if isinstance(config, dict) else {}):
             for key in ("optimizations", "opts", "opt"):
                 v = holder.get(key)
                 if isinstance(v, dict):
