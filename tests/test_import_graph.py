@@ -9,6 +9,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
 
 PKG = ROOT / "profkit"
@@ -152,6 +154,7 @@ def test_the_layer_checks_can_fail():  # _edges finds the edges that exist (the 
 LAYERS: dict[str, int] = {
     "profkit": 0, "profkit.errors": 0,                                              # ground: the error family
     "profkit.store": 1, "profkit.terms": 1, "profkit.apis": 1, "profkit.http": 1,   # ground: atomic writes, shared names, HTTP
+    "profkit.documents": 1,                                                         # ground: summary.json and diff.json as types (issue 26)
     "profkit.ingest": 2,                                                            # trace files -> tables
     "profkit.targets": 2, "profkit.workloads": 2, "profkit.proxy": 2,               # what runs: launch specs, the driver, the engine
     "profkit.analysis": 3,                                                          # tables -> summary.json (with its cache, the catalog)
@@ -165,12 +168,15 @@ LAYERS: dict[str, int] = {
 
 
 def layer_of(module: str) -> tuple[str, int]:
-    """The package a module belongs to (its LAYERS key: the longest that names it) and that package's layer."""
+    """The package a module belongs to (its LAYERS key: the longest that names it; "profkit" names only
+    the package's own __init__) and that package's layer."""
     parts = module.split(".")
-    for n in range(len(parts), 0, -1):
+    for n in range(len(parts), 1, -1):
         key = ".".join(parts[:n])
         if key in LAYERS:
             return key, LAYERS[key]
+    if module == "profkit":
+        return module, LAYERS[module]
     raise KeyError(module)
 
 
@@ -194,6 +200,8 @@ def test_every_module_has_a_layer():  # a new top-level module or package must b
         except KeyError:
             missing.append(m)
     assert missing == []
+    with pytest.raises(KeyError):
+        layer_of("profkit.unplaced")  # not the package's layer by default
 
 
 def test_no_upward_arrow():
