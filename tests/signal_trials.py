@@ -225,7 +225,8 @@ def check(trial: Trial, tmp: Path, err: str) -> None:
         if m["status"] == "running":
             bad.append(f"{m['run_id']}: manifest still says running")
     for m in interrupted:
-        trial.landed = m["stage"]
+        if m.get("error", "").startswith("interrupted during"):  # the run the signal reached (its neighbour was stopped for it)
+            trial.landed = m["stage"]
         log = tmp / "traces" / m["run_id"] / "server.log"
         spawned = log.exists() and len(log.read_text(errors="replace").splitlines()) > 1  # more than profkit's own header line
         if "server_pid" not in m:
