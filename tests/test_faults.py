@@ -18,6 +18,9 @@ from processes import HANG_S, SMALL, assert_no_leftovers, free_port, manifests, 
 
 from conftest import DATA
 
+# one test process runs this whole module (pyproject: --dist loadgroup): its trials share one calibration per target
+pytestmark = pytest.mark.xdist_group("signal_trials")
+
 pytest.importorskip("torch")
 GPU = DATA / "gpu"
 

@@ -272,9 +272,11 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
             manifest.finish("ok")
         return Recording(run_id, label, states, trace_dir, files, manifest)
     except GeneratorExit:  # run_interleaved stopped it: another run of the same command failed or was interrupted
-        server.stop(grace_s=5)
-        manifest.update(trace_files=_written(trace_dir), leftover_pids=server.leftovers())
-        manifest.finish("interrupted", error=f"stopped during {manifest.data['stage']}: another run recorded alongside it failed")
+        with held_signals(deliver=False):  # the command is already ending: a Ctrl-C meanwhile is the same end
+            server.stop(grace_s=5)
+            _record_stop(manifest, server, trace_files=_written(trace_dir))  # its pid and how it ended, as every stop records
+            manifest.finish("interrupted", error=f"stopped during {manifest.data['stage']}: another run recorded alongside it "
+                                                 "was interrupted or failed")
         raise
     except KeyboardInterrupt:
         with held_signals(deliver=False):  # a second Ctrl-C while the tree is torn down and the manifest written is the same interrupt

@@ -32,7 +32,7 @@ def _write_text(path: Path, text: str, *, announce: bool = True) -> None:
 
     write_bytes_atomic(path, text.encode("utf-8"))
     if announce:
-        err.print(f"wrote {escape(str(path))}")
+        err.print(f"wrote {escape(str(path))}", soft_wrap=True)
 
 
 @command()
@@ -91,7 +91,7 @@ def diff(
     if to_stdout:
         sys.stdout.write(get_renderer("json")().render(result))  # the same text `--json FILE` writes
     for w in wrote:
-        err.print(f"wrote {escape(w)}")
+        err.print(f"wrote {escape(w)}", soft_wrap=True)
     h = d.get("health") or {}
     check_strict(strict, [(lb, h.get("baseline")), (lc, h.get("candidate"))])
 
