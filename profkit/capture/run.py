@@ -271,7 +271,7 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
         if cfg.capture_only:
             manifest.finish("ok")
         return Recording(run_id, label, states, trace_dir, files, manifest)
-    except GeneratorExit:  # run_interleaved stopped it: another run of the same command failed or was interrupted
+    except GeneratorExit:  # record_interleaved stopped it: another run of the same command failed or was interrupted
         with held_signals(deliver=False):  # the command is already ending: a Ctrl-C meanwhile is the same end
             server.stop(grace_s=5)
             _record_stop(manifest, server, trace_files=_written(trace_dir))  # its pid and how it ended, as every stop records
