@@ -174,7 +174,7 @@ def record_interleaved(jobs: list[tuple[RunConfig, dict[str, bool], str, str]], 
 def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None,
               tick: Progress = lambda s: None) -> Any:
     """One run as a generator: it yields after its server is up, after each unprofiled repeat and after
-    each profile window (the points where `run_interleaved` lets the next run take its turn), and
+    each profile window (the points where `record_interleaved` lets the next run take its turn), and
     returns the Recording."""
     trace_dir = cfg.traces_dir / run_id
     port = cfg.port or free_port()
