@@ -33,7 +33,7 @@ from profkit import __version__
 from profkit.attribution import capture_terms
 from profkit.ingest.identity import short_label
 from profkit.errors import NothingToAnalyze, UsageError
-from profkit.findings import idle_cpu_ops, largest_bubbles
+from profkit.attribution.findings import idle_cpu_ops, largest_bubbles
 from profkit.terms import CAUSES
 from profkit.attribution.windows import basis_of, decomposition as window_decomposition, flat_means, judged, unstable_windows, window_statistic, within
 

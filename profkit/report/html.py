@@ -23,7 +23,7 @@ from markupsafe import Markup
 
 from profkit import __version__
 from profkit.attribution.diff import IDLE_KEYS, swings, throughput_points
-from profkit.findings import largest_bubbles, sync_groups
+from profkit.attribution.findings import largest_bubbles, sync_groups
 from profkit.analysis import health
 from profkit.report import capture_view
 from profkit.report import figures as F

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from profkit.attribution.diff import shape_label, shape_of
-from profkit.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
+from profkit.attribution.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
 from profkit.analysis import health
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report

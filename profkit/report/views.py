@@ -1,6 +1,6 @@
 """What every renderer says, worded once: about a diff.json, the headline sentences, the
 decomposition's rows, the unprofiled throughput rows, the noise verdict of a metric; about a
-summary's rank, the findings (profkit.findings) as sentences: the host setting the pace, GPU work
+summary's rank, the findings (profkit.attribution.findings) as sentences: the host setting the pace, GPU work
 outside every iteration, the CPU ops inside a bubble.
 
 Plain data in, plain strings and tuples out (no rich, no HTML, no Markdown): the terminal,
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from profkit.attribution.diff import IDLE_KEYS, term_label
-from profkit.findings import host_gap
+from profkit.attribution.findings import host_gap
 from profkit.report.numbers import ratio_pct
 from profkit.report.vocab import diff_timeline, rank_timeline, words
 
@@ -369,7 +369,7 @@ def idle_verdict(rank: Mapping[str, Any]) -> str | None:
     """One line when the GPU mostly idles (median idle >= IDLE_VERDICT of the median window): what bounds
     the iteration, by the largest idle cause, with the CPU op most of that idle time went to. None for a
     GPU that is mostly busy, or a CPU-only run (its "idle" is of the CPU-op timeline)."""
-    from profkit.findings import idle_cpu_ops
+    from profkit.attribution.findings import idle_cpu_ops
 
     if rank.get("device_timeline") == "cpu":
         return None

@@ -69,7 +69,7 @@ def idle_cpu_ops(rank: Mapping[str, Any], cause: str | None = None, n: int = 3) 
         for x in agg:
             if cause is None or x.get("cause") == cause:
                 got[x["cpu_op"]] = got.get(x["cpu_op"], 0.0) + (x.get("idle_us") or 0.0)
-        return sorted(got.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+        return [(k, v) for k, v in sorted(got.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
     w: dict[str, float] = {}
     for b in rank.get("bubbles") or []:
         if cause is None or b.get("cause") == cause:
