@@ -1,7 +1,7 @@
 """A diff's terms per profile window, and the one statistic every report shows (DESIGN.md "Categories
 and phases by ownership in a diff", "One statistic, everywhere").
 
-Pure: lists of summary.json iterations in, plain dicts out (exact Fractions of integer ns).
+Pure: lists of summary.json iterations (profkit.documents.Iteration) in, plain dicts out (exact Fractions of integer ns).
 
 * **By ownership.** Each compared iteration contributes the GPU time of the ops it owns
   (``owned_category_us``, ``owned_phase_us``, ``owned_overlap_us``, summary.json v3), and the
@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
+from profkit.documents import Iteration
 from profkit.terms import CAUSES
 
 IDLE_KEYS = (*CAUSES, "short_gaps")
@@ -41,35 +42,34 @@ def _us(ns: Fraction | int | None) -> float | None:
     return None if ns is None else float(Fraction(ns) / 1000)
 
 
-def basis_of(windows: Sequence[Sequence[Mapping[str, Any]]]) -> str:
+def basis_of(windows: Sequence[Sequence[Iteration]]) -> str:
     """``ownership`` when every iteration of every window carries the owned fields (summary.json v3), else ``clock``."""
     its = [it for w in windows for it in w]
-    return "ownership" if its and all(isinstance(it.get("owned_category_us"), Mapping) and it.get("owned_gpu_us") is not None
-                                      for it in its) else "clock"
+    return "ownership" if its and all(it.owned_category_us is not None and it.owned_gpu_us is not None for it in its) else "clock"
 
 
-def components(it: Mapping[str, Any], basis: str) -> dict[str, Any]:
+def components(it: Iteration, basis: str) -> dict[str, Any]:
     """One iteration's terms in integer ns on `basis`."""
-    idle = _ns(it.get("gpu_idle_us"))
-    busy = _ns(it.get("gpu_busy_us"))
-    by_cause = {c: _ns((it.get("bubble_us_by_cause") or {}).get(c)) for c in CAUSES}
+    idle = _ns(it.gpu_idle_us)
+    busy = _ns(it.gpu_busy_us)
+    by_cause = {c: _ns(it.bubble_us_by_cause.get(c)) for c in CAUSES}
     by_cause["short_gaps"] = idle - sum(by_cause.values())
     if basis == "ownership":
-        cats = {k: _ns(v) for k, v in (it.get("owned_category_us") or {}).items()}
-        owned_gpu = _ns(it.get("owned_gpu_us"))
+        cats = {k: _ns(v) for k, v in (it.owned_category_us or {}).items()}
+        owned_gpu = _ns(it.owned_gpu_us)
         overlap = sum(cats.values()) - owned_gpu  # == owned_overlap_us, recomputed from the same ns
-        phases = {k: _ns(v) for k, v in (it.get("owned_phase_us") or {}).items()}
+        phases = {k: _ns(v) for k, v in (it.owned_phase_us or {}).items()}
         backlog = busy - owned_gpu
     else:
-        cats = {k: _ns(v) for k, v in (it.get("category_us") or {}).items()}
-        overlap = _ns(it.get("overlap_us"))
-        phases = {k: _ns(v) for k, v in (it.get("phase_us") or {}).items()}
+        cats = {k: _ns(v) for k, v in it.category_us.items()}
+        overlap = _ns(it.overlap_us)
+        phases = {k: _ns(v) for k, v in it.phase_us.items()}
         backlog = 0
-    return {"window": _ns(it.get("gpu_window_us")), "busy": busy, "wall": _ns(it.get("wall_us")), "idle": idle,
+    return {"window": _ns(it.gpu_window_us), "busy": busy, "wall": _ns(it.wall_us), "idle": idle,
             "overlap": overlap, "backlog": backlog, "cats": cats, "phases": phases, "idle_by": by_cause}
 
 
-def flat_means(its: Sequence[Mapping[str, Any]], basis: str) -> dict[str, Fraction]:
+def flat_means(its: Sequence[Iteration], basis: str) -> dict[str, Fraction]:
     """Exact means over `its` of every term, as flat keys (``gpu_window_us``, ``category_us.topk``,
     ``phase_us.draft``, ``overlap_us``, ``idle_us_by_cause.sync``, ``backlog_us``, ...); a
     category missing from an iteration counts 0."""

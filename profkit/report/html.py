@@ -24,6 +24,7 @@ from markupsafe import Markup
 from profkit import __version__
 from profkit.attribution.diff import IDLE_KEYS, swings, throughput_points
 from profkit.attribution.findings import largest_bubbles, sync_groups
+from profkit.documents import rank_of
 from profkit.analysis import health
 from profkit.report import capture_view
 from profkit.report import figures as F
@@ -385,7 +386,7 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
         notes += [f"warning: {w}" for w in r.get("warnings") or []]
         if swing:
             notes.insert(0, f"warning: {swing}")
-        big = largest_bubbles(r, 10)
+        big = largest_bubbles(rank_of(r), 10)
         tables = [_table(["µs", "cause", "iteration", "CPU ops (exclusive µs inside the bubble)"],
                          [[num(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"])] for b in big],
                          align="rlrl", caption=f"largest bubbles: {label} (of {r.get('bubbles_total', len(r.get('bubbles') or []))})",
@@ -425,7 +426,7 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
                              align="llrrr", caption=f"top kernels: {label} ({len(ks)} distinct)", name_cols=(0,),
                              more=f"{len(ks) - MAX_ROWS} more not shown" if len(ks) > MAX_ROWS else None, collapsed=len(runs) > 1))
         # every sync (the summary's sync_groups; its `syncs` list is bounded), as the terminal's table has them
-        sy = sorted(sync_groups(r), key=lambda g: -(g.get("count") or 0))
+        sy = sorted(sync_groups(rank_of(r)), key=lambda g: -(g.get("count") or 0))
         if sy:
             tables.append(_table(["kind", "API", "direction", "trigger", "count / iter", "blocked µs / iter"],
                                  [[g["kind"], g["api"], g["direction"], str(g["trigger"]), num((g.get("count") or 0) / n, RATE),

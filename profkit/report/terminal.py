@@ -15,6 +15,7 @@ from rich.table import Table
 
 from profkit.attribution.diff import shape_label, shape_of
 from profkit.attribution.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
+from profkit.documents import rank_of
 from profkit.analysis import health
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
@@ -73,7 +74,7 @@ def _summary(summary: Mapping[str, Any], console: Console, *, top: int, warn: Co
 def _ranks(summary: Mapping[str, Any], console: Console, *, top: int, warnings: bool = True) -> None:
     for r in summary["ranks"]:
         its = r["iterations"]
-        kinds = Counter(shape_label(shape_of(i)) for i in its)
+        kinds = Counter(shape_label(shape_of(i)) for i in rank_of(r).iterations)
         console.print(
             f"[bold]rank {r['rank']}[/] {escape(device_text(r, summary.get('manifest')))}  [dim]{escape(r['path'])}[/]\n"
             f"  {len(its)} iterations ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r['marker']))}[/]; catalog {escape(r['catalog'])}",
@@ -112,21 +113,22 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int, warnings: 
             console.print(fit_table(console, "time by category (median µs per iteration)", (("category", COPY), ("µs", NUM), ("share", NUM)),
                                     [(k, _num(v), pct(100 * v / total, sign=False)) for k, v in sorted(cat.items(), key=lambda kv: -kv[1])]))
         by_cause = m.get("bubble_us_by_cause") or {}
-        causes = bubble_causes(r)
+        typed = rank_of(r)
+        causes = bubble_causes(typed)
         if causes and any(v["count"] for v in causes.values()):
             n_it = max(len(its), 1)  # the CPU ops' idle time is summed over every iteration: per iteration, like the µs beside it
             console.print(fit_table(
                 console, "bubbles by cause (µs: median per iteration; count: all iterations; CPU ops: idle µs inside, mean per iteration)",
                 (("cause", COPY), ("µs", NUM), ("count", NUM), ("CPU was in", TEXT)),
                 [(c, _num(v), str(causes.get(c, {}).get("count", 0)),
-                  cpu_ops_text([(op, None if us is None else us / n_it) for op, us in idle_cpu_ops(r, c, 2)]))
+                  cpu_ops_text([(op, None if us is None else us / n_it) for op, us in idle_cpu_ops(typed, c, 2)]))
                  for c, v in sorted(by_cause.items(), key=lambda kv: -kv[1])]))
-            big = largest_bubbles(r, top)
+            big = largest_bubbles(typed, top)
             console.print(fit_table(
                 console, f"largest bubbles (of {r.get('bubbles_total', len(r['bubbles']))}; CPU ops with their exclusive µs inside the bubble)",
                 (("µs", NUM), ("cause", COPY), ("iteration", NUM), ("CPU ops", TEXT)),
                 [(_num(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"])) for b in big]))
-        groups = sync_groups(r)
+        groups = sync_groups(rank_of(r))
         if groups:
             frames = any(g["frame"] for g in groups)
             cols = (("count", NUM), ("blocked µs", NUM), ("kind", COPY), ("dir", COPY), ("api", COPY), ("trigger", COPY)) + ((("Python frame", COPY),) if frames else ())

@@ -16,6 +16,7 @@ from typing import Any
 
 from profkit.attribution.diff import IDLE_KEYS, term_label
 from profkit.attribution.findings import host_gap
+from profkit.documents import rank_of
 from profkit.report.numbers import ratio_pct
 from profkit.report.vocab import diff_timeline, rank_timeline, words
 
@@ -307,7 +308,7 @@ def decomposition_rows(diff: Mapping[str, Any]) -> list[tuple[str, str, float, f
 
 def host_gap_text(rank: Mapping[str, Any]) -> str | None:
     """One sentence for the headline, or None."""
-    h = host_gap(rank)
+    h = host_gap(rank_of(rank))
     if h is None:
         return None
     dev = "CPU-op" if rank.get("device_timeline") == "cpu" else "GPU"
@@ -381,7 +382,7 @@ def idle_verdict(rank: Mapping[str, Any]) -> str | None:
     causes["short_gaps"] = max(idle - (m.get("bubble_us") or 0.0), 0.0)
     cause, us = max(causes.items(), key=lambda kv: kv[1])
     where = ""
-    ops = idle_cpu_ops(rank, cause, 1) if cause != "short_gaps" else []
+    ops = idle_cpu_ops(rank_of(rank), cause, 1) if cause != "short_gaps" else []
     if ops and ops[0][1]:
         n = max(len(rank.get("iterations") or []), 1)
         where = f"; the CPU op with most of that idle time: {ops[0][0]} ({ops[0][1] / n:,.1f} µs per iteration)"

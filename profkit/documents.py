@@ -1,0 +1,207 @@
+"""summary.json and diff.json as typed structs (msgspec): decoded once where a document enters
+attribution or a renderer, read by field everywhere after.
+
+`summary_of` takes a summary.json (schema v1, v2 or v3: the dict `profkit analyze` builds, or the
+bytes of a file) and upgrades what older versions lack in one place: a v1 rank lists every bubble and
+sync, so its `bubbles_by_cause` and `sync_groups` aggregates are counted from the lists here. What
+cannot be recovered stays None (a v1 rank's `bubble_cpu_ops` has no times; v1 and v2 iterations have
+no time by ownership: `owned_category_us` None, which attribution takes as the clock basis).
+
+Unknown keys are ignored and every field has a default, so older and newer files decode. Sections
+that only travel through (the timeline, the run manifest, capture health, overlap slack, speculative
+cost) stay plain JSON values. Writing stays where it is: analysis builds summary.json as a dict, and
+attribution builds diff.json as a dict in the order of the structs below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+__all__ = ["UNSET", "UnsetType", "Summary", "Rank", "Iteration", "summary_of", "rank_of"]
+
+Num = int | float  # a JSON number as written: an int stays an int (a count), a float a float
+
+
+class _Doc(msgspec.Struct, forbid_unknown_fields=False, kw_only=True):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# summary.json
+
+
+class Iteration(_Doc):
+    index: int = 0
+    kind: str | None = None
+    batch_size: int | None = None
+    start_us: float | None = None
+    gpu_start_us: float | None = None
+    wall_us: Num | None = None
+    gpu_window_us: Num | None = None
+    gpu_busy_us: Num | None = None
+    gpu_idle_us: Num | None = None
+    overlap_us: Num | None = None
+    gpu_kernels: Num | None = None
+    memcpy: dict[str, Num | None] = {}
+    memset: Num | None = None
+    kernel_launches: Num | None = None
+    graph_launches: Num | None = None
+    launch_calls: dict[str, int] = {}
+    launch_us: Num | None = None
+    launch_latency_us_p50: Num | None = None
+    syncs: Num | None = None
+    sync_us: Num | None = None
+    sync_copies: Num | None = None
+    sync_copy_us: Num | None = None
+    bubble_count: Num | None = None
+    bubble_us: Num | None = None
+    bubble_us_by_cause: dict[str, Num | None] = {}
+    category_us: dict[str, Num | None] = {}  # by the clock
+    phase_us: dict[str, Num | None] = {}  # schema v2
+    owned_gpu_us: Num | None = None  # schema v2
+    spill_us: Num | None = None  # schema v2
+    owned_category_us: dict[str, Num | None] | None = None  # schema v3: by ownership
+    owned_phase_us: dict[str, Num | None] | None = None
+    owned_overlap_us: Num | None = None
+
+    def count(self, key: str) -> Num:
+        """A count by diff.json's name (``memcpy_d2h`` is memcpy["d2h"]); 0 when absent."""
+        if key.startswith("memcpy_"):
+            return self.memcpy.get(key.removeprefix("memcpy_")) or 0
+        v = getattr(self, key)
+        return v or 0
+
+
+class Sync(_Doc):
+    iteration: int | None = None
+    api: str | None = None
+    kind: str | None = None
+    direction: str | None = None
+    start_us: float | None = None
+    blocked_us: Num | None = None
+    trigger: str | None = None
+    stack: str | None = None
+
+
+class Bubble(_Doc):
+    iteration: int | None = None
+    start_us: Num | None = None
+    dur_us: Num | None = None
+    cause: str | None = None
+    cpu_ops: list[str] = []
+    cpu_ops_us: list[Num | None] | None = None  # schema v2
+
+
+class SyncGroup(_Doc):
+    kind: str | None = None
+    api: str | None = None
+    direction: str | None = None
+    trigger: str | None = None
+    count: int = 0
+    blocked_us: Num = 0.0
+    by_iteration: dict[str, int] = {}  # iteration index (as a string) -> count
+
+
+class CauseTotal(_Doc):
+    count: int = 0
+    us: Num | None = 0.0
+
+
+class BubbleCpuOp(_Doc):
+    cause: str | None = None
+    cpu_op: str = ""
+    idle_us: Num | None = None
+    bubbles: int = 0
+
+
+class Kernel(_Doc):
+    name: str | None = None
+    category: str | None = None
+    count: int | None = None
+    total_us: Num | None = None
+
+
+class Rank(_Doc):
+    rank: int | None = None
+    device: Any = None
+    path: str | None = None
+    marker: Any = UNSET  # UNSET: the rank does not say; the summary's marker holds
+    catalog: str | None = None
+    device_timeline: str | None = "gpu"
+    device_records: Any = None
+    graph_capture: Any = None
+    source: Any = None
+    t0_us: float | None = None
+    iterations: list[Iteration] = []
+    median: dict[str, Any] = {}
+    syncs: list[Sync] = []
+    syncs_total: int | None = None
+    sync_groups: list[SyncGroup] = []  # v1: counted from `syncs` on decoding
+    bubbles: list[Bubble] = []
+    bubbles_total: int | None = None
+    bubbles_by_cause: dict[str, CauseTotal] = {}  # v1: counted from `bubbles` on decoding
+    bubble_cpu_ops: list[BubbleCpuOp] | None = None  # None: a v1 rank (no times)
+    kernels: list[Kernel] = []
+    outside_iterations: dict[str, Any] | None = None
+    warnings: list[str] = []
+    stub_markers: Any = None
+    overlap_slack: dict[str, Any] | None = None
+    capture: dict[str, Any] | None = None
+    speculative: dict[str, Any] | None = None
+    timeline: Any = None
+
+
+class Summary(_Doc):
+    schema_version: int = 1
+    profkit_version: str | None = None
+    inputs: list[Any] = []
+    marker: Any = None
+    ranks: list[Rank] = []
+    health: Any = None
+    manifest: Any = None  # the run folder's manifest.json, added on loading (profkit/inputs.py)
+    run: Any = None  # what `profkit trace` writes into every summary
+
+
+def _upgrade_rank(r: dict[str, Any]) -> dict[str, Any]:
+    """A v1 rank's aggregates, counted from its lists (which v1 did not bound: they hold every bubble and sync)."""
+    if r.get("bubbles_by_cause") is None:
+        by: dict[str, dict[str, Any]] = {}
+        for b in r.get("bubbles") or []:
+            g = by.setdefault(b["cause"], {"count": 0, "us": 0.0})
+            g["count"] += 1
+            g["us"] += b.get("dur_us") or 0.0
+        r = {**r, "bubbles_by_cause": by}
+    if r.get("sync_groups") is None:
+        acc: dict[tuple, dict[str, Any]] = {}
+        for s in r.get("syncs") or []:
+            k = (s.get("kind"), s.get("api"), s.get("direction"), s.get("trigger"))
+            g = acc.setdefault(k, {"kind": k[0], "api": k[1], "direction": k[2], "trigger": k[3], "count": 0, "blocked_us": 0.0,
+                                   "by_iteration": {}})
+            g["count"] += 1
+            g["blocked_us"] += s.get("blocked_us") or 0.0
+            if s.get("iteration") is not None:
+                g["by_iteration"][str(s["iteration"])] = g["by_iteration"].get(str(s["iteration"]), 0) + 1
+        r = {**r, "sync_groups": sorted(acc.values(), key=lambda g: -g["blocked_us"])}
+    return r
+
+
+def summary_of(doc: Summary | Mapping[str, Any] | bytes) -> Summary:
+    """A summary.json of any schema version (a dict, or a file's bytes) as a Summary; a Summary as is."""
+    if isinstance(doc, Summary):
+        return doc
+    raw = msgspec.json.decode(doc) if isinstance(doc, (bytes, bytearray)) else doc
+    if any(isinstance(r, Mapping) and (r.get("bubbles_by_cause") is None or r.get("sync_groups") is None) for r in raw.get("ranks") or []):
+        raw = {**raw, "ranks": [_upgrade_rank(dict(r)) for r in raw.get("ranks") or []]}
+    return msgspec.convert(raw, Summary)
+
+
+def rank_of(rank: Rank | Mapping[str, Any]) -> Rank:
+    """One rank entry of a summary.json (any schema version) as a Rank; a Rank as is."""
+    if isinstance(rank, Rank):
+        return rank
+    raw = rank if rank.get("bubbles_by_cause") is not None and rank.get("sync_groups") is not None else _upgrade_rank(dict(rank))
+    return msgspec.convert(raw, Rank)
