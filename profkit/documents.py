@@ -16,12 +16,12 @@ attribution builds diff.json as a dict in the order of the structs below.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
-__all__ = ["UNSET", "UnsetType", "Summary", "Rank", "Iteration", "summary_of", "rank_of"]
+__all__ = ["UNSET", "UnsetType", "Summary", "Rank", "Iteration", "summary_of", "rank_of", "Diff", "diff_of"]
 
 Num = int | float  # a JSON number as written: an int stays an int (a count), a float a float
 
@@ -50,7 +50,7 @@ class Iteration(_Doc):
     memset: Num | None = None
     kernel_launches: Num | None = None
     graph_launches: Num | None = None
-    launch_calls: dict[str, int] = {}
+    launch_calls: dict[str, Num] = {}
     launch_us: Num | None = None
     launch_latency_us_p50: Num | None = None
     syncs: Num | None = None
@@ -125,6 +125,22 @@ class Kernel(_Doc):
     total_us: Num | None = None
 
 
+class Outside(_Doc):
+    """GPU work outside every iteration (schema v2)."""
+    gpu_ops: int = 0
+    gpu_us: Num | None = None
+    before_first: int = 0
+    after_last: int = 0
+    no_launch_in_trace: int = 0
+    device_busy_us: Num | None = None
+    gpu_kernels: int = 0
+    memcpy: dict[str, int] = {}
+    memset: int = 0
+    launch_calls: int = 0
+    syncs: int = 0
+    sync_copies: int = 0
+
+
 class Rank(_Doc):
     rank: int | None = None
     device: Any = None
@@ -137,7 +153,7 @@ class Rank(_Doc):
     source: Any = None
     t0_us: float | None = None
     iterations: list[Iteration] = []
-    median: dict[str, Any] = {}
+    median: Iteration = msgspec.field(default_factory=Iteration)  # the median over iterations of every figure (none: no iterations)
     syncs: list[Sync] = []
     syncs_total: int | None = None
     sync_groups: list[SyncGroup] = []  # v1: counted from `syncs` on decoding
@@ -146,7 +162,7 @@ class Rank(_Doc):
     bubbles_by_cause: dict[str, CauseTotal] = {}  # v1: counted from `bubbles` on decoding
     bubble_cpu_ops: list[BubbleCpuOp] | None = None  # None: a v1 rank (no times)
     kernels: list[Kernel] = []
-    outside_iterations: dict[str, Any] | None = None
+    outside_iterations: Outside | None = None
     warnings: list[str] = []
     stub_markers: Any = None
     overlap_slack: dict[str, Any] | None = None
@@ -162,8 +178,252 @@ class Summary(_Doc):
     marker: Any = None
     ranks: list[Rank] = []
     health: Any = None
+    cross_rank: Any = None  # several ranks: stragglers and clock offsets (analysis/ranks.py)
+    speculative: Any = None
     manifest: Any = None  # the run folder's manifest.json, added on loading (profkit/inputs.py)
     run: Any = None  # what `profkit trace` writes into every summary
+
+
+# ---------------------------------------------------------------------------------------------
+# diff.json (attribution/diff.py writes it: compare_summaries)
+
+T = TypeVar("T")
+
+
+class Pair(_Doc, Generic[T]):
+    """A figure of each side."""
+    baseline: T | None = None
+    candidate: T | None = None
+
+
+class Change(_Doc):
+    """{baseline, candidate, delta, ratio}: a side-by-side figure and its change (µs per iteration)."""
+    baseline: Num | None = None
+    candidate: Num | None = None
+    delta: Num | None = None
+    ratio: float | None = None
+
+
+class SideInfo(_Doc):
+    label: str = "?"
+    inputs: list[Any] = []
+    rank: int | None = None
+    device: Any = None
+    device_timeline: str | None = None
+    catalog: str | None = None
+    marker: Any = None
+    iterations: dict[str, Any] = {}
+    shapes: dict[str, int] = {}
+    repeats: int = 0
+
+
+class Shape(_Doc):
+    kind: str | None = None
+    batch_size: int | None = None
+    label: str = ""
+    baseline_label: str | UnsetType = UNSET  # the baseline's shape where the step itself changed (speculative decoding)
+    iterations: dict[str, int] = {}
+
+
+class DecompositionSide(_Doc):
+    gpu_window_us: Num | None = None
+    gpu_busy_us: Num | None = None
+    category_us: dict[str, Num | None] = {}
+    phase_us: dict[str, Num | None] = {}
+    overlap_us: Num | None = None
+    idle_us: Num | None = None
+    idle_us_by_cause: dict[str, Num | None] = {}
+    backlog_us: Num | None = None
+
+
+class Decomposition(_Doc):
+    unstable: str | None = None
+    statistic: str | None = None
+    basis: str | None = None  # "ownership", "clock"; None in a diff.json written before the basis existed
+    windows: int | None = None
+    judged: bool | None = None
+    identity: str | None = None
+    gpu_window_us: Change = msgspec.field(default_factory=Change)
+    category_us: dict[str, Num] = {}
+    overlap_us: Num = 0.0
+    idle_us: Num | None = None
+    idle_us_by_cause: dict[str, Num] = {}
+    backlog_us: Num | None | UnsetType = UNSET  # UNSET: a diff.json written before the backlog term
+    phase_us: dict[str, Num] = {}
+    spread_us: dict[str, Any] = {}
+    residual_us: Num | None = None
+    exact: bool | None = None
+    per_window: list[Any] = []
+    baseline: DecompositionSide = msgspec.field(default_factory=DecompositionSide)
+    candidate: DecompositionSide = msgspec.field(default_factory=DecompositionSide)
+
+
+class SideBySide(_Doc):
+    baseline: Num | None = None
+    candidate: Num | None = None
+    delta: Num | None = None
+
+
+class SyncChange(_Doc):
+    kind: str = ""
+    api: str = ""
+    direction: str = ""
+    trigger: str = ""
+    baseline_per_iteration: Num = 0.0
+    candidate_per_iteration: Num = 0.0
+    delta: Num = 0.0
+
+
+class KernelEntry(_Doc):
+    name: str = ""
+    category: str | None = None
+    count_per_iteration: Num = 0.0
+    us_per_iteration: Num = 0.0
+    examples: list[str] = []
+
+
+class Mover(_Doc):
+    name: str = ""
+    category: str | None = None
+    baseline_us: Num = 0.0
+    candidate_us: Num = 0.0
+    delta_us: Num = 0.0
+    baseline_count: Num = 0.0
+    candidate_count: Num = 0.0
+    status: str = ""
+    examples: list[str] = []
+
+
+class OwnTerm(_Doc):
+    """A term of the expected-effect check (its own, or one that moved elsewhere)."""
+    term: str = ""
+    delta_us: Num = 0.0
+    spread_us: Num | None = None
+    within_noise: bool | None = None
+    baseline_us: Num | None = None
+    candidate_us: Num | None = None
+    expected: str | None = None
+    as_expected: bool | None = None
+
+
+class ExpectedEffect(_Doc):
+    optimization: str = ""
+    known: bool = False
+    catalog: str | None = None
+    categories: list[str] = []
+    phases: list[str] = []
+    idle: list[str] = []
+    judged: bool = False
+    threshold: str = ""
+    backlog_drift_us: Num | None = None
+    own: list[OwnTerm] = []
+    against: list[str] = []
+    beyond_noise: list[OwnTerm] = []
+    floor_us: Num | None = None
+    changes: list[dict[str, Any]] = []
+    flags: list[str] = []
+    ok: bool | None = None
+    note: str = ""  # an optimization the catalog does not know
+
+
+class NoiseSide(_Doc):
+    median: Num | None = None
+    spread: Num | None = None
+    n: int = 0
+
+
+class NoiseMetric(_Doc):
+    baseline: NoiseSide = msgspec.field(default_factory=NoiseSide)
+    candidate: NoiseSide = msgspec.field(default_factory=NoiseSide)
+    delta: Num | None = None
+    spread: Num | None = None
+    per_window: list[Num] = []
+    within_noise: bool = False
+
+
+class Noise(_Doc):
+    available: bool = False
+    unstable: bool = False
+    repeats: dict[str, int] = {}
+    statistic: str | None = None
+    note: str = "no noise estimate"
+    metrics: dict[str, NoiseMetric] = {}
+
+    def windows(self) -> int:
+        """The most profile windows of a side."""
+        return max(self.repeats.get("baseline") or 0, self.repeats.get("candidate") or 0)
+
+
+class CpuOpTime(_Doc):
+    name: str = ""
+    us: Num | None = None
+
+
+class LargeBubble(_Doc):
+    iteration: int | None = None
+    start_us: Num | None = None
+    dur_us: Num | None = None
+    cause: str | None = None
+    cpu_ops: list[CpuOpTime] = []
+
+
+class IdleCpuOp(_Doc):
+    name: str = ""
+    idle_us: Num | None = None
+
+
+class BubbleView(_Doc):
+    largest: list[LargeBubble] = []
+    idle_cpu_ops: list[IdleCpuOp] = []
+
+
+class Diff(_Doc):
+    """diff.json, schema 1 (attribution/diff.py compare_summaries writes it, in this order)."""
+    schema_version: int = 1
+    profkit_version: str | None = None
+    baseline: SideInfo = msgspec.field(default_factory=SideInfo)
+    candidate: SideInfo = msgspec.field(default_factory=SideInfo)
+    rank: int | None = None
+    shape: Shape = msgspec.field(default_factory=Shape)
+    optimization: str | None = None
+    wall_us: Change = msgspec.field(default_factory=Change)
+    gpu_window_us: Change = msgspec.field(default_factory=Change)
+    decomposition: Decomposition = msgspec.field(default_factory=Decomposition)
+    counts: dict[str, SideBySide] = {}
+    timings: dict[str, SideBySide] = {}
+    syncs: list[SyncChange] = []
+    kernels_added: list[KernelEntry] = []
+    kernels_removed: list[KernelEntry] = []
+    kernels_added_total: int | None = None
+    kernels_removed_total: int | None = None
+    top_movers: list[Mover] = []
+    expected_effect: ExpectedEffect | None = None
+    noise: Noise = msgspec.field(default_factory=Noise)
+    stability: Pair[str] = msgspec.field(default_factory=Pair)
+    warnings: list[str] = []
+    timelines: Pair[Any] = msgspec.field(default_factory=Pair)
+    bubbles: Pair[BubbleView] = msgspec.field(default_factory=Pair)
+    series: Pair[list[dict[str, Any]]] = msgspec.field(default_factory=Pair)
+    manifests: Pair[Any] = msgspec.field(default_factory=Pair)
+    throughput: Pair[dict[str, Any]] = msgspec.field(default_factory=Pair)
+    health: Pair[Any] = msgspec.field(default_factory=Pair)
+    overlap_slack: Any = None  # issue 31 (optional keys): attribution/capture_terms.py
+    speculative: Any = None
+
+    def kernel_list(self, which: str) -> tuple[list[KernelEntry], int]:
+        """``added`` or ``removed`` kernels: the listed ones and how many there were."""
+        ks = self.kernels_added if which == "added" else self.kernels_removed
+        total = self.kernels_added_total if which == "added" else self.kernels_removed_total
+        return ks, len(ks) if total is None else total
+
+
+def diff_of(doc: Diff | Mapping[str, Any] | bytes) -> Diff:
+    """A diff.json (a dict, or a file's bytes) as a Diff; a Diff as is."""
+    if isinstance(doc, Diff):
+        return doc
+    if isinstance(doc, (bytes, bytearray)):
+        return msgspec.json.decode(doc, type=Diff)
+    return msgspec.convert(doc, Diff)
 
 
 def _upgrade_rank(r: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from profkit.attribution.diff import GPU_IDLE_KEYS, compare_summaries, normalize
 from profkit.catalog import load_catalog
 from profkit.cli import app
 from profkit.ingest import load_trace
+from profkit.documents import diff_of
 from profkit.report.views import decomposition_rows
 
 from conftest import DATA
@@ -78,7 +79,7 @@ def test_confined_change_decomposes_exactly_and_passes(tmp_path):
     assert [c["category"] for c in ee["changes"]] == ["topk"] and ee["changes"][0]["inside"]
     assert d["noise"]["available"] is False and "no noise estimate" in d["noise"]["note"]
     assert d["top_movers"][0]["name"] == "topk_select" and d["top_movers"][0]["delta_us"] == pytest.approx(-10.0)
-    rows = decomposition_rows(d)
+    rows = decomposition_rows(diff_of(d))
     assert sum(r[2] for r in rows) == pytest.approx(dec["gpu_window_us"]["delta"], abs=1e-9)
 
 

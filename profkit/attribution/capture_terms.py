@@ -99,10 +99,9 @@ def slack_diff_line(d: Mapping[str, Any] | None) -> str | None:
             f"{c['exposed_share']['median'] * 100:.0f}%; median slack {b['median_us']['median']:,.1f} → {c['median_us']['median']:,.1f} µs")
 
 
-def health_diff_line(h: Mapping[str, Any] | None) -> str:
-    """The first line of a diff report: each side's health."""
-    h = h or {}
-    b, c = health.health_text(h.get("baseline")), health.health_text(h.get("candidate"))
+def health_diff_line(baseline: Any, candidate: Any) -> str:
+    """The first line of a diff report: each side's health (diff.json's health.baseline and .candidate)."""
+    b, c = health.health_text(baseline), health.health_text(candidate)
     if b == c:
         return b + " (both sides)"
     return f"baseline {b}; candidate {c}"

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from profkit.documents import Diff
 from profkit.report.fit import demangle, demangle_many
 from profkit.report.views import decomposition_rows
 
@@ -176,7 +177,7 @@ def gpu_window_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], 
     return _layout(fig, title=f"{window} per iteration (open markers: not compared)", height=360)
 
 
-def waterfall_figure(diff: Mapping[str, Any], *, max_terms: int = 12, window: str = "GPU window") -> go.Figure:
+def waterfall_figure(diff: Diff, *, max_terms: int = 12, window: str = "GPU window") -> go.Figure:
     """Baseline GPU window -> per-term changes -> candidate GPU window (mean µs per iteration)."""
     rows = [r for r in decomposition_rows(diff) if r[2] != 0]
     rows.sort(key=lambda r: -abs(r[2]))
@@ -186,9 +187,9 @@ def waterfall_figure(diff: Mapping[str, Any], *, max_terms: int = 12, window: st
     if rest:
         labels.append(f"{len(rest)} more terms")
         values.append(sum(r[2] for r in rest))
-    g = diff["decomposition"]["gpu_window_us"]
+    g = diff.decomposition.gpu_window_us
     fig = go.Figure(go.Waterfall(
-        x=["baseline", *labels, "candidate"], y=[g["baseline"], *values, g["candidate"]],
+        x=["baseline", *labels, "candidate"], y=[g.baseline, *values, g.candidate],
         measure=["absolute", *["relative"] * len(values), "total"],
         increasing=dict(marker=dict(color="#D62728")), decreasing=dict(marker=dict(color="#2CA02C")),
         totals=dict(marker=dict(color="#4C78A8")), connector=dict(line=dict(color="#BBBBBB")),
@@ -196,17 +197,18 @@ def waterfall_figure(diff: Mapping[str, Any], *, max_terms: int = 12, window: st
     ))
     # zoomed to the changes: from a little below the lowest running total to a little above the highest
     # (a 200 µs change on a 12 ms window is a flat line on an axis that starts at zero)
-    levels, level = [g["baseline"], g["candidate"]], g["baseline"]
+    b0, c0 = cast(float, g.baseline), cast(float, g.candidate)  # a diff's window is always a number
+    levels, level = [b0, c0], b0
     for v in values:
         level += v
         levels.append(level)
     lo, hi = min(levels), max(levels)
     pad = max((hi - lo) * 0.25, abs(hi) * 0.002, 1.0)
     fig.update_yaxes(title_text="µs per iteration (mean; zoomed)", range=[max(lo - pad, 0.0), hi + pad])
-    return _layout(fig, title=f"Where the {window} went: {g['delta']:+,.1f} µs per iteration", height=420)
+    return _layout(fig, title=f"Where the {window} went: {g.delta:+,.1f} µs per iteration", height=420)
 
 
-def grouped_bars_figure(sides: Sequence[tuple[str, Mapping[str, float]]], *, title: str, y_title: str,
+def grouped_bars_figure(sides: Sequence[tuple[str, Mapping[str, Any]]], *, title: str, y_title: str,
                         colors: Mapping[str, str] | None = None, order: Sequence[str] | None = None) -> go.Figure:
     """One bar group per key (category, cause, ...), one bar per side."""
     keys = list(order) if order is not None else sorted({k for _, m in sides for k in m}, key=lambda k: -max(m.get(k, 0) for _, m in sides))
@@ -219,11 +221,11 @@ def grouped_bars_figure(sides: Sequence[tuple[str, Mapping[str, float]]], *, tit
     return _layout(fig, title=title, barmode="group")
 
 
-def category_figure(sides: Sequence[tuple[str, Mapping[str, float]]], *, device: str = "GPU") -> go.Figure:
+def category_figure(sides: Sequence[tuple[str, Mapping[str, Any]]], *, device: str = "GPU") -> go.Figure:
     return grouped_bars_figure(sides, title=f"{device} time by category", y_title="µs per iteration")
 
 
-def bubbles_figure(sides: Sequence[tuple[str, Mapping[str, float]]], *, device: str = "GPU") -> go.Figure:
+def bubbles_figure(sides: Sequence[tuple[str, Mapping[str, Any]]], *, device: str = "GPU") -> go.Figure:
     order = [c for c in CAUSE_COLORS if any(c in m for _, m in sides)]
     return grouped_bars_figure(sides, title=f"{device} idle time by bubble cause", y_title="µs per iteration", order=order)
 

@@ -8,9 +8,9 @@ The comment stays under GitHub's 65,536-character limit: long lists are cut and 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from profkit.documents import Diff
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import demangle
@@ -48,7 +48,7 @@ def _table(header: list[str], align: str, rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "| " + " | ".join(seps) + " |", *("| " + " | ".join(r) + " |" for r in rows)]
 
 
-def _noise_mark(diff: Mapping[str, Any], metric: str) -> str:
+def _noise_mark(diff: Diff, metric: str) -> str:
     v = noise_verdict(diff, metric)
     return v.removesuffix("beyond noise") + "**beyond noise**" if v.endswith("beyond noise") else v
 
@@ -63,7 +63,7 @@ class MarkdownRenderer(Renderer):
         self.max_chars = max_chars
 
     def render(self, report: Report) -> str:
-        diff, max_chars = report.only_diff("Markdown"), self.max_chars
+        diff, max_chars = report.only_diff_doc("Markdown"), self.max_chars
         for limit in (25, 15, 10, 5, 3, 0):
             text = _render(diff, limit)
             if len(text) <= max_chars:
@@ -71,11 +71,11 @@ class MarkdownRenderer(Renderer):
         return text[: max_chars - 80] + "\n\n… (comment cut to fit GitHub's size limit; see diff.json)\n"
 
 
-def _render(diff: Mapping[str, Any], limit: int) -> str:
+def _render(diff: Diff, limit: int) -> str:
     out: list[str] = []
-    b, c = diff["baseline"], diff["candidate"]
-    opt = diff.get("optimization")
-    title = f"### profkit diff: {md_escape(b['label'], max_len=80)} → {md_escape(c['label'], max_len=80)}"
+    b, c = diff.baseline, diff.candidate
+    opt = diff.optimization
+    title = f"### profkit diff: {md_escape(b.label, max_len=80)} → {md_escape(c.label, max_len=80)}"
     if opt:
         title += f" — {md_escape(opt, max_len=60)}"
     first, *bullets = headline_lines(diff)  # one line, then at most three bullets
@@ -96,38 +96,38 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
                         pct(t["change_pct"]), mark[t["within_noise"]]] for t in tp])
         out.append("")
 
-    ee = diff.get("expected_effect")
+    ee = diff.expected_effect
     if ee:
-        if not ee.get("known"):
-            out.append(f"ℹ️ {md_escape(ee.get('note'), max_len=300)}")
-        elif not ee.get("judged"):
-            out.append(f"Expected-effect check {md_escape(ee['threshold'])}.")  # "not judged: ..." (this branch: nothing judged)
-        elif ee.get("ok"):
-            owned = ", ".join(md_escape(x) for x in ee["categories"]) or "none (idle and launch time only)"
+        if not ee.known:
+            out.append(f"ℹ️ {md_escape(ee.note, max_len=300)}")
+        elif not ee.judged:
+            out.append(f"Expected-effect check {md_escape(ee.threshold)}.")  # "not judged: ..." (this branch: nothing judged)
+        elif ee.ok:
+            owned = ", ".join(md_escape(x) for x in ee.categories) or "none (idle and launch time only)"
             out.append(f"✅ Expected-effect check passed: no change outside {md_escape(opt)}'s categories ({owned}) beyond "
-                       f"{md_escape(ee['threshold'])}.")
+                       f"{md_escape(ee.threshold)}.")
         else:
-            if ee.get("against"):
+            if ee.against:
                 out.append(f"⚠️ **Expected-effect check: {md_escape(opt)}'s own effect went the wrong way** "
-                           f"(threshold: {md_escape(ee['threshold'])}):")
-                out += [f"- {md_escape(f, max_len=300)}" for f in ee["against"]]
-            if ee["flags"]:
-                out.append(f"⚠️ **Expected-effect check: {len(ee['flags'])} change(s) outside {md_escape(opt)}'s categories** "
-                           f"(threshold: {md_escape(ee['threshold'])}):")
-                out += [f"- {md_escape(f, max_len=300)}" for f in ee["flags"]]
+                           f"(threshold: {md_escape(ee.threshold)}):")
+                out += [f"- {md_escape(f, max_len=300)}" for f in ee.against]
+            if ee.flags:
+                out.append(f"⚠️ **Expected-effect check: {len(ee.flags)} change(s) outside {md_escape(opt)}'s categories** "
+                           f"(threshold: {md_escape(ee.threshold)}):")
+                out += [f"- {md_escape(f, max_len=300)}" for f in ee.flags]
         out.append("")
-    noise = diff.get("noise") or {}
-    if noise.get("available"):
-        r = noise["repeats"]
+    noise = diff.noise
+    if noise.available:
+        r = noise.repeats
         out.append(f"Noise: {r['baseline']} baseline and {r['candidate']} candidate profile windows; a change smaller than the spread is marked *within noise*.")
     else:
-        out.append(f"Noise: {md_escape(noise.get('note', 'no noise estimate'), max_len=300)}.")
+        out.append(f"Noise: {md_escape(noise.note, max_len=300)}.")
     out.append("")
 
     # decomposition
-    dec = diff["decomposition"]
-    out.append(f"#### Where the {W['window']} went (µs per iteration, {md_escape(diff['shape']['label'])}, "
-               f"{diff['shape']['iterations']['baseline']} vs {diff['shape']['iterations']['candidate']} iterations)")
+    dec = diff.decomposition
+    out.append(f"#### Where the {W['window']} went (µs per iteration, {md_escape(diff.shape.label)}, "
+               f"{diff.shape.iterations['baseline']} vs {diff.shape.iterations['candidate']} iterations)")
     out.append("")
     rows = []
     drows = decomposition_rows(diff)
@@ -145,14 +145,14 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     if len(shown) < len(cats):
         rest = sum(r[2] for r in cats if r not in shown)
         rows.append([f"*{len(cats) - len(shown)} more categories*", "", "", num(rest, sign=True), ""])
-    g = dec["gpu_window_us"]
-    rows.append([f"**{W['window']}**", f"**{num(g['baseline'])}**", f"**{num(g['candidate'])}**", f"**{num(g['delta'], sign=True)}**",
+    g = dec.gpu_window_us
+    rows.append([f"**{W['window']}**", f"**{num(g.baseline)}**", f"**{num(g.candidate)}**", f"**{num(g.delta, sign=True)}**",
                  _noise_mark(diff, "gpu_window_us")])
-    rows.append(["residual (worst window)", "", "", num(dec["residual_us"], RESIDUAL, sign=True), "exact" if dec.get("exact") else "**inexact**"])
+    rows.append(["residual (worst window)", "", "", num(dec.residual_us, RESIDUAL, sign=True), "exact" if dec.exact else "**inexact**"])
     out += _table(["term (largest change first)", "baseline µs", "candidate µs", "Δ µs", "noise"], "lrrrl", rows)
     out += ["", f"<sub>{md_escape(statistic_note(diff), max_len=None)}</sub>"]
-    w = diff["wall_us"]
-    out += ["", f"Wall (CPU) per iteration: {num(w['baseline'])} → {num(w['candidate'])} µs ({num(w['delta'], sign=True)} µs)."
+    w = diff.wall_us
+    out += ["", f"Wall (CPU) per iteration: {num(w.baseline)} → {num(w.candidate)} µs ({num(w.delta, sign=True)} µs)."
             f" {_noise_mark(diff, 'wall_us')}".rstrip(), ""]
 
     ph = phase_rows(diff)
@@ -167,70 +167,69 @@ def _render(diff: Mapping[str, Any], limit: int) -> str:
     out.append("")
     labels = {k: count_label(k, tl) for k in ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h",
                                                 "memcpy_h2d", "bubble_count")}
-    rows = [[lab, num(diff["counts"][k]["baseline"], COUNT), num(diff["counts"][k]["candidate"], COUNT), num(diff["counts"][k]["delta"], COUNT, sign=True),
+    rows = [[lab, num(diff.counts[k].baseline, COUNT), num(diff.counts[k].candidate, COUNT), num(diff.counts[k].delta, COUNT, sign=True),
              _noise_mark(diff, f"counts.{k}")] for k, lab in labels.items()]
     timing_labels = {"launch_us": "launch host µs", "sync_us": "sync blocked µs", "bubble_us": "bubble µs"}
     for k, lab in timing_labels.items():
-        t = (diff.get("timings") or {}).get(k)
-        if t:
-            rows.append([lab, num(t["baseline"]), num(t["candidate"]), num(t["delta"], sign=True), ""])
+        if k in diff.timings:
+            t = diff.timings[k]
+            rows.append([lab, num(t.baseline), num(t.candidate), num(t.delta, sign=True), ""])
     out += _table(["per iteration (median)", "baseline", "candidate", "Δ", "noise"], "lrrrl", rows)
     out.append("")
 
-    syncs = [s for s in diff.get("syncs") or [] if s["delta"] != 0 or limit]
+    syncs = [s for s in diff.syncs if s.delta != 0 or limit]
     if syncs:
         out += ["#### Host syncs and blocking copies (per iteration)", ""]
         cut = syncs if limit == 0 else syncs[:limit]
-        rows = [[num(s["delta"], RATE, sign=True), num(s["baseline_per_iteration"], RATE), num(s["candidate_per_iteration"], RATE), md_escape(s["kind"]),
-                 md_escape(s["direction"]), md_escape(s["api"], max_len=None), md_escape(s["trigger"], max_len=None)] for s in cut]
+        rows = [[num(s.delta, RATE, sign=True), num(s.baseline_per_iteration, RATE), num(s.candidate_per_iteration, RATE), md_escape(s.kind),
+                 md_escape(s.direction), md_escape(s.api, max_len=None), md_escape(s.trigger, max_len=None)] for s in cut]
         out += _table(["Δ", "baseline", "candidate", "kind", "dir", "API", "trigger"], "rrrllll", rows)
         out += _more(len(syncs), len(cut), "sync groups")
         out.append("")
 
-    bub = diff.get("bubbles") or {}
-    if limit and any((bub.get(k) or {}).get("largest") for k in ("baseline", "candidate")):
+    largest = {side: v.largest if v else [] for side, v in (("baseline", diff.bubbles.baseline), ("candidate", diff.bubbles.candidate))}
+    if limit and any(largest.values()):
         out += ["#### Largest bubbles (GPU idle, with the CPU ops' exclusive µs inside each)", ""]
         rows = []
-        for side in ("baseline", "candidate"):
-            for x in ((bub.get(side) or {}).get("largest") or [])[: min(limit, 5)]:
-                rows.append([side, num(x["dur_us"]), md_escape(x["cause"]), str(x["iteration"]),
-                             md_escape(cpu_ops_text([(o["name"], o["us"]) for o in x["cpu_ops"]]), max_len=300)])
+        for side, xs in largest.items():
+            for x in xs[: min(limit, 5)]:
+                rows.append([side, num(x.dur_us), md_escape(x.cause), str(x.iteration),
+                             md_escape(cpu_ops_text([(o.name, o.us) for o in x.cpu_ops]), max_len=300)])
         out += _table(["side", "µs", "cause", "iteration", "CPU ops"], "lrlrl", rows)
         out.append("")
 
-    movers = diff.get("top_movers") or []
+    movers = diff.top_movers
     if movers and limit:
-        cut = movers[:limit]
+        cut_m = movers[:limit]
         out += ["#### Top movers (µs per iteration, by normalized kernel name)", ""]
-        rows = [[num(m["delta_us"], sign=True), num(m["baseline_us"]), num(m["candidate_us"]), md_escape(m["category"]),
-                 md_escape(demangle(m["name"]), max_len=MAX_NAME), md_escape(m["status"])] for m in cut]
+        rows = [[num(m.delta_us, sign=True), num(m.baseline_us), num(m.candidate_us), md_escape(m.category),
+                 md_escape(demangle(m.name), max_len=MAX_NAME), md_escape(m.status)] for m in cut_m]
         out += _table(["Δ µs", "baseline µs", "candidate µs", "category", W["kernel"], "status"], "rrrlll", rows)
-        out += _more(len(movers), len(cut), "movers")
+        out += _more(len(movers), len(cut_m), "movers")
         out.append("")
 
-    for key, what in (("kernels_added", "added"), ("kernels_removed", "removed")):
-        ks = diff.get(key) or []
-        total = diff.get(f"{key}_total", len(ks))
+    for what in ("added", "removed"):
+        ks, total = diff.kernel_list(what)
         if not ks:
             continue
-        cut = ks[:limit] if limit else []
+        cut_k = ks[:limit] if limit else []
         out += [f"<details><summary>{total} kernel(s) {what}</summary>", ""]
-        if cut:
-            rows = [[num(k["us_per_iteration"]), num(k["count_per_iteration"], RATE), md_escape(k["category"]), md_escape(demangle(k["name"]), max_len=MAX_NAME)]
-                    for k in cut]
+        if cut_k:
+            rows = [[num(k.us_per_iteration), num(k.count_per_iteration, RATE), md_escape(k.category), md_escape(demangle(k.name), max_len=MAX_NAME)]
+                    for k in cut_k]
             out += _table(["µs per iteration", "calls/iter", "category", "kernel"], "rrll", rows)
-        out += _more(total, len(cut), f"{what} kernels")
+        out += _more(total, len(cut_k), f"{what} kernels")
         out += ["", "</details>", ""]
 
-    warns = list(diff.get("warnings") or [])
+    warns = list(diff.warnings)
     if warns:
         out += ["#### Warnings", ""]
-        cut = warns[: max(limit, 3)]
-        out += [f"- {md_escape(x, max_len=400)}" for x in cut]
-        out += _more(len(warns), len(cut), "warnings")
+        cut_w = warns[: max(limit, 3)]
+        out += [f"- {md_escape(x, max_len=400)}" for x in cut_w]
+        out += _more(len(warns), len(cut_w), "warnings")
         out.append("")
-    out.append(f"<sub>profkit {md_escape(diff.get('profkit_version'))} · diff.json schema {diff.get('schema_version')} · rank {diff.get('rank')} · "
-               f"decomposition: {md_escape(diff['decomposition'].get('statistic') or 'mean')}, counts are medians</sub>")
+    out.append(f"<sub>profkit {md_escape(diff.profkit_version)} · diff.json schema {diff.schema_version} · rank {diff.rank} · "
+               f"decomposition: {md_escape(diff.decomposition.statistic or 'mean')}, counts are medians</sub>")
     return "\n".join(out) + "\n"
 
 
