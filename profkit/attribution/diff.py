@@ -37,7 +37,7 @@ from profkit.errors import NothingToAnalyze, UsageError
 from profkit.attribution.findings import idle_cpu_ops, largest_bubbles
 from profkit.documents import UNSET, Iteration, Rank, Summary, summary_of
 from profkit.terms import CAUSES
-from profkit.attribution.windows import basis_of, decomposition as window_decomposition, flat_means, judged, unstable_windows, window_statistic, within
+from profkit.attribution.windows import Stats, Terms, basis_of, decomposition as window_decomposition, flat_means, judged, unstable_windows, window_statistic, within
 
 DIFF_SCHEMA_VERSION = 1
 IDLE_KEYS = (*CAUSES, "short_gaps")
@@ -291,7 +291,17 @@ def _kernel_entry(e: Mapping[str, Any]) -> dict[str, Any]:
 # syncs
 
 
-def _sync_groups(rank: Rank, its: Sequence[Iteration]) -> dict[tuple[str, str, str, str], Fraction]:
+SyncKey = tuple[str, str, str, str]
+
+
+class _PerIteration(dict[SyncKey, Fraction]):
+    """Sync groups per iteration: a group absent from a side is 0."""
+
+    def __missing__(self, key: SyncKey) -> Fraction:
+        return Fraction(0)
+
+
+def _sync_groups(rank: Rank, its: Sequence[Iteration]) -> _PerIteration:
     """(kind, api, direction, trigger) -> syncs per iteration over the selected iterations (every sync is
     counted per group and iteration: schema v2, or a v1 summary's list on decoding)."""
     idx = {i.index for i in its}
@@ -300,14 +310,14 @@ def _sync_groups(rank: Rank, its: Sequence[Iteration]) -> dict[tuple[str, str, s
         n = sum(v for k, v in g.by_iteration.items() if int(k) in idx)
         if n:
             c[(str(g.kind or "sync"), str(g.api or "?"), str(g.direction or "none"), str(g.trigger or "?"))] += n
-    return {k: Fraction(v, max(len(its), 1)) for k, v in c.items()}
+    return _PerIteration({k: Fraction(v, max(len(its), 1)) for k, v in c.items()})
 
 
 # ---------------------------------------------------------------------------------------------
 # noise
 
 
-def _window_flat(its: Sequence[Iteration], basis: str) -> dict[str, Fraction]:
+def _window_flat(its: Sequence[Iteration], basis: str) -> Terms:
     """One profile window's figures for the statistic: exact means of every decomposition term on
     `basis` (attribution/windows.py) and the per-iteration medians of the counts (``counts.<key>``)."""
     out = flat_means(its, basis)
@@ -316,7 +326,7 @@ def _window_flat(its: Sequence[Iteration], basis: str) -> dict[str, Fraction]:
     return out
 
 
-def _noise(st: Mapping[str, Any], nb: int, nc: int, unstable: str | None = None) -> dict[str, Any]:
+def _noise(st: Stats, nb: int, nc: int, unstable: str | None = None) -> dict[str, Any]:
     """diff.json's ``noise``: per metric, each side's median and spread over its windows, the change
     (median over paired windows of the per-window change: the figure every renderer shows) and the
     noise it is judged against (the largest spread: either side's windows, or the per-window changes)."""
@@ -381,7 +391,7 @@ def _backlog_drift_ns(windows: Sequence[tuple[int, Sequence[Iteration]]]) -> Fra
 # expected effect
 
 
-def _expected_effect(opt: str | None, catalog: Any, st: Mapping[str, Any], use_noise: bool,
+def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
                      drift_ns: Fraction = Fraction(0), *, clock: bool = False, unstable: str | None = None) -> dict[str, Any] | None:
     """The expected-effect check on the statistic `st` (attribution/windows.window_statistic: every
     figure the median over paired windows of the per-window change, judged against the larger
@@ -403,12 +413,9 @@ def _expected_effect(opt: str | None, catalog: Any, st: Mapping[str, Any], use_n
     # a verdict needs a change beyond the noise that also matters: at least 1 µs and MATERIAL_SHARE of the baseline's
     # GPU window (kernel time by ownership barely varies between a side's windows, so a 2 µs move of a 600 µs category
     # can exceed their spread without changing the iteration), and the backlog's drift where categories are by the clock
-    material = Fraction((st.get("gpu_window_us") or {}).get("baseline") or 0) * Fraction(MATERIAL_SHARE)
+    material = Fraction(st["gpu_window_us"]["baseline"] or 0) * Fraction(MATERIAL_SHARE)
     floor = max(Fraction(ABS_THRESHOLD_NS), drift_ns if clock else Fraction(0), material)
-    zero = {"delta": Fraction(0), "noise": Fraction(0), "baseline": Fraction(0), "candidate": Fraction(0)}
-
-    def get(key: str) -> Mapping[str, Any]:
-        return st.get(key, zero)
+    get = st.__getitem__
 
     def beyond(key: str) -> bool:
         m = get(key)
@@ -611,9 +618,8 @@ def compare_summaries(
     sb, sc = _sync_groups(rb, ib), _sync_groups(rc, ic)
     syncs = [
         {"kind": k[0], "api": k[1], "direction": k[2], "trigger": k[3],
-         "baseline_per_iteration": float(sb.get(k, 0)), "candidate_per_iteration": float(sc.get(k, 0)),
-         "delta": float(sc.get(k, 0) - sb.get(k, 0))}
-        for k in sorted(set(sb) | set(sc), key=lambda k: (-abs(sc.get(k, 0) - sb.get(k, 0)), k))
+         "baseline_per_iteration": float(sb[k]), "candidate_per_iteration": float(sc[k]), "delta": float(sc[k] - sb[k])}
+        for k in sorted(set(sb) | set(sc), key=lambda k: (-abs(sc[k] - sb[k]), k))
     ]
 
     # --- kernels ------------------------------------------------------------------------------
@@ -639,8 +645,8 @@ def compare_summaries(
     noise = _noise(st, len(fb), len(fc), unstable)
     drift_b, drift_c = _backlog_drift_ns(win_b), _backlog_drift_ns(win_c)
     drift = drift_b + drift_c
-    gw = st.get("gpu_window_us") or {}
-    if drift > ABS_THRESHOLD_NS and drift * 100 >= min(gw.get("baseline", 0), gw.get("candidate", 0)):  # 1% of the GPU window
+    gw = st["gpu_window_us"]
+    if drift > ABS_THRESHOLD_NS and drift * 100 >= min(gw["baseline"], gw["candidate"]):  # 1% of the GPU window
         if basis == "ownership":
             warnings.append(f"the GPU's backlog moved during the compared iterations (GPU-bound, the host ahead): {_us(drift_b):,.1f} µs "
                             f"per iteration on the baseline, {_us(drift_c):,.1f} on the candidate; categories and phases are by "
@@ -650,7 +656,7 @@ def compare_summaries(
                             f"per iteration on the baseline, {_us(drift_c):,.1f} on the candidate; time by the clock inside a window "
                             f"then misses or gains that much of each iteration's work, so category changes below {_us(drift):,.1f} µs are not flagged")
     expected = _expected_effect(opt, catalog, st, use_noise, drift, clock=basis == "clock", unstable=unstable)
-    if bool(cb.get("graph_launches")) != bool(cc.get("graph_launches")):  # eager on one side, graph replay on the other
+    if bool(cb["graph_launches"]) != bool(cc["graph_launches"]):  # eager on one side, graph replay on the other
         warnings.append("one side replays CUDA graphs and the other launches eagerly: a replayed kernel is recorded a little longer "
                         "than the same kernel launched from a stream, though it runs no longer (on an H200, +0.12 µs for a 1.3 µs "
                         "kernel, +0.06 µs for a 2.9 µs one; Nsight Compute times both alike: benchmarks/gpu_tiny_kernel_*), so a "
