@@ -377,6 +377,21 @@ class BubbleView(_Doc):
     idle_cpu_ops: list[IdleCpuOp] = []
 
 
+class SeriesPoint(_Doc):
+    """One iteration as the per-iteration figures draw it (diff.json's `series`)."""
+    index: int = 0
+    shape: str = ""
+    used: bool = True
+    wall_us: Num | None = None
+    gpu_window_us: Num | None = None
+    gpu_kernels: Num | None = None
+    kernel_launches: Num | None = None
+    graph_launches: Num | None = None
+    syncs: Num | None = None
+    sync_copies: Num | None = None
+    bubble_count: Num | None = None
+
+
 class Diff(_Doc):
     """diff.json, schema 1 (attribution/diff.py compare_summaries writes it, in this order)."""
     schema_version: int = 1
@@ -403,9 +418,9 @@ class Diff(_Doc):
     warnings: list[str] = []
     timelines: Pair[Any] = msgspec.field(default_factory=Pair)
     bubbles: Pair[BubbleView] = msgspec.field(default_factory=Pair)
-    series: Pair[list[dict[str, Any]]] = msgspec.field(default_factory=Pair)
+    series: Pair[list[SeriesPoint]] = msgspec.field(default_factory=Pair)
     manifests: Pair[Any] = msgspec.field(default_factory=Pair)
-    throughput: Pair[dict[str, Any]] = msgspec.field(default_factory=Pair)
+    throughput: Pair[Any] = msgspec.field(default_factory=Pair)  # each side's first point as the manifest has it: point_of
     health: Pair[Any] = msgspec.field(default_factory=Pair)
     overlap_slack: Any = None  # issue 31 (optional keys): attribution/capture_terms.py
     speculative: Any = None
@@ -415,6 +430,63 @@ class Diff(_Doc):
         ks = self.kernels_added if which == "added" else self.kernels_removed
         total = self.kernels_added_total if which == "added" else self.kernels_removed_total
         return ks, len(ks) if total is None else total
+
+
+# ---------------------------------------------------------------------------------------------
+# unprofiled throughput (a run manifest's `throughput` points; diff.json's `throughput`: each side's first)
+
+
+class Measure(_Doc):
+    """A figure over repeats: median and spread (max - min)."""
+    median: Num | None = None
+    spread: Num | None = None
+
+
+Figure = Measure | Num | str | None  # a figure over repeats, or a single value
+
+
+class ThroughputPoint(_Doc):
+    """One workload point: input length, concurrency, and its figures."""
+    isl: Any = None
+    concurrency: Any = None
+    tokens_per_s_per_user_p50: Figure = None
+    tokens_per_s_per_gpu: Figure = None
+    tokens_per_s: Figure = None
+    ttft_ms_p50: Figure = None
+    itl_ms_p50: Figure = None
+    accept_length: Figure = None
+    cache_hit_rate: Figure = None
+
+    def median(self, key: str) -> Num | None:
+        """The figure's median over repeats (None for a single value or none)."""
+        v = getattr(self, key)
+        return v.median if isinstance(v, Measure) else None
+
+    def value(self, key: str) -> tuple[float | None, float | None]:
+        """(median, spread) of a figure over repeats, (value, None) of a single value, else (None, None)."""
+        v = getattr(self, key)
+        if isinstance(v, Measure):
+            return v.median, v.spread
+        return (float(v), None) if isinstance(v, (int, float)) else (None, None)
+
+
+def point_of(raw: Any) -> ThroughputPoint | None:
+    """A throughput point, or None when it is not one (not an object, or figures of another shape)."""
+    if isinstance(raw, ThroughputPoint):
+        return raw
+    try:
+        return msgspec.convert(raw, ThroughputPoint) if isinstance(raw, Mapping) else None
+    except msgspec.ValidationError:
+        return None
+
+
+def throughput_of(manifest: Any) -> list[ThroughputPoint]:
+    """A run manifest's unprofiled workload points, typed ([] without any)."""
+    pts = manifest.get("throughput") if isinstance(manifest, Mapping) else None
+    return [p for p in map(point_of, pts) if p is not None] if isinstance(pts, list) else []
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def diff_of(doc: Diff | Mapping[str, Any] | bytes) -> Diff:

@@ -385,14 +385,14 @@ def test_one_instability_rule_for_diff_and_html():
     """A run is unstable when its GPU window per iteration varies by more than 2x, in diff.json (stability)
     and in the HTML's warning alike (the HTML said so from 1.5x)."""
     from profkit.attribution.diff import UNSTABLE_RATIO, _stability, swings
-    from profkit.documents import Iteration
+    from profkit.documents import Iteration, SeriesPoint
     from profkit.report.html import _instability
 
     assert UNSTABLE_RATIO == 2.0
     for vals, unstable in (([100.0, 180.0], False), ([100.0, 200.0], False), ([100.0, 201.0], True), ([0.0, 500.0], False)):
         assert swings(vals) is unstable
         assert (_stability([(0, [Iteration(gpu_window_us=v) for v in vals])]) is not None) is unstable
-        assert (_instability("x", [{"gpu_window_us": v} for v in vals], "GPU window") is not None) is (unstable and min(vals) > 0)
+        assert (_instability("x", [SeriesPoint(gpu_window_us=v) for v in vals], "GPU window") is not None) is (unstable and min(vals) > 0)
 
 
 def test_own_effect_the_wrong_way_fails_the_check(tmp_path):

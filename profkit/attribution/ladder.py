@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from profkit.attribution.diff import compare_means, throughput_points
-from profkit.documents import Summary, summary_of
+from profkit.attribution.diff import compare_means
+from profkit.documents import Summary, summary_of, throughput_of
 
 
 def ladder_steps(runs: Sequence[tuple[str, Summary | Mapping[str, Any]]], *, rank: int = 0) -> list[dict[str, Any]]:
@@ -43,11 +43,7 @@ def ladder_steps(runs: Sequence[tuple[str, Summary | Mapping[str, Any]]], *, ran
 
 def _tokens(summary: Summary) -> dict[str, float | None]:
     """The run's unprofiled tokens/s (its manifest's, or its `run` section's, first workload point)."""
-    pts = throughput_points(summary.manifest) or throughput_points(summary.run)
-    p = pts[0] if pts else {}
-
-    def med(k: str) -> float | None:
-        v = p.get(k)
-        return v.get("median") if isinstance(v, Mapping) else None
-
-    return {"tokens_per_s_per_user": med("tokens_per_s_per_user_p50"), "tokens_per_s": med("tokens_per_s")}
+    pts = throughput_of(summary.manifest) or throughput_of(summary.run)
+    if not pts:
+        return {"tokens_per_s_per_user": None, "tokens_per_s": None}
+    return {"tokens_per_s_per_user": pts[0].median("tokens_per_s_per_user_p50"), "tokens_per_s": pts[0].median("tokens_per_s")}

@@ -23,9 +23,9 @@ import plotly.graph_objects as go
 from markupsafe import Markup
 
 from profkit import __version__
-from profkit.attribution.diff import IDLE_KEYS, SERIES_FIELDS, swings, throughput_points
+from profkit.attribution.diff import IDLE_KEYS, SERIES_FIELDS, swings
 from profkit.attribution.findings import largest_bubbles, sync_groups
-from profkit.documents import UNSET, Diff, Iteration, KernelEntry, Mover, Rank, Summary
+from profkit.documents import UNSET, Diff, Iteration, KernelEntry, Mover, Rank, SeriesPoint, Summary, ThroughputPoint, throughput_of
 from profkit.analysis import health
 from profkit.report import capture_view
 from profkit.report import figures as F
@@ -90,11 +90,11 @@ def _inline_bundle() -> str:
             f'<script type="text/javascript">{js}</script>\n')
 
 
-def _instability(label: str, series: Sequence[Mapping[str, Any]], window: str) -> str | None:
+def _instability(label: str, series: Sequence[SeriesPoint], window: str) -> str | None:
     """A warning when the compared iterations' windows swing (max over min above 2, the rule of diff.json's
     stability: attribution.diff.swings): their mean then says little, and a change between two such runs
     may be the swing, not the change."""
-    vals = [x["gpu_window_us"] for x in series if x.get("used", True) and x.get("gpu_window_us")]
+    vals = [x.gpu_window_us for x in series if x.used and x.gpu_window_us]
     if not swings(vals):
         return None
     return (f"unstable: {label}'s {window} per iteration swings {min(vals):,.1f} – {max(vals):,.1f} µs ({max(vals) / min(vals):.1f}×) "
@@ -300,8 +300,8 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
                                   align="llrrl", caption=f"{total} {W['kernel']}(s) {change}", name_cols=(0, 4), collapsed=True,
                                   more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
     out.append(_section(f"{prefix}-kernels", f"Top {W['kernels_plain']}", tables=ktables))
-    curves = _curve_section(f"{prefix}-throughput", [(lb, throughput_points(diff.manifests.baseline)),
-                                                       (lc, throughput_points(diff.manifests.candidate))], figs)
+    curves = _curve_section(f"{prefix}-throughput", [(lb, throughput_of(diff.manifests.baseline)),
+                                                       (lc, throughput_of(diff.manifests.candidate))], figs)
     if curves:
         out.append(curves)
     man = [t for t in (_manifest_table(lb, diff.manifests.baseline), _manifest_table(lc, diff.manifests.candidate)) if t]
@@ -330,10 +330,10 @@ def _rank0(summary: Summary) -> Rank:
     return summary.ranks[0] if summary.ranks else Rank()
 
 
-def _series(its: Sequence[Iteration]) -> list[dict[str, Any]]:
+def _series(its: Sequence[Iteration]) -> list[SeriesPoint]:
     """A run's iterations as the per-iteration figures draw them (a diff's `series`, every iteration compared)."""
-    return [{"index": i.index, "used": True, "shape": f"{i.kind}" + (f" bs={i.batch_size}" if i.batch_size is not None else ""),
-             **{k: getattr(i, k) for k in SERIES_FIELDS}} for i in its]
+    return [SeriesPoint(index=i.index, used=True, shape=f"{i.kind}" + (f" bs={i.batch_size}" if i.batch_size is not None else ""),
+                        **{k: getattr(i, k) for k in SERIES_FIELDS}) for i in its]
 
 
 def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[str, Any]] | None, figs: _Figures,
@@ -377,7 +377,7 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
             ("wall_us", "wall µs", US), ("gpu_window_us", f"{W['window']} µs", US), ("gpu_busy_us", f"{W['busy']} µs", US), ("gpu_idle_us", f"{W['idle']} µs", US),
             ("gpu_kernels", W["kernels"], COUNT), ("kernel_launches", "kernel launches", COUNT), ("graph_launches", "graph launches", COUNT), ("syncs", "host syncs", COUNT),
             ("bubble_count", "bubbles", COUNT))]
-        swing = _instability(label, [{"gpu_window_us": i.gpu_window_us} for i in its[:-1]], W["window"])
+        swing = _instability(label, [SeriesPoint(gpu_window_us=i.gpu_window_us) for i in its[:-1]], W["window"])
         notes = [capture_view.summary_health(s), *capture_view.summary_lines(s)]  # issue 31: capture health first
         cards = [{**c, "label": capture_view.mark(c["label"], health.doubted(s.health, k))}
                  for c, k in zip(cards, ("wall_us", "gpu_window_us", "gpu_busy_us", "gpu_idle_us", "gpu_kernels", "kernel_launches",
@@ -434,7 +434,7 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
                                    num((g["blocked_us"] or 0.0) / n)] for g in sy][:MAX_ROWS],
                                  align="llllrr", caption=f"host syncs and blocking copies: {label}", name_cols=(3,)))
     out.append(_section("runs-kernels", "Top kernels and syncs", tables=tables))
-    curves = _curve_section("runs-throughput", [(label, throughput_points(s.manifest)) for label, s in runs], figs)
+    curves = _curve_section("runs-throughput", [(label, throughput_of(s.manifest)) for label, s in runs], figs)
     if curves:
         out.append(curves)
     man = [t for t in (_manifest_table(label, s.manifest) for label, s in runs) if t]
@@ -443,7 +443,7 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
     return out
 
 
-def _curve_section(id: str, sides: list[tuple[str, list[dict[str, Any]]]], figs: _Figures) -> dict[str, Any] | None:
+def _curve_section(id: str, sides: list[tuple[str, list[ThroughputPoint]]], figs: _Figures) -> dict[str, Any] | None:
     """Pareto (over concurrency) and input-length curves from the manifests' throughput points."""
     conc, isl = F.curve_kinds([pts for _, pts in sides])
     if not (conc or isl):

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from profkit.attribution.diff import IDLE_KEYS, term_label
 from profkit.attribution.findings import host_gap
-from profkit.documents import Diff, ExpectedEffect, OwnTerm, Rank, UnsetType
+from profkit.documents import Diff, ExpectedEffect, OwnTerm, Rank, ThroughputPoint, UnsetType, point_of
 from profkit.report.numbers import ratio_pct
 from profkit.report.vocab import diff_timeline, rank_timeline, words
 
@@ -84,25 +84,18 @@ THROUGHPUT_KEYS = (
 )
 
 
-def _median_of(point: Mapping[str, Any] | None, key: str) -> tuple[float | None, float | None]:
-    v = (point or {}).get(key)
-    if isinstance(v, Mapping):
-        return v.get("median"), v.get("spread")
-    return (float(v), None) if isinstance(v, (int, float)) else (None, None)
-
-
 def throughput_rows(diff: Diff) -> list[dict[str, Any]]:
     """Unprofiled throughput side by side: label, baseline, candidate, change (%), within_noise
     (None without a spread), higher_is_better. Empty when the manifests carry no throughput."""
-    b, c = diff.throughput.baseline, diff.throughput.candidate
-    if not b and not c:
+    if not diff.throughput.baseline and not diff.throughput.candidate:
         return []
+    b, c = point_of(diff.throughput.baseline) or ThroughputPoint(), point_of(diff.throughput.candidate) or ThroughputPoint()
     rows = []
     cpu = diff_timeline(diff) == "cpu"
     for key, label, higher in THROUGHPUT_KEYS:
         if key == "tokens_per_s_per_gpu" and cpu:
             label = "tokens/s per rank"  # a CPU-only run has no GPU: the same figure, per process of the engine
-        (bv, bs), (cv, cs) = _median_of(b, key), _median_of(c, key)
+        (bv, bs), (cv, cs) = b.value(key), c.value(key)
         if bv is None and cv is None:
             continue
         change = (cv / bv - 1) * 100 if bv and cv is not None else None
