@@ -57,7 +57,7 @@ def slack_side(windows: list[Summary], rank: int) -> dict[str, Any] | None:
 
 
 def _judge(b: Mapping[str, Any], c: Mapping[str, Any]) -> str:
-    if b.get("spread") is None or c.get("spread") is None:
+    if b["spread"] is None or c["spread"] is None:
         return "not judged"
     d = abs((c["median"] or 0) - (b["median"] or 0))
     return "beyond noise" if d > max(b["spread"], c["spread"]) else "within noise"

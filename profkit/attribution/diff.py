@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
@@ -189,43 +189,6 @@ def _shapes_text(c: Counter[Shape]) -> str:
 def _select(rank: Rank, shape: Shape | None) -> list[Iteration]:
     its = _steady(rank)
     return its if shape is None else [i for i in its if shape_of(i) == shape]
-
-
-def _components(it: Iteration) -> dict[str, Any]:
-    """One iteration's decomposition terms, integer ns."""
-    cats = {k: _ns(v) for k, v in it.category_us.items()}
-    idle = _ns(it.gpu_idle_us)
-    by_cause = {c: _ns(it.bubble_us_by_cause.get(c)) for c in CAUSES}
-    by_cause["short_gaps"] = idle - sum(by_cause.values())
-    return {
-        "window": _ns(it.gpu_window_us), "busy": _ns(it.gpu_busy_us), "wall": _ns(it.wall_us),
-        "overlap": _ns(it.overlap_us), "idle": idle, "cats": cats, "idle_by": by_cause,
-        "phases": {k: _ns(v) for k, v in it.phase_us.items()},  # schema v2; {} for v1
-    }
-
-
-def _means(its: Sequence[Iteration]) -> dict[str, Any]:
-    """Exact means (Fractions, ns) of every decomposition term over iterations; a missing category is 0."""
-    n = len(its)
-    comps = [_components(i) for i in its]
-    if n == 0:
-        zero = Fraction(0)
-        return {"n": 0, "window": zero, "busy": zero, "wall": zero, "overlap": zero, "idle": zero, "cats": {}, "phases": {},
-                "idle_by": {k: zero for k in IDLE_KEYS}}
-    cats: dict[str, int] = defaultdict(int)
-    phases: dict[str, int] = defaultdict(int)
-    for c in comps:
-        for k, v in c["cats"].items():
-            cats[k] += v
-        for k, v in c["phases"].items():
-            phases[k] += v
-    return {
-        "n": n,
-        **{k: Fraction(sum(c[k] for c in comps), n) for k in ("window", "busy", "wall", "overlap", "idle")},
-        "cats": {k: Fraction(v, n) for k, v in sorted(cats.items())},
-        "phases": {k: Fraction(v, n) for k, v in sorted(phases.items())},
-        "idle_by": {k: Fraction(sum(c["idle_by"][k] for c in comps), n) for k in IDLE_KEYS},
-    }
 
 
 def _median(vals: Sequence[float]) -> float | None:
@@ -555,9 +518,9 @@ def compare_means(baseline: Summary | Mapping[str, Any], candidate: Summary | Ma
     `compare_summaries`: the compared shape's label, and ``wall_us`` and ``gpu_window_us`` as
     diff.json has them (baseline, candidate, delta, ratio; µs per iteration)."""
     _, _, shape, _, ib, ic, _ = _compared(summary_of(baseline), summary_of(candidate), rank)
-    mb, mc = _means(ib), _means(ic)
+    mb, mc = flat_means(ib, "clock"), flat_means(ic, "clock")  # the window and wall do not depend on the basis
     return {"shape_label": shape_label(shape) if shape else NO_COMMON_SHAPE,
-            "wall_us": _with_ratio(mb["wall"], mc["wall"]), "gpu_window_us": _with_ratio(mb["window"], mc["window"])}
+            "wall_us": _with_ratio(mb["wall_us"], mc["wall_us"]), "gpu_window_us": _with_ratio(mb["gpu_window_us"], mc["gpu_window_us"])}
 
 
 def compare_summaries(

@@ -9,6 +9,7 @@ are built on it, so the terminal, Markdown and HTML say the same thing. Reads a 
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 from typing import Any
 
 from profkit.documents import Rank
@@ -67,16 +68,16 @@ def idle_cpu_ops(rank: Rank, cause: str | None = None, n: int = 3) -> list[tuple
     """The CPU ops the idle time went to, most idle time first (schema v2's bubble_cpu_ops); for a
     v1 summary, which has no times, the ops of the listed bubbles weighted by bubble length."""
     if rank.bubble_cpu_ops is not None:
-        got: dict[str, float] = {}
+        got: dict[str, float] = defaultdict(float)
         for x in rank.bubble_cpu_ops:
             if cause is None or x.cause == cause:
-                got[x.cpu_op] = got.get(x.cpu_op, 0.0) + (x.idle_us or 0.0)
+                got[x.cpu_op] += x.idle_us or 0.0
         return [(k, v) for k, v in sorted(got.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
-    w: dict[str, float] = {}
+    w: dict[str, float] = defaultdict(float)
     for b in rank.bubbles:
         if cause is None or b.cause == cause:
             for op in b.cpu_ops[:1]:
-                w[op] = w.get(op, 0.0) + (b.dur_us or 0.0)
+                w[op] += b.dur_us or 0.0
     return [(k, None) for k, _ in sorted(w.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
 
 

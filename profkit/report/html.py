@@ -34,7 +34,7 @@ from profkit.report.fit import demangle, demangle_many
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
 from profkit.report.views import (
     cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
-    row_metric, statistic_note, within_noise,
+    doubt_metric, row_metric, statistic_note, within_noise,
     throughput_rows,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
@@ -245,7 +245,7 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
             bv, cv = -(bv or 0), -(cv or 0)
         label = {"category": term, "overlap": "− overlap (multi-stream, counted once)", "idle": f"idle: {term.replace('_', ' ')}",
                  "backlog": "backlog (GPU behind the host)"}[group]
-        label = capture_view.mark(label, capture_view.doubted_in_diff(diff, {"category": "category_us", "idle": "gpu_idle_us"}.get(group, "overlap_us")))
+        label = capture_view.mark(label, capture_view.doubted_in_diff(diff, doubt_metric(group)))
         rows.append([label, num(bv), num(cv), num(delta, sign=True), noise_verdict(diff, metric)])
     rows.append([W["window"], num(g.baseline), num(g.candidate), num(g.delta, sign=True), noise_verdict(diff, "gpu_window_us")])
     rows.append(["residual (worst window)", "", "", num(dec.residual_us, RESIDUAL), "exact" if dec.exact else "inexact"])
@@ -347,10 +347,10 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
         rows, crows = [], []
         LW = words("cpu" if all(rank_timeline(_rank0(s)) == "cpu" for _, s in runs) else "gpu")
         cpu = LW["window"] != words("gpu")["window"]
-        tps = any(step.get("tokens_per_s_per_user") is not None or step.get("tokens_per_s") is not None for step in ladder)
+        tps = any(step["tokens_per_s_per_user"] is not None or step["tokens_per_s"] is not None for step in ladder)
         for i, ((label, s), step) in enumerate(zip(runs, ladder)):
             m = _rank0(s).median
-            rows.append([label, step["shape"], *([num(step.get("tokens_per_s_per_user"), RATE), num(step.get("tokens_per_s"), RATE)] if tps else []),
+            rows.append([label, step["shape"], *([num(step["tokens_per_s_per_user"], RATE), num(step["tokens_per_s"], RATE)] if tps else []),
                          num(step["wall_us"]), "" if i == 0 else num(step["wall_delta_vs_previous_us"], sign=True),
                          "" if i == 0 else num(step["wall_delta_vs_first_us"], sign=True), num(step["gpu_window_us"])])
             crows.append([label, num(m.gpu_kernels, COUNT), *([] if cpu else [num(m.kernel_launches, COUNT), num(m.graph_launches, COUNT),
@@ -528,7 +528,7 @@ def _page(diffs: Sequence[Diff], runs: Sequence[tuple[str, Summary]], ladder: Se
     page_banner = banner("mixed" if "mixed" in tls or len(tls) > 1 else (tls.pop() if tls else "gpu"))
     return _env().get_template("report.html").render(
         title=title, subtitle=None, profkit_version=__version__, sections=sections, banner=page_banner,
-        nav=[{"id": s["id"], "title": s["title"]} for s in sections if s["id"].endswith(("summary", "ladder")) and not s.get("details_open")],
+        nav=[{"id": s["id"], "title": s["title"]} for s in sections if s["id"].endswith(("summary", "ladder")) and not s["details_open"]],
         footer="times are µs per iteration; decompositions use means, counts use medians",
         data=data,
     )

@@ -15,7 +15,7 @@ from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import demangle
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, num, pct
-from profkit.report.views import cpu_ops_text, decomposition_rows, headline_lines, noise_verdict, phase_rows, row_metric, statistic_note, throughput_rows
+from profkit.report.views import cpu_ops_text, decomposition_rows, doubt_metric, headline_lines, noise_verdict, phase_rows, row_metric, statistic_note, throughput_rows
 from profkit.report.vocab import banner, count_label, diff_timeline, words
 
 GITHUB_COMMENT_LIMIT = 65_536
@@ -140,7 +140,7 @@ def _render(diff: Diff, limit: int) -> str:
                  "idle": f"idle: {md_escape(term.replace('_', ' '))}"}[group]
         if group == "overlap":
             bv, cv = (-bv if bv is not None else None), (-cv if cv is not None else None)
-        label = capture_view.mark(label, capture_view.doubted_in_diff(diff, {"category": "category_us", "idle": "gpu_idle_us"}.get(group, "overlap_us")))
+        label = capture_view.mark(label, capture_view.doubted_in_diff(diff, doubt_metric(group)))
         rows.append([label, num(bv), num(cv), num(delta, sign=True), _noise_mark(diff, metric)])
     if len(shown) < len(cats):
         rest = sum(r[2] for r in cats if r not in shown)

@@ -22,7 +22,7 @@ from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
 from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, num, pct
 from profkit.report.views import (
-    cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
+    cpu_ops_text, decomposition_rows, device_text, doubt_metric, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
     row_metric, statistic_note,
     throughput_rows,
 )
@@ -212,8 +212,7 @@ def _diff(diff: Diff, console: Console, *, top: int) -> None:
             label = "− overlap"
         else:
             label = term if group in ("category", "backlog") else f"idle: {term.replace('_', ' ')}"
-        label = capture_view.mark(label, capture_view.doubted_in_diff(diff, "category_us" if group == "category" else "gpu_idle_us"
-                                                                      if group == "idle" else "overlap_us"))
+        label = capture_view.mark(label, capture_view.doubted_in_diff(diff, doubt_metric(group)))
         rows.append((label, _num(bv), _num(cv), _num(delta, sign=True), noise_verdict(diff, metric)))
     rows.append((W["window"], _num(g.baseline), _num(g.candidate), _num(g.delta, sign=True), noise_verdict(diff, "gpu_window_us")))
     rows.append(("residual (worst window)", "", "", _num(diff.decomposition.residual_us, RESIDUAL), "exact" if diff.decomposition.exact else "inexact"))

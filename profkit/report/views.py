@@ -48,6 +48,11 @@ def row_metric(group: str, term: str) -> str:
             "backlog": "backlog_us"}[group]
 
 
+def doubt_metric(group: str) -> str:
+    """The capture-health metric that puts a `decomposition_rows` row in doubt (its mark in every renderer)."""
+    return "category_us" if group == "category" else "gpu_idle_us" if group == "idle" else "overlap_us"
+
+
 def statistic_note(diff: Diff) -> str:
     """What the decomposition's figures are, in one sentence (every renderer prints it under the table)."""
     dev = words(diff_timeline(diff))["device"]
