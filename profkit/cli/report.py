@@ -134,7 +134,7 @@ def report(
         profkit report traces/base traces/topk -o reports/sweep.html
     """
     from profkit.catalog import choose_catalog
-    from profkit.inputs import is_diff_doc, load_side, read_json
+    from profkit.inputs import check_diff, is_diff_doc, load_side, read_json
     from profkit.attribution import ladder_steps
     from profkit.report import Report
     from profkit.report.html import HtmlRenderer
@@ -146,10 +146,7 @@ def report(
     diffs: list[dict[str, Any]] = []
     runs: list[tuple[str, dict[str, Any]]] = []
     def read_diff(p: Path) -> dict[str, Any]:
-        doc = read_json(p)
-        if doc.get("schema_version") != 1:
-            raise TraceInputError(f"{p}: diff.json schema version {doc.get('schema_version')!r}; this profkit reads 1", hint="re-run profkit diff")
-        return doc
+        return check_diff(read_json(p), p)
 
     expanded: list[Path] = []
     named: dict[Path, str] = {}  # a sweep's runs keep the sweep's labels (baseline, +topk_v2, ...)
@@ -178,9 +175,7 @@ def report(
         if p.is_file() and p.suffix == ".json" and not p.name.endswith(".trace.json"):
             doc = read_json(p)
             if is_diff_doc(doc):
-                if doc.get("schema_version") != 1:
-                    raise TraceInputError(f"{p}: diff.json schema version {doc.get('schema_version')!r}; this profkit reads 1", hint="re-run profkit diff")
-                diffs.append(doc)
+                diffs.append(check_diff(doc, p))
                 continue
         side = load_side(p, opts)
         if side.repeats:
