@@ -164,25 +164,56 @@ def _cross_rank(x: Mapping[str, Any], console: Console, *, warnings: bool = True
 
 
 def _diff(diff: Diff, console: Console, *, top: int) -> None:
-    b, c = diff.baseline, diff.candidate
-    console.print(f"[bold]{escape(capture_view.diff_health(diff))}[/]")  # issue 31: first, before any number
+    """A diff's tables, in the order every renderer has them."""
+    tl = diff_timeline(diff)
+    W = words(tl)
+    _diff_head(diff, console)
+    _throughput_table(diff, console)
+    _effect_lines(diff, console)
+    if banner(tl):
+        console.print(f"[bold yellow]{escape(banner(tl) or '')}[/]")
+    _decomposition_table(diff, console, W)
+    ph = phase_rows(diff)
+    if ph:
+        console.print(fit_table(console, f"the same change in {W['device']} time by phase (µs per iteration)",
+                                (("phase", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)),
+                                [(k, _num(bv), _num(cv), _num(d, sign=True), noise_verdict(diff, m)) for k, bv, cv, d, m in ph]))
+    console.print(fit_table(console, "per iteration (medians)", (("count", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
+                            [(count_label(k, tl), _num(v.baseline, COUNT), _num(v.candidate, COUNT), _num(v.delta, COUNT, sign=True), noise_verdict(diff, f"counts.{k}"))
+                             for k, v in diff.counts.items()]))
+    _kernel_and_sync_tables(diff, console, W, top=top)
+    for w in diff.warnings:
+        console.print(f"[yellow]warning:[/] {escape(w)}")
+
+
+def _diff_head(diff: Diff, console: Console) -> None:
+    """Capture health (issue 31: first, before any number), the headline and its bullets, the capture lines, the sides."""
+    console.print(f"[bold]{escape(capture_view.diff_health(diff))}[/]")
     first, *bullets = headline_lines(diff)  # the headline: one line, then at most three bullets
     console.print(f"[bold]{escape(first)}[/]")
     for line in bullets:
         console.print(f"  • {escape(line)}")
     for line in capture_view.diff_lines(diff):
         console.print(escape(line))
-    console.print(f"[bold]{escape(b.label)}[/] → [bold]{escape(c.label)}[/]"
+    console.print(f"[bold]{escape(diff.baseline.label)}[/] → [bold]{escape(diff.candidate.label)}[/]"
                   + (f"  [cyan]{escape(diff.optimization)}[/]" if diff.optimization else ""))
+
+
+def _throughput_table(diff: Diff, console: Console) -> None:
     tp = throughput_rows(diff)
-    if tp:
-        t = Table(title="unprofiled throughput", title_justify="left", box=None)
-        for col in ("", "baseline", "candidate", "change", ""):
-            t.add_column(col, justify="left" if col == "" else "right")
-        for r in tp:
-            t.add_row(r["label"], _num(r["baseline"], RATE), _num(r["candidate"], RATE), pct(r["change_pct"], missing=HYPHEN),
-                      {None: "[dim]not judged[/]", True: "[dim]within noise[/]", False: "[bold]beyond noise[/]"}[r["within_noise"]])
-        console.print(t)
+    if not tp:
+        return
+    t = Table(title="unprofiled throughput", title_justify="left", box=None)
+    for col in ("", "baseline", "candidate", "change", ""):
+        t.add_column(col, justify="left" if col == "" else "right")
+    for r in tp:
+        t.add_row(r["label"], _num(r["baseline"], RATE), _num(r["candidate"], RATE), pct(r["change_pct"], missing=HYPHEN),
+                  {None: "[dim]not judged[/]", True: "[dim]within noise[/]", False: "[bold]beyond noise[/]"}[r["within_noise"]])
+    console.print(t)
+
+
+def _effect_lines(diff: Diff, console: Console) -> None:
+    """The expected-effect check (flags, a pass, or what it was judged against) and the noise note when nothing is judged."""
     ee = diff.expected_effect
     if ee and ee.known:
         if effect_flags(ee):
@@ -199,36 +230,27 @@ def _diff(diff: Diff, console: Console, *, top: int) -> None:
     if not diff.noise.available:
         console.print(f"[dim]{escape(diff.noise.note)}[/]")
 
-    tl = diff_timeline(diff)
-    W = words(tl)
-    if banner(tl):
-        console.print(f"[bold yellow]{escape(banner(tl) or '')}[/]")
+
+def _decomposition_table(diff: Diff, console: Console, W: dict[str, str]) -> None:
     g = diff.decomposition.gpu_window_us
     rows: list[tuple[str, ...]] = []
     for group, term, delta, bv, cv in decomposition_rows(diff):
-        metric = row_metric(group, term)
         if group == "overlap":
             bv, cv = -(bv or 0), -(cv or 0)
             label = "− overlap"
         else:
             label = term if group in ("category", "backlog") else f"idle: {term.replace('_', ' ')}"
         label = capture_view.mark(label, capture_view.doubted_in_diff(diff, doubt_metric(group)))
-        rows.append((label, _num(bv), _num(cv), _num(delta, sign=True), noise_verdict(diff, metric)))
+        rows.append((label, _num(bv), _num(cv), _num(delta, sign=True), noise_verdict(diff, row_metric(group, term))))
     rows.append((W["window"], _num(g.baseline), _num(g.candidate), _num(g.delta, sign=True), noise_verdict(diff, "gpu_window_us")))
     rows.append(("residual (worst window)", "", "", _num(diff.decomposition.residual_us, RESIDUAL), "exact" if diff.decomposition.exact else "inexact"))
     console.print(fit_table(console, f"change in {W['window']} per iteration ({diff.shape.label})",
                             (("term", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)), rows))
     console.print(f"[dim]{escape(statistic_note(diff))}[/]")
 
-    ph = phase_rows(diff)
-    if ph:
-        console.print(fit_table(console, f"the same change in {W['device']} time by phase (µs per iteration)",
-                                (("phase", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)),
-                                [(k, _num(bv), _num(cv), _num(d, sign=True), noise_verdict(diff, m)) for k, bv, cv, d, m in ph]))
 
-    console.print(fit_table(console, "per iteration (medians)", (("count", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
-                            [(count_label(k, tl), _num(v.baseline, COUNT), _num(v.candidate, COUNT), _num(v.delta, COUNT, sign=True), noise_verdict(diff, f"counts.{k}"))
-                             for k, v in diff.counts.items()]))
+def _kernel_and_sync_tables(diff: Diff, console: Console, W: dict[str, str], *, top: int) -> None:
+    """Syncs, top movers, each side's largest bubbles, kernels added and removed."""
     if diff.syncs:
         console.print(fit_table(console, "host syncs and blocking copies per iteration",
                                 (("Δ", NUM), ("baseline", NUM), ("candidate", NUM), ("kind", COPY), ("dir", COPY), ("api", COPY), ("trigger", COPY)),
@@ -239,7 +261,7 @@ def _diff(diff: Diff, console: Console, *, top: int) -> None:
                                 (("Δ µs", NUM), ("baseline", NUM), ("candidate", NUM), ("category", COPY), (W["kernel"], NAME)),
                                 [(_num(m.delta_us, sign=True), _num(m.baseline_us), _num(m.candidate_us), m.category, m.name)
                                  for m in diff.top_movers[:top]]))
-    for side, v in ((b, diff.bubbles.baseline), (c, diff.bubbles.candidate)):
+    for side, v in ((diff.baseline, diff.bubbles.baseline), (diff.candidate, diff.bubbles.candidate)):
         if not v or not v.largest:
             continue
         console.print(fit_table(console, f"largest bubbles: {side.label} (CPU ops with their exclusive µs inside the bubble)",
@@ -252,5 +274,3 @@ def _diff(diff: Diff, console: Console, *, top: int) -> None:
             names = ", ".join(k.name for k in ks[:5])
             more = f" and {total - 5} more" if total > 5 else ""
             console.print(f"{W['kernels_plain']} {what}: {escape(names)}{more}")
-    for w in diff.warnings:
-        console.print(f"[yellow]warning:[/] {escape(w)}")
