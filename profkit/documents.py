@@ -180,7 +180,7 @@ class Summary(_Doc):
     health: Any = None
     cross_rank: Any = None  # several ranks: stragglers and clock offsets (analysis/ranks.py)
     speculative: Any = None
-    manifest: Any = None  # the run folder's manifest.json, added on loading (profkit/inputs.py)
+    manifest: Any = None  # the run folder's manifest.json, added on loading (profkit/flows/inputs.py)
     run: Any = None  # what `profkit trace` writes into every summary
 
 

@@ -101,6 +101,9 @@ def test_timeline_figure_data(hostile):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in hover and SCRIPT_NAME not in hover
     n_ops = sum(len(t.x) for t in fig.data if t.legendgroup.startswith("cat:"))
     assert n_ops == len(tl["ops"]["start_us"]) == tl["ops_total"]
+    # each op bar starts where its op starts (a bar without its base is drawn from 0: the timeline showed one bar)
+    starts = sorted(round(v, 2) for v in tl["ops"]["start_us"])
+    assert sorted(b for t in fig.data if t.legendgroup.startswith("cat:") for b in (t.base or [None])) == starts
 
 
 def test_waterfall_adds_up(hostile):
@@ -280,8 +283,8 @@ def test_a_sweep_report_leads_with_its_ladder_and_folds_each_step():
     from pathlib import Path as P
 
     from profkit.attribution import ladder_steps
-    from profkit.catalog import CatalogChoice, load_catalog
-    from profkit.summarize import SummarizeOptions, summarize
+    from profkit.analysis.catalog import CatalogChoice, load_catalog
+    from profkit.analysis.summarize import SummarizeOptions, summarize
 
     data = P(__file__).resolve().parent / "data" / "gpu_proxy"
     opts = SummarizeOptions(catalog=CatalogChoice(load_catalog("proxy"), "test"), cache=False)
@@ -316,8 +319,10 @@ MEASURE = """<script>window.addEventListener("load", function () { setTimeout(fu
   var w = window.innerWidth, over = [];
   document.querySelectorAll("section, table, .js-plotly-plot, .cards, .headline, .note, summary").forEach(function (e) {
     var r = e.getBoundingClientRect(); if (r.width > 0 && r.right > w + 1) over.push(e.tagName + "." + e.className + ":" + Math.round(r.right)); });
+  var tallest = 0; document.querySelectorAll("tr").forEach(function (r) { tallest = Math.max(tallest, r.getBoundingClientRect().height); });
   document.body.setAttribute("data-measure", JSON.stringify({inner: w, scroll: document.documentElement.scrollWidth, over: over,
-    plots: document.querySelectorAll(".js-plotly-plot .main-svg").length}));
+    plots: document.querySelectorAll(".js-plotly-plot .main-svg").length, tallest: Math.round(tallest),
+    figures: document.querySelectorAll('div[id^="profkit-fig-"]').length, drawn: document.querySelectorAll('div[id^="profkit-fig-"].js-plotly-plot').length}));
 }, 500); });</script>"""
 
 
@@ -328,8 +333,8 @@ def test_the_diff_and_the_sweep_hold_their_layout_at_900_px(tmp_path, width):
     table, figure and card inside the viewport; the sample diff and a 3-run sweep of the H200 proxy runs."""
     from pathlib import Path as P
 
-    from profkit.catalog import CatalogChoice, load_catalog
-    from profkit.summarize import SummarizeOptions, summarize as summarize_files
+    from profkit.analysis.catalog import CatalogChoice, load_catalog
+    from profkit.analysis.summarize import SummarizeOptions, summarize as summarize_files
 
     sample = P(__file__).resolve().parent.parent / "traces" / "sample"
     diff_page = tmp_path / "diff.html"
@@ -342,7 +347,10 @@ def test_the_diff_and_the_sweep_hold_their_layout_at_900_px(tmp_path, width):
     diffs = [compare_summaries(runs[0][1], s, labels=("baseline", label)) for label, s in runs[1:]]
     sweep_page = tmp_path / "sweep.html"
     sweep_page.write_text(HtmlRenderer().render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs))))
-    for page in (diff_page, sweep_page):
+    # `profkit trace`'s page: one compared pair and its two runs (the diff first and open, its top movers' long names)
+    trace_page = tmp_path / "trace.html"
+    trace_page.write_text(HtmlRenderer().render(Report(diffs=diffs[:1], runs=runs[:2], ladder=ladder_steps(runs[:2]))))
+    for page in (diff_page, sweep_page, trace_page):
         probe = tmp_path / f"probe-{page.name}"
         probe.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))  # a copy: the report itself is not changed
         r = _chromium(f"--window-size={width},1600", "--dump-dom", probe.as_uri())
@@ -350,6 +358,9 @@ def test_the_diff_and_the_sweep_hold_their_layout_at_900_px(tmp_path, width):
         assert [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln] == []
         m = json.loads(html_unescape(re.search(r'data-measure="([^"]*)"', r.stdout).group(1)))
         assert m["plots"] > 0 and m["over"] == [] and m["scroll"] <= m["inner"], (page.name, m)
+        # every figure drawn (one built before plotly.js was on the page stayed blank), no table row taller than
+        # ~7 lines (at 900 px a 300-character kernel template name made a top-movers row 15 lines tall)
+        assert m["drawn"] == m["figures"] > 0 and m["tallest"] <= 140, (page.name, m)
 
 
 def html_unescape(s: str) -> str:

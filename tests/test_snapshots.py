@@ -42,6 +42,8 @@ COMMANDS = {
     "analyze-vllm-mixed": ["analyze", MIXED, "--no-cache"],
     "analyze-list-markers": ["analyze", EAGER, "--no-cache", "--list-markers"],
     "diff": ["diff", EAGER, GRAPH],
+    # the project's own H200 recording (tests/data/gpu_loo/README.md): 3 profile windows a side, judged against their noise
+    "diff-h200-loo": ["diff", "tests/data/gpu_loo/all-topk_v2", "tests/data/gpu_loo/all"],
     "opts-proxy": ["opts", "--target", "proxy"],
     "opts-sglang": ["opts", "--target", "sglang"],
     "trace-dry-run": ["trace", "--opt", "topk_v2", "--dry-run"],
@@ -113,10 +115,10 @@ def _sweep_table(width: int) -> str:
     from types import SimpleNamespace
 
     from profkit.attribution.diff import compare_summaries
-    from profkit.capture.sweep import attribution_row
-    from profkit.catalog import CatalogChoice, load_catalog
+    from profkit.flows.sweep import attribution_row
+    from profkit.analysis.catalog import CatalogChoice, load_catalog
     from profkit.cli.capture import _render_sweep
-    from profkit.summarize import SummarizeOptions, summarize
+    from profkit.analysis.summarize import SummarizeOptions, summarize
 
     opts = SummarizeOptions(catalog=CatalogChoice(load_catalog("proxy"), "test"), cache=False)
     s = {n: summarize([PROXY / f"{n}.trace.json.gz"], opts).summary for n in ("baseline", "topk_v2", "indexer_fusion")}
@@ -147,7 +149,48 @@ def test_sweep_table_snapshot(width):
             pytest.skip(f"wrote new snapshot {path.name}")
         return
     assert got == path.read_text(), "".join(difflib.unified_diff(path.read_text().splitlines(True), got.splitlines(True), path.name, "now"))
-    assert all(len(line) <= width for line in got.splitlines() if not line.startswith(("flag:", "unstable:")))
+    assert all(len(line) <= width for line in got.splitlines())  # the flag and unstable lines too: wrapped at spaces
+
+
+def test_sweep_flags_and_unstable_runs_at_80_columns():
+    """The lines under the sweep's table wrap at spaces within 80 columns (they were printed unwrapped and a
+    terminal folded them mid-number), and a run shared by two steps is listed as unstable once, with both steps."""
+    from types import SimpleNamespace
+
+    from profkit.attribution.diff import compare_summaries
+    from profkit.flows.sweep import attribution_row
+    from profkit.analysis.catalog import CatalogChoice, load_catalog
+    from profkit.cli.capture import _render_sweep
+    from profkit.analysis.summarize import SummarizeOptions, summarize
+
+    opts = SummarizeOptions(catalog=CatalogChoice(load_catalog("proxy"), "test"), cache=False)
+    s = {n: summarize([PROXY / f"{n}.trace.json.gz"], opts).summary for n in ("baseline", "topk_v2", "all")}
+    doc = {"mode": "ladder", "attribution": [], "runs": [{"run_id": "r0", "label": "baseline"}, {"run_id": "r1", "label": "+topk_v2"},
+                                                         {"run_id": "r2", "label": "+topk_v2+all"}]}
+    diffs = []
+    for a, b, label in (("baseline", "topk_v2", "+topk_v2"), ("topk_v2", "all", "+topk_v2+all")):
+        d = compare_summaries(s[a], s[b], opt="topk_v2", catalog=load_catalog("proxy"), labels=(a, b))
+        diffs.append(d)
+        run = {"baseline": "r0", "topk_v2": "r1", "all": "r2"}
+        doc["attribution"].append(attribution_row(label, "topk_v2", SimpleNamespace(run_id=run[a]), SimpleNamespace(run_id=run[b]), d, Path("pair")))
+    # what an unstable middle run of a ladder looks like in the diffs (diff.json's stability), and a long flag
+    swing = "profile window 0: GPU window 26,771–138,605 µs; profile window 1: GPU window 42,799–127,812 µs"
+    diffs[0]["stability"], diffs[1]["stability"] = {"candidate": swing}, {"baseline": swing}
+    doc["attribution"][1]["flags"] = ["topk_v2 changed indexer time by +37.2%, outside its categories (+3,376.3 µs per iteration)"]
+    saved = cli.out.width
+    cli.out.width = 80
+    try:
+        with cli.out.capture() as cap:
+            _render_sweep(doc, diffs)
+    finally:
+        cli.out._width = None
+        del saved
+    got = cap.get()
+    assert all(len(line) <= 80 for line in got.splitlines()), got
+    flat = " ".join(got.split())  # a number folded across two lines would read "26,771–13 8,605" here
+    for n in ("26,771–138,605", "42,799–127,812", "+3,376.3", "+37.2%"):
+        assert n in flat, n
+    assert got.count("unstable:") == 1 and "unstable: +topk_v2: " in got and "steps +topk_v2, +topk_v2+all:" in " ".join(got.split())
 
 
 def test_sweep_table_keeps_its_numbers_at_80_columns():
@@ -187,7 +230,7 @@ def _in_pty(args: list[str], cols: int) -> str:
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
-@pytest.mark.parametrize("name", ["diff", "analyze-eager"])
+@pytest.mark.parametrize("name", ["diff", "analyze-eager", "diff-h200-loo"])
 def test_a_real_80_column_terminal_cuts_no_number(name, tmp_path):
     """In a real 80-column pseudo-terminal no line is wider than 80 cells (a wider one would wrap and
     split a number across lines) and every number of the 120-column output is there whole."""
@@ -201,3 +244,72 @@ def test_a_real_80_column_terminal_cuts_no_number(name, tmp_path):
     nums = [t for t in wide.split() if re.fullmatch(r"[-+]?\d[\d,]*\.\d+%?|[-+]?\d{1,3}(,\d{3})+", t)]
     have = set(narrow.split())
     assert nums and not [n for n in nums if n not in have]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_the_h200_diff_reads_at_80_columns():
+    """issue 28, in a real 80-column terminal: the decomposition's verdicts stay on their row (they took two lines
+    each, 'beyond' then 'noise'), a bubble's CPU-op figure stays beside its name (no 'µs' alone on a line), the
+    kernels removed are listed one a line (no 'void' alone at a line's end), and the headline judges the window."""
+    out = _in_pty(COMMANDS["diff-h200-loo"], 80)
+    lines = [ln.strip() for ln in out.splitlines()]
+    table = out[out.index("change in GPU window per iteration"):out.index("Each term is the median")]
+    assert [ln for ln in table.splitlines()[2:] if ln.strip() in ("noise", "beyond", "within")] == []
+    assert "±7.2 beyond noise" in table and "±1,714.8 within noise" in table
+    assert not [ln for ln in lines if ln in ("µs", "void") or ln.endswith(" void") or ln.startswith("µs,")]
+    assert "GPU window -885.0 µs per iteration, ±1,714.8 within noise" in " ".join(out.split())
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+@pytest.mark.parametrize("command", ["trace", "sweep"])
+def test_help_reads_at_80_columns(command):
+    """In a real 80-column terminal an option's help runs beside it on one line of ~45 columns (rich's panel
+    shared the width among seven columns: the flag pairs and the types left the help 17 columns, one or two
+    words a line); at 120 columns it is rich's panel."""
+    from rich.cells import cell_len
+
+    narrow = _in_pty([command, "--help"], 80)
+    assert not [ln for ln in narrow.splitlines() if cell_len(ln) > 80]
+    flat = " ".join(narrow.split())
+    assert "--opt" in flat and "--warmup / --no-warmup" in flat
+    assert "Before each workload point's repeats, one" in narrow  # one line, not a word a line
+    assert "[[ids...], ...]" in narrow and "\\[" not in narrow  # the markup escapes are not shown
+    wide = _in_pty([command, "--help"], 120)
+    assert "╭─ Options" in wide
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_the_progress_line_keeps_its_elapsed_time_at_80_columns():
+    """A long run's live line in an 80-column terminal: the step is cut at its end, never the elapsed time
+    (rich shrank every column alike and the time read '0:…')."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    code = ("import time; from profkit.cli.capture import _Steps\n"
+            "s = _Steps(1)\n"
+            "with s:\n"
+            "    t = s.live.add_task('runs 1-2/2, alternating: candidate (topk_v2): profile window 1/3: 20 iterations; ' * 3, total=None)\n"
+            "    time.sleep(0.6)\n")
+    pid, fd = pty.fork()
+    if pid == 0:
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 80, 0, 0))
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR", "TERM")}
+        env["TERM"] = "xterm-256color"
+        os.execve(sys.executable, [sys.executable, "-c", code], env)
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.waitpid(pid, 0)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode("utf-8", "replace"))
+    frames = [f for f in re.split(r"[\r\n]+", text) if "runs 1-2/2" in f]
+    assert frames, text[:300]
+    assert all(re.search(r"\d:\d\d:\d\d runs 1-2/2", f) for f in frames), frames[:3]
+    assert all(f.rstrip().endswith("…") for f in frames)

@@ -405,7 +405,7 @@ def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
         })
         if flagged:
             how = f"by {pct:+.1f}%" if pct is not None else f"by {_us(m['delta']):+.1f} µs (absent in the baseline)"
-            flags.append(f"{opt} changed {cat} time {how}, outside its categories ({_us(m['delta']):+.1f} µs per iteration)")
+            flags.append(f"{opt} changed {cat} time {how}, outside its categories ({_us(m['delta']):+,.1f} µs per iteration)")
     changes.sort(key=lambda ch: -abs(ch["delta_us"]))
 
     # its own effect first: the catalog's categories, phases and idle causes of the optimization, each expected
@@ -430,7 +430,7 @@ def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
     return {
         "optimization": opt, "known": True, "catalog": cat_name, "categories": owned, "phases": phases, "idle": idle_own,
         "judged": use_noise,
-        "threshold": (f"the noise (spread over profile windows) and {_us(floor):,.1f} µs (1 µs, {MATERIAL_SHARE:.0%} of the baseline's GPU window)" if not clock or drift_ns <= ABS_THRESHOLD_NS else
+        "threshold": (f"the noise (spread over profile windows) and {_us(floor):,.1f} µs (the larger of 1 µs and {MATERIAL_SHARE:.0%} of the baseline's window)" if not clock or drift_ns <= ABS_THRESHOLD_NS else
                       f"the noise (spread over profile windows) and the GPU backlog's drift ({_us(drift_ns):,.1f} µs per iteration)")
                      if use_noise else (f"not judged: unstable ({unstable})" if unstable else "not judged: one profile window per side (no noise estimate)"),
         "backlog_drift_us": _us(drift_ns),
@@ -536,7 +536,7 @@ def compare_summaries(
 ) -> dict[str, Any]:
     """diff.json v1 for one rank of two summary.json v1 dicts (see the module docstring for the rules).
 
-    `catalog` (a profkit.catalog.Catalog, or anything with ``optimizations: {name: categories}``)
+    `catalog` (a profkit.analysis.catalog.Catalog, or anything with ``optimizations: {name: categories}``)
     and `opt` drive the expected-effect check. Repeats (summaries of the same configuration run
     again; the primary may be among them) give the noise estimate. Times are µs per iteration.
     Summaries given as dicts (summary.json of any schema version) are decoded here, once.

@@ -22,7 +22,8 @@ from profkit.errors import UsageError
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from profkit.capture.run import RunConfig, RunResult
+    from profkit.capture.run import RunConfig
+    from profkit.flows.trace import RunResult
 
 Opt = Annotated[list[str], typer.Option("--opt", help="Optimization to attribute (repeatable); see `profkit opts`.")]
 
@@ -190,8 +191,11 @@ class _Steps:
             from rich.table import Column
 
             # one line at any width: the description is cut at its end, never the elapsed time
-            self.live = Progress(SpinnerColumn(), TimeElapsedColumn(), TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis")),
-                                 console=err, transient=True)
+            # (the description's column takes what is left of the line, ratio=1 with expand=True: without it rich shrank
+            # every column alike and the elapsed time read "0:…" at 80 columns)
+            self.live = Progress(SpinnerColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.description}", table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
+                                 console=err, transient=True, expand=True)
 
     def __enter__(self) -> "_Steps":
         if self.live:
@@ -209,7 +213,7 @@ class _Steps:
         err.print(f"[dim]\\[{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}][/] {escape(text)}", soft_wrap=True)
 
     def run(self, cfg: RunConfig, states: dict[str, bool], run_id: str, label: str) -> RunResult:
-        from profkit.capture.run import run_one
+        from profkit.flows.trace import run_one
 
         self.n += 1
         where = f"run {self.n}/{self.runs}"
@@ -224,15 +228,15 @@ class _Steps:
             self.live.remove_task(task)
         self._line(f"{where} {label}: done; traces {res.trace_dir}, summary {res.summary_path}")
         for w in res.manifest.get("warnings") or []:  # no-op switches, --fit-context trims, an uncontrolled accept length
-            err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}", soft_wrap=True)
+            err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}")
         return res
 
     def run_all(self, cfg: RunConfig, jobs: list[tuple[dict[str, bool], str, str]]) -> list[RunResult]:
         """The runs of one command: side by side, their steps alternating (cfg.capture_order "alternating":
-        capture/run.run_interleaved; each progress line starts with its run's label), or one after the other."""
+        flows/trace.run_interleaved; each progress line starts with its run's label), or one after the other."""
         if cfg.capture_order != "alternating" or len(jobs) < 2:
             return [self.run(cfg, states, run_id, label) for states, run_id, label in jobs]
-        from profkit.capture.run import run_interleaved
+        from profkit.flows.trace import run_interleaved
 
         first, self.n = self.n + 1, self.n + len(jobs)
         where = f"runs {first}-{self.n}/{self.runs}, alternating:"
@@ -248,7 +252,7 @@ class _Steps:
         for (_, _, label), r in zip(jobs, res):
             self._line(f"{label}: done; traces {r.trace_dir}, summary {r.summary_path}")
             for w in r.manifest.get("warnings") or []:
-                err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}", soft_wrap=True)
+                err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}")
         return res
 
 
@@ -306,7 +310,7 @@ def trace(opt: Opt, options: RunOptions) -> None:
 
         profkit trace --target sglang --preset glm52-nvfp4-tp8 --opt topk_v2 --dry-run
     """
-    from profkit.capture.sweep import attribute, reproduce_command
+    from profkit.flows.trace import attribute, reproduce_command
     from profkit.targets.registry import check_comparison, check_opts, opt_states
 
     o = _plain(options)
@@ -383,7 +387,8 @@ def sweep(
 
         profkit sweep --opts overlap,topk_v2,indexer_fusion --mode ladder
     """
-    from profkit.capture.sweep import attribute, attribution_row, check_sweep, compared_pairs, label_slug, pareto, sweep_plan, write_reports
+    from profkit.capture.sweep import check_sweep, label_slug, sweep_plan
+    from profkit.flows.sweep import attribute_sweep
     from profkit.store import write_json_atomic
     from profkit.targets.registry import check_opts
 
@@ -418,18 +423,8 @@ def sweep(
         for r in doc["runs"]:
             out.print(f"{escape(r['label'])}: {escape(str(cfg.traces_dir / r['run_id']))}", soft_wrap=True)
         return
-    diffs = []
-    for label, opt, b_label, a_label, pair_dir in compared_pairs(plan, mode, sweep_dir):
-        before, after = results[b_label], results[a_label]
-        diff, notes = attribute(before, after, [opt] if opt else [], pair_dir)
-        _notes(notes)
-        diffs.append(diff)
-        doc["attribution"].append(attribution_row(label, opt, before, after, diff, pair_dir))
-    doc["pareto"] = pareto(doc["runs"])
-    doc["status"] = "ok"
-    write_json_atomic(sweep_dir / "sweep.json", doc)
-    _notes(write_reports(sweep_dir, diffs=diffs,  # the diffs just written (each pair's diff.json), not read back
-                         runs=[(lbl, results[lbl].summary) for lbl, *_ in plan]))
+    diffs, notes = attribute_sweep(plan, mode, results, sweep_dir, doc)
+    _notes(notes)
     _render_sweep(doc, diffs)
     wrote = [sweep_dir / n for n in ("sweep.json", "report.html") if (sweep_dir / n).is_file()]
     out.print(f"wrote {', '.join(escape(str(p)) for p in wrote)}", soft_wrap=True)
@@ -464,12 +459,20 @@ def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
     title = f"attribution ({doc['mode']}): Δ in µs per iteration (means; {W['window']}), counts per-iteration medians"
     out.print(fit_table(out, title, [cols[i] for i in keep], [[r[i] for i in keep] for r in rows]))
     for f in flags:
-        out.print(f"[yellow]flag:[/] {escape(f)}", soft_wrap=True)
+        out.print(f"[yellow]flag:[/] {escape(f)}")  # wrapped at spaces: a terminal's own wrap would split a number
+    # once per run, with the steps it takes part in (a ladder's middle run is one step's candidate and the next one's
+    # baseline: it was listed twice, once as each)
+    unstable: dict[str, tuple[str, list[str]]] = {}
+    config = {r.get("run_id"): r.get("label") for r in doc.get("runs") or []}  # a run by its configuration's name
     for row, d in zip(doc["attribution"], diffs):
         for side in ("baseline", "candidate"):
             u = (d.get("stability") or {}).get(side)
             if u:
-                out.print(f"[yellow]unstable:[/] {escape(row['label'])}: the {side}'s {escape(u)}; its change is the swing as much as the step", soft_wrap=True)
+                run = row.get(side) or (d.get(side) or {}).get("label") or side
+                unstable.setdefault(str(config.get(run) or run), (u, []))[1].append(row["label"])
+    for run, (u, steps) in unstable.items():
+        out.print(f"[yellow]unstable:[/] {escape(run)}: {escape(u)}; step{'s' if len(steps) > 1 else ''} {escape(', '.join(steps))}: "
+                  f"{'their changes are' if len(steps) > 1 else 'its change is'} the swing as much as the step")
 
 
 def _d(v: Any) -> str:

@@ -85,6 +85,33 @@ def _flags_without_type() -> None:
 
 
 _flags_without_type()
+
+NARROW_HELP = 100  # columns under which a command's --help is click's plain two-column list
+
+
+def _narrow_help() -> None:
+    """Under NARROW_HELP columns a command's --help is click's plain list (the option, then its help wrapped beside or
+    under it): typer's rich panel gives every column its share, and at 80 columns the flag pairs (--warmup/--no-warmup,
+    --alternate/--sequential) and the types left the help text 17 columns, one word a line."""
+    import shutil
+
+    try:
+        from typer.core import TyperCommand
+    except ImportError:
+        return
+    rich_help = TyperCommand.format_help
+
+    def format_help(self, ctx, formatter):  # type: ignore[no-untyped-def]
+        if shutil.get_terminal_size().columns >= NARROW_HELP:
+            return rich_help(self, ctx, formatter)
+        super(TyperCommand, self).format_help(ctx, formatter)
+        # the help strings are written for rich markup, where a literal "[" is "\["
+        formatter.buffer[:] = [x.replace("\\[", "[") for x in formatter.buffer]
+
+    TyperCommand.format_help = format_help  # type: ignore[method-assign]
+
+
+_narrow_help()
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
 

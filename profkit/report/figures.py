@@ -110,7 +110,9 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
             durs = _round_us([ops["dur_us"][i] for i in idx])
             # a bar with a base hovers %{x} as its end (base + x): the duration goes in customdata, the start is %{base}
             fig.add_trace(go.Bar(
-                y=[f"stream {ops['stream'][i]}" for i in idx], x=durs, base=_round_us([ops["start_us"][i] for i in idx]),
+                # a CPU run has no stream: its row is its aten ops
+                y=[f"stream {ops['stream'][i]}" if window == "GPU window" else "aten ops" for i in idx], x=durs,
+                base=_round_us([ops["start_us"][i] for i in idx]),
                 customdata=durs,
                 orientation="h", name=esc(c), legendgroup=f"cat:{c}", showlegend=c not in shown,
                 marker=dict(color=colors.get(c, "#999999"), line=dict(width=0)),
@@ -204,7 +206,7 @@ def waterfall_figure(diff: Diff, *, max_terms: int = 12, window: str = "GPU wind
         levels.append(level)
     lo, hi = min(levels), max(levels)
     pad = max((hi - lo) * 0.25, abs(hi) * 0.002, 1.0)
-    fig.update_yaxes(title_text="µs per iteration (mean; zoomed)", range=[max(lo - pad, 0.0), hi + pad])
+    fig.update_yaxes(title_text="µs per iteration (zoomed)", range=[max(lo - pad, 0.0), hi + pad])
     return _layout(fig, title=f"Where the {window} went: {g.delta:+,.1f} µs per iteration", height=420)
 
 

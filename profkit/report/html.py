@@ -30,7 +30,7 @@ from profkit.analysis import health
 from profkit.report import capture_view
 from profkit.report import figures as F
 from profkit.report.base import Renderer, Report
-from profkit.report.fit import demangle, demangle_many
+from profkit.report.fit import cut_names, demangle, demangle_many
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
 from profkit.report.views import (
     cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
@@ -94,25 +94,31 @@ def _instability(label: str, series: Sequence[SeriesPoint], window: str) -> str 
     """A warning when the compared iterations' windows swing (max over min above 2, the rule of diff.json's
     stability: attribution.diff.swings): their mean then says little, and a change between two such runs
     may be the swing, not the change."""
+    part = _swing(label, series, window)
+    return None if part is None else (f"unstable: {part} over the compared iterations; its mean says little, and a change may be "
+                                      "that swing (see the plot of every iteration)")
+
+
+def _swing(label: str, series: Sequence[SeriesPoint], window: str) -> str | None:
     vals = [x.gpu_window_us for x in series if x.used and x.gpu_window_us]
     if not swings(vals):
         return None
-    return (f"unstable: {label}'s {window} per iteration swings {min(vals):,.1f} – {max(vals):,.1f} µs ({max(vals) / min(vals):.1f}×) "
-            "over the compared iterations; its mean says little, and a change may be that swing (see the plot of every iteration)")
+    return f"{label}'s {window} per iteration swings {min(vals):,.1f} – {max(vals):,.1f} µs ({max(vals) / min(vals):.1f}×)"
 
 
 def _section(id: str, title: str, **kw: Any) -> dict[str, Any]:
-    s: dict[str, Any] = {"id": id, "title": title, "headline": None, "bullets": [], "cards": [], "flags": [], "flags_title": "", "ok": None,
+    s: dict[str, Any] = {"id": id, "title": title, "headline": None, "bullets": [], "cards": [], "flags": [], "flags_title": "", "ok": None, "health": None,
                          "notes": [], "figures": [], "tables": [], "details_open": None, "details_close": False}
     s.update(kw)
     return s
 
 
 def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, align: str | None = None, caption: str | None = None,
-           name_cols: Sequence[int] = (), more: str | None = None, collapsed: bool = False) -> dict[str, Any]:
+           name_cols: Sequence[int] = (), more: str | None = None, collapsed: bool = False, wide_cols: Sequence[int] = ()) -> dict[str, Any]:
+    """`wide_cols`: columns left out under 1100 px (base.html's .wide), whose text a hover elsewhere in the row keeps."""
     al = align or ("l" + "r" * (len(columns) - 1))
     return {"columns": list(columns), "rows": [list(r) for r in rows], "align": ["r" if a == "r" else "l" for a in al], "caption": caption,
-            "name_cols": list(name_cols), "more": more, "collapsed": collapsed}
+            "name_cols": list(name_cols), "more": more, "collapsed": collapsed, "wide_cols": list(wide_cols)}
 
 
 def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -135,7 +141,30 @@ def _kname(name: str) -> Any:
     return name if d == name else {"text": d, "title": name}
 
 
-def _example(k: KernelEntry | Mover, max_len: int = 300) -> str:
+def _kname_full(k: KernelEntry | Mover) -> Any:
+    """A kernel's normalized name as C++, its full name (an example, else as recorded) in the hover: the full-name
+    column is left out at 900 px (a 300-character template name made each row 15 lines tall)."""
+    d = _kname(k.name)
+    text = d["text"] if isinstance(d, dict) else d
+    full = (k.examples or [""])[0] or k.name
+    return text if full == text else {"text": text, "title": full}
+
+
+KNAME_CHARS = 90  # a run's kernel name in its table, cut in the middle (at 900 px a whole template name made a row 300 px tall)
+
+
+def _knames_cut(names: Sequence[str]) -> list[Any]:
+    """A run's kernels as C++, each cut in the middle to KNAME_CHARS where the names sharing a start still differ
+    (three instantiations of one template stay apart, as in the terminal), the whole name and the recorded one in the hover."""
+    full = [demangle(n) for n in names]
+    out: list[Any] = []
+    for raw, f, c in zip(names, full, cut_names(full, KNAME_CHARS)):
+        hover = f + (f"\n{raw}" if raw != f else "")
+        out.append(c if c == hover else {"text": c, "title": hover})
+    return out
+
+
+def _example(k: KernelEntry | Mover, max_len: int = 160) -> str:  # the whole name is in the row's hover
     ex = (k.examples or [""])[0]
     return ex if len(ex) <= max_len else ex[: max_len - 1] + "…"
 
@@ -160,6 +189,11 @@ def _tone(diff: Diff, metric: str, delta: float | None) -> str:
     return "good" if delta < 0 else "bad"
 
 
+def _sub(*parts: str) -> str:
+    """A card's second line, its non-empty parts joined by " · " (an unjudged diff ended one with a lone "·")."""
+    return " · ".join(p.strip() for p in parts if p and p.strip())
+
+
 def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline: bool = True, single: bool = False) -> list[dict[str, Any]]:
     """The sections of one diff. `timeline`: draw the representative iterations and list the manifests (a
     sweep's step leaves them to the page's per-configuration timeline and manifests, which show every run once); `single`: the page holds this diff alone (its
@@ -178,9 +212,9 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
         for t in throughput_rows(diff) if t["key"] in ("tokens_per_s_per_user_p50", "tokens_per_s_per_gpu")
     ] + [
         {"label": "wall µs per iteration", "value": f"{num(w.baseline)} → {num(w.candidate)}",
-         "sub": f"{num(w.delta, sign=True)} µs {ratio_pct(w.ratio, missing='')} · {noise_verdict(diff, 'wall_us')}", "tone": _tone(diff, "wall_us", w.delta)},
+         "sub": _sub(f"{num(w.delta, sign=True)} µs {ratio_pct(w.ratio, missing='')}", noise_verdict(diff, "wall_us")), "tone": _tone(diff, "wall_us", w.delta)},
         {"label": f"{W['window']} µs", "value": f"{num(g.baseline)} → {num(g.candidate)}",
-         "sub": f"{num(g.delta, sign=True)} µs {ratio_pct(g.ratio, missing='')} · {noise_verdict(diff, 'gpu_window_us')}", "tone": _tone(diff, "gpu_window_us", g.delta)},
+         "sub": _sub(f"{num(g.delta, sign=True)} µs {ratio_pct(g.ratio, missing='')}", noise_verdict(diff, "gpu_window_us")), "tone": _tone(diff, "gpu_window_us", g.delta)},
     ]
     for key, label in (("kernel_launches", "kernel launches"), ("syncs", "host syncs"), ("bubble_count", "bubbles")):
         x = diff.counts[key]
@@ -190,7 +224,8 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
         cards.append({"label": "residual", "value": f"{num(dec.residual_us, RESIDUAL)} µs", "sub": "exact" if dec.exact else "inexact", "tone": ""})
     first, *bullets = headline_lines(diff)  # one line, then at most three bullets: the same words as the terminal and Markdown
     head = _section(f"{prefix}-summary", "Summary" if single else f"{b.label} → {c.label}",
-                    headline=capture_view.diff_health(diff) + ". " + first, cards=cards)
+                    headline=first, cards=cards)
+    head["health"] = capture_view.diff_health(diff)  # its own line above the headline, as in the terminal and Markdown
     head["bullets"] = bullets
     ee = diff.expected_effect
     if ee and ee.known:
@@ -215,13 +250,19 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
     head["notes"] += [f"warning: {x}" for x in diff.warnings]
 
     out = [head]
-    out += capture_section(prefix, diff, figs, lb, lc)
+    slack = capture_section(prefix, diff, figs, lb, lc)
+    if not slack and capture_view.DOUBT_NOTE in capture_view.diff_lines(diff):
+        head["notes"].append(capture_view.DOUBT_NOTE)
+    out += slack
     sb, sc = diff.series.baseline or [], diff.series.candidate or []
     if sb or sc:
         # first among the figures: a side whose iterations swing must be seen before its mean is read
-        swing = [x for x in (_instability(lb, sb, W["window"]), _instability(lc, sc, W["window"])) if x]
-        # said once, at the plot that shows it (the headline names the unstable side too)
-        out.append(_section(f"{prefix}-windows", f"{W['window']} per iteration, each side", notes=[f"warning: {x}" for x in swing],
+        swing = [x for x in (_swing(lb, sb, W["window"]), _swing(lc, sc, W["window"])) if x]
+        # one note for both sides, at the plot that shows it (the headline names the unstable sides too; it was one note a side)
+        note = ([f"warning: unstable: {'; '.join(swing)} over the compared iterations; "
+                 f"{'their means say' if len(swing) > 1 else 'its mean says'} little, and a change may be that swing (the plot below)"]
+                if swing else [])
+        out.append(_section(f"{prefix}-windows", f"{W['window']} per iteration, each side", notes=note,
                             figures=[figs.div(F.gpu_window_figure([(lb, sb), (lc, sc)], window=W["window"]))]))
     # (not `tl`: that is the sides' device timeline, which the labels below read)
     sides = [(lb, diff.timelines.baseline), (lc, diff.timelines.candidate)]
@@ -244,7 +285,7 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
         if group == "overlap":
             bv, cv = -(bv or 0), -(cv or 0)
         label = {"category": term, "overlap": "− overlap (multi-stream, counted once)", "idle": f"idle: {term.replace('_', ' ')}",
-                 "backlog": "backlog (GPU behind the host)"}[group]
+                 "backlog": f"backlog ({W['device']} behind the host)"}[group]
         label = capture_view.mark(label, capture_view.doubted_in_diff(diff, doubt_metric(group)))
         rows.append([label, num(bv), num(cv), num(delta, sign=True), noise_verdict(diff, metric)])
     rows.append([W["window"], num(g.baseline), num(g.candidate), num(g.delta, sign=True), noise_verdict(diff, "gpu_window_us")])
@@ -288,16 +329,16 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
 
     movers = diff.top_movers
     ktables = [_table([f"{W['kernel']} (normalized)", "category", "baseline µs", "candidate µs", "Δ µs", "", "full name, e.g."],
-                      [[_kname(m.name), m.category, num(m.baseline_us), num(m.candidate_us), num(m.delta_us, sign=True), m.status,
+                      [[_kname_full(m), m.category, num(m.baseline_us), num(m.candidate_us), num(m.delta_us, sign=True), m.status,
                         _example(m)] for m in movers],
-                      align="llrrrll", caption="top movers, µs per iteration", name_cols=(0, 6))]
+                      align="llrrrll", caption="top movers, µs per iteration", name_cols=(0, 6), wide_cols=(6,))]
     for change in ("added", "removed"):
         ks, total = diff.kernel_list(change)
         if ks:
             ktables.append(_table([f"{W['kernel']} (normalized)", "category", "per iteration", "µs per iteration", "full name, e.g."],
-                                  [[_kname(k.name), k.category, num(k.count_per_iteration, RATE), num(k.us_per_iteration), _example(k)]
+                                  [[_kname_full(k), k.category, num(k.count_per_iteration, RATE), num(k.us_per_iteration), _example(k)]
                                    for k in ks[:MAX_ROWS]],
-                                  align="llrrl", caption=f"{total} {W['kernel']}(s) {change}", name_cols=(0, 4), collapsed=True,
+                                  align="llrrl", caption=f"{total} {W['kernel']}(s) {change}", name_cols=(0, 4), collapsed=True, wide_cols=(4,),
                                   more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
     out.append(_section(f"{prefix}-kernels", f"Top {W['kernels_plain']}", tables=ktables))
     curves = _curve_section(f"{prefix}-throughput", [(lb, throughput_of(diff.manifests.baseline)),
@@ -316,8 +357,8 @@ def capture_section(prefix: str, diff: Diff, figs: _Figures, lb: str, lc: str) -
     sl = diff.overlap_slack or {}
     strips = [(lb, (sl.get("baseline") or {}).get("series") or []), (lc, (sl.get("candidate") or {}).get("series") or [])]
     lines = capture_view.diff_lines(diff)
-    if not any(t for _, t in strips) and not lines:
-        return []
+    if not any(t for _, t in strips) and all(x == capture_view.DOUBT_NOTE for x in lines):
+        return []  # nothing of its own (a CPU run has no slack): the † note goes with the summary (diff_sections)
     figures = [figs.div(capture_view.slack_strip_figure(strips))] if any(t for _, t in strips) else []
     return [_section(f"{prefix}-slack", "Overlap slack per step and speculative cost", notes=lines, figures=figures)]
 
@@ -422,8 +463,9 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
         r = _rank0(s)
         n = max(len(r.iterations), 1)
         ks = r.kernels
-        tables.append(_table(["kernel", "category", "count / iter", "µs / iter", "total µs"],
-                             [[_kname(str(k.name)), k.category, num((k.count or 0) / n, RATE), num((k.total_us or 0.0) / n), num(k.total_us)] for k in ks[:MAX_ROWS]],
+        tables.append(_table([f"{words(rank_timeline(r))['kernel']} (whole name in the hover)", "category", "count / iter", "µs / iter", "total µs"],
+                             [[kn, k.category, num((k.count or 0) / n, RATE), num((k.total_us or 0.0) / n), num(k.total_us)]
+                              for kn, k in zip(_knames_cut([str(k.name) for k in ks[:MAX_ROWS]]), ks[:MAX_ROWS])],
                              align="llrrr", caption=f"top kernels: {label} ({len(ks)} distinct)", name_cols=(0,),
                              more=f"{len(ks) - MAX_ROWS} more not shown" if len(ks) > MAX_ROWS else None, collapsed=len(runs) > 1))
         # every sync (the summary's sync_groups; its `syncs` list is bounded), as the terminal's table has them
@@ -491,25 +533,33 @@ def _page(diffs: Sequence[Diff], runs: Sequence[tuple[str, Summary]], ladder: Se
           *, cdn: bool, title: str | None, timelines: int | None = None) -> str:
     figs = _Figures(cdn=cdn)
     sections: list[dict[str, Any]] = []
-    sweep = len(runs) >= 2
+    # a sweep leads with its ladder, each compared step collapsed below it; one compared pair (`profkit trace`) leads with its diff
+    sweep = len(runs) >= 2 and len(diffs) != 1
     demangle_many([m.name for d in diffs for m in d.top_movers] + [k.name for d in diffs for k in (*d.kernels_added, *d.kernels_removed)]
                   + [str(k.name) for _, s in runs for k in _rank0(s).kernels[:MAX_ROWS]])  # one c++filt for the page
-    rest = run_sections(runs, ladder, figs, timelines=timelines) if runs else []
+    # built in page order: the first figure built carries plotly.js for the ones below it
+    rest = run_sections(runs, ladder, figs, timelines=timelines) if runs and sweep else []
     if sweep:  # a sweep leads with its own result, the ladder; each compared step follows, collapsed
         sections.append(rest.pop(0))
     for i, d in enumerate(diffs):
-        ds = diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff", timeline=not sweep, single=len(diffs) == 1 and not runs)
+        ds = diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff", timeline=not runs, single=len(diffs) == 1)
         if sweep:
             lb, lc = d.baseline.label, d.candidate.label
-            common = os.path.commonprefix([lb, lc])  # run ids of one sweep share their stamp: name the steps by what differs
-            cut = common.rfind("-") + 1 if len(common) < min(len(lb), len(lc)) else 0
-            ds[0]["details_open"] = f"step {i + 1} of {len(diffs)}: {lb[cut:]} → {lc[cut:]}" + (
+            # a step by its configurations' names ("+topk_v2 → +topk_v2+overlap", from the runs' manifests), else by what
+            # differs in the run ids (one sweep's share their stamp; a ladder's next id extends the previous one)
+            config = {run.get("run_id"): run.get("label") for _, sm in runs if isinstance(run := sm.run, Mapping)}
+            common = os.path.commonprefix([lb, lc])
+            cut = common.rfind("-") + 1
+            lb, lc = config.get(lb) or lb[cut:] or lb, config.get(lc) or lc[cut:] or lc
+            ds[0]["details_open"] = f"step {i + 1} of {len(diffs)}: {lb} → {lc}" + (
                 f" ({d.optimization})" if d.optimization else "") + ": " + (headline_lines(d) or [""])[0]
             ds[-1]["details_close"] = True
         sections += ds
+    if runs and not sweep:
+        rest = run_sections(runs, ladder, figs, timelines=timelines)
     sections += rest
     if title is None:
-        if diffs and not runs and len(diffs) == 1:
+        if len(diffs) == 1:
             title = f"profkit diff: {diffs[0].baseline.label} → {diffs[0].candidate.label}"
         elif len(runs) > 1:
             title = f"profkit sweep: {len(runs)} configurations" + (f", {len(diffs)} compared steps" if diffs else "")

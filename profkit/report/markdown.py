@@ -151,7 +151,7 @@ def _decomposition(diff: Diff, limit: int, W: dict[str, str]) -> list[str]:
     cats = [r for r in drows if r[0] == "category"]
     shown = cats if limit == 0 or len(cats) <= limit else sorted(cats, key=lambda r: -abs(r[2] or 0))[:limit]
     for group, term, delta, bv, cv in sorted(shown + [r for r in drows if r[0] != "category"], key=lambda r: -abs(r[2] or 0)):
-        label = {"category": f"{md_escape(term)}", "overlap": "− overlap (multi-stream, counted once)", "backlog": "backlog (GPU behind the host)",
+        label = {"category": f"{md_escape(term)}", "overlap": "− overlap (multi-stream, counted once)", "backlog": f"backlog ({W['device']} behind the host)",
                  "idle": f"idle: {md_escape(term.replace('_', ' '))}"}[group]
         if group == "overlap":
             bv, cv = (-bv if bv is not None else None), (-cv if cv is not None else None)
@@ -167,8 +167,9 @@ def _decomposition(diff: Diff, limit: int, W: dict[str, str]) -> list[str]:
     out += _table(["term (largest change first)", "baseline µs", "candidate µs", "Δ µs", "noise"], "lrrrl", rows)
     out += ["", f"<sub>{md_escape(statistic_note(diff), max_len=None)}</sub>"]
     w = diff.wall_us
-    return [*out, "", f"Wall (CPU) per iteration: {num(w.baseline)} → {num(w.candidate)} µs ({num(w.delta, sign=True)} µs)."
-            f" {_noise_mark(diff, 'wall_us')}".rstrip(), ""]
+    wn = _noise_mark(diff, "wall_us")  # beside the change it judges, inside the sentence
+    return [*out, "", f"Wall (CPU) per iteration: {num(w.baseline)} → {num(w.candidate)} µs ({num(w.delta, sign=True)} µs"
+            + (f", {wn}" if wn else "") + ").", ""]
 
 
 def _phases(diff: Diff, W: dict[str, str]) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, cast
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from profkit.attribution.diff import shape_label, shape_of
 from profkit.attribution.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
@@ -19,7 +20,7 @@ from profkit.documents import Diff, Summary
 from profkit.analysis import health
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
-from profkit.report.fit import COPY, NAME, NUM, TEXT, fit_table
+from profkit.report.fit import COPY, MIN_NAME, NAME, NUM, TEXT, cut_names, demangle, demangle_many, fit_table
 from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, num, pct
 from profkit.report.views import (
     cpu_ops_text, decomposition_rows, device_text, doubt_metric, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
@@ -118,15 +119,15 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
             n_it = max(len(its), 1)  # the CPU ops' idle time is summed over every iteration: per iteration, like the µs beside it
             console.print(fit_table(
                 console, "bubbles by cause (µs: median per iteration; count: all iterations; CPU ops: idle µs inside, mean per iteration)",
-                (("cause", COPY), ("µs", NUM), ("count", NUM), ("CPU was in", TEXT)),
+                (("cause", COPY), ("µs", NUM), ("count", NUM), ("CPU was in (µs)", TEXT)),
                 [(c, _num(v), str(causes[c]["count"] if c in causes else 0),
-                  cpu_ops_text([(op, None if us is None else us / n_it) for op, us in idle_cpu_ops(r, c, 2)]))
+                  cpu_ops_text([(op, None if us is None else us / n_it) for op, us in idle_cpu_ops(r, c, 2)], unit=""))
                  for c, v in sorted(by_cause.items(), key=lambda kv: -kv[1])]))
             big = largest_bubbles(r, top)
             console.print(fit_table(
                 console, f"largest bubbles (of {r.bubbles_total if r.bubbles_total is not None else len(r.bubbles)}; CPU ops with their exclusive µs inside the bubble)",
-                (("µs", NUM), ("cause", COPY), ("iteration", NUM), ("CPU ops", TEXT)),
-                [(_num(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"])) for b in big]))
+                (("µs", NUM), ("cause", COPY), ("iteration", NUM), ("CPU ops (µs)", TEXT)),
+                [(_num(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"], unit="")) for b in big]))
         groups = sync_groups(r)
         if groups:
             frames = any(g["frame"] for g in groups)
@@ -176,7 +177,7 @@ def _diff(diff: Diff, console: Console, *, top: int) -> None:
     ph = phase_rows(diff)
     if ph:
         console.print(fit_table(console, f"the same change in {W['device']} time by phase (µs per iteration)",
-                                (("phase", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)),
+                                (("phase", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
                                 [(k, _num(bv), _num(cv), _num(d, sign=True), noise_verdict(diff, m)) for k, bv, cv, d, m in ph]))
     console.print(fit_table(console, "per iteration (medians)", (("count", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
                             [(count_label(k, tl), _num(v.baseline, COUNT), _num(v.candidate, COUNT), _num(v.delta, COUNT, sign=True), noise_verdict(diff, f"counts.{k}"))
@@ -191,8 +192,12 @@ def _diff_head(diff: Diff, console: Console) -> None:
     console.print(f"[bold]{escape(capture_view.diff_health(diff))}[/]")
     first, *bullets = headline_lines(diff)  # the headline: one line, then at most three bullets
     console.print(f"[bold]{escape(first)}[/]")
-    for line in bullets:
-        console.print(f"  • {escape(line)}")
+    for line in bullets:  # a hanging indent: a bullet's second line starts under its text, not at column 0
+        g = Table.grid(padding=(0, 1))
+        g.add_column(no_wrap=True)
+        g.add_column()
+        g.add_row(" •", Text(line))
+        console.print(g)
     for line in capture_view.diff_lines(diff):
         console.print(escape(line))
     console.print(f"[bold]{escape(diff.baseline.label)}[/] → [bold]{escape(diff.candidate.label)}[/]"
@@ -244,8 +249,9 @@ def _decomposition_table(diff: Diff, console: Console, W: dict[str, str]) -> Non
         rows.append((label, _num(bv), _num(cv), _num(delta, sign=True), noise_verdict(diff, row_metric(group, term))))
     rows.append((W["window"], _num(g.baseline), _num(g.candidate), _num(g.delta, sign=True), noise_verdict(diff, "gpu_window_us")))
     rows.append(("residual (worst window)", "", "", _num(diff.decomposition.residual_us, RESIDUAL), "exact" if diff.decomposition.exact else "inexact"))
-    console.print(fit_table(console, f"change in {W['window']} per iteration ({diff.shape.label})",
-                            (("term", COPY), ("baseline µs", NUM), ("candidate µs", NUM), ("Δ µs", NUM), ("noise", TEXT)), rows))
+    # µs in the title, not in every header: at 80 columns the noise verdicts then stay on one line (a long term folds instead)
+    console.print(fit_table(console, f"change in {W['window']} per iteration (µs, {diff.shape.label})",
+                            (("term", TEXT), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)), rows))
     console.print(f"[dim]{escape(statistic_note(diff))}[/]")
 
 
@@ -265,12 +271,14 @@ def _kernel_and_sync_tables(diff: Diff, console: Console, W: dict[str, str], *, 
         if not v or not v.largest:
             continue
         console.print(fit_table(console, f"largest bubbles: {side.label} (CPU ops with their exclusive µs inside the bubble)",
-                                (("µs", NUM), ("cause", COPY), ("iteration", NUM), ("CPU ops", TEXT)),
-                                [(_num(x.dur_us), str(x.cause), str(x.iteration), cpu_ops_text([(o.name, o.us) for o in x.cpu_ops]))
+                                (("µs", NUM), ("cause", COPY), ("iteration", NUM), ("CPU ops (µs)", TEXT)),
+                                [(_num(x.dur_us), str(x.cause), str(x.iteration), cpu_ops_text([(o.name, o.us) for o in x.cpu_ops], unit=""))
                                  for x in v.largest[:5]]))
     for what in ("added", "removed"):
         ks, total = diff.kernel_list(what)
         if ks:
-            names = ", ".join(k.name for k in ks[:5])
-            more = f" and {total - 5} more" if total > 5 else ""
-            console.print(f"{W['kernels_plain']} {what}: {escape(names)}{more}")
+            # one name a line, demangled and cut in the middle to the width (a list folded at spaces left "void" alone on a line)
+            console.print(f"{W['kernels_plain']} {what}" + (f" ({total}, the first 5)" if total > 5 else "") + ":")
+            demangle_many(k.name for k in ks[:5])
+            for n in cut_names([demangle(k.name) for k in ks[:5]], max(MIN_NAME, console.width - 3)):
+                console.print(f"  {escape(n)}", no_wrap=True, overflow="ellipsis")

@@ -160,6 +160,9 @@ def headline_lines(diff: Diff) -> list[str]:
               f"{g.baseline:,.1f}, {diff.shape.label}, {stat})")
     shown: set[str] = set()
     if ee is not None and ee.known:
+        # the window's own verdict beside it: a change within noise is never left to read as the optimization's gain
+        nv = noise_verdict(diff, "gpu_window_us")
+        window = window.replace(" per iteration (", f" per iteration, {nv} (", 1) if nv else window
         terms = [t for t in ee.own if t.baseline_us or t.candidate_us or t.delta_us]
         shown = {t.term for t in terms}
         if not terms:
@@ -318,8 +321,10 @@ def host_gap_text(rank: Rank) -> str | None:
     return text
 
 
-def cpu_ops_text(ops: list[tuple[str, float | None]], *, sep: str = ", ") -> str:
-    return sep.join(name if us is None else f"{name} {us:,.1f} µs" for name, us in ops)
+def cpu_ops_text(ops: list[tuple[str, float | None]], *, sep: str = ", ", unit: str = " µs") -> str:
+    """``plan 101.7 µs, draft 36.6 µs``; `unit` "" where the column's header names the unit (a terminal
+    folds at spaces, and a figure must not land on one line and its unit on the next)."""
+    return sep.join(name if us is None else f"{name} {us:,.1f}{unit}" for name, us in ops)
 
 
 def outside_text(rank: Rank) -> str | None:
