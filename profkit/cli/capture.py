@@ -434,9 +434,10 @@ def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
     """The sweep's table, fitted to the terminal (report/fit.py: numbers never cut; a step label that
     does not fit goes on a line of its own), then each step's flags and unstable windows."""
     from profkit.report.fit import COPY, NUM, TEXT, fit_table
+    from profkit.documents import diff_of
     from profkit.report.vocab import diff_timeline, words
 
-    cpu = bool(diffs) and all(diff_timeline(d) == "cpu" for d in diffs)
+    cpu = bool(diffs) and all(diff_timeline(diff_of(d)) == "cpu" for d in diffs)
     W = words("cpu" if cpu else "gpu")
     cols = [("step", COPY), ("tok/s/user", NUM), ("Δ window", NUM), ("Δ idle", NUM), (f"Δ {W['kernels_plain']}", NUM)]
     cols += [] if cpu else [("Δ launches", NUM), ("Δ syncs", NUM)]

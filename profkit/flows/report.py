@@ -11,17 +11,7 @@ from typing import Any, Callable
 
 from profkit.analysis.summarize import SummarizeOptions
 from profkit.errors import TraceInputError
-from profkit.flows.inputs import is_diff_doc, load_side, profile_windows_of, read_json
-
-
-def _checked_diff(doc: Any, p: Path) -> dict[str, Any]:
-    if doc.get("schema_version") != 1:
-        raise TraceInputError(f"{p}: diff.json schema version {doc.get('schema_version')!r}; this profkit reads 1", hint="re-run profkit diff")
-    return doc
-
-
-def _read_diff(p: Path) -> dict[str, Any]:
-    return _checked_diff(read_json(p), p)
+from profkit.flows.inputs import check_diff, is_diff_doc, load_side, profile_windows_of, read_json
 
 
 def gather(paths: list[Path], opts: SummarizeOptions, window: int | None,
@@ -37,9 +27,9 @@ def gather(paths: list[Path], opts: SummarizeOptions, window: int | None,
             for r in doc.get("runs") or []:
                 expanded.append(Path(r["summary"]).parent)
                 named[expanded[-1]] = str(r.get("label"))
-            diffs += [_read_diff(Path(a["diff"])) for a in doc.get("attribution") or [] if Path(a["diff"]).is_file()]
+            diffs += [check_diff(read_json(Path(a["diff"])), Path(a["diff"])) for a in doc.get("attribution") or [] if Path(a["diff"]).is_file()]
         elif p.is_dir() and (p / "diff.json").is_file():  # an attribution folder (trace's, or one pair of a sweep)
-            diffs.append(_read_diff(p / "diff.json"))
+            diffs.append(check_diff(read_json(p / "diff.json"), p / "diff.json"))
         else:
             expanded.append(p)
     for p in expanded:
@@ -54,7 +44,7 @@ def gather(paths: list[Path], opts: SummarizeOptions, window: int | None,
         if p.is_file() and p.suffix == ".json" and not p.name.endswith(".trace.json"):
             doc = read_json(p)
             if is_diff_doc(doc):
-                diffs.append(_checked_diff(doc, p))
+                diffs.append(check_diff(doc, p))
                 continue
         side = load_side(p, opts)
         if side.repeats:
