@@ -37,6 +37,12 @@ def main() -> int:
     ap.add_argument("--busy", type=int, default=2, help="busy processes (`while 1: pass`) beside the trials")
     ap.add_argument("--json", type=Path, help="write every trial's outcome here")
     a = ap.parse_args()
+    # Started in the background (`nohup ... &`), this process has SIGINT ignored, and so would every profkit it
+    # starts: the SIGINT trials would test nothing (a first run here: profkit went on, exit 0). A user's Ctrl-C
+    # reaches a profkit whose SIGINT is not ignored: so here too. SIGTERM ends the benchmark through its
+    # `finally` (busy processes killed), not at once.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
 
     busy = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(a.busy)]
     root = Path(tempfile.mkdtemp(prefix="profkit-signal-trials-"))

@@ -493,9 +493,10 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
     conc = cfg.concurrency[0]
     wl = replace(workload, seed=seed)
     turn = min(cfg.profile_turn, wl.turns - 1)
-    e2e = statistics.median([m["e2e_s_p50"] for m in primary if m.get("e2e_s_p50")] or [1.0])
     submitted: dict[int, int] = {}
     ready = threading.Event()
+    decoding: set[int] = set()  # conversations whose profiled turn has streamed its first token: past prefill
+    all_decoding = threading.Event()
     lock = threading.Lock()
 
     # vLLM: the profiled turn's requests wait (in the driver's threads, before they are sent) until the
@@ -521,6 +522,11 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
 
     def on_chunk(conv: int) -> None:
         if not window_open.is_set():
+            with lock:
+                if conv in submitted and conv not in decoding:  # a chunk after its profiled turn was sent: that turn's
+                    decoding.add(conv)
+                    if len(decoding) >= conc:
+                        all_decoding.set()
             return
         with lock:
             chunks[conv] = chunks.get(conv, 0) + 1
@@ -557,7 +563,14 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
         accept = vllm_profile.window_accept(counted, vllm_profile.spec_counters(spec.base_url))
         files = vllm_profile.into_window(got, trace_dir)
         return _after_window(cfg, server, th, result, primary, files, t_start, accept=accept)
-    time.sleep(0.3 * e2e)  # past prefill, into decode
+    # the window opens once every conversation's profiled turn is decoding (its first token streamed): an
+    # event, not a guess from the unprofiled pass's latency (on a host whose load changed since, a wait of
+    # 0.3 x e2e could outlast a short turn and open the window on an idle server: "captured nothing")
+    while not all_decoding.wait(0.05):
+        if not th.is_alive():
+            break  # the pass ended (a turn shorter than one chunk): the window opens now and says what it got
+        if not server.alive():
+            raise server.died("died during the capture pass")
     log_offset = log_size(server.log_path)
     t_start = time.perf_counter()
     body = start_profile(spec.base_url, output_dir=trace_dir, profile_id=run_id, num_steps=cfg.num_steps, with_stack=cfg.with_stack,
