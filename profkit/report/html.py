@@ -33,7 +33,7 @@ from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pc
 from profkit.report.views import (
     cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
     row_metric, statistic_note, within_noise,
-    throughput_rows,
+    throughput_rows, unstable_runs,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
 
@@ -538,6 +538,10 @@ def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[
     rest = run_sections(runs, ladder, figs, timelines=timelines) if runs and sweep else []
     if sweep:  # a sweep leads with its own result, the ladder; each compared step follows, collapsed
         sections.append(rest.pop(0))
+        # the ladder's unstable runs, as the terminal lists them under its table (the page said it only inside the steps)
+        config = {(sm.get("run") or {}).get("run_id"): (sm.get("run") or {}).get("label") for _, sm in runs}
+        steps = [(config.get(d["candidate"]["label"]) or d["candidate"]["label"], d["baseline"]["label"], d["candidate"]["label"], d) for d in diffs]
+        sections[-1]["notes"] += [f"warning: unstable: {x}" for x in unstable_runs(steps, config)]
     for i, d in enumerate(diffs):
         ds = diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff", timeline=not runs, single=len(diffs) == 1)
         if sweep:
