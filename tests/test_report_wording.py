@@ -105,5 +105,5 @@ def test_kernel_names_demangled_and_told_apart(tmp_path):
     r = runner.invoke(app, ["report", str(trace), "-o", str(page)])
     assert r.exit_code == 0, r.output
     # the run's table: the C++ name, cut in the middle where the instantiations differ; the whole one, then the recorded one, in the hover
-    assert f'title="void aiter::add_rmsnorm_quant_kernel&lt;std::bfloat16_t, std::bfloat16_t, 256, 16, false,' in page.read_text()
+    assert 'title="void aiter::add_rmsnorm_quant_kernel&lt;std::bfloat16_t, std::bfloat16_t, 256, 16, false,' in page.read_text()
     assert f'\n{mangled}">void aiter::add_rmsnor' in page.read_text()

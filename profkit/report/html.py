@@ -536,10 +536,11 @@ def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[
                   + [k["name"] for _, s in runs for k in (_rank0(s).get("kernels") or [])[:MAX_ROWS]])  # one c++filt for the page
     # built in page order: the first figure built carries plotly.js for the ones below it
     rest = run_sections(runs, ladder, figs, timelines=timelines) if runs and sweep else []
+    # a run by its configuration's name (a sweep's summaries carry it in `run`): names its steps and unstable runs
+    config = {str((sm.get("run") or {}).get("run_id")): str((sm.get("run") or {}).get("label")) for _, sm in runs if (sm.get("run") or {}).get("label")}
     if sweep:  # a sweep leads with its own result, the ladder; each compared step follows, collapsed
         sections.append(rest.pop(0))
         # the ladder's unstable runs, as the terminal lists them under its table (the page said it only inside the steps)
-        config = {(sm.get("run") or {}).get("run_id"): (sm.get("run") or {}).get("label") for _, sm in runs}
         steps = [(config.get(d["candidate"]["label"]) or d["candidate"]["label"], d["baseline"]["label"], d["candidate"]["label"], d) for d in diffs]
         sections[-1]["notes"] += [f"warning: unstable: {x}" for x in unstable_runs(steps, config)]
     for i, d in enumerate(diffs):
@@ -548,7 +549,6 @@ def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[
             lb, lc = d["baseline"]["label"], d["candidate"]["label"]
             # a step by its configurations' names ("+topk_v2 → +topk_v2+overlap", from the runs' manifests), else by what
             # differs in the run ids (one sweep's share their stamp; a ladder's next id extends the previous one)
-            config = {(sm.get("run") or {}).get("run_id"): (sm.get("run") or {}).get("label") for _, sm in runs}
             common = os.path.commonprefix([lb, lc])
             cut = common.rfind("-") + 1
             lb, lc = config.get(lb) or lb[cut:] or lb, config.get(lc) or lc[cut:] or lc
