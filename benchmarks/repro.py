@@ -103,7 +103,7 @@ def verdict(diff: dict[str, Any]) -> dict[str, Any]:
 
 def read(recs: list[Path], catalog_name: str = "proxy", reuse: bool = False) -> dict[str, Any]:
     from profkit.attribution.diff import compare_summaries
-    from profkit.catalog import load_catalog
+    from profkit.analysis.catalog import load_catalog
 
     cat = load_catalog(catalog_name)
     per_opt: dict[str, list[dict[str, Any]]] = {}

@@ -127,7 +127,7 @@ def summarize(b: TraceBuilder, tmp_path: Path, name: str) -> dict:
     """summary.json of the trace `b` (written to tmp_path/name), generic catalog."""
     from profkit.analysis import analyze_trace
     from profkit.analysis.summary import build_summary
-    from profkit.catalog import load_catalog
+    from profkit.analysis.catalog import load_catalog
     from profkit.ingest import load_trace
 
     p = b.write(tmp_path / f"{name}.pt.trace.json.gz")

@@ -9,7 +9,7 @@ from factories import TraceBuilder
 from factories import synthetic_trace as build
 from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
-from profkit.catalog import load_catalog
+from profkit.analysis.catalog import load_catalog
 from profkit.ingest import load_trace
 
 US = 1000

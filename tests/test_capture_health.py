@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from profkit.errors import ProfkitError, TraceInputError
-from profkit.summarize import SummarizeOptions, summarize
+from profkit.analysis.summarize import SummarizeOptions, summarize
 
 DATA = Path(__file__).parent / "data"
 GRAPHS = next((DATA / "gpu_loo" / "all" / "window-0").glob("*.trace.json.gz"))  # CUDA graphs, plan stream

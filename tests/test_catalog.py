@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from profkit.catalog import Catalog, auto_catalog, catalog_dir, catalog_names, load_catalog
+from profkit.analysis.catalog import Catalog, auto_catalog, catalog_dir, catalog_names, load_catalog
 from profkit.errors import UsageError
 
 from conftest import ROOT, needs_public, public_steps
@@ -471,11 +471,12 @@ def test_installed_layout_finds_the_packaged_copy(tmp_path):
 
     pkg = tmp_path / "site" / "profkit"
     pkg.mkdir(parents=True)
-    for f in ("__init__.py", "errors.py", "terms.py", "catalog.py"):
+    (pkg / "analysis").mkdir()
+    for f in ("__init__.py", "errors.py", "terms.py", "analysis/__init__.py", "analysis/catalog.py"):
         shutil.copy(REPO / "profkit" / f, pkg / f)
     shutil.copytree(REPO / "kernels", pkg / "_kernels")
     code = (
-        "from profkit.catalog import catalog_dir, catalog_names, load_catalog\n"
+        "from profkit.analysis.catalog import catalog_dir, catalog_names, load_catalog\n"
         "print(catalog_dir()); print(catalog_names()); print(load_catalog('generic').name)"
     )
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
@@ -489,7 +490,7 @@ def test_installed_layout_finds_the_packaged_copy(tmp_path):
 # --- choosing the catalog: one place for every command (issue 15) --------------------------------
 
 def test_choose_catalog_option_then_manifest_then_kernel_names(tmp_path):
-    from profkit.catalog import CatalogChoice, choose_catalog
+    from profkit.analysis.catalog import CatalogChoice, choose_catalog
 
     data = REPO / "tests" / "data"
     # --catalog wins, even where a manifest implies another
@@ -515,19 +516,19 @@ def test_a_catalog_has_one_identity_in_every_cache():
     and an edited catalog (another rule) is another identity."""
     from dataclasses import replace
 
-    from profkit.catalog import CatalogChoice, catalog_identity
-    from profkit.ingest import cache as pcache
+    from profkit.analysis.catalog import CatalogChoice, catalog_identity
+    from profkit.analysis.parallel import _options  # the options the per-option cache's key covers (ingest/cache.analysis_key)
 
     cat = load_catalog("proxy")
     choice = CatalogChoice(cat, "option")
-    assert choice.identity == pcache.catalog_identity(cat)
+    assert choice.identity == _options(None, 2.0, cat)["catalog"]
     assert catalog_identity(load_catalog(str(catalog_dir() / "proxy.toml"))) == choice.identity  # by name or by its path: one catalog
     edited = replace(cat, rules=cat.rules[1:])
     assert catalog_identity(edited) != choice.identity
 
 
 def test_the_effect_catalog_is_the_choice_else_the_candidates_own():
-    from profkit.catalog import CatalogChoice
+    from profkit.analysis.catalog import CatalogChoice
 
     summary = {"ranks": [{"rank": 0, "catalog": "proxy"}, {"rank": 1, "catalog": "no-such-catalog"}]}
     assert CatalogChoice(load_catalog("generic"), "option").for_effect(summary, 0).name == "generic"

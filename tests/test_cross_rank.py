@@ -5,7 +5,7 @@ from __future__ import annotations
 from factories import TraceBuilder
 from profkit.analysis import analyze_trace
 from profkit.analysis.ranks import cross_rank
-from profkit.catalog import load_catalog
+from profkit.analysis.catalog import load_catalog
 from profkit.ingest import load_trace
 
 US = 1000

@@ -13,7 +13,7 @@ from factories import BASE, CATALOG, decode_trace, summarize
 from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
 from profkit.attribution.diff import GPU_IDLE_KEYS, compare_summaries, normalize_kernel_name
-from profkit.catalog import load_catalog
+from profkit.analysis.catalog import load_catalog
 from profkit.cli import app
 from profkit.ingest import load_trace
 from profkit.report.views import decomposition_rows
@@ -293,7 +293,7 @@ def test_cli_diff_run_folders_with_manifests_infer_the_optimization(tmp_path):
 
 
 def test_infer_optimization():
-    from profkit.inputs import infer_optimization
+    from profkit.flows.inputs import infer_optimization
 
     assert infer_optimization({"opts": "overlap"}, {"opts": "overlap,topk_v2"}) == "topk_v2"
     assert infer_optimization(None, {"config": {"opt": "cuda_graph"}}) == "cuda_graph"

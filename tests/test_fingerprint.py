@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from profkit import summary_cache
+from profkit.analysis import summary_cache
 from profkit.cli import app
 from profkit.ingest import cache as pcache
 from profkit.ingest import identity
@@ -44,7 +44,7 @@ def copy_root(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 def test_covers_every_source_file_and_the_catalogs() -> None:
     for rel in ("ingest/categories.py", "ingest/strings.py", "ingest/early.py", "ingest/_scan.c", "analysis/rank.py",
-                "catalog.py", "apis.py", "summary_cache.py", "__init__.py", "ingest/identity.py", "ingest/cache.py"):
+                "analysis/catalog.py", "apis.py", "analysis/summary_cache.py", "http.py", "__init__.py", "ingest/identity.py", "ingest/cache.py"):
         assert rel in COVERED, rel
     assert any(r.startswith("_kernels/") and r.endswith(".toml") for r in COVERED)
     assert not any("__pycache__" in r for r in COVERED)

@@ -11,7 +11,7 @@ import pytest
 
 from profkit.analysis.summary import build_summary
 from profkit.attribution.diff import compare_summaries
-from profkit.catalog import load_catalog
+from profkit.analysis.catalog import load_catalog
 
 from conftest import public_trace
 from helpers import analyze_paths

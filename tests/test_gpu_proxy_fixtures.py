@@ -13,7 +13,7 @@ import pytest
 from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
 from profkit.attribution.diff import compare_summaries
-from profkit.catalog import load_catalog
+from profkit.analysis.catalog import load_catalog
 from profkit.ingest import load_trace
 
 import conftest

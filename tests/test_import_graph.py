@@ -1,4 +1,4 @@
-"""profkit's import graph (issue 15): the layers of DESIGN.md ("data flows one way") and no circles.
+"""profkit's import graph (issues 15, 26): the layers of DESIGN.md ("data flows one way"), no circles, no upward arrow.
 
 Edges are read from the source with `ast` (every import statement, lazy ones inside functions
 included), so a circle that only closes at run time is found too."""
@@ -125,19 +125,18 @@ def _edges(g: dict[str, set[str]], src: str | tuple[str, ...], dst: str | tuple[
     return sorted((m, t) for m, ts in g.items() if m.startswith(src) for t in ts if t.startswith(dst))
 
 
-# Issue 26: capture stops at traces and the manifest; the flows/ layer (the lead's move) will do the
-# analysing, attributing and rendering that capture/run.py and capture/sweep.py do today.
-@pytest.mark.xfail(strict=True, reason="capture/run.py analyzes and capture/sweep.py attributes and renders until the flows/ layer (issue 26 point 1)")
-def test_capture_imports_no_analysis_attribution_or_report():
-    assert _edges(graph(), "profkit.capture", ("profkit.analysis", "profkit.attribution", "profkit.report", "profkit.summarize")) == []
+# Issue 26: capture stops at traces and the manifest; flows/ does the summarizing, attributing and
+# rendering that follow a recording. Function-level and TYPE_CHECKING imports count (graph() reads
+# every import statement): the dependency must be gone, not deferred.
+def test_capture_imports_no_analysis_attribution_report_or_flows():
+    assert _edges(graph(), "profkit.capture", ("profkit.analysis", "profkit.attribution", "profkit.report", "profkit.export",
+                                               "profkit.flows", "profkit.findings")) == []
 
 
-@pytest.mark.xfail(strict=True, reason="ingest/cache.py imports catalog (catalog_identity) until the catalog moves under analysis (issue 26 point 1)")
 def test_ingest_imports_no_catalog():
-    assert _edges(graph(), "profkit.ingest", "profkit.catalog") == []
+    assert _edges(graph(), "profkit.ingest", "profkit.analysis.catalog") == []
 
 
-@pytest.mark.xfail(strict=True, reason="workloads/driver.py imports capture/http.py until http is a ground module (issue 26 point 1)")
 def test_workloads_import_no_capture():
     assert _edges(graph(), "profkit.workloads", "profkit.capture") == []
 
@@ -146,3 +145,74 @@ def test_the_layer_checks_can_fail():  # _edges finds the edges that exist (the 
     g = graph()
     assert _edges(g, "profkit.analysis.rank", "profkit.analysis.clock") == [("profkit.analysis.rank", "profkit.analysis.clock")]
     assert ("profkit.cli.analyze", "profkit.cli.common") in _edges(g, "profkit.cli", ("profkit.cli.common", "profkit.analysis"))
+
+
+# The layers, bottom up (docs/layout.md draws them). A module may import its own package (the first
+# two names: profkit.analysis.*) and any layer strictly below its own; nothing else. Packages that
+# share a layer are siblings and do not import each other (capture and analysis: a recording is not
+# analyzed by the capture; report and export: two outputs of the same findings).
+LAYERS: dict[str, int] = {
+    "profkit": 0, "profkit.errors": 0,                                              # ground: the error family
+    "profkit.store": 1, "profkit.terms": 1, "profkit.apis": 1, "profkit.http": 1,   # ground: atomic writes, shared names, HTTP
+    "profkit.documents": 1,                                                         # ground: summary.json and diff.json as types (issue 26)
+    "profkit.ingest": 2,                                                            # trace files -> tables
+    "profkit.targets": 2, "profkit.workloads": 2, "profkit.proxy": 2,               # what runs: launch specs, the driver, the engine
+    "profkit.analysis": 3,                                                          # tables -> summary.json (with its cache, the catalog)
+    "profkit.capture": 3,                                                           # a run -> traces/<run_id>/ (traces, manifest)
+    "profkit.findings": 3,                                                          # a summary -> why the GPU is idle (data; under attribution/ once moved)
+    "profkit.attribution": 4,                                                       # summaries -> diff.json, a sweep's ladder
+    "profkit.report": 5, "profkit.export": 5,                                       # renderers; Perfetto and parquet exports
+    "profkit.flows": 6,                                                             # each command end to end
+    "profkit.cli": 7, "profkit.__main__": 8,                                        # the command line
+}
+
+
+def layer_of(module: str) -> tuple[str, int]:
+    """The package a module belongs to (its LAYERS key: the longest that names it; "profkit" names only
+    the package's own __init__) and that package's layer."""
+    parts = module.split(".")
+    for n in range(len(parts), 1, -1):
+        key = ".".join(parts[:n])
+        if key in LAYERS:
+            return key, LAYERS[key]
+    if module == "profkit":
+        return module, LAYERS[module]
+    raise KeyError(module)
+
+
+def wrong_way(g: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every import that does not go down a layer: upward, or sideways into a sibling package."""
+    out = []
+    for m, ts in g.items():
+        pm, lm = layer_of(m)
+        for t in ts:
+            pt, lt = layer_of(t)
+            if pt != pm and lt >= lm:
+                out.append((m, t))
+    return sorted(out)
+
+
+def test_every_module_has_a_layer():  # a new top-level module or package must be placed in LAYERS
+    missing = []
+    for m in _modules():
+        try:
+            layer_of(m)
+        except KeyError:
+            missing.append(m)
+    assert missing == []
+    with pytest.raises(KeyError):
+        layer_of("profkit.unplaced")  # not the package's layer by default
+
+
+def test_no_upward_arrow():
+    assert wrong_way(graph()) == []
+
+
+def test_an_upward_arrow_is_found():  # wrong_way is not blind: an import into a higher layer, or a sibling, is reported
+    g = defaultdict(set, {m: set(ts) for m, ts in graph().items()})  # a copy: the graph itself is not touched
+    assert wrong_way(g) == []
+    g["profkit.ingest.cache"].add("profkit.analysis.catalog")  # the arrow issue 26 removed
+    g["profkit.capture.run"].add("profkit.analysis.summarize")  # a sibling: capture does not analyze
+    g["profkit.errors"].add("profkit.store")  # inside the ground, errors stays at the bottom
+    assert wrong_way(g) == [("profkit.capture.run", "profkit.analysis.summarize"), ("profkit.errors", "profkit.store"),
+                            ("profkit.ingest.cache", "profkit.analysis.catalog")]

@@ -47,7 +47,7 @@ _SUMMARIES: dict[tuple, dict] = {}
 
 
 def _summary(path: Path, marker: str | None = None) -> dict:
-    from profkit.summarize import SummarizeOptions, summarize
+    from profkit.analysis.summarize import SummarizeOptions, summarize
 
     key = (str(path), marker)
     if key not in _SUMMARIES:

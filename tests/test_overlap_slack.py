@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from profkit.summarize import SummarizeOptions, summarize
+from profkit.analysis.summarize import SummarizeOptions, summarize
 
 DATA = Path(__file__).parent / "data"
 LOO = DATA / "gpu_loo"

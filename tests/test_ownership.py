@@ -104,7 +104,7 @@ def _compared(summary: dict) -> list[dict]:
 def test_owned_category_time_agrees_with_a_plain_count(run):
     from helpers import analyze_paths
     from profkit.analysis.summary import build_summary
-    from profkit.catalog import load_catalog
+    from profkit.analysis.catalog import load_catalog
 
     d = LOO / run
     caps = sorted((d / "graph_capture_profile").glob("*.json.gz"))

@@ -14,7 +14,7 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent 
 
 from factories import TraceBuilder  # noqa: E402
 from profkit.analysis import analyze_trace  # noqa: E402
-from profkit.catalog import load_catalog  # noqa: E402
+from profkit.analysis.catalog import load_catalog  # noqa: E402
 from profkit.cli import app  # noqa: E402
 from profkit.export.perfetto import build_perfetto  # noqa: E402
 from profkit.ingest import load_trace  # noqa: E402

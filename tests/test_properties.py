@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from factories import TraceBuilder
 from profkit.analysis import analyze_trace
-from profkit.catalog import load_catalog
+from profkit.analysis.catalog import load_catalog
 from profkit.ingest import load_trace
 
 CAT = load_catalog("generic")

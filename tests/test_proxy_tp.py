@@ -199,7 +199,7 @@ def _cross(files):
     pytest.importorskip("polars")  # the GPU box records without the analysis packages
     from profkit.analysis import analyze_trace
     from profkit.analysis.ranks import cross_rank
-    from profkit.catalog import load_catalog
+    from profkit.analysis.catalog import load_catalog
     from profkit.ingest import load_traces
 
     cat = load_catalog("proxy")

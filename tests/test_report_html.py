@@ -282,8 +282,8 @@ def test_a_sweep_report_leads_with_its_ladder_and_folds_each_step():
     from pathlib import Path as P
 
     from profkit.attribution import ladder_steps
-    from profkit.catalog import CatalogChoice, load_catalog
-    from profkit.summarize import SummarizeOptions, summarize
+    from profkit.analysis.catalog import CatalogChoice, load_catalog
+    from profkit.analysis.summarize import SummarizeOptions, summarize
 
     data = P(__file__).resolve().parent / "data" / "gpu_proxy"
     opts = SummarizeOptions(catalog=CatalogChoice(load_catalog("proxy"), "test"), cache=False)
@@ -336,8 +336,8 @@ def test_the_diff_and_the_sweep_hold_their_layout_at_900_px(tmp_path, width):
     table, figure and card inside the viewport; the sample diff and a 3-run sweep of the H200 proxy runs."""
     from pathlib import Path as P
 
-    from profkit.catalog import CatalogChoice, load_catalog
-    from profkit.summarize import SummarizeOptions, summarize as summarize_files
+    from profkit.analysis.catalog import CatalogChoice, load_catalog
+    from profkit.analysis.summarize import SummarizeOptions, summarize as summarize_files
 
     sample = P(__file__).resolve().parent.parent / "traces" / "sample"
     diff_page = tmp_path / "diff.html"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from profkit.inputs import infer_optimization
+from profkit.flows.inputs import infer_optimization
 from processes import run_to_end
 
 SMALL = ["--isl", "64", "--turns", "3", "--turn-tokens", "16", "--output-tokens", "24", "--num-steps", "5", "--profile-windows", "2"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from profkit.analysis.parallel import analyze_runs
 from profkit.ingest import load_traces
 from profkit.ingest.runs import plan_runs, read_info
-from profkit.inputs import check_summary
+from profkit.flows.inputs import check_summary
 
 from conftest import DATA, TRACELENS_STEPS, needs_public, public_trace
 

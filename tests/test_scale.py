@@ -389,7 +389,7 @@ def test_analysis_cache_is_keyed_by_options(tmp_path: Path) -> None:
         got = _summary(analyze_paths([src], cache=True, min_bubble_us=mb))
         want = _summary(analyze_paths([src], cache=False, min_bubble_us=mb))
         assert got == want
-    from profkit.catalog import load_catalog
+    from profkit.analysis.catalog import load_catalog
 
     cat = load_catalog("generic")
     assert _summary(analyze_paths([src], cache=True, catalog=cat)) == _summary(analyze_paths([src], cache=False, catalog=cat))

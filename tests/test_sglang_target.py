@@ -269,6 +269,6 @@ def test_server_info_context_and_versions_come_from_the_fields_it_has():
 ])
 def test_catalog_gaps_of_0523(name, category, owner):
     pytest.importorskip("polars")
-    from profkit.catalog import load_catalog
+    from profkit.analysis.catalog import load_catalog
 
     assert load_catalog("sglang-glm52").classify(name) == (category, owner)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from profkit import summary_cache
+from profkit.analysis import summary_cache
 from profkit.cli import app
 from profkit.ingest import cache as pcache
 from processes import HANG_S
@@ -66,7 +66,7 @@ def test_cached_run_does_not_import_polars(tmp_path: Path) -> None:
     shutil.copyfile(SRC, t)
     _analyze(str(t), str(tmp_path / "a.json"))
     code = (
-        "import sys; import profkit.summary_cache as s; s._MIN_BYTES = 0\n"
+        "import sys; import profkit.analysis.summary_cache as s; s._MIN_BYTES = 0\n"
         "from profkit.cli import app\n"
         f"sys.argv = ['profkit', 'analyze', {str(t)!r}, '--json', {str(tmp_path / 'b.json')!r}]\n"
         "try:\n    app()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
@@ -117,7 +117,7 @@ def test_quick_exit_keeps_every_write(tmp_path: Path) -> None:
     t = tmp_path / SRC.name
     shutil.copyfile(SRC, t)
     code = (
-        "import sys, runpy; import profkit.summary_cache as s; s._MIN_BYTES = 0\n"
+        "import sys, runpy; import profkit.analysis.summary_cache as s; s._MIN_BYTES = 0\n"
         "import profkit.ingest.cache as c; c.MIN_BYTES = 0\n"
         f"sys.argv = ['profkit', 'analyze', {str(t)!r}, '--json', {str(tmp_path / 'a.json')!r}]\n"
         "runpy.run_module('profkit', run_name='__main__')\n"
@@ -145,7 +145,7 @@ def test_cached_json_is_the_uncached_bytes_as_stored(tmp_path: Path) -> None:
 
 
 def test_diff_and_report_of_traces_read_the_stored_summaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 15: diff and report summarize traces as analyze does (profkit/summarize.py), so a second
+    """Issue 15: diff and report summarize traces as analyze does (profkit/analysis/summarize.py), so a second
     diff of two traces reads both stored summaries: nothing is analyzed, and what it writes is
     byte-identical to a diff that uses no cache at all."""
     import profkit.analysis.parallel as parallel

@@ -13,7 +13,7 @@ import pytest
 from conftest import VLLM_CPU_DATA
 from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
-from profkit.catalog import load_catalog
+from profkit.analysis.catalog import load_catalog
 from profkit.ingest import load_trace
 
 TRACE = VLLM_CPU_DATA / "eager_chunked_ngram.pt.trace.json.gz"

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 from profkit.analysis.rank import RankAnalysis, analyze_trace
 
 if TYPE_CHECKING:
-    from profkit.catalog import Catalog
+    from profkit.analysis.catalog import Catalog
 
 
 def _options(marker: str | None, min_bubble_us: float, catalog: Catalog | None, captures: Any = None) -> dict[str, Any]:
-    from profkit.ingest.cache import catalog_identity
+    from profkit.analysis.catalog import catalog_identity
 
     out = {"marker": marker, "min_bubble_us": repr(float(min_bubble_us)), "catalog": catalog_identity(catalog)}
     if captures is not None:  # the graph-capture profiles change the categories of replayed ops

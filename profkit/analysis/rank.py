@@ -34,7 +34,7 @@ from profkit.ingest import Trace
 from profkit.terms import CAUSES
 
 if TYPE_CHECKING:
-    from profkit.catalog import Catalog
+    from profkit.analysis.catalog import Catalog
 
 DIRECTIONS = ("h2d", "d2h", "d2d", "other")
 
@@ -171,9 +171,9 @@ def gpu_by_time(trace: Trace) -> Trace:
 
 def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: float = 2.0, catalog: Catalog | None = None,
                   captures: Any = None, digest: bool = True) -> RankAnalysis:
-    """Analyze one rank. `catalog`: a profkit.catalog.Catalog, or None to auto-pick by kernel names.
+    """Analyze one rank. `catalog`: a profkit.analysis.catalog.Catalog, or None to auto-pick by kernel names.
     `digest`: hash the trace file meanwhile for summary.json's inputs (False when no summary follows)."""
-    from profkit.catalog import auto_catalog
+    from profkit.analysis.catalog import auto_catalog
 
     warnings = list(trace.warnings)
     wait_digest = _digest_meanwhile(trace.path) if digest and getattr(trace, "sha256", None) is None else None

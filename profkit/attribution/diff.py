@@ -576,7 +576,7 @@ def compare_summaries(
 ) -> dict[str, Any]:
     """diff.json v1 for one rank of two summary.json v1 dicts (see the module docstring for the rules).
 
-    `catalog` (a profkit.catalog.Catalog, or anything with ``optimizations: {name: categories}``)
+    `catalog` (a profkit.analysis.catalog.Catalog, or anything with ``optimizations: {name: categories}``)
     and `opt` drive the expected-effect check. Repeats (summaries of the same configuration run
     again; the primary may be among them) give the noise estimate. Times are µs per iteration.
     """

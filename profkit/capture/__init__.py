@@ -1,1 +1,1 @@
-"""Process lifecycle, HTTP to the server under test, the profiler window, the run manifest."""
+"""A run -> traces/<run_id>/: the server's process lifecycle, the profiler window, the run manifest (no analysis: flows/ does it)."""

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from profkit.capture.http import HTTPFailure, request
+from profkit.http import HTTPFailure, request
 from profkit.errors import TargetError
 
 

@@ -1,8 +1,10 @@
 """One run: launch the target with an optimization state, drive the workload unprofiled, capture a
-profile window at steady state, stop the server, analyze the traces into reports/<run_id>/summary.json.
+profile window at steady state, stop the server. The capture stops at traces/<run_id>/ (the traces
+and manifest.json): it analyzes nothing; profkit/flows/trace.py summarizes what it recorded.
 
 Every stage is recorded in traces/<run_id>/manifest.json before it starts, so a failure or Ctrl-C
-leaves a manifest that says where it stopped and lists what was written.
+leaves a manifest that says where it stopped and lists what was written. A recording whose analysis
+follows (no --capture-only) hands its manifest on still running, for the flow to finish.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from profkit.capture.http import HTTPFailure, free_port, get_json
+from profkit.http import HTTPFailure, free_port, get_json
 from profkit.capture.manifest import Manifest
 from profkit.capture.gpu import wait_gpus_free
 from profkit.capture.profile import log_size, start_profile, wait_for_traces
@@ -29,9 +31,6 @@ from profkit.targets import vllm as vllm_target
 from profkit.targets.spec import LaunchSpec
 from profkit.workloads.agentic import Workload
 from profkit.workloads.driver import DriveResult, RequestRecord, drive
-
-if TYPE_CHECKING:
-    from profkit.catalog import CatalogChoice
 
 Progress = Callable[[str], None]
 
@@ -73,16 +72,16 @@ class RunConfig:
 
 
 @dataclass
-class RunResult:
+class Recording:
+    """What one run recorded: its traces and its manifest. With --capture-only the manifest is finished
+    ("ok"); else it is still running at its last capture stage, for the analysis (flows/trace.py) to finish."""
+
     run_id: str
+    label: str
     states: dict[str, bool]
     trace_dir: Path
-    report_dir: Path
-    summary_path: Path
-    summary: dict[str, Any]
-    manifest: dict[str, Any]
-    windows: list[dict[str, Any]] = field(default_factory=list)  # one summary per profile window (when more than one)
-    catalog: CatalogChoice | None = None  # the catalog its summaries were made with (None: not analyzed, --capture-only)
+    files: list[Path]  # the trace files of every profile window (window-<i>/ folders); --nsys: the .nsys-rep
+    manifest: Manifest
 
 
 NSYS_ARGS = ("profile", "--trace-fork-before-exec=true", "--cuda-graph-trace=node", "--capture-range=cudaProfilerApi",
@@ -134,22 +133,23 @@ def summarize_repeats(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     return {k: _spread([m.get(k) for m in metrics]) for k in keys}
 
 
-def run_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None,
-            tick: Progress = lambda s: None) -> RunResult:
+def record_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None,
+               tick: Progress = lambda s: None) -> Recording:
     """One run from start to end (its steps one after the other). `progress` gets one line per step (server
-    start, warm-up, each repeat, each profile window, analysis); `tick` the same line with the profile
+    start, warm-up, each repeat, each profile window, server stop); `tick` the same line with the profile
     window's decode step, many times a second."""
-    return run_interleaved([(cfg, states, run_id, label)], progress, tick)[0]
+    return record_interleaved([(cfg, states, run_id, label)], progress, tick)[0]
 
 
-def run_interleaved(jobs: list[tuple[RunConfig, dict[str, bool], str, str]], progress: Progress = lambda s: None,
-                    tick: Progress = lambda s: None) -> list[RunResult]:
+def record_interleaved(jobs: list[tuple[RunConfig, dict[str, bool], str, str]], progress: Progress = lambda s: None,
+                       tick: Progress = lambda s: None) -> list[Recording]:
     """Several runs side by side, their steps alternating (A B A B ...): every server is started, then
     each one's warm-up and unprofiled repeat in turn, then each one's profile window in turn, so that
     a drift of the host's load lands on every side alike (DESIGN.md "Judged, or not judged"); then
-    each is stopped and analyzed. One job: `run_one`. A failure stops every server."""
+    each is stopped. One job: `record_one`. A failure stops every server, and finishes the manifest of
+    a run already recorded whose analysis would have followed ("interrupted": none will)."""
     gens = [run_steps(cfg, states, run_id, label=label, progress=progress, tick=tick) for cfg, states, run_id, label in jobs]
-    results: list[RunResult | None] = [None] * len(gens)
+    results: list[Recording | None] = [None] * len(gens)
     live = list(range(len(gens)))
     try:
         while live:
@@ -159,6 +159,12 @@ def run_interleaved(jobs: list[tuple[RunConfig, dict[str, bool], str, str]], pro
                 except StopIteration as done:
                     results[i] = done.value
                     live.remove(i)
+    except BaseException:
+        with held_signals(deliver=False):
+            for r in results:
+                if r is not None and r.manifest.data.get("status") == "running":
+                    r.manifest.finish("interrupted", error="recorded, not analyzed: another run recorded alongside it failed")
+        raise
     finally:
         for g in gens:  # on a failure or Ctrl-C: each unfinished run stops its server (run_steps' finally)
             g.close()
@@ -169,9 +175,8 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
               tick: Progress = lambda s: None) -> Any:
     """One run as a generator: it yields after its server is up, after each unprofiled repeat and after
     each profile window (the points where `run_interleaved` lets the next run take its turn), and
-    returns the RunResult."""
+    returns the Recording."""
     trace_dir = cfg.traces_dir / run_id
-    report_dir = cfg.reports_dir / run_id
     port = cfg.port or free_port()
     spec = compose(cfg, states, port, nsys_output=trace_dir / run_id, trace_dir=trace_dir)
     # graph-capture profiles (SGLang 0.5.23's SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE; the proxy does the
@@ -259,45 +264,13 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
         progress(f"{label}: stopping the server (up to {spec.teardown_s:.0f} s for its own teardown)")
         server.stop(grace_s=max(spec.teardown_s, 60) if cfg.nsys else None)
         _record_stop(manifest, server)
-        if cfg.nsys:  # the report; analyzed through its SQLite export (ingest/nsys.py, the command shown), unless --capture-only
+        if cfg.nsys:  # the report; analyzed through its SQLite export (flows/trace.py), unless --capture-only
             rep = _wait_file(trace_dir / f"{run_id}.nsys-rep", cfg.profile_timeout_s)
             manifest.update(trace_files=[rep.name], note="an Nsight Systems report: `profkit analyze` exports it with `nsys export --type sqlite`")
-            if cfg.capture_only:
-                manifest.finish("ok")
-                return RunResult(run_id, states, trace_dir, report_dir, rep, {}, manifest.data)
-            from profkit.ingest.nsys import exported
-
-            progress(f"{label}: exporting {rep.name} to SQLite")
-            files = [exported(rep)]
-            manifest.update(trace_files=[rep.name, files[0].name], note="an Nsight Systems report (nsys-ui) and its SQLite export (analyzed)")
-
+            files = [rep]
         if cfg.capture_only:
             manifest.finish("ok")
-            return RunResult(run_id, states, trace_dir, report_dir, trace_dir, {}, manifest.data)
-        manifest.stage("analysis")
-        progress(f"{label}: analyzing")
-        from profkit.catalog import choose_catalog
-        from profkit.store import write_json_atomic
-
-        report_dir.mkdir(parents=True, exist_ok=True)
-        # as every command chooses it: --catalog, else the one this run's manifest (its target) implies
-        catalog = choose_catalog(cfg.catalog, [trace_dir])
-        windows = []
-        groups = _by_window(files, trace_dir)
-        for i, (name, wfiles) in enumerate(groups):
-            if len(groups) > 1:
-                progress(f"{label}: analyzing profile window {i + 1}/{len(groups)}")
-            s = analyze_run(wfiles, cfg, manifest.data, catalog, captures=capture_traces(trace_dir), window=i)
-            if name:
-                write_json_atomic(report_dir / name / "summary.json", s)
-            windows.append(s)
-        summary = windows[0]
-        summary_path = report_dir / "summary.json"
-        write_json_atomic(summary_path, summary)
-        manifest.update(summary=str(summary_path))
-        manifest.finish("ok")
-        return RunResult(run_id, states, trace_dir, report_dir, summary_path, summary, manifest.data,
-                         windows if len(windows) > 1 else [], catalog)
+        return Recording(run_id, label, states, trace_dir, files, manifest)
     except GeneratorExit:  # run_interleaved stopped it: another run of the same command failed or was interrupted
         server.stop(grace_s=5)
         manifest.update(trace_files=_written(trace_dir), leftover_pids=server.leftovers())
@@ -406,14 +379,6 @@ def _written(trace_dir: Path) -> list[str]:
 def capture_traces(trace_dir: Path) -> list[Path]:
     """The run's CUDA-graph capture profiles (SGLang's and the proxy's graph_capture_profile/ folder)."""
     return sorted(p for p in (trace_dir / "graph_capture_profile").glob("*.json.gz") if not p.name.startswith(".") and ".tmp" not in p.name)
-
-
-def _by_window(files: list[Path], trace_dir: Path) -> list[tuple[str | None, list[Path]]]:
-    """Trace files grouped by profile window (window-<i>/ folders; files at the top: one window)."""
-    groups: dict[str | None, list[Path]] = {}
-    for f in files:
-        groups.setdefault(f.parent.name if f.parent.name.startswith("window-") else None, []).append(f)
-    return sorted(groups.items(), key=lambda kv: int(kv[0].split("-")[1]) if kv[0] else -1)
 
 
 def _server_info(base_url: str) -> dict[str, Any]:
@@ -650,22 +615,3 @@ def window_accept(during: list[RequestRecord]) -> dict[str, Any] | None:
     return {"accept_length": (tokens - len(spec)) / verify, "server_accept_length": tokens / verify,
             "completion_tokens": tokens, "spec_verify_ct": verify, "requests": len(spec),
             "source": "server: completion_tokens / spec_verify_ct of the requests decoding during the window"}
-
-
-def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any], catalog: CatalogChoice,
-                captures: list[Path] | None = None, window: int = 0) -> dict[str, Any]:
-    """One profile window's traces -> its summary.json (profkit.summarize, as `analyze` does it),
-    with the run's `run` section (labels, switches, throughput, which profile window) added."""
-    from profkit.summarize import SummarizeOptions, summarize
-
-    # ranks in parallel, large traces through the parquet cache (a later diff/report reads it)
-    summary = summarize(files, SummarizeOptions(marker=cfg.marker, min_bubble_us=cfg.min_bubble_us, catalog=catalog,
-                                                captures=tuple(captures or ()))).summary
-    summary["run"] = {
-        "run_id": manifest["run_id"], "label": manifest["label"], "target": manifest["target"], "preset": manifest.get("preset"),
-        "optimizations": manifest["optimizations"], "base": manifest.get("base"), "command": manifest["command"], "throughput": manifest.get("throughput"),
-        "profiler_overhead": manifest.get("profiler_overhead"), "versions": manifest.get("versions"), "workload": manifest.get("workload"),
-        "window": window,
-        "capture_order": manifest.get("capture_order"),  # alternating (A B A B) or sequential: the report says which
-    }
-    return summary

@@ -21,7 +21,7 @@ from typing import Callable
 
 import psutil
 
-from profkit.capture.http import HTTPFailure, port_free, request
+from profkit.http import HTTPFailure, port_free, request
 from profkit.capture.process import TAG_ENV, describe_exit, held_signals, kill_all, new_tag, tagged
 from profkit.errors import TargetError
 from profkit.targets.spec import LaunchSpec

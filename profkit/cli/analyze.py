@@ -1,4 +1,4 @@
-"""`analyze`: trace files or run folders -> summary.json and a terminal table (profkit.summarize),
+"""`analyze`: trace files or run folders -> summary.json and a terminal table (profkit.analysis.summarize),
 plus the optional per-GPU-op timeline, parquet tables and the list of candidate markers."""
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ def analyze(
         profkit analyze traces/sample/eager_sync.pt.trace.json.gz --json summary.json
     """
 
-    from profkit.catalog import choose_catalog
-    from profkit.summarize import SummarizeOptions, summarize_runs
+    from profkit.analysis.catalog import choose_catalog
+    from profkit.analysis.summarize import SummarizeOptions, summarize_runs
 
     _state["quick_exit"] = True  # see common._quick_exit
 
-    from profkit.inputs import analysis_inputs
+    from profkit.flows.inputs import analysis_inputs
 
     pointed, notes = analysis_inputs(paths, window)
     for n in notes:
@@ -112,7 +112,7 @@ def analyze(
 
 
 def _print_catalog(summaries: list[dict[str, Any]], note: Optional[str]) -> None:
-    from profkit.catalog import picked_note
+    from profkit.analysis.catalog import picked_note
 
     picked = sorted({str(r.get("catalog")) for s in summaries for r in s.get("ranks") or []})
     err.print(f"[dim]{escape(note or picked_note(picked))}[/]", soft_wrap=True)
@@ -172,11 +172,11 @@ def _analyze_each(pointed: list[Any], opts: Any, *, json_out: Optional[str], tim
                   catalog_note: Optional[str]) -> list[tuple[str, Any]]:
     """Several things pointed at (profile windows, a sweep's runs, stored summaries): each printed on
     its own, under a rule naming it; --json DIR/ writes one summary per thing."""
-    from profkit.inputs import check_summary, read_json
+    from profkit.flows.inputs import check_summary, read_json
     from profkit.report import Report
     from profkit.report.terminal import TerminalRenderer
     from profkit.store import json_text, write_bytes_atomic
-    from profkit.summarize import summarize_runs
+    from profkit.analysis.summarize import summarize_runs
 
     what = ", ".join(x.label or "the trace files" for x in pointed[:4]) + (f" and {len(pointed) - 4} more" if len(pointed) > 4 else "")
     if len(pointed) > 1:

@@ -22,7 +22,8 @@ from profkit.errors import UsageError
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from profkit.capture.run import RunConfig, RunResult
+    from profkit.capture.run import RunConfig
+    from profkit.flows.trace import RunResult
 
 Opt = Annotated[list[str], typer.Option("--opt", help="Optimization to attribute (repeatable); see `profkit opts`.")]
 
@@ -212,7 +213,7 @@ class _Steps:
         err.print(f"[dim]\\[{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}][/] {escape(text)}", soft_wrap=True)
 
     def run(self, cfg: RunConfig, states: dict[str, bool], run_id: str, label: str) -> RunResult:
-        from profkit.capture.run import run_one
+        from profkit.flows.trace import run_one
 
         self.n += 1
         where = f"run {self.n}/{self.runs}"
@@ -232,10 +233,10 @@ class _Steps:
 
     def run_all(self, cfg: RunConfig, jobs: list[tuple[dict[str, bool], str, str]]) -> list[RunResult]:
         """The runs of one command: side by side, their steps alternating (cfg.capture_order "alternating":
-        capture/run.run_interleaved; each progress line starts with its run's label), or one after the other."""
+        flows/trace.run_interleaved; each progress line starts with its run's label), or one after the other."""
         if cfg.capture_order != "alternating" or len(jobs) < 2:
             return [self.run(cfg, states, run_id, label) for states, run_id, label in jobs]
-        from profkit.capture.run import run_interleaved
+        from profkit.flows.trace import run_interleaved
 
         first, self.n = self.n + 1, self.n + len(jobs)
         where = f"runs {first}-{self.n}/{self.runs}, alternating:"
@@ -309,7 +310,7 @@ def trace(opt: Opt, options: RunOptions) -> None:
 
         profkit trace --target sglang --preset glm52-nvfp4-tp8 --opt topk_v2 --dry-run
     """
-    from profkit.capture.sweep import attribute, reproduce_command
+    from profkit.flows.trace import attribute, reproduce_command
     from profkit.targets.registry import check_comparison, check_opts, opt_states
 
     o = _plain(options)
@@ -386,7 +387,8 @@ def sweep(
 
         profkit sweep --opts overlap,topk_v2,indexer_fusion --mode ladder
     """
-    from profkit.capture.sweep import attribute, attribution_row, check_sweep, compared_pairs, label_slug, pareto, sweep_plan, write_reports
+    from profkit.capture.sweep import check_sweep, label_slug, sweep_plan
+    from profkit.flows.sweep import attribute_sweep
     from profkit.store import write_json_atomic
     from profkit.targets.registry import check_opts
 
@@ -421,18 +423,8 @@ def sweep(
         for r in doc["runs"]:
             out.print(f"{escape(r['label'])}: {escape(str(cfg.traces_dir / r['run_id']))}", soft_wrap=True)
         return
-    diffs = []
-    for label, opt, b_label, a_label, pair_dir in compared_pairs(plan, mode, sweep_dir):
-        before, after = results[b_label], results[a_label]
-        diff, notes = attribute(before, after, [opt] if opt else [], pair_dir)
-        _notes(notes)
-        diffs.append(diff)
-        doc["attribution"].append(attribution_row(label, opt, before, after, diff, pair_dir))
-    doc["pareto"] = pareto(doc["runs"])
-    doc["status"] = "ok"
-    write_json_atomic(sweep_dir / "sweep.json", doc)
-    _notes(write_reports(sweep_dir, diffs=diffs,  # the diffs just written (each pair's diff.json), not read back
-                         runs=[(lbl, results[lbl].summary) for lbl, *_ in plan]))
+    diffs, notes = attribute_sweep(plan, mode, results, sweep_dir, doc)
+    _notes(notes)
     _render_sweep(doc, diffs)
     wrote = [sweep_dir / n for n in ("sweep.json", "report.html") if (sweep_dir / n).is_file()]
     out.print(f"wrote {', '.join(escape(str(p)) for p in wrote)}", soft_wrap=True)

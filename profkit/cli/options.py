@@ -58,7 +58,7 @@ def _regex(value: Optional[str]) -> Optional[str]:
 def _catalog(value: Optional[str]) -> Optional[str]:
     if value is None:
         return None
-    from profkit.catalog import load_catalog
+    from profkit.analysis.catalog import load_catalog
     from profkit.errors import UsageError
 
     try:

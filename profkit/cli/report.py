@@ -1,7 +1,7 @@
 """The `diff`, `report` and `export-perfetto` commands.
 
-Thin: each picks the catalog (catalog.choose_catalog), resolves its inputs (profkit.inputs: traces
-and run folders through profkit.summarize, with the summary cache), calls the library
+Thin: each picks the catalog (catalog.choose_catalog), resolves its inputs (profkit.flows.inputs: traces
+and run folders through profkit.analysis.summarize, with the summary cache), calls the library
 (attribution, report, export) and writes atomically (profkit.store). Status lines go to stderr;
 `--json -` puts diff.json on stdout.
 """
@@ -62,11 +62,11 @@ def diff(
         profkit diff reports/RUN_A reports/RUN_B --opt topk_v2 --html diff.html
     """
     from profkit.attribution.diff import compare_summaries
-    from profkit.catalog import choose_catalog
-    from profkit.inputs import align_single_ranks, infer_optimization, load_pair
+    from profkit.analysis.catalog import choose_catalog
+    from profkit.flows.inputs import align_single_ranks, infer_optimization, load_pair
     from profkit.report import Report, get_renderer
     from profkit.report.terminal import TerminalRenderer
-    from profkit.summarize import SummarizeOptions
+    from profkit.analysis.summarize import SummarizeOptions
 
     choice = choose_catalog(catalog, (before, after))
     _announce(choice)
@@ -133,12 +133,12 @@ def report(
 
         profkit report traces/base traces/topk -o reports/sweep.html
     """
-    from profkit.catalog import choose_catalog
-    from profkit.inputs import is_diff_doc, load_side, read_json
+    from profkit.analysis.catalog import choose_catalog
+    from profkit.flows.inputs import is_diff_doc, load_side, read_json
     from profkit.attribution import ladder_steps
     from profkit.report import Report
     from profkit.report.html import HtmlRenderer
-    from profkit.summarize import SummarizeOptions
+    from profkit.analysis.summarize import SummarizeOptions
 
     choice = choose_catalog(catalog, paths)
     _announce(choice)
@@ -167,7 +167,7 @@ def report(
     for p in expanded:
         label = named.get(p)
         if window is not None and p.is_dir():
-            from profkit.inputs import profile_windows_of
+            from profkit.flows.inputs import profile_windows_of
 
             wins = profile_windows_of(p)
             hit = [w for w in wins if w.name.split("-")[1] == str(window)]
@@ -219,12 +219,12 @@ def export_perfetto(
     """
     from profkit.analysis import analyze_trace
     from profkit.ingest.identity import short_label
-    from profkit.catalog import choose_catalog
+    from profkit.analysis.catalog import choose_catalog
     from profkit.export.perfetto import build_perfetto
     from profkit.ingest import load_traces
     from profkit.store import write_bytes_atomic
 
-    from profkit.inputs import analysis_inputs
+    from profkit.flows.inputs import analysis_inputs
 
     pointed, notes = analysis_inputs([trace], window)
     for n in notes:

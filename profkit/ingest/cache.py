@@ -177,18 +177,12 @@ def file_sha256(path: Path) -> str:
 # A second layer in the same folder: `analysis/<key>/`, one entry per set of analysis options, so
 # that re-running `analyze` with the same options reads the per-rank results (small frames)
 # instead of the tables. The key covers the trace (source_key), CACHE_SCHEMA, the code fingerprint
-# (every source file and the kernel catalogs) and the options; entries carry the same size +
-# BLAKE2b checks as the tables.
+# (every source file and the kernel catalogs) and the options, which the caller hands in as data
+# (analysis/parallel.py: marker, minimum bubble, the catalog's identity from analysis/catalog.py; the
+# cache knows no catalog); entries carry the same size + BLAKE2b checks as the tables.
 
 ANALYSIS_FRAMES = ("iterations", "categories", "launch_calls", "ops", "bubbles", "syncs")
 MAX_ANALYSIS_ENTRIES = 4
-
-
-def catalog_identity(catalog: Any) -> Any:
-    """The catalog's one identity (profkit/catalog.py), the same in the summary cache's key."""
-    from profkit.catalog import catalog_identity as identity
-
-    return identity(catalog)
 
 
 def analysis_key(source: dict[str, Any], options: dict[str, Any]) -> str:

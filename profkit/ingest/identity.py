@@ -1,6 +1,6 @@
 """What identifies a trace file (`TraceFile`: read once, passed down) for the caches, how much
 JSON it holds, and the code fingerprint all three caches (tables, per-option analysis, summary)
-are keyed by: polars-free, so the summary cache (profkit/summary_cache.py) can use it without
+are keyed by: polars-free, so the summary cache (profkit/analysis/summary_cache.py) can use it without
 importing the tables."""
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def package_root() -> Path:
 
 
 def _catalog_dir(root: Path) -> Path:
-    """As profkit.catalog.catalog_dir, for a given package folder: the checkout's kernels/ beside
+    """As profkit.analysis.catalog.catalog_dir, for a given package folder: the checkout's kernels/ beside
     it, else the wheel's _kernels/ inside it."""
     repo = root.parent / "kernels"
     return repo if repo.is_dir() else root / "_kernels"

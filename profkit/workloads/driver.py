@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from profkit.capture.http import HTTPFailure
+from profkit.http import HTTPFailure
 from profkit.workloads.agentic import Workload
 
 

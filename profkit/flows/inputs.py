@@ -1,6 +1,6 @@
 """What the user points `diff` and `report` at -> loaded documents.
 
-A path may be a summary.json, a diff.json, a trace file (summarized now: profkit/summarize.py, with
+A path may be a summary.json, a diff.json, a trace file (summarized now: profkit/analysis/summarize.py, with
 the summary cache), or a run folder: a folder with a summary.json, a folder of trace files (one per
 rank), or a folder of repeats
 (``repeat-*/`` subfolders holding a summary.json or traces, or several summary files). The run
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from profkit.catalog import CatalogChoice
+from profkit.analysis.catalog import CatalogChoice
 from profkit.errors import TraceInputError
-from profkit.summarize import SummarizeOptions, summarize
+from profkit.analysis.summarize import SummarizeOptions, summarize
 
 _TRACE_NAMES = (".trace.json", ".trace.json.gz", ".pt.trace.json", ".pt.trace.json.gz", ".gz",
                 ".sqlite", ".nsys-rep", ".qdrep")  # Nsight Systems exports and reports (ingest/nsys.py)
@@ -157,9 +157,9 @@ def load_side(path: Path, opts: SummarizeOptions) -> Side:
     if not summaries:
         summaries = [summarize([path], opts).summary]
     manifest = summaries[0].get("manifest") if isinstance(summaries[0].get("manifest"), dict) else _manifest_near(path)
-    for s in summaries:
-        if manifest is not None and "manifest" not in s:
-            s["manifest"] = manifest
+    for doc in summaries:
+        if manifest is not None and "manifest" not in doc:
+            doc["manifest"] = manifest
     return Side(path, _label(path), summaries[0], summaries if len(summaries) > 1 else [], manifest)
 
 
@@ -168,7 +168,7 @@ def load_pair(before: Path, after: Path, opts: SummarizeOptions) -> tuple[Side, 
     chosen (opts.catalog picks by kernel names) and the sides picked different ones, both are
     summarized again under the more specific pick (catalog.more_specific). The sides, the catalog
     choice they were summarized under, and warnings."""
-    from profkit.catalog import CatalogChoice, load_catalog, more_specific
+    from profkit.analysis.catalog import CatalogChoice, load_catalog, more_specific
 
     b, c = load_side(before, opts), load_side(after, opts)
     choice = opts.catalog
@@ -226,7 +226,8 @@ def infer_optimization(baseline_manifest: Any, candidate_manifest: Any) -> str |
     def opts(m: Any) -> set[str] | None:
         if not isinstance(m, dict):
             return None
-        for holder in (m, m.get("config") if isinstance(m.get("config"), dict) else {}):
+        config = m.get("config")
+        for holder in (m, config if isinstance(config, dict) else {}):
             for key in ("optimizations", "opts", "opt"):
                 v = holder.get(key)
                 if isinstance(v, dict):

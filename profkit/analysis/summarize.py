@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from profkit.catalog import CatalogChoice
+from profkit.analysis.catalog import CatalogChoice
 from profkit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def summarize_runs(paths: Sequence[Path], options: SummarizeOptions | None = Non
     key = None
     if cache_on and not o.frames and not captures and len(plan) == 1:  # the stored summary knows no capture profiles
         # a repeated run on unchanged traces: the stored summary, without importing polars
-        from profkit.summary_cache import read_summary, summary_key
+        from profkit.analysis.summary_cache import read_summary, summary_key
 
         key = summary_key([i.file or i.path for i in plan[0].infos], marker=o.marker, min_bubble_us=o.min_bubble_us, catalog=o.catalog.identity)
         hit = read_summary(files[0], key) if key else None
@@ -119,7 +119,7 @@ def summarize_runs(paths: Sequence[Path], options: SummarizeOptions | None = Non
         _health_and_spec(s, [i.path for i in r.infos])
         out.append(RunSummary(r, s, r.analyses))
     if key and len(out) == 1:
-        from profkit.summary_cache import write_summary
+        from profkit.analysis.summary_cache import write_summary
 
         write_summary(files[0], key, out[0].summary)
     return out

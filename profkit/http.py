@@ -1,4 +1,5 @@
-"""Tiny JSON-over-HTTP client for the server under test (stdlib only: it runs where torch does)."""
+"""Tiny JSON-over-HTTP client for the server under test (stdlib only: it runs where torch does). A ground
+module: the capture (server health, the profiler window) and the workload driver both speak it."""
 
 from __future__ import annotations
 

@@ -2,12 +2,12 @@
 trace (`<trace>.profkit-cache/summary/<key>.json`), so a repeated `analyze` of unchanged traces
 with the same options prints and writes it without importing polars or reading any table.
 
-Every command that turns traces into a summary reads and writes it (profkit/summarize.py):
+Every command that turns traces into a summary reads and writes it (analysis/summarize.py):
 analyze, diff, report, and trace after its capture.
 
 The key covers everything the summary depends on: each input's path as given and its
 ingest/identity.py source key (size, mtime_ns, hash of the first and last MiB), the options that
-change results (marker, minimum bubble, and the catalog's one identity, catalog.catalog_identity,
+change results (marker, minimum bubble, and the catalog's one identity, analysis/catalog.catalog_identity,
 which the per-option analysis cache uses too), SCHEMA and identity.code_fingerprint (profkit's
 version, the installed polars version, every source file of the package and the shipped kernel
 catalogs). Output-only options (--top, --json, stdout) are not in it. A file whose key or digest does not match, or that does not parse, is a miss. Nothing here

@@ -180,10 +180,11 @@ class Catalog:
 
 def catalog_dir() -> Path:
     """Where the shipped catalogs live: the checkout's ``kernels/``, else the wheel's ``_kernels``."""
-    repo = Path(__file__).resolve().parent.parent / "kernels"
+    pkg = Path(__file__).resolve().parent.parent  # profkit/ (this module is profkit/analysis/catalog.py)
+    repo = pkg.parent / "kernels"
     if repo.is_dir():
         return repo
-    return Path(__file__).resolve().parent / "_kernels"
+    return pkg / "_kernels"
 
 
 def catalog_names() -> list[str]:
