@@ -158,10 +158,10 @@ def test_sweep_flags_and_unstable_runs_at_80_columns():
     from types import SimpleNamespace
 
     from profkit.attribution.diff import compare_summaries
-    from profkit.capture.sweep import attribution_row
-    from profkit.catalog import CatalogChoice, load_catalog
+    from profkit.flows.sweep import attribution_row
+    from profkit.analysis.catalog import CatalogChoice, load_catalog
     from profkit.cli.capture import _render_sweep
-    from profkit.summarize import SummarizeOptions, summarize
+    from profkit.analysis.summarize import SummarizeOptions, summarize
 
     opts = SummarizeOptions(catalog=CatalogChoice(load_catalog("proxy"), "test"), cache=False)
     s = {n: summarize([PROXY / f"{n}.trace.json.gz"], opts).summary for n in ("baseline", "topk_v2", "all")}
