@@ -90,10 +90,11 @@ def own_figure(diff: dict[str, Any], opt: str) -> dict[str, Any]:
 
 
 def verdict(diff: dict[str, Any]) -> dict[str, Any]:
+    from profkit.documents import diff_of
     from profkit.report.views import headline_lines
 
     ee = diff.get("expected_effect") or {}
-    lines = headline_lines(diff)
+    lines = headline_lines(diff_of(diff))
     return {"headline": lines[0], "bullets": lines[1:], "judged": bool(ee.get("judged")), "ok": ee.get("ok"),
             "flags": list(ee.get("flags") or []), "against": list(ee.get("against") or []),
             "own": [{"term": t["term"], "delta_us": t["delta_us"], "spread_us": t["spread_us"], "as_expected": t["as_expected"]}

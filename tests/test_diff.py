@@ -16,6 +16,7 @@ from profkit.attribution.diff import GPU_IDLE_KEYS, compare_summaries, normalize
 from profkit.analysis.catalog import load_catalog
 from profkit.cli import app
 from profkit.ingest import load_trace
+from profkit.documents import diff_of
 from profkit.report.views import decomposition_rows
 
 from conftest import DATA
@@ -78,7 +79,7 @@ def test_confined_change_decomposes_exactly_and_passes(tmp_path):
     assert [c["category"] for c in ee["changes"]] == ["topk"] and ee["changes"][0]["inside"]
     assert d["noise"]["available"] is False and "no noise estimate" in d["noise"]["note"]
     assert d["top_movers"][0]["name"] == "topk_select" and d["top_movers"][0]["delta_us"] == pytest.approx(-10.0)
-    rows = decomposition_rows(d)
+    rows = decomposition_rows(diff_of(d))
     assert sum(r[2] for r in rows) == pytest.approx(dec["gpu_window_us"]["delta"], abs=1e-9)
 
 
@@ -384,13 +385,14 @@ def test_one_instability_rule_for_diff_and_html():
     """A run is unstable when its GPU window per iteration varies by more than 2x, in diff.json (stability)
     and in the HTML's warning alike (the HTML said so from 1.5x)."""
     from profkit.attribution.diff import UNSTABLE_RATIO, _stability, swings
+    from profkit.documents import Iteration, SeriesPoint
     from profkit.report.html import _instability
 
     assert UNSTABLE_RATIO == 2.0
     for vals, unstable in (([100.0, 180.0], False), ([100.0, 200.0], False), ([100.0, 201.0], True), ([0.0, 500.0], False)):
         assert swings(vals) is unstable
-        assert (_stability([(0, [{"gpu_window_us": v} for v in vals])]) is not None) is unstable
-        assert (_instability("x", [{"gpu_window_us": v} for v in vals], "GPU window") is not None) is (unstable and min(vals) > 0)
+        assert (_stability([(0, [Iteration(gpu_window_us=v) for v in vals])]) is not None) is unstable
+        assert (_instability("x", [SeriesPoint(gpu_window_us=v) for v in vals], "GPU window") is not None) is (unstable and min(vals) > 0)
 
 
 def test_own_effect_the_wrong_way_fails_the_check(tmp_path):

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from profkit.attribution import ladder_steps
 from profkit.attribution.diff import compare_summaries
 from profkit.cli import app
+from profkit.documents import diff_of
 from profkit.report import Report
 from profkit.report import figures as F
 from profkit.report.html import HtmlRenderer
@@ -107,7 +108,7 @@ def test_timeline_figure_data(hostile):
 
 def test_waterfall_adds_up(hostile):
     _, _, d = hostile
-    fig = F.waterfall_figure(d)
+    fig = F.waterfall_figure(diff_of(d))
     w = fig.data[0]
     assert w.measure[0] == "absolute" and w.measure[-1] == "total"
     assert w.y[0] + sum(w.y[1:-1]) == pytest.approx(d["decomposition"]["gpu_window_us"]["candidate"], abs=1e-6)

@@ -107,3 +107,26 @@ def test_json_to_stdout_is_the_file_json(tmp_path):
     assert r.exit_code == 0, r.output
     assert r.stdout == f.read_text()
     assert "µ" in r.stdout and "\\u00b5" not in r.stdout
+
+
+def test_a_field_of_the_wrong_type_is_the_files_fault(tmp_path):
+    """summary.json and diff.json are decoded into typed documents where they are read (profkit/documents.py):
+    a field of the wrong type is a one-line input error naming the file, not a crash in attribution or a renderer."""
+    from profkit.errors import EXIT_INPUT
+
+    good = DATA / "v1" / "eager_decode.summary.json"
+    doc = json.loads(good.read_text())
+    doc["ranks"][0]["iterations"][0]["batch_size"] = "four"
+    bad = tmp_path / "bad.summary.json"
+    bad.write_text(json.dumps(doc))
+    r = runner.invoke(app, ["diff", str(good), str(bad)])
+    assert r.exit_code == EXIT_INPUT, r.output
+    assert f"{bad}: not a valid summary.json" in r.output and "batch_size" in r.output and "Traceback" not in r.output
+    d = tmp_path / "d.json"
+    assert runner.invoke(app, ["diff", str(good), str(good), "--json", str(d)]).exit_code == 0
+    diff = json.loads(d.read_text())
+    diff["decomposition"]["gpu_window_us"] = [1, 2]
+    d.write_text(json.dumps(diff))
+    r = runner.invoke(app, ["report", str(d), "-o", str(tmp_path / "r.html")])
+    assert r.exit_code == EXIT_INPUT, r.output
+    assert f"{d}: not a valid diff.json" in r.output and "gpu_window_us" in r.output and not (tmp_path / "r.html").exists()

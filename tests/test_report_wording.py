@@ -10,6 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from profkit.cli import app
+from profkit.documents import diff_of, rank_of
 from profkit.report.views import device_text, throughput_rows
 
 CPU_ONLY = Path(__file__).resolve().parent / "data" / "bad" / "cpu_only.json.gz"
@@ -29,15 +30,15 @@ def test_a_diff_that_judges_nothing_says_so_and_never_ok(tmp_path):
 
 def test_cpu_only_words():
     # the trace's own device name first (tests/data/bad/cpu_only was recorded on an H200 box), then the manifest's
-    assert device_text({"device": None}, {"versions": {"gpu": "cpu"}}) == "CPU"
-    assert device_text({"device": None, "device_timeline": "cpu"}) == "CPU"
-    assert device_text({"device": "NVIDIA H200"}, {"versions": {"gpu": "cpu"}}) == "NVIDIA H200"
-    assert device_text({}) == "unknown device"
+    assert device_text(rank_of({"device": None}), {"versions": {"gpu": "cpu"}}) == "CPU"
+    assert device_text(rank_of({"device": None, "device_timeline": "cpu"})) == "CPU"
+    assert device_text(rank_of({"device": "NVIDIA H200"}), {"versions": {"gpu": "cpu"}}) == "NVIDIA H200"
+    assert device_text(rank_of({})) == "unknown device"
     point = {"tokens_per_s_per_gpu": {"median": 10.0, "spread": None}}
     cpu = {"baseline": {"device_timeline": "cpu"}, "candidate": {"device_timeline": "cpu"}, "throughput": {"baseline": point, "candidate": point}}
-    assert [x["label"] for x in throughput_rows(cpu)] == ["tokens/s per rank"]
+    assert [x["label"] for x in throughput_rows(diff_of(cpu))] == ["tokens/s per rank"]
     gpu = {**cpu, "baseline": {}, "candidate": {}}
-    assert [x["label"] for x in throughput_rows(gpu)] == ["tokens/s per GPU"]
+    assert [x["label"] for x in throughput_rows(diff_of(gpu))] == ["tokens/s per GPU"]
 
 
 def test_bubble_causes_put_per_iteration_figures_side_by_side():

@@ -12,17 +12,23 @@ import statistics
 from typing import Any, Mapping, Sequence, cast
 
 from profkit.analysis import health, spec
+from profkit.documents import Rank, Summary
 
 SLACK_FIGURES = ("exposed_us_mean", "exposed_share", "median_us", "p10_us")
 
 
-def _rank(summary: Mapping[str, Any], rank: int) -> Mapping[str, Any]:
-    ranks = summary.get("ranks") or []
-    return next((r for r in ranks if r.get("rank") == rank), ranks[0] if ranks else {})
+def _rank(summary: Summary, rank: int) -> Rank:
+    ranks = summary.ranks
+    return next((r for r in ranks if r.rank == rank), ranks[0] if ranks else Rank())
 
 
-def _windows(primary: Mapping[str, Any], repeats: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _windows(primary: Summary, repeats: Sequence[Summary]) -> list[Summary]:
     return list(repeats) if repeats else [primary]
+
+
+def _spec_view(s: Summary) -> dict[str, Any]:
+    """What analysis/spec.py reads of a summary (it reads summary.json as written)."""
+    return {"ranks": [{"rank": r.rank, "speculative": r.speculative} for r in s.ranks], "run": s.run, "manifest": s.manifest}
 
 
 def _stat(vals: list[float]) -> dict[str, Any]:
@@ -30,8 +36,8 @@ def _stat(vals: list[float]) -> dict[str, Any]:
             "windows": len(vals)}
 
 
-def slack_side(windows: list[Mapping[str, Any]], rank: int) -> dict[str, Any] | None:
-    per = [(_rank(s, rank).get("overlap_slack") or {}) for s in windows]
+def slack_side(windows: list[Summary], rank: int) -> dict[str, Any] | None:
+    per = [(_rank(s, rank).overlap_slack or {}) for s in windows]
     per = [p for p in per if p.get("count")]
     if not per:
         return None
@@ -51,7 +57,7 @@ def slack_side(windows: list[Mapping[str, Any]], rank: int) -> dict[str, Any] | 
 
 
 def _judge(b: Mapping[str, Any], c: Mapping[str, Any]) -> str:
-    if b.get("spread") is None or c.get("spread") is None:
+    if b["spread"] is None or c["spread"] is None:
         return "not judged"
     d = abs((c["median"] or 0) - (b["median"] or 0))
     return "beyond noise" if d > max(b["spread"], c["spread"]) else "within noise"
@@ -67,16 +73,16 @@ def slack_compare(b: dict[str, Any] | None, c: dict[str, Any] | None) -> dict[st
     return out
 
 
-def sections(baseline: Mapping[str, Any], candidate: Mapping[str, Any], baseline_repeats: Sequence[Mapping[str, Any]],
-             candidate_repeats: Sequence[Mapping[str, Any]], rank: int) -> dict[str, Any]:
+def sections(baseline: Summary, candidate: Summary, baseline_repeats: Sequence[Summary],
+             candidate_repeats: Sequence[Summary], rank: int) -> dict[str, Any]:
     """diff.json's `health`, `overlap_slack` and `speculative` (new optional keys)."""
     wb, wc = _windows(baseline, baseline_repeats), _windows(candidate, candidate_repeats)
-    out: dict[str, Any] = {"health": {"baseline": health.worst([s.get("health") for s in wb]),
-                                      "candidate": health.worst([s.get("health") for s in wc])}}
+    out: dict[str, Any] = {"health": {"baseline": health.worst([s.health for s in wb]),
+                                      "candidate": health.worst([s.health for s in wc])}}
     sl = slack_compare(slack_side(wb, rank), slack_side(wc, rank))
     if sl is not None:
         out["overlap_slack"] = sl
-    sp = spec.compare(spec.side_cost(wb, rank=rank), spec.side_cost(wc, rank=rank))
+    sp = spec.compare(spec.side_cost([_spec_view(s) for s in wb], rank=rank), spec.side_cost([_spec_view(s) for s in wc], rank=rank))
     if sp is not None:
         out["speculative"] = sp
     return out
@@ -93,10 +99,9 @@ def slack_diff_line(d: Mapping[str, Any] | None) -> str | None:
             f"{c['exposed_share']['median'] * 100:.0f}%; median slack {b['median_us']['median']:,.1f} → {c['median_us']['median']:,.1f} µs")
 
 
-def health_diff_line(h: Mapping[str, Any] | None) -> str:
-    """The first line of a diff report: each side's health."""
-    h = h or {}
-    b, c = health.health_text(h.get("baseline")), health.health_text(h.get("candidate"))
+def health_diff_line(baseline: Any, candidate: Any) -> str:
+    """The first line of a diff report: each side's health (diff.json's health.baseline and .candidate)."""
+    b, c = health.health_text(baseline), health.health_text(candidate)
     if b == c:
         return b + " (both sides)"
     return f"baseline {b}; candidate {c}"

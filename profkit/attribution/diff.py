@@ -1,6 +1,7 @@
 """Two summaries (summary.json v1) -> diff.json v1: what changed per iteration, and why (DESIGN.md "Attribution").
 
-Pure: dicts in, a dict out; no files, no printing.
+Pure: summaries in (profkit.documents.Summary; a summary.json dict is decoded on entry), diff.json
+out as a dict in the order of profkit.documents.Diff; no files, no printing.
 
 Rules:
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
@@ -33,9 +34,10 @@ from profkit import __version__
 from profkit.attribution import capture_terms
 from profkit.ingest.identity import short_label
 from profkit.errors import NothingToAnalyze, UsageError
-from profkit.findings import idle_cpu_ops, largest_bubbles
+from profkit.attribution.findings import idle_cpu_ops, largest_bubbles
+from profkit.documents import UNSET, Iteration, Rank, Summary, summary_of
 from profkit.terms import CAUSES
-from profkit.attribution.windows import basis_of, decomposition as window_decomposition, flat_means, judged, unstable_windows, window_statistic, within
+from profkit.attribution.windows import Stats, Terms, basis_of, decomposition as window_decomposition, flat_means, judged, unstable_windows, window_statistic, within
 
 DIFF_SCHEMA_VERSION = 1
 IDLE_KEYS = (*CAUSES, "short_gaps")
@@ -43,9 +45,9 @@ IDLE_KEYS = (*CAUSES, "short_gaps")
 GPU_IDLE_KEYS = tuple(k for k in IDLE_KEYS if k != "python")
 
 
-def idle_keys(*ranks: Mapping[str, Any]) -> tuple[str, ...]:
+def idle_keys(*ranks: Rank) -> tuple[str, ...]:
     """The idle terms a diff lists: with "python" when a side is a CPU-only run."""
-    return IDLE_KEYS if any(r.get("device_timeline") == "cpu" for r in ranks) else GPU_IDLE_KEYS
+    return IDLE_KEYS if any(r.device_timeline == "cpu" for r in ranks) else GPU_IDLE_KEYS
 COUNT_KEYS = ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h", "memcpy_h2d", "bubble_count")
 TIMING_KEYS = ("launch_us", "launch_latency_us_p50", "sync_us", "sync_copy_us", "bubble_us")
 MATERIAL_SHARE = 0.01  # a judged change smaller than this share of the baseline's GPU window is reported, never flagged
@@ -113,8 +115,8 @@ def _us(ns: Fraction | int | float | None) -> float | None:
     return None if ns is None else float(Fraction(ns) / 1000)
 
 
-def shape_of(it: Mapping[str, Any]) -> Shape:
-    return (str(it.get("kind") or "unknown"), it.get("batch_size"))
+def shape_of(it: Iteration) -> Shape:
+    return (str(it.kind or "unknown"), it.batch_size)
 
 
 ENGINE_KINDS = ("decode", "extend", "verify", "mixed", "unknown")
@@ -131,23 +133,23 @@ def shape_label(shape: Shape) -> str:
     return kind if bs is None else f"{kind} bs={bs}"
 
 
-def pick_rank(summary: Mapping[str, Any], rank: int, side: str) -> dict[str, Any]:
-    ranks = summary.get("ranks")
-    if not isinstance(ranks, list) or not ranks:
+def pick_rank(summary: Summary, rank: int, side: str) -> Rank:
+    ranks = summary.ranks
+    if not ranks:
         raise UsageError(f"{side}: the summary has no ranks", hint="is it a summary.json written by `profkit analyze --json`?")
     for r in ranks:
-        if r.get("rank") == rank:
+        if r.rank == rank:
             return r
-    have = ", ".join(str(r.get("rank")) for r in ranks)
+    have = ", ".join(str(r.rank) for r in ranks)
     raise UsageError(f"{side}: no rank {rank} in the summary (ranks: {have})", hint="pass --rank with one of those")
 
 
-def _steady(rank: Mapping[str, Any]) -> list[dict[str, Any]]:
-    its = list(rank.get("iterations") or [])
+def _steady(rank: Rank) -> list[Iteration]:
+    its = list(rank.iterations)
     return its[:-1] if len(its) > 1 else its
 
 
-def select_shape(base_its: Sequence[Mapping[str, Any]], cand_its: Sequence[Mapping[str, Any]]) -> tuple[Shape | None, list[str]]:
+def select_shape(base_its: Sequence[Iteration], cand_its: Sequence[Iteration]) -> tuple[Shape | None, list[str]]:
     """The shape to compare: present on both sides, most iterations in total (ties: more on the
     smaller side, then name). None when the sides share no shape."""
     cb, cc = Counter(shape_of(i) for i in base_its), Counter(shape_of(i) for i in cand_its)
@@ -166,7 +168,7 @@ def select_shape(base_its: Sequence[Mapping[str, Any]], cand_its: Sequence[Mappi
     return shape, warnings
 
 
-def speculative_pair(base_its: Sequence[Mapping[str, Any]], cand_its: Sequence[Mapping[str, Any]]) -> tuple[Shape, Shape] | None:
+def speculative_pair(base_its: Sequence[Iteration], cand_its: Sequence[Iteration]) -> tuple[Shape, Shape] | None:
     """(baseline decode shape, candidate verify shape) when speculative decoding is on in the candidate
     only: the baseline has no verify step, the candidate's most common shape is verify bs=B and the
     baseline has decode bs=B steps (vLLM with an n-gram drafter: some steps find no draft and stay
@@ -184,64 +186,21 @@ def _shapes_text(c: Counter[Shape]) -> str:
     return ", ".join(f"{n}× {shape_label(s)}" for s, n in sorted(c.items(), key=lambda kv: (-kv[1], shape_label(kv[0]))))
 
 
-def _select(rank: Mapping[str, Any], shape: Shape | None) -> list[dict[str, Any]]:
+def _select(rank: Rank, shape: Shape | None) -> list[Iteration]:
     its = _steady(rank)
     return its if shape is None else [i for i in its if shape_of(i) == shape]
-
-
-def _components(it: Mapping[str, Any]) -> dict[str, Any]:
-    """One iteration's decomposition terms, integer ns."""
-    cats = {k: _ns(v) for k, v in (it.get("category_us") or {}).items()}
-    idle = _ns(it.get("gpu_idle_us"))
-    by_cause = {c: _ns((it.get("bubble_us_by_cause") or {}).get(c)) for c in CAUSES}
-    by_cause["short_gaps"] = idle - sum(by_cause.values())
-    return {
-        "window": _ns(it.get("gpu_window_us")), "busy": _ns(it.get("gpu_busy_us")), "wall": _ns(it.get("wall_us")),
-        "overlap": _ns(it.get("overlap_us")), "idle": idle, "cats": cats, "idle_by": by_cause,
-        "phases": {k: _ns(v) for k, v in (it.get("phase_us") or {}).items()},  # schema v2; {} for v1
-    }
-
-
-def _means(its: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Exact means (Fractions, ns) of every decomposition term over iterations; a missing category is 0."""
-    n = len(its)
-    comps = [_components(i) for i in its]
-    if n == 0:
-        zero = Fraction(0)
-        return {"n": 0, "window": zero, "busy": zero, "wall": zero, "overlap": zero, "idle": zero, "cats": {}, "phases": {},
-                "idle_by": {k: zero for k in IDLE_KEYS}}
-    cats: dict[str, int] = defaultdict(int)
-    phases: dict[str, int] = defaultdict(int)
-    for c in comps:
-        for k, v in c["cats"].items():
-            cats[k] += v
-        for k, v in c["phases"].items():
-            phases[k] += v
-    return {
-        "n": n,
-        **{k: Fraction(sum(c[k] for c in comps), n) for k in ("window", "busy", "wall", "overlap", "idle")},
-        "cats": {k: Fraction(v, n) for k, v in sorted(cats.items())},
-        "phases": {k: Fraction(v, n) for k, v in sorted(phases.items())},
-        "idle_by": {k: Fraction(sum(c["idle_by"][k] for c in comps), n) for k in IDLE_KEYS},
-    }
-
-
-def _count(it: Mapping[str, Any], key: str) -> float:
-    if key.startswith("memcpy_"):
-        return (it.get("memcpy") or {}).get(key.removeprefix("memcpy_")) or 0
-    return it.get(key) or 0
 
 
 def _median(vals: Sequence[float]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def _counts(its: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
-    return {k: _median([_count(i, k) for i in its]) for k in COUNT_KEYS}
+def _counts(its: Sequence[Iteration]) -> dict[str, float | None]:
+    return {k: _median([i.count(k) for i in its]) for k in COUNT_KEYS}
 
 
-def _timings(its: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
-    return {k: _median([i[k] for i in its if i.get(k) is not None]) for k in TIMING_KEYS}
+def _timings(its: Sequence[Iteration]) -> dict[str, float | None]:
+    return {k: _median([v for i in its if (v := getattr(i, k)) is not None]) for k in TIMING_KEYS}
 
 
 def _side_by_side(b: float | None, c: float | None) -> dict[str, float | None]:
@@ -264,18 +223,18 @@ def _with_ratio(b: Fraction, c: Fraction) -> dict[str, float | None]:
 # kernels
 
 
-def _kernel_table(rank: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def _kernel_table(rank: Rank) -> dict[str, dict[str, Any]]:
     """Normalized name -> per-iteration count and µs (over all the rank's iterations), category, examples."""
-    n = max(len(rank.get("iterations") or []), 1)
+    n = max(len(rank.iterations), 1)
     out: dict[str, dict[str, Any]] = {}
-    for k in rank.get("kernels") or []:
-        raw = str(k.get("name") or "")
+    for k in rank.kernels:
+        raw = str(k.name or "")
         key = normalize_kernel_name(raw)
         e = out.setdefault(key, {"name": key, "count": 0, "total_ns": 0, "cats": Counter(), "examples": []})
-        e["count"] += int(k.get("count") or 0)
-        t = _ns(k.get("total_us"))
+        e["count"] += int(k.count or 0)
+        t = _ns(k.total_us)
         e["total_ns"] += t
-        e["cats"][k.get("category") or "other"] += t
+        e["cats"][k.category or "other"] += t
         if len(e["examples"]) < 3 and raw != key:
             e["examples"].append(raw)
     for e in out.values():
@@ -295,28 +254,33 @@ def _kernel_entry(e: Mapping[str, Any]) -> dict[str, Any]:
 # syncs
 
 
-def _sync_groups(rank: Mapping[str, Any], its: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str, str], Fraction]:
-    """(kind, api, direction, trigger) -> syncs per iteration over the selected iterations."""
-    idx = {i["index"] for i in its}
+SyncKey = tuple[str, str, str, str]
+
+
+class _PerIteration(dict[SyncKey, Fraction]):
+    """Sync groups per iteration: a group absent from a side is 0."""
+
+    def __missing__(self, key: SyncKey) -> Fraction:
+        return Fraction(0)
+
+
+def _sync_groups(rank: Rank, its: Sequence[Iteration]) -> _PerIteration:
+    """(kind, api, direction, trigger) -> syncs per iteration over the selected iterations (every sync is
+    counted per group and iteration: schema v2, or a v1 summary's list on decoding)."""
+    idx = {i.index for i in its}
     c: Counter[tuple[str, str, str, str]] = Counter()
-    if "sync_groups" in rank:  # schema v2: every sync counted per group and iteration (the list holds the largest only)
-        for g in rank.get("sync_groups") or []:
-            n = sum(v for k, v in (g.get("by_iteration") or {}).items() if int(k) in idx)
-            if n:
-                c[(str(g.get("kind") or "sync"), str(g.get("api") or "?"), str(g.get("direction") or "none"), str(g.get("trigger") or "?"))] += n
-        return {k: Fraction(v, max(len(its), 1)) for k, v in c.items()}
-    for s in rank.get("syncs") or []:
-        if s.get("iteration") in idx:
-            c[(str(s.get("kind") or "sync"), str(s.get("api") or "?"), str(s.get("direction") or "none"), str(s.get("trigger") or "?"))] += 1
-    n = max(len(its), 1)
-    return {k: Fraction(v, n) for k, v in c.items()}
+    for g in rank.sync_groups:
+        n = sum(v for k, v in g.by_iteration.items() if int(k) in idx)
+        if n:
+            c[(str(g.kind or "sync"), str(g.api or "?"), str(g.direction or "none"), str(g.trigger or "?"))] += n
+    return _PerIteration({k: Fraction(v, max(len(its), 1)) for k, v in c.items()})
 
 
 # ---------------------------------------------------------------------------------------------
 # noise
 
 
-def _window_flat(its: Sequence[Mapping[str, Any]], basis: str) -> dict[str, Fraction]:
+def _window_flat(its: Sequence[Iteration], basis: str) -> Terms:
     """One profile window's figures for the statistic: exact means of every decomposition term on
     `basis` (attribution/windows.py) and the per-iteration medians of the counts (``counts.<key>``)."""
     out = flat_means(its, basis)
@@ -325,7 +289,7 @@ def _window_flat(its: Sequence[Mapping[str, Any]], basis: str) -> dict[str, Frac
     return out
 
 
-def _noise(st: Mapping[str, Any], nb: int, nc: int, unstable: str | None = None) -> dict[str, Any]:
+def _noise(st: Stats, nb: int, nc: int, unstable: str | None = None) -> dict[str, Any]:
     """diff.json's ``noise``: per metric, each side's median and spread over its windows, the change
     (median over paired windows of the per-window change: the figure every renderer shows) and the
     noise it is judged against (the largest spread: either side's windows, or the per-window changes)."""
@@ -362,9 +326,9 @@ def _us_or_count(key: str, v: Fraction) -> float:
     return float(v) if key.startswith("counts.") else float(v / 1000)
 
 
-def _window_iterations(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shape | None) -> list[tuple[int, list[dict[str, Any]]]]:
+def _window_iterations(reps: Sequence[Summary], rank: int, shape: Shape | None) -> list[tuple[int, list[Iteration]]]:
     """Each profile window's (index, compared iterations); a window without the rank is left out."""
-    out: list[tuple[int, list[dict[str, Any]]]] = []
+    out: list[tuple[int, list[Iteration]]] = []
     for i, s in enumerate(reps):
         try:
             out.append((i, _select(pick_rank(s, rank, "window"), shape)))
@@ -373,7 +337,7 @@ def _window_iterations(reps: Sequence[Mapping[str, Any]], rank: int, shape: Shap
     return out
 
 
-def _backlog_drift_ns(windows: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]) -> Fraction:
+def _backlog_drift_ns(windows: Sequence[tuple[int, Sequence[Iteration]]]) -> Fraction:
     """How far the GPU's backlog moved across the compared iterations, per iteration: the largest
     |spill(last) - spill(first)| / n over a side's profile windows. When the host runs ahead of a
     GPU-bound device the queue can grow during a window: each iteration's own work then spills ever
@@ -382,7 +346,7 @@ def _backlog_drift_ns(windows: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]
     worst = Fraction(0)
     for _, its in windows:
         if len(its) >= 2:
-            worst = max(worst, Fraction(abs(_ns(its[-1].get("spill_us")) - _ns(its[0].get("spill_us"))), len(its)))
+            worst = max(worst, Fraction(abs(_ns(its[-1].spill_us) - _ns(its[0].spill_us)), len(its)))
     return worst
 
 
@@ -390,7 +354,7 @@ def _backlog_drift_ns(windows: Sequence[tuple[int, Sequence[Mapping[str, Any]]]]
 # expected effect
 
 
-def _expected_effect(opt: str | None, catalog: Any, st: Mapping[str, Any], use_noise: bool,
+def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
                      drift_ns: Fraction = Fraction(0), *, clock: bool = False, unstable: str | None = None) -> dict[str, Any] | None:
     """The expected-effect check on the statistic `st` (attribution/windows.window_statistic: every
     figure the median over paired windows of the per-window change, judged against the larger
@@ -412,12 +376,9 @@ def _expected_effect(opt: str | None, catalog: Any, st: Mapping[str, Any], use_n
     # a verdict needs a change beyond the noise that also matters: at least 1 µs and MATERIAL_SHARE of the baseline's
     # GPU window (kernel time by ownership barely varies between a side's windows, so a 2 µs move of a 600 µs category
     # can exceed their spread without changing the iteration), and the backlog's drift where categories are by the clock
-    material = Fraction((st.get("gpu_window_us") or {}).get("baseline") or 0) * Fraction(MATERIAL_SHARE)
+    material = Fraction(st["gpu_window_us"]["baseline"] or 0) * Fraction(MATERIAL_SHARE)
     floor = max(Fraction(ABS_THRESHOLD_NS), drift_ns if clock else Fraction(0), material)
-    zero = {"delta": Fraction(0), "noise": Fraction(0), "baseline": Fraction(0), "candidate": Fraction(0)}
-
-    def get(key: str) -> Mapping[str, Any]:
-        return st.get(key, zero)
+    get = st.__getitem__
 
     def beyond(key: str) -> bool:
         m = get(key)
@@ -499,28 +460,27 @@ def term_label(key: str) -> str:
 # the diff
 
 
-def _side_info(summary: Mapping[str, Any], rank: Mapping[str, Any], its: Sequence[Mapping[str, Any]], label: str | None,
-               n_repeats: int) -> dict[str, Any]:
-    all_its = rank.get("iterations") or []
-    inputs = summary.get("inputs") or []
+def _side_info(summary: Summary, rank: Rank, its: Sequence[Iteration], label: str | None, n_repeats: int) -> dict[str, Any]:
+    all_its = rank.iterations
+    inputs = summary.inputs
     if label is None:
         label = short_label(str(inputs[0].get("path"))) if inputs and isinstance(inputs[0], Mapping) else "?"
     return {
         "label": label,
         "inputs": inputs,
-        "rank": rank.get("rank"),
-        "device": rank.get("device"),
-        "device_timeline": rank.get("device_timeline", "gpu"),  # "cpu": a CPU-only run (aten ops stand in for device ops)
-        "catalog": rank.get("catalog"),
-        "marker": rank.get("marker", summary.get("marker")),
-        "iterations": {"total": len(all_its), "used": [i["index"] for i in its]},
+        "rank": rank.rank,
+        "device": rank.device,
+        "device_timeline": rank.device_timeline,  # "cpu": a CPU-only run (aten ops stand in for device ops)
+        "catalog": rank.catalog,
+        "marker": summary.marker if rank.marker is UNSET else rank.marker,
+        "iterations": {"total": len(all_its), "used": [i.index for i in its]},
         "shapes": dict(Counter(shape_label(shape_of(i)) for i in all_its).most_common()),
         "repeats": n_repeats,
     }
 
 
-def _compared(baseline: Mapping[str, Any], candidate: Mapping[str, Any], rank: int = 0) -> tuple[
-        dict[str, Any], dict[str, Any], Shape | None, Shape | None, list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+def _compared(baseline: Summary, candidate: Summary, rank: int = 0) -> tuple[
+        Rank, Rank, Shape | None, Shape | None, list[Iteration], list[Iteration], list[str]]:
     """What a diff compares: each side's rank entry, the shape (None: no common one, all iterations)
     and the baseline's (the same but under speculative_pair: decode where the candidate verifies),
     each side's iterations of it (steady ones: each rank's last left out), and the warnings so far.
@@ -553,24 +513,24 @@ def _compared(baseline: Mapping[str, Any], candidate: Mapping[str, Any], rank: i
 NO_COMMON_SHAPE = "all iterations (no common shape)"
 
 
-def compare_means(baseline: Mapping[str, Any], candidate: Mapping[str, Any], *, rank: int = 0) -> dict[str, Any]:
+def compare_means(baseline: Summary | Mapping[str, Any], candidate: Summary | Mapping[str, Any], *, rank: int = 0) -> dict[str, Any]:
     """A diff's headline numbers only, from the same iterations and with the same exact means as
     `compare_summaries`: the compared shape's label, and ``wall_us`` and ``gpu_window_us`` as
     diff.json has them (baseline, candidate, delta, ratio; µs per iteration)."""
-    _, _, shape, _, ib, ic, _ = _compared(baseline, candidate, rank)
-    mb, mc = _means(ib), _means(ic)
+    _, _, shape, _, ib, ic, _ = _compared(summary_of(baseline), summary_of(candidate), rank)
+    mb, mc = flat_means(ib, "clock"), flat_means(ic, "clock")  # the window and wall do not depend on the basis
     return {"shape_label": shape_label(shape) if shape else NO_COMMON_SHAPE,
-            "wall_us": _with_ratio(mb["wall"], mc["wall"]), "gpu_window_us": _with_ratio(mb["window"], mc["window"])}
+            "wall_us": _with_ratio(mb["wall_us"], mc["wall_us"]), "gpu_window_us": _with_ratio(mb["gpu_window_us"], mc["gpu_window_us"])}
 
 
 def compare_summaries(
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
+    baseline: Summary | Mapping[str, Any],
+    candidate: Summary | Mapping[str, Any],
     *,
     opt: str | None = None,
     catalog: Any = None,
-    baseline_repeats: Sequence[Mapping[str, Any]] = (),
-    candidate_repeats: Sequence[Mapping[str, Any]] = (),
+    baseline_repeats: Sequence[Summary | Mapping[str, Any]] = (),
+    candidate_repeats: Sequence[Summary | Mapping[str, Any]] = (),
     rank: int = 0,
     labels: tuple[str | None, str | None] = (None, None),
 ) -> dict[str, Any]:
@@ -579,12 +539,16 @@ def compare_summaries(
     `catalog` (a profkit.analysis.catalog.Catalog, or anything with ``optimizations: {name: categories}``)
     and `opt` drive the expected-effect check. Repeats (summaries of the same configuration run
     again; the primary may be among them) give the noise estimate. Times are µs per iteration.
+    Summaries given as dicts (summary.json of any schema version) are decoded here, once.
     """
-    rb, rc, shape, base_shape, ib, ic, warnings = _compared(baseline, candidate, rank)
+    base, cand = summary_of(baseline), summary_of(candidate)
+    reps_b = [base if s is baseline else summary_of(s) for s in baseline_repeats]
+    reps_c = [cand if s is candidate else summary_of(s) for s in candidate_repeats]
+    rb, rc, shape, base_shape, ib, ic, warnings = _compared(base, cand, rank)
 
     # --- each profile window's exact terms, and the statistic every renderer shows -----------------
-    win_b = _window_iterations(list(baseline_repeats) or [baseline], rank, base_shape)
-    win_c = _window_iterations(list(candidate_repeats) or [candidate], rank, shape)
+    win_b = _window_iterations(reps_b or [base], rank, base_shape)
+    win_c = _window_iterations(reps_c or [cand], rank, shape)
     empty = sum(1 for _, its in (*win_b, *win_c) if not its)
     if empty:
         warnings.append(f"{empty} profile window(s) hold no iterations of the compared shape; left out of the statistic and the noise estimate")
@@ -617,9 +581,8 @@ def compare_summaries(
     sb, sc = _sync_groups(rb, ib), _sync_groups(rc, ic)
     syncs = [
         {"kind": k[0], "api": k[1], "direction": k[2], "trigger": k[3],
-         "baseline_per_iteration": float(sb.get(k, 0)), "candidate_per_iteration": float(sc.get(k, 0)),
-         "delta": float(sc.get(k, 0) - sb.get(k, 0))}
-        for k in sorted(set(sb) | set(sc), key=lambda k: (-abs(sc.get(k, 0) - sb.get(k, 0)), k))
+         "baseline_per_iteration": float(sb[k]), "candidate_per_iteration": float(sc[k]), "delta": float(sc[k] - sb[k])}
+        for k in sorted(set(sb) | set(sc), key=lambda k: (-abs(sc[k] - sb[k]), k))
     ]
 
     # --- kernels ------------------------------------------------------------------------------
@@ -645,8 +608,8 @@ def compare_summaries(
     noise = _noise(st, len(fb), len(fc), unstable)
     drift_b, drift_c = _backlog_drift_ns(win_b), _backlog_drift_ns(win_c)
     drift = drift_b + drift_c
-    gw = st.get("gpu_window_us") or {}
-    if drift > ABS_THRESHOLD_NS and drift * 100 >= min(gw.get("baseline", 0), gw.get("candidate", 0)):  # 1% of the GPU window
+    gw = st["gpu_window_us"]
+    if drift > ABS_THRESHOLD_NS and drift * 100 >= min(gw["baseline"], gw["candidate"]):  # 1% of the GPU window
         if basis == "ownership":
             warnings.append(f"the GPU's backlog moved during the compared iterations (GPU-bound, the host ahead): {_us(drift_b):,.1f} µs "
                             f"per iteration on the baseline, {_us(drift_c):,.1f} on the candidate; categories and phases are by "
@@ -656,19 +619,19 @@ def compare_summaries(
                             f"per iteration on the baseline, {_us(drift_c):,.1f} on the candidate; time by the clock inside a window "
                             f"then misses or gains that much of each iteration's work, so category changes below {_us(drift):,.1f} µs are not flagged")
     expected = _expected_effect(opt, catalog, st, use_noise, drift, clock=basis == "clock", unstable=unstable)
-    if bool(cb.get("graph_launches")) != bool(cc.get("graph_launches")):  # eager on one side, graph replay on the other
+    if bool(cb["graph_launches"]) != bool(cc["graph_launches"]):  # eager on one side, graph replay on the other
         warnings.append("one side replays CUDA graphs and the other launches eagerly: a replayed kernel is recorded a little longer "
                         "than the same kernel launched from a stream, though it runs no longer (on an H200, +0.12 µs for a 1.3 µs "
                         "kernel, +0.06 µs for a 2.9 µs one; Nsight Compute times both alike: benchmarks/gpu_tiny_kernel_*), so a "
                         "category of sub-2 µs kernels can read ~10% higher under graphs with the same kernels")
-    if rb.get("catalog") and rc.get("catalog") and rb.get("catalog") != rc.get("catalog"):
-        warnings.append(f"the sides were classified with different catalogs ({rb.get('catalog')} vs {rc.get('catalog')}): categories may not line up")
+    if rb.catalog and rc.catalog and rb.catalog != rc.catalog:
+        warnings.append(f"the sides were classified with different catalogs ({rb.catalog} vs {rc.catalog}): categories may not line up")
 
     return {
         "schema_version": DIFF_SCHEMA_VERSION,
         "profkit_version": __version__,
-        "baseline": _side_info(baseline, rb, ib, labels[0], len(baseline_repeats)),
-        "candidate": _side_info(candidate, rc, ic, labels[1], len(candidate_repeats)),
+        "baseline": _side_info(base, rb, ib, labels[0], len(baseline_repeats)),
+        "candidate": _side_info(cand, rc, ic, labels[1], len(candidate_repeats)),
         "rank": rank,
         "shape": {
             "kind": shape[0] if shape else None, "batch_size": shape[1] if shape else None,
@@ -694,35 +657,31 @@ def compare_summaries(
         "stability": stab,
         "warnings": warnings,
         # for reports, so that `profkit report diff.json` needs nothing else
-        "timelines": {"baseline": rb.get("timeline"), "candidate": rc.get("timeline")},
+        "timelines": {"baseline": rb.timeline, "candidate": rc.timeline},
         # why the GPU is idle on each side: the longest bubbles of the compared iterations with
         # their CPU ops, and the CPU ops ranked by the idle time inside the bubbles
         "bubbles": {"baseline": _bubble_view(rb, ib), "candidate": _bubble_view(rc, ic)},
         "series": {"baseline": _series(rb, ib), "candidate": _series(rc, ic)},
-        "manifests": {"baseline": run_manifest(baseline), "candidate": run_manifest(candidate)},
+        "manifests": {"baseline": run_manifest(base), "candidate": run_manifest(cand)},
         # unprofiled throughput, the headline, when the run manifests carry it (first workload point)
-        "throughput": {"baseline": _first_point(run_manifest(baseline)), "candidate": _first_point(run_manifest(candidate))},
+        "throughput": {"baseline": _first_point(run_manifest(base)), "candidate": _first_point(run_manifest(cand))},
         # issue 31: capture health, overlap slack and speculative cost per accepted token, side by side
-        **capture_terms.sections(baseline, candidate, baseline_repeats, candidate_repeats, rank),
+        **capture_terms.sections(base, cand, reps_b, reps_c, rank),
     }
 
 
-def run_manifest(summary: Mapping[str, Any]) -> Any:
+def run_manifest(summary: Summary | Mapping[str, Any]) -> Any:
     """The run's manifest: the summary's `manifest` (its manifest.json, added on loading), else the
     `run` section that `profkit trace` writes into every summary (run id, switches, throughput, ...),
     so that the summaries alone give the same diff as the run folders."""
-    m = summary.get("manifest")
-    if isinstance(m, Mapping):
-        return m
-    r = summary.get("run")
-    return r if isinstance(r, Mapping) else None
+    m, r = (summary.manifest, summary.run) if isinstance(summary, Summary) else (summary.get("manifest"), summary.get("run"))
+    return m if isinstance(m, Mapping) else r if isinstance(r, Mapping) else None
 
 
-def _bubble_view(rank: Mapping[str, Any], its: Sequence[Mapping[str, Any]], n: int = 5) -> dict[str, Any]:
-    idx = {i["index"] for i in its}
-    sub = {**rank, "bubbles": [b for b in rank.get("bubbles") or [] if b.get("iteration") in idx]}
+def _bubble_view(rank: Rank, its: Sequence[Iteration], n: int = 5) -> dict[str, Any]:
+    idx = {i.index for i in its}
     return {
-        "largest": [{**b, "cpu_ops": [{"name": nm, "us": us} for nm, us in b["cpu_ops"]]} for b in largest_bubbles(sub, n)],
+        "largest": [{**b, "cpu_ops": [{"name": nm, "us": us} for nm, us in b["cpu_ops"]]} for b in largest_bubbles(rank, n, idx)],
         "idle_cpu_ops": [{"name": nm, "idle_us": us} for nm, us in idle_cpu_ops(rank, None, n)],
     }
 
@@ -741,12 +700,12 @@ def _first_point(manifest: Any) -> dict[str, Any] | None:
 SERIES_FIELDS = ("wall_us", "gpu_window_us", "gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "bubble_count")
 
 
-def _series(rank: Mapping[str, Any], used: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _series(rank: Rank, used: Sequence[Iteration]) -> list[dict[str, Any]]:
     """Per-iteration counts for plots (every iteration of the rank; `used` marks the compared ones)."""
-    idx = {i["index"] for i in used}
+    idx = {i.index for i in used}
     return [
-        {"index": it["index"], "shape": shape_label(shape_of(it)), "used": it["index"] in idx, **{k: it.get(k) for k in SERIES_FIELDS}}
-        for it in rank.get("iterations") or []
+        {"index": it.index, "shape": shape_label(shape_of(it)), "used": it.index in idx, **{k: getattr(it, k) for k in SERIES_FIELDS}}
+        for it in rank.iterations
     ]
 
 
@@ -770,11 +729,11 @@ def _only_idle_keys(doc: Any, keys: tuple[str, ...]) -> Any:
     return doc
 
 
-def _stability(windows: Sequence[tuple[int, Sequence[Mapping[str, Any]]]], rank: Mapping[str, Any] | None = None) -> str | None:
+def _stability(windows: Sequence[tuple[int, Sequence[Iteration]]], rank: Rank | None = None) -> str | None:
     bad = []
-    what = "CPU-op window" if (rank or {}).get("device_timeline") == "cpu" else "GPU window"  # report/vocab.py's words
+    what = "CPU-op window" if rank is not None and rank.device_timeline == "cpu" else "GPU window"  # report/vocab.py's words
     for i, its in windows:
-        ws = [it.get("gpu_window_us") or 0 for it in its]
+        ws = [it.gpu_window_us or 0 for it in its]
         if swings(ws):
             bad.append(f"profile window {i}: {what} {min(ws):,.0f}–{max(ws):,.0f} µs")
     return "; ".join(bad) if bad else None

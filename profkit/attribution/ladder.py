@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from profkit.attribution.diff import compare_means, throughput_points
+from profkit.attribution.diff import compare_means
+from profkit.documents import Summary, summary_of, throughput_of
 
 
-def ladder_steps(runs: Sequence[tuple[str, Mapping[str, Any]]], *, rank: int = 0) -> list[dict[str, Any]]:
+def ladder_steps(runs: Sequence[tuple[str, Summary | Mapping[str, Any]]], *, rank: int = 0) -> list[dict[str, Any]]:
     """One step per run, in order: ``label``; ``shape``, the label of the shape compared with the
     first run; ``wall_us`` and ``gpu_window_us``, the run's means over those iterations (µs per
     iteration); ``wall_delta_vs_first_us`` and ``wall_delta_vs_previous_us`` (None on the first
@@ -23,9 +24,10 @@ def ladder_steps(runs: Sequence[tuple[str, Mapping[str, Any]]], *, rank: int = 0
     steps: list[dict[str, Any]] = []
     if len(runs) < 2:
         return steps
-    first = runs[0][1]
+    typed = [(label, summary_of(s)) for label, s in runs]  # decoded once: each run is compared twice
+    first = typed[0][1]
     prev = first
-    for i, (label, s) in enumerate(runs):
+    for i, (label, s) in enumerate(typed):
         d0 = compare_means(first, s, rank=rank)
         dp = d0 if prev is first else compare_means(prev, s, rank=rank)  # against the first: the same comparison
         steps.append({
@@ -39,13 +41,9 @@ def ladder_steps(runs: Sequence[tuple[str, Mapping[str, Any]]], *, rank: int = 0
     return steps
 
 
-def _tokens(summary: Mapping[str, Any]) -> dict[str, float | None]:
+def _tokens(summary: Summary) -> dict[str, float | None]:
     """The run's unprofiled tokens/s (its manifest's, or its `run` section's, first workload point)."""
-    pts = throughput_points(summary.get("manifest")) or throughput_points(summary.get("run"))
-    p = pts[0] if pts else {}
-
-    def med(k: str) -> float | None:
-        v = p.get(k)
-        return v.get("median") if isinstance(v, Mapping) else None
-
-    return {"tokens_per_s_per_user": med("tokens_per_s_per_user_p50"), "tokens_per_s": med("tokens_per_s")}
+    pts = throughput_of(summary.manifest) or throughput_of(summary.run)
+    if not pts:
+        return {"tokens_per_s_per_user": None, "tokens_per_s": None}
+    return {"tokens_per_s_per_user": pts[0].median("tokens_per_s_per_user_p50"), "tokens_per_s": pts[0].median("tokens_per_s")}

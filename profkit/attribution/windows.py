@@ -1,7 +1,7 @@
 """A diff's terms per profile window, and the one statistic every report shows (DESIGN.md "Categories
 and phases by ownership in a diff", "One statistic, everywhere").
 
-Pure: lists of summary.json iterations in, plain dicts out (exact Fractions of integer ns).
+Pure: lists of summary.json iterations (profkit.documents.Iteration) in, plain dicts out (exact Fractions of integer ns).
 
 * **By ownership.** Each compared iteration contributes the GPU time of the ops it owns
   (``owned_category_us``, ``owned_phase_us``, ``owned_overlap_us``, summary.json v3), and the
@@ -23,14 +23,31 @@ Pure: lists of summary.json iterations in, plain dicts out (exact Fractions of i
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
+from profkit.documents import Iteration
 from profkit.terms import CAUSES
 
 IDLE_KEYS = (*CAUSES, "short_gaps")
 OWNED_FIELDS = ("owned_category_us", "owned_gpu_us")
+
+
+class Terms(dict[str, Fraction]):
+    """Exact terms by flat key (``gpu_window_us``, ``category_us.topk``, ...): a term absent from a
+    window (a category it did not run) is 0."""
+
+    def __missing__(self, key: str) -> Fraction:
+        return Fraction(0)
+
+
+class Stats(dict[str, dict[str, Any]]):
+    """`window_statistic`'s figures by flat key: a term absent from every window is 0 on both sides."""
+
+    def __missing__(self, key: str) -> dict[str, Any]:
+        return {"delta": Fraction(0), "noise": Fraction(0), "baseline": Fraction(0), "candidate": Fraction(0), "per_window": []}
 
 
 def _ns(us: float | int | None) -> int:
@@ -41,46 +58,44 @@ def _us(ns: Fraction | int | None) -> float | None:
     return None if ns is None else float(Fraction(ns) / 1000)
 
 
-def basis_of(windows: Sequence[Sequence[Mapping[str, Any]]]) -> str:
+def basis_of(windows: Sequence[Sequence[Iteration]]) -> str:
     """``ownership`` when every iteration of every window carries the owned fields (summary.json v3), else ``clock``."""
     its = [it for w in windows for it in w]
-    return "ownership" if its and all(isinstance(it.get("owned_category_us"), Mapping) and it.get("owned_gpu_us") is not None
-                                      for it in its) else "clock"
+    return "ownership" if its and all(it.owned_category_us is not None and it.owned_gpu_us is not None for it in its) else "clock"
 
 
-def components(it: Mapping[str, Any], basis: str) -> dict[str, Any]:
+def components(it: Iteration, basis: str) -> dict[str, Any]:
     """One iteration's terms in integer ns on `basis`."""
-    idle = _ns(it.get("gpu_idle_us"))
-    busy = _ns(it.get("gpu_busy_us"))
-    by_cause = {c: _ns((it.get("bubble_us_by_cause") or {}).get(c)) for c in CAUSES}
+    idle = _ns(it.gpu_idle_us)
+    busy = _ns(it.gpu_busy_us)
+    by_cause = {c: _ns(it.bubble_us_by_cause.get(c)) for c in CAUSES}
     by_cause["short_gaps"] = idle - sum(by_cause.values())
     if basis == "ownership":
-        cats = {k: _ns(v) for k, v in (it.get("owned_category_us") or {}).items()}
-        owned_gpu = _ns(it.get("owned_gpu_us"))
+        cats = {k: _ns(v) for k, v in (it.owned_category_us or {}).items()}
+        owned_gpu = _ns(it.owned_gpu_us)
         overlap = sum(cats.values()) - owned_gpu  # == owned_overlap_us, recomputed from the same ns
-        phases = {k: _ns(v) for k, v in (it.get("owned_phase_us") or {}).items()}
+        phases = {k: _ns(v) for k, v in (it.owned_phase_us or {}).items()}
         backlog = busy - owned_gpu
     else:
-        cats = {k: _ns(v) for k, v in (it.get("category_us") or {}).items()}
-        overlap = _ns(it.get("overlap_us"))
-        phases = {k: _ns(v) for k, v in (it.get("phase_us") or {}).items()}
+        cats = {k: _ns(v) for k, v in it.category_us.items()}
+        overlap = _ns(it.overlap_us)
+        phases = {k: _ns(v) for k, v in it.phase_us.items()}
         backlog = 0
-    return {"window": _ns(it.get("gpu_window_us")), "busy": busy, "wall": _ns(it.get("wall_us")), "idle": idle,
+    return {"window": _ns(it.gpu_window_us), "busy": busy, "wall": _ns(it.wall_us), "idle": idle,
             "overlap": overlap, "backlog": backlog, "cats": cats, "phases": phases, "idle_by": by_cause}
 
 
-def flat_means(its: Sequence[Mapping[str, Any]], basis: str) -> dict[str, Fraction]:
+def flat_means(its: Sequence[Iteration], basis: str) -> Terms:
     """Exact means over `its` of every term, as flat keys (``gpu_window_us``, ``category_us.topk``,
     ``phase_us.draft``, ``overlap_us``, ``idle_us_by_cause.sync``, ``backlog_us``, ...); a
     category missing from an iteration counts 0."""
     n = len(its)
-    out: dict[str, Fraction] = {}
     if n == 0:
-        return out
-    sums: dict[str, int] = {}
+        return Terms()
+    sums: dict[str, int] = defaultdict(int)
 
     def add(k: str, v: int) -> None:
-        sums[k] = sums.get(k, 0) + v
+        sums[k] += v
 
     for it in its:
         c = components(it, basis)
@@ -93,32 +108,31 @@ def flat_means(its: Sequence[Mapping[str, Any]], basis: str) -> dict[str, Fracti
             add(f"phase_us.{k}", v)
         for k, v in c["idle_by"].items():
             add(f"idle_us_by_cause.{k}", v)
-    return {k: Fraction(v, n) for k, v in sums.items()}
+    return Terms({k: Fraction(v, n) for k, v in sums.items()})
 
 
-def residual(delta: Mapping[str, Fraction]) -> Fraction:
+def residual(delta: Terms) -> Fraction:
     """Δwindow − (ΣΔcategory − Δoverlap + ΣΔidle by cause + Δbacklog): 0 when the terms add up."""
-    g = lambda k: delta.get(k, Fraction(0))  # noqa: E731
     cats = sum((v for k, v in delta.items() if k.startswith("category_us.")), Fraction(0))
-    idle = sum((g(f"idle_us_by_cause.{k}") for k in IDLE_KEYS), Fraction(0))
-    return g("gpu_window_us") - (cats - g("overlap_us") + idle + g("backlog_us"))
+    idle = sum((delta[f"idle_us_by_cause.{k}"] for k in IDLE_KEYS), Fraction(0))
+    return delta["gpu_window_us"] - (cats - delta["overlap_us"] + idle + delta["backlog_us"])
 
 
 def _median(vals: Sequence[Fraction]) -> Fraction:
     return Fraction(statistics.median(vals))
 
 
-def window_statistic(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapping[str, Fraction]]) -> dict[str, Any]:
+def window_statistic(base: Sequence[Terms], cand: Sequence[Terms]) -> Stats:
     """Per key: each side's median over its windows (and spread), the median over paired windows of
     the per-window change, the noise (the largest spread), and the pairs' own changes. `base` and
     `cand` are per-window flat means (`flat_means`), in recording order."""
     keys = sorted({k for m in (*base, *cand) for k in m})
     pairs = list(zip(base, cand))
-    out: dict[str, Any] = {}
+    out = Stats()
     for k in keys:
-        bv = [m.get(k, Fraction(0)) for m in base]
-        cv = [m.get(k, Fraction(0)) for m in cand]
-        d = [c.get(k, Fraction(0)) - b.get(k, Fraction(0)) for b, c in pairs]
+        bv = [m[k] for m in base]
+        cv = [m[k] for m in cand]
+        d = [c[k] - b[k] for b, c in pairs]
         sb, sc = max(bv) - min(bv), max(cv) - min(cv)
         sd = max(d) - min(d) if d else Fraction(0)
         # the noise: the larger of either side's spread over its windows and the spread of the per-window changes
@@ -128,11 +142,11 @@ def window_statistic(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapp
     return out
 
 
-def unstable_windows(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapping[str, Fraction]], ratio: float) -> str | None:
+def unstable_windows(base: Sequence[Terms], cand: Sequence[Terms], ratio: float) -> str | None:
     """A sentence when one side's windows disagree by more than `ratio` (max/min of their mean GPU window), else None."""
     bad = []
     for side, ws in (("baseline", base), ("candidate", cand)):
-        v = [w.get("gpu_window_us", Fraction(0)) for w in ws]
+        v = [w["gpu_window_us"] for w in ws]
         if len(v) > 1 and min(v) > 0 and max(v) / min(v) > Fraction(ratio):
             bad.append(f"the {side}'s profile windows disagree {float(max(v) / min(v)):.1f}× (mean GPU window "
                        f"{float(min(v)) / 1000:,.0f}–{float(max(v)) / 1000:,.0f} µs)")
@@ -149,7 +163,7 @@ def within(delta: Fraction, noise: Fraction) -> bool:
     return delta == 0 or abs(delta) < noise
 
 
-def decomposition(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapping[str, Fraction]], basis: str, *,
+def decomposition(base: Sequence[Terms], cand: Sequence[Terms], basis: str, *,
                   unstable: str | None = None) -> dict[str, Any]:
     """diff.json's ``decomposition``: every term as the statistic (median over paired windows of the
     per-window change), its noise beside it (None when not judged), each pair's exact terms and
@@ -158,8 +172,7 @@ def decomposition(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapping
     use_noise = judged(base, cand) and unstable is None  # unstable windows: not judged, whatever their spread
     cats = sorted(k.split(".", 1)[1] for k in st if k.startswith("category_us."))
     phases = sorted(k.split(".", 1)[1] for k in st if k.startswith("phase_us."))
-    z = {"delta": Fraction(0), "noise": Fraction(0), "baseline": Fraction(0), "candidate": Fraction(0), "per_window": []}
-    get = lambda k: st.get(k, z)  # noqa: E731
+    get = st.__getitem__
 
     def by_size(keys: Sequence[str], prefix: str) -> list[str]:
         return sorted(keys, key=lambda k: (-abs(get(f"{prefix}.{k}")["delta"]), k))
@@ -183,16 +196,16 @@ def decomposition(base: Sequence[Mapping[str, Fraction]], cand: Sequence[Mapping
     per_window = []
     worst = Fraction(0)
     for i, (b, c) in enumerate(zip(base, cand)):
-        d = {k: c.get(k, Fraction(0)) - b.get(k, Fraction(0)) for k in st}
+        d = Terms({k: c[k] - b[k] for k in st})
         r = residual(d)
         worst = max(worst, abs(r))
         per_window.append({
-            "window": i, "gpu_window_us": _us(d.get("gpu_window_us", Fraction(0))),
-            "category_us": {k: _us(d.get(f"category_us.{k}", Fraction(0))) for k in cats},
-            "overlap_us": _us(d.get("overlap_us", Fraction(0))),
-            "idle_us_by_cause": {k: _us(d.get(f"idle_us_by_cause.{k}", Fraction(0))) for k in IDLE_KEYS},
-            "backlog_us": _us(d.get("backlog_us", Fraction(0))),
-            "phase_us": {k: _us(d.get(f"phase_us.{k}", Fraction(0))) for k in phases},
+            "window": i, "gpu_window_us": _us(d["gpu_window_us"]),
+            "category_us": {k: _us(d[f"category_us.{k}"]) for k in cats},
+            "overlap_us": _us(d["overlap_us"]),
+            "idle_us_by_cause": {k: _us(d[f"idle_us_by_cause.{k}"]) for k in IDLE_KEYS},
+            "backlog_us": _us(d["backlog_us"]),
+            "phase_us": {k: _us(d[f"phase_us.{k}"]) for k in phases},
             "residual_us": _us(r), "exact": r == 0,
         })
     n = len(per_window)

@@ -434,10 +434,11 @@ def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
     """The sweep's table, fitted to the terminal (report/fit.py: numbers never cut; a step label that
     does not fit goes on a line of its own), then each step's flags and unstable windows."""
     from profkit.report.fit import COPY, NUM, TEXT, fit_table
+    from profkit.documents import diff_of
     from profkit.report.views import unstable_runs
     from profkit.report.vocab import diff_timeline, words
 
-    cpu = bool(diffs) and all(diff_timeline(d) == "cpu" for d in diffs)
+    cpu = bool(diffs) and all(diff_timeline(diff_of(d)) == "cpu" for d in diffs)
     W = words("cpu" if cpu else "gpu")
     cols = [("step", COPY), ("tok/s/user", NUM), ("Δ window", NUM), ("Δ idle", NUM), (f"Δ {W['kernels_plain']}", NUM)]
     cols += [] if cpu else [("Δ launches", NUM), ("Δ syncs", NUM)]
@@ -461,8 +462,8 @@ def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
     for f in flags:
         out.print(f"[yellow]flag:[/] {escape(f)}")  # wrapped at spaces: a terminal's own wrap would split a number
     config = {r.get("run_id"): r.get("label") for r in doc.get("runs") or []}  # a run by its configuration's name
-    steps = [(row["label"], row.get("baseline") or (d.get("baseline") or {}).get("label") or "baseline",
-              row.get("candidate") or (d.get("candidate") or {}).get("label") or "candidate", d) for row, d in zip(doc["attribution"], diffs)]
+    steps = [(row["label"], row.get("baseline") or diff_of(d).baseline.label, row.get("candidate") or diff_of(d).candidate.label, diff_of(d))
+             for row, d in zip(doc["attribution"], diffs)]
     for line in unstable_runs(steps, config):
         out.print(f"[yellow]unstable:[/] {escape(line)}")
 

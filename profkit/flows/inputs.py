@@ -15,7 +15,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from profkit.analysis.catalog import CatalogChoice
+from profkit.documents import diff_of, summary_of
 from profkit.errors import TraceInputError
 from profkit.analysis.summarize import SummarizeOptions, summarize
 
@@ -59,6 +62,7 @@ def is_diff_doc(doc: Any) -> bool:
 
 
 SUMMARY_SCHEMA_READ = 3  # the newest summary.json schema this profkit reads (it reads every older one)
+DIFF_SCHEMA_READ = 1
 
 
 def check_summary(doc: Any, path: Path) -> dict[str, Any]:
@@ -72,6 +76,23 @@ def check_summary(doc: Any, path: Path) -> dict[str, Any]:
     for r in doc["ranks"]:
         if not isinstance(r, dict) or not isinstance(r.get("iterations"), list):
             raise TraceInputError(f"{path}: a rank entry has no 'iterations' list", hint="the file is damaged or not a summary.json")
+    try:  # every field where attribution and the renderers read it (profkit/documents.py): a bad one is the file's fault, said here
+        summary_of(doc)
+    except msgspec.ValidationError as e:
+        raise TraceInputError(f"{path}: not a valid summary.json ({e})",
+                              hint="the file is damaged or was not written by profkit: re-run `profkit analyze` on the traces") from None
+    return doc
+
+
+def check_diff(doc: Any, path: Path) -> dict[str, Any]:
+    """A diff.json this profkit reads (schema version 1, every field of the type profkit/documents.py reads), or TraceInputError."""
+    if not isinstance(doc, dict) or doc.get("schema_version") != DIFF_SCHEMA_READ:
+        v = doc.get("schema_version") if isinstance(doc, dict) else None
+        raise TraceInputError(f"{path}: diff.json schema version {v!r}; this profkit reads {DIFF_SCHEMA_READ}", hint="re-run profkit diff")
+    try:
+        diff_of(doc)
+    except msgspec.ValidationError as e:
+        raise TraceInputError(f"{path}: not a valid diff.json ({e})", hint="the file is damaged or was not written by profkit: re-run profkit diff") from None
     return doc
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import import_module
 from pathlib import Path
 from typing import Any, ClassVar
 
+from profkit.documents import Diff, Summary, diff_of, summary_of
 from profkit.errors import UsageError
 
 
@@ -25,17 +27,32 @@ class Report:
     ``diffs``: diff.json documents (`profkit.attribution.compare_summaries`); ``runs``: (label,
     summary.json) pairs; ``ladder``: for two runs or more, their ladder
     (`profkit.attribution.ladder_steps` of the same runs), which the HTML report draws.
+    Renderers read them typed (`diff_docs`, `run_docs`: profkit.documents, decoded once per report);
+    diff.json is written from the document as given.
     """
 
     diffs: Sequence[Mapping[str, Any]] = ()
-    runs: Sequence[tuple[str, Mapping[str, Any]]] = ()
+    runs: Sequence[tuple[str, Summary | Mapping[str, Any]]] = ()
     ladder: Sequence[Mapping[str, Any]] | None = None
+
+    @cached_property
+    def diff_docs(self) -> list[Diff]:
+        return [diff_of(d) for d in self.diffs]
+
+    @cached_property
+    def run_docs(self) -> list[tuple[str, Summary]]:
+        return [(label, summary_of(s)) for label, s in self.runs]
 
     def only_diff(self, renderer: str) -> Mapping[str, Any]:
         """The one diff of a report that holds nothing else (what Markdown and diff.json render)."""
         if len(self.diffs) != 1 or self.runs:
             raise ValueError(f"the {renderer} renderer renders one diff (got {len(self.diffs)} diffs and {len(self.runs)} runs)")
         return self.diffs[0]
+
+    def only_diff_doc(self, renderer: str) -> Diff:
+        """`only_diff`, typed."""
+        self.only_diff(renderer)
+        return self.diff_docs[0]
 
 
 class Renderer(ABC):

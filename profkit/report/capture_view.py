@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from profkit.analysis import health, slack, spec
 from profkit.attribution import capture_terms
+from profkit.documents import Diff, Summary
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -16,45 +17,46 @@ DOUBT_MARK = " †"
 DOUBT_NOTE = "† in doubt: capture health says this recording may distort it (see the first line)"
 
 
-def summary_health(summary: Mapping[str, Any]) -> str:
-    return health.health_text(summary.get("health"))
+def summary_health(summary: Summary) -> str:
+    return health.health_text(summary.health)
 
 
-def summary_lines(summary: Mapping[str, Any]) -> list[str]:
+def _unhealthy(h: Any) -> bool:
+    return isinstance(h, Mapping) and h.get("verdict") in ("degraded", "unusable")
+
+
+def summary_lines(summary: Summary) -> list[str]:
     """A run's lines after its health line: overlap slack per rank, speculative cost per accepted token."""
-    ranks = summary.get("ranks") or []
+    ranks = summary.ranks
     out = []
     for r in ranks:
-        line = slack.slack_line(r.get("overlap_slack"))
+        line = slack.slack_line(r.overlap_slack)
         if line:
-            out.append(line if len(ranks) == 1 else f"rank {r.get('rank')}: {line}")
-    sp = summary.get("speculative")
+            out.append(line if len(ranks) == 1 else f"rank {r.rank}: {line}")
+    sp = summary.speculative
     if isinstance(sp, Mapping) and sp.get("gpu_us_per_accepted_token") is not None:
         per = sp["phase_us_per_accepted_token"]
         src = "" if sp.get("accept_source") == "window" else f" [accept length from the {sp.get('accept_source')}, not this window]"
         out.append(f"Speculative cost per accepted token (accept length {sp['accept_length']:.2f}{src}): GPU "
                    + ", ".join(f"{p} {per[p]:,.1f}" for p in spec.PHASES) + f" µs (all {sp['gpu_us_per_accepted_token']:,.1f}); "
                    f"wall {sp['wall_us_per_accepted_token']:,.1f} µs ({sp['verify_iterations']} verify iterations)")
-    if (summary.get("health") or {}).get("verdict") in ("degraded", "unusable"):
+    if _unhealthy(summary.health):
         out.append(DOUBT_NOTE)
     return out
 
 
-def diff_health(diff: Mapping[str, Any]) -> str:
-    return capture_terms.health_diff_line(diff.get("health"))
+def diff_health(diff: Diff) -> str:
+    return capture_terms.health_diff_line(diff.health.baseline, diff.health.candidate)
 
 
-def diff_lines(diff: Mapping[str, Any]) -> list[str]:
+def diff_lines(diff: Diff) -> list[str]:
     """A diff's lines after its health line: the change in exposed host time, speculative cost side by side."""
-    h = diff.get("health") or {}
-    note = [DOUBT_NOTE] if any(isinstance(x, Mapping) and x.get("verdict") in ("degraded", "unusable")
-                               for x in (h.get("baseline"), h.get("candidate"))) else []
-    return [x for x in (capture_terms.slack_diff_line(diff.get("overlap_slack")), spec.spec_line(diff.get("speculative"))) if x] + note
+    note = [DOUBT_NOTE] if _unhealthy(diff.health.baseline) or _unhealthy(diff.health.candidate) else []
+    return [x for x in (capture_terms.slack_diff_line(diff.overlap_slack), spec.spec_line(diff.speculative)) if x] + note
 
 
-def doubted_in_diff(diff: Mapping[str, Any], metric: str) -> bool:
-    h = diff.get("health") or {}
-    return health.doubted(h.get("baseline"), metric) or health.doubted(h.get("candidate"), metric)
+def doubted_in_diff(diff: Diff, metric: str) -> bool:
+    return health.doubted(diff.health.baseline, metric) or health.doubted(diff.health.candidate, metric)
 
 
 def mark(label: str, doubted: bool) -> str:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from profkit.documents import Diff, SeriesPoint, ThroughputPoint
 from profkit.report.fit import demangle, demangle_many
 from profkit.report.views import decomposition_rows
 
@@ -161,16 +162,16 @@ def timeline_figure(sides: Sequence[tuple[str, Mapping[str, Any] | None]], *, co
     return fig.update_layout(margin=dict(t=100))
 
 
-def gpu_window_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], *, window: str = "GPU window") -> go.Figure:
+def gpu_window_figure(sides: Sequence[tuple[str, Sequence[SeriesPoint]]], *, window: str = "GPU window") -> go.Figure:
     """The GPU window of every iteration, one line per side (compared iterations as filled markers):
     a run whose iterations swing shows it here before its mean is read as a finding."""
     fig = go.Figure()
     for i, (label, its) in enumerate(sides):
         color = SIDE_COLORS[i % len(SIDE_COLORS)]
         fig.add_trace(go.Scatter(
-            x=[it["index"] for it in its], y=[it.get("gpu_window_us") for it in its], mode="lines+markers", name=esc(label, 80),
-            line=dict(color=color), marker=dict(symbol=["circle" if it.get("used", True) else "circle-open" for it in its], size=7),
-            text=[esc(it.get("shape") or "", 60) for it in its],
+            x=[it.index for it in its], y=[it.gpu_window_us for it in its], mode="lines+markers", name=esc(label, 80),
+            line=dict(color=color), marker=dict(symbol=["circle" if it.used else "circle-open" for it in its], size=7),
+            text=[esc(it.shape or "", 60) for it in its],
             hovertemplate="iteration %{x}: %{y:,.1f} µs · %{text}<extra>" + esc(label, 80) + "</extra>",
         ))
     fig.update_xaxes(title_text="iteration")
@@ -178,7 +179,7 @@ def gpu_window_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]], 
     return _layout(fig, title=f"{window} per iteration (open markers: not compared)", height=360)
 
 
-def waterfall_figure(diff: Mapping[str, Any], *, max_terms: int = 12, window: str = "GPU window") -> go.Figure:
+def waterfall_figure(diff: Diff, *, max_terms: int = 12, window: str = "GPU window") -> go.Figure:
     """Baseline GPU window -> per-term changes -> candidate GPU window (mean µs per iteration)."""
     rows = [r for r in decomposition_rows(diff) if r[2] != 0]
     rows.sort(key=lambda r: -abs(r[2]))
@@ -188,9 +189,9 @@ def waterfall_figure(diff: Mapping[str, Any], *, max_terms: int = 12, window: st
     if rest:
         labels.append(f"{len(rest)} more terms")
         values.append(sum(r[2] for r in rest))
-    g = diff["decomposition"]["gpu_window_us"]
+    g = diff.decomposition.gpu_window_us
     fig = go.Figure(go.Waterfall(
-        x=["baseline", *labels, "candidate"], y=[g["baseline"], *values, g["candidate"]],
+        x=["baseline", *labels, "candidate"], y=[g.baseline, *values, g.candidate],
         measure=["absolute", *["relative"] * len(values), "total"],
         increasing=dict(marker=dict(color="#D62728")), decreasing=dict(marker=dict(color="#2CA02C")),
         totals=dict(marker=dict(color="#4C78A8")), connector=dict(line=dict(color="#BBBBBB")),
@@ -198,17 +199,18 @@ def waterfall_figure(diff: Mapping[str, Any], *, max_terms: int = 12, window: st
     ))
     # zoomed to the changes: from a little below the lowest running total to a little above the highest
     # (a 200 µs change on a 12 ms window is a flat line on an axis that starts at zero)
-    levels, level = [g["baseline"], g["candidate"]], g["baseline"]
+    b0, c0 = cast(float, g.baseline), cast(float, g.candidate)  # a diff's window is always a number
+    levels, level = [b0, c0], b0
     for v in values:
         level += v
         levels.append(level)
     lo, hi = min(levels), max(levels)
     pad = max((hi - lo) * 0.25, abs(hi) * 0.002, 1.0)
     fig.update_yaxes(title_text="µs per iteration (zoomed)", range=[max(lo - pad, 0.0), hi + pad])
-    return _layout(fig, title=f"Where the {window} went: {g['delta']:+,.1f} µs per iteration", height=420)
+    return _layout(fig, title=f"Where the {window} went: {g.delta:+,.1f} µs per iteration", height=420)
 
 
-def grouped_bars_figure(sides: Sequence[tuple[str, Mapping[str, float]]], *, title: str, y_title: str,
+def grouped_bars_figure(sides: Sequence[tuple[str, Mapping[str, Any]]], *, title: str, y_title: str,
                         colors: Mapping[str, str] | None = None, order: Sequence[str] | None = None) -> go.Figure:
     """One bar group per key (category, cause, ...), one bar per side."""
     keys = list(order) if order is not None else sorted({k for _, m in sides for k in m}, key=lambda k: -max(m.get(k, 0) for _, m in sides))
@@ -221,11 +223,11 @@ def grouped_bars_figure(sides: Sequence[tuple[str, Mapping[str, float]]], *, tit
     return _layout(fig, title=title, barmode="group")
 
 
-def category_figure(sides: Sequence[tuple[str, Mapping[str, float]]], *, device: str = "GPU") -> go.Figure:
+def category_figure(sides: Sequence[tuple[str, Mapping[str, Any]]], *, device: str = "GPU") -> go.Figure:
     return grouped_bars_figure(sides, title=f"{device} time by category", y_title="µs per iteration")
 
 
-def bubbles_figure(sides: Sequence[tuple[str, Mapping[str, float]]], *, device: str = "GPU") -> go.Figure:
+def bubbles_figure(sides: Sequence[tuple[str, Mapping[str, Any]]], *, device: str = "GPU") -> go.Figure:
     order = [c for c in CAUSE_COLORS if any(c in m for _, m in sides)]
     return grouped_bars_figure(sides, title=f"{device} idle time by bubble cause", y_title="µs per iteration", order=order)
 
@@ -234,16 +236,16 @@ SERIES_KEYS = (("kernel_launches", "kernel launches"), ("graph_launches", "graph
                ("sync_copies", "blocking copies"), ("bubble_count", "bubbles"))
 
 
-def per_iteration_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> go.Figure:
+def per_iteration_figure(sides: Sequence[tuple[str, Sequence[SeriesPoint]]]) -> go.Figure:
     """Launches, syncs and bubbles per iteration, one line per (side, metric)."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("launches per iteration", "syncs and bubbles per iteration"))
     dashes = ("solid", "dash", "dot", "dashdot")
     for i, (label, its) in enumerate(sides):
-        x = [it["index"] for it in its]
+        x = [it.index for it in its]
         for j, (key, name) in enumerate(SERIES_KEYS):
             col = 1 if key in ("kernel_launches", "graph_launches") else 2
             fig.add_trace(go.Scatter(
-                x=x, y=[it.get(key) or 0 for it in its], mode="lines+markers", name=esc(f"{label}: {name}", 100),
+                x=x, y=[getattr(it, key) or 0 for it in its], mode="lines+markers", name=esc(f"{label}: {name}", 100),
                 line=dict(color=PALETTE[j], dash=dashes[i % len(dashes)]), legendgroup=f"side{i}",
             ), row=1, col=col)
     fig.update_xaxes(title_text="iteration")
@@ -260,25 +262,23 @@ def ladder_figure(rows: Sequence[Mapping[str, Any]], *, window: str = "GPU windo
     return _layout(fig, title="Ladder: per-iteration time by configuration", barmode="group")
 
 
-def _med(point: Mapping[str, Any], key: str) -> float | None:
-    v = point.get(key)
-    if isinstance(v, Mapping):
-        return v.get("median")
-    return v if isinstance(v, (int, float)) else None
+def _med(point: ThroughputPoint, key: str) -> float | None:
+    v = getattr(point, key)
+    return point.median(key) if not isinstance(v, (int, float)) else v
 
 
-def pareto_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> go.Figure:
+def pareto_figure(sides: Sequence[tuple[str, Sequence[ThroughputPoint]]]) -> go.Figure:
     """Unprofiled throughput over concurrency: tokens/s per GPU against tokens/s per user, one
     line per configuration (points of its first input length)."""
     fig = go.Figure()
     for i, (label, points) in enumerate(sides):
         if not points:
             continue
-        isl0 = points[0].get("isl")
-        pts = sorted((p for p in points if p.get("isl") == isl0), key=lambda p: p.get("concurrency") or 0)
+        isl0 = points[0].isl
+        pts = sorted((p for p in points if p.isl == isl0), key=lambda p: p.concurrency or 0)
         fig.add_trace(go.Scatter(
             x=[_med(p, "tokens_per_s_per_user_p50") for p in pts], y=[_med(p, "tokens_per_s_per_gpu") for p in pts],
-            text=[f"c={p.get('concurrency')}" for p in pts], mode="lines+markers+text", textposition="top center",
+            text=[f"c={p.concurrency}" for p in pts], mode="lines+markers+text", textposition="top center",
             name=esc(label, 80), line=dict(color=SIDE_COLORS[i % len(SIDE_COLORS)]),
         ))
     fig.update_xaxes(title_text="tokens/s per user (p50)")
@@ -286,23 +286,23 @@ def pareto_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> g
     return _layout(fig, title="Throughput Pareto curve over concurrency (unprofiled)", height=420)
 
 
-def input_length_figure(sides: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> go.Figure:
+def input_length_figure(sides: Sequence[tuple[str, Sequence[ThroughputPoint]]]) -> go.Figure:
     """Unprofiled tokens/s per user against input length (points of the first concurrency)."""
     fig = go.Figure()
     for i, (label, points) in enumerate(sides):
         if not points:
             continue
-        c0 = points[0].get("concurrency")
-        pts = sorted((p for p in points if p.get("concurrency") == c0), key=lambda p: p.get("isl") or 0)
-        fig.add_trace(go.Scatter(x=[p.get("isl") for p in pts], y=[_med(p, "tokens_per_s_per_user_p50") for p in pts], mode="lines+markers",
+        c0 = points[0].concurrency
+        pts = sorted((p for p in points if p.concurrency == c0), key=lambda p: p.isl or 0)
+        fig.add_trace(go.Scatter(x=[p.isl for p in pts], y=[_med(p, "tokens_per_s_per_user_p50") for p in pts], mode="lines+markers",
                                  name=esc(label, 80), line=dict(color=SIDE_COLORS[i % len(SIDE_COLORS)])))
     fig.update_xaxes(title_text="input length (tokens)")
     fig.update_yaxes(title_text="tokens/s per user (p50)")
     return _layout(fig, title="Throughput over input length (unprofiled)", height=400)
 
 
-def curve_kinds(points_by_side: Sequence[Sequence[Mapping[str, Any]]]) -> tuple[bool, bool]:
+def curve_kinds(points_by_side: Sequence[Sequence[ThroughputPoint]]) -> tuple[bool, bool]:
     """(has a concurrency sweep, has an input-length sweep) in any side's throughput points."""
-    conc = any(len({p.get("concurrency") for p in pts}) > 1 for pts in points_by_side)
-    isl = any(len({p.get("isl") for p in pts}) > 1 for pts in points_by_side)
+    conc = any(len({p.concurrency for p in pts}) > 1 for pts in points_by_side)
+    isl = any(len({p.isl for p in pts}) > 1 for pts in points_by_side)
     return conc, isl

@@ -18,12 +18,14 @@ from functools import lru_cache
 from typing import Any, ClassVar
 
 import jinja2
+import msgspec
 import plotly.graph_objects as go
 from markupsafe import Markup
 
 from profkit import __version__
-from profkit.attribution.diff import IDLE_KEYS, swings, throughput_points
-from profkit.findings import largest_bubbles, sync_groups
+from profkit.attribution.diff import IDLE_KEYS, SERIES_FIELDS, swings
+from profkit.attribution.findings import largest_bubbles, sync_groups
+from profkit.documents import UNSET, Diff, Iteration, KernelEntry, Mover, Rank, SeriesPoint, Summary, ThroughputPoint, throughput_of
 from profkit.analysis import health
 from profkit.report import capture_view
 from profkit.report import figures as F
@@ -32,7 +34,7 @@ from profkit.report.fit import cut_names, demangle, demangle_many
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
 from profkit.report.views import (
     cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
-    row_metric, statistic_note, within_noise,
+    doubt_metric, row_metric, statistic_note, within_noise,
     throughput_rows, unstable_runs,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
@@ -88,7 +90,7 @@ def _inline_bundle() -> str:
             f'<script type="text/javascript">{js}</script>\n')
 
 
-def _instability(label: str, series: Sequence[Mapping[str, Any]], window: str) -> str | None:
+def _instability(label: str, series: Sequence[SeriesPoint], window: str) -> str | None:
     """A warning when the compared iterations' windows swing (max over min above 2, the rule of diff.json's
     stability: attribution.diff.swings): their mean then says little, and a change between two such runs
     may be the swing, not the change."""
@@ -97,8 +99,8 @@ def _instability(label: str, series: Sequence[Mapping[str, Any]], window: str) -
                                       "that swing (see the plot of every iteration)")
 
 
-def _swing(label: str, series: Sequence[Mapping[str, Any]], window: str) -> str | None:
-    vals = [x["gpu_window_us"] for x in series if x.get("used", True) and x.get("gpu_window_us")]
+def _swing(label: str, series: Sequence[SeriesPoint], window: str) -> str | None:
+    vals = [x.gpu_window_us for x in series if x.used and x.gpu_window_us]
     if not swings(vals):
         return None
     return f"{label}'s {window} per iteration swings {min(vals):,.1f} – {max(vals):,.1f} µs ({max(vals) / min(vals):.1f}×)"
@@ -139,12 +141,12 @@ def _kname(name: str) -> Any:
     return name if d == name else {"text": d, "title": name}
 
 
-def _kname_full(k: Mapping[str, Any]) -> Any:
+def _kname_full(k: KernelEntry | Mover) -> Any:
     """A kernel's normalized name as C++, its full name (an example, else as recorded) in the hover: the full-name
     column is left out at 900 px (a 300-character template name made each row 15 lines tall)."""
-    d = _kname(k["name"])
+    d = _kname(k.name)
     text = d["text"] if isinstance(d, dict) else d
-    full = (k.get("examples") or [""])[0] or k["name"]
+    full = (k.examples or [""])[0] or k.name
     return text if full == text else {"text": text, "title": full}
 
 
@@ -162,8 +164,8 @@ def _knames_cut(names: Sequence[str]) -> list[Any]:
     return out
 
 
-def _example(k: Mapping[str, Any], max_len: int = 160) -> str:  # the whole name is in the row's hover
-    ex = (k.get("examples") or [""])[0]
+def _example(k: KernelEntry | Mover, max_len: int = 160) -> str:  # the whole name is in the row's hover
+    ex = (k.examples or [""])[0]
     return ex if len(ex) <= max_len else ex[: max_len - 1] + "…"
 
 
@@ -180,7 +182,7 @@ def _manifest_table(label: str, manifest: Any) -> dict[str, Any] | None:
 # a diff
 
 
-def _tone(diff: Mapping[str, Any], metric: str, delta: float | None) -> str:
+def _tone(diff: Diff, metric: str, delta: float | None) -> str:
     """A card's colour: only for a change judged beyond noise (judged, or not judged: never both)."""
     if within_noise(diff, metric) is not False or not delta:
         return ""
@@ -192,16 +194,16 @@ def _sub(*parts: str) -> str:
     return " · ".join(p.strip() for p in parts if p and p.strip())
 
 
-def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "diff", timeline: bool = True, single: bool = False) -> list[dict[str, Any]]:
+def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline: bool = True, single: bool = False) -> list[dict[str, Any]]:
     """The sections of one diff. `timeline`: draw the representative iterations and list the manifests (a
     sweep's step leaves them to the page's per-configuration timeline and manifests, which show every run once); `single`: the page holds this diff alone (its
     h1 names the two sides, so the first h2 does not again)."""
-    b, c = diff["baseline"], diff["candidate"]
-    lb, lc = f"baseline: {b['label']}", f"candidate: {c['label']}"
-    w, g = diff["wall_us"], diff["gpu_window_us"]
+    b, c = diff.baseline, diff.candidate
+    lb, lc = f"baseline: {b.label}", f"candidate: {c.label}"
+    w, g = diff.wall_us, diff.gpu_window_us
     tl = diff_timeline(diff)
     W = words(tl)
-    dec = diff["decomposition"]
+    dec = diff.decomposition
     cards = [
         {"label": f"{t['label']} (unprofiled)", "value": f"{num(t['baseline'], RATE)} → {num(t['candidate'], RATE)}",
          "sub": pct(t["change_pct"], missing="") + {None: " · not judged", True: " · within noise", False: " · beyond noise"}[t["within_noise"]],
@@ -209,63 +211,62 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
          "tone": "" if t["change_pct"] is None or t["within_noise"] is not False else ("good" if (t["change_pct"] > 0) == t["higher_is_better"] else "bad")}
         for t in throughput_rows(diff) if t["key"] in ("tokens_per_s_per_user_p50", "tokens_per_s_per_gpu")
     ] + [
-        {"label": "wall µs per iteration", "value": f"{num(w['baseline'])} → {num(w['candidate'])}",
-         "sub": _sub(f"{num(w['delta'], sign=True)} µs {ratio_pct(w['ratio'], missing='')}", noise_verdict(diff, "wall_us")), "tone": _tone(diff, "wall_us", w["delta"])},
-        {"label": f"{W['window']} µs", "value": f"{num(g['baseline'])} → {num(g['candidate'])}",
-         "sub": _sub(f"{num(g['delta'], sign=True)} µs {ratio_pct(g['ratio'], missing='')}", noise_verdict(diff, "gpu_window_us")), "tone": _tone(diff, "gpu_window_us", g["delta"])},
+        {"label": "wall µs per iteration", "value": f"{num(w.baseline)} → {num(w.candidate)}",
+         "sub": _sub(f"{num(w.delta, sign=True)} µs {ratio_pct(w.ratio, missing='')}", noise_verdict(diff, "wall_us")), "tone": _tone(diff, "wall_us", w.delta)},
+        {"label": f"{W['window']} µs", "value": f"{num(g.baseline)} → {num(g.candidate)}",
+         "sub": _sub(f"{num(g.delta, sign=True)} µs {ratio_pct(g.ratio, missing='')}", noise_verdict(diff, "gpu_window_us")), "tone": _tone(diff, "gpu_window_us", g.delta)},
     ]
     for key, label in (("kernel_launches", "kernel launches"), ("syncs", "host syncs"), ("bubble_count", "bubbles")):
-        x = diff["counts"][key]
-        cards.append({"label": f"{label} per iteration (median)", "value": f"{num(x['baseline'], COUNT)} → {num(x['candidate'], COUNT)}",
-                      "sub": num(x["delta"], COUNT, sign=True) if x["delta"] else "no change", "tone": ""})
-    if not dec.get("exact") or dec["residual_us"]:  # an exact decomposition's 0.000 tells a reader nothing: shown only when not
-        cards.append({"label": "residual", "value": f"{num(dec['residual_us'], RESIDUAL)} µs", "sub": "exact" if dec.get("exact") else "inexact", "tone": ""})
+        x = diff.counts[key]
+        cards.append({"label": f"{label} per iteration (median)", "value": f"{num(x.baseline, COUNT)} → {num(x.candidate, COUNT)}",
+                      "sub": num(x.delta, COUNT, sign=True) if x.delta else "no change", "tone": ""})
+    if not dec.exact or dec.residual_us:  # an exact decomposition's 0.000 tells a reader nothing: shown only when not
+        cards.append({"label": "residual", "value": f"{num(dec.residual_us, RESIDUAL)} µs", "sub": "exact" if dec.exact else "inexact", "tone": ""})
     first, *bullets = headline_lines(diff)  # one line, then at most three bullets: the same words as the terminal and Markdown
-    head = _section(f"{prefix}-summary", "Summary" if single else f"{b['label']} → {c['label']}",
+    head = _section(f"{prefix}-summary", "Summary" if single else f"{b.label} → {c.label}",
                     headline=first, cards=cards)
     head["health"] = capture_view.diff_health(diff)  # its own line above the headline, as in the terminal and Markdown
     head["bullets"] = bullets
-    ee = diff.get("expected_effect")
-    if ee and ee.get("known"):
+    ee = diff.expected_effect
+    if ee and ee.known:
         if effect_flags(ee):
             head["flags"] = effect_flags(ee)
-            what = [x for x, on in (("its own effect went the wrong way", ee.get("against")),
-                                    (f"changes outside {ee['optimization']}'s categories ({', '.join(ee['categories']) or 'none'})", ee["flags"])) if on]
-            head["flags_title"] = f"Expected-effect check: {'; '.join(what)}, threshold {ee['threshold']}"
-        elif ee.get("ok"):  # judged, nothing against it: the only case with a pass box
-            head["ok"] = f"Expected-effect check passed: {ee['optimization']} changed nothing outside its categories ({', '.join(ee['categories']) or 'none'}) beyond {ee['threshold']}."
+            what = [x for x, on in (("its own effect went the wrong way", ee.against),
+                                    (f"changes outside {ee.optimization}'s categories ({', '.join(ee.categories) or 'none'})", ee.flags)) if on]
+            head["flags_title"] = f"Expected-effect check: {'; '.join(what)}, threshold {ee.threshold}"
+        elif ee.ok:  # judged, nothing against it: the only case with a pass box
+            head["ok"] = f"Expected-effect check passed: {ee.optimization} changed nothing outside its categories ({', '.join(ee.categories) or 'none'}) beyond {ee.threshold}."
         else:
-            head["notes"].append(f"Expected-effect check {ee['threshold']}.")
+            head["notes"].append(f"Expected-effect check {ee.threshold}.")
     elif ee:
-        head["notes"].append(ee.get("note", ""))
-    noise = diff.get("noise") or {}
+        head["notes"].append(ee.note)
+    noise = diff.noise
     head["notes"].append(
-        f"Noise: {noise['repeats']['baseline']} baseline and {noise['repeats']['candidate']} candidate profile windows; changes smaller than the spread are marked “within noise”."
-        if noise.get("available") else f"Noise: {noise.get('note', 'no noise estimate')}."
+        f"Noise: {noise.repeats['baseline']} baseline and {noise.repeats['candidate']} candidate profile windows; changes smaller than the spread are marked “within noise”."
+        if noise.available else f"Noise: {noise.note}."
     )
-    head["notes"].append(f"Compared {diff['shape']['label']} iterations: {diff['shape']['iterations']['baseline']} baseline, "
-                         f"{diff['shape']['iterations']['candidate']} candidate (each rank's last iteration left out). Rank {diff['rank']}.")
-    head["notes"] += [f"warning: {x}" for x in diff.get("warnings") or []]
+    head["notes"].append(f"Compared {diff.shape.label} iterations: {diff.shape.iterations['baseline']} baseline, "
+                         f"{diff.shape.iterations['candidate']} candidate (each rank's last iteration left out). Rank {diff.rank}.")
+    head["notes"] += [f"warning: {x}" for x in diff.warnings]
 
     out = [head]
     slack = capture_section(prefix, diff, figs, lb, lc)
     if not slack and capture_view.DOUBT_NOTE in capture_view.diff_lines(diff):
         head["notes"].append(capture_view.DOUBT_NOTE)
     out += slack
-    series = diff.get("series") or {}
-    if series.get("baseline") or series.get("candidate"):
+    sb, sc = diff.series.baseline or [], diff.series.candidate or []
+    if sb or sc:
         # first among the figures: a side whose iterations swing must be seen before its mean is read
-        swing = [x for x in (_swing(lb, series.get("baseline") or [], W["window"]), _swing(lc, series.get("candidate") or [], W["window"])) if x]
+        swing = [x for x in (_swing(lb, sb, W["window"]), _swing(lc, sc, W["window"])) if x]
         # one note for both sides, at the plot that shows it (the headline names the unstable sides too; it was one note a side)
         note = ([f"warning: unstable: {'; '.join(swing)} over the compared iterations; "
                  f"{'their means say' if len(swing) > 1 else 'its mean says'} little, and a change may be that swing (the plot below)"]
                 if swing else [])
         out.append(_section(f"{prefix}-windows", f"{W['window']} per iteration, each side", notes=note,
-                            figures=[figs.div(F.gpu_window_figure([(lb, series.get("baseline") or []), (lc, series.get("candidate") or [])],
-                                                                  window=W["window"]))]))
-    timelines = diff.get("timelines") or {}  # (not `tl`: that is the sides' device timeline, which the labels below read)
-    sides = [(lb, timelines.get("baseline")), (lc, timelines.get("candidate"))]
-    cats = sorted(set(dec["baseline"]["category_us"]) | set(dec["candidate"]["category_us"]))
+                            figures=[figs.div(F.gpu_window_figure([(lb, sb), (lc, sc)], window=W["window"]))]))
+    # (not `tl`: that is the sides' device timeline, which the labels below read)
+    sides = [(lb, diff.timelines.baseline), (lc, diff.timelines.candidate)]
+    cats = sorted(set(dec.baseline.category_us) | set(dec.candidate.category_us))
     colors = F.category_colors(cats + [c for _, t in sides if t for c in t["ops"]["category"]])
     s = _section(f"{prefix}-timeline", "Timeline of a representative iteration")
     if not timeline:
@@ -285,10 +286,10 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
             bv, cv = -(bv or 0), -(cv or 0)
         label = {"category": term, "overlap": "− overlap (multi-stream, counted once)", "idle": f"idle: {term.replace('_', ' ')}",
                  "backlog": f"backlog ({W['device']} behind the host)"}[group]
-        label = capture_view.mark(label, capture_view.doubted_in_diff(diff, {"category": "category_us", "idle": "gpu_idle_us"}.get(group, "overlap_us")))
+        label = capture_view.mark(label, capture_view.doubted_in_diff(diff, doubt_metric(group)))
         rows.append([label, num(bv), num(cv), num(delta, sign=True), noise_verdict(diff, metric)])
-    rows.append([W["window"], num(g["baseline"]), num(g["candidate"]), num(g["delta"], sign=True), noise_verdict(diff, "gpu_window_us")])
-    rows.append(["residual (worst window)", "", "", num(dec["residual_us"], RESIDUAL), "exact" if dec.get("exact") else "inexact"])
+    rows.append([W["window"], num(g.baseline), num(g.candidate), num(g.delta, sign=True), noise_verdict(diff, "gpu_window_us")])
+    rows.append(["residual (worst window)", "", "", num(dec.residual_us, RESIDUAL), "exact" if dec.exact else "inexact"])
     out.append(_section(
         f"{prefix}-decomposition", f"Where the {W['window']} went (µs per iteration)", notes=[statistic_note(diff)],
         figures=[figs.div(F.waterfall_figure(diff, window=W["window"]))],
@@ -303,60 +304,57 @@ def diff_sections(diff: Mapping[str, Any], figs: _Figures, *, prefix: str = "dif
         ))
     out.append(_section(
         f"{prefix}-categories", "Time by category and bubbles by cause",
-        figures=[figs.div(F.category_figure([(lb, dec["baseline"]["category_us"]), (lc, dec["candidate"]["category_us"])], device=W["device"])),
-                 figs.div(F.bubbles_figure([(lb, dec["baseline"]["idle_us_by_cause"]), (lc, dec["candidate"]["idle_us_by_cause"])], device=W["device"]))],
+        figures=[figs.div(F.category_figure([(lb, dec.baseline.category_us), (lc, dec.candidate.category_us)], device=W["device"])),
+                 figs.div(F.bubbles_figure([(lb, dec.baseline.idle_us_by_cause), (lc, dec.candidate.idle_us_by_cause)], device=W["device"]))],
     ))
 
     labels = {k: count_label(k, tl) for k in ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h",
                                                 "memcpy_h2d", "bubble_count")}
-    crow = [[lab, num(diff["counts"][k]["baseline"], COUNT), num(diff["counts"][k]["candidate"], COUNT), num(diff["counts"][k]["delta"], COUNT, sign=True),
+    crow = [[lab, num(diff.counts[k].baseline, COUNT), num(diff.counts[k].candidate, COUNT), num(diff.counts[k].delta, COUNT, sign=True),
              noise_verdict(diff, f"counts.{k}")] for k, lab in labels.items()]
-    for k, t in (diff.get("timings") or {}).items():
-        crow.append([k.replace("_us", " µs").replace("_", " "), num(t["baseline"]), num(t["candidate"]), num(t["delta"], sign=True), ""])
+    for k, t in diff.timings.items():
+        crow.append([k.replace("_us", " µs").replace("_", " "), num(t.baseline), num(t.candidate), num(t.delta, sign=True), ""])
     tables = [_table(["per iteration (median)", "baseline", "candidate", "Δ", "noise"], crow, align="lrrrl")]
-    syncs = diff.get("syncs") or []
+    syncs = diff.syncs
     if syncs:
         tables.append(_table(["kind", "API", "direction", "trigger", "baseline / iter", "candidate / iter", "Δ"],
-                             [[x["kind"], x["api"], x["direction"], x["trigger"], num(x["baseline_per_iteration"], RATE), num(x["candidate_per_iteration"], RATE),
-                               num(x["delta"], RATE, sign=True)] for x in syncs[:MAX_ROWS]],
+                             [[x.kind, x.api, x.direction, x.trigger, num(x.baseline_per_iteration, RATE), num(x.candidate_per_iteration, RATE),
+                               num(x.delta, RATE, sign=True)] for x in syncs[:MAX_ROWS]],
                              align="llllrrr", caption="host syncs and blocking copies, with their trigger", name_cols=(3,),
                              more=f"{len(syncs) - MAX_ROWS} more not shown" if len(syncs) > MAX_ROWS else None))
-    series = diff.get("series") or {}
     figs_l = []
-    if series.get("baseline") or series.get("candidate"):
-        figs_l.append(figs.div(F.per_iteration_figure([(lb, series.get("baseline") or []), (lc, series.get("candidate") or [])])))
+    if sb or sc:
+        figs_l.append(figs.div(F.per_iteration_figure([(lb, sb), (lc, sc)])))
     out.append(_section(f"{prefix}-counts", "Launches and syncs per iteration", figures=figs_l, tables=tables))
 
-    movers = diff.get("top_movers") or []
+    movers = diff.top_movers
     ktables = [_table([f"{W['kernel']} (normalized)", "category", "baseline µs", "candidate µs", "Δ µs", "", "full name, e.g."],
-                      [[_kname_full(m), m["category"], num(m["baseline_us"]), num(m["candidate_us"]), num(m["delta_us"], sign=True), m["status"],
+                      [[_kname_full(m), m.category, num(m.baseline_us), num(m.candidate_us), num(m.delta_us, sign=True), m.status,
                         _example(m)] for m in movers],
                       align="llrrrll", caption="top movers, µs per iteration", name_cols=(0, 6), wide_cols=(6,))]
-    for key, change in (("kernels_added", "added"), ("kernels_removed", "removed")):
-        ks = diff.get(key) or []
-        total = diff.get(f"{key}_total", len(ks))
+    for change in ("added", "removed"):
+        ks, total = diff.kernel_list(change)
         if ks:
             ktables.append(_table([f"{W['kernel']} (normalized)", "category", "per iteration", "µs per iteration", "full name, e.g."],
-                                  [[_kname_full(k), k["category"], num(k["count_per_iteration"], RATE), num(k["us_per_iteration"]), _example(k)]
+                                  [[_kname_full(k), k.category, num(k.count_per_iteration, RATE), num(k.us_per_iteration), _example(k)]
                                    for k in ks[:MAX_ROWS]],
                                   align="llrrl", caption=f"{total} {W['kernel']}(s) {change}", name_cols=(0, 4), collapsed=True, wide_cols=(4,),
                                   more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
     out.append(_section(f"{prefix}-kernels", f"Top {W['kernels_plain']}", tables=ktables))
-    curves = _curve_section(f"{prefix}-throughput", [(lb, throughput_points((diff.get("manifests") or {}).get("baseline"))),
-                                                       (lc, throughput_points((diff.get("manifests") or {}).get("candidate")))], figs)
+    curves = _curve_section(f"{prefix}-throughput", [(lb, throughput_of(diff.manifests.baseline)),
+                                                       (lc, throughput_of(diff.manifests.candidate))], figs)
     if curves:
         out.append(curves)
-    man = [t for t in (_manifest_table(lb, (diff.get("manifests") or {}).get("baseline")),
-                       _manifest_table(lc, (diff.get("manifests") or {}).get("candidate"))) if t]
+    man = [t for t in (_manifest_table(lb, diff.manifests.baseline), _manifest_table(lc, diff.manifests.candidate)) if t]
     if man and timeline:  # a sweep's step: its runs' manifests are at the end of the page, once
         out.append(_section(f"{prefix}-manifests", "Run manifests", tables=man))
     return out
 
 
-def capture_section(prefix: str, diff: Mapping[str, Any], figs: _Figures, lb: str, lc: str) -> list[dict[str, Any]]:
+def capture_section(prefix: str, diff: Diff, figs: _Figures, lb: str, lc: str) -> list[dict[str, Any]]:
     """Issue 31: overlap slack per step of each side (the first window's transitions), with the diff's slack and
     speculative-cost lines."""
-    sl = diff.get("overlap_slack") or {}
+    sl = diff.overlap_slack or {}
     strips = [(lb, (sl.get("baseline") or {}).get("series") or []), (lc, (sl.get("candidate") or {}).get("series") or [])]
     lines = capture_view.diff_lines(diff)
     if not any(t for _, t in strips) and all(x == capture_view.DOUBT_NOTE for x in lines):
@@ -369,12 +367,17 @@ def capture_section(prefix: str, diff: Mapping[str, Any], figs: _Figures, lb: st
 # runs (one summary, or a sweep of several)
 
 
-def _rank0(summary: Mapping[str, Any]) -> Mapping[str, Any]:
-    ranks = summary.get("ranks") or [{}]
-    return ranks[0]
+def _rank0(summary: Summary) -> Rank:
+    return summary.ranks[0] if summary.ranks else Rank()
 
 
-def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence[Mapping[str, Any]] | None, figs: _Figures,
+def _series(its: Sequence[Iteration]) -> list[SeriesPoint]:
+    """A run's iterations as the per-iteration figures draw them (a diff's `series`, every iteration compared)."""
+    return [SeriesPoint(index=i.index, used=True, shape=f"{i.kind}" + (f" bs={i.batch_size}" if i.batch_size is not None else ""),
+                        **{k: getattr(i, k) for k in SERIES_FIELDS}) for i in its]
+
+
+def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[str, Any]] | None, figs: _Figures,
                  *, timelines: int | None = None) -> list[dict[str, Any]]:
     """The sections of one run, or of a sweep's runs (the ladder first). `timelines`: at most that many runs
     (the first and the last) in the per-configuration timeline, to keep a long sweep's page under MAX_BYTES."""
@@ -385,14 +388,14 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
         rows, crows = [], []
         LW = words("cpu" if all(rank_timeline(_rank0(s)) == "cpu" for _, s in runs) else "gpu")
         cpu = LW["window"] != words("gpu")["window"]
-        tps = any(step.get("tokens_per_s_per_user") is not None or step.get("tokens_per_s") is not None for step in ladder)
+        tps = any(step["tokens_per_s_per_user"] is not None or step["tokens_per_s"] is not None for step in ladder)
         for i, ((label, s), step) in enumerate(zip(runs, ladder)):
-            m = _rank0(s).get("median") or {}
-            rows.append([label, step["shape"], *([num(step.get("tokens_per_s_per_user"), RATE), num(step.get("tokens_per_s"), RATE)] if tps else []),
+            m = _rank0(s).median
+            rows.append([label, step["shape"], *([num(step["tokens_per_s_per_user"], RATE), num(step["tokens_per_s"], RATE)] if tps else []),
                          num(step["wall_us"]), "" if i == 0 else num(step["wall_delta_vs_previous_us"], sign=True),
                          "" if i == 0 else num(step["wall_delta_vs_first_us"], sign=True), num(step["gpu_window_us"])])
-            crows.append([label, num(m.get("gpu_kernels"), COUNT), *([] if cpu else [num(m.get("kernel_launches"), COUNT), num(m.get("graph_launches"), COUNT),
-                                                                                  num(m.get("syncs"), COUNT)]), num(m.get("bubble_us"))])
+            crows.append([label, num(m.gpu_kernels, COUNT), *([] if cpu else [num(m.kernel_launches, COUNT), num(m.graph_launches, COUNT),
+                                                                              num(m.syncs, COUNT)]), num(m.bubble_us)])
         cols = ["configuration", "shape", *(["tokens/s per user (unprofiled)", "tokens/s (unprofiled)"] if tps else []), "wall µs", "Δ vs previous",
                 "Δ vs first", f"{LW['window']} µs"]
         ccols = ["configuration", LW["kernels"], *([] if cpu else ["kernel launches", "graph launches", "syncs"]), "bubble µs"]
@@ -408,81 +411,81 @@ def run_sections(runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence
     # headline cards per run
     for i, (label, s) in enumerate(runs):
         r = _rank0(s)
-        m = r.get("median") or {}
-        its = r.get("iterations") or []
+        m = r.median
+        its = r.iterations
         W = words(rank_timeline(r))
-        cards = [{"label": lab, "value": num(m.get(k), d), "sub": "median per iteration", "tone": ""} for k, lab, d in (
+        cards = [{"label": lab, "value": num(getattr(m, k), d), "sub": "median per iteration", "tone": ""} for k, lab, d in (
             ("wall_us", "wall µs", US), ("gpu_window_us", f"{W['window']} µs", US), ("gpu_busy_us", f"{W['busy']} µs", US), ("gpu_idle_us", f"{W['idle']} µs", US),
             ("gpu_kernels", W["kernels"], COUNT), ("kernel_launches", "kernel launches", COUNT), ("graph_launches", "graph launches", COUNT), ("syncs", "host syncs", COUNT),
             ("bubble_count", "bubbles", COUNT))]
-        swing = _instability(label, [{"gpu_window_us": i.get("gpu_window_us")} for i in its[:-1]], W["window"])
+        swing = _instability(label, [SeriesPoint(gpu_window_us=i.gpu_window_us) for i in its[:-1]], W["window"])
         notes = [capture_view.summary_health(s), *capture_view.summary_lines(s)]  # issue 31: capture health first
-        cards = [{**c, "label": capture_view.mark(c["label"], health.doubted(s.get("health"), k))}
+        cards = [{**c, "label": capture_view.mark(c["label"], health.doubted(s.health, k))}
                  for c, k in zip(cards, ("wall_us", "gpu_window_us", "gpu_busy_us", "gpu_idle_us", "gpu_kernels", "kernel_launches",
                                          "graph_launches", "syncs", "bubble_count"))]
-        notes.append(f"rank {r.get('rank')} · {device_text(r, s.get('manifest'))} · {len(its)} iterations · marker {r.get('marker')} · catalog {r.get('catalog')}")
+        marker = None if r.marker is UNSET else r.marker
+        notes.append(f"rank {r.rank} · {device_text(r, s.manifest)} · {len(its)} iterations · marker {marker} · catalog {r.catalog}")
         notes += [x for x in (idle_verdict(r), host_gap_text(r), outside_text(r)) if x]
-        notes += [f"warning: {w}" for w in r.get("warnings") or []]
+        notes += [f"warning: {w}" for w in r.warnings]
         if swing:
             notes.insert(0, f"warning: {swing}")
         big = largest_bubbles(r, 10)
         tables = [_table(["µs", "cause", "iteration", "CPU ops (exclusive µs inside the bubble)"],
                          [[num(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"])] for b in big],
-                         align="rlrl", caption=f"largest bubbles: {label} (of {r.get('bubbles_total', len(r.get('bubbles') or []))})",
+                         align="rlrl", caption=f"largest bubbles: {label} (of {r.bubbles_total if r.bubbles_total is not None else len(r.bubbles)})",
                          name_cols=(3,))] if big else []
         out.append(_section(f"run-{i}", label if len(runs) > 1 else "Summary", cards=cards, notes=notes, tables=tables))  # one run: the h1 names it
     W = words("cpu" if runs and all(rank_timeline(_rank0(s)) == "cpu" for _, s in runs) else "gpu")
     out.append(_section("runs-windows", f"{W['window']} per iteration", figures=[figs.div(F.gpu_window_figure(
-        [(label, [{**i, "used": True, "shape": f"{i.get('kind')}" + (f" bs={i['batch_size']}" if i.get("batch_size") is not None else "")}
-                  for i in _rank0(s).get("iterations") or []]) for label, s in runs], window=W["window"]))]))
-    sides = [(label, _rank0(s).get("timeline")) for label, s in runs]
-    s = _section("runs-timeline", "Timeline of a representative iteration" + (" per configuration" if len(runs) > 1 else ""))
+        [(label, _series(_rank0(s).iterations)) for label, s in runs], window=W["window"]))]))
+    sides = [(label, _rank0(s).timeline) for label, s in runs]
+    sec = _section("runs-timeline", "Timeline of a representative iteration" + (" per configuration" if len(runs) > 1 else ""))
     if timelines is not None and len(sides) > timelines:
-        s["notes"].append(f"The first and the last of the {len(sides)} configurations only, to keep this page under 2 MB: "
+        sec["notes"].append(f"The first and the last of the {len(sides)} configurations only, to keep this page under 2 MB: "
                           "each run's own report (profkit report RUN) has its timeline.")
         sides = [sides[0], sides[-1]]
     if any(t for _, t in sides):
-        s["figures"].append(figs.div(F.timeline_figure(sides, window=W["window"])))
+        sec["figures"].append(figs.div(F.timeline_figure(sides, window=W["window"])))
     else:
-        s["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
-    out.append(s)
-    strips = [(label, (_rank0(s).get("overlap_slack") or {}).get("transitions") or []) for label, s in runs]
+        sec["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
+    out.append(sec)
+    strips = [(label, (_rank0(s).overlap_slack or {}).get("transitions") or []) for label, s in runs]
     if any(t for _, t in strips):
         out.append(_section("runs-slack", "Overlap slack per step", figures=[figs.div(capture_view.slack_strip_figure(strips))]))
     out.append(_section("runs-categories", "Time by category and bubbles by cause (medians per iteration)", figures=[
-        figs.div(F.category_figure([(label, (_rank0(s).get("median") or {}).get("category_us") or {}) for label, s in runs], device=W["device"])),
+        figs.div(F.category_figure([(label, _rank0(s).median.category_us) for label, s in runs], device=W["device"])),
         figs.div(F.bubbles_figure([(label, _bubbles_by_cause(_rank0(s))) for label, s in runs], device=W["device"])),
     ]))
     out.append(_section("runs-counts", "Launches and syncs per iteration", figures=[
-        figs.div(F.per_iteration_figure([(label, _rank0(s).get("iterations") or []) for label, s in runs]))]))
+        figs.div(F.per_iteration_figure([(label, _series(_rank0(s).iterations)) for label, s in runs]))]))
     tables = []
     for label, s in runs:
         r = _rank0(s)
-        n = max(len(r.get("iterations") or []), 1)
-        ks = r.get("kernels") or []
+        n = max(len(r.iterations), 1)
+        ks = r.kernels
         tables.append(_table([f"{words(rank_timeline(r))['kernel']} (whole name in the hover)", "category", "count / iter", "µs / iter", "total µs"],
-                             [[kn, k["category"], num(k["count"] / n, RATE), num(k["total_us"] / n), num(k["total_us"])]
-                              for kn, k in zip(_knames_cut([k["name"] for k in ks[:MAX_ROWS]]), ks[:MAX_ROWS])],
+                             [[kn, k.category, num((k.count or 0) / n, RATE), num((k.total_us or 0.0) / n), num(k.total_us)]
+                              for kn, k in zip(_knames_cut([str(k.name) for k in ks[:MAX_ROWS]]), ks[:MAX_ROWS])],
                              align="llrrr", caption=f"top kernels: {label} ({len(ks)} distinct)", name_cols=(0,),
                              more=f"{len(ks) - MAX_ROWS} more not shown" if len(ks) > MAX_ROWS else None, collapsed=len(runs) > 1))
         # every sync (the summary's sync_groups; its `syncs` list is bounded), as the terminal's table has them
-        sy = sorted(sync_groups(r), key=lambda g: -(g.get("count") or 0))
+        sy = sorted(sync_groups(r), key=lambda g: -(g["count"] or 0))
         if sy:
             tables.append(_table(["kind", "API", "direction", "trigger", "count / iter", "blocked µs / iter"],
-                                 [[g["kind"], g["api"], g["direction"], str(g["trigger"]), num((g.get("count") or 0) / n, RATE),
-                                   num((g.get("blocked_us") or 0.0) / n)] for g in sy][:MAX_ROWS],
+                                 [[g["kind"], g["api"], g["direction"], str(g["trigger"]), num((g["count"] or 0) / n, RATE),
+                                   num((g["blocked_us"] or 0.0) / n)] for g in sy][:MAX_ROWS],
                                  align="llllrr", caption=f"host syncs and blocking copies: {label}", name_cols=(3,)))
     out.append(_section("runs-kernels", "Top kernels and syncs", tables=tables))
-    curves = _curve_section("runs-throughput", [(label, throughput_points(s.get("manifest"))) for label, s in runs], figs)
+    curves = _curve_section("runs-throughput", [(label, throughput_of(s.manifest)) for label, s in runs], figs)
     if curves:
         out.append(curves)
-    man = [t for t in (_manifest_table(label, s.get("manifest")) for label, s in runs) if t]
+    man = [t for t in (_manifest_table(label, s.manifest) for label, s in runs) if t]
     if man:
         out.append(_section("runs-manifests", "Run manifests", tables=man))
     return out
 
 
-def _curve_section(id: str, sides: list[tuple[str, list[dict[str, Any]]]], figs: _Figures) -> dict[str, Any] | None:
+def _curve_section(id: str, sides: list[tuple[str, list[ThroughputPoint]]], figs: _Figures) -> dict[str, Any] | None:
     """Pareto (over concurrency) and input-length curves from the manifests' throughput points."""
     conc, isl = F.curve_kinds([pts for _, pts in sides])
     if not (conc or isl):
@@ -495,11 +498,11 @@ def _curve_section(id: str, sides: list[tuple[str, list[dict[str, Any]]]], figs:
     return s
 
 
-def _bubbles_by_cause(r: Mapping[str, Any]) -> dict[str, float]:
-    m = (r.get("median") or {})
-    by = dict(m.get("bubble_us_by_cause") or {})
-    if m.get("gpu_idle_us") is not None and m.get("bubble_us") is not None:
-        by["short_gaps"] = max(m["gpu_idle_us"] - m["bubble_us"], 0.0)
+def _bubbles_by_cause(r: Rank) -> dict[str, Any]:
+    m = r.median
+    by: dict[str, Any] = dict(m.bubble_us_by_cause)
+    if m.gpu_idle_us is not None and m.bubble_us is not None:
+        by["short_gaps"] = max(m.gpu_idle_us - m.bubble_us, 0.0)
     return {k: by.get(k, 0.0) for k in IDLE_KEYS if k != "python" or k in by}
 
 
@@ -519,41 +522,41 @@ class HtmlRenderer(Renderer):
         self.title = title
 
     def render(self, report: Report) -> str:
-        page = _page(report.diffs, report.runs, report.ladder, cdn=self.cdn, title=self.title)
+        page = _page(report.diff_docs, report.run_docs, report.ladder, cdn=self.cdn, title=self.title)
         if len(page.encode()) > MAX_BYTES and len(report.runs) > 2:
             # a long sweep: the per-configuration timeline keeps its first and last runs (each run's own report has its timeline)
-            page = _page(report.diffs, report.runs, report.ladder, cdn=self.cdn, title=self.title, timelines=2)
+            page = _page(report.diff_docs, report.run_docs, report.ladder, cdn=self.cdn, title=self.title, timelines=2)
         return page
 
 
-def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[str, Any]]], ladder: Sequence[Mapping[str, Any]] | None,
+def _page(diffs: Sequence[Diff], runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[str, Any]] | None,
           *, cdn: bool, title: str | None, timelines: int | None = None) -> str:
     figs = _Figures(cdn=cdn)
     sections: list[dict[str, Any]] = []
     # a sweep leads with its ladder, each compared step collapsed below it; one compared pair (`profkit trace`) leads with its diff
     sweep = len(runs) >= 2 and len(diffs) != 1
-    demangle_many([k["name"] for d in diffs for key in ("top_movers", "kernels_added", "kernels_removed") for k in d.get(key) or []]
-                  + [k["name"] for _, s in runs for k in (_rank0(s).get("kernels") or [])[:MAX_ROWS]])  # one c++filt for the page
+    demangle_many([m.name for d in diffs for m in d.top_movers] + [k.name for d in diffs for k in (*d.kernels_added, *d.kernels_removed)]
+                  + [str(k.name) for _, s in runs for k in _rank0(s).kernels[:MAX_ROWS]])  # one c++filt for the page
     # built in page order: the first figure built carries plotly.js for the ones below it
     rest = run_sections(runs, ladder, figs, timelines=timelines) if runs and sweep else []
     # a run by its configuration's name (a sweep's summaries carry it in `run`): names its steps and unstable runs
-    config = {str((sm.get("run") or {}).get("run_id")): str((sm.get("run") or {}).get("label")) for _, sm in runs if (sm.get("run") or {}).get("label")}
+    config = {str(run.get("run_id")): str(run.get("label")) for _, sm in runs if isinstance(run := sm.run, Mapping) and run.get("label")}
     if sweep:  # a sweep leads with its own result, the ladder; each compared step follows, collapsed
         sections.append(rest.pop(0))
         # the ladder's unstable runs, as the terminal lists them under its table (the page said it only inside the steps)
-        steps = [(config.get(d["candidate"]["label"]) or d["candidate"]["label"], d["baseline"]["label"], d["candidate"]["label"], d) for d in diffs]
+        steps = [(config.get(d.candidate.label) or d.candidate.label, d.baseline.label, d.candidate.label, d) for d in diffs]
         sections[-1]["notes"] += [f"warning: unstable: {x}" for x in unstable_runs(steps, config)]
     for i, d in enumerate(diffs):
         ds = diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff", timeline=not runs, single=len(diffs) == 1)
         if sweep:
-            lb, lc = d["baseline"]["label"], d["candidate"]["label"]
+            lb, lc = d.baseline.label, d.candidate.label
             # a step by its configurations' names ("+topk_v2 → +topk_v2+overlap", from the runs' manifests), else by what
             # differs in the run ids (one sweep's share their stamp; a ladder's next id extends the previous one)
             common = os.path.commonprefix([lb, lc])
             cut = common.rfind("-") + 1
             lb, lc = config.get(lb) or lb[cut:] or lb, config.get(lc) or lc[cut:] or lc
             ds[0]["details_open"] = f"step {i + 1} of {len(diffs)}: {lb} → {lc}" + (
-                f" ({d['optimization']})" if d.get("optimization") else "") + ": " + (headline_lines(d) or [""])[0]
+                f" ({d.optimization})" if d.optimization else "") + ": " + (headline_lines(d) or [""])[0]
             ds[-1]["details_close"] = True
         sections += ds
     if runs and not sweep:
@@ -561,7 +564,7 @@ def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[
     sections += rest
     if title is None:
         if len(diffs) == 1:
-            title = f"profkit diff: {diffs[0]['baseline']['label']} → {diffs[0]['candidate']['label']}"
+            title = f"profkit diff: {diffs[0].baseline.label} → {diffs[0].candidate.label}"
         elif len(runs) > 1:
             title = f"profkit sweep: {len(runs)} configurations" + (f", {len(diffs)} compared steps" if diffs else "")
         elif runs and not diffs:
@@ -570,8 +573,8 @@ def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[
             title = "profkit report"
     data = {
         "profkit_version": __version__,
-        "diffs": [{"baseline": d["baseline"]["label"], "candidate": d["candidate"]["label"], "optimization": d.get("optimization"),
-                   "wall_us": d["wall_us"], "residual_us": d["decomposition"]["residual_us"]} for d in diffs],
+        "diffs": [{"baseline": d.baseline.label, "candidate": d.candidate.label, "optimization": d.optimization,
+                   "wall_us": msgspec.structs.asdict(d.wall_us), "residual_us": d.decomposition.residual_us} for d in diffs],
         "runs": [label for label, _ in runs],
         "figures": figs.n,
     }
@@ -579,7 +582,7 @@ def _page(diffs: Sequence[Mapping[str, Any]], runs: Sequence[tuple[str, Mapping[
     page_banner = banner("mixed" if "mixed" in tls or len(tls) > 1 else (tls.pop() if tls else "gpu"))
     return _env().get_template("report.html").render(
         title=title, subtitle=None, profkit_version=__version__, sections=sections, banner=page_banner,
-        nav=[{"id": s["id"], "title": s["title"]} for s in sections if s["id"].endswith(("summary", "ladder")) and not s.get("details_open")],
+        nav=[{"id": s["id"], "title": s["title"]} for s in sections if s["id"].endswith(("summary", "ladder")) and not s["details_open"]],
         footer="times are µs per iteration; decompositions use means, counts use medians",
         data=data,
     )

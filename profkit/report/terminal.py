@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -15,14 +15,15 @@ from rich.table import Table
 from rich.text import Text
 
 from profkit.attribution.diff import shape_label, shape_of
-from profkit.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
+from profkit.attribution.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
+from profkit.documents import Diff, Summary
 from profkit.analysis import health
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, MIN_NAME, NAME, NUM, TEXT, cut_names, demangle, demangle_many, fit_table
 from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, num, pct
 from profkit.report.views import (
-    cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
+    cpu_ops_text, decomposition_rows, device_text, doubt_metric, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
     row_metric, statistic_note,
     throughput_rows,
 )
@@ -53,45 +54,45 @@ class TerminalRenderer(Renderer):
         return captured.get()
 
     def show(self, report: Report) -> None:
-        for d in report.diffs:
+        for d in report.diff_docs:
             _diff(d, self.console, top=self.top)
-        for _label, s in report.runs:
+        for _label, s in report.run_docs:
             _summary(s, self.console, top=self.top, warn=self.warn)
 
 
-def _summary(summary: Mapping[str, Any], console: Console, *, top: int, warn: Console | None = None) -> None:
+def _summary(summary: Summary, console: Console, *, top: int, warn: Console | None = None) -> None:
     console.print(f"[bold]{escape(capture_view.summary_health(summary))}[/]")  # issue 31: first, before any number
     for line in capture_view.summary_lines(summary):
         console.print(escape(line))
     if warn is not None:
-        for w in [w for r in summary["ranks"] for w in r["warnings"]] + list((summary.get("cross_rank") or {}).get("warnings") or []):
+        for w in [w for r in summary.ranks for w in r.warnings] + list((summary.cross_rank or {}).get("warnings") or []):
             warn.print(f"[yellow]warning:[/] {escape(w)}")
     _ranks(summary, console, top=top, warnings=warn is None)
-    if summary.get("cross_rank"):
-        _cross_rank(summary["cross_rank"], console, warnings=warn is None)
+    if summary.cross_rank:
+        _cross_rank(summary.cross_rank, console, warnings=warn is None)
 
 
-def _ranks(summary: Mapping[str, Any], console: Console, *, top: int, warnings: bool = True) -> None:
-    for r in summary["ranks"]:
-        its = r["iterations"]
+def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = True) -> None:
+    for r in summary.ranks:
+        its = r.iterations
         kinds = Counter(shape_label(shape_of(i)) for i in its)
         # the trace's path whole on its line (the terminal wraps it, and a copy joins it back: rich folded it with a newline
         # inside, '…/20261202-022808-proxy' then '-baseon-topk_v2-after-TP-0.trace.json.gz', in a run folder's windows)
-        console.print(f"[bold]rank {r['rank']}[/] {escape(device_text(r, summary.get('manifest')))}  [dim]{escape(r['path'])}[/]", soft_wrap=True)
-        console.print(f"  {len(its)} iterations ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r['marker']))}[/]; "
-                      f"catalog {escape(r['catalog'])}")
+        console.print(f"[bold]rank {r.rank}[/] {escape(device_text(r, summary.manifest))}  [dim]{escape(str(r.path))}[/]", soft_wrap=True)
+        console.print(f"  {len(its)} iterations ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r.marker))}[/]; "
+                      f"catalog {escape(str(r.catalog))}")
         verdict = idle_verdict(r)
         if verdict:
             console.print(f"  [bold]{escape(verdict)}[/]")
         for line in filter(None, (host_gap_text(r), outside_text(r))):
             console.print(f"  [bold magenta]{escape(line)}[/]")
-        m = r["median"]
-        if not m:
+        m = r.median
+        if not its:  # no iterations: no medians
             continue
         t = Table(title="per iteration", title_justify="left", box=None)
         for c in ("metric", "median", "min", "max"):
             t.add_column(c, justify="left" if c == "metric" else "right")
-        dev = "CPU-op" if r.get("device_timeline") == "cpu" else "GPU"
+        dev = "CPU-op" if r.device_timeline == "cpu" else "GPU"
         rows = (
             ("wall µs", "wall_us", US), (f"{dev} window µs", "gpu_window_us", US), (f"{dev} busy µs", "gpu_busy_us", US),
             (f"{dev} idle µs", "gpu_idle_us", US), ("overlap µs", "overlap_us", US), ("GPU kernels" if dev == "GPU" else "top-level aten ops", "gpu_kernels", COUNT),
@@ -100,32 +101,32 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int, warnings: 
             ("sync copies", "sync_copies", COUNT), ("bubbles", "bubble_count", COUNT), ("bubble µs", "bubble_us", US),
         )
         for label, key, d in rows:
-            vals = [i[key] for i in its if i[key] is not None]
-            label = capture_view.mark(label, health.doubted(summary.get("health"), key))
-            t.add_row(label, _num(m[key], d), _num(min(vals), d) if vals else "-", _num(max(vals), d) if vals else "-")
+            vals = [v for i in its if (v := getattr(i, key)) is not None]
+            label = capture_view.mark(label, health.doubted(summary.health, key))
+            t.add_row(label, _num(getattr(m, key), d), _num(min(vals), d) if vals else "-", _num(max(vals), d) if vals else "-")
         for way in ("h2d", "d2h", "d2d"):
-            vals = [i["memcpy"][way] for i in its]
-            if any(vals):
-                t.add_row(f"memcpy {way}", _num(m["memcpy"][way], COUNT), _num(min(vals), COUNT), _num(max(vals), COUNT))
+            counts = [i.memcpy[way] or 0 for i in its]
+            if any(counts):
+                t.add_row(f"memcpy {way}", _num(m.memcpy[way], COUNT), _num(min(counts), COUNT), _num(max(counts), COUNT))
         console.print(t)
-        cat = m.get("category_us") or {}
+        cat = cast(dict[str, float], m.category_us)  # medians of numbers
         total = sum(cat.values()) or 1.0
         if cat:
             console.print(fit_table(console, "time by category (median µs per iteration)", (("category", COPY), ("µs", NUM), ("share", NUM)),
                                     [(k, _num(v), pct(100 * v / total, sign=False)) for k, v in sorted(cat.items(), key=lambda kv: -kv[1])]))
-        by_cause = m.get("bubble_us_by_cause") or {}
+        by_cause = cast(dict[str, float], m.bubble_us_by_cause)
         causes = bubble_causes(r)
         if causes and any(v["count"] for v in causes.values()):
             n_it = max(len(its), 1)  # the CPU ops' idle time is summed over every iteration: per iteration, like the µs beside it
             console.print(fit_table(
                 console, "bubbles by cause (µs: median per iteration; count: all iterations; CPU ops: idle µs inside, mean per iteration)",
                 (("cause", COPY), ("µs", NUM), ("count", NUM), ("CPU was in (µs)", TEXT)),
-                [(c, _num(v), str(causes.get(c, {}).get("count", 0)),
+                [(c, _num(v), str(causes[c]["count"] if c in causes else 0),
                   cpu_ops_text([(op, None if us is None else us / n_it) for op, us in idle_cpu_ops(r, c, 2)], unit=""))
                  for c, v in sorted(by_cause.items(), key=lambda kv: -kv[1])]))
             big = largest_bubbles(r, top)
             console.print(fit_table(
-                console, f"largest bubbles (of {r.get('bubbles_total', len(r['bubbles']))}; CPU ops with their exclusive µs inside the bubble)",
+                console, f"largest bubbles (of {r.bubbles_total if r.bubbles_total is not None else len(r.bubbles)}; CPU ops with their exclusive µs inside the bubble)",
                 (("µs", NUM), ("cause", COPY), ("iteration", NUM), ("CPU ops (µs)", TEXT)),
                 [(_num(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"], unit="")) for b in big]))
         groups = sync_groups(r)
@@ -135,14 +136,14 @@ def _ranks(summary: Mapping[str, Any], console: Console, *, top: int, warnings: 
             console.print(fit_table(console, "host syncs and blocking copies (all iterations)", cols, [
                 (str(g["count"]), _num(g["blocked_us"]), g["kind"], str(g["direction"]), str(g["api"]), str(g["trigger"] or "?"), *([g["frame"] or ""] if frames else []))
                 for g in groups[:top]]))
-        if r["kernels"]:
+        if r.kernels:
             n_it = max(len(its), 1)
-            what = "kernels" if r.get("device_timeline") != "cpu" else "aten ops"
-            console.print(fit_table(console, f"top {what} (of {len(r['kernels'])}; names demangled, long ones cut in the middle)",
+            what = "kernels" if r.device_timeline != "cpu" else "aten ops"
+            console.print(fit_table(console, f"top {what} (of {len(r.kernels)}; names demangled, long ones cut in the middle)",
                                     (("total µs", NUM), ("calls/iter", NUM), ("category", COPY), ("name", NAME)),
                                     # calls per iteration with one decimal in this table (the diff tables use RATE, two)
-                                    [(_num(k["total_us"]), _num(k["count"] / n_it, 1), k["category"] or "-", k["name"]) for k in r["kernels"][:top]]))
-        for w in r["warnings"] if warnings else ():
+                                    [(_num(k.total_us), _num((k.count or 0) / n_it, 1), k.category or "-", k.name) for k in r.kernels[:top]]))
+        for w in r.warnings if warnings else ():
             console.print(f"[yellow]warning:[/] {escape(w)}")
 
 
@@ -164,9 +165,32 @@ def _cross_rank(x: Mapping[str, Any], console: Console, *, warnings: bool = True
         console.print(f"[yellow]warning:[/] {escape(w)}")
 
 
-def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
-    b, c = diff["baseline"], diff["candidate"]
-    console.print(f"[bold]{escape(capture_view.diff_health(diff))}[/]")  # issue 31: first, before any number
+def _diff(diff: Diff, console: Console, *, top: int) -> None:
+    """A diff's tables, in the order every renderer has them."""
+    tl = diff_timeline(diff)
+    W = words(tl)
+    _diff_head(diff, console)
+    _throughput_table(diff, console)
+    _effect_lines(diff, console)
+    if banner(tl):
+        console.print(f"[bold yellow]{escape(banner(tl) or '')}[/]")
+    _decomposition_table(diff, console, W)
+    ph = phase_rows(diff)
+    if ph:
+        console.print(fit_table(console, f"the same change in {W['device']} time by phase (µs per iteration)",
+                                (("phase", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
+                                [(k, _num(bv), _num(cv), _num(d, sign=True), noise_verdict(diff, m)) for k, bv, cv, d, m in ph]))
+    console.print(fit_table(console, "per iteration (medians)", (("count", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
+                            [(count_label(k, tl), _num(v.baseline, COUNT), _num(v.candidate, COUNT), _num(v.delta, COUNT, sign=True), noise_verdict(diff, f"counts.{k}"))
+                             for k, v in diff.counts.items()]))
+    _kernel_and_sync_tables(diff, console, W, top=top)
+    for w in diff.warnings:
+        console.print(f"[yellow]warning:[/] {escape(w)}")
+
+
+def _diff_head(diff: Diff, console: Console) -> None:
+    """Capture health (issue 31: first, before any number), the headline and its bullets, the capture lines, the sides."""
+    console.print(f"[bold]{escape(capture_view.diff_health(diff))}[/]")
     first, *bullets = headline_lines(diff)  # the headline: one line, then at most three bullets
     console.print(f"[bold]{escape(first)}[/]")
     for line in bullets:  # a hanging indent: a bullet's second line starts under its text, not at column 0
@@ -177,93 +201,85 @@ def _diff(diff: Mapping[str, Any], console: Console, *, top: int) -> None:
         console.print(g)
     for line in capture_view.diff_lines(diff):
         console.print(escape(line))
-    console.print(f"[bold]{escape(b['label'])}[/] → [bold]{escape(c['label'])}[/]"
-                  + (f"  [cyan]{escape(diff['optimization'])}[/]" if diff.get("optimization") else ""))
+    console.print(f"[bold]{escape(diff.baseline.label)}[/] → [bold]{escape(diff.candidate.label)}[/]"
+                  + (f"  [cyan]{escape(diff.optimization)}[/]" if diff.optimization else ""))
+
+
+def _throughput_table(diff: Diff, console: Console) -> None:
     tp = throughput_rows(diff)
-    if tp:
-        t = Table(title="unprofiled throughput", title_justify="left", box=None)
-        for col in ("", "baseline", "candidate", "change", ""):
-            t.add_column(col, justify="left" if col == "" else "right")
-        for r in tp:
-            t.add_row(r["label"], _num(r["baseline"], RATE), _num(r["candidate"], RATE), pct(r["change_pct"], missing=HYPHEN),
-                      {None: "[dim]not judged[/]", True: "[dim]within noise[/]", False: "[bold]beyond noise[/]"}[r["within_noise"]])
-        console.print(t)
-    ee = diff.get("expected_effect")
-    if ee and ee.get("known"):
+    if not tp:
+        return
+    t = Table(title="unprofiled throughput", title_justify="left", box=None)
+    for col in ("", "baseline", "candidate", "change", ""):
+        t.add_column(col, justify="left" if col == "" else "right")
+    for r in tp:
+        t.add_row(r["label"], _num(r["baseline"], RATE), _num(r["candidate"], RATE), pct(r["change_pct"], missing=HYPHEN),
+                  {None: "[dim]not judged[/]", True: "[dim]within noise[/]", False: "[bold]beyond noise[/]"}[r["within_noise"]])
+    console.print(t)
+
+
+def _effect_lines(diff: Diff, console: Console) -> None:
+    """The expected-effect check (flags, a pass, or what it was judged against) and the noise note when nothing is judged."""
+    ee = diff.expected_effect
+    if ee and ee.known:
         if effect_flags(ee):
             for f in effect_flags(ee):
                 console.print(f"[bold red]flag:[/] {escape(f)}")
-        elif ee.get("ok"):  # judged, and nothing against it: the only case with a pass
-            console.print(f"[green]expected effect ok:[/] no change outside {escape(', '.join(ee['categories']) or 'its (empty) categories')} "
-                          f"beyond {escape(ee['threshold'])}")
+        elif ee.ok:  # judged, and nothing against it: the only case with a pass
+            console.print(f"[green]expected effect ok:[/] no change outside {escape(', '.join(ee.categories) or 'its (empty) categories')} "
+                          f"beyond {escape(ee.threshold)}")
         else:
-            sep = " " if not ee.get("judged") else ": "  # "expected effect not judged: ...", or what it was judged against
-            console.print(f"expected effect{sep}{escape(ee['threshold'])}")
+            sep = " " if not ee.judged else ": "  # "expected effect not judged: ...", or what it was judged against
+            console.print(f"expected effect{sep}{escape(ee.threshold)}")
     elif ee:
-        console.print(f"[yellow]note:[/] {escape(ee.get('note', ''))}")
-    noise = diff.get("noise") or {}
-    if not noise.get("available"):
-        console.print(f"[dim]{escape(noise.get('note', 'no noise estimate'))}[/]")
+        console.print(f"[yellow]note:[/] {escape(ee.note)}")
+    if not diff.noise.available:
+        console.print(f"[dim]{escape(diff.noise.note)}[/]")
 
-    tl = diff_timeline(diff)
-    W = words(tl)
-    if banner(tl):
-        console.print(f"[bold yellow]{escape(banner(tl) or '')}[/]")
-    g = diff["decomposition"]["gpu_window_us"]
+
+def _decomposition_table(diff: Diff, console: Console, W: dict[str, str]) -> None:
+    g = diff.decomposition.gpu_window_us
     rows: list[tuple[str, ...]] = []
     for group, term, delta, bv, cv in decomposition_rows(diff):
-        metric = row_metric(group, term)
         if group == "overlap":
             bv, cv = -(bv or 0), -(cv or 0)
             label = "− overlap"
         else:
             label = term if group in ("category", "backlog") else f"idle: {term.replace('_', ' ')}"
-        label = capture_view.mark(label, capture_view.doubted_in_diff(diff, "category_us" if group == "category" else "gpu_idle_us"
-                                                                      if group == "idle" else "overlap_us"))
-        rows.append((label, _num(bv), _num(cv), _num(delta, sign=True), noise_verdict(diff, metric)))
-    rows.append((W["window"], _num(g["baseline"]), _num(g["candidate"]), _num(g["delta"], sign=True), noise_verdict(diff, "gpu_window_us")))
-    rows.append(("residual (worst window)", "", "", _num(diff["decomposition"]["residual_us"], RESIDUAL), "exact" if diff["decomposition"].get("exact") else "inexact"))
+        label = capture_view.mark(label, capture_view.doubted_in_diff(diff, doubt_metric(group)))
+        rows.append((label, _num(bv), _num(cv), _num(delta, sign=True), noise_verdict(diff, row_metric(group, term))))
+    rows.append((W["window"], _num(g.baseline), _num(g.candidate), _num(g.delta, sign=True), noise_verdict(diff, "gpu_window_us")))
+    rows.append(("residual (worst window)", "", "", _num(diff.decomposition.residual_us, RESIDUAL), "exact" if diff.decomposition.exact else "inexact"))
     # µs in the title, not in every header: at 80 columns the noise verdicts then stay on one line (a long term folds instead)
-    console.print(fit_table(console, f"change in {W['window']} per iteration (µs, {diff['shape']['label']})",
+    console.print(fit_table(console, f"change in {W['window']} per iteration (µs, {diff.shape.label})",
                             (("term", TEXT), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)), rows))
     console.print(f"[dim]{escape(statistic_note(diff))}[/]")
 
-    ph = phase_rows(diff)
-    if ph:
-        console.print(fit_table(console, f"the same change in {W['device']} time by phase (µs per iteration)",
-                                (("phase", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
-                                [(k, _num(bv), _num(cv), _num(d, sign=True), noise_verdict(diff, m)) for k, bv, cv, d, m in ph]))
 
-    console.print(fit_table(console, "per iteration (medians)", (("count", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
-                            [(count_label(k, tl), _num(v["baseline"], COUNT), _num(v["candidate"], COUNT), _num(v["delta"], COUNT, sign=True), noise_verdict(diff, f"counts.{k}"))
-                             for k, v in diff["counts"].items()]))
-    if diff.get("syncs"):
+def _kernel_and_sync_tables(diff: Diff, console: Console, W: dict[str, str], *, top: int) -> None:
+    """Syncs, top movers, each side's largest bubbles, kernels added and removed."""
+    if diff.syncs:
         console.print(fit_table(console, "host syncs and blocking copies per iteration",
                                 (("Δ", NUM), ("baseline", NUM), ("candidate", NUM), ("kind", COPY), ("dir", COPY), ("api", COPY), ("trigger", COPY)),
-                                [(_num(s["delta"], RATE, sign=True), _num(s["baseline_per_iteration"], RATE), _num(s["candidate_per_iteration"], RATE),
-                                  s["kind"], s["direction"], s["api"], s["trigger"]) for s in diff["syncs"][:top]]))
-    if diff.get("top_movers"):
+                                [(_num(s.delta, RATE, sign=True), _num(s.baseline_per_iteration, RATE), _num(s.candidate_per_iteration, RATE),
+                                  s.kind, s.direction, s.api, s.trigger) for s in diff.syncs[:top]]))
+    if diff.top_movers:
         console.print(fit_table(console, "top movers (µs per iteration, normalized names)",
                                 (("Δ µs", NUM), ("baseline", NUM), ("candidate", NUM), ("category", COPY), (W["kernel"], NAME)),
-                                [(_num(m["delta_us"], sign=True), _num(m["baseline_us"]), _num(m["candidate_us"]), m["category"], m["name"])
-                                 for m in diff["top_movers"][:top]]))
-    bub = diff.get("bubbles") or {}
-    for side in ("baseline", "candidate"):
-        v = bub.get(side) or {}
-        if not v.get("largest"):
+                                [(_num(m.delta_us, sign=True), _num(m.baseline_us), _num(m.candidate_us), m.category, m.name)
+                                 for m in diff.top_movers[:top]]))
+    for side, v in ((diff.baseline, diff.bubbles.baseline), (diff.candidate, diff.bubbles.candidate)):
+        if not v or not v.largest:
             continue
-        console.print(fit_table(console, f"largest bubbles: {diff[side]['label']} (CPU ops with their exclusive µs inside the bubble)",
+        console.print(fit_table(console, f"largest bubbles: {side.label} (CPU ops with their exclusive µs inside the bubble)",
                                 (("µs", NUM), ("cause", COPY), ("iteration", NUM), ("CPU ops (µs)", TEXT)),
-                                [(_num(x["dur_us"]), str(x["cause"]), str(x["iteration"]), cpu_ops_text([(o["name"], o["us"]) for o in x["cpu_ops"]], unit=""))
-                                 for x in v["largest"][:5]]))
-    for key, what in (("kernels_added", "added"), ("kernels_removed", "removed")):
-        ks = diff.get(key) or []
+                                [(_num(x.dur_us), str(x.cause), str(x.iteration), cpu_ops_text([(o.name, o.us) for o in x.cpu_ops], unit=""))
+                                 for x in v.largest[:5]]))
+    for what in ("added", "removed"):
+        ks, total = diff.kernel_list(what)
         if ks:
             # one name a line, demangled and cut in the middle to the width (a list folded at spaces left "void" alone on a line)
-            total = diff.get(f"{key}_total", len(ks))
             console.print(f"{W['kernels_plain']} {what}" + (f" ({total}, the first 5)" if total > 5 else "") + ":")
-            demangle_many(k["name"] for k in ks[:5])
-            for n in cut_names([demangle(k["name"]) for k in ks[:5]], max(MIN_NAME, console.width - 3)):
+            demangle_many(k.name for k in ks[:5])
+            for n in cut_names([demangle(k.name) for k in ks[:5]], max(MIN_NAME, console.width - 3)):
                 console.print(f"  {escape(n)}", no_wrap=True, overflow="ellipsis")
-    for w in diff.get("warnings") or []:
-        console.print(f"[yellow]warning:[/] {escape(w)}")

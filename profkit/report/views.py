@@ -1,6 +1,6 @@
 """What every renderer says, worded once: about a diff.json, the headline sentences, the
 decomposition's rows, the unprofiled throughput rows, the noise verdict of a metric; about a
-summary's rank, the findings (profkit.findings) as sentences: the host setting the pace, GPU work
+summary's rank, the findings (profkit.attribution.findings) as sentences: the host setting the pace, GPU work
 outside every iteration, the CPU ops inside a bubble.
 
 Plain data in, plain strings and tuples out (no rich, no HTML, no Markdown): the terminal,
@@ -12,32 +12,32 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from profkit.attribution.diff import IDLE_KEYS, term_label
-from profkit.findings import host_gap
+from profkit.attribution.findings import host_gap
+from profkit.documents import Diff, ExpectedEffect, OwnTerm, Rank, ThroughputPoint, UnsetType, point_of
 from profkit.report.numbers import ratio_pct
 from profkit.report.vocab import diff_timeline, rank_timeline, words
 
 
-def within_noise(diff: Mapping[str, Any], metric: str) -> bool | None:
+def within_noise(diff: Diff, metric: str) -> bool | None:
     """True/False when repeats give a noise estimate for `metric` (e.g. ``category_us.attention``), else None."""
-    noise = diff.get("noise") or {}
-    if not noise.get("available"):
+    if not diff.noise.available:
         return None
-    m = (noise.get("metrics") or {}).get(metric)
-    return None if m is None else bool(m["within_noise"])
+    m = diff.noise.metrics.get(metric)
+    return None if m is None else bool(m.within_noise)
 
 
-def noise_verdict(diff: Mapping[str, Any], metric: str) -> str:
+def noise_verdict(diff: Diff, metric: str) -> str:
     """``±3.2 within noise``, ``±3.2 beyond noise`` (the noise the change is judged against beside the
     verdict), ``not judged`` when there is no noise estimate for `metric`, "" when the diff has none at all."""
-    if not (diff.get("noise") or {}).get("available"):
+    if not diff.noise.available:
         return ""  # nothing in the diff is judged: said once, in the headline and the note under the table
     w = within_noise(diff, metric)
     if w is None:
         return "not judged"
-    spread = ((diff.get("noise") or {}).get("metrics") or {}).get(metric, {}).get("spread")
+    spread = diff.noise.metrics[metric].spread
     pm = "" if spread is None else f"±{spread:,.1f} " if not metric.startswith("counts.") else f"±{spread:,.2g} "
     return pm + ("within noise" if w else "beyond noise")
 
@@ -48,28 +48,33 @@ def row_metric(group: str, term: str) -> str:
             "backlog": "backlog_us"}[group]
 
 
-def statistic_note(diff: Mapping[str, Any]) -> str:
+def doubt_metric(group: str) -> str:
+    """The capture-health metric that puts a `decomposition_rows` row in doubt (its mark in every renderer)."""
+    return "category_us" if group == "category" else "gpu_idle_us" if group == "idle" else "overlap_us"
+
+
+def statistic_note(diff: Diff) -> str:
     """What the decomposition's figures are, in one sentence (every renderer prints it under the table)."""
     dev = words(diff_timeline(diff))["device"]
-    dec = diff["decomposition"]
-    n = dec.get("windows") or 1
+    dec = diff.decomposition
+    n = dec.windows or 1
     what = (f"Each term is the median over {n} paired profile windows of the per-window change, with the noise it is judged "
             "against (the largest spread: of a side's windows, or of the per-window changes); each window's terms add up exactly "
             "to its change (residual), "
             "their medians need not" if n > 1 else
             "Each term is the mean change over the compared iterations of one profile window a side: not judged (no noise estimate)")
     basis = (f"; categories, phases and overlap by ownership (each iteration's own {dev} work), the backlog is the {dev} time "
-             "inside the windows that the compared iterations' own work does not account for" if dec.get("basis") == "ownership" else
+             "inside the windows that the compared iterations' own work does not account for" if dec.basis == "ownership" else
              "; categories by the clock (the summaries predate time by ownership: re-run profkit analyze to split out the backlog)"
-             if dec.get("basis") == "clock" else "")
-    unstable = f"; not judged: unstable ({dec['unstable']})" if dec.get("unstable") else ""
+             if dec.basis == "clock" else "")
+    unstable = f"; not judged: unstable ({dec.unstable})" if dec.unstable else ""
     return what + basis + order_note(diff) + unstable + "."
 
 
-def order_note(diff: Mapping[str, Any]) -> str:
+def order_note(diff: Diff) -> str:
     """How the two sides were recorded (the manifests' capture_order), as a clause; "" when unknown."""
-    ms = diff.get("manifests") or {}
-    orders = {m.get("capture_order") for m in (ms.get("baseline"), ms.get("candidate")) if isinstance(m, Mapping)}
+    ms = diff.manifests
+    orders = {m.get("capture_order") for m in (ms.baseline, ms.candidate) if isinstance(m, Mapping)}
     if orders == {"alternating"}:
         return "; the sides were recorded side by side, their repeats and profile windows alternating (A B A B)"
     if orders == {"sequential"}:
@@ -84,26 +89,18 @@ THROUGHPUT_KEYS = (
 )
 
 
-def _median_of(point: Mapping[str, Any] | None, key: str) -> tuple[float | None, float | None]:
-    v = (point or {}).get(key)
-    if isinstance(v, Mapping):
-        return v.get("median"), v.get("spread")
-    return (float(v), None) if isinstance(v, (int, float)) else (None, None)
-
-
-def throughput_rows(diff: Mapping[str, Any]) -> list[dict[str, Any]]:
+def throughput_rows(diff: Diff) -> list[dict[str, Any]]:
     """Unprofiled throughput side by side: label, baseline, candidate, change (%), within_noise
     (None without a spread), higher_is_better. Empty when the manifests carry no throughput."""
-    tp = diff.get("throughput") or {}
-    b, c = tp.get("baseline"), tp.get("candidate")
-    if not b and not c:
+    if not diff.throughput.baseline and not diff.throughput.candidate:
         return []
+    b, c = point_of(diff.throughput.baseline) or ThroughputPoint(), point_of(diff.throughput.candidate) or ThroughputPoint()
     rows = []
     cpu = diff_timeline(diff) == "cpu"
     for key, label, higher in THROUGHPUT_KEYS:
         if key == "tokens_per_s_per_gpu" and cpu:
             label = "tokens/s per rank"  # a CPU-only run has no GPU: the same figure, per process of the engine
-        (bv, bs), (cv, cs) = _median_of(b, key), _median_of(c, key)
+        (bv, bs), (cv, cs) = b.value(key), c.value(key)
         if bv is None and cv is None:
             continue
         change = (cv / bv - 1) * 100 if bv and cv is not None else None
@@ -114,13 +111,13 @@ def throughput_rows(diff: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def headline(diff: Mapping[str, Any]) -> str:
+def headline(diff: Diff) -> str:
     """One sentence: what the change did to the iteration (plain text; renderers escape it)."""
-    w = diff["wall_us"]
-    g = diff["gpu_window_us"]
-    parts = [f"{diff['shape']['label']}: wall {w['baseline']:,.1f} → {w['candidate']:,.1f} µs per iteration ({ratio_pct(w.get('ratio'), missing='n/a')})"]
+    w = diff.wall_us
+    g = diff.gpu_window_us
+    parts = [f"{diff.shape.label}: wall {w.baseline:,.1f} → {w.candidate:,.1f} µs per iteration ({ratio_pct(w.ratio, missing='n/a')})"]
     window = words(diff_timeline(diff))["window"]  # a CPU-only diff's windows are of its CPU-op timeline
-    parts.append(f"{window} {g['baseline']:,.1f} → {g['candidate']:,.1f} µs ({ratio_pct(g.get('ratio'), missing='n/a')})")
+    parts.append(f"{window} {g.baseline:,.1f} → {g.candidate:,.1f} µs ({ratio_pct(g.ratio, missing='n/a')})")
     return "; ".join(parts)
 
 
@@ -128,84 +125,80 @@ def _pct_of(part: float, whole: float) -> str:
     return f", {100 * part / whole:.0f}% of the kernel-time change" if whole and (part < 0) == (whole < 0) and abs(whole) >= 1 else ""
 
 
-def _own_text(t: Mapping[str, Any]) -> str:
-    return f"{term_label(t['term'])} {t['delta_us']:+,.1f} µs" + (f" (±{t['spread_us']:,.1f})" if t.get("spread_us") is not None else "")
+def _own_text(t: OwnTerm) -> str:
+    return f"{term_label(t.term)} {t.delta_us:+,.1f} µs" + (f" (±{t.spread_us:,.1f})" if t.spread_us is not None else "")
 
 
-def _why_not_judged(diff: Mapping[str, Any]) -> str:
-    if (diff.get("noise") or {}).get("unstable"):
+def _why_not_judged(diff: Diff) -> str:
+    if diff.noise.unstable:
         return "the windows are unstable"
-    r = (diff.get("noise") or {}).get("repeats") or {}
-    n = max(r.get("baseline") or 0, r.get("candidate") or 0)
-    return "one profile window a side, no noise estimate" if n < 2 else "the windows disagree"
+    return "one profile window a side, no noise estimate" if diff.noise.windows() < 2 else "the windows disagree"
 
 
-def what_to_run(diff: Mapping[str, Any]) -> str:
+def what_to_run(diff: Diff) -> str:
     """What would make an unjudged change judged, for the headline."""
-    noise = diff.get("noise") or {}
-    r = noise.get("repeats") or {}
-    if noise.get("unstable"):
+    if diff.noise.unstable:
         return "on a quieter machine, or with more iterations per window (--num-steps)"
-    if max(r.get("baseline") or 0, r.get("candidate") or 0) < 2:
+    if diff.noise.windows() < 2:
         return "with --profile-windows 3"
     return "on a quieter machine, or with --profile-windows 5"
 
 
-def headline_lines(diff: Mapping[str, Any]) -> list[str]:
+def headline_lines(diff: Diff) -> list[str]:
     """The headline (issue 28 point 1, issue 30; plain text, renderers escape it): ONE line (what changed, by how much,
     judged or not, whose own effect), then at most three bullets (the largest other terms, the throughput, the one
     warning that matters). The same words in every renderer; nothing here that another part of the report contradicts."""
     W = words(diff_timeline(diff))
-    dec = diff["decomposition"]
-    g = dec["gpu_window_us"]
-    n = dec.get("windows") or 1
+    dec = diff.decomposition
+    g = dec.gpu_window_us
+    n = dec.windows or 1
     stat = f"median of {n} windows" if n > 1 else "one window a side"
-    judged_run = bool((diff.get("noise") or {}).get("available"))
-    ee = diff.get("expected_effect") or {}
-    kernel = sum(v for v in (dec.get("category_us") or {}).values() if v is not None)
-    window = (f"{W['window']} {g['delta']:+,.1f} µs per iteration ({ratio_pct(g.get('ratio'), missing='n/a')} of the baseline's "
-              f"{g['baseline']:,.1f}, {diff['shape']['label']}, {stat})")
+    judged_run = diff.noise.available
+    ee = diff.expected_effect
+    kernel = sum(v for v in dec.category_us.values() if v is not None)
+    window = (f"{W['window']} {g.delta:+,.1f} µs per iteration ({ratio_pct(g.ratio, missing='n/a')} of the baseline's "
+              f"{g.baseline:,.1f}, {diff.shape.label}, {stat})")
     shown: set[str] = set()
-    if ee.get("known"):
+    if ee is not None and ee.known:
         # the window's own verdict beside it: a change within noise is never left to read as the optimization's gain
         nv = noise_verdict(diff, "gpu_window_us")
         window = window.replace(" per iteration (", f" per iteration, {nv} (", 1) if nv else window
-        terms = [t for t in ee.get("own") or [] if t.get("baseline_us") or t.get("candidate_us") or t.get("delta_us")]
-        shown = {t["term"] for t in terms}
+        terms = [t for t in ee.own if t.baseline_us or t.candidate_us or t.delta_us]
+        shown = {t.term for t in terms}
         if not terms:
-            first = f"{ee['optimization']}: no category, phase or idle time of its own in the catalog; {window}."
-        elif not ee.get("judged"):
-            first = (f"{ee['optimization']}'s own effect {', '.join(_own_text(t) for t in terms)}: not judged ("
+            first = f"{ee.optimization}: no category, phase or idle time of its own in the catalog; {window}."
+        elif not ee.judged:
+            first = (f"{ee.optimization}'s own effect {', '.join(_own_text(t) for t in terms)}: not judged ("
                      f"{_why_not_judged(diff)}; run {what_to_run(diff)}); {window}.")
         else:
-            wrong = [t for t in terms if t.get("as_expected") is False]
-            good = [t for t in terms if t.get("as_expected") is True]
-            unseen = [t for t in terms if t.get("as_expected") is None]
+            wrong = [t for t in terms if t.as_expected is False]
+            good = [t for t in terms if t.as_expected is True]
+            unseen = [t for t in terms if t.as_expected is None]
             parts = []
             if wrong:
                 parts.append(f"{', '.join(_own_text(t) for t in wrong)} beyond noise the WRONG way (a decrease expected)")
             if good:
-                cat = [t for t in good if t["term"].startswith(("category_us.", "phase_us."))]
-                share = _pct_of(cat[0]["delta_us"], kernel) if len(cat) == 1 and cat[0]["term"].startswith("category_us.") else ""
+                cat = [t for t in good if t.term.startswith(("category_us.", "phase_us."))]
+                share = _pct_of(cat[0].delta_us, kernel) if len(cat) == 1 and cat[0].term.startswith("category_us.") else ""
                 parts.append(f"{', '.join(_own_text(t) for t in good)} beyond noise, a decrease as expected{share}")
             if unseen:  # within the noise (or below the floor): the run cannot tell, so no verdict on it
                 parts.append(f"{', '.join(_own_text(t) for t in unseen)} not judged, within the noise"
                              + (f" (run {what_to_run(diff)})" if not good and not wrong else ""))
-            first = f"{ee['optimization']}'s own effect: {'; '.join(parts)}; {window}."
+            first = f"{ee.optimization}'s own effect: {'; '.join(parts)}; {window}."
     else:
         v = within_noise(diff, "gpu_window_us")
         verdict = "not judged" if v is None else "within noise" if v else "beyond noise"
-        who = (f"{ee['optimization']!r} is not in the catalog (no own terms)" if ee else "no optimization named (pass --opt for its own effect)")
-        first = f"{diff['shape']['label']}: {window.replace(', ' + diff['shape']['label'], '')}, {verdict}" + (f" (run {what_to_run(diff)})" if v is None else "") + f"; {who}."
+        who = (f"{ee.optimization!r} is not in the catalog (no own terms)" if ee else "no optimization named (pass --opt for its own effect)")
+        first = f"{diff.shape.label}: {window.replace(', ' + diff.shape.label, '')}, {verdict}" + (f" (run {what_to_run(diff)})" if v is None else "") + f"; {who}."
     bullets: list[str] = []
     # the largest other terms (judged: those beyond noise; not judged: the largest, said so)
-    others = [(f"category_us.{k}", v) for k, v in (dec.get("category_us") or {}).items()]
-    others += [(f"idle_us_by_cause.{k}", v) for k, v in (dec.get("idle_us_by_cause") or {}).items()]
-    others += [("backlog_us", dec.get("backlog_us") or 0.0)]
+    others: list[tuple[str, float]] = [(f"category_us.{k}", v) for k, v in dec.category_us.items()]
+    others += [(f"idle_us_by_cause.{k}", v) for k, v in dec.idle_us_by_cause.items()]
+    others += [("backlog_us", (dec.backlog_us if isinstance(dec.backlog_us, (int, float)) else None) or 0.0)]
     others = sorted(((k, v) for k, v in others if k not in shown and v), key=lambda kv: -abs(kv[1]))
     if judged_run:
         # beyond noise (and, with an optimization, beyond its floor: the same terms its check would flag)
-        floor = ee.get("floor_us") or 0.0 if ee.get("known") else 0.0
+        floor = ee.floor_us or 0.0 if ee is not None and ee.known else 0.0
         beyond = [(k, v) for k, v in others if within_noise(diff, k) is False and abs(v) >= floor]
         rest = (", ".join(f"{term_label(k)} {v:+,.1f} µs" for k, v in beyond[:3]) if beyond else "nothing beyond noise")
         bullets.append(f"Elsewhere: {rest}" + (f" (largest within noise: {term_label(others[0][0])} {others[0][1]:+,.1f} µs)"
@@ -227,16 +220,17 @@ def headline_lines(diff: Mapping[str, Any]) -> list[str]:
     return [first, *bullets[:3]]
 
 
-def _the_warning(diff: Mapping[str, Any]) -> str | None:
+def _the_warning(diff: Diff) -> str | None:
     """The one warning that matters most for reading the headline, or None: a red flag, an unstable side, the
     exploration baseline, the profiler's slowdown."""
-    ee = diff.get("expected_effect") or {}
-    flags = effect_flags(ee) if ee.get("known") else []
+    ee = diff.expected_effect
+    flags = effect_flags(ee) if ee is not None and ee.known else []
     if flags:
         return f"Flag: {flags[0]}" + (f" (and {len(flags) - 1} more)" if len(flags) > 1 else "") + "."
-    unstable = [side for side in ("baseline", "candidate") if (diff.get("stability") or {}).get(side)]
+    stab = {"baseline": diff.stability.baseline, "candidate": diff.stability.candidate}
+    unstable = [side for side, v in stab.items() if v]
     if unstable:
-        return f"Unstable {' and '.join(unstable)}: {(diff.get('stability') or {})[unstable[0]]}."
+        return f"Unstable {' and '.join(unstable)}: {stab[unstable[0]]}."
     if _exploration(diff):
         return "Exploration mode (--base off): the baseline is everything off, eager, a regime the study never ran."
     slow = {side: profiler_slowdown(diff, side) for side in ("baseline", "candidate")}
@@ -251,10 +245,10 @@ def _the_warning(diff: Mapping[str, Any]) -> str | None:
 SLOWDOWN_NOTE = 1.5  # a profiled window this much slower than the unprofiled passes gets a line in the headline
 
 
-def profiler_slowdown(diff: Mapping[str, Any], side: str) -> float | None:
+def profiler_slowdown(diff: Diff, side: str) -> float | None:
     """How much slower `side` ran inside its profile windows than in its unprofiled passes (tokens/s per user,
     the manifest's profiler_overhead; the median over the windows), or None without a manifest that says."""
-    m = (diff.get("manifests") or {}).get(side)
+    m = diff.manifests.baseline if side == "baseline" else diff.manifests.candidate
     oh = m.get("profiler_overhead") if isinstance(m, Mapping) else None
     if not isinstance(oh, Mapping):
         return None
@@ -263,8 +257,8 @@ def profiler_slowdown(diff: Mapping[str, Any], side: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def _exploration(diff: Mapping[str, Any]) -> bool:
-    m = (diff.get("manifests") or {}).get("baseline")
+def _exploration(diff: Diff) -> bool:
+    m = diff.manifests.baseline
     if not isinstance(m, Mapping):
         return False
     if m.get("base") == "off":
@@ -273,34 +267,34 @@ def _exploration(diff: Mapping[str, Any]) -> bool:
     return isinstance(states, Mapping) and bool(states) and not any(states.values())
 
 
-def phase_rows(diff: Mapping[str, Any]) -> list[tuple[str, float | None, float | None, float, str]]:
+def phase_rows(diff: Diff) -> list[tuple[str, float | None, float | None, float, str]]:
     """(phase, baseline_us, candidate_us, delta_us, noise metric) rows of the change by phase (µs per iteration, the statistic)."""
-    dec = diff["decomposition"]
-    b, c = dec["baseline"].get("phase_us") or {}, dec["candidate"].get("phase_us") or {}
-    return [(k, b.get(k), c.get(k), d, f"phase_us.{k}") for k, d in (dec.get("phase_us") or {}).items()]
+    dec = diff.decomposition
+    b, c = dec.baseline.phase_us, dec.candidate.phase_us
+    return [(k, b.get(k), c.get(k), d, f"phase_us.{k}") for k, d in dec.phase_us.items()]
 
 
-def effect_flags(ee: Mapping[str, Any]) -> list[str]:
+def effect_flags(ee: ExpectedEffect) -> list[str]:
     """The expected-effect check's red flags, its own effect's first: against the expected direction, then
     changes outside its categories."""
-    return [*(ee.get("against") or []), *(ee.get("flags") or [])]
+    return [*ee.against, *ee.flags]
 
 
-def decomposition_rows(diff: Mapping[str, Any]) -> list[tuple[str, str, float, float | None, float | None]]:
+def decomposition_rows(diff: Diff) -> list[tuple[str, str, float, float | None, float | None]]:
     """(group, term, delta_us, baseline_us, candidate_us) rows whose deltas (in each profile window) add up to
     the change in the GPU window; overlap enters with a minus sign (its row holds -delta overlap); the backlog
     row where the categories are by ownership."""
-    d = diff["decomposition"]
-    b, c = d["baseline"], d["candidate"]
+    d = diff.decomposition
+    b, c = d.baseline, d.candidate
     rows: list[tuple[str, str, float, float | None, float | None]] = []
-    for k, v in d["category_us"].items():
-        rows.append(("category", k, v, b["category_us"].get(k), c["category_us"].get(k)))
-    rows.append(("overlap", "overlap (counted once)", -d["overlap_us"], b["overlap_us"], c["overlap_us"]))
+    for k, v in d.category_us.items():
+        rows.append(("category", k, v, b.category_us.get(k), c.category_us.get(k)))
+    rows.append(("overlap", "overlap (counted once)", -d.overlap_us, b.overlap_us, c.overlap_us))
     for k in IDLE_KEYS:
-        if k in d["idle_us_by_cause"]:  # "python" only in a diff of CPU-only runs
-            rows.append(("idle", k, d["idle_us_by_cause"][k], b["idle_us_by_cause"][k], c["idle_us_by_cause"][k]))
-    if "backlog_us" in d and d.get("basis") != "clock":  # by ownership: the clock's GPU time that the own work does not explain
-        rows.append(("backlog", "backlog", d["backlog_us"], b.get("backlog_us"), c.get("backlog_us")))
+        if k in d.idle_us_by_cause:  # "python" only in a diff of CPU-only runs
+            rows.append(("idle", k, d.idle_us_by_cause[k], b.idle_us_by_cause[k], c.idle_us_by_cause[k]))
+    if not isinstance(d.backlog_us, UnsetType) and d.basis != "clock":  # by ownership: the clock's GPU time that the own work does not explain
+        rows.append(("backlog", "backlog", cast(float, d.backlog_us), b.backlog_us, c.backlog_us))
     return rows
 
 
@@ -308,18 +302,18 @@ def decomposition_rows(diff: Mapping[str, Any]) -> list[tuple[str, str, float, f
 # a summary's findings, in words
 
 
-def host_gap_text(rank: Mapping[str, Any]) -> str | None:
+def host_gap_text(rank: Rank) -> str | None:
     """One sentence for the headline, or None."""
     h = host_gap(rank)
     if h is None:
         return None
-    dev = "CPU-op" if rank.get("device_timeline") == "cpu" else "GPU"
+    dev = "CPU-op" if rank.device_timeline == "cpu" else "GPU"
     text = (f"the host sets the pace: CPU window {h['wall_us']:,.1f} µs vs {dev} window {h['gpu_window_us']:,.1f} µs "
             f"(median per iteration)")
     c = h["call"]
     if c:
-        where = f", trigger {c['trigger']}" if c.get("trigger") else ""
-        frame = f", at {str(c['stack']).split(' ← ')[0]}" if c.get("stack") else ""
+        where = f", trigger {c['trigger']}" if c["trigger"] else ""
+        frame = f", at {str(c['stack']).split(' ← ')[0]}" if c["stack"] else ""
         text += (f"; {c['blocked_us']:,.1f} µs of it blocked in {c['api']} ({c['kind']}, {c['direction']}{where}{frame}) "
                  f"in iteration {c['iteration']}")
     else:
@@ -333,31 +327,31 @@ def cpu_ops_text(ops: list[tuple[str, float | None]], *, sep: str = ", ", unit: 
     return sep.join(name if us is None else f"{name} {us:,.1f}{unit}" for name, us in ops)
 
 
-def outside_text(rank: Mapping[str, Any]) -> str | None:
+def outside_text(rank: Rank) -> str | None:
     """One line on GPU work outside every iteration, when there is any."""
-    o = rank.get("outside_iterations")
-    if not o or not o.get("gpu_ops"):
+    o = rank.outside_iterations
+    if o is None or not o.gpu_ops:
         return None
-    busy = o.get("device_busy_us") or 0.0
+    busy = o.device_busy_us or 0.0
     cpu = rank_timeline(rank) == "cpu"  # a CPU-only run: its "ops" are aten ops, none of them launched
-    share = f" ({100 * o['gpu_us'] / busy:.1f}% of the {'CPU-op' if cpu else 'device’s'} busy time)".replace("’", "'") if busy else ""
-    parts = [f"{o[k]} {label}" for k, label in (("before_first", "before the first iteration" if cpu else "launched before the first iteration"),
-                                                ("after_last", "after the last"), ("no_launch_in_trace", "with no launch call in the trace"))
-             if o.get(k)]
+    share = f" ({100 * (o.gpu_us or 0.0) / busy:.1f}% of the {'CPU-op' if cpu else 'device’s'} busy time)".replace("’", "'") if busy else ""
+    parts = [f"{n} {label}" for n, label in ((o.before_first, "before the first iteration" if cpu else "launched before the first iteration"),
+                                             (o.after_last, "after the last"), (o.no_launch_in_trace, "with no launch call in the trace"))
+             if n]
     ops = "aten ops" if cpu else "GPU ops"  # a CPU-only run's device ops are its aten ops
-    return f"outside every iteration: {o['gpu_ops']:,} {ops}, {o['gpu_us']:,.1f} µs{share}: {', '.join(parts)}"
+    return f"outside every iteration: {o.gpu_ops:,} {ops}, {o.gpu_us:,.1f} µs{share}: {', '.join(parts)}"
 
 
-def device_text(rank: Mapping[str, Any], manifest: Any = None) -> str:
+def device_text(rank: Rank, manifest: Any = None) -> str:
     """What ran the rank: the trace's device name, else the run manifest's (its gpu, e.g. "cpu"), else
     "CPU" for a CPU-only trace; "unknown device" only when nothing says."""
-    if rank.get("device"):
-        return str(rank["device"])
+    if rank.device:
+        return str(rank.device)
     versions = manifest.get("versions") if isinstance(manifest, Mapping) else None
     gpu = (versions or {}).get("gpu") if isinstance(versions, Mapping) else None
     if gpu:
         return "CPU" if str(gpu).lower() == "cpu" else str(gpu)
-    return "CPU" if rank.get("device_timeline") == "cpu" else "unknown device"
+    return "CPU" if rank.device_timeline == "cpu" else "unknown device"
 
 
 IDLE_VERDICT = 0.5  # a GPU idle for at least this share of its window gets a verdict line
@@ -370,32 +364,32 @@ _IDLE_WHY = {
 }
 
 
-def idle_verdict(rank: Mapping[str, Any]) -> str | None:
+def idle_verdict(rank: Rank) -> str | None:
     """One line when the GPU mostly idles (median idle >= IDLE_VERDICT of the median window): what bounds
     the iteration, by the largest idle cause, with the CPU op most of that idle time went to. None for a
     GPU that is mostly busy, or a CPU-only run (its "idle" is of the CPU-op timeline)."""
-    from profkit.findings import idle_cpu_ops
+    from profkit.attribution.findings import idle_cpu_ops
 
-    if rank.get("device_timeline") == "cpu":
+    if rank.device_timeline == "cpu":
         return None
-    m = rank.get("median") or {}
-    win, idle = m.get("gpu_window_us"), m.get("gpu_idle_us")
+    m = rank.median
+    win, idle = m.gpu_window_us, m.gpu_idle_us
     if not win or idle is None or idle < IDLE_VERDICT * win:
         return None
-    causes = {k: v or 0.0 for k, v in (m.get("bubble_us_by_cause") or {}).items()}
-    causes["short_gaps"] = max(idle - (m.get("bubble_us") or 0.0), 0.0)
+    causes = {k: v or 0.0 for k, v in m.bubble_us_by_cause.items()}
+    causes["short_gaps"] = max(idle - (m.bubble_us or 0.0), 0.0)
     cause, us = max(causes.items(), key=lambda kv: kv[1])
     where = ""
     ops = idle_cpu_ops(rank, cause, 1) if cause != "short_gaps" else []
     if ops and ops[0][1]:
-        n = max(len(rank.get("iterations") or []), 1)
+        n = max(len(rank.iterations), 1)
         where = f"; the CPU op with most of that idle time: {ops[0][0]} ({ops[0][1] / n:,.1f} µs per iteration)"
-    launches = f", {m['kernel_launches']:,.0f} kernel launches per iteration" if cause == "launch" and m.get("kernel_launches") else ""
+    launches = f", {m.kernel_launches:,.0f} kernel launches per iteration" if cause == "launch" and m.kernel_launches else ""
     return (f"verdict: the GPU idles {idle:,.1f} of its {win:,.1f} µs window per iteration ({100 * idle / win:.0f}%, medians); "
             f"{_IDLE_WHY.get(cause, cause)} ({cause.replace('_', ' ')} {us:,.1f} µs{launches}){where}")
 
 
-def unstable_runs(steps: Sequence[tuple[str, str, str, Mapping[str, Any]]], config: Mapping[str, str]) -> list[str]:
+def unstable_runs(steps: Sequence[tuple[str, str, str, Diff]], config: Mapping[str, str]) -> list[str]:
     """A sweep's unstable runs, each once with the steps it takes part in (a ladder's middle run is one step's
     candidate and the next one's baseline): "+topk_v2: profile window 0: …; steps +topk_v2, +topk_v2+overlap: their
     changes are the swing as much as the step". `steps`: (step label, baseline run id, candidate run id, diff);
@@ -403,7 +397,7 @@ def unstable_runs(steps: Sequence[tuple[str, str, str, Mapping[str, Any]]], conf
     runs: dict[str, tuple[str, list[str]]] = {}
     for label, b, c, d in steps:
         for side, run in (("baseline", b), ("candidate", c)):
-            u = (d.get("stability") or {}).get(side)
+            u = getattr(d.stability, side)
             if u:
                 runs.setdefault(str(config.get(run) or run), (u, []))[1].append(label)
     return [f"{run}: {u}; step{'s' if len(st) > 1 else ''} {', '.join(st)}: "

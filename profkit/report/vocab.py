@@ -8,8 +8,7 @@ idle time are of that CPU-op timeline and its "kernels" are aten ops, and every 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from profkit.documents import Diff, Rank
 
 GPU_WORDS = {"device": "GPU", "window": "GPU window", "busy": "GPU busy", "idle": "GPU idle", "kernels": "GPU kernels", "kernel": "kernel",
              "kernels_plain": "kernels"}
@@ -22,13 +21,13 @@ MIXED_BANNER = ("One side is a CPU-only run (its aten ops stand in for device op
                 "and idle times are of different timelines and do not compare.")
 
 
-def rank_timeline(rank: Mapping[str, Any]) -> str:
-    return "cpu" if rank.get("device_timeline") == "cpu" else "gpu"
+def rank_timeline(rank: Rank) -> str:
+    return "cpu" if rank.device_timeline == "cpu" else "gpu"
 
 
-def diff_timeline(diff: Mapping[str, Any]) -> str:
+def diff_timeline(diff: Diff) -> str:
     """"cpu" when both sides are CPU-only, "mixed" when one is, else "gpu" (diff.json's sides)."""
-    t = {str((diff.get(s) or {}).get("device_timeline") or "gpu") for s in ("baseline", "candidate")}
+    t = {str(s.device_timeline or "gpu") for s in (diff.baseline, diff.candidate)}
     return "mixed" if len(t) > 1 else t.pop()
 
 

@@ -1,0 +1,539 @@
+"""summary.json and diff.json as typed structs (msgspec): decoded once where a document enters
+attribution or a renderer, read by field everywhere after.
+
+`summary_of` takes a summary.json (schema v1, v2 or v3: the dict `profkit analyze` builds, or the
+bytes of a file) and upgrades what older versions lack in one place: a v1 rank lists every bubble and
+sync, so its `bubbles_by_cause` and `sync_groups` aggregates are counted from the lists here. What
+cannot be recovered stays None (a v1 rank's `bubble_cpu_ops` has no times; v1 and v2 iterations have
+no time by ownership: `owned_category_us` None, which attribution takes as the clock basis).
+
+Unknown keys are ignored and every field has a default, so older and newer files decode. Sections
+that only travel through (the timeline, the run manifest, capture health, overlap slack, speculative
+cost) stay plain JSON values. Writing stays where it is: analysis builds summary.json as a dict, and
+attribution builds diff.json as a dict in the order of the structs below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+__all__ = ["UNSET", "UnsetType", "Summary", "Rank", "Iteration", "summary_of", "rank_of", "Diff", "diff_of"]
+
+Num = int | float  # a JSON number as written: an int stays an int (a count), a float a float
+
+
+class _Doc(msgspec.Struct, forbid_unknown_fields=False, kw_only=True):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# summary.json
+
+
+class Iteration(_Doc):
+    index: int = 0
+    kind: str | None = None
+    batch_size: int | None = None
+    start_us: float | None = None
+    gpu_start_us: float | None = None
+    wall_us: Num | None = None
+    gpu_window_us: Num | None = None
+    gpu_busy_us: Num | None = None
+    gpu_idle_us: Num | None = None
+    overlap_us: Num | None = None
+    gpu_kernels: Num | None = None
+    memcpy: dict[str, Num | None] = {}
+    memset: Num | None = None
+    kernel_launches: Num | None = None
+    graph_launches: Num | None = None
+    launch_calls: dict[str, Num] = {}
+    launch_us: Num | None = None
+    launch_latency_us_p50: Num | None = None
+    syncs: Num | None = None
+    sync_us: Num | None = None
+    sync_copies: Num | None = None
+    sync_copy_us: Num | None = None
+    bubble_count: Num | None = None
+    bubble_us: Num | None = None
+    bubble_us_by_cause: dict[str, Num | None] = {}
+    category_us: dict[str, Num | None] = {}  # by the clock
+    phase_us: dict[str, Num | None] = {}  # schema v2
+    owned_gpu_us: Num | None = None  # schema v2
+    spill_us: Num | None = None  # schema v2
+    owned_category_us: dict[str, Num | None] | None = None  # schema v3: by ownership
+    owned_phase_us: dict[str, Num | None] | None = None
+    owned_overlap_us: Num | None = None
+
+    def count(self, key: str) -> Num:
+        """A count by diff.json's name (``memcpy_d2h`` is memcpy["d2h"]); 0 when absent."""
+        if key.startswith("memcpy_"):
+            return self.memcpy.get(key.removeprefix("memcpy_")) or 0
+        v = getattr(self, key)
+        return v or 0
+
+
+class Sync(_Doc):
+    iteration: int | None = None
+    api: str | None = None
+    kind: str | None = None
+    direction: str | None = None
+    start_us: float | None = None
+    blocked_us: Num | None = None
+    trigger: str | None = None
+    stack: str | None = None
+
+
+class Bubble(_Doc):
+    iteration: int | None = None
+    start_us: Num | None = None
+    dur_us: Num | None = None
+    cause: str | None = None
+    cpu_ops: list[str] = []
+    cpu_ops_us: list[Num | None] | None = None  # schema v2
+
+
+class SyncGroup(_Doc):
+    kind: str | None = None
+    api: str | None = None
+    direction: str | None = None
+    trigger: str | None = None
+    count: int = 0
+    blocked_us: Num = 0.0
+    by_iteration: dict[str, int] = {}  # iteration index (as a string) -> count
+
+
+class CauseTotal(_Doc):
+    count: int = 0
+    us: Num | None = 0.0
+
+
+class BubbleCpuOp(_Doc):
+    cause: str | None = None
+    cpu_op: str = ""
+    idle_us: Num | None = None
+    bubbles: int = 0
+
+
+class Kernel(_Doc):
+    name: str | None = None
+    category: str | None = None
+    count: int | None = None
+    total_us: Num | None = None
+
+
+class Outside(_Doc):
+    """GPU work outside every iteration (schema v2)."""
+    gpu_ops: int = 0
+    gpu_us: Num | None = None
+    before_first: int = 0
+    after_last: int = 0
+    no_launch_in_trace: int = 0
+    device_busy_us: Num | None = None
+    gpu_kernels: int = 0
+    memcpy: dict[str, int] = {}
+    memset: int = 0
+    launch_calls: int = 0
+    syncs: int = 0
+    sync_copies: int = 0
+
+
+class Rank(_Doc):
+    rank: int | None = None
+    device: Any = None
+    path: str | None = None
+    marker: Any = UNSET  # UNSET: the rank does not say; the summary's marker holds
+    catalog: str | None = None
+    device_timeline: str | None = "gpu"
+    device_records: Any = None
+    graph_capture: Any = None
+    source: Any = None
+    t0_us: float | None = None
+    iterations: list[Iteration] = []
+    median: Iteration = msgspec.field(default_factory=Iteration)  # the median over iterations of every figure (none: no iterations)
+    syncs: list[Sync] = []
+    syncs_total: int | None = None
+    sync_groups: list[SyncGroup] = []  # v1: counted from `syncs` on decoding
+    bubbles: list[Bubble] = []
+    bubbles_total: int | None = None
+    bubbles_by_cause: dict[str, CauseTotal] = {}  # v1: counted from `bubbles` on decoding
+    bubble_cpu_ops: list[BubbleCpuOp] | None = None  # None: a v1 rank (no times)
+    kernels: list[Kernel] = []
+    outside_iterations: Outside | None = None
+    warnings: list[str] = []
+    stub_markers: Any = None
+    overlap_slack: dict[str, Any] | None = None
+    capture: dict[str, Any] | None = None
+    speculative: dict[str, Any] | None = None
+    timeline: Any = None
+
+
+class Summary(_Doc):
+    schema_version: int = 1
+    profkit_version: str | None = None
+    inputs: list[Any] = []
+    marker: Any = None
+    ranks: list[Rank] = []
+    health: Any = None
+    cross_rank: Any = None  # several ranks: stragglers and clock offsets (analysis/ranks.py)
+    speculative: Any = None
+    manifest: Any = None  # the run folder's manifest.json, added on loading (profkit/flows/inputs.py)
+    run: Any = None  # what `profkit trace` writes into every summary
+
+
+# ---------------------------------------------------------------------------------------------
+# diff.json (attribution/diff.py writes it: compare_summaries)
+
+T = TypeVar("T")
+
+
+class Pair(_Doc, Generic[T]):
+    """A figure of each side."""
+    baseline: T | None = None
+    candidate: T | None = None
+
+
+class Change(_Doc):
+    """{baseline, candidate, delta, ratio}: a side-by-side figure and its change (µs per iteration)."""
+    baseline: Num | None = None
+    candidate: Num | None = None
+    delta: Num | None = None
+    ratio: float | None = None
+
+
+class SideInfo(_Doc):
+    label: str = "?"
+    inputs: list[Any] = []
+    rank: int | None = None
+    device: Any = None
+    device_timeline: str | None = None
+    catalog: str | None = None
+    marker: Any = None
+    iterations: dict[str, Any] = {}
+    shapes: dict[str, int] = {}
+    repeats: int = 0
+
+
+class Shape(_Doc):
+    kind: str | None = None
+    batch_size: int | None = None
+    label: str = ""
+    baseline_label: str | UnsetType = UNSET  # the baseline's shape where the step itself changed (speculative decoding)
+    iterations: dict[str, int] = {}
+
+
+class DecompositionSide(_Doc):
+    gpu_window_us: Num | None = None
+    gpu_busy_us: Num | None = None
+    category_us: dict[str, Num | None] = {}
+    phase_us: dict[str, Num | None] = {}
+    overlap_us: Num | None = None
+    idle_us: Num | None = None
+    idle_us_by_cause: dict[str, Num | None] = {}
+    backlog_us: Num | None = None
+
+
+class Decomposition(_Doc):
+    unstable: str | None = None
+    statistic: str | None = None
+    basis: str | None = None  # "ownership", "clock"; None in a diff.json written before the basis existed
+    windows: int | None = None
+    judged: bool | None = None
+    identity: str | None = None
+    gpu_window_us: Change = msgspec.field(default_factory=Change)
+    category_us: dict[str, Num] = {}
+    overlap_us: Num = 0.0
+    idle_us: Num | None = None
+    idle_us_by_cause: dict[str, Num] = {}
+    backlog_us: Num | None | UnsetType = UNSET  # UNSET: a diff.json written before the backlog term
+    phase_us: dict[str, Num] = {}
+    spread_us: dict[str, Any] = {}
+    residual_us: Num | None = None
+    exact: bool | None = None
+    per_window: list[Any] = []
+    baseline: DecompositionSide = msgspec.field(default_factory=DecompositionSide)
+    candidate: DecompositionSide = msgspec.field(default_factory=DecompositionSide)
+
+
+class SideBySide(_Doc):
+    baseline: Num | None = None
+    candidate: Num | None = None
+    delta: Num | None = None
+
+
+class SyncChange(_Doc):
+    kind: str = ""
+    api: str = ""
+    direction: str = ""
+    trigger: str = ""
+    baseline_per_iteration: Num = 0.0
+    candidate_per_iteration: Num = 0.0
+    delta: Num = 0.0
+
+
+class KernelEntry(_Doc):
+    name: str = ""
+    category: str | None = None
+    count_per_iteration: Num = 0.0
+    us_per_iteration: Num = 0.0
+    examples: list[str] = []
+
+
+class Mover(_Doc):
+    name: str = ""
+    category: str | None = None
+    baseline_us: Num = 0.0
+    candidate_us: Num = 0.0
+    delta_us: Num = 0.0
+    baseline_count: Num = 0.0
+    candidate_count: Num = 0.0
+    status: str = ""
+    examples: list[str] = []
+
+
+class OwnTerm(_Doc):
+    """A term of the expected-effect check (its own, or one that moved elsewhere)."""
+    term: str = ""
+    delta_us: Num = 0.0
+    spread_us: Num | None = None
+    within_noise: bool | None = None
+    baseline_us: Num | None = None
+    candidate_us: Num | None = None
+    expected: str | None = None
+    as_expected: bool | None = None
+
+
+class ExpectedEffect(_Doc):
+    optimization: str = ""
+    known: bool = False
+    catalog: str | None = None
+    categories: list[str] = []
+    phases: list[str] = []
+    idle: list[str] = []
+    judged: bool = False
+    threshold: str = ""
+    backlog_drift_us: Num | None = None
+    own: list[OwnTerm] = []
+    against: list[str] = []
+    beyond_noise: list[OwnTerm] = []
+    floor_us: Num | None = None
+    changes: list[dict[str, Any]] = []
+    flags: list[str] = []
+    ok: bool | None = None
+    note: str = ""  # an optimization the catalog does not know
+
+
+class NoiseSide(_Doc):
+    median: Num | None = None
+    spread: Num | None = None
+    n: int = 0
+
+
+class NoiseMetric(_Doc):
+    baseline: NoiseSide = msgspec.field(default_factory=NoiseSide)
+    candidate: NoiseSide = msgspec.field(default_factory=NoiseSide)
+    delta: Num | None = None
+    spread: Num | None = None
+    per_window: list[Num] = []
+    within_noise: bool = False
+
+
+class Noise(_Doc):
+    available: bool = False
+    unstable: bool = False
+    repeats: dict[str, int] = {}
+    statistic: str | None = None
+    note: str = "no noise estimate"
+    metrics: dict[str, NoiseMetric] = {}
+
+    def windows(self) -> int:
+        """The most profile windows of a side."""
+        return max(self.repeats.get("baseline") or 0, self.repeats.get("candidate") or 0)
+
+
+class CpuOpTime(_Doc):
+    name: str = ""
+    us: Num | None = None
+
+
+class LargeBubble(_Doc):
+    iteration: int | None = None
+    start_us: Num | None = None
+    dur_us: Num | None = None
+    cause: str | None = None
+    cpu_ops: list[CpuOpTime] = []
+
+
+class IdleCpuOp(_Doc):
+    name: str = ""
+    idle_us: Num | None = None
+
+
+class BubbleView(_Doc):
+    largest: list[LargeBubble] = []
+    idle_cpu_ops: list[IdleCpuOp] = []
+
+
+class SeriesPoint(_Doc):
+    """One iteration as the per-iteration figures draw it (diff.json's `series`)."""
+    index: int = 0
+    shape: str = ""
+    used: bool = True
+    wall_us: Num | None = None
+    gpu_window_us: Num | None = None
+    gpu_kernels: Num | None = None
+    kernel_launches: Num | None = None
+    graph_launches: Num | None = None
+    syncs: Num | None = None
+    sync_copies: Num | None = None
+    bubble_count: Num | None = None
+
+
+class Diff(_Doc):
+    """diff.json, schema 1 (attribution/diff.py compare_summaries writes it, in this order)."""
+    schema_version: int = 1
+    profkit_version: str | None = None
+    baseline: SideInfo = msgspec.field(default_factory=SideInfo)
+    candidate: SideInfo = msgspec.field(default_factory=SideInfo)
+    rank: int | None = None
+    shape: Shape = msgspec.field(default_factory=Shape)
+    optimization: str | None = None
+    wall_us: Change = msgspec.field(default_factory=Change)
+    gpu_window_us: Change = msgspec.field(default_factory=Change)
+    decomposition: Decomposition = msgspec.field(default_factory=Decomposition)
+    counts: dict[str, SideBySide] = {}
+    timings: dict[str, SideBySide] = {}
+    syncs: list[SyncChange] = []
+    kernels_added: list[KernelEntry] = []
+    kernels_removed: list[KernelEntry] = []
+    kernels_added_total: int | None = None
+    kernels_removed_total: int | None = None
+    top_movers: list[Mover] = []
+    expected_effect: ExpectedEffect | None = None
+    noise: Noise = msgspec.field(default_factory=Noise)
+    stability: Pair[str] = msgspec.field(default_factory=Pair)
+    warnings: list[str] = []
+    timelines: Pair[Any] = msgspec.field(default_factory=Pair)
+    bubbles: Pair[BubbleView] = msgspec.field(default_factory=Pair)
+    series: Pair[list[SeriesPoint]] = msgspec.field(default_factory=Pair)
+    manifests: Pair[Any] = msgspec.field(default_factory=Pair)
+    throughput: Pair[Any] = msgspec.field(default_factory=Pair)  # each side's first point as the manifest has it: point_of
+    health: Pair[Any] = msgspec.field(default_factory=Pair)
+    overlap_slack: Any = None  # issue 31 (optional keys): attribution/capture_terms.py
+    speculative: Any = None
+
+    def kernel_list(self, which: str) -> tuple[list[KernelEntry], int]:
+        """``added`` or ``removed`` kernels: the listed ones and how many there were."""
+        ks = self.kernels_added if which == "added" else self.kernels_removed
+        total = self.kernels_added_total if which == "added" else self.kernels_removed_total
+        return ks, len(ks) if total is None else total
+
+
+# ---------------------------------------------------------------------------------------------
+# unprofiled throughput (a run manifest's `throughput` points; diff.json's `throughput`: each side's first)
+
+
+class Measure(_Doc):
+    """A figure over repeats: median and spread (max - min)."""
+    median: Num | None = None
+    spread: Num | None = None
+
+
+Figure = Measure | Num | str | None  # a figure over repeats, or a single value
+
+
+class ThroughputPoint(_Doc):
+    """One workload point: input length, concurrency, and its figures."""
+    isl: Any = None
+    concurrency: Any = None
+    tokens_per_s_per_user_p50: Figure = None
+    tokens_per_s_per_gpu: Figure = None
+    tokens_per_s: Figure = None
+    ttft_ms_p50: Figure = None
+    itl_ms_p50: Figure = None
+    accept_length: Figure = None
+    cache_hit_rate: Figure = None
+
+    def median(self, key: str) -> Num | None:
+        """The figure's median over repeats (None for a single value or none)."""
+        v = getattr(self, key)
+        return v.median if isinstance(v, Measure) else None
+
+    def value(self, key: str) -> tuple[float | None, float | None]:
+        """(median, spread) of a figure over repeats, (value, None) of a single value, else (None, None)."""
+        v = getattr(self, key)
+        if isinstance(v, Measure):
+            return v.median, v.spread
+        return (float(v), None) if isinstance(v, (int, float)) else (None, None)
+
+
+def point_of(raw: Any) -> ThroughputPoint | None:
+    """A throughput point, or None when it is not one (not an object, or figures of another shape)."""
+    if isinstance(raw, ThroughputPoint):
+        return raw
+    try:
+        return msgspec.convert(raw, ThroughputPoint) if isinstance(raw, Mapping) else None
+    except msgspec.ValidationError:
+        return None
+
+
+def throughput_of(manifest: Any) -> list[ThroughputPoint]:
+    """A run manifest's unprofiled workload points, typed ([] without any)."""
+    pts = manifest.get("throughput") if isinstance(manifest, Mapping) else None
+    return [p for p in map(point_of, pts) if p is not None] if isinstance(pts, list) else []
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def diff_of(doc: Diff | Mapping[str, Any] | bytes) -> Diff:
+    """A diff.json (a dict, or a file's bytes) as a Diff; a Diff as is."""
+    if isinstance(doc, Diff):
+        return doc
+    if isinstance(doc, (bytes, bytearray)):
+        return msgspec.json.decode(doc, type=Diff)
+    return msgspec.convert(doc, Diff)
+
+
+def _upgrade_rank(r: dict[str, Any]) -> dict[str, Any]:
+    """A v1 rank's aggregates, counted from its lists (which v1 did not bound: they hold every bubble and sync)."""
+    if r.get("bubbles_by_cause") is None:
+        by: dict[str, dict[str, Any]] = {}
+        for b in r.get("bubbles") or []:
+            g = by.setdefault(b["cause"], {"count": 0, "us": 0.0})
+            g["count"] += 1
+            g["us"] += b.get("dur_us") or 0.0
+        r = {**r, "bubbles_by_cause": by}
+    if r.get("sync_groups") is None:
+        acc: dict[tuple, dict[str, Any]] = {}
+        for s in r.get("syncs") or []:
+            k = (s.get("kind"), s.get("api"), s.get("direction"), s.get("trigger"))
+            g = acc.setdefault(k, {"kind": k[0], "api": k[1], "direction": k[2], "trigger": k[3], "count": 0, "blocked_us": 0.0,
+                                   "by_iteration": {}})
+            g["count"] += 1
+            g["blocked_us"] += s.get("blocked_us") or 0.0
+            if s.get("iteration") is not None:
+                g["by_iteration"][str(s["iteration"])] = g["by_iteration"].get(str(s["iteration"]), 0) + 1
+        r = {**r, "sync_groups": sorted(acc.values(), key=lambda g: -g["blocked_us"])}
+    return r
+
+
+def summary_of(doc: Summary | Mapping[str, Any] | bytes) -> Summary:
+    """A summary.json of any schema version (a dict, or a file's bytes) as a Summary; a Summary as is."""
+    if isinstance(doc, Summary):
+        return doc
+    raw = msgspec.json.decode(doc) if isinstance(doc, (bytes, bytearray)) else doc
+    if any(isinstance(r, Mapping) and (r.get("bubbles_by_cause") is None or r.get("sync_groups") is None) for r in raw.get("ranks") or []):
+        raw = {**raw, "ranks": [_upgrade_rank(dict(r)) for r in raw.get("ranks") or []]}
+    return msgspec.convert(raw, Summary)
+
+
+def rank_of(rank: Rank | Mapping[str, Any]) -> Rank:
+    """One rank entry of a summary.json (any schema version) as a Rank; a Rank as is."""
+    if isinstance(rank, Rank):
+        return rank
+    raw = rank if rank.get("bubbles_by_cause") is not None and rank.get("sync_groups") is not None else _upgrade_rank(dict(rank))
+    return msgspec.convert(raw, Rank)
