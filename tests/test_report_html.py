@@ -295,9 +295,13 @@ def test_a_sweep_report_leads_with_its_ladder_and_folds_each_step():
         runs.append((label, s))
     diffs = [compare_summaries(runs[0][1], s, opt=label[1:], catalog=load_catalog("proxy"), labels=("sweep-x-baseline", f"sweep-x-{label[1:]}"))
              for label, s in runs[1:]]
+    # a step whose candidate swings (diff.json's stability, as windows.py writes it): the ladder says so, as the terminal does
+    diffs[0]["stability"] = {"candidate": "profile window 0: GPU window 26,771–138,605 µs"}
     html = HtmlRenderer().render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs)))
     assert len(html.encode()) <= 2_000_000
     body = html.split("<body>", 1)[1]
+    assert ("warning: unstable: sweep-x-topk_v2: profile window 0: GPU window 26,771–138,605 µs; step sweep-x-topk_v2: its change is "
+            "the swing as much as the step") in body[body.index('id="ladder"'):body.index('<details class="step">')]
     assert body.index('id="ladder"') < body.index('<details class="step">') < body.index('id="run-0"')
     assert body.count('<details class="step">') == 2 and body.count("</details>") >= 2
     assert "<summary>step 1 of 2: baseline → topk_v2 (topk_v2): " in body

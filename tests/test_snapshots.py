@@ -313,3 +313,17 @@ def test_the_progress_line_keeps_its_elapsed_time_at_80_columns():
     assert frames, text[:300]
     assert all(re.search(r"\d:\d\d:\d\d runs 1-2/2", f) for f in frames), frames[:3]
     assert all(f.rstrip().endswith("…") for f in frames)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_a_long_trace_path_is_printed_whole_at_80_columns(tmp_path):
+    """analyze's rank line gives the trace's path whole (the terminal wraps it and a copy joins it back); rich folded a
+    run folder's window path with a newline inside it at 80 columns."""
+    import shutil
+
+    deep = tmp_path / ("run-" + "x" * 40) / "window-0"
+    deep.mkdir(parents=True)
+    trace = deep / ("20261202-022808-proxy-baseon-topk_v2-after-TP-0-" + "y" * 20 + ".pt.trace.json.gz")
+    shutil.copy(SAMPLE / "eager_sync.pt.trace.json.gz", trace)
+    out = _in_pty(["analyze", str(trace)], 80)
+    assert str(trace) in out, out[:600]

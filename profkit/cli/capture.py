@@ -435,6 +435,7 @@ def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
     does not fit goes on a line of its own), then each step's flags and unstable windows."""
     from profkit.report.fit import COPY, NUM, TEXT, fit_table
     from profkit.documents import diff_of
+    from profkit.report.views import unstable_runs
     from profkit.report.vocab import diff_timeline, words
 
     cpu = bool(diffs) and all(diff_timeline(diff_of(d)) == "cpu" for d in diffs)
@@ -460,19 +461,11 @@ def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
     out.print(fit_table(out, title, [cols[i] for i in keep], [[r[i] for i in keep] for r in rows]))
     for f in flags:
         out.print(f"[yellow]flag:[/] {escape(f)}")  # wrapped at spaces: a terminal's own wrap would split a number
-    # once per run, with the steps it takes part in (a ladder's middle run is one step's candidate and the next one's
-    # baseline: it was listed twice, once as each)
-    unstable: dict[str, tuple[str, list[str]]] = {}
     config = {r.get("run_id"): r.get("label") for r in doc.get("runs") or []}  # a run by its configuration's name
-    for row, d in zip(doc["attribution"], diffs):
-        for side in ("baseline", "candidate"):
-            u = (d.get("stability") or {}).get(side)
-            if u:
-                run = row.get(side) or (d.get(side) or {}).get("label") or side
-                unstable.setdefault(str(config.get(run) or run), (u, []))[1].append(row["label"])
-    for run, (u, steps) in unstable.items():
-        out.print(f"[yellow]unstable:[/] {escape(run)}: {escape(u)}; step{'s' if len(steps) > 1 else ''} {escape(', '.join(steps))}: "
-                  f"{'their changes are' if len(steps) > 1 else 'its change is'} the swing as much as the step")
+    steps = [(row["label"], row.get("baseline") or diff_of(d).baseline.label, row.get("candidate") or diff_of(d).candidate.label, diff_of(d))
+             for row, d in zip(doc["attribution"], diffs)]
+    for line in unstable_runs(steps, config):
+        out.print(f"[yellow]unstable:[/] {escape(line)}")
 
 
 def _d(v: Any) -> str:

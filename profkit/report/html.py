@@ -35,7 +35,7 @@ from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pc
 from profkit.report.views import (
     cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
     doubt_metric, row_metric, statistic_note, within_noise,
-    throughput_rows,
+    throughput_rows, unstable_runs,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
 
@@ -539,15 +539,19 @@ def _page(diffs: Sequence[Diff], runs: Sequence[tuple[str, Summary]], ladder: Se
                   + [str(k.name) for _, s in runs for k in _rank0(s).kernels[:MAX_ROWS]])  # one c++filt for the page
     # built in page order: the first figure built carries plotly.js for the ones below it
     rest = run_sections(runs, ladder, figs, timelines=timelines) if runs and sweep else []
+    # a run by its configuration's name (a sweep's summaries carry it in `run`): names its steps and unstable runs
+    config = {str(run.get("run_id")): str(run.get("label")) for _, sm in runs if isinstance(run := sm.run, Mapping) and run.get("label")}
     if sweep:  # a sweep leads with its own result, the ladder; each compared step follows, collapsed
         sections.append(rest.pop(0))
+        # the ladder's unstable runs, as the terminal lists them under its table (the page said it only inside the steps)
+        steps = [(config.get(d.candidate.label) or d.candidate.label, d.baseline.label, d.candidate.label, d) for d in diffs]
+        sections[-1]["notes"] += [f"warning: unstable: {x}" for x in unstable_runs(steps, config)]
     for i, d in enumerate(diffs):
         ds = diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff", timeline=not runs, single=len(diffs) == 1)
         if sweep:
             lb, lc = d.baseline.label, d.candidate.label
             # a step by its configurations' names ("+topk_v2 → +topk_v2+overlap", from the runs' manifests), else by what
             # differs in the run ids (one sweep's share their stamp; a ladder's next id extends the previous one)
-            config = {run.get("run_id"): run.get("label") for _, sm in runs if isinstance(run := sm.run, Mapping)}
             common = os.path.commonprefix([lb, lc])
             cut = common.rfind("-") + 1
             lb, lc = config.get(lb) or lb[cut:] or lb, config.get(lc) or lc[cut:] or lc

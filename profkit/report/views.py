@@ -11,7 +11,7 @@ Markdown and HTML renderers escape and lay them out. diff.json itself is compute
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from profkit.attribution.diff import IDLE_KEYS, term_label
@@ -387,3 +387,18 @@ def idle_verdict(rank: Rank) -> str | None:
     launches = f", {m.kernel_launches:,.0f} kernel launches per iteration" if cause == "launch" and m.kernel_launches else ""
     return (f"verdict: the GPU idles {idle:,.1f} of its {win:,.1f} µs window per iteration ({100 * idle / win:.0f}%, medians); "
             f"{_IDLE_WHY.get(cause, cause)} ({cause.replace('_', ' ')} {us:,.1f} µs{launches}){where}")
+
+
+def unstable_runs(steps: Sequence[tuple[str, str, str, Diff]], config: Mapping[str, str]) -> list[str]:
+    """A sweep's unstable runs, each once with the steps it takes part in (a ladder's middle run is one step's
+    candidate and the next one's baseline): "+topk_v2: profile window 0: …; steps +topk_v2, +topk_v2+overlap: their
+    changes are the swing as much as the step". `steps`: (step label, baseline run id, candidate run id, diff);
+    `config`: run id -> configuration name. The same words in the terminal and the HTML."""
+    runs: dict[str, tuple[str, list[str]]] = {}
+    for label, b, c, d in steps:
+        for side, run in (("baseline", b), ("candidate", c)):
+            u = getattr(d.stability, side)
+            if u:
+                runs.setdefault(str(config.get(run) or run), (u, []))[1].append(label)
+    return [f"{run}: {u}; step{'s' if len(st) > 1 else ''} {', '.join(st)}: "
+            f"{'their changes are' if len(st) > 1 else 'its change is'} the swing as much as the step" for run, (u, st) in runs.items()]
