@@ -4,7 +4,9 @@ one of them in a fixture's teardown even when the test fails (conftest's `_end_s
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -154,3 +156,33 @@ def assert_nothing_left(port: int, pids: list[int] = ()) -> None:
         except psutil.NoSuchProcess:
             pass
     assert gone(procs) == []
+
+
+SPEC = "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+
+
+def start_replica(tmp_path: Path, replica_python: Path, env: dict[str, str], tp: int = 2):
+    """A replica server started the way profkit composes it (every switch on, EAGLE), healthy, and
+    stopped at the test's teardown even when the test fails."""
+    from profkit.capture.server import Server
+    from profkit.targets import sglang as sg
+
+    spec = sg.compose({n: True for n in sg.registry("sglang")}, preset=None, model_path="replica-model",
+                      extra_args=["--tp", str(tp), *SPEC.split()], server_python=str(replica_python), port=free_port(),
+                      caps=sg.gpu_compute_capabilities())  # as profkit composes at run time: no cutedsl without Blackwell
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        server = Server(spec, tmp_path / "server.log")
+        on_teardown(server.stop)  # stopped after the test even when it fails (stop is idempotent)
+        server.start()
+        server.wait_healthy(HANG_S)
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return spec, server
+
+
+def complete_trace(path: Path) -> dict:
+    with gzip.open(path) as f:
+        return json.loads(f.read())

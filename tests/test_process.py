@@ -17,9 +17,12 @@ threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # another 
 signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))  # as trace and sweep do
 sig = getattr(signal, sys.argv[1])
 
-def kill_me():  # from another process: the kernel picks a thread that does not block it
+def kill_me(until=lambda: False):  # from another process: the kernel picks a thread that does not block it
     subprocess.run(["kill", "-" + sys.argv[1][3:], str(os.getpid())], check=True)
-    for _ in range(200000):  # bytecodes: chances for a pending Python handler to run
+    # bytecodes, chances for a pending Python handler to run, until `until()` says it has (or it raises):
+    # on a loaded host the thread that takes the signal may wait long to run; 120 s is a hang guard
+    deadline = time.monotonic() + 120
+    while not until() and time.monotonic() < deadline:
         pass
 """
 
@@ -36,7 +39,7 @@ def test_a_held_signal_waits_for_the_end_of_the_block(sig):
 from profkit.capture.process import held_signals
 try:
     with held_signals() as h:
-        kill_me()
+        kill_me(h.arrived.is_set)
         print("block-finished", h.arrived.is_set())
 except KeyboardInterrupt:
     print("interrupted-after")
@@ -64,8 +67,8 @@ finally:
 def test_deliver_false_drops_what_came_during_the_block():
     out = _run("""
 from profkit.capture.process import held_signals
-with held_signals(deliver=False):
-    kill_me()
+with held_signals(deliver=False) as h:
+    kill_me(h.arrived.is_set)
 print("no-interrupt")
 """, "SIGINT")
     assert out == ["no-interrupt"]

@@ -60,7 +60,11 @@ def test_printed_command_reproduces_the_attribution(tmp_path):
     assert again.returncode == 0, again.stderr
     got = json.loads((tmp_path / "again.json").read_text())
     assert _strip(got) == _strip(wrote)
-    assert wrote["optimization"] == "topk_v2" and wrote["noise"]["available"]
+    assert wrote["optimization"] == "topk_v2"
+    # several windows a side: judged, or (on a loaded host, where a window's length swings) "not judged:
+    # unstable" — both are answers; what must not happen is "one window, no noise estimate"
+    noise = wrote["noise"]
+    assert min(noise["repeats"].values()) >= 2 and (noise["available"] or noise.get("unstable")), noise
     assert wrote["throughput"]["baseline"] and wrote["baseline"]["label"].endswith("-before")
 
     # without --opt: inferred from the switch states (false -> true), the same diff

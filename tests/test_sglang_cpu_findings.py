@@ -101,13 +101,13 @@ def test_a_late_stop_profile_answered_500_is_said_and_the_export_waited_for(tmp_
     waits for that export and answers 500 ("Profiling is not in progress"), as the real server did.
     wait_for_traces says so in its notes and still returns the complete files once SGLang logs
     `Profiling done` (no fixed sleep: the test waits for the replica's "Stop profiling..." line)."""
-    from test_sglang_replica import _start, complete_trace
+    from processes import complete_trace, start_replica
 
     from profkit.capture.profile import log_size, start_profile, wait_for_traces
     from profkit.workloads.agentic import Workload
     from profkit.workloads.driver import drive
 
-    spec, server = _start(tmp_path, replica_python, {"SGLANG_REPLICA_EXPORT_PAUSE_S": "2"}, tp=1)
+    spec, server = start_replica(tmp_path, replica_python, {"SGLANG_REPLICA_EXPORT_PAUSE_S": "2"}, tp=1)
     try:
         out_dir = tmp_path / "prof"
         offset = log_size(server.log_path)

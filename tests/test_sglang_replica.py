@@ -12,21 +12,15 @@ the request in the manifest; trace files written non-atomically waited for until
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from pathlib import Path
 
 import psutil
 
-from processes import HANG_S, assert_nothing_left, free_port, manifests, on_teardown, profkit, replica_procs
+from processes import HANG_S, SPEC, assert_nothing_left, complete_trace, free_port, manifests, profkit, replica_procs, start_replica
 SMALL = ["--isl", "64", "--turns", "3", "--turn-tokens", "16", "--output-tokens", "24", "--num-steps", "6",
          "--health-timeout", "600", "--profile-timeout", "600"]  # guards against a hang, not speed bounds
-
-
-def complete_trace(path: Path) -> dict:
-    with gzip.open(path) as f:
-        return json.loads(f.read())
 
 
 def test_trace_end_to_end_against_the_replica(tmp_path, replica_python):
@@ -80,7 +74,6 @@ def _small_model(tmp_path: Path, context: int) -> Path:
     return d
 
 
-SPEC = "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
 
 
 def test_overflow_found_from_server_info_is_refused_and_fit_context_trims(tmp_path, replica_python):
@@ -132,26 +125,6 @@ def test_error_chunk_mid_run_fails_the_run_with_the_request_in_the_manifest(tmp_
     assert_nothing_left(port)
 
 
-def _start(tmp_path: Path, replica_python: Path, env: dict[str, str], tp: int = 2):
-    from profkit.capture.server import Server
-    from profkit.targets import sglang as sg
-
-    spec = sg.compose({n: True for n in sg.registry("sglang")}, preset=None, model_path="replica-model",
-                      extra_args=["--tp", str(tp), *SPEC.split()], server_python=str(replica_python), port=free_port(),
-                      caps=sg.gpu_compute_capabilities())  # as profkit composes at run time: no cutedsl without Blackwell
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        server = Server(spec, tmp_path / "server.log")
-        on_teardown(server.stop)  # stopped after the test even when it fails (stop is idempotent)
-        server.start()
-        server.wait_healthy(HANG_S)
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-    return spec, server
-
-
 def test_non_atomic_trace_writes_are_waited_for_until_profiling_done(tmp_path, replica_python):
     """Each rank writes half its gzip into the final name, pauses 1.5 s, writes the rest (torch's
     export), then SGLang logs `Profiling done` after a barrier. The files exist and stop growing
@@ -160,7 +133,7 @@ def test_non_atomic_trace_writes_are_waited_for_until_profiling_done(tmp_path, r
     from profkit.workloads.agentic import Workload
     from profkit.workloads.driver import drive
 
-    spec, server = _start(tmp_path, replica_python, {"SGLANG_REPLICA_EXPORT_PAUSE_S": "1.5"})
+    spec, server = start_replica(tmp_path, replica_python, {"SGLANG_REPLICA_EXPORT_PAUSE_S": "1.5"})
     try:
         out_dir = tmp_path / "prof"
         offset = log_size(server.log_path)
@@ -185,7 +158,7 @@ def test_slow_teardown_is_waited_out_and_nothing_is_left(tmp_path, replica_pytho
     from profkit.targets import sglang as sg
 
     assert sg.TEARDOWN_S >= 5 + 15 + 60  # SGLang's watchdog poll + scheduler exit + kill_process_tree budget
-    spec, server = _start(tmp_path, replica_python, {"SGLANG_REPLICA_WATCHDOG_S": "2.5", "SGLANG_REPLICA_RELEASE_S": "2.5"})
+    spec, server = start_replica(tmp_path, replica_python, {"SGLANG_REPLICA_WATCHDOG_S": "2.5", "SGLANG_REPLICA_RELEASE_S": "2.5"})
     assert spec.teardown_s == sg.TEARDOWN_S
     tree = [server.pid] + [c.pid for c in psutil.Process(server.pid).children(recursive=True)]
     helper = [p.pid for p in replica_procs(spec.port) if "sglang-replica-jit-helper" in p.cmdline()]

@@ -25,6 +25,9 @@ import pytest
 from conftest import ROOT
 from processes import free_port, gone, manifests
 
+# one test process runs this whole module (pyproject: --dist loadgroup): vLLM's processes are found by name, so two servers must not overlap
+pytestmark = pytest.mark.xdist_group("vllm")
+
 VLLM_PYTHON = Path(os.environ.get("PROFKIT_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 STEP = re.compile(r"^execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)$")
 # 256 output tokens: the profiled turn is still decoding when /start_profile takes effect on a quiet machine too

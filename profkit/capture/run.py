@@ -174,7 +174,7 @@ def record_interleaved(jobs: list[tuple[RunConfig, dict[str, bool], str, str]], 
 def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None,
               tick: Progress = lambda s: None) -> Any:
     """One run as a generator: it yields after its server is up, after each unprofiled repeat and after
-    each profile window (the points where `run_interleaved` lets the next run take its turn), and
+    each profile window (the points where `record_interleaved` lets the next run take its turn), and
     returns the Recording."""
     trace_dir = cfg.traces_dir / run_id
     port = cfg.port or free_port()
@@ -271,10 +271,12 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
         if cfg.capture_only:
             manifest.finish("ok")
         return Recording(run_id, label, states, trace_dir, files, manifest)
-    except GeneratorExit:  # run_interleaved stopped it: another run of the same command failed or was interrupted
-        server.stop(grace_s=5)
-        manifest.update(trace_files=_written(trace_dir), leftover_pids=server.leftovers())
-        manifest.finish("interrupted", error=f"stopped during {manifest.data['stage']}: another run recorded alongside it failed")
+    except GeneratorExit:  # record_interleaved stopped it: another run of the same command failed or was interrupted
+        with held_signals(deliver=False):  # the command is already ending: a Ctrl-C meanwhile is the same end
+            server.stop(grace_s=5)
+            _record_stop(manifest, server, trace_files=_written(trace_dir))  # its pid and how it ended, as every stop records
+            manifest.finish("interrupted", error=f"stopped during {manifest.data['stage']}: another run recorded alongside it "
+                                                 "was interrupted or failed")
         raise
     except KeyboardInterrupt:
         with held_signals(deliver=False):  # a second Ctrl-C while the tree is torn down and the manifest written is the same interrupt

@@ -85,7 +85,7 @@ def analyze(
             if _json_dir(json_out):  # --json DIR/: DIR/<run>.summary.json, as for several runs
                 dest = dest / f"{safe_name(run.label)}.summary.json"
             write_bytes_atomic(dest, text.encode())
-            err.print(f"wrote {escape(str(dest))}")
+            err.print(f"wrote {escape(str(dest))}", soft_wrap=True)
     if tables is not None:
         _write_tables(analyses, tables)
     if timeline is not None:
@@ -101,7 +101,7 @@ def analyze(
         else:
             frame.write_csv(buf)
         write_bytes_atomic(timeline, buf.getvalue())
-        err.print(f"wrote {escape(str(timeline))} ({frame.height} GPU ops)")
+        err.print(f"wrote {escape(str(timeline))} ({frame.height} GPU ops)", soft_wrap=True)
     # printed last: every file is written before a reader that stops early (`| head`) can cut the output
     from profkit.report import Report
     from profkit.report.terminal import TerminalRenderer
@@ -125,7 +125,7 @@ def _write_tables(analyses: list[Any], tables: Path) -> None:
         written = write_tables(analyses, tables)
     except OSError as e:
         raise OutputError(f"--tables {tables}: cannot write ({e.strerror or e})", hint="pick a writable folder") from None
-    err.print(f"wrote {escape(str(tables))} ({len(written)} parquet files)")
+    err.print(f"wrote {escape(str(tables))} ({len(written)} parquet files)", soft_wrap=True)
 
 
 def _check_several_runs(runs: list[Any], json_out: Optional[str], timeline: Optional[Path]) -> None:
@@ -159,7 +159,7 @@ def _analyze_several(runs: list[Any], *, json_out: Optional[str], tables: Option
         for r in runs:
             p = Path(json_out) / f"{safe_name(r.label)}.summary.json"
             write_bytes_atomic(p, json_text(r.summary).encode())
-            err.print(f"wrote {escape(str(p))}")
+            err.print(f"wrote {escape(str(p))}", soft_wrap=True)
     if tables is not None:
         _write_tables([a for r in runs for a in r.analyses or []], tables)
     for k, r in enumerate(runs):
@@ -197,7 +197,7 @@ def _analyze_each(pointed: list[Any], opts: Any, *, json_out: Optional[str], tim
         for label, summary, _ in done:
             p = Path(json_out) / f"{safe_name(label.split(' (stored')[0])}.summary.json" if _json_dir(json_out) else Path(json_out)
             write_bytes_atomic(p, json_text(summary).encode())
-            err.print(f"wrote {escape(str(p))}")
+            err.print(f"wrote {escape(str(p))}", soft_wrap=True)
     if tables is not None:
         _write_tables([a for _, _, an in done for a in an], tables)
     for k, (label, summary, _) in enumerate(done):

@@ -239,10 +239,12 @@ def main() -> None:
     try:
         app()
     except SystemExit as e:
+        _settled()
         if _state.get("quick_exit"):
             _quick_exit(e.code)
         raise
     except KeyboardInterrupt:
+        _settled()
         err.print("[yellow]interrupted[/]")
         sys.exit(EXIT_INTERRUPTED)
     except Exception as e:  # a bug: one line and the traceback in a file; --debug prints it
@@ -253,6 +255,21 @@ def main() -> None:
             err.print(f"[bold red]internal error (a bug in profkit):[/] {escape(type(e).__name__)}: {escape(str(e))}"
                       + (f"; traceback in {escape(str(where))}" if where else " (run with --debug for the traceback)"), soft_wrap=True)
         sys.exit(EXIT_BUG)
+
+
+def _settled() -> None:
+    """The command has ended and chosen its exit status (its servers stopped, its manifests finished):
+    a Ctrl-C or SIGTERM from now on is ignored. Without this, one arriving while the interpreter shuts
+    down lands after Python has put the default action back (its signal module is finalized before the
+    process ends), and profkit dies by that signal instead of exiting with the status it chose (a
+    signal trial saw exit -2 after the 'interrupted' hint was printed)."""
+    import signal
+
+    for s in (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())):
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except (ValueError, OSError):  # not the main thread: nothing to settle
+            pass
 
 
 def _write_crash_report() -> Path | None:

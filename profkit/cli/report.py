@@ -1,9 +1,9 @@
 """The `diff`, `report` and `export-perfetto` commands.
 
-Thin: each picks the catalog (catalog.choose_catalog), resolves its inputs (profkit.flows.inputs: traces
-and run folders through profkit.analysis.summarize, with the summary cache), calls the library
-(attribution, report, export) and writes atomically (profkit.store). Status lines go to stderr;
-`--json -` puts diff.json on stdout.
+Thin: each picks the catalog (analysis/catalog.choose_catalog) and says how, calls its flow (flows/diff.py:
+the two sides and diff.json; flows/report.py: the diffs and runs of one report; flows/inputs.py: what
+export-perfetto is pointed at), renders (report/, export/) and writes atomically (profkit.store). Status
+lines go to stderr; `--json -` puts diff.json on stdout.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from profkit.cli.common import check_strict, command, err, out, safe_name
 from profkit.cli.options import OUTPUT, Captures, JsonOut, Cdn, CatalogOpt, Marker, MinBubble, Strict, Top, Window
-from profkit.errors import TraceInputError, UsageError
+from profkit.errors import TraceInputError
 
 
 def _announce(choice: Any) -> None:
@@ -32,7 +32,7 @@ def _write_text(path: Path, text: str, *, announce: bool = True) -> None:
 
     write_bytes_atomic(path, text.encode("utf-8"))
     if announce:
-        err.print(f"wrote {escape(str(path))}")
+        err.print(f"wrote {escape(str(path))}", soft_wrap=True)
 
 
 @command()
@@ -61,36 +61,17 @@ def diff(
 
         profkit diff reports/RUN_A reports/RUN_B --opt topk_v2 --html diff.html
     """
-    from profkit.attribution.diff import compare_summaries
     from profkit.analysis.catalog import choose_catalog
-    from profkit.flows.inputs import align_single_ranks, infer_optimization, load_pair
+    from profkit.analysis.summarize import SummarizeOptions
+    from profkit.flows.diff import diff_paths
     from profkit.report import Report, get_renderer
     from profkit.report.terminal import TerminalRenderer
-    from profkit.analysis.summarize import SummarizeOptions
 
     choice = choose_catalog(catalog, (before, after))
     _announce(choice)
     opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice, captures=tuple(capture) if capture else None)
-    b, c, choice, warnings = load_pair(before, after, opts)
-    for w in warnings:
-        err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
-    lb, lc = (b.label, c.label) if b.label != c.label else (f"{b.label} (before)", f"{c.label} (after)")
-    from profkit.attribution.diff import run_manifest
-
-    opt_name = opt or infer_optimization(run_manifest(b.summary), run_manifest(c.summary))  # load_side put each side's manifest in its summary
-    rank, notes = align_single_ranks(b, c, rank)
-    d = compare_summaries(
-        b.summary, c.summary, opt=opt_name, catalog=choice.for_effect(c.summary, rank) if opt_name else None,
-        baseline_repeats=b.repeats, candidate_repeats=c.repeats, rank=rank, labels=(lb, lc),
-    )
-    if d["shape"].get("kind") is None:
-        have = "; ".join(f"{side}: {', '.join(d[side].get('shapes') or {}) or 'none'}" for side in ("baseline", "candidate"))
-        if not allow_shape_mismatch:
-            raise UsageError(f"the two sides share no iteration shape ({have}): comparing them would mix shapes",
-                             hint="compare runs of the same shape, or pass --allow-shape-mismatch to compare all iterations anyway")
-        notes.append(f"the two sides share no iteration shape ({have}); comparing all iterations (--allow-shape-mismatch)")
-    d.setdefault("warnings", [])
-    d["warnings"][:0] = [n for n in notes if n not in d["warnings"]]
+    d, notes, (lb, lc) = diff_paths(before, after, opts, opt=opt, rank=rank, allow_shape_mismatch=allow_shape_mismatch,
+                                    warn=lambda w: err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True))
     for n in notes:  # before every table: the reader must know what is compared
         err.print(f"[yellow]warning:[/] {escape(n)}", soft_wrap=True)
     to_stdout = json_out == "-"
@@ -110,7 +91,7 @@ def diff(
     if to_stdout:
         sys.stdout.write(get_renderer("json")().render(result))  # the same text `--json FILE` writes
     for w in wrote:
-        err.print(f"wrote {escape(w)}")
+        err.print(f"wrote {escape(w)}", soft_wrap=True)
     h = d.get("health") or {}
     check_strict(strict, [(lb, h.get("baseline")), (lc, h.get("candidate"))])
 
@@ -134,57 +115,16 @@ def report(
         profkit report traces/base traces/topk -o reports/sweep.html
     """
     from profkit.analysis.catalog import choose_catalog
-    from profkit.flows.inputs import check_diff, is_diff_doc, load_side, read_json
+    from profkit.analysis.summarize import SummarizeOptions
     from profkit.attribution import ladder_steps
+    from profkit.flows.report import gather
     from profkit.report import Report
     from profkit.report.html import HtmlRenderer
-    from profkit.analysis.summarize import SummarizeOptions
 
     choice = choose_catalog(catalog, paths)
     _announce(choice)
     opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice)
-    diffs: list[dict[str, Any]] = []
-    runs: list[tuple[str, dict[str, Any]]] = []
-    def read_diff(p: Path) -> dict[str, Any]:
-        return check_diff(read_json(p), p)
-
-    expanded: list[Path] = []
-    named: dict[Path, str] = {}  # a sweep's runs keep the sweep's labels (baseline, +topk_v2, ...)
-    for p in paths:
-        if p.is_dir() and (p / "sweep.json").is_file():  # a sweep's folder: its runs, then its compared pairs
-            doc = read_json(p / "sweep.json")
-            for r in doc.get("runs") or []:
-                expanded.append(Path(r["summary"]).parent)
-                named[expanded[-1]] = str(r.get("label"))
-            diffs += [read_diff(Path(a["diff"])) for a in doc.get("attribution") or [] if Path(a["diff"]).is_file()]
-        elif p.is_dir() and (p / "diff.json").is_file():  # an attribution folder (trace's, or one pair of a sweep)
-            diffs.append(read_diff(p / "diff.json"))
-        else:
-            expanded.append(p)
-    for p in expanded:
-        label = named.get(p)
-        if window is not None and p.is_dir():
-            from profkit.flows.inputs import profile_windows_of
-
-            wins = profile_windows_of(p)
-            hit = [w for w in wins if w.name.split("-")[1] == str(window)]
-            if not hit:
-                raise TraceInputError(f"{p}: no profile window {window} (it has {', '.join(w.name + '/' for w in wins) or 'none'})",
-                                      hint="pick one of those with --window, or leave --window out")
-            p = hit[0]
-        if p.is_file() and p.suffix == ".json" and not p.name.endswith(".trace.json"):
-            doc = read_json(p)
-            if is_diff_doc(doc):
-                diffs.append(check_diff(doc, p))
-                continue
-        side = load_side(p, opts)
-        if side.repeats:
-            err.print(f"[dim]{escape(str(p))}: {len(side.repeats)} profile windows; this report shows the first (--window i for another; "
-                      f"diff uses every window for noise)[/]", soft_wrap=True)
-        runs.append((label or side.label, side.summary))
-    labels = [label for label, _ in runs]
-    if len(set(labels)) != len(labels):
-        runs = [(f"{label} #{i + 1}", s) for i, (label, s) in enumerate(runs)]
+    diffs, runs = gather(paths, opts, window, note=lambda n: err.print(f"[dim]{escape(n)}[/]", soft_wrap=True))
     if output is None:
         if diffs and not runs and len(diffs) == 1:
             name = f"diff__{safe_name(diffs[0]['baseline']['label'])}__{safe_name(diffs[0]['candidate']['label'])}.html"

@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from profkit.http import HTTPFailure
 from profkit.workloads.agentic import Workload
@@ -118,6 +118,27 @@ def _error_text(obj: Any) -> str:
     return str(obj)
 
 
+class _Events:
+    """The JSON chunks of a server-sent-events response (`data: {...}` lines), up to `data: [DONE]`;
+    `done` says whether that end marker came (a stream cut short ends without it). SGLang's /generate
+    and vLLM's /v1/completions stream alike."""
+
+    def __init__(self, resp: Any) -> None:
+        self.resp = resp
+        self.done = False
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for raw in self.resp:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+                return
+            yield json.loads(payload)
+
+
 def _generate(base_url: str, ids: list[int], max_new: int, timeout: float,
               on_chunk: Callable[[], None] | None = None) -> tuple[list[int], dict[str, Any], float | None]:
     """One /generate call, streamed. Returns output ids, final meta_info and TTFT (s from send).
@@ -140,16 +161,8 @@ def _generate(base_url: str, ids: list[int], max_new: int, timeout: float,
                     raise RequestFailed(_error_text(obj))
                 out, meta = list(obj.get("output_ids") or []), obj.get("meta_info") or {}
             else:
-                done = False
-                for raw in resp:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        done = True
-                        break
-                    chunk = json.loads(payload)
+                events = _Events(resp)
+                for chunk in events:
                     if "error" in chunk:  # SGLang: HTTP 200, the error inside the stream
                         raise RequestFailed(_error_text(chunk), completion_tokens=len(out), meta=meta)
                     ids_ = list(chunk.get("output_ids") or [])
@@ -164,7 +177,7 @@ def _generate(base_url: str, ids: list[int], max_new: int, timeout: float,
                         out = out + ids_
                     else:
                         out = ids_
-                if not done:
+                if not events.done:
                     raise RequestFailed("the stream ended without data: [DONE]", completion_tokens=len(out), meta=meta)
     except urllib.error.HTTPError as e:
         text = e.read()[:500]
@@ -209,16 +222,8 @@ def _completions(base_url: str, model: str, ids: list[int], max_new: int, timeou
     finish: Any = None
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            done = False
-            for raw in resp:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    done = True
-                    break
-                chunk = json.loads(payload)
+            events = _Events(resp)
+            for chunk in events:
                 if "error" in chunk:
                     raise RequestFailed(_error_text(chunk), completion_tokens=len(out))
                 for ch in chunk.get("choices") or []:
@@ -230,7 +235,7 @@ def _completions(base_url: str, model: str, ids: list[int], max_new: int, timeou
                     if new and on_chunk is not None:
                         on_chunk()
                 usage = chunk.get("usage") or usage
-            if not done:
+            if not events.done:
                 raise RequestFailed("the stream ended without data: [DONE]", completion_tokens=len(out))
     except urllib.error.HTTPError as e:
         text = e.read()[:500]

@@ -1,0 +1,40 @@
+"""`diff` end to end: the two sides (flows/inputs.load_pair: traces and run folders summarized under the
+catalog chosen before, one catalog for both where it can be helped), the optimization (given, else the
+one switch the run manifests differ by), the ranks compared, attribution/diff.py's diff.json, and the
+shape check. Nothing here prints: load_pair's warnings go to `warn` as they come, the notes that
+must precede every table are returned (and are the first of diff.json's warnings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from profkit.analysis.summarize import SummarizeOptions
+from profkit.errors import UsageError
+from profkit.flows.inputs import align_single_ranks, infer_optimization, load_pair
+
+
+def diff_paths(before: Path, after: Path, opts: SummarizeOptions, *, opt: str | None, rank: int | None, allow_shape_mismatch: bool,
+               warn: Callable[[str], None] = lambda w: None) -> tuple[dict[str, Any], list[str], tuple[str, str]]:
+    """diff.json of BEFORE against AFTER, the notes for the reader, and the two sides' labels."""
+    from profkit.attribution.diff import compare_summaries, run_manifest
+
+    b, c, choice, warnings = load_pair(before, after, opts)
+    for w in warnings:
+        warn(w)
+    lb, lc = (b.label, c.label) if b.label != c.label else (f"{b.label} (before)", f"{c.label} (after)")
+    opt_name = opt or infer_optimization(run_manifest(b.summary), run_manifest(c.summary))  # load_side put each side's manifest in its summary
+    rank, notes = align_single_ranks(b, c, rank)
+    d = compare_summaries(
+        b.summary, c.summary, opt=opt_name, catalog=choice.for_effect(c.summary, rank) if opt_name else None,
+        baseline_repeats=b.repeats, candidate_repeats=c.repeats, rank=rank, labels=(lb, lc),
+    )
+    if d["shape"].get("kind") is None:
+        have = "; ".join(f"{side}: {', '.join(d[side].get('shapes') or {}) or 'none'}" for side in ("baseline", "candidate"))
+        if not allow_shape_mismatch:
+            raise UsageError(f"the two sides share no iteration shape ({have}): comparing them would mix shapes",
+                             hint="compare runs of the same shape, or pass --allow-shape-mismatch to compare all iterations anyway")
+        notes.append(f"the two sides share no iteration shape ({have}); comparing all iterations (--allow-shape-mismatch)")
+    d.setdefault("warnings", [])
+    d["warnings"][:0] = [n for n in notes if n not in d["warnings"]]
+    return d, notes, (lb, lc)

@@ -1,0 +1,57 @@
+"""`report` end to end: what it is pointed at -> the diffs and the runs of one HTML report. A sweep's
+folder gives its runs (under the sweep's labels) and its compared pairs' diff.json; an attribution
+folder its diff.json; a diff.json file itself; anything else is a side (flows/inputs.load_side: a
+summary, trace or run folder, summarized under the catalog chosen before; --window picks a profile
+window). Nothing here prints: notes for the reader go to `note`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from profkit.analysis.summarize import SummarizeOptions
+from profkit.errors import TraceInputError
+from profkit.flows.inputs import check_diff, is_diff_doc, load_side, profile_windows_of, read_json
+
+
+def gather(paths: list[Path], opts: SummarizeOptions, window: int | None,
+           note: Callable[[str], None] = lambda n: None) -> tuple[list[dict[str, Any]], list[tuple[str, dict[str, Any]]]]:
+    """The report's diffs and its runs (label, summary); labels made unique (#i) where two runs share one."""
+    diffs: list[dict[str, Any]] = []
+    runs: list[tuple[str, dict[str, Any]]] = []
+    expanded: list[Path] = []
+    named: dict[Path, str] = {}  # a sweep's runs keep the sweep's labels (baseline, +topk_v2, ...)
+    for p in paths:
+        if p.is_dir() and (p / "sweep.json").is_file():  # a sweep's folder: its runs, then its compared pairs
+            doc = read_json(p / "sweep.json")
+            for r in doc.get("runs") or []:
+                expanded.append(Path(r["summary"]).parent)
+                named[expanded[-1]] = str(r.get("label"))
+            diffs += [check_diff(read_json(Path(a["diff"])), Path(a["diff"])) for a in doc.get("attribution") or [] if Path(a["diff"]).is_file()]
+        elif p.is_dir() and (p / "diff.json").is_file():  # an attribution folder (trace's, or one pair of a sweep)
+            diffs.append(check_diff(read_json(p / "diff.json"), p / "diff.json"))
+        else:
+            expanded.append(p)
+    for p in expanded:
+        label = named.get(p)
+        if window is not None and p.is_dir():
+            wins = profile_windows_of(p)
+            hit = [w for w in wins if w.name.split("-")[1] == str(window)]
+            if not hit:
+                raise TraceInputError(f"{p}: no profile window {window} (it has {', '.join(w.name + '/' for w in wins) or 'none'})",
+                                      hint="pick one of those with --window, or leave --window out")
+            p = hit[0]
+        if p.is_file() and p.suffix == ".json" and not p.name.endswith(".trace.json"):
+            doc = read_json(p)
+            if is_diff_doc(doc):
+                diffs.append(check_diff(doc, p))
+                continue
+        side = load_side(p, opts)
+        if side.repeats:
+            note(f"{p}: {len(side.repeats)} profile windows; this report shows the first (--window i for another; "
+                 f"diff uses every window for noise)")
+        runs.append((label or side.label, side.summary))
+    labels = [label for label, _ in runs]
+    if len(set(labels)) != len(labels):
+        runs = [(f"{label} #{i + 1}", s) for i, (label, s) in enumerate(runs)]
+    return diffs, runs
