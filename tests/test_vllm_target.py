@@ -76,7 +76,9 @@ def test_vllm_step_kinds(name, kind, bs):
 
 
 def test_speculative_pair():
-    its = lambda *kinds: [{"kind": k, "batch_size": 1} for k in kinds]  # noqa: E731
+    from profkit.documents import Iteration
+
+    its = lambda *kinds: [Iteration(kind=k, batch_size=1) for k in kinds]  # noqa: E731
     assert speculative_pair(its("decode", "decode"), its("verify", "verify", "decode")) == (("decode", 1), ("verify", 1))
     assert speculative_pair(its("decode"), its("decode", "decode", "verify")) is None  # verify is not the candidate's usual step
     assert speculative_pair(its("verify", "decode"), its("verify")) is None  # both sides speculate
