@@ -15,7 +15,7 @@ attribution builds diff.json as a dict in the order of the structs below.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -182,6 +182,17 @@ class Summary(_Doc):
     speculative: Any = None
     manifest: Any = None  # the run folder's manifest.json, added on loading (profkit/flows/inputs.py)
     run: Any = None  # what `profkit trace` writes into every summary
+
+
+def run_labels(summaries: Iterable[Summary]) -> dict[str, str]:
+    """run id -> its configuration's name (``+topk_v2``), from the `run` section `profkit trace` and
+    `sweep` write into each summary; runs without one are left out."""
+    out: dict[str, str] = {}
+    for sm in summaries:
+        run = sm.run
+        if isinstance(run, Mapping) and run.get("label"):
+            out[str(run.get("run_id"))] = str(run["label"])
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -344,3 +344,23 @@ def test_eager_vs_graphs_diff_says_replayed_kernels_read_longer(runs):
     for opt in ("topk_v2", "indexer_fusion", "index_share", "overlap", "cuda_graph"):
         warned = any("replays CUDA graphs and the other launches eagerly" in w for w in _diff(runs, opt)["warnings"])
         assert warned is (opt == "cuda_graph"), opt
+
+
+def test_the_ladder_shows_each_steps_diff_figures(runs):
+    """A sweep's ladder over runs of three H200 profile windows each: a run's GPU window is the median over
+    its windows and a step's change the median over paired windows of the per-window change, the figures
+    the step's own diff shows (DESIGN.md "One statistic, everywhere"; it showed window 0's means, which on
+    an unstable CPU sweep read 30,833 µs beside the step's 'baseline's 49,377')."""
+    from profkit.attribution import ladder_steps
+
+    order = ["all-topk_v2", "all", "all-overlap"]
+    steps = ladder_steps([(r, runs[r][0]) for r in order], windows=[runs[r] for r in order])
+    assert [s["windows"] for s in steps] == [3, 3, 3]
+    for prev, cur, st in zip(order, order[1:], steps[1:]):
+        d = compare_summaries(runs[prev][0], runs[cur][0], catalog=CAT, baseline_repeats=runs[prev], candidate_repeats=runs[cur])
+        g = d["decomposition"]["gpu_window_us"]
+        assert st["gpu_window_us"] == pytest.approx(g["candidate"], abs=0.05)
+        assert st["wall_delta_vs_previous_us"] == pytest.approx(d["noise"]["metrics"]["wall_us"]["delta"], abs=0.05)
+    # and the first run's own figure, the baseline of the first step
+    d0 = compare_summaries(runs[order[0]][0], runs[order[1]][0], catalog=CAT, baseline_repeats=runs[order[0]], candidate_repeats=runs[order[1]])
+    assert steps[0]["gpu_window_us"] == pytest.approx(d0["decomposition"]["gpu_window_us"]["baseline"], abs=0.05)

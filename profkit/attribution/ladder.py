@@ -7,38 +7,53 @@ same two runs agree to the bit; only the headline numbers are computed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from profkit.attribution.diff import compare_means
 from profkit.documents import Summary, summary_of, throughput_of
 
 
-def ladder_steps(runs: Sequence[tuple[str, Summary | Mapping[str, Any]]], *, rank: int = 0) -> list[dict[str, Any]]:
+def ladder_steps(runs: Sequence[tuple[str, Summary | Mapping[str, Any]]], *, rank: int = 0,
+                 windows: Sequence[Sequence[Summary | Mapping[str, Any]]] | None = None) -> list[dict[str, Any]]:
     """One step per run, in order: ``label``; ``shape``, the label of the shape compared with the
     first run; ``wall_us`` and ``gpu_window_us``, the run's means over those iterations (µs per
     iteration); ``wall_delta_vs_first_us`` and ``wall_delta_vs_previous_us`` (None on the first
-    step); ``tokens_per_s_per_user`` and ``tokens_per_s``, the run's first unprofiled workload point
-    (median over its repeats; None without one). Fewer than two runs make no ladder: []. Raises as `compare_summaries` does (UsageError
-    without the rank, NothingToAnalyze without iterations to compare)."""
+    step); ``windows``, how many profile windows each figure is the median over; ``tokens_per_s_per_user``
+    and ``tokens_per_s``, the run's first unprofiled workload point (median over its repeats; None
+    without one). Fewer than two runs make no ladder: [].
+
+    `windows`: each run's profile-window summaries (empty or absent: the run's one summary). Then
+    every figure is the diff's statistic (DESIGN.md "One statistic, everywhere"): a run's figure the
+    median over its windows, a change the median over paired windows (window i of each run) of the
+    per-window change, so a ladder row and the step's diff show the same numbers. Raises as
+    `compare_summaries` does (UsageError without the rank, NothingToAnalyze without iterations to compare)."""
     steps: list[dict[str, Any]] = []
     if len(runs) < 2:
         return steps
     typed = [(label, summary_of(s)) for label, s in runs]  # decoded once: each run is compared twice
-    first = typed[0][1]
-    prev = first
-    for i, (label, s) in enumerate(typed):
-        d0 = compare_means(first, s, rank=rank)
-        dp = d0 if prev is first else compare_means(prev, s, rank=rank)  # against the first: the same comparison
+    given = list(windows) if windows is not None else [()] * len(typed)
+    wins = [[summary_of(w) for w in ws] or [s] for (_, s), ws in zip(typed, given)]
+    first = prev = wins[0]
+    for i, ((label, s), w) in enumerate(zip(typed, wins)):
+        d0 = [compare_means(a, b, rank=rank) for a, b in zip(first, w)]
+        dp = d0 if prev is first else [compare_means(a, b, rank=rank) for a, b in zip(prev, w)]
         steps.append({
-            "label": label, "shape": d0["shape_label"],
-            "wall_us": d0["wall_us"]["candidate"], "gpu_window_us": d0["gpu_window_us"]["candidate"],
-            "wall_delta_vs_first_us": None if i == 0 else d0["wall_us"]["delta"],
-            "wall_delta_vs_previous_us": None if i == 0 else dp["wall_us"]["delta"],
+            "label": label, "shape": d0[0]["shape_label"],
+            "wall_us": _median(d["wall_us"]["candidate"] for d in d0),
+            "gpu_window_us": _median(d["gpu_window_us"]["candidate"] for d in d0),
+            "wall_delta_vs_first_us": None if i == 0 else _median(d["wall_us"]["delta"] for d in d0),
+            "wall_delta_vs_previous_us": None if i == 0 else _median(d["wall_us"]["delta"] for d in dp),
+            "windows": len(d0),
             **_tokens(s),
         })
-        prev = s
+        prev = w
     return steps
+
+
+def _median(values: Iterable[float]) -> float:
+    return statistics.median(list(values))
 
 
 def _tokens(summary: Summary) -> dict[str, float | None]:

@@ -124,7 +124,7 @@ def report(
     choice = choose_catalog(catalog, paths)
     _announce(choice)
     opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice)
-    diffs, runs = gather(paths, opts, window, note=lambda n: err.print(f"[dim]{escape(n)}[/]", soft_wrap=True))
+    diffs, runs, windows = gather(paths, opts, window, note=lambda n: err.print(f"[dim]{escape(n)}[/]", soft_wrap=True))
     if output is None:
         if diffs and not runs and len(diffs) == 1:
             name = f"diff__{safe_name(diffs[0]['baseline']['label'])}__{safe_name(diffs[0]['candidate']['label'])}.html"
@@ -133,7 +133,7 @@ def report(
             output = Path("reports") / safe_name(runs[0][0]) / "report.html"
         else:
             output = Path("reports") / "report.html"
-    _write_text(output, HtmlRenderer(cdn=cdn).render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs))))
+    _write_text(output, HtmlRenderer(cdn=cdn).render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs, windows=windows))))
 
 
 @command("export-perfetto")

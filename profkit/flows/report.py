@@ -15,10 +15,14 @@ from profkit.flows.inputs import check_diff, is_diff_doc, load_side, profile_win
 
 
 def gather(paths: list[Path], opts: SummarizeOptions, window: int | None,
-           note: Callable[[str], None] = lambda n: None) -> tuple[list[dict[str, Any]], list[tuple[str, dict[str, Any]]]]:
-    """The report's diffs and its runs (label, summary); labels made unique (#i) where two runs share one."""
+           note: Callable[[str], None] = lambda n: None
+           ) -> tuple[list[dict[str, Any]], list[tuple[str, dict[str, Any]]], list[list[dict[str, Any]]]]:
+    """The report's diffs, its runs (label, summary; labels made unique (#i) where two runs share one) and
+    each run's profile-window summaries (empty for a run of one window, or with --window: the ladder's
+    figures are then medians over them, as the diffs' are)."""
     diffs: list[dict[str, Any]] = []
     runs: list[tuple[str, dict[str, Any]]] = []
+    windows: list[list[dict[str, Any]]] = []
     expanded: list[Path] = []
     named: dict[Path, str] = {}  # a sweep's runs keep the sweep's labels (baseline, +topk_v2, ...)
     for p in paths:
@@ -51,7 +55,8 @@ def gather(paths: list[Path], opts: SummarizeOptions, window: int | None,
             note(f"{p}: {len(side.repeats)} profile windows; this report shows the first (--window i for another; "
                  f"diff uses every window for noise)")
         runs.append((label or side.label, side.summary))
+        windows.append(list(side.repeats))
     labels = [label for label, _ in runs]
     if len(set(labels)) != len(labels):
         runs = [(f"{label} #{i + 1}", s) for i, (label, s) in enumerate(runs)]
-    return diffs, runs
+    return diffs, runs, windows

@@ -160,13 +160,16 @@ def attribute(before: RunResult, after: RunResult, opts: list[str], group_dir: P
                              labels=(before.run_id, after.run_id), baseline_repeats=getattr(before, "windows", None) or (),
                              candidate_repeats=getattr(after, "windows", None) or ())
     write_json_atomic(group_dir / "diff.json", diff)
-    notes = write_reports(group_dir, diffs=[diff], runs=[(before.run_id, before.summary), (after.run_id, after.summary)])
+    notes = write_reports(group_dir, diffs=[diff], runs=[(before.run_id, before.summary), (after.run_id, after.summary)],
+                          windows=[before.windows, after.windows])
     return diff, notes
 
 
-def write_reports(folder: Path, *, diffs: list[dict[str, Any]], runs: list[tuple[str, dict[str, Any]]]) -> list[str]:
+def write_reports(folder: Path, *, diffs: list[dict[str, Any]], runs: list[tuple[str, dict[str, Any]]],
+                  windows: list[list[dict[str, Any]]] | None = None) -> list[str]:
     """report.html (self-contained) and, for a single diff, report.md (a PR comment) in `folder`;
-    notes for the user (no report.html without the `report` extra)."""
+    notes for the user (no report.html without the `report` extra). `windows`: each run's profile-window
+    summaries, over which the ladder takes its medians (the diffs' statistic)."""
     from profkit.attribution import ladder_steps
     from profkit.report import Report, renderer_for
     from profkit.store import write_bytes_atomic
@@ -177,7 +180,7 @@ def write_reports(folder: Path, *, diffs: list[dict[str, Any]], runs: list[tuple
         html = renderer_for("report.html")
     except ImportError as e:  # plotly/jinja2 are the `report` extra
         return [f"no report.html: {e}; pip install 'profkit[report]'"]
-    write_bytes_atomic(folder / "report.html", html().render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs))).encode())
+    write_bytes_atomic(folder / "report.html", html().render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs, windows=windows))).encode())
     return []
 
 

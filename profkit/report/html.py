@@ -25,7 +25,7 @@ from markupsafe import Markup
 from profkit import __version__
 from profkit.attribution.diff import IDLE_KEYS, SERIES_FIELDS, swings
 from profkit.attribution.findings import largest_bubbles, sync_groups
-from profkit.documents import UNSET, Diff, Iteration, KernelEntry, Mover, Rank, SeriesPoint, Summary, ThroughputPoint, throughput_of
+from profkit.documents import UNSET, Diff, Iteration, KernelEntry, Mover, Rank, SeriesPoint, Summary, ThroughputPoint, run_labels, throughput_of
 from profkit.analysis import health
 from profkit.report import capture_view
 from profkit.report import figures as F
@@ -401,7 +401,9 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
         ccols = ["configuration", LW["kernels"], *([] if cpu else ["kernel launches", "graph launches", "syncs"]), "bubble µs"]
         # two tables, not one of 13 columns: the ladder holds at 900 px
         out.append(_section(
-            "ladder", "Ladder", notes=["Each row against the previous one and against the first (mean µs per iteration, iterations of the shape both share)"
+            "ladder", "Ladder", notes=["Each row against the previous one and against the first (mean µs per iteration, iterations of the shape both share"
+                                       + (f"; the median over {nw} profile windows, a change the median over paired windows of the per-window change, "
+                                          "as in each step's diff)" if (nw := min(st["windows"] for st in ladder)) > 1 else ")")
                                        + ("; tokens/s from each run's unprofiled workload (median of its repeats)." if tps else ".")],
             figures=[figs.div(F.ladder_figure([{"label": label, "wall_us": st["wall_us"], "gpu_window_us": st["gpu_window_us"]}
                                                for (label, _), st in zip(runs, ladder)], window=LW["window"]))],
@@ -540,7 +542,7 @@ def _page(diffs: Sequence[Diff], runs: Sequence[tuple[str, Summary]], ladder: Se
     # built in page order: the first figure built carries plotly.js for the ones below it
     rest = run_sections(runs, ladder, figs, timelines=timelines) if runs and sweep else []
     # a run by its configuration's name (a sweep's summaries carry it in `run`): names its steps and unstable runs
-    config = {str(run.get("run_id")): str(run.get("label")) for _, sm in runs if isinstance(run := sm.run, Mapping) and run.get("label")}
+    config = run_labels(sm for _, sm in runs)
     if sweep:  # a sweep leads with its own result, the ladder; each compared step follows, collapsed
         sections.append(rest.pop(0))
         # the ladder's unstable runs, as the terminal lists them under its table (the page said it only inside the steps)
