@@ -103,6 +103,8 @@ def throughput_rows(diff: Diff) -> list[dict[str, Any]]:
         (bv, bs), (cv, cs) = b.value(key), c.value(key)
         if bv is None and cv is None:
             continue
+        if key == "tokens_per_s_per_gpu" and (bv, cv) == (b.value("tokens_per_s")[0], c.value("tokens_per_s")[0]):
+            continue  # one GPU (or one rank): the same figures as tokens/s, the row below
         change = (cv / bv - 1) * 100 if bv and cv is not None else None
         spread = max(x for x in (bs, cs, -1.0) if x is not None)
         within = None if spread < 0 or bv is None or cv is None else (cv == bv or abs(cv - bv) < spread)
