@@ -83,11 +83,14 @@ def test_signal_at_a_random_moment(tmp_path, trial, stage_lengths):
     assert t.problems == [], t.problems
     assert t.returncode in (130, 0)  # 0: the run ended before the signal could land (a slow stage start is not a failure)
     if t.returncode == 130 and t.landed:
-        # the run the signal reached says so; on the proxy its neighbour (the sides alternate) was stopped for it
+        # the run the signal reached says so; on the proxy its neighbour (the sides alternate) was stopped for it,
+        # or, recorded already, left unanalyzed
         hit = [m for m in t.manifests if m["status"] == "interrupted" and m["error"] == f"interrupted during {t.landed}"]
         others = [m for m in t.manifests if m["status"] == "interrupted" and m not in hit]
         assert len(hit) == 1, t.manifests
-        assert all(m["error"].endswith("another run recorded alongside it was interrupted or failed") for m in others), others
+        # stopped while recording, or recorded and left unanalyzed when the signal came during the first run's analysis
+        assert all(m["error"].endswith(("another run recorded alongside it was interrupted or failed", "failed or was interrupted"))
+                   for m in others), others
 
 
 def _fsize_limit(limit: int):

@@ -163,7 +163,7 @@ def record_interleaved(jobs: list[tuple[RunConfig, dict[str, bool], str, str]], 
         with held_signals(deliver=False):
             for r in results:
                 if r is not None and r.manifest.data.get("status") == "running":
-                    r.manifest.finish("interrupted", error="recorded, not analyzed: another run recorded alongside it failed")
+                    r.manifest.finish("interrupted", error="recorded, not analyzed: another run recorded alongside it was interrupted or failed")
         raise
     finally:
         for g in gens:  # on a failure or Ctrl-C: each unfinished run stops its server (run_steps' finally)
