@@ -215,17 +215,7 @@ def _in_pty(args: list[str], cols: int) -> str:
         env.update(TERM="xterm-256color", PROFKIT_NO_CACHE="1")
         os.chdir(ROOT)
         os.execve(sys.executable, [sys.executable, "-m", "profkit", *args], env)
-    chunks = []
-    while True:
-        try:
-            data = os.read(fd, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.waitpid(pid, 0)
-    text = b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
+    text = _drain(fd, pid).replace("\r\n", "\n")
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", text)
 
 
@@ -298,17 +288,7 @@ def test_the_progress_line_keeps_its_elapsed_time_at_80_columns():
         env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR", "TERM")}
         env["TERM"] = "xterm-256color"
         os.execve(sys.executable, [sys.executable, "-c", code], env)
-    chunks = []
-    while True:
-        try:
-            data = os.read(fd, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.waitpid(pid, 0)
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode("utf-8", "replace"))
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", _drain(fd, pid))
     frames = [f for f in re.split(r"[\r\n]+", text) if "runs 1-2/2" in f]
     assert frames, text[:300]
     assert all(re.search(r"\d:\d\d:\d\d runs 1-2/2", f) for f in frames), frames[:3]
@@ -327,3 +307,18 @@ def test_a_long_trace_path_is_printed_whole_at_80_columns(tmp_path):
     shutil.copy(SAMPLE / "eager_sync.pt.trace.json.gz", trace)
     out = _in_pty(["analyze", str(trace)], 80)
     assert str(trace) in out, out[:600]
+
+
+def _drain(fd: int, pid: int) -> str:
+    """Everything the child wrote to the pseudo-terminal until it closed, once the child has exited."""
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:  # EIO: the child closed its side
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.waitpid(pid, 0)
+    return b"".join(chunks).decode("utf-8", "replace")
