@@ -137,6 +137,69 @@ def test_server_killed_mid_run(tmp_path):
     assert_no_leftovers(port)
 
 
+def test_server_killed_then_ctrl_c(tmp_path):
+    """The server dies and a Ctrl-C follows at once, landing while profkit records the failure or stops
+    what is left: either way the run's manifest is finished (failed, or interrupted) and names how the
+    server ended; nothing is left running."""
+    port = free_port()
+    p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL[:6], "--turns", "40", "--no-warmup", port=port)
+    m = wait_stage(tmp_path, "workload", p)
+    os.kill(m["server_pid"], signal.SIGKILL)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=HANG_S)
+    assert p.returncode in (4, 130), err
+    (m,) = manifests(tmp_path)
+    assert m["status"] in ("failed", "interrupted") and m["stage"] == "workload", m
+    assert m["server_exit"]["pid"] == m["server_pid"], m
+    assert_no_leftovers(port)
+
+
+# a server that streams one chunk, closes the connection, and exits 1 s later: the order a killed server's
+# end is seen in on a loaded host (its sockets close before the kernel makes it a zombie that poll() sees)
+_DYING = r"""
+import http.server, os, socket, sys, time
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200); self.send_header("Content-Type", "text/event-stream"); self.end_headers()
+        self.wfile.write(b'data: {"output_ids": [1], "meta_info": {}}\n\n'); self.wfile.flush()
+        self.connection.shutdown(socket.SHUT_RDWR); self.connection.close()
+        time.sleep(1.0)
+        os._exit(3)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_stream_cut_by_a_dying_server_says_it_died(tmp_path):
+    """The workload's stream breaks before the server is seen exiting: profkit waits for the exit (the
+    moment it comes) and says the server died, with its exit code, not that it 'stopped answering'."""
+    from profkit.capture.run import _check_transport
+    from profkit.capture.server import Server
+    from profkit.errors import TargetError
+    from profkit.targets.spec import LaunchSpec
+    from profkit.workloads.agentic import Workload
+    from profkit.workloads.driver import drive
+
+    port = free_port()
+    spec = LaunchSpec(target="proxy", argv=[sys.executable, "-c", _DYING, str(port)], env={}, host="127.0.0.1", port=port,
+                      world_size=1, teardown_s=5)
+    server = Server(spec, tmp_path / "server.log")
+    try:
+        server.start()
+        server.wait_healthy(HANG_S)
+        res = drive(spec.base_url, Workload(isl=4, turns=1, turn_tokens=0, output_tokens=8), concurrency=1, timeout_s=HANG_S)
+        assert res.errors or res.failed, res
+        with pytest.raises(TargetError) as e:
+            _check_transport(res, server, "workload")
+        assert "died during the workload (exit code 3)" in str(e.value), e.value
+    finally:
+        server.stop()
+    assert_no_leftovers(port)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])  # SIGHUP: the terminal closed
 def test_interrupt_keeps_manifest_and_stops_server(tmp_path, sig):
     port = free_port()

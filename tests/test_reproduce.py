@@ -5,6 +5,7 @@ End to end on the proxy engine on CPU, with a tiny workload."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import socket
 import subprocess
@@ -61,10 +62,15 @@ def test_printed_command_reproduces_the_attribution(tmp_path):
     got = json.loads((tmp_path / "again.json").read_text())
     assert _strip(got) == _strip(wrote)
     assert wrote["optimization"] == "topk_v2"
-    # several windows a side: judged, or (on a loaded host, where a window's length swings) "not judged:
-    # unstable" — both are answers; what must not happen is "one window, no noise estimate"
+    # --profile-windows windows a side: judged, or (on a loaded host, where a window's length swings) "not judged:
+    # unstable" — both are answers. On a loaded host a window can also open late, after its turn's decode,
+    # and hold no iteration of the compared shape: it is left out and a warning counts it. What must not
+    # happen is a window lost without a word, or "no noise estimate" with every window there
     noise = wrote["noise"]
-    assert min(noise["repeats"].values()) >= 2 and (noise["available"] or noise.get("unstable")), noise
+    dropped = sum(int(m.group(1)) for w in wrote["warnings"] if (m := re.match(r"(\d+) profile window\(s\) hold no iterations", w)))
+    asked = 2 * int(SMALL[SMALL.index("--profile-windows") + 1])
+    assert sum(noise["repeats"].values()) + dropped == asked, (noise, wrote["warnings"])
+    assert noise["available"] or noise.get("unstable") or dropped, noise
     assert wrote["throughput"]["baseline"] and wrote["baseline"]["label"].endswith("-before")
 
     # without --opt: inferred from the switch states (false -> true), the same diff

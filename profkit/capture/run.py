@@ -285,12 +285,14 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
             manifest.finish("interrupted", error=f"interrupted during {manifest.data['stage']}")
         raise Interrupted(f"interrupted during {manifest.data['stage']}; kept {trace_dir}", hint=f"see {trace_dir / 'manifest.json'}") from None
     except (ProfkitError, HTTPFailure) as e:
-        if isinstance(e, HTTPFailure):  # the server stopped answering: say whether it died
-            e = server.died(f"died during the {manifest.data['stage']}") if not server.alive() else TargetError(
-                f"the server stopped answering during the {manifest.data['stage']}: {e}", hint=f"see {server.log_path}")
-        server.stop()  # a Ctrl-C meanwhile hurries it, then interrupts (the manifest says where)
-        _record_stop(manifest, server, trace_files=_written(trace_dir))
-        manifest.finish("failed", error=str(e))
+        # a Ctrl-C meanwhile hurries the stop and interrupts once the failure is recorded (the manifest says it)
+        with held_signals():
+            if isinstance(e, HTTPFailure):  # the server stopped answering: say whether it died
+                e = server.died(f"died during the {manifest.data['stage']}") if server.exited() else TargetError(
+                    f"the server stopped answering during the {manifest.data['stage']}: {e}", hint=f"see {server.log_path}")
+            server.stop()
+            _record_stop(manifest, server, trace_files=_written(trace_dir))
+            manifest.finish("failed", error=str(e))
         raise e from None
     finally:
         server.stop(grace_s=INTERRUPTED_GRACE_S)
@@ -429,8 +431,8 @@ def _versions(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_transport(res: DriveResult, server: Server, what: str) -> DriveResult:
-    if res.errors or res.failed:  # a stream cut off may be a dead server: say so first
-        if not server.alive():
+    if res.errors or res.failed:  # a stream cut off may be a dead server: say so first, once it is seen exiting
+        if server.exited():
             raise server.died(f"died during the {what}")
     if res.errors:
         raise TargetError(f"the server stopped answering during the {what}: {res.errors[0]}", hint=f"see {server.log_path}")

@@ -27,6 +27,9 @@ from profkit.errors import TargetError
 from profkit.targets.spec import LaunchSpec
 
 
+EXIT_SEEN_S = 5.0  # how long a server whose stream broke has to be seen exiting before it is called alive but silent
+
+
 def log_tail(path: Path, lines: int = 25) -> str:
     try:
         text = path.read_text(errors="replace").splitlines()
@@ -83,6 +86,18 @@ class Server:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def exited(self, within_s: float = EXIT_SEEN_S) -> bool:
+        """Whether the server has exited, waiting up to `within_s` for it: a killed server's sockets close
+        before the kernel makes it a zombie that poll() sees, and on a loaded host that gap is long enough
+        for a cut-off stream to be read first. The wait ends the moment it exits."""
+        if self.proc is None:
+            return False
+        try:
+            self.proc.wait(timeout=within_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def died(self, what: str) -> TargetError:
         rc = self.proc.poll() if self.proc else None
