@@ -111,12 +111,24 @@ def _sigterm_is_ctrl_c(signum, frame):
     raise KeyboardInterrupt
 
 
+_sighup_is_ctrl_c = _sigterm_is_ctrl_c  # the terminal closed: the same end, fixtures' teardown included
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """A SIGTERM to pytest (a CI timeout, a stray kill) ends the session as Ctrl-C does, so the
     fixtures' teardown still runs and stops the servers the tests started (a plain SIGTERM would
-    leave a module fixture's servers running: seen once on this machine)."""
+    leave a module fixture's servers running: seen once on this machine).
+
+    The processes the tests start (profkit, whose interrupts the tests send) get a terminal's signal
+    dispositions, not the runner's: under `nohup` SIGHUP comes ignored, and a job sent to the background
+    by a shell without job control has SIGINT ignored; profkit keeps an ignored signal ignored (as nohup
+    asks), so the trials of those signals would test nothing (a busy CI run started under nohup: the
+    SIGHUP trial ran to the end, exit 0). pytest itself takes them back: a caught signal is default
+    again in a child after exec, an ignored one would stay ignored."""
     import signal
     import threading
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _sigterm_is_ctrl_c)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGHUP, _sighup_is_ctrl_c)

@@ -200,7 +200,7 @@ def test_a_stream_cut_by_a_dying_server_says_it_died(tmp_path):
     assert_no_leftovers(port)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])  # SIGHUP: the terminal closed
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])  # SIGHUP: the terminal closed
 def test_interrupt_keeps_manifest_and_stops_server(tmp_path, sig):
     port = free_port()
     p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL[:6], "--turns", "40", "--no-warmup", port=port)
