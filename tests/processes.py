@@ -8,7 +8,6 @@ import gzip
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import psutil
+
+from profkit.http import free_port  # noqa: F401  (the tests' ports: below the ephemeral range, never one twice)
 
 # how long a wait may last before the test is declared hung: not a speed bound (a loaded machine
 # can be ten times slower than a quiet one), only what keeps a hang from running forever
@@ -104,12 +105,6 @@ def run_to_end(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
 # --- profkit run as a process (test_capture, test_faults, test_sglang_replica) -----------------------
 
 SMALL = ["--isl", "64", "--turns", "3", "--turn-tokens", "16", "--output-tokens", "24", "--num-steps", "6"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def servers_on(port: int) -> list[psutil.Process]:

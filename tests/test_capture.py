@@ -111,6 +111,24 @@ def test_server_that_fails_to_start(tmp_path):
     assert "Traceback" not in err.split("last lines of")[0]
 
 
+def test_free_ports_lie_below_the_ephemeral_range_and_never_repeat():
+    """The ports profkit (and the tests) give servers: not from the range every outgoing connection takes
+    its local port from (a busy run lost one to a client between the pick and the server's bind), free when
+    picked, and never the same twice in a process (two sides' servers may both not have bound yet)."""
+    from profkit.http import PORT_FLOOR
+
+    rng = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    if not rng.exists():
+        pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range (not Linux)")
+    low = int(rng.read_text().split()[0])
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    assert all(PORT_FLOOR <= p < low for p in ports), (low, sorted(ports)[:3], sorted(ports)[-3:])
+    with socket.socket() as s:  # free: a server can bind it
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", ports[-1]))
+
+
 def test_busy_port(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -83,14 +83,12 @@ def test_a_real_capture_runs_without_analysis_packages(tmp_path):
     blocked in profkit and in the server it starts (a sitecustomize on PYTHONPATH applies to both)."""
     import json
     import os
-    import socket
+    from profkit.http import free_port
 
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITE)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     pids = tmp_path / "pids.txt"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(Path(__file__).resolve().parent.parent)]), "PROFKIT_TEST_PIDS": str(pids)}
     r = run_to_end([sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", "--capture-only", "--profile-windows", "1",

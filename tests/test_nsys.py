@@ -313,7 +313,7 @@ def test_trace_nsys_analyzes_its_own_capture(tmp_path):
     (no Nsight Systems here): `nsys profile ... -o OUT cmd` runs the server and writes OUT.nsys-rep
     when it exits, `nsys export` writes an export (made here) as the real one would. trace then
     exports the report (the command printed) and analyzes the export like any capture."""
-    import socket
+    from profkit.http import free_port
     import subprocess
     import sys
 
@@ -335,9 +335,7 @@ wait $child; wait $child
 echo report > "$out.nsys-rep"
 """)
     fake.chmod(0o755)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     argv = [sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", "--nsys", "--isl", "64", "--turns", "3", "--turn-tokens", "16",
             "--output-tokens", "24", "--num-steps", "6", "--traces-dir", str(tmp_path / "traces"), "--reports-dir", str(tmp_path / "reports"),

@@ -4,7 +4,6 @@ import gzip
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -12,7 +11,7 @@ import threading
 import pytest
 
 from factories import http as _http
-from processes import HANG_S, wait_until
+from processes import free_port, HANG_S, wait_until
 
 pytest.importorskip("torch")
 
@@ -20,15 +19,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = 16
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("proxy") / "server.log"
     fh = open(log, "w")
     proc = subprocess.Popen(

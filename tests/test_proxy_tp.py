@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from factories import http as _http
-from processes import HANG_S, gone, wait_until
+from processes import free_port, HANG_S, gone, wait_until
 
 from conftest import ROOT
 
@@ -36,15 +35,9 @@ DELAY_S = 0.1
 PER_ITERATION = {"extend": 2 * LAYERS + 2, "verify": 2 * (STEPS - 1) + 2 * LAYERS + 2}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     def __init__(self, tmp: Path, env_extra: dict | None = None, tp: int = 2, device="cpu"):
-        self.port = _free_port()
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"server-{self.port}.log"
         self.fh = open(self.log, "w")

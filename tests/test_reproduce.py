@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,15 +14,9 @@ from pathlib import Path
 import pytest
 
 from profkit.flows.inputs import infer_optimization
-from processes import run_to_end
+from processes import run_to_end, free_port
 
 SMALL = ["--isl", "64", "--turns", "3", "--turn-tokens", "16", "--output-tokens", "24", "--num-steps", "5", "--profile-windows", "2"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _strip(doc):
@@ -48,7 +41,7 @@ def test_infer_optimization_from_switch_states():
 
 def test_printed_command_reproduces_the_attribution(tmp_path):
     pytest.importorskip("torch")
-    argv = [sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", *SMALL, "--port", str(_free_port()),
+    argv = [sys.executable, "-m", "profkit", "trace", "--opt", "topk_v2", *SMALL, "--port", str(free_port()),
             "--traces-dir", "traces", "--reports-dir", "reports"]
     p = run_to_end(argv, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -110,7 +103,7 @@ def test_sweep_names_its_steps_and_announces_its_report(tmp_path):
 
     assert label_slug("+overlap+topk_v2") == "plus-overlap-plus-topk_v2" and label_slug("all-topk_v2") == "all-topk_v2"
     argv = [sys.executable, "-m", "profkit", "sweep", "--opts", "topk_v2,indexer_fusion", "--mode", "ladder", *SMALL[:8],
-            "--num-steps", "4", "--profile-windows", "1", "--port", str(_free_port()), "--traces-dir", "traces", "--reports-dir", "reports"]
+            "--num-steps", "4", "--profile-windows", "1", "--port", str(free_port()), "--traces-dir", "traces", "--reports-dir", "reports"]
     p = run_to_end(argv, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "COLUMNS": "160"})
     assert p.returncode == 0, p.stderr
     names = sorted(d.name.split("-ladder-", 1)[1] for d in (tmp_path / "traces").iterdir())

@@ -21,6 +21,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import config as C
+from profkit.http import free_port
 
 log = logging.getLogger("profkit.proxy")
 
@@ -54,7 +55,7 @@ class Engine:
         if cfg.tp_size > 1:
             from . import tp as T
 
-            init = f"tcp://127.0.0.1:{T.free_port()}"
+            init = f"tcp://127.0.0.1:{free_port()}"
             self.workers = T.spawn_workers(cfg, init, args)
             log.info("TP %d: started ranks 1..%d (pids %s), init %s", cfg.tp_size,
                      cfg.tp_size - 1, [p.pid for p in self.workers], init)

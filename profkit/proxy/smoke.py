@@ -14,12 +14,13 @@ import gzip
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+
+from profkit.http import free_port
 
 
 def _http(url, body=None, timeout=300):
@@ -37,9 +38,7 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-len", type=int, default=1000)
     p.add_argument("server_args", nargs="*")
     a = p.parse_args(argv)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     os.makedirs(a.out, exist_ok=True)
     log = open(os.path.join(a.out, "server.log"), "w")
     cmd = [sys.executable, "-m", "profkit.proxy.server", "--port", str(port), "--device",

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -56,12 +55,6 @@ def parse_rank_delay(spec: str | None) -> dict[int, float]:
         except ValueError:
             raise ValueError(f"{RANK_DELAY_ENV}: expected RANK:SECONDS, got {part!r}") from None
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _OP_REGISTERED = False
