@@ -71,6 +71,19 @@ def public_traces() -> Path:
     return PUBLIC_TRACES
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under `--dist loadgroup` every test with an xdist_group must have been given its group (its node id
+    ends in @<group>); pytest 9.2 with pytest-xdist 3.8 drops the groups without a word, and the grouped
+    tests then run in every worker at once (pyproject.toml pins pytest below 9.2)."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest {pytest.__version__} with pytest-xdist: --dist loadgroup ignored the xdist_group of "
+                                f"{len(lost)} tests (first: {lost[0]}); install the test extra's pytest (pip install -e '.[test]')")
+
+
 @pytest.fixture(autouse=True)
 def _end_started():
     """Every process a test registered (processes.started / on_teardown) is ended here, after the
