@@ -80,6 +80,7 @@ def _ephemeral_low() -> int:
     """The first port of the kernel's ephemeral range (Linux: /proc/sys/net/ipv4/ip_local_port_range; else
     the IANA range's 49152)."""
     try:
-        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:  # closed at once, not left to the collector
+            return int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return 49152
