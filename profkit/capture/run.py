@@ -148,7 +148,8 @@ def record_interleaved(jobs: list[tuple[RunConfig, dict[str, bool], str, str]], 
     a drift of the host's load lands on every side alike (DESIGN.md "Judged, or not judged"); then
     each is stopped. One job: `record_one`. A failure stops every server, and finishes the manifest of
     a run already recorded whose analysis would have followed ("interrupted": none will)."""
-    gens = [run_steps(cfg, states, run_id, label=label, progress=progress, tick=tick) for cfg, states, run_id, label in jobs]
+    made: list[Manifest] = []  # every run's manifest, from the moment it exists (a run can end between its return and `results`)
+    gens = [run_steps(cfg, states, run_id, label=label, progress=progress, tick=tick, made=made) for cfg, states, run_id, label in jobs]
     results: list[Recording | None] = [None] * len(gens)
     live = list(range(len(gens)))
     try:
@@ -161,21 +162,25 @@ def record_interleaved(jobs: list[tuple[RunConfig, dict[str, bool], str, str]], 
                     live.remove(i)
     except BaseException:
         with held_signals(deliver=False):
-            for r in results:
-                if r is not None and r.manifest.data.get("status") == "running":
-                    r.manifest.finish("interrupted", error="recorded, not analyzed: another run recorded alongside it was interrupted or failed")
+            for g in gens:  # each unfinished run stops its server and finishes its manifest (run_steps' GeneratorExit)
+                g.close()
+            stored = {id(r.manifest) for r in results if r is not None}
+            for m in made:  # what is still running was recorded and will not be analyzed
+                if m.data.get("status") == "running":
+                    m.finish("interrupted", error="recorded, not analyzed: another run recorded alongside it was interrupted or failed"
+                             if id(m) in stored else "recorded, not analyzed: the command failed or was interrupted as the recording ended")
         raise
     finally:
-        for g in gens:  # on a failure or Ctrl-C: each unfinished run stops its server (run_steps' finally)
+        for g in gens:  # closed already on a failure or Ctrl-C; a no-op then
             g.close()
     return [r for r in results if r is not None]
 
 
 def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None,
-              tick: Progress = lambda s: None) -> Any:
+              tick: Progress = lambda s: None, made: list[Manifest] | None = None) -> Any:
     """One run as a generator: it yields after its server is up, after each unprofiled repeat and after
     each profile window (the points where `record_interleaved` lets the next run take its turn), and
-    returns the Recording."""
+    returns the Recording. Its manifest is appended to `made` as soon as it exists."""
     trace_dir = cfg.traces_dir / run_id
     port = cfg.port or free_port()
     spec = compose(cfg, states, port, nsys_output=trace_dir / run_id, trace_dir=trace_dir)
@@ -196,6 +201,8 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
         capture_order=cfg.capture_order,
         versions={"profkit": manifest_version()}, warnings=warnings, failed_requests=[],
     )
+    if made is not None:
+        made.append(manifest)
     server = Server(spec, trace_dir / "server.log")
     try:
         early.release()  # a signal that came while the manifest was created: interrupted at "starting"

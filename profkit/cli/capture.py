@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shlex
-import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
+from profkit.cli import interrupts
 from profkit.cli.common import command, err, option, options_from, out
 from profkit.cli.options import BASE, CATALOG, MARKER, MIN_BUBBLE_US, TARGET, BaseMode, SweepMode, Target, TargetName
 from profkit.errors import UsageError
@@ -91,17 +91,6 @@ def _caps(target: str) -> list[str] | None:
     from profkit.targets.sglang import gpu_compute_capabilities
 
     return gpu_compute_capabilities()
-
-
-def _sigterm_as_interrupt() -> None:
-    """SIGTERM, and SIGHUP (the terminal closed: a tmux window killed, an ssh session dropped), end a run as
-    Ctrl-C does: the server's tree stopped, the manifest finished."""
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup keeps its SIG_IGN
-        signal.signal(signal.SIGHUP, handler)
 
 
 def _plain(o: RunOptions) -> RunOptions:
@@ -325,7 +314,7 @@ def trace(opt: Opt, options: RunOptions) -> None:
     if o.dry_run:
         _dry_run(cfg, [("baseline", s_base), (f"candidate ({tag})", s_cand)])
         return
-    _sigterm_as_interrupt()
+    interrupts.install(terminate_too=True)  # SIGTERM and SIGHUP end a run as Ctrl-C does
     stamp = _stamp()
     with _Steps(2) as steps:
         before, after = steps.run_all(cfg, [(s_base, f"{stamp}-{target}-base{base}-{tag}-before", "baseline"),
@@ -404,7 +393,7 @@ def sweep(
     if o.dry_run:
         _dry_run(cfg, [(label, st) for label, st, _, _ in plan])
         return
-    _sigterm_as_interrupt()
+    interrupts.install(terminate_too=True)  # SIGTERM and SIGHUP end a run as Ctrl-C does
     stamp = _stamp()
     sweep_dir = reports_dir / f"{stamp}-{target}-sweep-{mode}"
     results: dict[str, Any] = {}

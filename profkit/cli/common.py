@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from profkit import __version__
+from profkit.cli import interrupts
 from profkit.errors import EXIT_BUG, EXIT_INTERRUPTED, ProfkitError
 from typer.core import TyperGroup
 
@@ -236,15 +237,16 @@ def _main(
 
 def main() -> None:
     """Console-script entry point: run the app; unexpected errors are one line unless --debug."""
+    interrupts.install()
     try:
         app()
     except SystemExit as e:
-        _settled()
+        interrupts.settle()
         if _state.get("quick_exit"):
             _quick_exit(e.code)
         raise
     except KeyboardInterrupt:
-        _settled()
+        interrupts.settle()
         err.print("[yellow]interrupted[/]")
         sys.exit(EXIT_INTERRUPTED)
     except Exception as e:  # a bug: one line and the traceback in a file; --debug prints it
@@ -255,21 +257,6 @@ def main() -> None:
             err.print(f"[bold red]internal error (a bug in profkit):[/] {escape(type(e).__name__)}: {escape(str(e))}"
                       + (f"; traceback in {escape(str(where))}" if where else " (run with --debug for the traceback)"), soft_wrap=True)
         sys.exit(EXIT_BUG)
-
-
-def _settled() -> None:
-    """The command has ended and chosen its exit status (its servers stopped, its manifests finished):
-    a Ctrl-C or SIGTERM from now on is ignored. Without this, one arriving while the interpreter shuts
-    down lands after Python has put the default action back (its signal module is finalized before the
-    process ends), and profkit dies by that signal instead of exiting with the status it chose (a
-    signal trial saw exit -2 after the 'interrupted' hint was printed)."""
-    import signal
-
-    for s in (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())):
-        try:
-            signal.signal(s, signal.SIG_IGN)
-        except (ValueError, OSError):  # not the main thread: nothing to settle
-            pass
 
 
 def _write_crash_report() -> Path | None:

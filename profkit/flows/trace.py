@@ -52,14 +52,16 @@ def run_interleaved(jobs: list[tuple[RunConfig, dict[str, bool], str, str]], pro
     analyzed yet ("interrupted")."""
     recorded = record_interleaved(jobs, progress, tick)
     out: list[RunResult] = []
-    for k, (rec, (cfg, *_)) in enumerate(zip(recorded, jobs)):
-        try:
+    try:
+        for rec, (cfg, *_) in zip(recorded, jobs):
             out.append(summarize_run(rec, cfg, progress))
-        except BaseException:
-            for rest in recorded[k + 1:]:
-                if rest.manifest.data.get("status") == "running":
-                    rest.manifest.finish("interrupted", error=f"recorded, not analyzed: the analysis of {rec.run_id} failed or was interrupted")
-            raise
+    except BaseException:
+        rest = recorded[len(out):]  # the first: the run whose analysis failed or was interrupted
+        for r in rest:  # it too, when the interrupt came before its analysis began
+            if r.manifest.data.get("status") == "running":
+                r.manifest.finish("interrupted", error="interrupted before its analysis" if r is rest[0] else
+                                  f"recorded, not analyzed: the analysis of {rest[0].run_id} failed or was interrupted")
+        raise
     return out
 
 
