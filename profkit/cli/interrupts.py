@@ -89,8 +89,10 @@ class _AfterPolars(importlib.abc.MetaPathFinder):
         run = spec.loader.exec_module
 
         def exec_module(module: Any) -> None:
-            run(module)
-            _sigint_to_python()
+            try:
+                run(module)
+            finally:  # also when a Ctrl-C cut the import short, after polars had hooked SIGINT
+                _sigint_to_python()
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
