@@ -2,8 +2,9 @@
 SIGHUP where a command records runs.
 
 - The first SIGINT (and, in `trace` and `sweep`, SIGTERM or SIGHUP) raises KeyboardInterrupt; any one
-  after it, while the command unwinds (stops its servers, finishes its manifests, prints its line), is
-  the same interrupt and is let go. A second KeyboardInterrupt in the middle of that unwinding would
+  after it, or one arriving while a KeyboardInterrupt raised by a library is being handled, while the
+  command unwinds (stops its servers, finishes its manifests, prints its line), is the same interrupt
+  and is let go. A second KeyboardInterrupt in the middle of that unwinding would
   cut it short: a manifest left saying "running", or profkit dead by SIGINT (exit -2) after it had
   printed its `interrupted` line.
 - polars (>= 1.22) installs a SIGINT handler of its own when it is imported (signal-hook, chained in
@@ -35,10 +36,25 @@ _state = {"raised": False}
 
 
 def _interrupt(signum: int, frame: Any) -> None:
-    if _state["raised"]:  # the command is already ending for the first one: the same interrupt
+    if _state["raised"] or _unwinding():  # the command is already ending for the first one: the same interrupt
+        _state["raised"] = True
         return
     _state["raised"] = True
     raise KeyboardInterrupt
+
+
+def _unwinding() -> bool:
+    """Whether the code this handler interrupted is handling a KeyboardInterrupt, or an exception raised
+    while one was handled (Interrupted, typer's Exit, SystemExit): one a library raised itself, as
+    polars does out of a query."""
+    e = sys.exc_info()[1]
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__context__
+    return False
 
 
 def install(*, terminate_too: bool = False) -> None:
