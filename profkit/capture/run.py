@@ -170,9 +170,6 @@ def record_interleaved(jobs: list[tuple[RunConfig, dict[str, bool], str, str]], 
                     m.finish("interrupted", error="recorded, not analyzed: another run recorded alongside it was interrupted or failed"
                              if id(m) in stored else "recorded, not analyzed: the command failed or was interrupted as the recording ended")
         raise
-    finally:
-        for g in gens:  # closed already on a failure or Ctrl-C; a no-op then
-            g.close()
     return [r for r in results if r is not None]
 
 

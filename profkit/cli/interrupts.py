@@ -1,12 +1,12 @@
 """One signal, one interrupt: how the command line is stopped by Ctrl-C (SIGINT), and by SIGTERM and
 SIGHUP where a command records runs.
 
-- The first SIGINT (and, in `trace` and `sweep`, SIGTERM or SIGHUP) raises KeyboardInterrupt; any one
-  after it, or one arriving while a KeyboardInterrupt raised by a library is being handled, while the
-  command unwinds (stops its servers, finishes its manifests, prints its line), is the same interrupt
-  and is let go. A second KeyboardInterrupt in the middle of that unwinding would
-  cut it short: a manifest left saying "running", or profkit dead by SIGINT (exit -2) after it had
-  printed its `interrupted` line.
+- The first SIGINT (and, in `trace` and `sweep`, SIGTERM or SIGHUP) raises KeyboardInterrupt. Any
+  later one, and one arriving while a KeyboardInterrupt a library raised is being handled, comes while
+  the command unwinds (stops its servers, finishes its manifests, prints its line): it is the same
+  interrupt and is let go. A second KeyboardInterrupt in the middle of that unwinding would cut it
+  short: a manifest left saying "running", or profkit dead by SIGINT (exit -2) after it had printed
+  its `interrupted` line.
 - polars (>= 1.22) installs a SIGINT handler of its own when it is imported (signal-hook, chained in
   front of Python's): a Ctrl-C during one of its queries then raises its own KeyboardInterrupt out of
   the query, and Python's handler raises a second one a few bytecodes later, in whatever `except`
@@ -36,11 +36,10 @@ _state = {"raised": False}
 
 
 def _interrupt(signum: int, frame: Any) -> None:
-    if _state["raised"] or _unwinding():  # the command is already ending for the first one: the same interrupt
-        _state["raised"] = True
-        return
+    first = not (_state["raised"] or _unwinding())  # else the command is already ending for the first one: the same interrupt
     _state["raised"] = True
-    raise KeyboardInterrupt
+    if first:
+        raise KeyboardInterrupt
 
 
 def _unwinding() -> bool:
