@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 import uuid
 from typing import Any, Callable
 
@@ -33,7 +34,8 @@ class held_signals:
     """SIGINT and SIGTERM are noted, not acted upon, from `__enter__` (or `hold()`) until `__exit__`
     (or `release()`); then the previous handlers are back and each noted signal, each kind once (two
     Ctrl-C while held are one interrupt), is handed to them: KeyboardInterrupt for Ctrl-C, whatever
-    the command installed for SIGTERM. `arrived` is set at the first, for a loop that should hurry.
+    the command installed for SIGTERM. `arrived` is set at the first, for a loop that should hurry
+    (`pause` is its wait).
     Holds nest: an inner one hands its signals to the outer one. `deliver=False` drops them instead
     (the block is itself the answer to a signal: a second Ctrl-C meanwhile is the same interrupt).
     Outside the main thread (where handlers cannot be set) it holds nothing."""
@@ -41,12 +43,17 @@ class held_signals:
     def __init__(self, *, deliver: bool = True) -> None:
         self.deliver = deliver
         self.signals: list[int] = []
-        self.arrived = threading.Event()
+        self.arrived = Flag()
         self._previous: dict[int, Any] = {}
 
     def _note(self, signum: int, frame: Any) -> None:
         self.signals.append(signum)
         self.arrived.set()
+
+    def pause(self, seconds: float) -> None:
+        """Wait up to `seconds`, less once a signal has arrived: a teardown loop's tick."""
+        if not self.arrived.is_set():
+            time.sleep(seconds)
 
     def hold(self) -> "held_signals":
         if threading.current_thread() is threading.main_thread():
@@ -67,6 +74,23 @@ class held_signals:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+class Flag:
+    """Set by a signal handler, read by the loop it interrupted; takes no lock. Not a threading.Event:
+    CPython runs a Python handler in the main thread between two bytecodes, and if those are inside
+    `Event.wait` (which holds the Event's lock around its checks), the handler's `Event.set` waits
+    for that lock, held by the very thread it runs on: the process hangs for good (a signal trial:
+    a SIGINT during the server's teardown, 900 s without a line; tests/test_process.py)."""
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
 
 
 def _deliver(signum: int, handler: Any) -> None:

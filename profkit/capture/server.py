@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -132,9 +131,9 @@ class Server:
         if self.proc is None:
             return
         with held_signals() as held:
-            self._stop(self.spec.teardown_s if grace_s is None else grace_s, held.arrived)
+            self._stop(self.spec.teardown_s if grace_s is None else grace_s, held)
 
-    def _stop(self, grace: float, hurry: threading.Event) -> None:
+    def _stop(self, grace: float, held: held_signals) -> None:
         self._remember()
         sent: str | None = None
         if self.proc.poll() is None:
@@ -145,10 +144,10 @@ class Server:
                 pass
             deadline = time.monotonic() + grace
             while self.proc.poll() is None and time.monotonic() < deadline:
-                if hurry.is_set():
+                if held.arrived.is_set():
                     deadline = min(deadline, time.monotonic() + INTERRUPTED_GRACE_S)
                 self._remember()
-                hurry.wait(0.1)
+                held.pause(0.1)
         killed = self.proc.poll() is None
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)

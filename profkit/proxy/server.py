@@ -383,11 +383,11 @@ def main(argv=None) -> int:
     args.update({"opts": sorted(cfg.switches), "device": cfg.device, "dtype": cfg.dtype,
                  "num_pages": cfg.num_pages, "chunked_prefill_size": cfg.chunked_prefill_size,
                  "simulate_acc_len": cfg.simulate_acc_len, "page_size": cfg.page_size})
-    stop = threading.Event()
+    stopping: list[int] = []  # not a threading.Event: its set(), from a handler run inside the main thread's
+    # wait(), waits for the lock that wait() holds, on the same thread: a hang (capture/process.Flag)
 
     def on_signal(signum, frame):
-        log.info("received signal %d, shutting down", signum)
-        stop.set()
+        stopping.append(signum)  # logged by the main loop: a handler that writes can cut into a write under way
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -413,18 +413,21 @@ def main(argv=None) -> int:
         httpd.shutdown()
         httpd.server_close()
         return 4
-    if not stop.is_set():
+    if not stopping:
         log.info("The server is fired up and ready to roll!")
-    while not stop.wait(0.5):
+    while not stopping:
+        time.sleep(0.5)
         if not engine.alive():
             log.error("scheduler died: %r (rank exit codes %s)", engine.sched.crashed,
                       [p.poll() for p in engine.workers])
             break
+    if stopping:
+        log.info("received signal %d, shutting down", stopping[0])
     engine.stop()
     httpd.shutdown()
     httpd.server_close()
     log.info("shut down")
-    return 0 if stop.is_set() else 1
+    return 0 if stopping else 1
 
 
 if __name__ == "__main__":
