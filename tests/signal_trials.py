@@ -182,7 +182,7 @@ def run(trial: Trial, tmp: Path, lengths: dict[str, float]) -> Trial:
         if p.poll() is None:  # the trial itself failed: stop profkit the way a user would, so it stops its server
             p.send_signal(signal.SIGTERM)
             try:
-                p.communicate(timeout=HANG_S)
+                p.communicate(timeout=120)  # it is a failure already (a hang): not another HANG_S of CI
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.communicate()
