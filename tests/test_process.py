@@ -120,7 +120,7 @@ except KeyboardInterrupt:
 
 
 SERVER_STOP = """
-import json, os, sys
+import json, os, sys, time
 from pathlib import Path
 from profkit.capture.server import Server
 from profkit.cli import interrupts
@@ -132,9 +132,9 @@ argv = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM
 spec = LaunchSpec(target="proxy", argv=argv, env={}, host="127.0.0.1", port=int(sys.argv[2]), world_size=1)
 server = Server(spec, Path(sys.argv[3]))
 server.start()
-while "serving" not in Path(sys.argv[3]).read_text():  # its own line, not the command in the log's header
-    pass
 print("pid", server.proc.pid, flush=True)
+while "serving" not in Path(sys.argv[3]).read_text():  # its own line, not the command in the log's header
+    time.sleep(0.01)
 try:
     server.stop(grace_s=600)
     print("stopped-without-interrupt")
@@ -156,7 +156,7 @@ def test_signals_during_the_server_teardown_end_it_once(tmp_path):
     server_pid = None
     try:
         first = child.stdout.readline().split()
-        assert first[0] == "pid", first
+        assert first[:1] == ["pid"], first  # else the child failed before the teardown (its stderr is in the test's output)
         server_pid = int(first[1])
         log = tmp_path / "server.log"
         while "sigterm-ignored" not in log.read_text() and child.poll() is None:  # the teardown has begun (signals held)
