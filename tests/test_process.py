@@ -182,3 +182,33 @@ def test_signals_during_the_server_teardown_end_it_once(tmp_path):
                 os.killpg(server_pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_killed_server_is_recorded_as_killed_on_a_loaded_host(tmp_path):
+    """A server that ignores SIGTERM is SIGKILLed after its grace; the manifest must say so. When psutil's
+    wait was given the server itself, it reaped it while the kernel was still ending it (a loaded host is
+    slow to), and Popen, finding no child left, made up exit code 0: "exited with code 0 after SIGTERM"
+    (7 of 40 teardowns beside 4 busy loops). The busy loops here open that window."""
+    from profkit.capture.server import Server
+    from profkit.http import free_port
+    from profkit.targets.spec import LaunchSpec
+
+    argv = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, lambda *a: None); print('ser' + 'ving', flush=True); time.sleep(600)"]
+    busy = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(4)]
+    how = []
+    try:
+        for i in range(25):
+            log = tmp_path / f"server{i}.log"
+            server = Server(LaunchSpec(target="proxy", argv=argv, env={}, host="127.0.0.1", port=free_port(), world_size=1), log)
+            server.start()
+            try:
+                while "serving" not in log.read_text():  # its SIGTERM handler is set (the line follows it)
+                    time.sleep(0.01)
+            finally:
+                server.stop(grace_s=0.2)
+            how.append((server.ended["returncode"], server.ended["how"]))
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
+    assert set(how) == {(-9, "killed by SIGKILL (sent by profkit)")}, how
