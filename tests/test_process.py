@@ -82,8 +82,8 @@ print("no-interrupt")
 
 
 def test_a_flood_of_signals_during_a_held_teardown_never_hangs(tmp_path):
-    """The teardown loop ticks `held.pause` while signals are noted. When the note was a
-    threading.Event's set() and the tick its wait(), a handler that ran inside wait() (which holds the
+    """A loop ticks while signals are noted. When the note was a threading.Event's set() and the
+    tick its wait(), a handler that ran inside wait() (which holds the
     Event's lock) waited for that lock on the thread holding it: the process hung for good, as a
     signal trial did in CI (SIGINT during the server's teardown, no line in 900 s). Many signals, a
     short tick: with the Event this fails within a few seconds, by a hang or, as each further signal
@@ -96,7 +96,7 @@ try:
         print("ready", flush=True)
         try:
             while not os.path.exists(sys.argv[2]):
-                h.pause(0.0002)
+                time.sleep(0.0002)
         except BaseException as e:
             print("block-broken-by", type(e).__name__)
             raise

@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 import uuid
 from typing import Any, Callable
 
@@ -34,8 +33,7 @@ class held_signals:
     """SIGINT and SIGTERM are noted, not acted upon, from `__enter__` (or `hold()`) until `__exit__`
     (or `release()`); then the previous handlers are back and each noted signal, each kind once (two
     Ctrl-C while held are one interrupt), is handed to them: KeyboardInterrupt for Ctrl-C, whatever
-    the command installed for SIGTERM. `arrived` is set at the first, for a loop that should hurry
-    (`pause` is its wait).
+    the command installed for SIGTERM. `arrived` is set at the first, for a loop that should hurry.
     Holds nest: an inner one hands its signals to the outer one. `deliver=False` drops them instead
     (the block is itself the answer to a signal: a second Ctrl-C meanwhile is the same interrupt).
     Outside the main thread (where handlers cannot be set) it holds nothing."""
@@ -49,11 +47,6 @@ class held_signals:
     def _note(self, signum: int, frame: Any) -> None:
         self.signals.append(signum)
         self.arrived.set()
-
-    def pause(self, seconds: float) -> None:
-        """Wait up to `seconds`, less once a signal has arrived: a teardown loop's tick."""
-        if not self.arrived.is_set():
-            time.sleep(seconds)
 
     def hold(self) -> "held_signals":
         if threading.current_thread() is threading.main_thread():

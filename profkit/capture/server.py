@@ -21,7 +21,7 @@ from typing import Callable
 import psutil
 
 from profkit.http import HTTPFailure, port_free, request
-from profkit.capture.process import TAG_ENV, describe_exit, held_signals, kill_all, new_tag, tagged
+from profkit.capture.process import TAG_ENV, Flag, describe_exit, held_signals, kill_all, new_tag, tagged
 from profkit.errors import TargetError
 from profkit.targets.spec import LaunchSpec
 
@@ -131,9 +131,9 @@ class Server:
         if self.proc is None:
             return
         with held_signals() as held:
-            self._stop(self.spec.teardown_s if grace_s is None else grace_s, held)
+            self._stop(self.spec.teardown_s if grace_s is None else grace_s, held.arrived)
 
-    def _stop(self, grace: float, held: held_signals) -> None:
+    def _stop(self, grace: float, hurry: Flag) -> None:
         self._remember()
         sent: str | None = None
         if self.proc.poll() is None:
@@ -144,10 +144,10 @@ class Server:
                 pass
             deadline = time.monotonic() + grace
             while self.proc.poll() is None and time.monotonic() < deadline:
-                if held.arrived.is_set():
+                if hurry.is_set():
                     deadline = min(deadline, time.monotonic() + INTERRUPTED_GRACE_S)
                 self._remember()
-                held.pause(0.1)
+                time.sleep(0.1)  # also once hurried: the shorter deadline is the hurry, not a spinning loop
         killed = self.proc.poll() is None
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
