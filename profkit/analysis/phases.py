@@ -5,7 +5,8 @@ thread. SGLang 0.5.23 (`sglang/srt/utils/profile_utils.py` build_step_span_name,
 `sglang/srt/speculative/eagle_worker_v2.py`): `draft` around the multi-step draft decode,
 `draft_extend` around the draft-extend forward (its eager fallback holds a `step[DRAFT ...]`),
 `step[VERIFY ...]` the target verify forward, `step[DECODE ...]`, `step[EXTEND|MIXED|...]`, and any
-forward of a draft runner `step[DRAFT ...]`. The proxy engine emits the same names. An op launched
+forward of a draft runner `step[DRAFT ...]`; the other 2026 forms, case-insensitively, as listed in
+analysis/steps.py and docs/span-grammars.md. The proxy engine emits the same names. An op launched
 under none of them (sampling helpers, metadata copies between the forwards, work outside every
 iteration) is `other`; an enclosing `sample`/`sampling` span makes it `sampling`.
 When spans of several phases enclose a launch, the first in PHASES' precedence wins (a
