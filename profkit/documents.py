@@ -38,6 +38,7 @@ class Iteration(_Doc):
     index: int = 0
     kind: str | None = None
     batch_size: int | None = None
+    step: dict[str, int] | None = None  # the SGLang step span's fields but bs (toks, ext, dec, roofline c_*/g_*); None: none
     start_us: float | None = None
     gpu_start_us: float | None = None
     wall_us: Num | None = None

@@ -213,3 +213,109 @@ def test_every_public_trace_gets_a_verdict():
     assert got["hta_cupti_profiler_benchmark_result_924719_1679055439_trace.json.gz"] == "unusable"
     # a vLLM B200 trace whose overlapping kernels on one stream are programmatic dependent launches: not an artefact
     assert got["tracelens_vllm_gpt-oss-120b_b200_tp8_eager_prefill_step.json.gz"] == "ok"
+    # SGLang's graph-capture profile: warm-up captures only, no served step (issue 36)
+    assert got["tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"] == "degraded"
+    # vLLM's piecewise graphs: the last piece has 12 of the others' 15 ops, another graph, not an under-recorded replay
+    assert got["tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz"] == "ok"
+
+
+# ------------------------------------------------------------------ issue 36: partial damage
+
+def _replay_ops(doc: dict, corr: int) -> list[dict]:
+    return [e for e in doc["traceEvents"] if e.get("cat") in GPU_OPS and (e.get("args") or {}).get("correlation") == corr]
+
+
+def test_replay_with_most_of_its_kernels_removed(tmp_path):
+    """One replay's kernels removed, its copies left (the issue: 120 kernels removed, 10 memsets left, `health: ok`):
+    under-recorded against the other replays launched from the same site (`step[VERIFY bs=1]`)."""
+    doc = load(GRAPHS)
+    m = markers(doc)
+    verify = [a for a in doc["traceEvents"] if a.get("cat") == "user_annotation" and a["name"].startswith("step[VERIFY")]
+    g = next(g for g in launches_in(doc, m[3]["ts"], m[4]["ts"], ("cudaGraphLaunch",))
+             if any(a["ts"] <= g["ts"] and g["ts"] + g["dur"] <= a["ts"] + a["dur"] for a in verify))
+    corr = g["args"]["correlation"]
+    before = _replay_ops(doc, corr)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not (e.get("cat") == "kernel" and (e.get("args") or {}).get("correlation") == corr)]
+    left = _replay_ops(doc, corr)
+    assert 0 < len(left) < len(before) // 2, (len(left), len(before))  # copies stay: graph_replays_missing does not see it
+    s = health_of(save(doc, tmp_path / "t.trace.json.gz"))
+    assert s["health"]["verdict"] == "degraded" and checks(s) == {"graph_replays_under_recorded"}, s["health"]
+    got = s["ranks"][0]["capture"]["graph_replays_under_recorded"]
+    assert (got["count"], got["iterations"], got["ops_missing"]) == (1, [3], len(before) - len(left))
+    assert got["worst"] == {"ops": len(left), "pattern_ops": len(before), "iteration": 3, "site": "step[VERIFY bs=1]"}
+    assert {"gpu_idle_us", "gpu_busy_us", "gpu_kernels"} <= set(s["health"]["metrics"])
+    assert s["ranks"][0]["capture"]["graph_replays_missing"]["count"] == 0
+
+
+def test_op_longer_than_its_window(tmp_path):
+    doc = load(EAGER)
+    m = markers(doc)
+    corr = {e["args"]["correlation"] for e in launches_in(doc, m[2]["ts"], m[3]["ts"], ("cudaLaunchKernel",))}
+    k = next(e for e in doc["traceEvents"] if e.get("cat") == "kernel" and e["args"].get("correlation") in corr)
+    k["dur"] = 3 * (m[3]["ts"] - m[2]["ts"])  # three times iteration 2's CPU window (its GPU window is shorter)
+    s = health_of(save(doc, tmp_path / "t.trace.json.gz"))
+    got = s["ranks"][0]["capture"]["impossible_durations"]
+    assert got["longer_than_window"] == 1 and got["iterations"] == [2] and got["worst"]["dur_us"] == pytest.approx(k["dur"], abs=0.001)
+    assert "window" in got["worst"]["rules"]
+    # it also runs over the ops after it on its stream: the overflow rule and stream_overlap say so too
+    assert "impossible_durations" in checks(s) and checks(s) <= {"impossible_durations", "stream_overlap"}, s["health"]
+    assert s["health"]["verdict"] == "degraded" and {"gpu_busy_us", "gpu_window_us", "category_us"} <= set(s["health"]["metrics"])
+
+
+def test_dur_that_overflowed_the_next_op_of_its_replay(tmp_path):
+    """TraceLens #669: a kernel's `dur` runs past the next op on its stream; inside one graph replay (one
+    correlation) no other check sees it."""
+    doc = load(GRAPHS)
+    m = markers(doc)
+    g = launches_in(doc, m[2]["ts"], m[3]["ts"], ("cudaGraphLaunch",))[0]
+    ops = sorted(_replay_ops(doc, g["args"]["correlation"]), key=lambda e: e["ts"])
+    a, b = ops[10], ops[11]
+    assert a["args"]["stream"] == b["args"]["stream"]
+    a["dur"] = b["ts"] + b["dur"] - a["ts"] + 1.0  # ends 1 µs after the next op ended
+    s = health_of(save(doc, tmp_path / "t.trace.json.gz"))
+    assert s["health"]["verdict"] == "degraded" and checks(s) == {"impossible_durations"}, s["health"]
+    got = s["ranks"][0]["capture"]["impossible_durations"]
+    assert (got["count"], got["overflow"], got["longer_than_window"], got["beyond_name"], got["iterations"]) == (1, 1, 0, 0, [2])
+
+
+def test_op_far_beyond_every_other_op_of_its_name(tmp_path):
+    """The last op on its stream (nothing after it to overrun, its window ends with it) given 200x the longest
+    other op of its name."""
+    doc = load(EAGER)
+    gpu = [e for e in doc["traceEvents"] if e.get("cat") in GPU_OPS]
+    last = max(gpu, key=lambda e: e["ts"])
+    same = [e for e in gpu if e["name"] == last["name"] and e is not last]
+    assert len(same) >= 2
+    last["dur"] = max(1000.0, 200 * max(e["dur"] for e in same))
+    s = health_of(save(doc, tmp_path / "t.trace.json.gz"))
+    assert s["health"]["verdict"] == "degraded" and checks(s) == {"impossible_durations"}, s["health"]
+    got = s["ranks"][0]["capture"]["impossible_durations"]
+    assert (got["count"], got["beyond_name"], got["overflow"]) == (1, 1, 0) and got["worst"]["rules"] == ["name"]
+
+
+CAPTURE_PROFILE = DATA / "gpu_spec" / "all" / "graph_capture_profile" / "cuda_graph_capture-Proxyverify_bs1_w256_p1-TP-0.json.gz"
+
+
+def test_capture_only_trace(tmp_path):
+    """A real H200 graph-capture profile (cudaStreamBeginCapture ... EndCapture, two warm-up kernels) inside a
+    `ProfilerStep#1` span, as SGLang's own capture profiles are: its one iteration is a capture, no served step."""
+    doc = load(CAPTURE_PROFILE)
+    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    lo, hi = min(e["ts"] for e in xs), max(e["ts"] + e.get("dur", 0) for e in xs)
+    first = next(e for e in xs if e.get("cat") == "user_annotation")
+    doc["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": first["pid"], "tid": first["tid"],
+                               "ts": lo - 1.0, "dur": hi - lo + 2.0, "args": {}})
+    s = health_of(save(doc, tmp_path / "t.trace.json.gz"))
+    assert [it["kind"] for it in s["ranks"][0]["iterations"]] == ["graph_capture"]
+    assert s["health"]["verdict"] == "degraded" and checks(s) == {"capture_only"}, s["health"]
+    assert s["ranks"][0]["capture"]["capture_only"] == {"flagged": True, "capture_iterations": 1, "iterations": 1}
+    assert {"wall_us", "gpu_busy_us", "gpu_window_us"} <= set(s["health"]["metrics"])
+    # the profile as recorded (no marker: the whole trace is one window) is capture-only too
+    plain = health_of(save(load(CAPTURE_PROFILE), tmp_path / "plain" / "t.trace.json.gz"))
+    assert "capture_only" in checks(plain)
+
+
+@pytest.mark.skipif(not PUBLIC.is_dir(), reason=f"third-party traces not present ({PUBLIC}): they are never committed")
+def test_public_sglang_capture_trace_is_capture_only():
+    s = health_of(PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz")
+    assert s["health"]["verdict"] == "degraded" and checks(s) == {"capture_only"}, s["health"]

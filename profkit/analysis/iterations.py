@@ -4,41 +4,42 @@ An iteration is one scheduler step, marked by a CPU event whose name matches the
 Its window is [marker start, next marker start); the last ends at its marker's end. The default
 marker is the first of a chain that matches: SGLang's `scheduler.run_batch`, SGLang's `step[...]`
 spans, vLLM's `execute_...` spans, `ProfilerStep#N`; else the whole trace is one window (warned).
+SGLang's step spans are read in every form of 2026, case-insensitively (analysis/steps.py).
 """
 
 from __future__ import annotations
 
 import bisect
+import json
 import re
 from dataclasses import dataclass
 from typing import cast
 
 import polars as pl
 
+from profkit.analysis.steps import MARKER_REGEX, STEP_PREFIX, parse_step, step_form
 from profkit.errors import NothingToAnalyze
 from profkit.ingest import Trace
 
 MARKER_CHAIN: tuple[tuple[str, str], ...] = (
     ("SGLang scheduler.run_batch", r"^scheduler\.run_batch$"),
-    ("SGLang step[...]", r"^step\[(DECODE|EXTEND|VERIFY|MIXED)\b"),
+    ("SGLang step[...]", MARKER_REGEX),
     ("vLLM execute_...", r"^execute_"),
     ("ProfilerStep#N", r"^ProfilerStep#\d+$"),
 )
 WHOLE_TRACE = "<whole trace>"
+STEP_0523 = r"^step\[(DECODE|EXTEND|VERIFY|MIXED)\b"  # the step markers before the 2026 forms (SGLang 0.5.23, the proxy)
 
-_STEP = re.compile(r"^step\[([A-Z_]+)(?:[^\]]*?\bbs=(\d+))?")
 # simple annotation: execute_context_<n>(<tokens>)_generation_<n>(<tokens>); detailed
 # (detailed_trace_annotation): execute_<tokens>_context_<n>(sq<tokens>sk...)_generation_<n>(sq<tokens>sk...)
 _VLLM = re.compile(r"^execute_(?:\d+_)?context_(\d+)\(.*?\)_generation_(\d+)\((?:sq)?(\d+)?")
-_KIND = {"DECODE": "decode", "VERIFY": "verify", "TARGET_VERIFY": "verify", "EXTEND": "extend", "MIXED": "mixed",
-         "SPLIT_PREFILL": "extend", "PREFILL": "extend"}
-_PRIORITY = {"verify": 0, "decode": 1, "mixed": 2, "extend": 3, "empty": 4}
+_PRIORITY = {"verify": 0, "decode": 1, "mixed": 2, "extend": 3, "empty": 4, "idle": 5}
 GRAPH_CAPTURE = "graph_capture"  # an iteration that captured a CUDA/HIP graph: its launches were recorded, its kernels did not run
 _CAPTURE_BEGIN = re.compile(r"^(cuda|hip)StreamBeginCapture")
 
 ITERATIONS_SCHEMA = {
     "iteration": pl.Int64, "cpu_start_ns": pl.Int64, "cpu_end_ns": pl.Int64, "marker": pl.String,
-    "kind": pl.String, "batch_size": pl.Int64,
+    "kind": pl.String, "batch_size": pl.Int64, "step": pl.String,
 }
 
 
@@ -104,6 +105,8 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
             found = _markers(cpu, regex, names)
             if found.height:
                 used = regex
+                if regex == MARKER_REGEX and _markers(cpu, STEP_0523, names).height == found.height:
+                    used = STEP_0523  # the same spans (0.5.23's are a subset): the marker says so as it always did
                 break
     if used == WHOLE_TRACE:
         starts = [cast(int, f["ts_ns"].min()) for f in (trace.cpu, trace.calls, trace.gpu_ops) if f.height]
@@ -113,7 +116,8 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
             "no iteration marker found (scheduler.run_batch, step[...], execute_..., ProfilerStep#N): the whole trace is one window"
         )
         frame = pl.DataFrame(
-            {"iteration": [0], "cpu_start_ns": [s], "cpu_end_ns": [e], "marker": [WHOLE_TRACE], "kind": ["unknown"], "batch_size": [None]},
+            {"iteration": [0], "cpu_start_ns": [s], "cpu_end_ns": [e], "marker": [WHOLE_TRACE], "kind": ["unknown"], "batch_size": [None],
+             "step": [None]},
             schema=ITERATIONS_SCHEMA,
         )
         return Iterations(frame, used, tuple(warnings))
@@ -127,7 +131,8 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
     ends = found["end_ns"].to_list()
     marker_names = found["name"].to_list()
     cpu_end = starts[1:] + [ends[-1]]
-    kinds, sizes = _kinds(cpu, marker_names, starts, cpu_end, names)
+    kinds, sizes, fields = _kinds(cpu, marker_names, starts, cpu_end, names)
+    warnings.extend(_unrecognized_steps(cpu, names))
     stubs = 0
     if marker is None and len(kinds) > 1 and kinds[-1] == "unknown" and any(k != "unknown" for k in kinds[:-1]):
         # DESIGN.md "Iteration": real SGLang 0.5.23 on CPU records num_steps + 1 scheduler.run_batch
@@ -139,7 +144,7 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
             f"the last {marker_names[-1]!r} span ({dur_us:,.1f} µs) holds no engine step span (step[...], execute_...): "
             "cut by the profiler's stop, it is not an iteration (dropped; stub_markers: 1)"
         )
-        starts, ends, marker_names, kinds, sizes = starts[:-1], ends[:-1], marker_names[:-1], kinds[:-1], sizes[:-1]
+        starts, ends, marker_names, kinds, sizes, fields = starts[:-1], ends[:-1], marker_names[:-1], kinds[:-1], sizes[:-1], fields[:-1]
         cpu_end = starts[1:] + [ends[-1]]
     if marker is not None:
         # a user's marker: iterations with no engine step span inside are named after the marker
@@ -150,6 +155,7 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
     if captures:
         kinds = [GRAPH_CAPTURE if i in captures else k for i, k in enumerate(kinds)]
         sizes = [None if i in captures else b for i, b in enumerate(sizes)]
+        fields = [None if i in captures else f for i, f in enumerate(fields)]
         warnings.append(
             f"{len(captures)} of {len(starts)} iteration(s) capture a CUDA graph ({_CAPTURE_BEGIN.pattern[1:].replace('(cuda|hip)', 'cuda/hip')}): "
             "their kernel launches were recorded into the graph, the kernels did not run, so their GPU time says nothing about the step; "
@@ -158,7 +164,7 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
     frame = pl.DataFrame(
         {
             "iteration": list(range(len(starts))), "cpu_start_ns": starts, "cpu_end_ns": cpu_end, "marker": marker_names,
-            "kind": kinds, "batch_size": sizes,
+            "kind": kinds, "batch_size": sizes, "step": fields,
         },
         schema=ITERATIONS_SCHEMA,
     )
@@ -166,15 +172,16 @@ def find_iterations(trace: Trace, *, marker: str | None = None) -> Iterations:
 
 
 def parse_kind(name: str) -> tuple[str | None, int | None]:
-    """(kind, batch size) from an SGLang `step[...]` or vLLM `execute_...` span name. vLLM's
+    """(kind, batch size) from an SGLang `step[...]` (any form of analysis/steps.py: a draft runner's
+    step makes no kind) or vLLM `execute_...` span name. vLLM's
     ``execute_context_<n>(<tokens>)_generation_<m>(<tokens>)`` with no context request is a
     speculative verify when its generation requests carry more tokens than one each (vLLM 0.32 with
     n-gram or EAGLE drafts: ``generation_1(4)``), else decode; with no generation request it is
     prefill (extend), with both mixed, with neither (``generation_0(0)``) an empty step. Its batch
     size counts both kinds of request."""
-    m = _STEP.match(name)
-    if m:
-        return _KIND.get(m.group(1)), int(m.group(2)) if m.group(2) else None
+    st = parse_step(name)
+    if st is not None:
+        return st.kind, st.batch_size
     m = _VLLM.match(name)
     if m:
         ctx, gen = int(m.group(1)), int(m.group(2))
@@ -238,28 +245,55 @@ def list_markers(trace: Trace, *, limit: int = 25) -> list[dict[str, object]]:
 
 
 def _kinds(cpu: pl.DataFrame, marker_names: list[str], starts: list[int], ends: list[int],
-           names: pl.Series | None = None) -> tuple[list[str], list[int | None]]:
-    """Kind and batch size per window: from the marker itself or the step spans that start inside it
-    (`names`: cpu's distinct names, when the caller has them)."""
+           names: pl.Series | None = None) -> tuple[list[str], list[int | None], list[str | None]]:
+    """Kind, batch size and step fields (JSON of the step span's `key=value` fields but bs, e.g.
+    toks, ext, dec and the roofline g_*/c_* values; None when it has none) per window: from the
+    marker itself or the step span inside it that gives the window its kind (`names`: cpu's distinct
+    names, when the caller has them)."""
     steps = cpu.filter(
-        pl.col("cat").is_in(_MARKER_CATS) & _name_matches(cpu, r"^(step\[|execute_)", names)
+        pl.col("cat").is_in(_MARKER_CATS) & _name_matches(cpu, STEP_PREFIX + "|^execute_", names)
     ).select("ts_ns", "name")
     step_ts = steps["ts_ns"].to_list()
     step_names = steps["name"].to_list()
     kinds: list[str] = []
     sizes: list[int | None] = []
+    fields: list[str | None] = []
     for name, s, e in zip(marker_names, starts, ends):
-        best: tuple[str, int | None] | None = None
+        best: tuple[str, int | None, str] | None = None
         k, b = parse_kind(name)
         if k is not None:
-            best = (k, b)
+            best = (k, b, name)
         else:
             lo = bisect.bisect_left(step_ts, s)
             hi = bisect.bisect_left(step_ts, e)
             for nm in step_names[lo:hi]:
                 k, b = parse_kind(nm)
                 if k is not None and (best is None or _PRIORITY[k] < _PRIORITY[best[0]]):
-                    best = (k, b)
+                    best = (k, b, nm)
         kinds.append(best[0] if best else "unknown")
         sizes.append(best[1] if best else None)
-    return kinds, sizes
+        st = parse_step(best[2]) if best else None
+        fields.append(json.dumps(st.fields, sort_keys=True) if st is not None and st.fields else None)
+    return kinds, sizes, fields
+
+
+def _unrecognized_steps(cpu: pl.DataFrame, names: pl.Series) -> list[str]:
+    """One warning naming the `step[...]` span forms of no grammar profkit knows (analysis/steps.py),
+    with their counts: their iterations would otherwise read as `unknown` without a word."""
+    cand = names.filter(names.str.contains(STEP_PREFIX))
+    odd = [n for n in cand.to_list() if (st := parse_step(n)) is not None and not st.recognized]
+    if not odd:
+        return []
+    counts: dict[str, int] = {}
+    rows = cpu.filter(pl.col("cat").is_in(_MARKER_CATS) & pl.col("name").is_in(odd))["name"].to_list()
+    for n in rows:
+        counts[step_form(n)] = counts.get(step_form(n), 0) + 1
+    if not counts:
+        return []
+    forms = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    listed = ", ".join(f"{f!r} ({c}x)" for f, c in forms[:3]) + (f" and {len(forms) - 3} more" if len(forms) > 3 else "")
+    return [
+        f"step spans of a form profkit does not know: {listed}; they give no iteration kind or phase (iterations "
+        "holding only them are 'unknown', their GPU ops phase 'other'). Known forms: docs/span-grammars.md; "
+        "--marker REGEX picks the iterations by another span"
+    ]

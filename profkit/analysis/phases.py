@@ -5,7 +5,8 @@ thread. SGLang 0.5.23 (`sglang/srt/utils/profile_utils.py` build_step_span_name,
 `sglang/srt/speculative/eagle_worker_v2.py`): `draft` around the multi-step draft decode,
 `draft_extend` around the draft-extend forward (its eager fallback holds a `step[DRAFT ...]`),
 `step[VERIFY ...]` the target verify forward, `step[DECODE ...]`, `step[EXTEND|MIXED|...]`, and any
-forward of a draft runner `step[DRAFT ...]`. The proxy engine emits the same names. An op launched
+forward of a draft runner `step[DRAFT ...]`; the other 2026 forms, case-insensitively, as listed in
+analysis/steps.py and docs/span-grammars.md. The proxy engine emits the same names. An op launched
 under none of them (sampling helpers, metadata copies between the forwards, work outside every
 iteration) is `other`; an enclosing `sample`/`sampling` span makes it `sampling`.
 When spans of several phases enclose a launch, the first in PHASES' precedence wins (a
@@ -24,13 +25,19 @@ from profkit.analysis.iterations import parse_kind
 _VLLM_SPAN = r"^execute_(\d+_)?context_"
 _VLLM_PHASE = {"verify": "verify", "decode": "decode", "extend": "extend", "mixed": "extend"}
 
-# (phase, regex over user_annotation names), in precedence order
+# (phase, regex over user_annotation names), in precedence order; SGLang's step spans in every form of
+# 2026, case-insensitively (analysis/steps.py): `step[VERIFY|TARGET_VERIFY ...]`, `step[DRAFT ...]`
+# (PR 38630), `draft step[<MODE> ...]` (PR 32212), `step[DRAFT_EXTEND_V2 ...]` (PR 32850),
+# `step[decode|prefill|mixed ...]` (PR 23419). A draft-extend step is draft_extend, never draft.
 _RULES: tuple[tuple[str, str], ...] = (
-    ("draft_extend", r"^(draft_extend|spec\.draft_extend)\b"),
-    ("draft", r"^(draft\b|step\[DRAFT)"),  # \b: not draft_extend
-    ("verify", r"^step\[(VERIFY|TARGET_VERIFY)\b"),
-    ("decode", r"^step\[DECODE\b"),
-    ("extend", r"^step\[(EXTEND|MIXED|SPLIT_PREFILL|PREFILL)\b"),
+    ("draft_extend", r"^(draft_extend|spec\.draft_extend)\b|(?i:^(draft\s+)?step\[\s*draft_extend)"),
+    # `draft` alone (\b: not draft_extend) or with no bracket after it; a draft runner's step of a
+    # target mode; `step[DRAFT ...]` (\b: not DRAFT_EXTEND)
+    ("draft", r"^draft\b[^\[]*$|(?i:^draft\s+step\[\s*(decode|extend|prefill|split_prefill|mixed|verify|target_verify|idle|draft)\b)"
+              r"|(?i:^step\[\s*draft\b)"),
+    ("verify", r"(?i:^step\[\s*(verify|target_verify)\b)"),
+    ("decode", r"(?i:^step\[\s*decode\b)"),
+    ("extend", r"(?i:^step\[\s*(extend|mixed|split_prefill|prefill)\b)"),
     ("sampling", r"^(sample|sampling)\b"),
 )
 

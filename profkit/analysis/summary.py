@@ -10,6 +10,7 @@ and sync still counted in the aggregates (bubbles_by_cause, bubble_cpu_ops, sync
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,13 @@ def iteration_records(a: RankAnalysis) -> list[dict[str, Any]]:
                 "owned_overlap_us": _us(sum(owned_cats.get(i, {}).values()) - r["owned_gpu_ns"]),
             }
         )
+        if r.get("step"):
+            # the step span's fields but bs (toks, ext, dec, roofline c_*/g_*: analysis/steps.py), after batch_size;
+            # absent where the span has none
+            rec = out[-1]
+            keys = list(rec)
+            at = keys.index("batch_size") + 1
+            out[-1] = {k: rec[k] for k in keys[:at]} | {"step": json.loads(r["step"])} | {k: rec[k] for k in keys[at:]}
     return out
 
 
@@ -93,7 +101,7 @@ def _per_key_ns(frame: pl.DataFrame, key: str) -> dict[int, dict[str, int]]:
     return out
 
 
-_SKIP = {"index", "kind", "batch_size", "start_us", "gpu_start_us"}
+_SKIP = {"index", "kind", "batch_size", "step", "start_us", "gpu_start_us"}
 
 
 def medians(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -119,7 +119,7 @@ def shape_of(it: Iteration) -> Shape:
     return (str(it.kind or "unknown"), it.batch_size)
 
 
-ENGINE_KINDS = ("decode", "extend", "verify", "mixed", "unknown")
+ENGINE_KINDS = ("decode", "extend", "verify", "mixed", "idle", "unknown")
 
 
 def shape_label(shape: Shape) -> str:
