@@ -10,6 +10,11 @@ here from the export's raw tables, following the nsys schema and DESIGN.md as wr
     runs on one device; an export whose GPU rows record no process has one device);
   - launch: the runtime call of the same process with the same correlationId (CUPTI numbers
     correlation ids per process);
+  - CUDA backtraces: an export recorded with them holds, for each traced call, a second
+    CUPTI_ACTIVITY_KIND_RUNTIME row of eventClass TRACE_PROCESS_EVENT_CUDABACKTRACE (its id in
+    ENUM_NSYS_EVENT_CLASS; 67 in exports without that table) with the call's correlationId. Of the
+    rows of one (process, correlationId), those are dropped when any other row remains: a call is
+    counted once, with its own row's name and duration; a backtrace row alone stands for its call;
   - copies by direction, from ENUM_CUDA_MEMCPY_OPER's symbol names: HTOD -> h2d, DTOH -> d2h,
     DTOD and PTOP -> d2d, anything else -> other; pageable when either side's ENUM_CUDA_MEM_KIND
     label is "Pageable";
@@ -22,6 +27,11 @@ here from the export's raw tables, following the nsys schema and DESIGN.md as wr
     record for cudaEventQuery too: a poll that returns at once, not counted;
   - blocking copies: cudaMemcpyAsync calls whose copy is pageable, and synchronous copy calls
     (cudaMemcpy, cudaMemset, ...), that have a copy record;
+  - blocked time: the duration (end - start, ns) of each sync (its runtime call, else its
+    synchronization record) and of each blocking copy's call, summed (`sync_ns`, `blocking_copy_ns`);
+  - exports of schema 2.x (Nsight Systems 2022) have no ENUM_* tables and name META_DATA_EXPORT
+    EXPORT_META_DATA: the enums' values are those the later exports write (CUDA_MEMCPY_KIND_*,
+    CUDA_MEMOPR_MEMORY_KIND_*, CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_*), copied below;
   - busy: the union of every GPU row's [start, end) on the device, in integer ns;
   - "in window": with no iteration marker the whole capture is one window, and a GPU op is counted
     in it when its launch call is in the export (else it is work outside every iteration).
@@ -45,6 +55,14 @@ SYNC_CALL = re.compile(r"^cu(da)?\w*Synchronize$")
 BLOCKING_COPY = {"cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyToSymbol", "cudaMemcpyFromSymbol", "cudaMemcpyPeer",
                  "cuMemcpy", "cuMemcpyDtoH", "cuMemcpyHtoD", "cuMemcpyDtoD", "cudaMemset"}
 HOST_BLOCKING_SYNC = ("EVENT_SYNCHRONIZE", "STREAM_SYNCHRONIZE", "CONTEXT_SYNCHRONIZE")
+# the ENUM tables of an Nsight Systems 2026.2 export (h100_2gpu_1s.sqlite), for exports without them
+COPY_KINDS = {0: "CUDA_MEMCPY_KIND_UNKNOWN", 1: "CUDA_MEMCPY_KIND_HTOD", 2: "CUDA_MEMCPY_KIND_DTOH", 8: "CUDA_MEMCPY_KIND_DTOD",
+              10: "CUDA_MEMCPY_KIND_PTOP"}
+MEM_KINDS = {0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 5: "Device Static", 6: "Managed Static", 7: "Unknown"}
+SYNC_TYPES = {0: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_UNKNOWN", 1: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_EVENT_SYNCHRONIZE",
+              2: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT", 3: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_SYNCHRONIZE",
+              4: "CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_CONTEXT_SYNCHRONIZE"}
+BACKTRACE = "TRACE_PROCESS_EVENT_CUDABACKTRACE"
 
 
 def base_name(name: str) -> str:
@@ -73,22 +91,36 @@ def union_ns(intervals: list[tuple[int, int]]) -> int:
 def figures(path: str) -> dict:
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    meta = dict(con.execute("SELECT name, value FROM META_DATA_EXPORT")) if "META_DATA_EXPORT" in tables else {}
+    meta_table = next((t for t in ("META_DATA_EXPORT", "EXPORT_META_DATA") if t in tables), None)
+    meta = dict(con.execute(f"SELECT name, value FROM {meta_table}")) if meta_table else {}
 
-    # runtime calls: (process, correlation) -> name; process -> calls
+    # runtime calls: (process, correlation) -> name; process -> calls; (process, correlation) -> duration
     calls: dict[tuple, str] = {}
     calls_of: dict[object, list[tuple]] = defaultdict(list)
+    call_ns: dict[tuple, int] = {}
     rt_cols = columns(con, "CUPTI_ACTIVITY_KIND_RUNTIME") if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables else set()
     if rt_cols:
+        backtrace = 67
+        if "ENUM_NSYS_EVENT_CLASS" in tables:
+            backtrace = next((i for i, n in con.execute("SELECT id, name FROM ENUM_NSYS_EVENT_CLASS") if n == BACKTRACE), 67)
         proc = "globalTid >> 24" if "globalTid" in rt_cols else "NULL"
-        for p, corr, name in con.execute(f"SELECT {proc}, r.correlationId, s.value FROM CUPTI_ACTIVITY_KIND_RUNTIME r "
-                                         "LEFT JOIN StringIds s ON s.id = r.nameId"):
-            n = base_name(name or "")
-            calls[(p, corr)] = n
-            calls_of[p].append((corr, n))
+        klass = "r.eventClass" if "eventClass" in rt_cols else "NULL"
+        rows_of: dict[tuple, list[tuple]] = defaultdict(list)
+        for k, (p, corr, name, ec, s, e) in enumerate(con.execute(
+                f'SELECT {proc}, r.correlationId, s.value, {klass}, r.start, r."end" FROM CUPTI_ACTIVITY_KIND_RUNTIME r '
+                "LEFT JOIN StringIds s ON s.id = r.nameId")):
+            rows_of[(p, corr) if corr is not None else (p, None, k)].append((ec == backtrace, base_name(name or ""), e - s))
+        for key, rows in rows_of.items():
+            own = [r for r in rows if not r[0]]
+            for _bt, n, ns in own or rows[:1]:  # the call's own row(s); a backtrace row only when it is alone
+                p, corr = key[0], key[1]
+                calls_of[p].append((corr, n))
+                if corr is not None:
+                    calls[(p, corr)] = n
+                    call_ns[(p, corr)] = ns
 
-    copy_op = {i: n for i, n in con.execute("SELECT id, name FROM ENUM_CUDA_MEMCPY_OPER")} if "ENUM_CUDA_MEMCPY_OPER" in tables else {}
-    mem_kind = {i: l for i, l in con.execute("SELECT id, label FROM ENUM_CUDA_MEM_KIND")} if "ENUM_CUDA_MEM_KIND" in tables else {}
+    copy_op = {i: n for i, n in con.execute("SELECT id, name FROM ENUM_CUDA_MEMCPY_OPER")} if "ENUM_CUDA_MEMCPY_OPER" in tables else COPY_KINDS
+    mem_kind = {i: l for i, l in con.execute("SELECT id, label FROM ENUM_CUDA_MEM_KIND")} if "ENUM_CUDA_MEM_KIND" in tables else MEM_KINDS
 
     def direction(kind: int | None) -> str:
         n = (copy_op.get(kind) or "").removeprefix("CUDA_MEMCPY_KIND_")
@@ -96,7 +128,7 @@ def figures(path: str) -> dict:
 
     dev: dict[int, dict] = defaultdict(lambda: {
         "kernels": 0, "memcpy": Counter(), "memset": 0, "busy_intervals": [], "processes": set(),
-        "in_window": {"kernels": 0, "memcpy": Counter(), "memset": 0}, "pageable_copies": 0, "blocking_copies": 0,
+        "in_window": {"kernels": 0, "memcpy": Counter(), "memset": 0}, "pageable_copies": 0, "blocking_copies": 0, "blocking_copy_ns": 0,
     })
     for table, kind in (("CUPTI_ACTIVITY_KIND_KERNEL", "kernel"), ("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
         if table not in tables:
@@ -124,6 +156,7 @@ def figures(path: str) -> dict:
                 call = calls.get((p, corr))
                 if call is not None and ((call == "cudaMemcpyAsync" and pageable) or call in BLOCKING_COPY):
                     x["blocking_copies"] += 1
+                    x["blocking_copy_ns"] += call_ns[(p, corr)]
 
     # each process's device (one each here); an export without processes on its GPU rows: its one device
     device_of: dict[object, int] = {}
@@ -146,17 +179,18 @@ def figures(path: str) -> dict:
             if n in LAUNCH:
                 launch[device_of[p]][n] += 1
 
-    syncs = Counter()
+    syncs, sync_ns = Counter(), Counter()
     sync_corr = set()
     if "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION" in tables:
-        types = {i: n for i, n in con.execute("SELECT id, name FROM ENUM_CUPTI_SYNC_TYPE")}
+        types = {i: n for i, n in con.execute("SELECT id, name FROM ENUM_CUPTI_SYNC_TYPE")} if "ENUM_CUPTI_SYNC_TYPE" in tables else SYNC_TYPES
         blocking = {i for i, n in types.items() if n.endswith(HOST_BLOCKING_SYNC)}
-        for p, corr, t in con.execute("SELECT globalPid >> 24, correlationId, syncType FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"):
+        for p, corr, t, s, e in con.execute('SELECT globalPid >> 24, correlationId, syncType, start, "end" FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION'):
             call = calls.get((p, corr))
             if t in blocking and p in device_of:
                 sync_corr.add((p, corr))
                 if call is None or SYNC_CALL.match(call):  # not a cudaEventQuery poll
                     syncs[device_of[p]] += 1
+                    sync_ns[device_of[p]] += call_ns[(p, corr)] if call is not None else e - s
     sync_calls = Counter()
     for p, cs in calls_of.items():
         for corr, n in cs:
@@ -164,6 +198,7 @@ def figures(path: str) -> dict:
                 sync_calls[device_of[p]] += 1
                 if (p, corr) not in sync_corr:
                     syncs[device_of[p]] += 1
+                    sync_ns[device_of[p]] += call_ns.get((p, corr), 0)
 
     out = {"schema_version": meta.get("EXPORT_SCHEMA_VERSION"), "devices": {}}
     for d in sorted(dev):
@@ -173,6 +208,7 @@ def figures(path: str) -> dict:
             "launch_calls": sum(launch[d].values()), "kernel_launches": sum(n for a, n in launch[d].items() if a in KERNEL_LAUNCH),
             "graph_launches": sum(n for a, n in launch[d].items() if a in GRAPH_LAUNCH),
             "syncs": syncs[d], "sync_calls": sync_calls[d], "blocking_copies": x["blocking_copies"], "pageable_copies": x["pageable_copies"],
+            "sync_ns": sync_ns[d], "blocking_copy_ns": x["blocking_copy_ns"],
             "busy_ns": union_ns(x["busy_intervals"]),
             "in_window": {"kernels": x["in_window"]["kernels"], "memcpy": {k: x["in_window"]["memcpy"][k] for k in ("h2d", "d2h", "d2d", "other")},
                           "memset": x["in_window"]["memset"]},
