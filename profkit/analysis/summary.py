@@ -118,7 +118,7 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, An
     sy = a.syncs.filter(pl.col("iteration").is_not_null())
     syncs = [
         {
-            "iteration": r["iteration"], "api": r["api"], **_trace_name(r["name"], r["api"]), "kind": r["kind"], "direction": r["direction"],
+            "iteration": r["iteration"], "api": r["api"], **_trace_name(r.get("name"), r["api"]), "kind": r["kind"], "direction": r["direction"],
             "start_us": _us(r["ts_ns"] - a.t0_ns), "blocked_us": _us(r["blocked_ns"]), "trigger": r["trigger"], "stack": r["stack"],
         }
         for r in sy.sort("blocked_ns", "ts_ns", descending=[True, False]).head(max_items).sort("ts_ns").iter_rows(named=True)
