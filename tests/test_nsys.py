@@ -72,10 +72,12 @@ def _totals(rank: dict) -> dict:
 
 
 def _plain_equal(summary: dict, want: dict, label: str) -> None:
-    """Every figure of the plain script equal to profkit's, rank by rank (one rank per device)."""
-    assert [r["source"]["device_id"] for r in summary["ranks"]] == sorted(int(d) for d in want["devices"])  # one rank per device
-    for rank in summary["ranks"]:
-        w = want["devices"][str(rank["source"]["device_id"])]
+    """Every figure of the plain script equal to profkit's, rank by rank (a rank: a device and the
+    process that ran work on it, "<device>/<pid>" in the script's `ranks`)."""
+    names = [f"{r['source']['device_id']}/{'?' if r['source']['pid'] is None else r['source']['pid']}" for r in summary["ranks"]]
+    assert names == list(want["ranks"]), label
+    for name, rank in zip(names, summary["ranks"]):
+        w = want["ranks"][name]
         got = _totals(rank)
         for k in ("kernels", "memcpy", "memset", "launch_calls", "syncs", "blocking_copies"):
             assert got[k] == w[k], (label, rank["rank"], k)
@@ -94,6 +96,7 @@ def test_totals_equal_the_plain_script(name):
     want = plain.figures(str(p))
     s = _summary(p)
     _plain_equal(s, want, name)
+    assert [r["source"]["device_id"] for r in s["ranks"]] == sorted(int(d) for d in want["devices"])  # one rank per device
     for rank in s["ranks"]:
         w = want["devices"][str(rank["source"]["device_id"])]
         busy = rank["outside_iterations"]["device_busy_us"] * 1000
@@ -266,6 +269,7 @@ def test_made_export_uses_the_default_marker_chain(tmp_path):
     assert all(i["gpu_busy_us"] == pytest.approx(40.0) for i in rank["iterations"])
     assert rank["kernels"][0]["name"] == "void gemm_kernel<float>(float*)"
     assert rank["source"] == {"format": "nsys-sqlite", "schema_version": "3.25.0", "nsys_version": "2026.2.1.210", "device_id": 0, "pid": 4242}
+    _plain_equal(s, plain.figures(str(p)), "made")
 
 
 def test_made_export_with_backtraces_counts_each_call_once(tmp_path):
@@ -335,6 +339,7 @@ def test_device_names_from_the_target_tables(tmp_path):
     con.commit()
     con.close()
     assert _summary(p)["ranks"][0]["device"] == "NVIDIA H100 80GB HBM3"  # CUDA device 0 of pid 4242 is GPU 1
+    _plain_equal(_summary(p), plain.figures(str(p)), "mapped")
     h = _export("h100_2gpu_1s.sqlite")
     con = sqlite3.connect(f"file:{h}?mode=ro", uri=True)
     tables = {t for t, in con.execute("SELECT name FROM sqlite_master WHERE name LIKE 'TARGET_INFO%'")}
@@ -510,3 +515,4 @@ def test_ranks_follow_devices_and_processes(tmp_path, one_process):
     assert [r["iterations"][0]["gpu_kernels"] for r in ranks] == [3, 1]
     assert [r["iterations"][0]["kernel_launches"] for r in ranks] == [3, 1]
     assert [r["iterations"][0]["syncs"] for r in ranks] == [1, 0]  # the sync: the thread that launched onto device 0 (pid 100)
+    _plain_equal(s, plain.figures(str(tmp_path / "two.sqlite")), "two devices")
