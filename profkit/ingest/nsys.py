@@ -588,11 +588,16 @@ def _calls(ex: Export, pl: Any) -> Any:
     if "globalTid" not in ex.columns[RUNTIME]:
         ex.lacks(f"{RUNTIME}.globalTid")
     sql = (f'SELECT {f"t.{chr(34)}{name}{chr(34)}" if name else "NULL"}, t."start", t."end", {ex.col(RUNTIME, "globalTid", "g", prefix="t.", want=False)}, '
-           f'{ex.col(RUNTIME, "correlationId", "c", prefix="t.")}, {ex.col(RUNTIME, "eventClass", "k", prefix="t.", want=False)}, '
-           f'{ex.col(RUNTIME, "callchainId", "cc", prefix="t.", want=False)} FROM {RUNTIME} t')
-    got = _frame(ex, pl, sql, {"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "correlation": pl.Int64,
-                               "event_class": pl.Int64, "chain": pl.Int64})
-    got = _backtraces_folded(got.with_columns((pl.col("gtid") // (1 << 24)).alias("proc")), backtrace_class(ex), pl)
+           f'{ex.col(RUNTIME, "correlationId", "c", prefix="t.")}')
+    schema = {"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "correlation": pl.Int64}
+    bt = backtrace_class(ex)
+    # the two columns only where backtrace rows are (one indexed-free EXISTS: milliseconds on a large export)
+    traced = "eventClass" in ex.columns[RUNTIME] and ex.rows(f'SELECT EXISTS(SELECT 1 FROM {RUNTIME} WHERE "eventClass" = ?)', (bt,))[0][0]
+    if traced:
+        sql += f', t."eventClass", {ex.col(RUNTIME, "callchainId", "cc", prefix="t.", want=False)}'
+        schema |= {"event_class": pl.Int64, "chain": pl.Int64}
+    got = _frame(ex, pl, sql + f" FROM {RUNTIME} t", schema).with_columns((pl.col("gtid") // (1 << 24)).alias("proc"))
+    got = _backtraces_folded(got, bt, pl) if traced else got.with_columns(pl.lit(None, pl.Int64).alias("chain"))
     return _named(ex, pl, got.select(list(raw)), RUNTIME, name)
 
 
@@ -614,8 +619,6 @@ def _backtraces_folded(calls: Any, bt: int, pl: Any) -> Any:
     that has its own row (same process and correlationId) is dropped, its callchainId becoming the
     call's `chain`; one with no such row stands for the call (its name is the API's)."""
     is_bt = (pl.col("event_class") == bt).fill_null(False)
-    if not calls.select(is_bt.any()).item():
-        return calls.drop("event_class")
     traces, real = calls.filter(is_bt).drop("event_class"), calls.filter(~is_bt).drop("event_class")
     keys = ["proc", "correlation"]
     chains = traces.filter(pl.col("chain").is_not_null()).select(*keys, pl.col("chain").alias("_bt_chain")).unique(keys, keep="first")
