@@ -79,7 +79,8 @@ class Iteration(_Doc):
 
 class Sync(_Doc):
     iteration: int | None = None
-    api: str | None = None
+    api: str | None = None  # the CUDA spelling (what is counted)
+    name: str | None = None  # the trace's own spelling, where it is not `api`'s (a HIP call)
     kind: str | None = None
     direction: str | None = None
     start_us: float | None = None
@@ -100,6 +101,7 @@ class Bubble(_Doc):
 class SyncGroup(_Doc):
     kind: str | None = None
     api: str | None = None
+    name: str | None = None  # as in Sync
     direction: str | None = None
     trigger: str | None = None
     count: int = 0

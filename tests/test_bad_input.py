@@ -96,3 +96,30 @@ def test_hostile_names_stay_text():
     assert r.exit_code == 0
     assert "<script>alert(1)</script>" in r.output
     assert "[bold red]rich markup[/]" in r.output
+
+
+def test_nothing_on_a_device_is_device_records_none(tmp_path):
+    """A trace with no GPU activity record, no launch call and no aten op (no_device_work: the real
+    fixture's annotations and its runtime calls that launch nothing) says `device_records: none`, not
+    `present`, with the warning; its host-side syncs are still counted (every synchronize call of the
+    file, inside the iterations or outside). A CPU-only trace stays `none` on a CPU timeline, a
+    GPU-only one `present`."""
+    import gzip
+
+    raw = json.loads(gzip.decompress((BAD / "no_device_work.json.gz").read_bytes()))["traceEvents"]
+    cats = {e.get("cat") for e in raw}
+    assert not cats & {"kernel", "gpu_memcpy", "gpu_memset", "cpu_op"}
+    syncs = sum(1 for e in raw if e.get("cat") == "cuda_runtime" and e.get("name", "").endswith("Synchronize"))
+    got = {}
+    for name in ("no_device_work.json.gz", "cpu_only.json.gz", "gpu_only.json.gz"):
+        out = tmp_path / f"{name}.json"
+        r = runner.invoke(app, ["analyze", str(BAD / name), "--json", str(out)])
+        assert r.exit_code == 0, r.output
+        got[name] = json.loads(out.read_text())["ranks"][0]
+    rank = got["no_device_work.json.gz"]
+    assert (rank["device_timeline"], rank["device_records"]) == ("gpu", "none")
+    assert any("nothing ran on a device" in w for w in rank["warnings"])
+    assert all(i["gpu_kernels"] == 0 and i["gpu_busy_us"] == 0 for i in rank["iterations"])
+    assert sum(i["syncs"] for i in rank["iterations"]) + rank["outside_iterations"]["syncs"] == syncs > 0
+    assert (got["cpu_only.json.gz"]["device_timeline"], got["cpu_only.json.gz"]["device_records"]) == ("cpu", "none")
+    assert got["gpu_only.json.gz"]["device_records"] == "present"

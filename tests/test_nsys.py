@@ -1,10 +1,11 @@
 """Nsight Systems SQLite exports (profkit/ingest/nsys.py, docs/nsys.md).
 
-The four real exports in ../shared/public-traces/nsys (third-party, never committed: skipped with
-the reason when absent) are checked against tests/plain_nsys.py, a stdlib-sqlite3 script that
-shares no code with profkit: per device, kernels, copies by direction, memsets, launch calls,
-synchronizations, blocking copies and the device's busy union, all equal to profkit's iterations
-plus its work outside every iteration. Bad and foreign SQLite files are made here, in tmp_path.
+The five real exports in ../shared/public-traces/nsys (third-party, never committed: skipped with
+the reason when absent; one recorded with CUDA backtraces) are checked against tests/plain_nsys.py,
+a stdlib-sqlite3 script that shares no code with profkit: per device, kernels, copies by direction,
+memsets, launch calls, synchronizations, blocking copies, their blocked time and the device's busy
+union, all equal to profkit's iterations plus its work outside every iteration. The exports made
+here (tmp_path) are checked against it too. Bad and foreign SQLite files are made here.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from profkit.cli import app
 
 HERE = Path(__file__).parent
 NSYS = Path(os.environ.get("PROFKIT_NSYS_TRACES") or HERE.parent.parent / "shared" / "public-traces" / "nsys")
-FILES = ("h100_2gpu_1s.sqlite", "healthy_1pct.sqlite", "mfu_2gpu_before.sqlite", "mfu_2gpu_after.sqlite")
+FILES = ("h100_2gpu_1s.sqlite", "healthy_1pct.sqlite", "mfu_2gpu_before.sqlite", "mfu_2gpu_after.sqlite",
+         "pipit_saxpy-mpi-cuda_nsys_perlmutter0.sqlite")  # the last: recorded with CUDA backtraces (eventClass 67 rows)
+BACKTRACED = "pipit_saxpy-mpi-cuda_nsys_perlmutter0.sqlite"
 DIRS = ("h2d", "d2h", "d2d", "other")
 
 _spec = importlib.util.spec_from_file_location("plain_nsys", HERE / "plain_nsys.py")
@@ -68,17 +71,34 @@ def _totals(rank: dict) -> dict:
     }
 
 
+def _plain_equal(summary: dict, want: dict, label: str) -> None:
+    """Every figure of the plain script equal to profkit's, rank by rank (a rank: a device and the
+    process that ran work on it, "<device>/<pid>" in the script's `ranks`)."""
+    names = [f"{r['source']['device_id']}/{'?' if r['source']['pid'] is None else r['source']['pid']}" for r in summary["ranks"]]
+    assert names == list(want["ranks"]), label
+    for name, rank in zip(names, summary["ranks"]):
+        w = want["ranks"][name]
+        got = _totals(rank)
+        for k in ("kernels", "memcpy", "memset", "launch_calls", "syncs", "blocking_copies"):
+            assert got[k] == w[k], (label, rank["rank"], k)
+        its, o = rank["iterations"], rank["outside_iterations"]
+        assert sum(i["kernel_launches"] for i in its) == w["kernel_launches"], label
+        assert sum(i["graph_launches"] for i in its) == w["graph_launches"], label
+        # blocked time: every sync and blocking copy is in an iteration here (none outside), each counted once
+        assert o["syncs"] == 0 and o["sync_copies"] == 0, label
+        assert sum(i["sync_us"] for i in its) * 1000 == pytest.approx(w["sync_ns"], abs=1e-3 * len(its)), label
+        assert sum(i["sync_copy_us"] for i in its) * 1000 == pytest.approx(w["blocking_copy_ns"], abs=1e-3 * len(its)), label
+
+
 @pytest.mark.parametrize("name", FILES)
 def test_totals_equal_the_plain_script(name):
     p = _export(name)
     want = plain.figures(str(p))
     s = _summary(p)
+    _plain_equal(s, want, name)
     assert [r["source"]["device_id"] for r in s["ranks"]] == sorted(int(d) for d in want["devices"])  # one rank per device
     for rank in s["ranks"]:
         w = want["devices"][str(rank["source"]["device_id"])]
-        got = _totals(rank)
-        for k in ("kernels", "memcpy", "memset", "launch_calls", "syncs", "blocking_copies"):
-            assert got[k] == w[k], (name, rank["rank"], k)
         busy = rank["outside_iterations"]["device_busy_us"] * 1000
         assert busy == pytest.approx(w["busy_ns"], rel=0.005)
         # the one window (no marker in these captures) owns what was launched inside the capture
@@ -87,8 +107,6 @@ def test_totals_equal_the_plain_script(name):
         assert its[0]["gpu_kernels"] == w["in_window"]["kernels"]
         assert its[0]["memcpy"] == w["in_window"]["memcpy"]
         assert its[0]["memset"] == w["in_window"]["memset"]
-        assert its[0]["kernel_launches"] == w["kernel_launches"]
-        assert its[0]["graph_launches"] == w["graph_launches"]
         assert any("no iteration marker found" in x for x in rank["warnings"])
         # the export's schema version, read and reported
         assert rank["source"]["format"] == "nsys-sqlite"
@@ -165,9 +183,23 @@ def test_missing_columns_are_one_warning_naming_them():
 # --- exports made here -----------------------------------------------------------------------
 
 
-def make_export(path: Path, *, kernel_table: bool = True, steps: int = 3, kernels_per_step: int = 4) -> Path:
+# a made backtrace's frames, innermost first (symbol, module, unresolved): the profiler's and CUDA's own,
+# then the code that made the call (`{user}`), then the interpreter
+_CHAIN = (("0x7f3a10700588", "/opt/nvidia/nsight-systems/2026.2.1/target-linux-x64/libcupti.so.12", 1),
+          ("0x7f3a1b6226b6", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", 1),
+          ("{api}", "/usr/local/cuda/lib64/libcudart.so.12", None),
+          ("{user}", "/venv/lib/python3.12/site-packages/torch/lib/libtorch_cuda.so", None),
+          ("_PyEval_EvalFrameDefault", "/usr/bin/python3.12", None))
+SYNC_FRAME = "at::native::_local_scalar_dense_cuda(at::Tensor const&)"
+LAUNCH_FRAME = "at::native::gemm_out(at::Tensor&)"
+
+
+def make_export(path: Path, *, kernel_table: bool = True, steps: int = 3, kernels_per_step: int = 4, backtraces: bool = False) -> Path:
     """A small export in the nsys schema's shape: one process on device 0, `steps` NVTX ranges
-    named scheduler.run_batch, each launching `kernels_per_step` kernels, a stream sync each."""
+    named scheduler.run_batch, each launching `kernels_per_step` kernels, a stream sync each.
+    `backtraces`: recorded as `nsys profile --cudabacktrace=all` writes it (schema 3.x): each call has
+    a second RUNTIME row of eventClass 67 (TRACE_PROCESS_EVENT_CUDABACKTRACE) with its
+    correlationId, wrapping it, whose callchainId is the id of its frames in CUDA_CALLCHAINS."""
     con = sqlite3.connect(path)
     con.executescript("""
         CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL);
@@ -187,15 +219,37 @@ def make_export(path: Path, *, kernel_table: bool = True, steps: int = 3, kernel
     pid = (1 << 48) | (4242 << 24)
     tid = pid | 4242
     t, corr = 1_000_000, 100
+    strings = {"cudaLaunchKernel": 5, "cudaStreamSynchronize": 6}
+
+    def string(v: str) -> int:
+        if v not in strings:
+            strings[v] = 10 + len(strings)
+            con.execute("INSERT INTO StringIds VALUES (?, ?)", (strings[v], v))
+        return strings[v]
+
+    if backtraces:
+        con.executemany("INSERT INTO StringIds VALUES (?, ?)", [(v, k) for k, v in strings.items()])
+        con.execute("""CREATE TABLE CUDA_CALLCHAINS (id INTEGER NOT NULL, symbol INTEGER NOT NULL, module INTEGER NOT NULL,
+            unresolved INTEGER, originalIP INTEGER, stackDepth INTEGER NOT NULL, PRIMARY KEY (id, stackDepth))""")
+
+    def call(s: int, e: int, c: int, name_id: int, api: str, user: str) -> None:
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 0, ?, ?, ?, 0, NULL)", (s, e, tid, c, name_id))
+        if backtraces:
+            chain = c  # one chain per call, as nsys writes them
+            for depth, (sym, mod, unres) in enumerate(_CHAIN):
+                con.execute("INSERT INTO CUDA_CALLCHAINS VALUES (?, ?, ?, ?, ?, ?)",
+                            (chain, string(sym.format(api=api, user=user)), string(mod), unres, 0x400000 + depth, depth))
+            con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 67, ?, ?, ?, 0, ?)", (s - 300, e + 200, tid, c, strings[api], chain))
+
     for _ in range(steps):
         start = t
         for _ in range(kernels_per_step):
-            con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 0, ?, ?, 1, 0, NULL)", (t, t + 2_000, tid, corr))
+            call(t, t + 2_000, corr, 1, "cudaLaunchKernel", LAUNCH_FRAME)
             if kernel_table:
                 con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, 1, 7, ?, ?, 2, 3, NULL, NULL)", (t + 5_000, t + 15_000, corr, pid))
             t += 20_000
             corr += 1
-        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 0, ?, ?, 4, 0, NULL)", (t, t + 3_000, tid, corr))
+        call(t, t + 3_000, corr, 4, "cudaStreamSynchronize", SYNC_FRAME)
         corr += 1
         t += 10_000
         con.execute("INSERT INTO NVTX_EVENTS VALUES (?, ?, 59, NULL, NULL, NULL, ?, ?, NULL, NULL, 0)", (start - 100, t, "scheduler.run_batch", tid))
@@ -215,6 +269,86 @@ def test_made_export_uses_the_default_marker_chain(tmp_path):
     assert all(i["gpu_busy_us"] == pytest.approx(40.0) for i in rank["iterations"])
     assert rank["kernels"][0]["name"] == "void gemm_kernel<float>(float*)"
     assert rank["source"] == {"format": "nsys-sqlite", "schema_version": "3.25.0", "nsys_version": "2026.2.1.210", "device_id": 0, "pid": 4242}
+    _plain_equal(s, plain.figures(str(p)), "made")
+
+
+def test_made_export_with_backtraces_counts_each_call_once(tmp_path):
+    """The same capture recorded with CUDA backtraces: every figure equal to the one without (and to
+    the plain script's); the sync's trigger and stack are its backtrace's frames, the code that made
+    the call (no aten op encloses it here, only the scheduler.run_batch annotation)."""
+    plain_export = make_export(tmp_path / "capture.sqlite")
+    traced = make_export(tmp_path / "traced.sqlite", backtraces=True)
+    con = sqlite3.connect(traced)
+    assert con.execute("SELECT eventClass, COUNT(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY 1").fetchall() == [(0, 15), (67, 15)]
+    con.close()
+    a, b = _summary(plain_export)["ranks"][0], _summary(traced)["ranks"][0]
+    keys = ("gpu_kernels", "kernel_launches", "launch_calls", "launch_us", "syncs", "sync_us", "sync_copies", "gpu_busy_us", "bubble_count")
+    assert [{k: i[k] for k in keys} for i in b["iterations"]] == [{k: i[k] for k in keys} for i in a["iterations"]]
+    assert [i["syncs"] for i in b["iterations"]] == [1, 1, 1] and [i["kernel_launches"] for i in b["iterations"]] == [4, 4, 4]
+    _plain_equal(_summary(traced), plain.figures(str(traced)), "traced")
+    assert plain.figures(str(traced))["devices"] == plain.figures(str(plain_export))["devices"]
+    assert {s["trigger"] for s in a["syncs"]} == {"scheduler.run_batch"}  # without backtraces: the annotation around it
+    assert [(s["trigger"], s["stack"]) for s in b["syncs"]] == [(SYNC_FRAME, f"{SYNC_FRAME} ← _PyEval_EvalFrameDefault")] * 3
+    assert [(g["trigger"], g["count"]) for g in b["sync_groups"]] == [(SYNC_FRAME, 3)]
+
+
+def test_backtrace_rows_of_a_real_export_are_the_calls_stack():
+    """pipit's saxpy export (Nsight Systems 2022.2, schema 2.9.1, --cudabacktrace): 5 kernel launches,
+    15 blocking cudaMemcpy, 374,336.827 µs blocked (the issue's figures, each call counted once), and
+    each copy's trigger and stack from its backtrace: the frames CUDA_CALLCHAINS holds above the
+    cudaMemcpy frame (this schema numbers callchainId from 0, the chains from 1: the call's chain is
+    callchainId + 1, the one holding its own API frame)."""
+    p = _export(BACKTRACED)
+    con = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+    chains = {}
+    for corr, chain in con.execute("SELECT r.correlationId, r.callchainId FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds n ON n.id = r.nameId "
+                                   "WHERE r.eventClass = 67 AND n.value = 'cudaMemcpy'"):
+        frames = [sym for sym, in con.execute("SELECT s.value FROM CUDA_CALLCHAINS c JOIN StringIds s ON s.id = c.symbol "
+                                              "WHERE c.id = ? ORDER BY c.stackDepth", (chain + 1,))]
+        chains[corr] = frames[frames.index("cudaMemcpy") + 1:]  # the frames above the API's own
+    con.close()
+    assert len(chains) == 15 and {tuple(f) for f in chains.values()} == {("main", "__libc_start_main", "_start")}
+    rank = _summary(p)["ranks"][0]
+    it = rank["iterations"][0]
+    assert (it["kernel_launches"], it["sync_copies"], it["syncs"]) == (5, 15, 0)
+    assert it["sync_copy_us"] == pytest.approx(374_336.827, abs=1e-6)
+    assert rank["syncs_total"] == 15
+    assert {(s["api"], s["trigger"], s["stack"]) for s in rank["syncs"]} == {("cudaMemcpy", "main", "main ← __libc_start_main ← _start")}
+    assert rank["device"] == "NVIDIA A100-SXM4-40GB"  # TARGET_INFO_GPU
+    assert rank["source"]["schema_version"] == "2.9.1"  # EXPORT_META_DATA, this schema's name for META_DATA_EXPORT
+    r = runner.invoke(app, ["analyze", str(p)])
+    assert r.exit_code == 0, r.output
+    table = r.output[r.output.index("host syncs and blocking copies"):]
+    assert re.search(r"\n\s+10\s+186,574\.5\s+sync_copy\s+h2d\s+cudaMemcpy\s+main\s+main", table)
+    assert "Python frame" not in table  # native frames: the column says "frame"
+
+
+def test_device_names_from_the_target_tables(tmp_path):
+    """TARGET_INFO_CUDA_DEVICE maps the process's CUDA device (the deviceId of its kernels) to the GPU
+    TARGET_INFO_GPU names (CUDA_VISIBLE_DEVICES renumbers one and not the other); an export with
+    neither table names no device: h100_2gpu_1s holds no TARGET_INFO_GPU / _CUDA_DEVICE, and its
+    TARGET_INFO_SYSTEM_ENV's GpuInfo is empty, so "unknown device" is what it says."""
+    p = make_export(tmp_path / "mapped.sqlite", steps=1)
+    con = sqlite3.connect(p)
+    con.executescript("""
+        CREATE TABLE TARGET_INFO_GPU (id INTEGER, name TEXT);
+        INSERT INTO TARGET_INFO_GPU VALUES (0, 'NVIDIA H200'), (1, 'NVIDIA H100 80GB HBM3');
+        CREATE TABLE TARGET_INFO_CUDA_DEVICE (gpuId INTEGER, cudaId INTEGER, pid INTEGER, uuid TEXT, numMultiprocessors INTEGER);
+        INSERT INTO TARGET_INFO_CUDA_DEVICE VALUES (1, 0, 4242, 'GPU-1', 132);
+    """)
+    con.commit()
+    con.close()
+    assert _summary(p)["ranks"][0]["device"] == "NVIDIA H100 80GB HBM3"  # CUDA device 0 of pid 4242 is GPU 1
+    _plain_equal(_summary(p), plain.figures(str(p)), "mapped")
+    h = _export("h100_2gpu_1s.sqlite")
+    con = sqlite3.connect(f"file:{h}?mode=ro", uri=True)
+    tables = {t for t, in con.execute("SELECT name FROM sqlite_master WHERE name LIKE 'TARGET_INFO%'")}
+    gpu_info = con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'GpuInfo'").fetchall()
+    con.close()
+    assert not tables & {"TARGET_INFO_GPU", "TARGET_INFO_CUDA_DEVICE"} and gpu_info == [("{}",)]
+    assert [r["device"] for r in _summary(h)["ranks"]] == [None, None]
+    r = runner.invoke(app, ["analyze", str(h)])
+    assert r.exit_code == 0 and "unknown device" in r.output
 
 
 def _bad(tmp_path: Path, p: Path, text: str) -> None:
@@ -381,3 +515,4 @@ def test_ranks_follow_devices_and_processes(tmp_path, one_process):
     assert [r["iterations"][0]["gpu_kernels"] for r in ranks] == [3, 1]
     assert [r["iterations"][0]["kernel_launches"] for r in ranks] == [3, 1]
     assert [r["iterations"][0]["syncs"] for r in ranks] == [1, 0]  # the sync: the thread that launched onto device 0 (pid 100)
+    _plain_equal(s, plain.figures(str(tmp_path / "two.sqlite")), "two devices")

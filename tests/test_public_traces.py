@@ -74,3 +74,83 @@ def test_vllm_decode_fullgraph(analyses):
     assert (r["kind"], r["batch_size"]) == ("decode", 32)
     assert r["graph_launches"] >= 1
     assert r["gpu_kernels"] > r["kernel_launches"]
+
+
+# --- names as the trace has them (issue 36) -------------------------------------------------------
+
+# DESIGN.md "ROCm traces": each HIP call counts as its CUDA twin (the syncs and blocking copies of these traces)
+_HIP_TWIN = {"hipMemcpyWithStream": "cudaMemcpy", "hipMemcpy": "cudaMemcpy", "hipStreamSynchronize": "cudaStreamSynchronize",
+             "hipDeviceSynchronize": "cudaDeviceSynchronize", "hipEventSynchronize": "cudaEventSynchronize"}
+AMD_WITH_SYNCS = ("tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz", "tracelens_mi300_Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz",
+                  "tracelens_vllm_gpt-oss-20b_mi300x_decode_fullgraph_step.json.gz")
+
+
+def _raw(path):
+    import gzip
+    import json
+
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
+@pytest.mark.parametrize("name", AMD_WITH_SYNCS)
+def test_hip_sync_names_as_the_trace_has_them(name):
+    """The sync table prints the HIP call the trace recorded (hipMemcpyWithStream), not its CUDA twin;
+    `api` stays the twin (what is counted), `name` is the trace's spelling; each group's count is the
+    trace's number of those calls inside the iterations' windows (here: every one in the trace)."""
+    from collections import Counter
+
+    from typer.testing import CliRunner
+
+    from conftest import public_trace
+    from profkit.cli import app
+
+    p = public_trace(name)
+    raw = Counter(e["name"] for e in _raw(p)["traceEvents"] if e.get("cat") == "cuda_runtime" and e.get("name") in _HIP_TWIN)
+    s = build_summary([analyze_trace(load_trace(p))])["ranks"][0]
+    groups = Counter()
+    for g in s["sync_groups"]:
+        assert g["name"] in raw and g["api"] == _HIP_TWIN[g["name"]], g
+        groups[g["name"]] += g["count"]
+    assert groups and all(groups[n] <= raw[n] for n in groups)
+    if s["outside_iterations"]["syncs"] + s["outside_iterations"]["sync_copies"] == 0:
+        assert groups == raw
+    assert all(x["name"] in raw and x["api"] == _HIP_TWIN[x["name"]] for x in s["syncs"])
+    r = CliRunner().invoke(app, ["analyze", str(p), "--top", "30"])
+    assert r.exit_code == 0, r.output
+    table = r.output[r.output.index("host syncs and blocking copies"):].split("top kernels")[0]
+    for n in groups:
+        assert n in table
+    assert "cuda" not in table.lower().replace("torch/cuda", "")  # no CUDA twin printed (torch/cuda/... is a Python frame)
+
+
+def test_cuda_sync_names_carry_no_second_name():
+    """On a CUDA trace the trace's name is the CUDA one: no `name` beside `api` (summaries unchanged)."""
+    a = analyze_trace(load_trace(FILES[TRACELENS_STEPS.index("tracelens_vllm_gpt-oss-120b_b200_tp8_eager_prefill_step.json.gz")]))
+    s = build_summary([a])["ranks"][0]
+    assert all("name" not in x for x in s["syncs"]) and all("name" not in g for g in s["sync_groups"])
+
+
+@pytest.mark.parametrize("name", ("tracelens_vllm_gpt-oss-20b_mi300x_decode_fullgraph_step.json.gz",
+                                  "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz"))
+def test_device_named_from_device_properties(name):
+    """vLLM's ROCm traces leave deviceProperties' `name` empty; its GFXIP version (computeMajor.minor
+    9.4), 304 compute units (numSms) and 192 GiB (totalGlobalMem) are the MI300X's row of ROCm's GPU
+    specifications table: the rank's device, in summary.json and the header, not "unknown device"."""
+    from typer.testing import CliRunner
+
+    from conftest import public_trace
+    from profkit.cli import app
+
+    p = public_trace(name)
+    props = _raw(p)["deviceProperties"]
+    assert {(d["name"], d["computeMajor"], d["computeMinor"], d["numSms"], d["warpSize"], round(d["totalGlobalMem"] / 2**30)) for d in props} == {
+        ("", 9, 4, 304, 64, 192)}
+    assert load_trace(p).device == "AMD Instinct MI300X"
+    r = CliRunner().invoke(app, ["analyze", str(p)])
+    assert r.exit_code == 0 and "rank 0 AMD Instinct MI300X" in r.output and "unknown device" not in r.output
+
+
+def test_device_properties_names_win():
+    """A named device keeps its name (the SGLang MI300X step says it itself)."""
+    p = FILES[TRACELENS_STEPS.index("tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz")]
+    assert _raw(p)["deviceProperties"][0]["name"] == "AMD Instinct MI300X" == load_trace(p).device

@@ -65,7 +65,7 @@ class RankAnalysis:
     # GPU ops outside every iteration: gpu_ops, gpu_ns (their busy union), before_first, after_last,
     # no_launch_in_trace; plus device_busy_ns, the device's busy union over the whole trace
     outside: dict[str, int] = field(default_factory=dict)
-    device_records: str = "present"  # "missing": launch calls but no GPU activity records; "none": CPU-only
+    device_records: str = "present"  # "missing": launch calls but no GPU activity records; "none": CPU-only, or nothing at all
     graph_capture: dict[str, Any] | None = None  # analysis/graphs.py: replayed ops mapped to their capture (with a capture profile)
     source: dict[str, Any] | None = None  # what the input was read from when not a Kineto trace (an nsys export: ingest/nsys.py)
     stub_markers: int = 0  # marker spans cut by the profiler's stop, dropped (analysis/iterations.py)
@@ -200,6 +200,12 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         trace = cpu_as_device(trace, its.frame)
         device_timeline, device_records = "cpu", "none"
         warnings.append("CPU-only trace: the outermost aten ops on the iteration thread stand in for device ops (device_timeline: cpu)")
+    elif trace.gpu_ops.height == 0:
+        # no GPU activity record, no launch call and no aten op: nothing ran on a device, and nothing
+        # stands in for one (the records are not missing: there is no sign of any)
+        device_records = "none"
+        warnings.append("no GPU activity records, no launch calls and no CPU ops in the trace: nothing ran on a device, "
+                        "every device figure is 0 (record with ProfilerActivity.CUDA, or ProfilerActivity.CPU for aten ops)")
     elif trace.gpu_ops.height and trace.calls.height == 0:
         trace = gpu_by_time(trace)
         device_timeline = "gpu_by_time"  # reset below: only slack needs to know (no launch calls, no slack)

@@ -126,7 +126,7 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, An
     sy = a.syncs.filter(pl.col("iteration").is_not_null())
     syncs = [
         {
-            "iteration": r["iteration"], "api": r["api"], "kind": r["kind"], "direction": r["direction"],
+            "iteration": r["iteration"], "api": r["api"], **_trace_name(r.get("name"), r["api"]), "kind": r["kind"], "direction": r["direction"],
             "start_us": _us(r["ts_ns"] - a.t0_ns), "blocked_us": _us(r["blocked_ns"]), "trigger": r["trigger"], "stack": r["stack"],
         }
         for r in sy.sort("blocked_ns", "ts_ns", descending=[True, False]).head(max_items).sort("ts_ns").iter_rows(named=True)
@@ -220,17 +220,26 @@ def bubble_cpu_ops(bubbles: pl.DataFrame, *, max_items: int = MAX_ITEMS) -> list
     return [{"cause": c, "cpu_op": op, "idle_us": _us(ns), "bubbles": int(n)} for c, op, ns, n in x.iter_rows()]
 
 
+def _trace_name(name: str | None, api: str | None) -> dict[str, Any]:
+    """{"name": the call as the trace spells it} where that is not its CUDA spelling `api` (a HIP
+    call on a ROCm trace: hipMemcpyWithStream, counted as cudaMemcpy), else nothing."""
+    return {"name": name} if name and name != api else {}
+
+
 def sync_groups(syncs: pl.DataFrame) -> list[dict[str, Any]]:
-    """Every sync and blocking copy of the iterations by (kind, api, direction, trigger): count,
-    blocked µs, and the count per iteration (`by_iteration`, keyed by the iteration index)."""
+    """Every sync and blocking copy of the iterations by (kind, api, name, direction, trigger): count,
+    blocked µs, and the count per iteration (`by_iteration`, keyed by the iteration index). `name`
+    (the trace's spelling) only where it is not `api`'s."""
     if syncs.height == 0:
         return []
-    keys = ("kind", "api", "direction", "trigger")
+    if "name" not in syncs.columns:
+        syncs = syncs.with_columns(pl.col("api").alias("name"))
+    keys = ("kind", "api", "name", "direction", "trigger")
     per = syncs.group_by(*keys, "iteration").agg(pl.len().alias("n"), pl.col("blocked_ns").sum().alias("b"))
     out: dict[tuple, dict[str, Any]] = {}
-    for kind, api, d, trig, it, n, b in per.sort("iteration").iter_rows():
-        g = out.setdefault((kind, api, d, trig), {"kind": kind, "api": api, "direction": d, "trigger": trig, "count": 0, "blocked_ns": 0,
-                                                  "by_iteration": {}})
+    for kind, api, name, d, trig, it, n, b in per.sort("iteration").iter_rows():
+        g = out.setdefault((kind, api, name, d, trig), {"kind": kind, "api": api, **_trace_name(name, api), "direction": d, "trigger": trig,
+                                                        "count": 0, "blocked_ns": 0, "by_iteration": {}})
         g["count"] += int(n)
         g["blocked_ns"] += int(b or 0)
         g["by_iteration"][str(it)] = int(n)

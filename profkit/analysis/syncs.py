@@ -1,6 +1,11 @@
 """Host syncs (DESIGN.md "Sync"): synchronize calls (kind sync) and copies that block the host
 (kind sync_copy), each with its direction, blocked time, trigger (the innermost enclosing cpu_op)
-and stack (the innermost Python frame in a .py file, then its callers)."""
+and stack (the innermost Python frame in a .py file, then its callers).
+
+A call that carries its own backtrace (an nsys export recorded with CUDA backtraces,
+Trace.call_stacks) gets its trigger from the backtrace when no cpu_op encloses it (the innermost
+frame outside CUDA's libraries: the code that made the call, before any annotation around it), and
+its stack from the backtrace's frames when the trace has no Python frames around it."""
 
 from __future__ import annotations
 
@@ -48,7 +53,9 @@ def _user_stacks(pts: pl.DataFrame, cpu: pl.DataFrame) -> list[str | None]:
 
 
 def find_syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, rows_cache: dict | None = None) -> pl.DataFrame:
-    """Host-blocking calls: synchronize calls (kind sync) and blocking copies (kind sync_copy)."""
+    """Host-blocking calls: synchronize calls (kind sync) and blocking copies (kind sync_copy); `api`
+    is the call's CUDA spelling (what is counted, apis.canonical_api), `name` the trace's own
+    (`hipMemcpyWithStream` on a ROCm trace)."""
     op_info = (
         ops.filter(pl.col("cat") == "gpu_memcpy")
         .unique(subset="correlation", keep="first")
@@ -62,7 +69,7 @@ def find_syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, rows_cache:
         | (pl.col("api").is_in(ASYNC_COPY_APIS) & pl.col("pageable").fill_null(False))
     ).with_columns(pl.when(pl.col("api").is_in(SYNC_APIS)).then(pl.lit("sync")).otherwise(pl.lit("sync_copy")).alias("kind"))
     schema = {
-        "iteration": pl.Int64, "api": pl.String, "kind": pl.String, "direction": pl.String, "ts_ns": pl.Int64,
+        "iteration": pl.Int64, "api": pl.String, "name": pl.String, "kind": pl.String, "direction": pl.String, "ts_ns": pl.Int64,
         "end_ns": pl.Int64, "blocked_ns": pl.Int64, "tid": pl.String, "trigger": pl.String, "stack": pl.String,
     }
     if blocking.height == 0:
@@ -82,13 +89,18 @@ def find_syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, rows_cache:
         got = copies_by_tid.setdefault(tid, ([], []))
         got[0].append(ts)
         got[1].append(d)
+    # a call's own backtrace (an nsys export recorded with CUDA backtraces): its frames, innermost first
+    back = getattr(trace, "call_stacks", None) or {}
+    corrs = blocking["correlation"].to_list() if back else [None] * blocking.height
     directions, triggers, stacks = [], [], []
     for k, (kind, tid, ts, opd) in enumerate(
         zip(blocking["kind"].to_list(), blocking["tid"].to_list(), blocking["ts_ns"].to_list(), blocking["op_direction"].to_list())
     ):
         ti = trig_idx[k]
-        triggers.append(op_names[k] if ti is not None else (ann_names[k] if ann_idx[k] is not None else None))
-        stacks.append(py_names[k])
+        frames = back.get(corrs[k]) if corrs[k] is not None else None
+        # the innermost cpu_op, else the backtrace's innermost frame (the code that made the call), else the annotation
+        triggers.append(op_names[k] if ti is not None else (frames[0] if frames else (ann_names[k] if ann_idx[k] is not None else None)))
+        stacks.append(py_names[k] if py_names[k] is not None or not frames else STACK_SEP.join(frames[:STACK_DEPTH]))
         if kind == "sync_copy":
             directions.append(opd or "none")
             continue
@@ -102,7 +114,7 @@ def find_syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, rows_cache:
                 d = cds[j] or "none"
         directions.append(d)
     return blocking.select(
-        "iteration", "api", "kind",
+        "iteration", "api", "name", "kind",
         pl.Series("direction", directions, dtype=pl.String), "ts_ns", "end_ns", pl.col("dur_ns").alias("blocked_ns"), "tid",
         pl.Series("trigger", triggers, dtype=pl.String), pl.Series("stack", stacks, dtype=pl.String),
     ).sort("ts_ns")

@@ -47,6 +47,7 @@ def host_gap(rank: Rank) -> dict[str, Any] | None:
         it_gap = ((it.wall_us or 0.0) - (it.gpu_window_us or 0.0)) if it else 0.0
         if (s.blocked_us or 0.0) >= 0.5 * it_gap > 0:
             out["call"] = {k: getattr(s, k) for k in ("api", "kind", "direction", "trigger", "stack", "blocked_us", "iteration")}
+            out["call"]["name"] = s.name or s.api  # as the trace spells it
     return out
 
 
@@ -87,13 +88,15 @@ def bubble_causes(rank: Rank) -> dict[str, dict[str, Any]]:
 
 
 def sync_groups(rank: Rank) -> list[dict[str, Any]]:
-    """(kind, api, direction, trigger) groups with count and blocked µs over every sync (v1: grouped
-    from the list, which listed all); plus the innermost user frame of the group's longest listed sync."""
+    """(kind, api, name, direction, trigger) groups with count and blocked µs over every sync (v1:
+    grouped from the list, which listed all); plus the innermost user frame of the group's longest
+    listed sync. `name` is the call as the trace spells it (`hipMemcpyWithStream`; `api` is its CUDA
+    twin, what is counted)."""
     frames: dict[tuple, tuple[float, str]] = {}
     for s in rank.syncs:
-        k = (s.kind, s.api, s.direction, s.trigger)
+        k = (s.kind, s.api, s.name or s.api, s.direction, s.trigger)
         if s.stack and (k not in frames or (s.blocked_us or 0.0) > frames[k][0]):
             frames[k] = (s.blocked_us or 0.0, str(s.stack).split(" ← ")[0])
-    return [{"kind": g.kind, "api": g.api, "direction": g.direction, "trigger": g.trigger, "count": g.count,
-             "blocked_us": g.blocked_us, "frame": frames.get((g.kind, g.api, g.direction, g.trigger), (0.0, None))[1]}
+    return [{"kind": g.kind, "api": g.api, "name": g.name or g.api, "direction": g.direction, "trigger": g.trigger, "count": g.count,
+             "blocked_us": g.blocked_us, "frame": frames.get((g.kind, g.api, g.name or g.api, g.direction, g.trigger), (0.0, None))[1]}
             for g in rank.sync_groups]

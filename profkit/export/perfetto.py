@@ -214,11 +214,11 @@ def build_perfetto(pairs: Sequence[tuple[Trace, RankAnalysis]]) -> bytes:
         ]
         b.lane_tracks("bubbles (by cause)", root.uuid, bub, rank=3)
         sy = [
-            _Slice(r["ts_ns"], r["end_ns"], f"{r['api']} ({r['direction']})", {
+            _Slice(r["ts_ns"], r["end_ns"], f"{r.get('name') or r['api']} ({r['direction']})", {  # the call as the trace spells it
                 "kind": r["kind"], "trigger": r["trigger"], "stack": r["stack"], "direction": r["direction"],
                 "blocked_us": r["blocked_ns"] / 1000, "iteration": r["iteration"],
             })
-            for r in _rows(a.syncs, ("iteration", "api", "kind", "direction", "ts_ns", "end_ns", "blocked_ns", "trigger", "stack"))
+            for r in _rows(a.syncs, ("iteration", "api", "name", "kind", "direction", "ts_ns", "end_ns", "blocked_ns", "trigger", "stack"))
         ]
         b.lane_tracks("host syncs (with trigger)", root.uuid, sy, rank=4)
 

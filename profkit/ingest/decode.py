@@ -45,6 +45,39 @@ class Event(msgspec.Struct):
 
 class DeviceProp(msgspec.Struct):
     name: str = ""
+    # what device_name reads when the name is empty (typed loosely: a file whose values are of
+    # other types keeps the strict decoder)
+    computeMajor: Any = None
+    computeMinor: Any = None
+    numSms: Any = None
+    totalGlobalMem: Any = None
+    warpSize: Any = None
+
+
+# AMD Instinct parts by what Kineto's deviceProperties say of a ROCm device: (name, GFXIP major and
+# minor version = computeMajor/computeMinor, compute units = numSms, VRAM GiB = totalGlobalMem), from
+# the "AMD GPU specifications" table of the ROCm documentation
+# (rocm.docs.amd.com/en/latest/reference/gpu-specs.html). Only parts no other row shares.
+AMD_PARTS = (("AMD Instinct MI300X", 9, 4, 304, 192), ("AMD Instinct MI325X", 9, 4, 304, 256))
+
+
+def device_name(p: dict[str, Any]) -> str:
+    """A deviceProperties entry's device: its `name`; when that is empty (vLLM's ROCm traces), the AMD
+    Instinct part its GFXIP version, compute units and memory are (AMD_PARTS), else those properties
+    in words ("AMD GPU (GFXIP 9.4, 304 CUs, 192 GiB)"); "" when the entry says nothing."""
+    name = str(p.get("name") or "").strip()
+    if name:
+        return name
+    major, minor, units, mem, warp = (p.get(k) for k in ("computeMajor", "computeMinor", "numSms", "totalGlobalMem", "warpSize"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (major, minor, units, mem)):
+        return ""
+    gib = mem / (1 << 30)
+    amd = warp == 64  # a wavefront of 64: an AMD GPU (NVIDIA's warps are 32)
+    for part, mj, mn, cu, vram in AMD_PARTS if amd else ():
+        if (major, minor, units) == (mj, mn, cu) and abs(gib - vram) <= 0.02 * vram:
+            return part
+    return (f"AMD GPU (GFXIP {major}.{minor}, {units} CUs, {gib:.0f} GiB)" if amd
+            else f"GPU (compute capability {major}.{minor}, {units} SMs, {gib:.0f} GiB)")
 
 
 class DistInfo(msgspec.Struct):
@@ -68,7 +101,7 @@ class TraceDoc(DocMeta, kw_only=True):
 
 def trace_meta(doc: Any) -> dict[str, Any]:
     """The metadata profkit reads from a trace document (a typed DocMeta, or the untyped JSON
-    object): `devices` (deviceProperties' names, in order), `rank` and `world_size`
+    object): `devices` (deviceProperties' names, in order; device_name), `rank` and `world_size`
     (distributedInfo's, where integers). The one reader of trace metadata: the decoders' tiers,
     the chunked path and the run grouping (ingest/runs.py) all use it; what is not of the expected
     type is left out."""
@@ -79,7 +112,7 @@ def trace_meta(doc: Any) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     props = doc.get("deviceProperties")
     if isinstance(props, list) and props:
-        meta["devices"] = [str(p.get("name", "")) for p in props if isinstance(p, dict)]
+        meta["devices"] = [device_name(p) for p in props if isinstance(p, dict)]
     dist = doc.get("distributedInfo")
     if isinstance(dist, dict):
         for k in ("rank", "world_size"):

@@ -180,10 +180,12 @@ class Export:
 
     def _version(self) -> dict[str, Any]:
         out: dict[str, Any] = {"format": "nsys-sqlite"}
-        if "META_DATA_EXPORT" not in self.columns:
+        # EXPORT_META_DATA: the same table in exports of schema 2.x (Nsight Systems 2022)
+        table = next((t for t in ("META_DATA_EXPORT", "EXPORT_META_DATA") if {"name", "value"} <= self.columns.get(t, set())), None)
+        if table is None:
             self.lacks("META_DATA_EXPORT")
             return out
-        got = dict(self.rows("SELECT name, value FROM META_DATA_EXPORT"))
+        got = dict(self.rows(f"SELECT name, value FROM {table}"))
         for key, name in (("schema_version", "EXPORT_SCHEMA_VERSION"), ("nsys_version", "EXPORT_PRODUCT_VERSION")):
             if got.get(name):
                 out[key] = str(got[name])
@@ -278,10 +280,16 @@ class RankKey:
 
 @dataclass
 class Plan:
-    """The ranks of an export and the devices' names (TARGET_INFO_GPU)."""
+    """The ranks of an export and the devices' names (TARGET_INFO_GPU, through TARGET_INFO_CUDA_DEVICE
+    where the export has it)."""
 
     ranks: list[RankKey]
-    names: dict[int, str] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)  # deviceId -> name
+    by_process: dict[tuple[int, int], str] = field(default_factory=dict)  # (pid, deviceId) -> name
+
+    def name(self, key: RankKey) -> str | None:
+        got = self.by_process.get((key.pid, key.device)) if key.pid is not None else None
+        return got or self.names.get(key.device)
 
 
 _GPU_TABLES = (KERNEL, MEMCPY, MEMSET)
@@ -305,12 +313,26 @@ def plan(ex: Export) -> Plan:
                 if d is not None:
                     pairs.add((int(d), None if p is None else int(p)))
     ranks = [RankKey(d, p) for d, p in sorted(pairs, key=lambda x: (x[0], -1 if x[1] is None else x[1]))]
-    names: dict[int, str] = {}
+    gpus: dict[int, str] = {}
     if "TARGET_INFO_GPU" in ex.columns and {"id", "name"} <= ex.columns["TARGET_INFO_GPU"]:
         for i, n in ex.rows('SELECT "id", "name" FROM TARGET_INFO_GPU'):
             if i is not None and n:
-                names.setdefault(int(i), str(n))
-    return Plan(ranks, names)
+                gpus.setdefault(int(i), str(n))
+    names, by_process = dict(gpus), {}
+    # TARGET_INFO_CUDA_DEVICE maps a process's CUDA device (cudaId, the deviceId of its GPU rows) to
+    # the GPU (gpuId, TARGET_INFO_GPU.id): CUDA_VISIBLE_DEVICES renumbers the one, not the other
+    cuda = ex.columns.get("TARGET_INFO_CUDA_DEVICE", set())
+    if gpus and {"gpuId", "cudaId"} <= cuda:
+        pid = '"pid"' if "pid" in cuda else "NULL"
+        names = {}
+        for g, c, p in ex.rows(f'SELECT "gpuId", "cudaId", {pid} FROM TARGET_INFO_CUDA_DEVICE'):
+            if g is None or c is None or int(g) not in gpus:
+                continue
+            names.setdefault(int(c), gpus[int(g)])
+            if p is not None:
+                by_process.setdefault((int(p), int(c)), gpus[int(g)])
+        names = names or dict(gpus)
+    return Plan(ranks, names, by_process)
 
 
 def parts(f: TraceFile) -> list[tuple[TraceFile, RankKey, int, int, str | None]]:
@@ -319,7 +341,7 @@ def parts(f: TraceFile) -> list[tuple[TraceFile, RankKey, int, int, str | None]]
     with Export(f.path) as ex:
         p = plan(ex)
     n = len(p.ranks)
-    return [(replace(f, part=k.part), k, r, n, p.names.get(k.device)) for r, k in enumerate(p.ranks)] or [(f, RankKey(0, None), 0, 1, None)]
+    return [(replace(f, part=k.part), k, r, n, p.name(k)) for r, k in enumerate(p.ranks)] or [(f, RankKey(0, None), 0, 1, None)]
 
 
 # --- the ranks' tables ---------------------------------------------------------------------------
@@ -366,6 +388,7 @@ def read_all(f: TraceFile) -> dict[str, Any]:
             futs = {k: pool.submit(_on_own_connection, ex, fn, pl) for k, fn in readers.items()}
             frames = {k: fut.result() for k, fut in futs.items()}
         graph_rows = ex.rows(f'SELECT COUNT(*) FROM "{GRAPH_TRACE}"')[0][0] if GRAPH_TRACE in ex.columns else 0
+        stacks = call_stacks(ex, frames["calls"], pl)
         warnings = ex.warnings()
         version = ex.version
     gpu, calls, ranges, syncs = frames["gpu"], frames["calls"], frames["ranges"], frames["syncs"]
@@ -395,12 +418,13 @@ def read_all(f: TraceFile) -> dict[str, Any]:
         starts = [t["ts_ns"].min() for t in (g, c, cpu) if t.height]
         w = list(warnings)
         g, c, cpu, ann = finish_tables(g, c, cpu, pl.DataFrame(schema=CPU_SCHEMA), w)
-        device = p.names.get(key.device)
+        device = p.name(key)
         meta: dict[str, Any] = {"rank": rank, "world_size": len(keys), "source": {**version, "device_id": key.device, "pid": key.pid}}
         if device:
             meta["devices"] = [device]
+        mine_stacks = {corr: fr for (proc, corr), fr in stacks.items() if key.process is None or proc == key.process}
         out[key.part] = Trace(path=f.path, rank=rank, device=device, gpu_ops=g, calls=c, cpu=cpu, gpu_annotations=ann, t0_ns=int(min(starts)),
-                              n_events=n_events, meta=meta, warnings=w, sha256=f.sha256)
+                              n_events=n_events, meta=meta, warnings=w, sha256=f.sha256, call_stacks=mine_stacks)
     return out
 
 
@@ -552,27 +576,122 @@ def _tid_labels(pl: Any, tids: Any, threads: dict[int, str]) -> Any:
 
 
 def _calls(ex: Export, pl: Any) -> Any:
-    """Every runtime and driver call of the export (raw columns, with process)."""
-    raw = {"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "proc": pl.Int64, "correlation": pl.Int64}
+    """Every runtime and driver call of the export (raw columns, with process and the id of its
+    backtrace in CUDA_CALLCHAINS, `chain`). An export recorded with CUDA backtraces holds a second row
+    per traced call (eventClass TRACE_PROCESS_EVENT_CUDABACKTRACE, the same correlationId, wrapping
+    the call): it is the call's stack, not a call (see _backtraces_folded)."""
+    raw = {"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "proc": pl.Int64, "correlation": pl.Int64,
+           "chain": pl.Int64}
     if not ex.has(RUNTIME, "start", "end"):
         return pl.DataFrame(schema=raw)
     name = _name_id(ex, RUNTIME, ("nameId",))
     if "globalTid" not in ex.columns[RUNTIME]:
         ex.lacks(f"{RUNTIME}.globalTid")
     sql = (f'SELECT {f"t.{chr(34)}{name}{chr(34)}" if name else "NULL"}, t."start", t."end", {ex.col(RUNTIME, "globalTid", "g", prefix="t.", want=False)}, '
-           f'{ex.col(RUNTIME, "correlationId", "c", prefix="t.")} FROM {RUNTIME} t')
-    got = _frame(ex, pl, sql, {k: v for k, v in raw.items() if k != "proc"})
-    return _named(ex, pl, got.with_columns((pl.col("gtid") // (1 << 24)).alias("proc")).select(list(raw)), RUNTIME, name)
+           f'{ex.col(RUNTIME, "correlationId", "c", prefix="t.")}')
+    schema = {"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "correlation": pl.Int64}
+    bt = backtrace_class(ex)
+    # the two columns only where backtrace rows are (one indexed-free EXISTS: milliseconds on a large export)
+    traced = "eventClass" in ex.columns[RUNTIME] and ex.rows(f'SELECT EXISTS(SELECT 1 FROM {RUNTIME} WHERE "eventClass" = ?)', (bt,))[0][0]
+    if traced:
+        sql += f', t."eventClass", {ex.col(RUNTIME, "callchainId", "cc", prefix="t.", want=False)}'
+        schema |= {"event_class": pl.Int64, "chain": pl.Int64}
+    got = _frame(ex, pl, sql + f" FROM {RUNTIME} t", schema).with_columns((pl.col("gtid") // (1 << 24)).alias("proc"))
+    got = _backtraces_folded(got, bt, pl) if traced else got.with_columns(pl.lit(None, pl.Int64).alias("chain"))
+    return _named(ex, pl, got.select(list(raw)), RUNTIME, name)
+
+
+BACKTRACE_CLASS = 67  # TRACE_PROCESS_EVENT_CUDABACKTRACE in ENUM_NSYS_EVENT_CLASS (schema 3.x); the value older exports use too
+
+
+def backtrace_class(ex: Export) -> int:
+    """The eventClass of a CUDA backtrace row: ENUM_NSYS_EVENT_CLASS's TRACE_PROCESS_EVENT_CUDABACKTRACE,
+    else 67 (an export of schema 2.x has no ENUM tables and writes 67)."""
+    if ex.has("ENUM_NSYS_EVENT_CLASS", "id", "name", want=False):
+        for i, n in ex.rows('SELECT id, name FROM ENUM_NSYS_EVENT_CLASS'):
+            if n == "TRACE_PROCESS_EVENT_CUDABACKTRACE":
+                return int(i)
+    return BACKTRACE_CLASS
+
+
+def _backtraces_folded(calls: Any, bt: int, pl: Any) -> Any:
+    """The calls with their backtrace rows folded in: a backtrace row (eventClass `bt`) of a call
+    that has its own row (same process and correlationId) is dropped, its callchainId becoming the
+    call's `chain`; one with no such row stands for the call (its name is the API's)."""
+    is_bt = (pl.col("event_class") == bt).fill_null(False)
+    traces, real = calls.filter(is_bt).drop("event_class"), calls.filter(~is_bt).drop("event_class")
+    keys = ["proc", "correlation"]
+    chains = traces.filter(pl.col("chain").is_not_null()).select(*keys, pl.col("chain").alias("_bt_chain")).unique(keys, keep="first")
+    real = real.join(chains, on=keys, how="left").with_columns(pl.coalesce("chain", "_bt_chain").alias("chain")).drop("_bt_chain")
+    alone = traces.join(real.select(keys), on=keys, how="anti")
+    return pl.concat([real, alone.select(real.columns)]).sort("ts_ns", maintain_order=True)
+
+
+CALLCHAINS = "CUDA_CALLCHAINS"
+# frames of the profiler and of CUDA's own libraries: not where a call came from (a module's file name)
+_RUNTIME_MODULE = re.compile(r"^lib(cupti|cuda|cudart|nvToolsExt\w*|nvtx\w*|ToolsInjection\w*)([.\-]|$)", re.IGNORECASE)
+_ADDRESS = re.compile(r"^0x[0-9a-fA-F]+$")
+
+
+def call_stacks(ex: Export, calls: Any, pl: Any) -> dict[tuple[int | None, int], tuple[str, ...]]:
+    """(process, correlationId) -> the frames of the call's CUDA backtrace (CUDA_CALLCHAINS, innermost
+    first), for the host-blocking calls and copies (the calls whose trigger and stack the sync table
+    shows): the frames of Nsight Systems, libcupti, libcuda and libcudart and the unresolved addresses
+    left out, so the first frame is the code that made the call. Empty without backtraces.
+
+    Exports of schema 2.x number `callchainId` from 0 and CUDA_CALLCHAINS from 1 (in the public saxpy
+    export every chain at id + 1 holds the call's own API frame, at id only 17 of 38 do); later ones
+    point at the id itself. Which of the two an export does is decided from the calls: the offset
+    under which more chains hold the call's own API frame (ties: none)."""
+    from profkit.apis import ASYNC_COPY_APIS, BLOCKING_COPY_APIS, SYNC_APIS, canonical_api
+
+    if "chain" not in calls.columns or not ex.has(CALLCHAINS, "id", "symbol", "stackDepth", want=False) or STRINGS not in ex.columns:
+        return {}
+    c = calls.filter(pl.col("chain").is_not_null() & pl.col("correlation").is_not_null())
+    if c.height == 0:
+        return {}
+    canon = {n: canonical_api(n) for n in c["name"].unique().to_list() if n is not None}
+    wanted = SYNC_APIS | BLOCKING_COPY_APIS | ASYNC_COPY_APIS
+    c = c.with_columns(pl.col("name").replace_strict(canon, default=None, return_dtype=pl.String).alias("api")).filter(pl.col("api").is_in(wanted))
+    if c.height == 0:
+        return {}
+    ids = sorted({int(i) + d for i in c["chain"].unique().to_list() for d in (0, 1)})
+    cols = ex.columns[CALLCHAINS]
+    module = 'm.value' if "module" in cols else "NULL"
+    unresolved = 'ch."unresolved"' if "unresolved" in cols else "NULL"
+    frames: dict[int, list[tuple[str, str, Any]]] = {}
+    for k in range(0, len(ids), 500):
+        part = ids[k:k + 500]
+        for i, sym, mod, unres in ex.rows(
+                f'SELECT ch."id", s.value, {module}, {unresolved} FROM {CALLCHAINS} ch LEFT JOIN {STRINGS} s ON s.id = ch."symbol" '
+                + (f'LEFT JOIN {STRINGS} m ON m.id = ch."module" ' if "module" in cols else "")
+                + f'WHERE ch."id" IN ({",".join("?" * len(part))}) ORDER BY ch."id", ch."stackDepth"', tuple(part)):
+            frames.setdefault(int(i), []).append((str(sym or ""), str(mod or ""), unres))
+    rows = list(zip(c["proc"].to_list(), c["correlation"].to_list(), c["chain"].to_list(), c["api"].to_list()))
+
+    def holds_api(chain: int, api: str) -> bool:
+        return any(sym == api for sym, _, _ in frames.get(chain, ()))
+
+    off = 1 if sum(holds_api(ch + 1, a) for _, _, ch, a in rows) > sum(holds_api(ch, a) for _, _, ch, a in rows) else 0
+    out: dict[tuple[int | None, int], tuple[str, ...]] = {}
+    for p, corr, ch, _api in rows:
+        kept = tuple(sym for sym, mod, unres in frames.get(ch + off, ())
+                     if sym and not unres and not _ADDRESS.match(sym) and not _RUNTIME_MODULE.match(mod.rsplit("/", 1)[-1])
+                     and "nsight-systems" not in mod.lower())
+        if kept:
+            out[(p, corr)] = kept
+    return out
 
 
 def _sync_rows(ex: Export, pl: Any) -> Any:
     """Host-blocking synchronizations (event, stream, context synchronize) as calls of the API
     that makes them (thread unknown); read_all keeps those without a runtime call."""
-    raw = {"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "proc": pl.Int64, "correlation": pl.Int64}
+    raw = {"name": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "proc": pl.Int64, "correlation": pl.Int64,
+           "chain": pl.Int64}
     if not ex.has(SYNC, "start", "end", "syncType", "correlationId", want=SYNC in ex.columns):
         return pl.DataFrame(schema=raw)
     case = "CASE t.\"syncType\" " + " ".join(f"WHEN {k} THEN '{v}'" for k, v in _SYNC_CALLS.items()) + " END"
-    sql = (f'SELECT {case}, t."start", t."end", NULL, {_process(ex, SYNC, "t.")}, t."correlationId" FROM {SYNC} t '
+    sql = (f'SELECT {case}, t."start", t."end", NULL, {_process(ex, SYNC, "t.")}, t."correlationId", NULL FROM {SYNC} t '
            f'WHERE t."syncType" IN ({",".join(map(str, _SYNC_CALLS))})')
     return _frame(ex, pl, sql, raw)
 

@@ -57,6 +57,9 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     sha256: str | None = None  # of the file, when ingest already computed it (the cache does)
+    # correlation id -> the frames of the call's backtrace, innermost first (an nsys export recorded
+    # with CUDA backtraces: ingest/nsys.call_stacks); empty for Kineto traces
+    call_stacks: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 _DIRECTION = re.compile(r"\b(HtoD|DtoH|DtoD|PtoP|HtoH)\b")

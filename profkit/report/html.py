@@ -474,7 +474,7 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
         sy = sorted(sync_groups(r), key=lambda g: -(g["count"] or 0))
         if sy:
             tables.append(_table(["kind", "API", "direction", "trigger", "count / iter", "blocked µs / iter"],
-                                 [[g["kind"], g["api"], g["direction"], str(g["trigger"]), num((g["count"] or 0) / n, RATE),
+                                 [[g["kind"], g["name"], g["direction"], str(g["trigger"]), num((g["count"] or 0) / n, RATE),
                                    num((g["blocked_us"] or 0.0) / n)] for g in sy][:MAX_ROWS],
                                  align="llllrr", caption=f"host syncs and blocking copies: {label}", name_cols=(3,)))
     out.append(_section("runs-kernels", "Top kernels and syncs", tables=tables))

@@ -4,6 +4,7 @@ are fitted to the console's width (fit.py)."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from functools import partial
@@ -28,6 +29,8 @@ from profkit.report.views import (
     throughput_rows,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, words
+
+PY_FRAME = re.compile(r"\.py\(\d+\): ")  # a Python frame as Kineto names it (analysis/syncs.py's user frames)
 
 _num = partial(num, missing=HYPHEN)  # the terminal writes a missing number as "-"
 
@@ -131,10 +134,12 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
                 [(_num(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"], unit="")) for b in big]))
         groups = sync_groups(r)
         if groups:
-            frames = any(g["frame"] for g in groups)
-            cols = (("count", NUM), ("blocked µs", NUM), ("kind", COPY), ("dir", COPY), ("api", COPY), ("trigger", COPY)) + ((("Python frame", COPY),) if frames else ())
+            frames = [g["frame"] for g in groups if g["frame"]]
+            # a Python frame ("file.py(12): fn") from Kineto's stacks; a native one from an nsys backtrace
+            label = "Python frame" if all(PY_FRAME.search(f) for f in frames) else "frame"
+            cols = (("count", NUM), ("blocked µs", NUM), ("kind", COPY), ("dir", COPY), ("api", COPY), ("trigger", COPY)) + (((label, COPY),) if frames else ())
             console.print(fit_table(console, "host syncs and blocking copies (all iterations)", cols, [
-                (str(g["count"]), _num(g["blocked_us"]), g["kind"], str(g["direction"]), str(g["api"]), str(g["trigger"] or "?"), *([g["frame"] or ""] if frames else []))
+                (str(g["count"]), _num(g["blocked_us"]), g["kind"], str(g["direction"]), str(g["name"]), str(g["trigger"] or "?"), *([g["frame"] or ""] if frames else []))
                 for g in groups[:top]]))
         if r.kernels:
             n_it = max(len(its), 1)

@@ -316,7 +316,7 @@ def host_gap_text(rank: Rank) -> str | None:
     if c:
         where = f", trigger {c['trigger']}" if c["trigger"] else ""
         frame = f", at {str(c['stack']).split(' ← ')[0]}" if c["stack"] else ""
-        text += (f"; {c['blocked_us']:,.1f} µs of it blocked in {c['api']} ({c['kind']}, {c['direction']}{where}{frame}) "
+        text += (f"; {c['blocked_us']:,.1f} µs of it blocked in {c['name']} ({c['kind']}, {c['direction']}{where}{frame}) "
                  f"in iteration {c['iteration']}")
     else:
         text += "; no single blocking call explains it (host work between the GPU's ops: see the bubbles)"

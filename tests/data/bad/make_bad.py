@@ -30,6 +30,8 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "report.nsys-rep": (3, "Nsight Systems"),
     "empty_trace_events.json": (3, "no events"),
     "cpu_only.json.gz": (0, "CPU-only trace"),
+    # annotations, Python frames and the runtime calls that launch nothing: no device work at all (device_records "none")
+    "no_device_work.json.gz": (0, "nothing ran on a device"),
     "gpu_only.json.gz": (0, "no runtime calls"),
     "no_marker.json.gz": (0, "whole trace"),
     "missing_dur.json.gz": (0, "without a duration"),
@@ -70,6 +72,11 @@ def main() -> None:
     cpu_cats = {"cpu_op", "user_annotation", "python_function"}
     gpu_cats = {"kernel", "gpu_memcpy", "gpu_memset"}
     write_json("cpu_only.json.gz", {**doc, "traceEvents": [e for e in ev if e.get("cat") in cpu_cats]}, gz=True)
+    launches = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch", "cuGraphLaunch",
+                "cudaMemcpyAsync", "cudaMemsetAsync"}
+    write_json("no_device_work.json.gz", {**doc, "traceEvents": [
+        e for e in ev if e.get("cat") in {"user_annotation", "python_function"}
+        or (e.get("cat") in {"cuda_runtime", "cuda_driver"} and e.get("name") not in launches)]}, gz=True)
     write_json("gpu_only.json.gz", {**doc, "traceEvents": [e for e in ev if e.get("cat") in gpu_cats]}, gz=True)
     write_json("no_marker.json.gz", {**doc, "traceEvents": [e for e in ev if e.get("name") not in ("scheduler.run_batch",)
                                                               and not str(e.get("name", "")).startswith(("step[", "ProfilerStep"))]}, gz=True)
