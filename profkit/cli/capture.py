@@ -415,7 +415,7 @@ def sweep(
     diffs, notes = attribute_sweep(plan, mode, results, sweep_dir, doc)
     _notes(notes)
     _render_sweep(doc, diffs)
-    wrote = [sweep_dir / n for n in ("sweep.json", "report.html") if (sweep_dir / n).is_file()]
+    wrote = [sweep_dir / n for n in ("sweep.json", "report.html", "report.md") if (sweep_dir / n).is_file()]
     out.print(f"wrote {', '.join(escape(str(p)) for p in wrote)}", soft_wrap=True)
 
 

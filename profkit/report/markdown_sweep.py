@@ -69,29 +69,39 @@ def step_status(diff: Diff) -> str:
         return "the wrong way"
     if any(t.as_expected is True for t in terms):
         return "as expected"
-    return "within noise"
+    # within the noise, or beyond it but under the floor a change must reach to matter (own_verdict: not judged)
+    return "within noise" if all(t.within_noise for t in terms) else "not judged"
 
 
 ORDER = ("as expected", "the wrong way", "within noise", "not judged", "no own term")
 
 
+SHORT = {"as expected": "as expected", "the wrong way": "wrong way", "within noise": "in noise", "not judged": "unjudged", "no own term": "no own"}
+
+
 def first_line(mode: str, diffs: Sequence[Diff]) -> str:
-    """The decision, ≤ FIRST_LINE_MAX columns: ``leave-one-out sweep, 5 steps: 4 as expected, 1 within noise; no flags;
-    largest own: topk -353.8 µs (topk_v2)`` (the largest own term only where it fits)."""
+    """The decision, ≤ FIRST_LINE_MAX columns with its ``**``: ``leave-one-out sweep, 4 steps: 4 as expected; no flags;
+    largest own: topk -351.3 µs (topk_v2)``. Where that is too long the largest own term goes first, then the step
+    count and the word "sweep", then the statuses are said shorter (SHORT); never cut."""
     counts = Counter(step_status(d) for d in diffs)
     flags = sum(len(d.expected_effect.flags) for d in diffs if d.expected_effect is not None)
-    head = f"{mode} sweep, {len(diffs)} step{'s' if len(diffs) != 1 else ''}: " + ", ".join(f"{counts[k]} {k}" for k in ORDER if counts[k])
-    head += f"; {flags} flag{'s' if flags != 1 else ''}" if flags else "; no flags"
+    flagged = f"{flags} flag{'s' if flags != 1 else ''}" if flags else "no flags"
     seen = [(t, d.optimization) for d in diffs if step_status(d) in ("as expected", "the wrong way")
             for t in own_terms(d) if t.as_expected is not None]
+    largest = ""
     if seen:
         t, opt = max(seen, key=lambda x: abs(x[0].delta_us))
-        more = f"; largest own: {term_label(t.term)} {num(t.delta_us, sign=True)} µs ({opt})"
-        if len(head) + len(more) + 4 <= FIRST_LINE_MAX:
-            head += more
-    if len(head) + 4 > FIRST_LINE_MAX:
-        head = head[: FIRST_LINE_MAX - 5] + "…"
-    return f"**{md_escape(head, max_len=None)}**"
+        largest = f"; largest own: {term_label(t.term)} {num(t.delta_us, sign=True)} µs ({opt})"
+    steps = f", {len(diffs)} step{'s' if len(diffs) != 1 else ''}"
+
+    def line(words: Mapping[str, str], *, sweep: str, steps: str, largest: str) -> str:
+        return f"**{md_escape(f'{mode}{sweep}{steps}: ' + ', '.join(f'{counts[k]} {words[k]}' for k in ORDER if counts[k]) + f'; {flagged}{largest}', max_len=None)}**"
+
+    full = {k: k for k in ORDER}
+    tries = (line(full, sweep=" sweep", steps=steps, largest=largest), line(full, sweep=" sweep", steps=steps, largest=""),
+             line(full, sweep=" sweep", steps="", largest=""), line(full, sweep="", steps="", largest=""),
+             line(SHORT, sweep="", steps="", largest=""))
+    return next((x for x in tries if len(x) <= FIRST_LINE_MAX), tries[-1])
 
 
 def render_sweep(sweep: Mapping[str, Any], diffs: Sequence[Diff], runs: Sequence[tuple[str, Summary]],
