@@ -272,7 +272,7 @@ def _dry_run(cfg: RunConfig, plans: list[tuple[str, dict[str, bool]]]) -> None:
             res = sg.validate(spec)
             out.print(f"# SGLang's parser: {res or 'the arguments parse'}", soft_wrap=True, markup=False)
     wl = cfg.workload.describe()
-    out.print(f"# workload: {json.dumps(wl)}; concurrency {list(cfg.concurrency)}; profile {cfg.num_steps} steps", soft_wrap=True, markup=False)
+    out.print(f"# workload: {json.dumps(wl)}; concurrency {list(cfg.concurrency)}; profile {cfg.num_steps} step{'' if cfg.num_steps == 1 else 's'}", soft_wrap=True, markup=False)
 
 
 def _notes(notes: list[str]) -> None:

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from profkit.cli.common import check_strict, command, err, out, safe_name
-from profkit.cli.options import OUTPUT, WINDOW, Captures, JsonOut, Cdn, CatalogOpt, Marker, MinBubble, Strict, Top, Window
+from profkit.cli.options import MD, OUTPUT, WINDOW, Captures, JsonOut, Cdn, CatalogOpt, Marker, MinBubble, Strict, Top, Window
 from profkit.errors import TraceInputError, UsageError
 
 
@@ -41,7 +41,7 @@ def diff(
     after: Annotated[Path, typer.Argument(readable=False, help="Candidate: same kinds as BEFORE.")],
     opt: Annotated[Optional[str], typer.Option("--opt", help="The optimization the candidate adds (default: from the run manifests) for the expected-effect check; its categories come from --catalog.")] = None,
     catalog: CatalogOpt = None,
-    md: Annotated[Optional[Path], typer.Option("--md", help="Write a GitHub Markdown PR comment to FILE.")] = None,
+    md: Annotated[Optional[Path], MD.option()] = None,
     html: Annotated[Optional[Path], typer.Option("--html", help="Write a self-contained HTML report to FILE.")] = None,
     json_out: JsonOut = None,
     marker: Marker = None,
@@ -109,7 +109,8 @@ def report(
     min_bubble_us: MinBubble = 2.0,
     catalog: CatalogOpt = None,
     window: Annotated[Optional[int], WINDOW.option(REPORT_WINDOW_HELP)] = None,
-    md: Annotated[Optional[Path], typer.Option("--md", help="Also write a sweep folder's GitHub Markdown PR comment to FILE (its ladder or leave-one-out table first).")] = None,
+    md: Annotated[Optional[Path], MD.option("Also write a GitHub Markdown PR comment to FILE: of a sweep folder (its ladder or "
+                                            "leave-one-out table first, each step's own term) or of one diff.")] = None,
 ) -> None:
     """Write one self-contained HTML report: headline numbers, a representative iteration's timeline,
     time by category, bubbles by cause, launches and syncs per iteration, top kernels, manifests;
