@@ -171,6 +171,9 @@ def test_report_md_refuses_what_is_not_one_sweep_or_one_diff(ladder_sweep, tmp_p
     r = runner.invoke(app, ["report", str(a), str(b), "--md", str(tmp_path / "x.md"), "-o", str(tmp_path / "x.html")])
     assert r.exit_code == 2 and "--md writes the comment of one sweep folder or of one diff" in r.output
     assert not (tmp_path / "x.md").exists()
+    # a sweep's comment is each step's diff, over every window: --window would show one beside them
+    r = runner.invoke(app, ["report", str(ladder_sweep), "--window", "0", "--md", str(tmp_path / "x.md"), "-o", str(tmp_path / "x.html")])
+    assert r.exit_code == 2 and "--md with --window" in r.output and not (tmp_path / "x.html").exists()
     # one step's attribution folder: that diff's own comment, as `profkit diff --md` writes it
     pair = ladder_sweep / Path(doc["attribution"][0]["diff"]).parent.name
     r = runner.invoke(app, ["report", str(pair), "--md", str(tmp_path / "one.md"), "-o", str(tmp_path / "one.html")])

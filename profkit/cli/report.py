@@ -96,6 +96,8 @@ def diff(
     check_strict(strict, [(lb, h.get("baseline")), (lc, h.get("candidate"))])
 
 
+_MD_ONE = "--md writes the comment of one sweep folder or of one diff"
+_MD_HINT = "point report at a sweep's folder (the one with sweep.json), or at one diff.json or attribution folder"
 REPORT_WINDOW_HELP = ("Of a run folder of profile windows (window-<i>/): report window i only (default: each run's own "
                       "sections show the first window; a sweep's ladder uses every window, as a diff does).")
 
@@ -137,6 +139,11 @@ def report(
                 raise TraceInputError(f"{paths[0]}: " + (f"no diff.json at {missing[0]}" if missing else "sweep.json has no compared steps")
                                       + " (a sweep interrupted, or --capture-only)",
                                       hint="compare its runs with profkit diff RUN_A RUN_B --md FILE, or re-run the sweep")
+            if window is not None:
+                raise UsageError("--md with --window: a sweep's comment shows each step's diff, the median over every profile window",
+                                 hint="leave --window out for --md (the HTML report takes --window on its own)")
+        elif len(paths) != 1 or paths[0].is_dir() and not (paths[0] / "diff.json").is_file():
+            raise UsageError(_MD_ONE, hint=_MD_HINT)
     choice = choose_catalog(catalog, paths)
     _announce(choice)
     opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice)
@@ -150,8 +157,7 @@ def report(
         else:
             output = Path("reports") / "report.html"
     if md is not None and sweep is None and not (len(diffs) == 1 and not runs):
-        raise UsageError(f"--md writes the comment of one sweep folder or of one diff; these inputs hold {len(runs)} runs and {len(diffs)} diffs",
-                         hint="point report at a sweep's folder (the one with sweep.json), or at one diff.json or attribution folder")
+        raise UsageError(_MD_ONE + f"; these inputs hold {len(runs)} run(s) and {len(diffs)} diff(s)", hint=_MD_HINT)
     ladder = ladder_steps(runs, windows=windows)
     _write_text(output, HtmlRenderer(cdn=cdn).render(Report(diffs=diffs, runs=runs, ladder=ladder)))
     if md is not None:
