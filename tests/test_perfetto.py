@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from collections import Counter, defaultdict
 
 import pytest
@@ -98,14 +99,25 @@ def test_hostile_names_survive_as_strings(tmp_path):
 
 
 def test_cli_export_perfetto(tmp_path):
+    """Issue 40: gzip by default (<trace>.perfetto-trace.gz, which the Perfetto UI opens); a name without .gz is written
+    plain; either parses back with perfetto's protobuf classes to the same packets."""
     src = build().write(tmp_path / "run.pt.trace.json.gz")
     r = runner.invoke(app, ["export-perfetto", str(src)])
     assert r.exit_code == 0, r.output
-    out = tmp_path / "run.perfetto-trace"
-    names, _, packets = parse(out.read_bytes())
+    out = tmp_path / "run.perfetto-trace.gz"
+    assert not (tmp_path / "run.perfetto-trace").exists()
+    raw = out.read_bytes()
+    assert raw[:2] == b"\x1f\x8b" and "gzip of" in r.output, r.output
+    names, _, packets = parse(gzip.decompress(raw))
     assert "bubbles (by cause)" in names.values() and len(packets) > 20
     r = runner.invoke(app, ["export-perfetto", str(src), "-o", str(tmp_path / "x" / "y.perfetto-trace")])
     assert r.exit_code == 0 and (tmp_path / "x" / "y.perfetto-trace").exists()
+    plain = (tmp_path / "x" / "y.perfetto-trace").read_bytes()
+    assert plain[:2] != b"\x1f\x8b" and len(plain) > len(raw)
+    again, _, same = parse(plain)
+    assert again == names and same == packets  # the same packets, compressed or not
+    r = runner.invoke(app, ["export-perfetto", str(src), "-o", str(tmp_path / "z.pftrace.gz")])
+    assert r.exit_code == 0 and gzip.decompress((tmp_path / "z.pftrace.gz").read_bytes()) == plain
     (tmp_path / "bad.json").write_text("[1, 2, 3]")
     r = runner.invoke(app, ["export-perfetto", str(tmp_path / "bad.json")])
     assert r.exit_code == 3 and "bad.json" in r.output and "Traceback" not in r.output

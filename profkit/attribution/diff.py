@@ -404,7 +404,7 @@ def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
             "within_noise": term(f"category_us.{cat}")["within_noise"],
         })
         if flagged:
-            how = f"by {pct:+.1f}%" if pct is not None else f"by {_us(m['delta']):+.1f} µs (absent in the baseline)"
+            how = f"by {pct:+,.1f}%" if pct is not None else f"by {_us(m['delta']):+,.1f} µs (absent in the baseline)"
             flags.append(f"{opt} changed {cat} time {how}, outside its categories ({_us(m['delta']):+,.1f} µs per iteration)")
     changes.sort(key=lambda ch: -abs(ch["delta_us"]))
 

@@ -479,11 +479,12 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
         out_dir = trace_dir / f"window-{w}" if n > 1 else trace_dir
         out_dir.mkdir(parents=True, exist_ok=True)
         where = f"{label}: profile window {w + 1}/{n}"
-        progress(f"{where} of {cfg.num_steps} iterations: waiting for turn {min(cfg.profile_turn, workload.turns - 1)}'s decode")
+        steps = f"{cfg.num_steps} iteration" + ("" if cfg.num_steps == 1 else "s")
+        progress(f"{where} of {steps}: waiting for turn {min(cfg.profile_turn, workload.turns - 1)}'s decode")
         got, oh = _capture_window(cfg, spec, server, run_id, out_dir, primary, manifest, workload, seed=cfg.workload.seed + 424_242 + 7 * w,
-                                  tick=lambda j, w=where: tick(f"{w}: iteration ~{j}/{cfg.num_steps}" if j < cfg.num_steps
-                                                               else f"{w}: {cfg.num_steps} iterations; the server writes the trace"),
-                                  opened=lambda w=where: progress(f"{w}: profiling {cfg.num_steps} iterations"))
+                                  tick=lambda j, w=where, steps=steps: tick(f"{w}: iteration ~{j}/{cfg.num_steps}" if j < cfg.num_steps
+                                                               else f"{w}: {steps}; the server writes the trace"),
+                                  opened=lambda w=where, steps=steps: progress(f"{w}: profiling {steps}"))
         files += got
         overheads.append(oh)
         yield "window"

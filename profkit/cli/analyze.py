@@ -200,10 +200,20 @@ def _analyze_each(pointed: list[Any], opts: Any, *, json_out: Optional[str], tim
             err.print(f"wrote {escape(str(p))}", soft_wrap=True)
     if tables is not None:
         _write_tables([a for _, _, an in done for a in an], tables)
+    # a warning every profile says (a CPU-only trace, in each window of a run) is printed once, before them all
+    from profkit.documents import summary_of
+    from profkit.report.terminal import summary_warnings
+
+    said: list[str] = []
+    if len(done) > 1:
+        each = [summary_warnings(summary_of(s)) for _, s, _ in done]
+        said = [w for w in dict.fromkeys(each[0]) if all(w in ws for ws in each[1:])]
+        for w in said:
+            err.print(f"[yellow]warning:[/] {escape(w)} (all {len(done)} profiles)")
     for k, (label, summary, _) in enumerate(done):
         if len(done) > 1:
             out.print(f"[bold]── {k + 1} of {len(done)}: {escape(label)}[/]", soft_wrap=True)
-        TerminalRenderer(out, top=top, warn=err).show(Report(runs=[(label, summary)]))
+        TerminalRenderer(out, top=top, warn=err, said=said).show(Report(runs=[(label, summary)]))
     _print_catalog([s for _, s, _ in done], catalog_note)
     return [(label, summary) for label, summary, _ in done]
 

@@ -272,7 +272,7 @@ def _dry_run(cfg: RunConfig, plans: list[tuple[str, dict[str, bool]]]) -> None:
             res = sg.validate(spec)
             out.print(f"# SGLang's parser: {res or 'the arguments parse'}", soft_wrap=True, markup=False)
     wl = cfg.workload.describe()
-    out.print(f"# workload: {json.dumps(wl)}; concurrency {list(cfg.concurrency)}; profile {cfg.num_steps} steps", soft_wrap=True, markup=False)
+    out.print(f"# workload: {json.dumps(wl)}; concurrency {list(cfg.concurrency)}; profile {cfg.num_steps} step{'' if cfg.num_steps == 1 else 's'}", soft_wrap=True, markup=False)
 
 
 def _notes(notes: list[str]) -> None:
@@ -415,7 +415,7 @@ def sweep(
     diffs, notes = attribute_sweep(plan, mode, results, sweep_dir, doc)
     _notes(notes)
     _render_sweep(doc, diffs)
-    wrote = [sweep_dir / n for n in ("sweep.json", "report.html") if (sweep_dir / n).is_file()]
+    wrote = [sweep_dir / n for n in ("sweep.json", "report.html", "report.md") if (sweep_dir / n).is_file()]
     out.print(f"wrote {', '.join(escape(str(p)) for p in wrote)}", soft_wrap=True)
 
 

@@ -100,7 +100,8 @@ CDN = Shared(("--cdn",), "Load plotly.js from its CDN (a small file that needs t
 TOP = Shared(("--top",), "How many kernels (analyze), movers and sync groups (diff) to print.", {"min": 1})
 CAPTURE = Shared(("--capture",), "Graph-capture profile(s) (SGLang's or the proxy's graph_capture_profile/*.json.gz): replayed kernels "
                  "categorized as in eager mode (default: graph_capture_profile/ of each run folder).")
-JSON_OUT = Shared(("--json",), "Write the command's JSON document (analyze: summary.json, schema v2; diff: diff.json, schema v1) to FILE, or '-' for stdout.")
+JSON_OUT = Shared(("--json",), "Write the command's JSON document (analyze: summary.json, schema v3; diff: diff.json, schema v1) to FILE, or '-' for stdout.")
+MD = Shared(("--md",), "Write a GitHub Markdown PR comment to FILE.")
 OUTPUT = Shared(("--output", "-o"), "The file to write (default: under reports/, or beside the trace).")
 
 STRICT = Shared(("--strict",), "Exit 5 when capture health is not ok (degraded or unusable), after writing every output.")

@@ -16,8 +16,8 @@ import typer
 from rich.markup import escape
 
 from profkit.cli.common import check_strict, command, err, out, safe_name
-from profkit.cli.options import OUTPUT, Captures, JsonOut, Cdn, CatalogOpt, Marker, MinBubble, Strict, Top, Window
-from profkit.errors import TraceInputError
+from profkit.cli.options import MD, OUTPUT, WINDOW, Captures, JsonOut, Cdn, CatalogOpt, Marker, MinBubble, Strict, Top, Window
+from profkit.errors import TraceInputError, UsageError
 
 
 def _announce(choice: Any) -> None:
@@ -41,7 +41,7 @@ def diff(
     after: Annotated[Path, typer.Argument(readable=False, help="Candidate: same kinds as BEFORE.")],
     opt: Annotated[Optional[str], typer.Option("--opt", help="The optimization the candidate adds (default: from the run manifests) for the expected-effect check; its categories come from --catalog.")] = None,
     catalog: CatalogOpt = None,
-    md: Annotated[Optional[Path], typer.Option("--md", help="Write a GitHub Markdown PR comment to FILE.")] = None,
+    md: Annotated[Optional[Path], MD.option()] = None,
     html: Annotated[Optional[Path], typer.Option("--html", help="Write a self-contained HTML report to FILE.")] = None,
     json_out: JsonOut = None,
     marker: Marker = None,
@@ -96,6 +96,12 @@ def diff(
     check_strict(strict, [(lb, h.get("baseline")), (lc, h.get("candidate"))])
 
 
+_MD_ONE = "--md writes the comment of one sweep folder or of one diff"
+_MD_HINT = "point report at a sweep's folder (the one with sweep.json), or at one diff.json or attribution folder"
+REPORT_WINDOW_HELP = ("Of a run folder of profile windows (window-<i>/): report window i only (default: each run's own "
+                      "sections show the first window; a sweep's ladder uses every window, as a diff does).")
+
+
 @command()
 def report(
     paths: Annotated[list[Path], typer.Argument(readable=False, help="Run folders, summary.json files, trace files, diff.json files, attribution or sweep folders; several runs make a sweep (ladder).")],
@@ -104,11 +110,14 @@ def report(
     marker: Marker = None,
     min_bubble_us: MinBubble = 2.0,
     catalog: CatalogOpt = None,
-    window: Window = None,
+    window: Annotated[Optional[int], WINDOW.option(REPORT_WINDOW_HELP)] = None,
+    md: Annotated[Optional[Path], MD.option("Also write a GitHub Markdown PR comment to FILE: of a sweep folder (its ladder or "
+                                            "leave-one-out table first, each step's own term) or of one diff.")] = None,
 ) -> None:
     """Write one self-contained HTML report: headline numbers, a representative iteration's timeline,
     time by category, bubbles by cause, launches and syncs per iteration, top kernels, manifests;
-    for a diff the decomposition waterfall; for several runs the ladder.
+    for a diff the decomposition waterfall; for several runs the ladder. --md: a sweep folder's (or one
+    diff's) PR comment too.
 
     Example:
 
@@ -117,10 +126,24 @@ def report(
     from profkit.analysis.catalog import choose_catalog
     from profkit.analysis.summarize import SummarizeOptions
     from profkit.attribution import ladder_steps
-    from profkit.flows.report import gather
+    from profkit.flows.report import gather, is_sweep, read_sweep
     from profkit.report import Report
     from profkit.report.html import HtmlRenderer
 
+    sweep: Any = None
+    if md is not None:  # refused before anything is read or written
+        if len(paths) == 1 and is_sweep(paths[0]):
+            sweep, steps = read_sweep(paths[0])
+            missing = [str(row.get("diff")) for row, d in steps if d is None]
+            if missing or not steps:
+                raise TraceInputError(f"{paths[0]}: " + (f"no diff.json at {missing[0]}" if missing else "sweep.json has no compared steps")
+                                      + " (a sweep interrupted, or --capture-only)",
+                                      hint="compare its runs with profkit diff RUN_A RUN_B --md FILE, or re-run the sweep")
+            if window is not None:
+                raise UsageError("--md with --window: a sweep's comment shows each step's diff, the median over every profile window",
+                                 hint="leave --window out for --md (the HTML report takes --window on its own)")
+        elif len(paths) != 1 or paths[0].is_dir() and not (paths[0] / "diff.json").is_file():
+            raise UsageError(_MD_ONE, hint=_MD_HINT)
     choice = choose_catalog(catalog, paths)
     _announce(choice)
     opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice)
@@ -133,25 +156,42 @@ def report(
             output = Path("reports") / safe_name(runs[0][0]) / "report.html"
         else:
             output = Path("reports") / "report.html"
-    _write_text(output, HtmlRenderer(cdn=cdn).render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs, windows=windows))))
+    if md is not None and sweep is None and not (len(diffs) == 1 and not runs):
+        raise UsageError(_MD_ONE + f"; these inputs hold {len(runs)} run(s) and {len(diffs)} diff(s)", hint=_MD_HINT)
+    ladder = ladder_steps(runs, windows=windows)
+    _write_text(output, HtmlRenderer(cdn=cdn).render(Report(diffs=diffs, runs=runs, ladder=ladder)))
+    if md is not None:
+        if sweep is not None:
+            from profkit.report.markdown_sweep import SweepMarkdownRenderer
+
+            text = SweepMarkdownRenderer().render(Report(diffs=diffs, runs=runs, ladder=ladder, sweep=sweep))
+        else:
+            from profkit.report.markdown import MarkdownRenderer
+
+            text = MarkdownRenderer().render(Report(diffs=diffs))
+        _write_text(md, text)
 
 
 @command("export-perfetto")
 def export_perfetto(
     trace: Annotated[Path, typer.Argument(readable=False, help="A trace file, or a run folder of trace files (one per rank; profile windows: one file each).")],
-    output: Annotated[Optional[Path], OUTPUT.option("The .perfetto-trace file to write (default: beside the trace; several windows: one file each, the window in the name).")] = None,
+    output: Annotated[Optional[Path], OUTPUT.option("The file to write: gzip-compressed when its name ends in .gz, as the default does (default: "
+                                                                   "<trace>.perfetto-trace.gz beside the trace; several windows: one file each, the window in the name).")] = None,
     marker: Marker = None,
     min_bubble_us: MinBubble = 2.0,
     catalog: CatalogOpt = None,
     window: Window = None,
 ) -> None:
     """Write the trace plus profkit's findings (iterations, GPU windows, bubbles with cause, syncs
-    with trigger) as a Perfetto protobuf trace; open it at ui.perfetto.dev.
+    with trigger) as a Perfetto protobuf trace, gzip-compressed (.perfetto-trace.gz; -o NAME without
+    .gz writes it plain); open it at ui.perfetto.dev, which reads both.
 
     Example:
 
         profkit export-perfetto traces/sample/eager_sync.pt.trace.json.gz
     """
+    import gzip
+
     from profkit.analysis import analyze_trace
     from profkit.ingest.identity import short_label
     from profkit.analysis.catalog import choose_catalog
@@ -176,8 +216,12 @@ def export_perfetto(
         data = build_perfetto(pairs)
         src = x.traces[0]
         if output is None:
-            dest = (src if src.is_dir() else src.parent) / f"{short_label(trace.name)}.perfetto-trace"
+            dest = (src if src.is_dir() else src.parent) / f"{short_label(trace.name)}.perfetto-trace.gz"
         else:
             dest = output if len(pointed) == 1 else output.with_name(f"{output.name.split('.')[0]}.{safe_name(src.name)}{''.join(output.suffixes) or '.perfetto-trace'}")
+        size = f"{len(data):,} bytes"
+        if dest.name.endswith(".gz"):  # the Perfetto UI opens gzip as it is (a proxy CPU window: 2.1 MB plain, 0.3 MB gzip)
+            data = gzip.compress(data, compresslevel=6, mtime=0)
+            size = f"{len(data):,} bytes gzip of {size}"
         write_bytes_atomic(dest, data)
-        err.print(f"wrote {escape(str(dest))} ({len(data):,} bytes, {len(traces)} rank(s)); open it at https://ui.perfetto.dev", soft_wrap=True)
+        err.print(f"wrote {escape(str(dest))} ({size}, {len(traces)} rank(s)); open it at https://ui.perfetto.dev", soft_wrap=True)

@@ -25,8 +25,11 @@ def diff_paths(before: Path, after: Path, opts: SummarizeOptions, *, opt: str | 
     lb, lc = (b.label, c.label) if b.label != c.label else (f"{b.label} (before)", f"{c.label} (after)")
     opt_name = opt or infer_optimization(run_manifest(b.summary), run_manifest(c.summary))  # load_side put each side's manifest in its summary
     rank, notes = align_single_ranks(b, c, rank)
+    effect_catalog = choice.for_effect(c.summary, rank) if opt_name else None
+    if opt is not None:
+        check_opt(opt, effect_catalog)
     d = compare_summaries(
-        b.summary, c.summary, opt=opt_name, catalog=choice.for_effect(c.summary, rank) if opt_name else None,
+        b.summary, c.summary, opt=opt_name, catalog=effect_catalog,
         baseline_repeats=b.repeats, candidate_repeats=c.repeats, rank=rank, labels=(lb, lc),
     )
     if d["shape"].get("kind") is None:
@@ -38,3 +41,17 @@ def diff_paths(before: Path, after: Path, opts: SummarizeOptions, *, opt: str | 
     d.setdefault("warnings", [])
     d["warnings"][:0] = [n for n in notes if n not in d["warnings"]]
     return d, notes, (lb, lc)
+
+
+def check_opt(opt: str, catalog: Any) -> None:
+    """`--opt NAME` names an optimization of the catalog that judges its effect, or the command stops (a typo
+    such as topkv2 once exited 0 with no expected-effect check, and diff.json named it the optimization)."""
+    known = sorted(getattr(catalog, "optimizations", None) or {})
+    if opt in known:
+        return
+    name = getattr(catalog, "name", None)
+    if known:
+        raise UsageError(f"--opt {opt}: not an optimization of catalog {name} (known: {', '.join(known)})",
+                         hint="pass one of those, or leave --opt out to take it from the run manifests")
+    raise UsageError(f"--opt {opt}: catalog {name or '(none)'} declares no optimizations, so its effect cannot be checked",
+                     hint="pass --catalog NAME (e.g. proxy, sglang-glm52, vllm) with the optimization, or leave --opt out")

@@ -14,6 +14,38 @@ from profkit.errors import TraceInputError
 from profkit.flows.inputs import check_diff, is_diff_doc, load_side, profile_windows_of, read_json
 
 
+def is_sweep(path: Path) -> bool:
+    return path.is_dir() and (path / "sweep.json").is_file()
+
+
+def _in_sweep(sweep_dir: Path, recorded: str) -> Path:
+    """A path sweep.json recorded (relative to where `profkit sweep` ran: reports/<run_id>/summary.json,
+    reports/<sweep>/<pair>/diff.json) as it is from here: as written when it exists, else found by its
+    last two parts beside the sweep's folder (a run) or inside it (a compared pair)."""
+    p = Path(recorded)
+    if p.exists() or p.is_absolute() or len(p.parts) < 2:
+        return p
+    tail = Path(*p.parts[-2:])
+    for base in (sweep_dir, sweep_dir.parent):
+        if (base / tail).exists():
+            return base / tail
+    return p
+
+
+def read_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[tuple[dict[str, Any], dict[str, Any] | None]]]:
+    """sweep.json and each of its compared pairs (its `attribution` rows, in order) with the pair's diff.json
+    (None where the file is missing: a sweep interrupted while attributing)."""
+    doc = read_json(sweep_dir / "sweep.json")
+    if not isinstance(doc, dict) or doc.get("kind") != "sweep":
+        raise TraceInputError(f"{sweep_dir / 'sweep.json'}: not a profkit sweep.json (no \"kind\": \"sweep\")",
+                              hint="point at the folder `profkit sweep` wrote (reports/<stamp>-<target>-sweep-<mode>/)")
+    steps: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
+    for row in doc.get("attribution") or []:
+        f = _in_sweep(sweep_dir, str(row.get("diff")))
+        steps.append((row, check_diff(read_json(f), f) if f.is_file() else None))
+    return doc, steps
+
+
 def gather(paths: list[Path], opts: SummarizeOptions, window: int | None,
            note: Callable[[str], None] = lambda n: None
            ) -> tuple[list[dict[str, Any]], list[tuple[str, dict[str, Any]]], list[list[dict[str, Any]]]]:
@@ -26,12 +58,12 @@ def gather(paths: list[Path], opts: SummarizeOptions, window: int | None,
     expanded: list[Path] = []
     named: dict[Path, str] = {}  # a sweep's runs keep the sweep's labels (baseline, +topk_v2, ...)
     for p in paths:
-        if p.is_dir() and (p / "sweep.json").is_file():  # a sweep's folder: its runs, then its compared pairs
-            doc = read_json(p / "sweep.json")
+        if is_sweep(p):  # a sweep's folder: its runs, then its compared pairs
+            doc, steps = read_sweep(p)
             for r in doc.get("runs") or []:
-                expanded.append(Path(r["summary"]).parent)
+                expanded.append(_in_sweep(p, r["summary"]).parent)
                 named[expanded[-1]] = str(r.get("label"))
-            diffs += [check_diff(read_json(Path(a["diff"])), Path(a["diff"])) for a in doc.get("attribution") or [] if Path(a["diff"]).is_file()]
+            diffs += [d for _, d in steps if d is not None]
         elif p.is_dir() and (p / "diff.json").is_file():  # an attribution folder (trace's, or one pair of a sweep)
             diffs.append(check_diff(read_json(p / "diff.json"), p / "diff.json"))
         else:

@@ -45,7 +45,7 @@ def attribute_sweep(plan: Plan, mode: str, results: dict[str, RunResult], sweep_
     doc["status"] = "ok"
     write_json_atomic(sweep_dir / "sweep.json", doc)
     notes += write_reports(sweep_dir, diffs=diffs,  # the diffs just written (each pair's diff.json), not read back
-                           runs=[(lbl, results[lbl].summary) for lbl, *_ in plan], windows=[results[lbl].windows for lbl, *_ in plan])
+                           runs=[(lbl, results[lbl].summary) for lbl, *_ in plan], windows=[results[lbl].windows for lbl, *_ in plan], sweep=doc)
     return diffs, notes
 
 

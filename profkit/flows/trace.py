@@ -168,21 +168,28 @@ def attribute(before: RunResult, after: RunResult, opts: list[str], group_dir: P
 
 
 def write_reports(folder: Path, *, diffs: list[dict[str, Any]], runs: list[tuple[str, dict[str, Any]]],
-                  windows: list[list[dict[str, Any]]] | None = None) -> list[str]:
-    """report.html (self-contained) and, for a single diff, report.md (a PR comment) in `folder`;
-    notes for the user (no report.html without the `report` extra). `windows`: each run's profile-window
-    summaries, over which the ladder takes its medians (the diffs' statistic)."""
+                  windows: list[list[dict[str, Any]]] | None = None, sweep: dict[str, Any] | None = None) -> list[str]:
+    """report.html (self-contained) and report.md (a PR comment: of a single diff, or of the `sweep`, sweep.json's
+    document, whose attribution rows are `diffs`) in `folder`; notes for the user (no report.html without the
+    `report` extra). `windows`: each run's profile-window summaries, over which the ladder takes its medians
+    (the diffs' statistic)."""
     from profkit.attribution import ladder_steps
     from profkit.report import Report, renderer_for
     from profkit.store import write_bytes_atomic
 
-    if len(diffs) == 1:
+    ladder = ladder_steps(runs, windows=windows)
+    if sweep is not None and diffs:
+        from profkit.report.markdown_sweep import SweepMarkdownRenderer
+
+        text = SweepMarkdownRenderer().render(Report(diffs=diffs, runs=runs, ladder=ladder, sweep=sweep))
+        write_bytes_atomic(folder / "report.md", text.encode())
+    elif len(diffs) == 1:
         write_bytes_atomic(folder / "report.md", renderer_for("report.md")().render(Report(diffs=diffs)).encode())
     try:
         html = renderer_for("report.html")
     except ImportError as e:  # plotly/jinja2 are the `report` extra
         return [f"no report.html: {e}; pip install 'profkit[report]'"]
-    write_bytes_atomic(folder / "report.html", html().render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs, windows=windows))).encode())
+    write_bytes_atomic(folder / "report.html", html().render(Report(diffs=diffs, runs=runs, ladder=ladder)).encode())
     return []
 
 

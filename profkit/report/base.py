@@ -26,7 +26,9 @@ class Report:
 
     ``diffs``: diff.json documents (`profkit.attribution.compare_summaries`); ``runs``: (label,
     summary.json) pairs; ``ladder``: for two runs or more, their ladder
-    (`profkit.attribution.ladder_steps` of the same runs), which the HTML report draws.
+    (`profkit.attribution.ladder_steps` of the same runs), which the HTML report draws; ``sweep``: a
+    sweep's sweep.json (`profkit sweep`), whose `attribution` rows are ``diffs`` in order (what
+    report/markdown_sweep.py renders).
     Renderers read them typed (`diff_docs`, `run_docs`: profkit.documents, decoded once per report);
     diff.json is written from the document as given.
     """
@@ -34,6 +36,7 @@ class Report:
     diffs: Sequence[Mapping[str, Any]] = ()
     runs: Sequence[tuple[str, Summary | Mapping[str, Any]]] = ()
     ladder: Sequence[Mapping[str, Any]] | None = None
+    sweep: Mapping[str, Any] | None = None
 
     @cached_property
     def diff_docs(self) -> list[Diff]:

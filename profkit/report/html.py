@@ -31,7 +31,7 @@ from profkit.report import capture_view
 from profkit.report import figures as F
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import cut_names, demangle, demangle_many
-from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
+from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, counted, num, pct, ratio_pct
 from profkit.report.views import (
     cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
     doubt_metric, row_metric, statistic_note, within_noise,
@@ -426,7 +426,7 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
                  for c, k in zip(cards, ("wall_us", "gpu_window_us", "gpu_busy_us", "gpu_idle_us", "gpu_kernels", "kernel_launches",
                                          "graph_launches", "syncs", "bubble_count"))]
         marker = None if r.marker is UNSET else r.marker
-        notes.append(f"rank {r.rank} · {device_text(r, s.manifest)} · {len(its)} iterations · marker {marker} · catalog {r.catalog}")
+        notes.append(f"rank {r.rank} · {device_text(r, s.manifest)} · {counted(len(its), 'iteration')} · marker {marker} · catalog {r.catalog}")
         notes += [x for x in (idle_verdict(r), host_gap_text(r), outside_text(r)) if x]
         notes += [f"warning: {w}" for w in r.warnings]
         if swing:

@@ -35,10 +35,16 @@ def num(x: float | None, digits: int = US, *, sign: bool = False, missing: str =
 
 
 def pct(x: float | None, *, sign: bool = True, missing: str = DASH) -> str:
-    """A percentage with one decimal: ``+3.2%`` (a change), ``41.0%`` (a share, ``sign=False``)."""
+    """A percentage with one decimal and thousands separators: ``+3.2%`` (a change), ``41.0%`` (a share,
+    ``sign=False``), ``+4,660.6%``."""
     if x is None:
         return missing
-    return f"{x:+.1f}%" if sign else f"{x:.1f}%"
+    return f"{x:+,.1f}%" if sign else f"{x:,.1f}%"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """A count and its noun, singular for one: ``1 iteration``, ``8 iterations``, ``1,024 iterations``."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
 
 
 def ratio_pct(ratio: float | None, *, missing: str = DASH) -> str:

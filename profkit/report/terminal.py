@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from functools import partial
 from typing import Any, ClassVar, cast
 
@@ -22,7 +22,7 @@ from profkit.analysis import health
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, MIN_NAME, NAME, NUM, TEXT, cut_names, demangle, demangle_many, fit_table
-from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, num, pct
+from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, counted, num, pct
 from profkit.report.views import (
     cpu_ops_text, decomposition_rows, device_text, doubt_metric, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
     row_metric, statistic_note,
@@ -45,11 +45,13 @@ class TerminalRenderer(Renderer):
     name: ClassVar[str] = "terminal"
     output_file_extension: ClassVar[str] = "txt"
 
-    def __init__(self, console: Console, *, top: int = 10, warn: Console | None = None) -> None:
-        """`warn`: print each run's warnings there, before its tables (analyze: stderr), instead of after them."""
+    def __init__(self, console: Console, *, top: int = 10, warn: Console | None = None, said: Collection[str] = ()) -> None:
+        """`warn`: print each run's warnings there, before its tables (analyze: stderr), instead of after them;
+        `said`: warnings printed already (one that every profile window of a run shares is printed once)."""
         self.console = console
         self.top = top
         self.warn = warn
+        self.said = said
 
     def render(self, report: Report) -> str:
         with self.console.capture() as captured:
@@ -60,15 +62,22 @@ class TerminalRenderer(Renderer):
         for d in report.diff_docs:
             _diff(d, self.console, top=self.top)
         for _label, s in report.run_docs:
-            _summary(s, self.console, top=self.top, warn=self.warn)
+            _summary(s, self.console, top=self.top, warn=self.warn, said=self.said)
 
 
-def _summary(summary: Summary, console: Console, *, top: int, warn: Console | None = None) -> None:
+def summary_warnings(summary: Summary) -> list[str]:
+    """A summary's warnings, as `analyze` prints them: each rank's, then the cross-rank figures'."""
+    return [w for r in summary.ranks for w in r.warnings] + list((summary.cross_rank or {}).get("warnings") or [])
+
+
+def _summary(summary: Summary, console: Console, *, top: int, warn: Console | None = None, said: Collection[str] = ()) -> None:
     console.print(f"[bold]{escape(capture_view.summary_health(summary))}[/]")  # issue 31: first, before any number
     for line in capture_view.summary_lines(summary):
         console.print(escape(line))
     if warn is not None:
-        for w in [w for r in summary.ranks for w in r.warnings] + list((summary.cross_rank or {}).get("warnings") or []):
+        for w in summary_warnings(summary):
+            if w in said:
+                continue
             warn.print(f"[yellow]warning:[/] {escape(w)}")
     _ranks(summary, console, top=top, warnings=warn is None)
     if summary.cross_rank:
@@ -82,7 +91,7 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
         # the trace's path whole on its line (the terminal wraps it, and a copy joins it back: rich folded it with a newline
         # inside, '…/20261202-022808-proxy' then '-baseon-topk_v2-after-TP-0.trace.json.gz', in a run folder's windows)
         console.print(f"[bold]rank {r.rank}[/] {escape(device_text(r, summary.manifest))}  [dim]{escape(str(r.path))}[/]", soft_wrap=True)
-        console.print(f"  {len(its)} iterations ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r.marker))}[/]; "
+        console.print(f"  {counted(len(its), 'iteration')} ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r.marker))}[/]; "
                       f"catalog {escape(str(r.catalog))}")
         verdict = idle_verdict(r)
         if verdict:

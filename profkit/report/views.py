@@ -17,7 +17,7 @@ from typing import Any, cast
 from profkit.attribution.diff import IDLE_KEYS, term_label
 from profkit.attribution.findings import host_gap
 from profkit.documents import Diff, ExpectedEffect, OwnTerm, Rank, ThroughputPoint, UnsetType, point_of
-from profkit.report.numbers import ratio_pct
+from profkit.report.numbers import pct, ratio_pct
 from profkit.report.vocab import diff_timeline, rank_timeline, words
 
 
@@ -137,6 +137,29 @@ def _why_not_judged(diff: Diff) -> str:
     return "one profile window a side, no noise estimate" if diff.noise.windows() < 2 else "the windows disagree"
 
 
+def own_terms(diff: Diff) -> list[OwnTerm]:
+    """The optimization's own terms that the runs have at all (the headline's): [] without a known optimization."""
+    ee = diff.expected_effect
+    if ee is None or not ee.known:
+        return []
+    return [t for t in ee.own if t.baseline_us or t.candidate_us or t.delta_us]
+
+
+def own_verdict(diff: Diff, t: OwnTerm) -> str:
+    """One own term's verdict in the headline's words: ``beyond noise, a decrease as expected``, ``beyond noise the
+    WRONG way``, ``within noise``, ``not judged: under the 44.0 µs floor``, ``not judged (one profile window a side ...)``."""
+    ee = diff.expected_effect
+    if ee is None or not ee.judged:
+        return f"not judged ({_why_not_judged(diff)})"
+    if t.as_expected is True:
+        return "beyond noise, a decrease as expected"
+    if t.as_expected is False:
+        return "beyond noise the WRONG way (a decrease expected)"
+    if t.within_noise is False:  # beyond the spread, under the floor a change must reach to matter
+        return f"not judged: under the {ee.floor_us or 0.0:,.1f} µs floor"
+    return "within noise"
+
+
 def what_to_run(diff: Diff) -> str:
     """What would make an unjudged change judged, for the headline."""
     if diff.noise.unstable:
@@ -215,7 +238,7 @@ def headline_lines(diff: Diff) -> list[str]:
         else:
             spread = " and ".join(f"{x:,.0f}" for x in (r["baseline_spread"], r["candidate_spread"]) if x is not None)
             judged_tp = ("within noise" if r["within_noise"] else "beyond noise") + f" (the repeats spread {spread})"
-        bullets.append(f"Unprofiled tokens/s per user {r['baseline']:,.0f} → {r['candidate']:,.0f} ({r['change_pct']:+.1f}%), {judged_tp}.")
+        bullets.append(f"Unprofiled tokens/s per user {r['baseline']:,.0f} → {r['candidate']:,.0f} ({pct(r['change_pct'])}), {judged_tp}.")
     warning = _the_warning(diff)
     if warning:
         bullets.append(warning)
