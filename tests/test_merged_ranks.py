@@ -1,0 +1,196 @@
+"""Files that hold several ranks (DESIGN.md "Traces as engines write them"; ingest/processes.py).
+
+A merged file is made here from real rank files exactly as the engines' tools make it
+(tests/merge_ranks.py: SGLang's profile merger, TraceLens' TraceFuse) and must analyze as its rank
+files do; the figures a merged file cannot share with its rank files (the path, the start times of
+a TraceLens fusion, which drops the profiler's own span) are named where they are left out. The
+public TraceLens fusion (../shared/public-traces/fused/) is checked against tests/plain_ranks.py,
+an independent count over its raw events."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import conftest
+from merge_ranks import sglang_merge, tracelens_fuse
+from plain_ranks import figures as plain_figures
+
+from profkit.analysis import analyze_trace
+from profkit.analysis.parallel import analyze_runs
+from profkit.analysis.summarize import SummarizeOptions, summarize
+from profkit.ingest import load_ranks, load_trace, load_traces
+
+TP2 = conftest.DATA / "gpu_tp2"
+GPU = conftest.GPU_DATA
+FOUR = ("eager_decode.pt.trace.json.gz", "eager_sync.pt.trace.json.gz", "graph_decode.pt.trace.json.gz", "two_streams.pt.trace.json.gz")
+FUSED = "fused/hpctrainingexamples_tracelens_fused_merged_nccl_only.json.gz"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(a folder of the two rank files, the merged file in a folder of its own), each with the run's manifest."""
+    root = tmp_path_factory.mktemp("tp2")
+    folder, merged = root / "folder", root / "merged"
+    folder.mkdir()
+    merged.mkdir()
+    ranks = sorted(TP2.glob("*.trace.json.gz"))
+    for f in [*ranks, TP2 / "manifest.json"]:
+        shutil.copy(f, folder / f.name)
+    shutil.copy(TP2 / "manifest.json", merged / "manifest.json")
+    return folder, sglang_merge(ranks, merged / "merged-tp2.trace.json.gz")
+
+
+def _analyze(path: Path, out: Path, **env: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "profkit", "analyze", str(path), "--no-cache", "--json", str(out)],
+                       capture_output=True, text=True, env={**os.environ, **env})
+    assert r.returncode == 0, r.stderr
+    return json.loads(out.read_text())
+
+
+def _without_paths(s: dict) -> dict:
+    """The summary less what names the input files: `inputs`, each rank's `path` and `source`."""
+    out = {k: v for k, v in s.items() if k != "inputs"}
+    out["ranks"] = [{k: v for k, v in r.items() if k not in ("path", "source")} for r in s["ranks"]]
+    return out
+
+
+def test_the_merged_file_is_written_as_sglang_writes_it(pair):
+    import gzip
+
+    _, merged = pair
+    doc = json.loads(gzip.decompress(merged.read_bytes()))
+    assert next(iter(doc)) == "traceEvents"  # the merger's dict: events first, the metadata after them
+    pids = {e["pid"] for e in doc["traceEvents"]}
+    assert {p.split("] ")[0] + "]" for p in pids} == {"[TP00]", "[TP01]"}
+    assert doc["distributedInfo"]["rank"] == 0 and len(doc["deviceProperties"]) == 2 * len(
+        json.loads(gzip.decompress((TP2 / "tp2-TP-0.trace.json.gz").read_bytes()))["deviceProperties"])
+
+
+@pytest.mark.parametrize("scanner", ["C scanner", "msgspec"])
+def test_sglang_merged_pair_summarizes_as_its_folder(pair, tmp_path, scanner):
+    folder, merged = pair
+    env = {"PROFKIT_NO_SCANNER": "1"} if scanner == "msgspec" else {}
+    a = _analyze(folder, tmp_path / "folder.json", **env)
+    b = _analyze(merged, tmp_path / "merged.json", **env)
+    assert [r["rank"] for r in b["ranks"]] == [0, 1]
+    assert [r["source"] for r in b["ranks"]] == [{"merged": "sglang merge_profiles", "process": "[TP00]"},
+                                                 {"merged": "sglang merge_profiles", "process": "[TP01]"}]
+    assert [len(r["iterations"]) for r in b["ranks"]] == [4, 4]
+    assert b["cross_rank"]["aligned_iterations"] == 4
+    # every figure: each iteration's, the rank totals, the cross-rank section (stragglers, skew), health
+    assert _without_paths(b) == _without_paths(a)
+    assert b["cross_rank"] == a["cross_rank"] and b["health"] == a["health"]
+    assert not any("one file per rank" in w for r in b["ranks"] for w in r["warnings"])
+
+
+def test_each_rank_of_the_merged_file_starts_at_its_own_first_event(pair):
+    _, merged = pair
+    plain = plain_figures(str(merged))
+    traces = load_ranks(merged)
+    assert [t.rank for t in traces] == [0, 1]
+    for t, label in zip(traces, ("[TP00]", "[TP01]")):
+        assert t.t0_ns == round(plain[label]["t0_us"] * 1000)
+        (dev, d), = plain[label]["devices"].items()
+        assert t.gpu_ops.filter(t.gpu_ops["cat"] == "kernel").height == d["kernels"]
+        assert set(t.gpu_ops["device"].unique().to_list()) == {int(dev)}
+
+
+def test_the_tiered_decoder_splits_the_same_tables(pair):
+    """The fallback decoder (damaged files, schema variants) splits a merged file into the same tables."""
+    from profkit.ingest.decode import decode_events, read_bytes
+    from profkit.ingest.identity import trace_file
+    from profkit.ingest.tables import events_frame, split_tables_ranks
+
+    _, merged = pair
+    fast = load_ranks(merged)
+    events, _, w = decode_events(merged, read_bytes(trace_file(merged)))
+    df, _ = events_frame(events, w)
+    split, ranks = split_tables_ranks(df, w)
+    assert split is not None and split.names == ["[TP00]", "[TP01]"]
+    for t, (tables, _) in zip(fast, ranks):
+        for mine, theirs in zip((t.gpu_ops, t.calls, t.cpu, t.gpu_annotations), tables):
+            assert mine.equals(theirs)
+
+
+def test_library_loaders_read_every_rank(pair):
+    folder, merged = pair
+    assert [t.rank for t in load_traces([merged])] == [0, 1]
+    one = load_trace(merged)
+    assert one.rank == 0 and any("holds 2 ranks" in w for w in one.warnings)
+    by_folder = [analyze_trace(t) for t in load_traces([folder])]
+    for a, b in zip(by_folder, [analyze_trace(t) for t in load_traces([merged])]):
+        assert a.iterations.equals(b.iterations) and a.ops.equals(b.ops)
+
+
+def test_worker_processes_split_merged_files_too(pair, tmp_path):
+    """Two merged files analyzed in worker processes (the path of large inputs): each is a run of two ranks."""
+    folder, merged = pair
+    other = tmp_path / "merged-again.trace.json.gz"
+    shutil.copy(merged, other)
+    runs = analyze_runs([merged, other], jobs=2, min_parallel_bytes=0, cache=False)
+    want = [a.iterations for a in analyze_runs([folder], cache=False)[0].analyses]
+    assert len(runs) == 2
+    for r in runs:
+        assert [a.rank for a in r.analyses] == [0, 1] and len(r.files) == 2
+        assert all(a.iterations.equals(w) for a, w in zip(r.analyses, want))
+
+
+def test_diff_takes_a_merged_file_and_a_folder(pair, tmp_path):
+    folder, merged = pair
+    out = tmp_path / "diff.json"
+    r = subprocess.run([sys.executable, "-m", "profkit", "diff", str(folder), str(merged), "--json", str(out)],
+                       capture_output=True, text=True, env={**os.environ, "PROFKIT_NO_CACHE": "1"})
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    dec = d["decomposition"]
+    assert dec["gpu_window_us"]["delta"] == 0 and dec["gpu_window_us"]["baseline"] > 0
+    assert all(v == 0 for v in dec["category_us"].values()) and dec["idle_us"] == 0 and dec["overlap_us"] == 0
+    assert d["baseline"] != d["candidate"]  # the two sides are the folder and the merged file
+
+
+def test_tracelens_fusion_of_four_profilerstep_traces(tmp_path):
+    """Four real single-GPU traces fused as TraceLens fuses four ranks (all on device 0, pids and
+    correlation ids offset per rank): four ranks, each with its own ProfilerStep iterations, figure
+    for figure those of its own file; only the start times differ (TraceLens drops the profiler's
+    `Trace` span, from which each file's t0 is taken)."""
+    fused = tracelens_fuse([GPU / n for n in FOUR], tmp_path / "fused.json.gz")
+    opts = SummarizeOptions(cache=False)
+    s = summarize([fused], opts).summary
+    plain = plain_figures(str(fused))
+    assert [r["rank"] for r in s["ranks"]] == [0, 1, 2, 3]
+    for r, name in zip(s["ranks"], FOUR):
+        own = summarize([GPU / name], opts).summary["ranks"][0]
+        assert r["source"] == {"merged": "TraceLens TraceFusion", "process": f"rank {r['rank']}"}
+        assert len(r["iterations"]) == len(own["iterations"]) == plain[f"rank {r['rank']}"]["markers"]["ProfilerStep"]
+        for mine, theirs in zip(r["iterations"], own["iterations"]):
+            assert {k: v for k, v in mine.items() if k not in ("start_us", "gpu_start_us")} == \
+                   {k: v for k, v in theirs.items() if k not in ("start_us", "gpu_start_us")}
+    for t in load_ranks(fused):
+        (dev, d), = plain[f"rank {t.rank}"]["devices"].items()
+        assert dev == "0" and set(t.gpu_ops["device"].unique().to_list()) == {0}
+        assert t.gpu_ops.filter(t.gpu_ops["cat"] == "kernel").height == d["kernels"]
+        assert t.gpu_ops.filter(t.gpu_ops["cat"] == "gpu_memset").height == d["memset"]
+
+
+@conftest.needs_public
+def test_public_tracelens_fused_file_is_four_ranks_with_their_own_busy():
+    path = conftest.public_trace(FUSED)
+    plain = {k: v for k, v in plain_figures(str(path)).items() if v["devices"]}
+    s = summarize([path], SummarizeOptions(cache=False)).summary
+    assert [r["rank"] for r in s["ranks"]] == [0, 1, 2, 3] and len(plain) == 4
+    for r in s["ranks"]:
+        (dev, d), = plain[f"rank {r['rank']}"]["devices"].items()
+        (it,) = r["iterations"]  # GPU-only, no markers: each rank's whole trace is one window of its own
+        assert it["gpu_kernels"] == d["kernels"] == 21
+        assert round(it["gpu_busy_us"], 3) == d["busy_us"]
+    # the union over the four devices is not any rank's busy: each device is counted on its own
+    assert sum(r["iterations"][0]["gpu_busy_us"] for r in s["ranks"]) == pytest.approx(sum(
+        v["devices"][k]["busy_us"] for v in plain.values() for k in v["devices"]), abs=1e-6)
+    assert "cross_rank" in s and len(s["cross_rank"]["ranks"]) == 4
