@@ -1,7 +1,8 @@
 """Load and analyze several rank files at once: one worker process per file (ranks in parallel),
 or one file with its chunks decoded in parallel; with the cache, results of an earlier run with the
-same options are read back instead. Results are identical to
-`[analyze_trace(t) for t in load_traces(paths)]`, rank renumbering and warnings included."""
+same options are read back instead. A file that holds several ranks (ingest/processes.py) is read
+once and its ranks analyzed one after the other, in the process that read it. Results are identical
+to `[analyze_trace(t) for t in load_traces(paths)]`, rank renumbering and warnings included."""
 
 from __future__ import annotations
 

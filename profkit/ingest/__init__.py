@@ -117,8 +117,9 @@ def load_ranks(path: Path | TraceFile, *, default_rank: int = 0, cache: bool | N
         from profkit.ingest.cache import file_sha256
 
         sha = sha or file_sha256(path)
-        return [_make_trace(path, default_rank, *tables, _rank_t0(split, k, tables, labelled), n_events, _rank_meta(split, k, meta), w, sha)
-                for k, (tables, w) in enumerate(ranks)]
+        return [_make_trace(path, default_rank, g, c, cpu, a, _rank_t0(split, k, (g, c, cpu, a), labelled), n_events,
+                            _rank_meta(split, k, meta), w, sha)
+                for k, ((g, c, cpu, a), w) in enumerate(ranks)]
     (gpu_ops, calls, cpu, ann), warnings = ranks[0]
     if use_cache:
         sha = sha or _cache.file_sha256(path)

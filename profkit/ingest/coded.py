@@ -21,7 +21,7 @@ import polars as pl
 from profkit.ingest.categories import foreign_device_warning, table_code
 from profkit.ingest.scan import V_BYTES, V_CORR, V_DEVICE, V_EXT, V_STREAM
 from profkit.ingest.strings import Strings
-from profkit.ingest.tables import CPU_SCHEMA, _dedupe, by_start, call_columns, gpu_columns
+from profkit.ingest.tables import CPU_SCHEMA, Tables, _dedupe, by_start, call_columns, gpu_columns
 
 # the columns of a chunk's coded parts, per table (ids for the string columns)
 GPU_CODED = ["name", "cat", "ts_ns", "dur_ns", "end_ns", "device", "stream", "correlation", "bytes", "pid", "tid"]
@@ -101,7 +101,7 @@ def finish_coded(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,
 
 
 def finish_coded_ranks(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,
-                       warnings: list[str]) -> tuple[Any, list[tuple[tuple[pl.DataFrame, ...], list[str]]]]:
+                       warnings: list[str]) -> tuple[Any, list[tuple[Tables, list[str]]]]:
     """finish_coded, for a file that may hold several ranks (ingest/processes.py): (the Split, or
     None for a file of one rank; per rank, its four tables and its warnings, which begin with
     `warnings`). Each rank's rows are de-duplicated and sorted on their own, with their pids as the

@@ -260,7 +260,7 @@ class TablesLoad:
         parts, self.parts = self.parts, []  # finish_coded drops each part once it is copied
         return finish_coded(parts, self.strings, warnings)
 
-    def ranks(self, warnings: list[str]) -> tuple[Any, list[tuple[tuple[pl.DataFrame, ...], list[str]]]]:
+    def ranks(self, warnings: list[str]) -> tuple[Any, list[tuple[Any, list[str]]]]:
         """The four tables of each rank the file holds (coded.finish_coded_ranks: (Split or None,
         [(tables, warnings)]), one entry for a file of one rank, whose tables are `tables`')."""
         from profkit.ingest.coded import finish_coded_ranks

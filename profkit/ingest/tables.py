@@ -236,7 +236,10 @@ def split_tables(df: pl.DataFrame, warnings: list[str]) -> tuple[pl.DataFrame, p
     return finish_tables(*split_rows(df), warnings)
 
 
-def split_tables_ranks(df: pl.DataFrame, warnings: list[str]) -> tuple[Any, list[tuple[tuple[pl.DataFrame, ...], list[str]]]]:
+Tables = tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]  # gpu_ops, calls, cpu, gpu_annotations
+
+
+def split_tables_ranks(df: pl.DataFrame, warnings: list[str]) -> tuple[Any, list[tuple[Tables, list[str]]]]:
     """split_tables, for a file that may hold several ranks (ingest/processes.py): (the Split, or
     None for one rank; per rank, its four tables and its warnings, which begin with `warnings`),
     each rank's rows with their pids as its own file wrote them, finished on their own."""
