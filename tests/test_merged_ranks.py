@@ -194,3 +194,23 @@ def test_public_tracelens_fused_file_is_four_ranks_with_their_own_busy():
     assert sum(r["iterations"][0]["gpu_busy_us"] for r in s["ranks"]) == pytest.approx(sum(
         v["devices"][k]["busy_us"] for v in plain.values() for k in v["devices"]), abs=1e-6)
     assert "cross_rank" in s and len(s["cross_rank"]["ranks"]) == 4
+
+
+def test_a_merged_file_is_not_cached_but_its_summary_is(pair, tmp_path, monkeypatch):
+    """Caching on (for files of any size): no tables or per-rank results are stored for a merged
+    file (their rows are split when read), its summary is, and reads back the same."""
+    from profkit.analysis import summary_cache
+    from profkit.ingest import cache as pcache
+
+    monkeypatch.setattr(pcache, "MIN_BYTES", 0)
+    monkeypatch.setattr(summary_cache, "_MIN_BYTES", 0)
+    monkeypatch.delenv("PROFKIT_NO_CACHE", raising=False)
+    _, merged = pair
+    mine = tmp_path / merged.name
+    shutil.copy(merged, mine)
+    first = summarize([mine], SummarizeOptions())
+    d = pcache.cache_dir(mine)
+    assert first.analyses is not None and len(first.analyses) == 2
+    assert not (d / "manifest.json").exists() and not (d / "analysis").exists()
+    again = summarize([mine], SummarizeOptions())
+    assert again.analyses is None and again.summary == first.summary  # the stored summary, nothing decoded

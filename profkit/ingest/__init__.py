@@ -114,9 +114,14 @@ def load_ranks(path: Path | TraceFile, *, default_rank: int = 0, cache: bool | N
         raise TraceInputError(f"{path}: the trace has no events (empty 'traceEvents')", hint="the profiler window captured nothing; profile while the server is busy")
     sha = f.sha256  # known for files of up to 2 MiB (read whole when inspected)
     if split is not None:
-        from profkit.ingest.cache import file_sha256
+        from profkit.ingest.cache import cache_dir, file_sha256
 
         sha = sha or file_sha256(path)
+        if use_cache:  # its tables are not cached, its summary is (analysis/summary_cache.py writes it into this folder)
+            try:
+                cache_dir(path).mkdir(exist_ok=True)
+            except OSError:
+                pass
         return [_make_trace(path, default_rank, g, c, cpu, a, _rank_t0(split, k, (g, c, cpu, a), labelled), n_events,
                             _rank_meta(split, k, meta), w, sha)
                 for k, ((g, c, cpu, a), w) in enumerate(ranks)]
