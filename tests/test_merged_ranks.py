@@ -47,11 +47,11 @@ def pair(tmp_path_factory):
     return folder, sglang_merge(ranks, merged / "merged-tp2.trace.json.gz")
 
 
-def _analyze(path: Path, out: Path, **env: str) -> dict:
+def _analyze(path: Path, out: Path, **env: str) -> tuple[dict, str]:
     r = subprocess.run([sys.executable, "-m", "profkit", "analyze", str(path), "--no-cache", "--json", str(out)],
                        capture_output=True, text=True, env={**os.environ, **env})
     assert r.returncode == 0, r.stderr
-    return json.loads(out.read_text())
+    return json.loads(out.read_text()), r.stdout
 
 
 def _without_paths(s: dict) -> dict:
@@ -77,8 +77,9 @@ def test_the_merged_file_is_written_as_sglang_writes_it(pair):
 def test_sglang_merged_pair_summarizes_as_its_folder(pair, tmp_path, scanner):
     folder, merged = pair
     env = {"PROFKIT_NO_SCANNER": "1"} if scanner == "msgspec" else {}
-    a = _analyze(folder, tmp_path / "folder.json", **env)
-    b = _analyze(merged, tmp_path / "merged.json", **env)
+    a, _ = _analyze(folder, tmp_path / "folder.json", **env)
+    b, printed = _analyze(merged, tmp_path / "merged.json", **env)
+    assert "([TP01] of the merged file)" in printed
     assert [r["rank"] for r in b["ranks"]] == [0, 1]
     assert [r["source"] for r in b["ranks"]] == [{"merged": "sglang merge_profiles", "process": "[TP00]"},
                                                  {"merged": "sglang merge_profiles", "process": "[TP01]"}]
