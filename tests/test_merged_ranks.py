@@ -215,3 +215,16 @@ def test_a_merged_file_is_not_cached_but_its_summary_is(pair, tmp_path, monkeypa
     assert not (d / "manifest.json").exists() and not (d / "analysis").exists()
     again = summarize([mine], SummarizeOptions())
     assert again.analyses is None and again.summary == first.summary  # the stored summary, nothing decoded
+
+
+def test_what_is_not_a_merged_file():
+    """One process stays one rank: two GPUs of one process (GPU pid = device), a GPU pid that is no
+    per-rank offset (its CPU pid would fall in no rank), one label-free process."""
+    from profkit.ingest.processes import plan_split
+
+    assert plan_split({("0", 0), ("1", 1)}, {"0", "1", "1307"}) is None
+    assert plan_split({("10", 0)}, {"10", "1234"}) is None
+    assert plan_split({("0", 0)}, {"0", "1307", "[1307]"}) is None
+    got = plan_split({("0", 0), ("100001", 1)}, {"0", "100001", "1307", "101347"})  # TraceFuse, M = 10^5
+    assert got is not None and got.names == ["rank 0", "rank 1"]
+    assert [got.locate(p) for p in ("1307", "101347", "100001")] == [(0, "1307"), (1, "1347"), (1, "1")]

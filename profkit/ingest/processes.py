@@ -114,7 +114,17 @@ def tracelens_split(gpu_pairs: set[tuple[str, int | None]], pids: set[str]) -> S
     m = 10 ** int(math.log10(g))
     if any(o % m for o in offsets) or any(dev is not None and dev >= m for _, dev in gpu_pairs):
         return None
-    ranks = sorted({p // m for t in pids if (p := _int(t)) is not None and p >= 0} | {0})
+    ranks = sorted({(p - d) // m for p, d in ((_int(t), d) for t, d in gpu_pairs) if p is not None and d is not None} | {0})
+    # TraceFuse's M is 10^(digits of rank 0's largest pid + 1): rank 0's pids are at most M / 10, and
+    # every process (CPU pids included) falls in a rank that has GPU ops; anything else is no fusion
+    for t in pids:
+        p = _int(t)
+        if p is None or p < 0:
+            continue
+        if p // m not in ranks or (p < m and p > m // 10):
+            return None
+    if len(ranks) < 2:
+        return None
     return Split(TRACELENS, [f"rank {r}" for r in ranks], ranks, m)
 
 
