@@ -228,3 +228,18 @@ def test_what_is_not_a_merged_file():
     got = plan_split({("0", 0), ("100001", 1)}, {"0", "100001", "1307", "101347"})  # TraceFuse, M = 10^5
     assert got is not None and got.names == ["rank 0", "rank 1"]
     assert [got.locate(p) for p in ("1307", "101347", "100001")] == [(0, "1307"), (1, "1347"), (1, "1")]
+
+
+def test_a_folder_with_the_rank_files_and_their_merge_reads_the_rank_files(pair, tmp_path):
+    """SGLang writes merged-<id>.trace.json.gz beside the <id>-TP-<r> files it merged: the folder is
+    one run of two ranks, the merged file named as skipped."""
+    folder, merged = pair
+    both = tmp_path / "both"
+    shutil.copytree(folder, both)
+    shutil.copy(merged, both / merged.name)
+    r = subprocess.run([sys.executable, "-m", "profkit", "analyze", str(both), "--no-cache", "--json", str(tmp_path / "s.json")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert f"skipped {merged.name} (SGLang's merge of the rank files beside it" in r.stderr
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert [Path(i["path"]).name for i in s["inputs"]] == ["tp2-TP-0.trace.json.gz", "tp2-TP-1.trace.json.gz"]

@@ -49,6 +49,20 @@ def skipped_files(path: Path) -> list[str]:
                   and (is_sidecar(e.name) or not e.name.endswith(TRACE_SUFFIXES)))
 
 
+def merged_beside_ranks(names: list[str]) -> list[str]:
+    """Of a folder's trace file names, SGLang's merged traces whose rank files are beside them:
+    `/start_profile` with `merge_profiles` writes `merged-<profile_id>.trace.json.gz` into the folder
+    of the `<profile_id>...-TP-<r>....trace.json.gz` it merged (sglang srt/utils/profile_merger.py).
+    Read from the folder they would be the same ranks twice, so the folder means the rank files."""
+    out = []
+    for n in names:
+        if n.startswith("merged-") and n.endswith(".trace.json.gz"):
+            pid = n[len("merged-"):-len(".trace.json.gz")]
+            if pid and any(o != n and o.startswith(pid) and "TP-" in o and o.endswith(".trace.json.gz") for o in names):
+                out.append(n)
+    return out
+
+
 def __getattr__(name: str) -> Any:
     # the tables (and polars) load on first use: finding the inputs and the summary cache need neither
     if name == "Trace":
@@ -224,7 +238,8 @@ NSYS_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")  # Nsight Systems exports and
 
 def find_trace_files(path: Path) -> list[Path]:
     """The trace files a user means by `path`: the file itself, or the traces inside a run folder
-    (Kineto traces, Nsight Systems exports, and reports with no export beside them)."""
+    (Kineto traces, Nsight Systems exports, and reports with no export beside them; SGLang's merged
+    trace only when its rank files are not beside it: merged_beside_ranks)."""
     path = Path(path)
     try:
         st = path.stat()  # one stat: missing, unreachable, a file or a folder
@@ -241,6 +256,8 @@ def find_trace_files(path: Path) -> list[Path]:
         )
         exports = {p.name for p in found if p.name.endswith(".sqlite")}
         found = [p for p in found if not (p.name.endswith((".nsys-rep", ".qdrep")) and p.name.rsplit(".", 1)[0] + ".sqlite" in exports)]
+        twice = set(merged_beside_ranks([p.name for p in found]))
+        found = [p for p in found if p.name not in twice]
     if not found:  # a run folder of `trace --profile-windows N` (or of repeats): one profile per subfolder
         subs = [d.name for d in profile_windows(path)]
         if subs:
