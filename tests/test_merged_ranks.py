@@ -243,3 +243,25 @@ def test_a_folder_with_the_rank_files_and_their_merge_reads_the_rank_files(pair,
     assert f"skipped {merged.name} (SGLang's merge of the rank files beside it" in r.stderr
     s = json.loads((tmp_path / "s.json").read_text())
     assert [Path(i["path"]).name for i in s["inputs"]] == ["tp2-TP-0.trace.json.gz", "tp2-TP-1.trace.json.gz"]
+
+
+@pytest.mark.parametrize("how", ["tiny chunks", "worker processes"])
+def test_chunked_decodes_split_the_same(pair, how):
+    """Cut into many chunks (each rank's events spread over several, the cut between the ranks inside
+    one), or decoded in worker processes with ids of their own: the same ranks, tables and first events."""
+    from profkit.ingest.columnar import load_tables_fast, make_executor
+
+    _, merged = pair
+    whole = load_tables_fast(merged)
+    ex = make_executor(2) if how == "worker processes" else None
+    try:
+        cut = load_tables_fast(merged, chunk_bytes=64 << 10, executor=ex, jobs=2 if ex else 1)
+    finally:
+        if ex is not None:
+            ex.shutdown()
+    assert whole is not None and cut is not None
+    assert cut.strings.labelled_min_ts == whole.strings.labelled_min_ts and len(whole.strings.labelled_min_ts) > 2
+    (s1, r1), (s2, r2) = whole.ranks([]), cut.ranks([])
+    assert s1 is not None and s2 is not None and s1.names == s2.names == ["[TP00]", "[TP01]"]
+    for (a, wa), (b, wb) in zip(r1, r2):
+        assert wa == wb and all(x.equals(y) for x, y in zip(a, b))
