@@ -97,21 +97,20 @@ def decode_chunk_msgspec(data: Any, strings: Any = None) -> tuple[pl.DataFrame, 
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
             raise NotFast(str(e)) from None
         n = len(events)
-        if strings is not None and any(type(e.pid) is str and e.pid[:1] == "[" for e in events):
-            from profkit.ingest.processes import min_ts_by_label
-
-            strings.note_min_ts(min_ts_by_label([e.pid for e in events if type(e.pid) is str],
-                                                [e.ts for e in events if type(e.pid) is str]))
         xs = [e for e in events if type(e) is FX]
         others = [e.ts for e in events if type(e) is not FX and e.ts is not None] if len(xs) != n else []
-        del events
         if not xs:
+            if strings is not None:
+                _note_labelled(events, strings)
             return pl.DataFrame(schema=RAW_SCHEMA), (min(others) if others else None), n
 
         try:
             df = _columns(xs)
         except (TypeError, OverflowError, pl.exceptions.PolarsError) as e:  # an int beyond 64 bits: the tiered path warns
             raise NotFast(str(e)) from None
+        if strings is not None and df["pid"].str.starts_with("[").any():  # perhaps SGLang's merged ranks
+            _note_labelled(events, strings)
+        del events
         ts = df["ts"]
         tmin = ts.min()
         if others:
@@ -120,6 +119,15 @@ def decode_chunk_msgspec(data: Any, strings: Any = None) -> tuple[pl.DataFrame, 
     finally:
         if enabled:
             gc.enable()
+
+
+def _note_labelled(events: list, strings: Any) -> None:
+    """The earliest timestamp of each SGLang-labelled pid among a chunk's events, noted in `strings`."""
+    from profkit.ingest.processes import min_ts_by_label
+
+    named = [e for e in events if type(e.pid) is str and e.pid[:1] == "["]
+    if named:
+        strings.note_min_ts(min_ts_by_label([e.pid for e in named], [e.ts for e in named]))
 
 
 def _columns(xs: list) -> pl.DataFrame:
