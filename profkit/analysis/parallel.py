@@ -1,7 +1,8 @@
 """Load and analyze several rank files at once: one worker process per file (ranks in parallel),
 or one file with its chunks decoded in parallel; with the cache, results of an earlier run with the
-same options are read back instead. Results are identical to
-`[analyze_trace(t) for t in load_traces(paths)]`, rank renumbering and warnings included."""
+same options are read back instead. A file that holds several ranks (ingest/processes.py) is read
+once and its ranks analyzed one after the other, in the process that read it. Results are identical
+to `[analyze_trace(t) for t in load_traces(paths)]`, rank renumbering and warnings included."""
 
 from __future__ import annotations
 
@@ -89,8 +90,8 @@ def _rank_from_trace(t: Any, default_rank: int) -> bool:
 
 
 def _load_and_analyze(path: Any, default_rank: int, cache: bool, marker: str | None, min_bubble_us: float,
-                      catalog: Catalog | None, options: dict[str, Any], captures: Any = None) -> tuple[RankAnalysis, int]:
-    from profkit.ingest import load_trace
+                      catalog: Catalog | None, options: dict[str, Any], captures: Any = None) -> list[tuple[RankAnalysis, int]]:
+    from profkit.ingest import load_ranks
 
     from profkit.ingest import cache as pcache
 
@@ -98,13 +99,16 @@ def _load_and_analyze(path: Any, default_rank: int, cache: bool, marker: str | N
     if cache:
         hit = _cached_analysis(path, default_rank, options)
         if hit is not None:
-            return hit
-    t = load_trace(path, default_rank=default_rank, cache=cache, defer_cache_write=True)
-    n = len(t.warnings)
-    a = analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog, captures=captures)
-    if cache:
-        _store_analysis(path, a, n, _rank_from_trace(t, default_rank), options)
-    return a, n
+            return [hit]
+    traces = load_ranks(path, default_rank=default_rank, cache=cache, defer_cache_write=True)
+    out = []
+    for t in traces:
+        n = len(t.warnings)
+        a = analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog, captures=captures)
+        if cache and len(traces) == 1:  # a file of several ranks (ingest/processes.py) is never cached
+            _store_analysis(path, a, n, _rank_from_trace(t, default_rank), options)
+        out.append((a, n))
+    return out
 
 
 def _renumber(pairs: list[tuple[RankAnalysis, int]]) -> None:
@@ -132,13 +136,17 @@ def analyze_runs(paths: list[Path], *, marker: str | None = None, min_bubble_us:
         runs = plan_runs(expand_inputs(paths))
     files = [i.file or f for r in runs for f, i in zip(r.files, r.infos)]  # as plan_runs inspected them
     defaults = [k for r in runs for k in range(len(r.files))]
-    pairs = _analyze_files(files, defaults, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
-                                   cache=cache, jobs=jobs, min_parallel_bytes=min_parallel_bytes, captures=captures,
-                                   early=early)
+    per_file = _analyze_files(files, defaults, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
+                              cache=cache, jobs=jobs, min_parallel_bytes=min_parallel_bytes, captures=captures,
+                              early=early)
     k = 0
     for r in runs:
-        mine = pairs[k:k + len(r.files)]
+        got = per_file[k:k + len(r.files)]
         k += len(r.files)
+        if any(len(g) > 1 for g in got):  # a file that holds several ranks: its path and info once per rank
+            r.files = [f for f, g in zip(r.files, got) for _ in g]
+            r.infos = [i for i, g in zip(r.infos, got) for _ in g]
+        mine = [p for g in got for p in g]
         _renumber(mine)
         r.analyses = sorted((a for a, _ in mine), key=lambda a: a.rank)
     return split_by_analysis(runs)
@@ -181,10 +189,11 @@ def split_by_analysis(runs: list[Any]) -> list[Any]:
 
 def _analyze_files(files: list[Any], default_ranks: list[int], *, marker: str | None, min_bubble_us: float, catalog: Catalog | None,
                    cache: bool | None, jobs: int | None, min_parallel_bytes: int | None,
-                   captures: Any, early: Any = None) -> list[tuple[RankAnalysis, int]]:
+                   captures: Any, early: Any = None) -> list[list[tuple[RankAnalysis, int]]]:
     """Every file (a path or its ingest.TraceFile) analyzed (or read from the cache), in file
-    order: (analysis, its ingest warnings)."""
-    from profkit.ingest import PARALLEL_MIN_BYTES, estimated_raw_bytes, load_trace
+    order: per file, per rank it holds (one, but for a file of several: ingest/processes.py),
+    (analysis, its ingest warnings)."""
+    from profkit.ingest import PARALLEL_MIN_BYTES, estimated_raw_bytes, load_ranks
     from profkit.ingest import cache as pcache
     from profkit.ingest.columnar import make_executor
     from profkit.ingest.reading import default_jobs
@@ -197,11 +206,12 @@ def _analyze_files(files: list[Any], default_ranks: list[int], *, marker: str | 
 
         captures = load_captures([Path(p) for p in captures])
     options = _options(marker, min_bubble_us, catalog, captures)
-    done: list[tuple[RankAnalysis, int] | None] = [None] * len(files)
+    done: list[list[tuple[RankAnalysis, int]] | None] = [None] * len(files)
     cached_ok = [use_cache and pcache.worth_caching(f) for f in files]
     for i, f in enumerate(files):
         if cached_ok[i]:
-            done[i] = _cached_analysis(f, default_ranks[i], options)
+            hit = _cached_analysis(f, default_ranks[i], options)
+            done[i] = [hit] if hit is not None else None
     todo = [i for i, d in enumerate(done) if d is None]
     big = sum(estimated_raw_bytes(files[i]) for i in todo) >= threshold
     if todo and jobs > 1 and len(todo) > 1 and big:
@@ -219,16 +229,19 @@ def _analyze_files(files: list[Any], default_ranks: list[int], *, marker: str | 
         # processes, whose analyses fill both cores, it is written after the analysis instead)
         ex = make_executor(jobs, chunks=True) if jobs > 1 and big else None
         try:
-            traces = {i: load_trace(files[i], default_rank=default_ranks[i], cache=cached_ok[i], jobs=jobs if ex else 1, executor=ex,
+            traces = {i: load_ranks(files[i], default_rank=default_ranks[i], cache=cached_ok[i], jobs=jobs if ex else 1, executor=ex,
                                     early=early) for i in todo}
         finally:
             if ex is not None:
                 ex.shutdown(cancel_futures=True)
         for i in todo:
-            t = traces.pop(i)
-            n = len(t.warnings)
-            a = analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog, captures=captures)
-            if cached_ok[i]:
-                _store_analysis(files[i], a, n, _rank_from_trace(t, default_ranks[i]), options)
-            done[i] = (a, n)
+            ranks = traces.pop(i)
+            done[i] = []
+            while ranks:
+                t = ranks.pop(0)
+                n = len(t.warnings)
+                a = analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog, captures=captures)
+                if cached_ok[i] and not ranks and not done[i]:  # a file of several ranks is never cached
+                    _store_analysis(files[i], a, n, _rank_from_trace(t, default_ranks[i]), options)
+                done[i].append((a, n))  # type: ignore[union-attr]
     return [d for d in done if d is not None]

@@ -17,7 +17,7 @@ from profkit.errors import OutputError, UsageError
 
 @command()
 def analyze(
-    paths: Annotated[list[Path], typer.Argument(readable=False, help="Trace files (*.trace.json.gz, *.pt.trace.json) or run folders; one file per rank.")],
+    paths: Annotated[list[Path], typer.Argument(readable=False, help="Trace files (*.trace.json.gz, *.pt.trace.json) or run folders; one file per rank, or a file that holds several (SGLang's merged trace, a TraceLens fusion).")],
     marker: Marker = None,
     min_bubble_us: MinBubble = 2.0,
     catalog: CatalogOpt = None,

@@ -310,7 +310,7 @@ def analysis_inputs(paths: list[Path], window: int | None = None) -> tuple[list[
     folder of traces (each profile window on its own, or only --window i), a run folder of stored
     summaries (reports/<run>/), an attribution folder (its before.json and after.json), a sweep
     folder (each run's summary.json); loose trace files and plain trace folders are analyzed together."""
-    from profkit.ingest import TRACE_SUFFIXES, is_sidecar, profile_windows, skipped_files
+    from profkit.ingest import TRACE_SUFFIXES, is_sidecar, merged_beside_ranks, profile_windows, skipped_files
 
     loose: list[Path] = []
     out: list[Pointed] = []
@@ -356,6 +356,10 @@ def analysis_inputs(paths: list[Path], window: int | None = None) -> tuple[list[
         if skipped:
             shown = skipped if len(skipped) <= 6 else skipped[:5] + [f"and {len(skipped) - 5} more"]
             notes.append(f"{p}: skipped {', '.join(shown)} (not traces)")
+        twice = merged_beside_ranks(sorted(f.name for f in p.iterdir() if f.is_file()))
+        if twice:
+            notes.append(f"{p}: skipped {', '.join(twice)} (SGLang's merge of the rank files beside it: the same ranks; "
+                         "point at it alone to read it)")
         loose.append(p)
     if loose:
         out.insert(0, Pointed("", traces=loose))

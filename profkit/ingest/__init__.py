@@ -15,7 +15,7 @@ from profkit.ingest.identity import TP_RANK, TraceFile, trace_file
 if TYPE_CHECKING:
     from profkit.ingest.tables import Trace
 
-__all__ = ["Trace", "TraceFile", "load_trace", "load_traces", "find_trace_files"]
+__all__ = ["Trace", "TraceFile", "load_trace", "load_ranks", "load_traces", "find_trace_files"]
 
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json")
 # JSON that profkit writes beside traces (run manifests, a fixture's <run>.manifest.json, summaries, diffs,
@@ -49,6 +49,20 @@ def skipped_files(path: Path) -> list[str]:
                   and (is_sidecar(e.name) or not e.name.endswith(TRACE_SUFFIXES)))
 
 
+def merged_beside_ranks(names: list[str]) -> list[str]:
+    """Of a folder's trace file names, SGLang's merged traces whose rank files are beside them:
+    `/start_profile` with `merge_profiles` writes `merged-<profile_id>.trace.json.gz` into the folder
+    of the `<profile_id>...-TP-<r>....trace.json.gz` it merged (sglang srt/utils/profile_merger.py).
+    Read from the folder they would be the same ranks twice, so the folder means the rank files."""
+    out = []
+    for n in names:
+        if n.startswith("merged-") and n.endswith(".trace.json.gz"):
+            pid = n[len("merged-"):-len(".trace.json.gz")]
+            if pid and any(o != n and o.startswith(pid) and "TP-" in o and o.endswith(".trace.json.gz") for o in names):
+                out.append(n)
+    return out
+
+
 def __getattr__(name: str) -> Any:
     # the tables (and polars) load on first use: finding the inputs and the summary cache need neither
     if name == "Trace":
@@ -76,7 +90,22 @@ def load_trace(path: Path | TraceFile, *, default_rank: int = 0, cache: bool | N
     analysis) instead of in a background thread now.
     early: an ingest/early.py EarlyDecode begun for this file, taken over when it is of this file.
     The tables are the same whichever path produced them.
+
+    A file that holds several ranks (ingest/processes.py: SGLang's merged trace, a TraceLens
+    fusion) gives its first rank, with a warning; `load_ranks` gives them all.
     """
+    got = load_ranks(path, default_rank=default_rank, cache=cache, jobs=jobs, executor=executor,
+                     defer_cache_write=defer_cache_write, early=early)
+    if len(got) > 1:
+        got[0].warnings.append(f"{got[0].path.name} holds {len(got)} ranks; read as one trace it is the first only (profkit analyze reads them all)")
+    return got[0]
+
+
+def load_ranks(path: Path | TraceFile, *, default_rank: int = 0, cache: bool | None = False, jobs: int = 1,
+               executor: Any = None, defer_cache_write: bool = False, early: Any = None) -> list[Trace]:
+    """load_trace, giving every rank the file holds: one Trace for a file of one process (every
+    argument as load_trace's), one per process, in rank order, for a file that holds several
+    (ingest/processes.py: each as its own file would read; their tables are never cached)."""
     from profkit.ingest import cache as _cache
 
     f = check_readable(path)  # missing, unreadable or empty: one line naming the file, before any fast path
@@ -84,31 +113,70 @@ def load_trace(path: Path | TraceFile, *, default_rank: int = 0, cache: bool | N
     if f.sqlite:  # an Nsight Systems export (ingest/nsys.py): one rank of it, never cached
         from profkit.ingest.nsys import load
 
-        return load(f)
+        return [load(f)]
     use_cache = ((not _cache.cache_disabled_by_env()) if cache is None else cache) and _cache.worth_caching(f)
     key = None
     if use_cache:
         hit = _cache.read(f)
         if hit is not None:
             t = hit.tables
-            return _make_trace(path, default_rank, t["gpu_ops"], t["calls"], t["cpu"], t["gpu_annotations"], hit.t0_ns,
-                               hit.n_events, hit.meta, list(hit.warnings), hit.sha256)
+            return [_make_trace(path, default_rank, t["gpu_ops"], t["calls"], t["cpu"], t["gpu_annotations"], hit.t0_ns,
+                                hit.n_events, hit.meta, list(hit.warnings), hit.sha256)]
         key = f.source_key()
-    gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings = _ingest(f, jobs=jobs, executor=executor, early=early)
+    split, ranks, t0, n_events, meta, labelled = _ingest(f, jobs=jobs, executor=executor, early=early)
     if n_events == 0:
         raise TraceInputError(f"{path}: the trace has no events (empty 'traceEvents')", hint="the profiler window captured nothing; profile while the server is busy")
     sha = f.sha256  # known for files of up to 2 MiB (read whole when inspected)
+    if split is not None:
+        from profkit.ingest.cache import cache_dir, file_sha256
+
+        sha = sha or file_sha256(path)
+        if use_cache:  # its tables are not cached, its summary is (analysis/summary_cache.py writes it into this folder)
+            try:
+                cache_dir(path).mkdir(exist_ok=True)
+            except OSError:
+                pass
+        return [_make_trace(path, default_rank, g, c, cpu, a, _rank_t0(split, k, (g, c, cpu, a), labelled), n_events,
+                            _rank_meta(split, k, meta), w, sha)
+                for k, ((g, c, cpu, a), w) in enumerate(ranks)]
+    (gpu_ops, calls, cpu, ann), warnings = ranks[0]
     if use_cache:
         sha = sha or _cache.file_sha256(path)
         (_cache.write_later if defer_cache_write else _cache.write_async)(path, _cache.Cached(
             tables={"gpu_ops": gpu_ops, "calls": calls, "cpu": cpu, "gpu_annotations": ann}, t0_ns=t0, n_events=n_events,
             meta=meta, warnings=list(warnings), sha256=sha,
         ), key=key)
-    return _make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings, sha)
+    return [_make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings, sha)]
+
+
+def _rank_t0(split: Any, k: int, tables: tuple[Any, ...], labelled: dict[str, float]) -> int:
+    """Rank k's t0: the earliest timestamp of any of its events (SGLang's labelled pids, noted by the
+    decoders), else of its rows."""
+    from profkit.ingest.units import us_to_ns
+
+    mine = [ts for p, ts in labelled.items() if (got := split.locate(p)) is not None and got[0] == k]
+    if mine:
+        return us_to_ns(min(mine))
+    starts = [int(x["ts_ns"].min()) for x in tables if x.height]
+    return min(starts) if starts else 0
+
+
+def _rank_meta(split: Any, k: int, meta: dict[str, Any]) -> dict[str, Any]:
+    """Rank k's metadata: its rank and the run's world size, its source, and its share of the
+    devices (SGLang's merger concatenates each rank file's deviceProperties, in rank order)."""
+    n = len(split.names)
+    out = {**meta, "rank": split.ranks[k], "world_size": meta.get("world_size") or n, "source": split.source(k)}
+    devices = meta.get("devices") or []
+    if n > 1 and devices and len(devices) % n == 0:
+        per = len(devices) // n
+        out["devices"] = devices[k * per:(k + 1) * per]
+    return out
 
 
 def _ingest(f: TraceFile, *, jobs: int = 1, executor: Any = None, early: Any = None):
-    """Decode one file: the chunked fast path when it applies, else the tiered decoder (same tables)."""
+    """Decode one file: the chunked fast path when it applies, else the tiered decoder (same tables).
+    Returns (Split or None, per rank (its four tables, its warnings), t0, event count, metadata, the
+    earliest timestamp of each SGLang-labelled pid)."""
     from profkit.ingest.columnar import load_tables_fast
     from profkit.ingest.tables import add_unusable_warnings
 
@@ -120,9 +188,9 @@ def _ingest(f: TraceFile, *, jobs: int = 1, executor: Any = None, early: Any = N
         if not_gzip:
             warnings.append(f"{path.name} is named .gz but is not gzip-compressed; read as plain JSON")
         add_unusable_warnings(fast.unusable, warnings)
-        gpu_ops, calls, cpu, ann = fast.tables(warnings)
-        return gpu_ops, calls, cpu, ann, fast.t0_ns, fast.n_events, fast.meta, warnings
-    from profkit.ingest.tables import events_frame, split_tables
+        split, ranks = fast.ranks(warnings)
+        return split, ranks, fast.t0_ns, fast.n_events, fast.meta, fast.strings.labelled_min_ts
+    from profkit.ingest.tables import events_frame, split_tables_ranks
 
     data = read_bytes(f)
     events, meta, warnings = decode_events(path, data)
@@ -131,9 +199,14 @@ def _ingest(f: TraceFile, *, jobs: int = 1, executor: Any = None, early: Any = N
     del data
     n_events = len(events)
     df, t0 = events_frame(events, warnings)
+    labelled: dict[str, float] = {}
+    if df.height and df["pid"].str.starts_with("[").any():  # perhaps SGLang's merged ranks: each one's earliest event
+        from profkit.ingest.processes import min_ts_by_label
+
+        labelled = min_ts_by_label([str(e.pid) for e in events], [e.ts for e in events])
     del events
-    gpu_ops, calls, cpu, ann = split_tables(df, warnings)
-    return gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings
+    split, ranks = split_tables_ranks(df, warnings)
+    return split, ranks, t0, n_events, meta, labelled
 
 
 def _make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings, sha256) -> Trace:
@@ -165,7 +238,8 @@ NSYS_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")  # Nsight Systems exports and
 
 def find_trace_files(path: Path) -> list[Path]:
     """The trace files a user means by `path`: the file itself, or the traces inside a run folder
-    (Kineto traces, Nsight Systems exports, and reports with no export beside them)."""
+    (Kineto traces, Nsight Systems exports, and reports with no export beside them; SGLang's merged
+    trace only when its rank files are not beside it: merged_beside_ranks)."""
     path = Path(path)
     try:
         st = path.stat()  # one stat: missing, unreachable, a file or a folder
@@ -182,6 +256,8 @@ def find_trace_files(path: Path) -> list[Path]:
         )
         exports = {p.name for p in found if p.name.endswith(".sqlite")}
         found = [p for p in found if not (p.name.endswith((".nsys-rep", ".qdrep")) and p.name.rsplit(".", 1)[0] + ".sqlite" in exports)]
+        twice = set(merged_beside_ranks([p.name for p in found]))
+        found = [p for p in found if p.name not in twice]
     if not found:  # a run folder of `trace --profile-windows N` (or of repeats): one profile per subfolder
         subs = [d.name for d in profile_windows(path)]
         if subs:
@@ -239,13 +315,14 @@ def estimated_raw_bytes(path: Path | TraceFile) -> int:
         return 0
 
 
-def _load_one(path: Path | TraceFile, default_rank: int, cache: bool | None) -> Trace:
-    return load_trace(path, default_rank=default_rank, cache=cache)
+def _load_one(path: Path | TraceFile, default_rank: int, cache: bool | None) -> list[Trace]:
+    return load_ranks(path, default_rank=default_rank, cache=cache)
 
 
 def load_traces(paths: list[Path], *, cache: bool | None = False, jobs: int | None = None,
                 min_parallel_bytes: int = PARALLEL_MIN_BYTES) -> list[Trace]:
-    """Several inputs (files or run folders) -> one Trace per file, sorted by rank.
+    """Several inputs (files or run folders) -> one Trace per rank file (per rank of a file that
+    holds several: load_ranks), sorted by rank.
 
     jobs: worker processes (default: the cores, at most one per file when several files). One
     file: its chunks are decoded in parallel; several files: the files are. Inputs smaller than
@@ -261,16 +338,16 @@ def load_traces(paths: list[Path], *, cache: bool | None = False, jobs: int | No
         ex = make_executor(min(jobs, len(files)))
         try:
             futs = [ex.submit(_load_one, f, i, cache) for i, f in enumerate(files)]  # type: ignore[union-attr]
-            traces = [f.result() for f in futs]
+            traces = [t for f in futs for t in f.result()]
         finally:
             ex.shutdown(cancel_futures=True)  # type: ignore[union-attr]
     elif jobs > 1 and big:
         ex = make_executor(jobs, chunks=True)
         try:
-            traces = [load_trace(f, default_rank=i, cache=cache, jobs=jobs, executor=ex) for i, f in enumerate(files)]
+            traces = [t for i, f in enumerate(files) for t in load_ranks(f, default_rank=i, cache=cache, jobs=jobs, executor=ex)]
         finally:
             ex.shutdown(cancel_futures=True)  # type: ignore[union-attr]
     else:
-        traces = [load_trace(f, default_rank=i, cache=cache) for i, f in enumerate(files)]
+        traces = [t for i, f in enumerate(files) for t in load_ranks(f, default_rank=i, cache=cache)]
     fix_duplicate_ranks(traces)
     return sorted(traces, key=lambda t: t.rank)

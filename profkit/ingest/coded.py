@@ -21,7 +21,7 @@ import polars as pl
 from profkit.ingest.categories import foreign_device_warning, table_code
 from profkit.ingest.scan import V_BYTES, V_CORR, V_DEVICE, V_EXT, V_STREAM
 from profkit.ingest.strings import Strings
-from profkit.ingest.tables import CPU_SCHEMA, _dedupe, by_start, call_columns, gpu_columns
+from profkit.ingest.tables import CPU_SCHEMA, Tables, _dedupe, by_start, call_columns, gpu_columns
 
 # the columns of a chunk's coded parts, per table (ids for the string columns)
 GPU_CODED = ["name", "cat", "ts_ns", "dur_ns", "end_ns", "device", "stream", "correlation", "bytes", "pid", "tid"]
@@ -97,6 +97,62 @@ def finish_coded(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,
     `parts` is emptied as it is used: each step's input is dropped as soon as its output exists, so
     the next step's allocations reuse that memory instead of touching new pages (on a VM, first
     touches of memory cost about as much as the copying itself)."""
+    return _finish(_concat(parts, strings, warnings), strings, warnings)
+
+
+def finish_coded_ranks(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,
+                       warnings: list[str]) -> tuple[Any, list[tuple[Tables, list[str]]]]:
+    """finish_coded, for a file that may hold several ranks (ingest/processes.py): (the Split, or
+    None for a file of one rank; per rank, its four tables and its warnings, which begin with
+    `warnings`). Each rank's rows are de-duplicated and sorted on their own, with their pids as the
+    rank's own file wrote them, as if its file had been read alone."""
+    tables = _concat(parts, strings, warnings)
+    split = _coded_split(tables, strings)
+    if split is None:
+        return None, [(_finish(tables, strings, warnings), warnings)]
+    n = len(split.names)
+    rank_of = np.full(len(strings.texts), -1, np.int32)
+    new_id = np.arange(len(strings.texts), dtype=np.uint32)
+    for t in tables:
+        for i in t["pid"].unique().to_list():
+            got = split.locate(strings.texts[i])
+            if got is not None:
+                rank_of[i] = got[0]
+                new_id[i] = strings.ids([got[1]])[0]
+    r, ids = pl.Series(rank_of), pl.Series(new_id)
+    marked = [t.with_columns(pl.lit(r).gather(pl.col("pid")).alias("_rank"), pl.lit(ids).gather(pl.col("pid")).alias("pid"))
+              for t in tables]
+    tables.clear()
+    lost = sum(int((m["_rank"] < 0).sum()) for m in marked)
+    out = []
+    for k in range(n):
+        w = list(warnings)
+        if lost:
+            w.append(f"left out {lost} events whose pid names no rank of this merged file")
+        mine = [m.filter(pl.col("_rank") == k).drop("_rank") for m in marked]
+        out.append((_finish(mine, strings, w), w))
+    return split, out
+
+
+def _coded_split(tables: list[pl.DataFrame], strings: Strings) -> Any:
+    """processes.plan_split of the coded tables: their GPU ops' (pid, device) and the pids of the GPU
+    ops and runtime calls (of the CPU events and annotations when there are neither)."""
+    from profkit.ingest.processes import plan_split
+
+    gpu, calls, cpu, ann = tables
+    texts = strings.texts
+    gpu_ids = set(gpu["pid"].unique().to_list())
+    ids = gpu_ids | set(calls["pid"].unique().to_list())
+    if not ids:
+        ids = set(cpu["pid"].unique().to_list()) | set(ann["pid"].unique().to_list())
+    if len(gpu_ids) < 2 and not any(texts[i][:1] == "[" for i in ids):
+        return None  # one process on one device (the common case): no pair is looked at
+    pairs = {(texts[p], d) for p, d in gpu.select("pid", "device").unique().iter_rows()} if gpu.height else set()
+    return plan_split(pairs, {texts[i] for i in ids})
+
+
+def _concat(parts: list[tuple[pl.DataFrame, ...]], strings: Strings, warnings: list[str]) -> list[pl.DataFrame]:
+    """The chunks' coded parts -> the four coded tables of the whole file (`parts` emptied)."""
     if not parts:
         parts.append(empty_parts())
     foreign = foreign_device_warning(strings.texts)
@@ -104,16 +160,22 @@ def finish_coded(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,
         warnings.append(foreign)
     tables = [pl.concat([p[k] for p in parts], how="vertical", rechunk=True) for k in range(4)]
     parts.clear()
+    return tables
+
+
+def _finish(tables: list[pl.DataFrame], strings: Strings,
+            warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Four coded tables -> the four tables (`tables` emptied as they are used)."""
     s = strings.series()
     # GPU ops and runtime calls are few next to the CPU events: their strings go in first, for the
     # derived columns (stream and device from tid and pid, memcpy direction, api) and de-duplication
     gpu = by_start(_dedupe(gpu_columns(_decoded(tables[0], s)), "GPU op", ["name", "ts_ns", "dur_ns", "stream", "correlation"], warnings))
     calls = by_start(_dedupe(call_columns(_decoded(tables[1], s)), "runtime call", ["name", "ts_ns", "dur_ns", "tid", "correlation"], warnings))
-    tables[:2] = [None, None]
+    tables[:2] = [None, None]  # type: ignore[list-item]
     out = [gpu, calls]
     for k in (2, 3):  # CPU events, GPU annotations
         ordered = by_start(tables[k])
-        tables[k] = None
+        tables[k] = None  # type: ignore[call-overload]
         out.append(_decoded(ordered, s))
         del ordered
     return tuple(out)  # type: ignore[return-value]

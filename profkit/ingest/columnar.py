@@ -84,10 +84,11 @@ def _ids(values: list, name: str) -> pl.Series:
         return pl.Series(name, [str(v) for v in values], dtype=pl.String)
 
 
-def decode_chunk_msgspec(data: Any) -> tuple[pl.DataFrame, float | None, int]:
+def decode_chunk_msgspec(data: Any, strings: Any = None) -> tuple[pl.DataFrame, float | None, int]:
     """One chunk `[ev, ev, ...]` (any buffer) -> (frame of its 'X' events, RAW_SCHEMA; min ts of
     all events; event count), with msgspec's typed decode. Raises NotFast when the chunk does not
-    decode strictly (a bad cut, or a schema variant)."""
+    decode strictly (a bad cut, or a schema variant). `strings`: an ingest.strings.Strings to note
+    the earliest timestamp of each SGLang-labelled pid in (ingest/processes.py)."""
     enabled = gc.isenabled()
     gc.disable()  # millions of short-lived objects: no collections while building them
     try:
@@ -98,14 +99,18 @@ def decode_chunk_msgspec(data: Any) -> tuple[pl.DataFrame, float | None, int]:
         n = len(events)
         xs = [e for e in events if type(e) is FX]
         others = [e.ts for e in events if type(e) is not FX and e.ts is not None] if len(xs) != n else []
-        del events
         if not xs:
+            if strings is not None:
+                _note_labelled(events, strings)
             return pl.DataFrame(schema=RAW_SCHEMA), (min(others) if others else None), n
 
         try:
             df = _columns(xs)
         except (TypeError, OverflowError, pl.exceptions.PolarsError) as e:  # an int beyond 64 bits: the tiered path warns
             raise NotFast(str(e)) from None
+        if strings is not None and df["pid"].str.starts_with("[").any():  # perhaps SGLang's merged ranks
+            _note_labelled(events, strings)
+        del events
         ts = df["ts"]
         tmin = ts.min()
         if others:
@@ -114,6 +119,15 @@ def decode_chunk_msgspec(data: Any) -> tuple[pl.DataFrame, float | None, int]:
     finally:
         if enabled:
             gc.enable()
+
+
+def _note_labelled(events: list, strings: Any) -> None:
+    """The earliest timestamp of each SGLang-labelled pid among a chunk's events, noted in `strings`."""
+    from profkit.ingest.processes import min_ts_by_label
+
+    named = [e for e in events if type(e.pid) is str and e.pid[:1] == "["]
+    if named:
+        strings.note_min_ts(min_ts_by_label([e.pid for e in named], [e.ts for e in named]))
 
 
 def _columns(xs: list) -> pl.DataFrame:
@@ -167,7 +181,7 @@ def decode_chunk_msgspec_tables(data: Any, strings: Any) -> ChunkTables:
     from profkit.ingest.coded import encode, split_coded
     from profkit.ingest.tables import normalize_events, unusable_counts, usable_events
 
-    df, tmin, n = decode_chunk_msgspec(data)
+    df, tmin, n = decode_chunk_msgspec(data, strings)
     df = encode(normalize_events(df), strings)
     return split_coded(usable_events(df)), unusable_counts(df), tmin, n
 
@@ -196,14 +210,15 @@ def decode_slot(path: str, offset: int, length: int) -> Any:
         finally:
             view.release()
     # Arrow IPC bytes, not pickled frames: several times cheaper to send back
-    return tuple(_to_ipc(df) for df in parts), counts, tmin, n, strings.texts
+    return tuple(_to_ipc(df) for df in parts), counts, tmin, n, strings.texts, strings.labelled_min_ts
 
 
 def _recode(got: Any, strings: Any) -> ChunkTables:
     """A worker's decode_slot result -> decode_chunk_tables' with ids into this file's `strings`."""
     from profkit.ingest.coded import STRING_COLS
 
-    ipc, counts, tmin, n, texts = got
+    ipc, counts, tmin, n, texts, labelled = got
+    strings.note_min_ts(labelled)
     ids = pl.Series(strings.ids(texts))
     parts = tuple(
         df.with_columns(pl.lit(ids).gather(pl.col(c)).alias(c) for c in STRING_COLS if c in df.columns)
@@ -252,6 +267,14 @@ class TablesLoad:
 
         parts, self.parts = self.parts, []  # finish_coded drops each part once it is copied
         return finish_coded(parts, self.strings, warnings)
+
+    def ranks(self, warnings: list[str]) -> tuple[Any, list[tuple[Any, list[str]]]]:
+        """The four tables of each rank the file holds (coded.finish_coded_ranks: (Split or None,
+        [(tables, warnings)]), one entry for a file of one rank, whose tables are `tables`')."""
+        from profkit.ingest.coded import finish_coded_ranks
+
+        parts, self.parts = self.parts, []
+        return finish_coded_ranks(parts, self.strings, warnings)
 
 
 def _load(results: list[ChunkTables], cut: Cut, meta: dict[str, Any], strings: Any) -> TablesLoad:

@@ -218,7 +218,7 @@ def iter_slot_chunks(fh: Any, slots: _Slots, cut: Cut, wait_slot: Callable[[int]
             view[pos: pos + len(rest)] = rest
             data_end = pos + len(rest)
         if eof:
-            end = _array_end(view, pos, data_end)
+            end = _array_end(view, pos, data_end, events_first=cut.head.lstrip()[1:].lstrip().startswith(b'"traceEvents"'))
             cut.tail = bytes(view[end + 1: data_end])
             view[base] = _LB
             view[end] = _RB
@@ -236,9 +236,15 @@ def iter_slot_chunks(fh: Any, slots: _Slots, cut: Cut, wait_slot: Callable[[int]
         yield i, base, c + 1 - base
 
 
-def _array_end(view: memoryview, lo: int, hi: int) -> int:
+def _array_end(view: memoryview, lo: int, hi: int, *, events_first: bool = False) -> int:
     """Index of the ']' closing the events array: the last ']' after which the document's tail
-    (`}` or `, "key": value ... }`) decodes; the chunk before it is validated by its decode."""
+    (`}` or `, "key": value ... }`) decodes; the chunk before it is validated by its decode.
+
+    events_first: the document opens with `traceEvents` (json.dumps of a merged trace, SGLang's
+    profile merger, TraceLens' fusion), so its metadata follows the events, and a top-level array
+    in it (`"deviceProperties": [...]}`) ends in a ']' after which the tail decodes too: the events'
+    ']' is then the leftmost such ']' within the last META_BYTES (a ']' inside the events never
+    leaves a tail that decodes as the rest of the document)."""
     start = max(lo, hi - _SEARCH)
     window = bytes(view[start:hi])
     pos = len(window)
@@ -253,9 +259,34 @@ def _array_end(view: memoryview, lo: int, hi: int) -> int:
             continue
         try:
             msgspec.json.decode(b'{"traceEvents": []' + window[pos + 1:])
-            return start + pos
         except msgspec.DecodeError:
             continue
+        if not events_first:
+            return start + pos
+        lo_meta = max(lo, start + pos - META_BYTES)
+        return lo_meta + _leftmost_end(bytes(view[lo_meta: start + pos + 1]), window[pos + 1:])
+
+
+META_BYTES = 1 << 18  # the most metadata after the events that _array_end looks through (a 64-GPU deviceProperties is ~64 KiB)
+_TAIL_START = re.compile(rb"\A\s*(?:\}|,\s*\")")
+
+
+def _leftmost_end(window: bytes, after: bytes) -> int:
+    """Of the ']'s in `window` (whose last byte is a ']' the document's tail `after` follows), the
+    index of the leftmost after which the rest of the document decodes as its tail."""
+    best = pos = len(window) - 1
+    while True:
+        pos = window.rfind(b"]", 0, pos)
+        if pos < 0:
+            return best
+        tail = window[pos + 1:] + after
+        if not _TAIL_START.match(tail):
+            continue
+        try:
+            msgspec.json.decode(b'{"traceEvents": []' + tail)
+        except msgspec.DecodeError:
+            continue
+        best = pos
 
 
 def parse_meta(cut: Cut) -> dict[str, Any]:

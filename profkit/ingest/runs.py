@@ -11,6 +11,10 @@ the document's head before any event is decoded (Kineto writes it before `traceE
 - after analysis, ranks of one run whose device or iteration shapes (the set of kind and batch
   size) disagree are split into separate runs (analysis/parallel.py, `split_by_analysis`).
 
+A file that holds several ranks (SGLang's merged trace, a TraceLens fusion: ingest/processes.py) is
+planned as one input, a run of its own; it is split when it is read, and analysis/parallel.py's
+analyze_runs then gives the run the file once per rank (as an Nsight Systems export is here).
+
 `trace_id` (Kineto's id of one profiler session, one per process) is read too: two files with the
 same id come from one process, so they are never two ranks of one run.
 Process names come from `process_name` metadata events where they are cheap to read (the head,

@@ -258,6 +258,8 @@ def scan_chunk_rows(data: Any, strings: Any) -> Rows | None:
     from profkit.ingest.strings import cat_codes
 
     a, n, texts, out = got
+    if any(t[:1] == "[" for t in texts):  # perhaps SGLang's merged ranks: each rank's earliest event
+        _note_labelled(a, n, texts, strings)
     gid = strings.ids(texts)  # chunk id -> file id
     x = a["ph"][:n] == X_PHASE
     canon, table = cat_codes(strings, texts, np.flatnonzero(np.bincount(a["cat"][:n][x], minlength=len(texts))))
@@ -267,6 +269,25 @@ def scan_chunk_rows(data: Any, strings: Any) -> Rows | None:
     e = _Emit(gid=gid.ctypes.data, canon=canon.ctypes.data, table=table.ctypes.data, **{k: v.ctypes.data for k, v in cols.items()})
     lib().emit(ctypes.byref(out), n, ctypes.byref(e))
     return Rows(cols, tuple(e.start), tuple(e.count), tuple(e.unusable), e.tmin if e.has_tmin else None, n)  # type: ignore[arg-type]
+
+
+def _note_labelled(a: dict[str, Any], n: int, texts: list[str], strings: Any) -> None:
+    """The earliest timestamp of the chunk's events of each SGLang-labelled pid, noted in `strings`
+    (Strings.note_min_ts; ingest/processes.py)."""
+    from profkit.ingest.processes import label_of
+
+    ids = [i for i, t in enumerate(texts) if t[:1] == "[" and label_of(t) is not None]
+    if not ids:
+        return
+    pid = a["pid"][:n] & 0x3FFFFFFF  # the scanner's id; its 0x40000000 bit marks the text of an int
+    has_ts = (a["valid"][:n] & V_TS) != 0
+    ts = a["ts"][:n]
+    got = {}
+    for i in ids:
+        sel = (pid == i) & has_ts
+        if sel.any():
+            got[texts[i]] = float(ts[sel].min())
+    strings.note_min_ts(got)
 
 
 def gap_exclusive(a: tuple[Any, Any, Any], b: tuple[Any, Any, Any], g0: Any, g1: Any, top: int) -> tuple[Any, Any] | None:

@@ -18,6 +18,9 @@ class Strings:
         self.texts: list[str] = []
         self._ids: dict[str, int] = {}
         self._lock = threading.Lock()
+        # the earliest timestamp (µs) of the events of each SGLang-labelled pid ("[TP01] 4242"): a
+        # merged file's ranks each start at their own t0 (ingest/processes.py); empty otherwise
+        self.labelled_min_ts: dict[str, float] = {}
 
     def ids(self, texts: list[str]) -> np.ndarray:
         """The ids of `texts` (new ones added), as a uint32 array."""
@@ -31,6 +34,16 @@ class Strings:
                     all_texts.append(t)
                 out[i] = g
         return out
+
+    def note_min_ts(self, got: dict[str, float]) -> None:
+        """A chunk's earliest timestamp per labelled pid, folded into labelled_min_ts."""
+        if not got:
+            return
+        with self._lock:
+            have = self.labelled_min_ts
+            for p, t in got.items():
+                if p not in have or t < have[p]:
+                    have[p] = t
 
     def series(self) -> Any:
         """The strings as a polars Series, by id."""

@@ -237,3 +237,42 @@ def split_tables(df: pl.DataFrame, warnings: list[str]) -> tuple[pl.DataFrame, p
     if foreign:
         warnings.append(foreign)
     return finish_tables(*split_rows(df), warnings)
+
+
+Tables = tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]  # gpu_ops, calls, cpu, gpu_annotations
+
+
+def split_tables_ranks(df: pl.DataFrame, warnings: list[str]) -> tuple[Any, list[tuple[Tables, list[str]]]]:
+    """split_tables, for a file that may hold several ranks (ingest/processes.py): (the Split, or
+    None for one rank; per rank, its four tables and its warnings, which begin with `warnings`),
+    each rank's rows with their pids as its own file wrote them, finished on their own."""
+    from profkit.ingest.processes import plan_split
+
+    gpu = df.filter(pl.col("cat").is_in(GPU_OP_CATS))
+    gpu_ids = set(gpu["pid"].unique().to_list())
+    ids = gpu_ids | set(df.filter(pl.col("cat").is_in(CALL_CATS))["pid"].unique().to_list())
+    if not ids:
+        ids = set(df["pid"].unique().to_list())
+    split = None
+    if len(gpu_ids) >= 2 or any(str(i)[:1] == "[" for i in ids):
+        split = plan_split(set(gpu.select("pid", "device").unique().iter_rows()), {str(i) for i in ids})
+    if split is None:
+        return None, [(split_tables(df, warnings), warnings)]
+    foreign = foreign_device_warning(df["cat"].drop_nulls().unique().to_list())
+    if foreign:
+        warnings.append(foreign)
+    pids = [p for p in df["pid"].unique().to_list() if p is not None]
+    where = {p: split.locate(p) for p in pids}
+    df = df.with_columns(
+        pl.col("pid").replace_strict({p: g[0] for p, g in where.items() if g is not None}, default=-1, return_dtype=pl.Int64).alias("_rank"),
+        pl.col("pid").replace_strict({p: g[1] for p, g in where.items() if g is not None}, default=pl.col("pid"), return_dtype=pl.String),
+    )
+    tabled = pl.col("cat").is_in([*GPU_OP_CATS, *CALL_CATS, *CPU_CATS, "gpu_user_annotation"])
+    lost = df.filter((pl.col("_rank") < 0) & tabled).height
+    out = []
+    for k in range(len(split.names)):
+        w = list(warnings)
+        if lost:
+            w.append(f"left out {lost} events whose pid names no rank of this merged file")
+        out.append((finish_tables(*split_rows(df.filter(pl.col("_rank") == k).drop("_rank")), w), w))
+    return split, out
