@@ -155,7 +155,10 @@ def capture_work(path: str) -> tuple[str | None, int, list[tuple[int, int, str]]
     end = max((e["ts"] for e in xs if e["name"] == "cudaStreamEndCapture"), default=None)
     if label is None or begin is None or end is None:
         return None, 0, [], 0
-    step = re.match(r"cuda_graph_capture\[(\w+)", label).group(1)
+    m = re.match(r"cuda_graph_capture\[(\w+)", label)
+    if m is None:
+        return None, 0, [], 0
+    step = m.group(1)
     captured = [e for e in xs if e.get("cat") in ("cuda_runtime", "cuda_driver") and e["name"] in ALL_LAUNCHES and begin <= e["ts"] <= end]
     kernels = [e for e in captured if e["name"] in KERNEL_LAUNCHES]
     ops = gemm_ops_by_launch(xs, kernels)
@@ -194,7 +197,7 @@ def count(trace: str, marker: str = DEFAULT_MARKER, captures: str | None = None)
         rows[i]["flops"] += w[0]
         rows[i]["bytes"] += w[1]
         rows[i]["shapes"][w[2]] += 1
-    graphs = defaultdict(list)  # (step, launches) -> [(flops, bytes, gemms, shapes)]
+    graphs: defaultdict[tuple[str | None, int], list] = defaultdict(list)  # (step, launches) -> [(flops, bytes, gemms, shapes, no_shapes)]
     if captures:
         for f in sorted(glob.glob(os.path.join(captures, "*.json.gz"))):
             step, n, ws, bad = capture_work(f)
