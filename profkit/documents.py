@@ -298,6 +298,7 @@ class KernelEntry(_Doc):
     count_per_iteration: Num = 0.0
     us_per_iteration: Num = 0.0
     examples: list[str] = []
+    shape: str | None = None  # the launching op's shape, where both sides have them (diff.py)
 
 
 class Mover(_Doc):

@@ -39,6 +39,7 @@ from typing import Any
 
 from profkit.apis import GRAPH_LAUNCH_APIS, HIP_TWINS, KERNEL_LAUNCH_APIS
 from profkit.errors import TraceInputError
+from profkit.ingest.units import us_to_ns
 
 COPY_APIS = frozenset({"cudaMemcpyAsync", "cudaMemsetAsync"})
 _LABEL = re.compile(r"^cuda_graph_capture\[(\w+)(?: bs=(\d+))?|^capture_(\d+)_(\w+)")
@@ -59,7 +60,7 @@ class CapturedGraph:
     ops: tuple[tuple[bool, str | None, str | None], ...]
     # per op: the CPU op around its captured launch with its shapes, (name, Input Dims, Input type) as compact
     # JSON text, for a capture recorded with shapes (analysis/shapes.py); empty otherwise
-    shapes: tuple[tuple[str, str | None, str | None] | None, ...] = ()
+    shapes: tuple[tuple[str, str | None, str | None, int] | None, ...] = ()
 
     @property
     def named(self) -> bool:
@@ -210,13 +211,15 @@ def _shaped_ops(ev: list[dict[str, Any]]) -> dict[Any, tuple[list[float], list[t
     return out
 
 
-def _launch_shape(mine: tuple[list[float], list[tuple[float, float, str, str | None, str | None]]], t: float) -> tuple[str, str | None, str | None] | None:
-    """The innermost CPU op around a launch at t (the latest in (ts, -end) order that holds t): (name, dims, types)."""
+def _launch_shape(mine: tuple[list[float], list[tuple[float, float, str, str | None, str | None]]],
+                  t: float) -> tuple[str, str | None, str | None, int] | None:
+    """The innermost CPU op around a launch at t (the latest in (ts, -end) order that holds t): (name, dims, types, its
+    start in ns)."""
     starts, ops = mine
     for j in range(bisect.bisect_right(starts, t) - 1, -1, -1):
         o = ops[j]
         if o[1] >= t:
-            return o[2], o[3], o[4]
+            return o[2], o[3], o[4], us_to_ns(o[0])
     return None
 
 
@@ -284,7 +287,7 @@ def map_replays(rows: list[tuple[int, int, str, str, int]], phases: dict[int, st
     rows: (position, correlation, name, cat, dur_ns) of every op replayed from a graph launch, in start
     order; phases: correlation -> the replay's phase. Returns {position: range or None} for the mapped
     ops and the statistics (replays, mapped, refused, ops and GPU ns of each). `shapes`, when given, gets
-    {position: (op name, Input Dims, Input type)} of the mapped ops whose graph was captured with shapes.
+    {position: (op name, Input Dims, Input type, op start ns)} of the mapped ops whose graph was captured with shapes.
     """
     graphs = captures.for_rank(rank)
     groups: dict[int, list[tuple[int, int, str, str, int]]] = {}
@@ -365,7 +368,7 @@ def apply(owned: Any, trace: Any, captures: GraphCaptures, ann: list[str | None]
                     sub["dur_ns"].fill_null(0).to_list()))
     shapes: dict[int, Any] = {}
     m, stats = map_replays(rows, phases, captures, int(getattr(trace, "rank", 0) or 0), shapes)
-    stats["shapes"] = shapes  # position -> (op, dims, types): analysis/shapes.py; finish_stats leaves it out
+    stats["shapes"] = shapes  # position -> (op, dims, types, start): analysis/shapes.py; finish_stats leaves it out
     out = list(ann)
     for p, a in m.items():
         mask[p] = True

@@ -19,6 +19,7 @@ from profkit.attribution.diff import shape_label, shape_of
 from profkit.attribution.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
 from profkit.documents import Diff, Summary
 from profkit.analysis import health
+from profkit.analysis.shapes import shape_text
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, MIN_NAME, NAME, NUM, TEXT, cut_names, demangle, demangle_many, fit_table
@@ -155,10 +156,12 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
         if r.kernels:
             n_it = max(len(its), 1)
             what = "kernels" if r.device_timeline != "cpu" else "aten ops"
+            shaped = any(k.shape_op for k in r.kernels)  # recorded with shapes: a row per (kernel, launching op's shape)
             console.print(fit_table(console, f"top {what} (of {len(r.kernels)}; names demangled, long ones cut in the middle)",
-                                    (("total µs", NUM), ("calls/iter", NUM), ("category", COPY), ("name", NAME)),
+                                    (("total µs", NUM), ("calls/iter", NUM), ("category", COPY), ("name", NAME), *((("shape", TEXT),) if shaped else ())),
                                     # calls per iteration with one decimal in this table (the diff tables use RATE, two)
-                                    [(_num(k.total_us), _num((k.count or 0) / n_it, 1), k.category or "-", k.name) for k in r.kernels[:top]]))
+                                    [(_num(k.total_us), _num((k.count or 0) / n_it, 1), k.category or "-", k.name,
+                                      *((shape_text(k.shape_op, k.shape, k.shape_dtypes),) if shaped else ())) for k in r.kernels[:top]]))
         for w in r.warnings if warnings else ():
             console.print(f"[yellow]warning:[/] {escape(w)}")
 

@@ -1,0 +1,76 @@
+"""Shapes per GPU op (issue 41 point 1; DESIGN.md "Work and the hardware floor"), checked against tests/plain_flops.py.
+
+profkit gives each GPU op the `Input Dims` / `Input type` of the CPU op that launched it (analysis/shapes.py): eager,
+the innermost `cpu_op` around the launch call; replayed from a CUDA graph, the op around its launch in the graph's
+profiled capture. `plain_flops.py` (stdlib, no profkit code) finds "the GEMM op around each launch" from the raw
+events on its own; here, per iteration, the GEMM ops profkit's kernels name (each op once: a split-K GEMM launches two
+kernels) must be those plain_flops finds, shape for shape, on the H200 fixtures of tests/data/gpu_shapes/.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from conftest import DATA, ROOT
+
+sys.path.insert(0, str(Path(__file__).parent))
+import plain_flops  # noqa: E402  (the second opinion)
+
+SHAPES = DATA / "gpu_shapes"
+CAPTURES = SHAPES / "proxy_graphs" / "graph_capture_profile"
+CASES = {
+    "hf_bs1": (SHAPES / "hf_llama12_bs1.pt.trace.json.gz", r"^(decode_step|prefill)$", None),
+    "hf_bs8": (SHAPES / "hf_llama12_bs8.pt.trace.json.gz", r"^(decode_step|prefill)$", None),
+    "proxy_eager": (next((SHAPES / "proxy_eager").glob("*.trace.json.gz")), None, None),
+    "proxy_graphs": (next((SHAPES / "proxy_graphs").glob("*.trace.json.gz")), None, CAPTURES),
+}
+
+
+def _key(op: str, dims: str, types: str) -> str:
+    """plain_flops' shape text for an op: name, its non-empty Input Dims and Input type."""
+    return f"{op}{[list(d) for d in json.loads(dims) if d]}{[t for t in json.loads(types) if t]}"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gemm_shapes_per_iteration_equal_the_plain_count(case):
+    from profkit.analysis.graphs import load_captures
+    from profkit.analysis.rank import analyze_trace
+    from profkit.ingest import load_trace
+
+    trace, marker, captures = CASES[case]
+    plain = plain_flops.count(str(trace), marker or plain_flops.DEFAULT_MARKER, str(captures) if captures else None)
+    a = analyze_trace(load_trace(trace), marker=marker, captures=load_captures(sorted(captures.glob("*.json.gz"))) if captures else None)
+    gemm = a.ops.filter(pl.col("shape_op").is_in(list(plain_flops.GEMM_OPS)) & pl.col("iteration").is_not_null())
+    # one GEMM per launching op: an eager op by its start, a replayed one by its replay and capture-time start
+    replay = pl.when(pl.col("launch_api") == "cudaGraphLaunch").then(pl.col("correlation")).otherwise(-1)
+    ops = gemm.with_columns(replay.alias("_replay")).unique(["_replay", "shape_op_ns"], keep="first", maintain_order=True)
+    assert ops.height < gemm.height  # the split-K GEMMs' second kernels: the dedupe is needed and done
+    mine: dict[int, Counter] = {}
+    for r in ops.iter_rows(named=True):
+        mine.setdefault(r["iteration"], Counter())[_key(r["shape_op"], r["shape"], r["shape_dtypes"])] += 1
+    assert len(plain["iterations"]) == 6 and sorted(mine) == list(range(6))
+    for i, it in enumerate(plain["iterations"]):
+        assert it["no_shapes"] == 0 and it["ambiguous_replays"] == 0
+        assert dict(mine[i]) == it["shapes"], i
+    if captures is not None:  # every GEMM of the graph iterations came from the captures
+        assert all(it["replayed_gemms"] == it["gemms"] for it in plain["iterations"])
+        assert gemm.filter(pl.col("launch_api") != "cudaGraphLaunch").height == 0
+
+
+def test_kernels_table_and_summary_rows_carry_the_shape(tmp_path):
+    out = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, "-m", "profkit", "analyze", str(CASES["hf_bs1"][0]), "--marker", "^decode_step$", "--no-cache",
+                        "--json", str(out)], capture_output=True, text=True, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "COLUMNS": "240"})
+    assert r.returncode == 0, r.stderr
+    kernels = json.loads(out.read_text())["ranks"][0]["kernels"]
+    # the lm_head GEMM ([1, 2048] x [2048, 32000]) is its own row, under its own shape
+    lm = [k for k in kernels if k.get("shape") == "[[1,2048],[2048,32000]]"]
+    assert lm and {k["shape_op"] for k in lm} == {"aten::mm"} and lm[0]["shape_dtypes"] == '["c10::BFloat16","c10::BFloat16"]'
+    assert "shape" in r.stdout and "[1,2048]x[2048,32000]" in r.stdout
