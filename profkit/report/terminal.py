@@ -20,6 +20,13 @@ from profkit.attribution.findings import bubble_causes, idle_cpu_ops, largest_bu
 from profkit.documents import Diff, Summary
 from profkit.analysis import health
 from profkit.analysis.shapes import shape_text
+
+SHAPE_WIDTH = 120  # the narrowest console whose kernels table shows the shape column beside the names
+SHAPE_CELL = 44  # a shape longer than this is cut in the middle (the whole one is in summary.json's kernels)
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n // 2 - 1] + "…" + text[-(n - n // 2):]
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, MIN_NAME, NAME, NUM, TEXT, cut_names, demangle, demangle_many, fit_table
@@ -156,12 +163,15 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
         if r.kernels:
             n_it = max(len(its), 1)
             what = "kernels" if r.device_timeline != "cpu" else "aten ops"
-            shaped = any(k.shape_op for k in r.kernels)  # recorded with shapes: a row per (kernel, launching op's shape)
-            console.print(fit_table(console, f"top {what} (of {len(r.kernels)}; names demangled, long ones cut in the middle)",
+            # recorded with shapes: a row per (kernel, launching op's shape), the shape shown where the names keep their room
+            has = any(k.shape_op for k in r.kernels)
+            shaped = has and console.width >= SHAPE_WIDTH
+            note = "; shapes: a wider terminal or --json" if has and not shaped else ""
+            console.print(fit_table(console, f"top {what} (of {len(r.kernels)}; names demangled, long ones cut in the middle{note})",
                                     (("total µs", NUM), ("calls/iter", NUM), ("category", COPY), ("name", NAME), *((("shape", TEXT),) if shaped else ())),
                                     # calls per iteration with one decimal in this table (the diff tables use RATE, two)
                                     [(_num(k.total_us), _num((k.count or 0) / n_it, 1), k.category or "-", k.name,
-                                      *((shape_text(k.shape_op, k.shape, k.shape_dtypes),) if shaped else ())) for k in r.kernels[:top]]))
+                                      *((_cut(shape_text(k.shape_op, k.shape, k.shape_dtypes), SHAPE_CELL),) if shaped else ())) for k in r.kernels[:top]]))
         for w in r.warnings if warnings else ():
             console.print(f"[yellow]warning:[/] {escape(w)}")
 
