@@ -74,3 +74,31 @@ def test_kernels_table_and_summary_rows_carry_the_shape(tmp_path):
     lm = [k for k in kernels if k.get("shape") == "[[1,2048],[2048,32000]]"]
     assert lm and {k["shape_op"] for k in lm} == {"aten::mm"} and lm[0]["shape_dtypes"] == '["c10::BFloat16","c10::BFloat16"]'
     assert "shape" in r.stdout and "[1,2048]x[2048,32000]" in r.stdout
+
+
+def _diff(tmp_path, base: Path, cand: Path, *extra: str) -> dict:
+    out = tmp_path / "diff.json"
+    r = subprocess.run([sys.executable, "-m", "profkit", "diff", str(base), str(cand), *extra, "--json", str(out)], capture_output=True,
+                       text=True, cwd=ROOT, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "PROFKIT_NO_CACHE": "1"})
+    assert r.returncode == 0, r.stderr
+    return json.loads(out.read_text())
+
+
+def test_diff_movers_by_kernel_and_shape(tmp_path):
+    d = _diff(tmp_path, SHAPES / "proxy_eager", SHAPES / "proxy_graphs")
+    movers = d["top_movers"]
+    assert movers and all(m.get("shape") for m in movers)
+    # plain_flops: the projections' GEMM shapes are the same eager and captured, so each of their rows is on both
+    # sides (never added or removed); attention's bmm follows the context (207 positions eager, the graphs' 256 bucket): new rows
+    listed = d["kernels_added"] + d["kernels_removed"]
+    assert listed and all(k.get("shape") for k in listed)
+    assert not any(k["shape"].startswith(("aten::mm ", "aten::addmm_ ")) for k in listed)
+    assert any(m["shape"].startswith("aten::bmm ") and m["status"] == "added" and "256]" in m["shape"] for m in movers)
+    assert not any("shapes were recorded" in w for w in d["warnings"])
+
+
+def test_diff_with_shapes_on_one_side_says_so_once_and_compares_by_name(tmp_path):
+    d = _diff(tmp_path, DATA / "gpu" / "eager_decode.pt.trace.json.gz", CASES["hf_bs1"][0], "--allow-shape-mismatch")
+    notes = [w for w in d["warnings"] if "shapes were recorded" in w]
+    assert len(notes) == 1 and "candidate only" in notes[0] and "--record-shapes" in notes[0]
+    assert d["top_movers"] and not any("shape" in m for m in d["top_movers"])

@@ -194,7 +194,9 @@ def _shaped_ops(ev: list[dict[str, Any]]) -> dict[Any, tuple[list[float], list[t
     for e in ev:
         if e.get("cat") != "cpu_op":
             continue
-        a = e.get("args") if isinstance(e.get("args"), dict) else {}
+        a = e.get("args")
+        if not isinstance(a, dict):
+            a = {}
         dims, types = a.get("Input Dims"), a.get("Input type")
         any_dims = any_dims or dims is not None
         t0 = float(e["ts"])

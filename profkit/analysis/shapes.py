@@ -28,7 +28,6 @@ import polars as pl
 from profkit.apis import GRAPH_LAUNCH_APIS
 
 SHAPE_COLUMNS = ("shape_op", "shape", "shape_dtypes")  # what the kernels table and the movers group by
-NO_SHAPES = "no shapes recorded: kernels are grouped by name alone; record with `profkit trace --record-shapes` for shapes"
 
 
 def attach_shapes(ops: pl.DataFrame, trace: Any, replayed: dict[int, tuple[str, str | None, str | None, int]]) -> pl.DataFrame:
