@@ -102,3 +102,24 @@ def test_diff_with_shapes_on_one_side_says_so_once_and_compares_by_name(tmp_path
     notes = [w for w in d["warnings"] if "shapes were recorded" in w]
     assert len(notes) == 1 and "candidate only" in notes[0] and "--record-shapes" in notes[0]
     assert d["top_movers"] and not any("shape" in m for m in d["top_movers"])
+
+
+@pytest.mark.parametrize(("trace", "has"), [(CASES["hf_bs1"][0], True), (DATA / "gpu" / "eager_decode.pt.trace.json.gz", False)])
+def test_both_decoders_note_a_file_with_shapes(trace, has):
+    """The C scanner and msgspec's chunk decoder both say whether the events carry `Input Dims` (and the tables
+    stay as they were: tests/test_scan.py); ingest puts it in Trace.meta["shapes"]."""
+    import gzip
+
+    from profkit.ingest import load_trace, scan
+    from profkit.ingest.columnar import decode_chunk_msgspec
+    from profkit.ingest.strings import Strings
+
+    chunk = json.dumps(json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]).encode()
+    s = Strings()
+    decode_chunk_msgspec(chunk, s)
+    assert s.shapes is has
+    if scan.lib() is not None:
+        s = Strings()
+        assert scan.scan_chunk_rows(chunk, s) is not None
+        assert s.shapes is has
+    assert bool(load_trace(trace).meta.get("shapes")) is has
