@@ -43,6 +43,9 @@ def attach_shapes(ops: pl.DataFrame, trace: Any, replayed: dict[int, tuple[str, 
     start: list[int | None] = [None] * n
     if trace.meta.get("shapes") and n:
         cpu = cpu_op_shapes(trace.path)
+        pids = set(trace.cpu["pid"].unique().to_list()) if trace.cpu.height else set()
+        if pids and cpu["pid"].is_in(list(pids)).any():  # a file of several ranks: this rank's ops only
+            cpu = cpu.filter(pl.col("pid").is_in(list(pids)))
         eager = (ops["launch_ts_ns"].is_not_null() & ops["launch_tid"].is_not_null()
                  & ~ops["launch_api"].is_in(list(GRAPH_LAUNCH_APIS)).fill_null(False))
         pos = eager.arg_true().to_list()

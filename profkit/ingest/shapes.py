@@ -21,7 +21,7 @@ import polars as pl
 from profkit.ingest.categories import canonical_cat
 from profkit.ingest.units import US_LIMIT, us_to_ns
 
-SHAPES_SCHEMA = {"name": pl.String, "tid": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "input_dims": pl.String,
+SHAPES_SCHEMA = {"name": pl.String, "pid": pl.String, "tid": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "input_dims": pl.String,
                  "input_type": pl.String}
 
 
@@ -36,6 +36,7 @@ class _Ev(msgspec.Struct, gc=False):
     name: Any = None
     ts: Any = None
     dur: Any = None
+    pid: Any = None
     tid: Any = None
     args: _Args | None = None
 
@@ -66,7 +67,7 @@ def _compact(raw: msgspec.Raw, memo: dict[bytes, str | None]) -> str | None:
 
 
 def cpu_op_shapes(path: Path) -> pl.DataFrame:
-    """Every complete `cpu_op` event of the file: name, tid (as the tables spell it), ts_ns, end_ns (as
+    """Every complete `cpu_op` event of the file: name, pid and tid (as the tables spell them), ts_ns, end_ns (as
     ingest converts them: units.us_to_ns), input_dims and input_type (compact JSON text, null where
     absent). An empty frame when the file cannot be read this way (ingest has read it: no new error)."""
     from profkit.ingest.decode import read_bytes
@@ -93,6 +94,7 @@ def cpu_op_shapes(path: Path) -> pl.DataFrame:
             continue
         ts, dur = us_to_ns(float(e.ts)), us_to_ns(float(e.dur))
         rows["name"].append(str(e.name) if e.name is not None else "")
+        rows["pid"].append(str(e.pid) if e.pid is not None else "0")
         rows["tid"].append(str(e.tid) if e.tid is not None else "0")
         rows["ts_ns"].append(ts)
         rows["end_ns"].append(ts + dur)
