@@ -126,6 +126,10 @@ class Kernel(_Doc):
     category: str | None = None
     count: int | None = None
     total_us: Num | None = None
+    # the launching CPU op and its Input Dims / Input type (compact JSON text), in a trace recorded with shapes
+    shape_op: str | None = None
+    shape: str | None = None
+    shape_dtypes: str | None = None
 
 
 class Outside(_Doc):
@@ -294,6 +298,7 @@ class KernelEntry(_Doc):
     count_per_iteration: Num = 0.0
     us_per_iteration: Num = 0.0
     examples: list[str] = []
+    shape: str | None = None  # the launching op's shape, where both sides have them (diff.py)
 
 
 class Mover(_Doc):
@@ -306,6 +311,7 @@ class Mover(_Doc):
     candidate_count: Num = 0.0
     status: str = ""
     examples: list[str] = []
+    shape: str | None = None  # the kernels' launching op and its shapes, where both sides have them (diff.py)
 
 
 class OwnTerm(_Doc):

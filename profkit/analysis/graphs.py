@@ -39,6 +39,7 @@ from typing import Any
 
 from profkit.apis import GRAPH_LAUNCH_APIS, HIP_TWINS, KERNEL_LAUNCH_APIS
 from profkit.errors import TraceInputError
+from profkit.ingest.units import us_to_ns
 
 COPY_APIS = frozenset({"cudaMemcpyAsync", "cudaMemsetAsync"})
 _LABEL = re.compile(r"^cuda_graph_capture\[(\w+)(?: bs=(\d+))?|^capture_(\d+)_(\w+)")
@@ -57,6 +58,9 @@ class CapturedGraph:
     phase: str | None
     batch: int | None
     ops: tuple[tuple[bool, str | None, str | None], ...]
+    # per op: the CPU op around its captured launch with its shapes, (name, Input Dims, Input type) as compact
+    # JSON text, for a capture recorded with shapes (analysis/shapes.py); empty otherwise
+    shapes: tuple[tuple[str, str | None, str | None, int] | None, ...] = ()
 
     @property
     def named(self) -> bool:
@@ -132,8 +136,9 @@ def _graphs_of(path: Path) -> list[CapturedGraph]:
             d["calls"].append((float(e["ts"]), api, e))
         elif cat == "user_annotation":
             by_tid.setdefault(tid, {"calls": [], "ann": []})["ann"].append((float(e["ts"]), float(e["ts"]) + float(e.get("dur") or 0), str(e.get("name"))))
+    shaped = _shaped_ops(ev)
     graphs: list[CapturedGraph] = []
-    for d in by_tid.values():
+    for tid_key, d in by_tid.items():
         calls = sorted(d["calls"], key=lambda c: c[0])
         anns = sorted(d["ann"], key=lambda a: (a[0], -a[1]))
         launches = [(t, api, e) for t, api, e in calls
@@ -163,6 +168,8 @@ def _graphs_of(path: Path) -> list[CapturedGraph]:
             if phase is None:
                 phase = _runner_phase(path.name)
             ops = []
+            mine = shaped.get(tid_key)
+            shapes = tuple(_launch_shape(mine, t) for t, _, _ in inside) if mine else ()
             for t, api, e in inside:
                 # innermost enclosing range (ranges on one thread nest): the latest-starting one still open
                 inner = None
@@ -173,8 +180,49 @@ def _graphs_of(path: Path) -> list[CapturedGraph]:
                         break
                 kname = (e.get("args") or {}).get("kernel")
                 ops.append((api in COPY_APIS, str(kname) if kname else None, inner))
-            graphs.append(CapturedGraph(path.name, rank, label, phase, batch, tuple(ops)))
+            graphs.append(CapturedGraph(path.name, rank, label, phase, batch, tuple(ops), shapes))
     return graphs
+
+
+def _shaped_ops(ev: list[dict[str, Any]]) -> dict[Any, tuple[list[float], list[tuple[float, float, str, str | None, str | None]]]]:
+    """(pid, tid) -> its CPU ops ordered by (ts, -end), with their starts, where the capture was recorded with
+    shapes (some op has `Input Dims`); empty otherwise."""
+    import msgspec
+
+    ops: dict[Any, list[tuple[float, float, str, str | None, str | None]]] = {}
+    any_dims = False
+    for e in ev:
+        if e.get("cat") != "cpu_op":
+            continue
+        a = e.get("args")
+        if not isinstance(a, dict):
+            a = {}
+        dims, types = a.get("Input Dims"), a.get("Input type")
+        any_dims = any_dims or dims is not None
+        t0 = float(e["ts"])
+        ops.setdefault((e.get("pid"), e.get("tid")), []).append((
+            t0, t0 + float(e.get("dur") or 0), str(e.get("name")),
+            msgspec.json.encode(dims).decode() if isinstance(dims, list) else None,
+            msgspec.json.encode(types).decode() if isinstance(types, list) else None))
+    if not any_dims:
+        return {}
+    out = {}
+    for k, v in ops.items():
+        v.sort(key=lambda o: (o[0], -o[1]))
+        out[k] = ([o[0] for o in v], v)
+    return out
+
+
+def _launch_shape(mine: tuple[list[float], list[tuple[float, float, str, str | None, str | None]]],
+                  t: float) -> tuple[str, str | None, str | None, int] | None:
+    """The innermost CPU op around a launch at t (the latest in (ts, -end) order that holds t): (name, dims, types, its
+    start in ns)."""
+    starts, ops = mine
+    for j in range(bisect.bisect_right(starts, t) - 1, -1, -1):
+        o = ops[j]
+        if o[1] >= t:
+            return o[2], o[3], o[4], us_to_ns(o[0])
+    return None
 
 
 def load_captures(paths: list[Path]) -> GraphCaptures | None:
@@ -235,12 +283,13 @@ def _align_by_name(names: list[str], g: CapturedGraph) -> list[int | None]:
 
 
 def map_replays(rows: list[tuple[int, int, str, str, int]], phases: dict[int, str], captures: GraphCaptures,
-                rank: int) -> tuple[dict[int, str | None], dict[str, Any]]:
+                rank: int, shapes: dict[int, Any] | None = None) -> tuple[dict[int, str | None], dict[str, Any]]:
     """Replayed ops -> their capture-time innermost range.
 
     rows: (position, correlation, name, cat, dur_ns) of every op replayed from a graph launch, in start
     order; phases: correlation -> the replay's phase. Returns {position: range or None} for the mapped
-    ops and the statistics (replays, mapped, refused, ops and GPU ns of each).
+    ops and the statistics (replays, mapped, refused, ops and GPU ns of each). `shapes`, when given, gets
+    {position: (op name, Input Dims, Input type, op start ns)} of the mapped ops whose graph was captured with shapes.
     """
     graphs = captures.for_rank(rank)
     groups: dict[int, list[tuple[int, int, str, str, int]]] = {}
@@ -266,6 +315,8 @@ def map_replays(rows: list[tuple[int, int, str, str, int]], phases: dict[int, st
             for o, a in zip(ops, best_al):
                 if a is not None:
                     mapped[o[0]] = best.ops[a][2]
+                    if shapes is not None and best.shapes and best.shapes[a] is not None:
+                        shapes[o[0]] = best.shapes[a]
                     st["mapped_ns"] += o[4]
                     hit += 1
             st["ops_mapped"] += hit
@@ -291,6 +342,8 @@ def map_replays(rows: list[tuple[int, int, str, str, int]], phases: dict[int, st
         st["ops_mapped"] += n
         for k, o in enumerate(ops):
             mapped[o[0]] = chosen.ops[k][2]
+            if shapes is not None and chosen.shapes and chosen.shapes[k] is not None:
+                shapes[o[0]] = chosen.shapes[k]
             st["mapped_ns"] += o[4]
     return mapped, st
 
@@ -315,7 +368,9 @@ def apply(owned: Any, trace: Any, captures: GraphCaptures, ann: list[str | None]
     phases = dict(zip(sub["correlation"].to_list(), ph.to_list()))
     rows = list(zip(sub["_pos"].to_list(), sub["correlation"].to_list(), sub["name"].to_list(), sub["cat"].to_list(),
                     sub["dur_ns"].fill_null(0).to_list()))
-    m, stats = map_replays(rows, phases, captures, int(getattr(trace, "rank", 0) or 0))
+    shapes: dict[int, Any] = {}
+    m, stats = map_replays(rows, phases, captures, int(getattr(trace, "rank", 0) or 0), shapes)
+    stats["shapes"] = shapes  # position -> (op, dims, types, start): analysis/shapes.py; finish_stats leaves it out
     out = list(ann)
     for p, a in m.items():
         mask[p] = True

@@ -222,7 +222,11 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     phase_of = _meanwhile(op_phases, ops, trace.cpu)  # from the launches' spans: the categories are not needed either
     if catalog is None:
         catalog = auto_catalog(pre_owned["name"].unique().to_list() if ops.height else [])
-    ops, gcap = _classify(ops, trace, catalog, captures)
+    ops, gcap, replay_shapes = _classify(ops, trace, catalog, captures)
+    if trace.meta.get("shapes") or replay_shapes:  # recorded with shapes: each op's launching CPU op and its shapes
+        from profkit.analysis.shapes import attach_shapes
+
+        ops = attach_shapes(ops, trace, replay_shapes)
     if gcap is not None and gcap["replays_refused"]:
         warnings.append(
             f"graph capture: {gcap['replays_refused']} of {gcap['replays']} graph replays match no captured graph "
@@ -348,13 +352,14 @@ def _digest_meanwhile(path: Path) -> Any:
     return _meanwhile(digest) if Path(path).is_file() else None
 
 
-def _classify(owned: pl.DataFrame, trace: Trace, catalog: Catalog, captures: Any = None) -> tuple[pl.DataFrame, dict | None]:
+def _classify(owned: pl.DataFrame, trace: Trace, catalog: Catalog, captures: Any = None) -> tuple[pl.DataFrame, dict | None, dict[int, Any]]:
     """The ops with category, owner and annotation (the innermost user annotation around the
-    launch, or for graph-replayed ops their capture-time one), and the graph-capture statistics
-    (None without capture profiles)."""
+    launch, or for graph-replayed ops their capture-time one), the graph-capture statistics
+    (None without capture profiles), and the shapes of the graph-replayed ops from their capture
+    ({row: (op, Input Dims, Input type)}; analysis/shapes.py)."""
     if owned.height == 0:
         return owned.with_columns(pl.lit(None, pl.String).alias("category"), pl.lit(None, pl.String).alias("owner"),
-                                  pl.lit(None, pl.String).alias("annotation")), None
+                                  pl.lit(None, pl.String).alias("annotation")), None, {}
     ann: Any = [None] * owned.height
     if getattr(catalog, "uses_annotations", False):
         ann = _launch_annotations(owned, trace.cpu.filter(pl.col("cat") == "user_annotation"))
@@ -365,7 +370,8 @@ def _classify(owned: pl.DataFrame, trace: Trace, catalog: Catalog, captures: Any
         ann, mask, gstats = graphs.apply(owned, trace, captures, ann.to_list() if isinstance(ann, pl.Series) else ann)
     owned = owned.with_columns(ann if isinstance(ann, pl.Series) else pl.Series("annotation", ann, dtype=pl.String))
     out = _categorize(catalog, owned)
-    return out, (graphs.finish_stats(gstats, out, mask, captures) if mask is not None and gstats is not None else None)
+    replay_shapes = gstats.pop("shapes", {}) if gstats is not None else {}
+    return out, (graphs.finish_stats(gstats, out, mask, captures) if mask is not None and gstats is not None else None), replay_shapes
 
 
 def _categorize(catalog: Catalog, ops: pl.DataFrame) -> pl.DataFrame:

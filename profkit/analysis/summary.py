@@ -20,6 +20,7 @@ import polars as pl
 from profkit import __version__
 from profkit.terms import CAUSES
 from profkit.analysis.rank import DIRECTIONS, RankAnalysis
+from profkit.analysis.shapes import SHAPE_COLUMNS, has_shapes
 from profkit.analysis.timeline import representative_timeline
 
 SCHEMA_VERSION = 3
@@ -121,6 +122,11 @@ def medians(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _shape_keys(values: list[Any]) -> dict[str, Any]:
+    """A kernel row's shape_op, shape and shape_dtypes (analysis/shapes.py), where it has them."""
+    return {k: v for k, v in zip(SHAPE_COLUMNS, values) if v is not None}
+
+
 def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, Any]:
     records = iteration_records(a)
     sy = a.syncs.filter(pl.col("iteration").is_not_null())
@@ -136,9 +142,12 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, An
          "cpu_ops": r["cpu_ops"], "cpu_ops_us": [_us(t) for t in r["cpu_ops_ns"]]}
         for r in largest_bubbles(a.bubbles, max_items).iter_rows(named=True)
     ]
+    # by (name, category), and by the launching op's shapes where they were recorded (analysis/shapes.py)
+    keys = ["name", "category", *(SHAPE_COLUMNS if has_shapes(a.ops) else ())]
     kernels = (  # lazy: the streaming engine groups by strings several times faster
-        a.ops.lazy().group_by("name", "category").agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("total_ns"))
-        .sort("total_ns", "name", "category", descending=[True, False, False]).collect()
+        a.ops.lazy().group_by(*keys).agg(pl.len().alias("count"), pl.col("dur_ns").sum().alias("total_ns"))
+        .sort("total_ns", *keys, descending=[True] + [False] * len(keys)).collect()
+        .select(*keys[:2], "count", "total_ns", *keys[2:])
     )
     o = a.outside or {}
     return {
@@ -161,7 +170,7 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, An
         "bubbles_total": a.bubbles.height,
         "bubbles_by_cause": bubbles_by_cause(a.bubbles, a.device_timeline),
         "bubble_cpu_ops": bubble_cpu_ops(a.bubbles, max_items=max_items),
-        "kernels": [{"name": n, "category": c, "count": k, "total_us": _us(t)} for n, c, k, t in kernels.iter_rows()],
+        "kernels": [{"name": n, "category": c, "count": k, "total_us": _us(t), **_shape_keys(rest)} for n, c, k, t, *rest in kernels.iter_rows()],
         "outside_iterations": {
             "gpu_ops": int(o.get("gpu_ops", 0)), "gpu_us": _us(o.get("gpu_ns", 0)), "before_first": int(o.get("before_first", 0)),
             "after_last": int(o.get("after_last", 0)), "no_launch_in_trace": int(o.get("no_launch_in_trace", 0)),

@@ -31,6 +31,7 @@ from fractions import Fraction
 from typing import Any
 
 from profkit import __version__
+from profkit.analysis.shapes import shape_text
 from profkit.attribution import capture_terms
 from profkit.ingest.identity import short_label
 from profkit.errors import NothingToAnalyze, UsageError
@@ -223,14 +224,19 @@ def _with_ratio(b: Fraction, c: Fraction) -> dict[str, float | None]:
 # kernels
 
 
-def _kernel_table(rank: Rank) -> dict[str, dict[str, Any]]:
-    """Normalized name -> per-iteration count and µs (over all the rank's iterations), category, examples."""
+def _kernel_table(rank: Rank, shaped: bool = False) -> dict[Any, dict[str, Any]]:
+    """Normalized name -> per-iteration count and µs (over all the rank's iterations), category, examples;
+    `shaped` (both sides recorded with shapes): (normalized name, shape) -> the same, with the launching op's
+    shape as analysis/shapes.shape_text writes it."""
     n = max(len(rank.iterations), 1)
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[Any, dict[str, Any]] = {}
     for k in rank.kernels:
         raw = str(k.name or "")
-        key = normalize_kernel_name(raw)
-        e = out.setdefault(key, {"name": key, "count": 0, "total_ns": 0, "cats": Counter(), "examples": []})
+        name = normalize_kernel_name(raw)
+        key: Any = name
+        if shaped:
+            key = (name, shape_text(k.shape_op, k.shape, k.shape_dtypes))
+        e = out.setdefault(key, {"name": name, "count": 0, "total_ns": 0, "cats": Counter(), "examples": [], **({"shape": key[1]} if shaped else {})})
         e["count"] += int(k.count or 0)
         t = _ns(k.total_us)
         e["total_ns"] += t
@@ -247,7 +253,7 @@ def _kernel_table(rank: Rank) -> dict[str, dict[str, Any]]:
 
 def _kernel_entry(e: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": e["name"], "category": e["category"], "count_per_iteration": e["count_per_iteration"],
-            "us_per_iteration": e["us_per_iteration"], "examples": list(e["examples"])}
+            "us_per_iteration": e["us_per_iteration"], "examples": list(e["examples"]), **({"shape": e["shape"]} if "shape" in e else {})}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -586,9 +592,16 @@ def compare_summaries(
     ]
 
     # --- kernels ------------------------------------------------------------------------------
-    kb, kc = _kernel_table(rb), _kernel_table(rc)
-    added = sorted((kc[k] for k in set(kc) - set(kb)), key=lambda e: (-e["us_per_iteration"], e["name"]))
-    removed = sorted((kb[k] for k in set(kb) - set(kc)), key=lambda e: (-e["us_per_iteration"], e["name"]))
+    # by (kernel, shape) where both sides were recorded with shapes (analysis/shapes.py)
+    sb_, sc_ = (any(k.shape_op for k in r.kernels) for r in (rb, rc))
+    shaped = sb_ and sc_
+    if sb_ != sc_:
+        warnings.append(f"shapes were recorded for the {'baseline' if sb_ else 'candidate'} only: the kernels are compared by name alone; "
+                        "record both with `profkit trace --record-shapes` to compare them by shape")
+    kb, kc = _kernel_table(rb, shaped), _kernel_table(rc, shaped)
+    order = lambda e: (-e["us_per_iteration"], e["name"], e.get("shape", ""))  # noqa: E731
+    added = sorted((kc[k] for k in set(kc) - set(kb)), key=order)
+    removed = sorted((kb[k] for k in set(kb) - set(kc)), key=order)
     movers = []
     for k in set(kb) | set(kc):
         b, c = kb.get(k), kc.get(k)
@@ -596,13 +609,14 @@ def compare_summaries(
         if bu == cu:
             continue
         movers.append({
-            "name": k, "category": (c or b)["category"],  # type: ignore[index]
+            "name": (c or b)["name"], "category": (c or b)["category"],  # type: ignore[index]
             "baseline_us": bu, "candidate_us": cu, "delta_us": cu - bu,
             "baseline_count": b["count_per_iteration"] if b else 0.0, "candidate_count": c["count_per_iteration"] if c else 0.0,
             "status": "added" if b is None else "removed" if c is None else "changed",
             "examples": list((c or b)["examples"]),  # type: ignore[index]
+            **({"shape": k[1]} if shaped else {}),
         })
-    movers.sort(key=lambda m: (-abs(m["delta_us"]), m["name"]))
+    movers.sort(key=lambda m: (-abs(m["delta_us"]), m["name"], m.get("shape", "")))
 
     # --- noise and expected effect ------------------------------------------------------------
     noise = _noise(st, len(fb), len(fc), unstable)

@@ -189,11 +189,14 @@ def _ingest(f: TraceFile, *, jobs: int = 1, executor: Any = None, early: Any = N
             warnings.append(f"{path.name} is named .gz but is not gzip-compressed; read as plain JSON")
         add_unusable_warnings(fast.unusable, warnings)
         split, ranks = fast.ranks(warnings)
-        return split, ranks, fast.t0_ns, fast.n_events, fast.meta, fast.strings.labelled_min_ts
+        meta = {**fast.meta, "shapes": True} if fast.strings.shapes else fast.meta  # ingest/shapes.py
+        return split, ranks, fast.t0_ns, fast.n_events, meta, fast.strings.labelled_min_ts
     from profkit.ingest.tables import events_frame, split_tables_ranks
 
     data = read_bytes(f)
     events, meta, warnings = decode_events(path, data)
+    if b'"Input Dims"' in data:  # recorded with shapes (ingest/shapes.py)
+        meta = {**meta, "shapes": True}
     if not_gzip:
         warnings.append(f"{path.name} is named .gz but is not gzip-compressed; read as plain JSON")
     del data

@@ -36,6 +36,7 @@ typedef struct {
     int64_t s_cap, s_n;
     int32_t *slots; /* hash table of string ids, -1 = empty; size power of two */
     int64_t n_slots;
+    int64_t shapes; /* set when an args object holds "Input Dims" (record_shapes): ingest/shapes.py reads them */
 } Out;
 
 static const char *PHASES = "BEiIbnesStTpFfPNODMVvRcC()X";
@@ -453,6 +454,7 @@ static const char *read_args(Out *o, int64_t k, const char *p, const char *e, in
                 if (!(p = read_int_field(p, e, &o->nbytes[k], &o->valid[k], V_BYTES, err))) return NULL;
             }
         } else {
+            if (n == 10 && !o->shapes && key_is(s, n, "Input Dims", 10)) o->shapes = 1;
             p = skip_value(p, e);
             if (!p) { *err = E_SYNTAX; return NULL; }
         }

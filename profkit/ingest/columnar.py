@@ -99,6 +99,8 @@ def decode_chunk_msgspec(data: Any, strings: Any = None) -> tuple[pl.DataFrame, 
         n = len(events)
         xs = [e for e in events if type(e) is FX]
         others = [e.ts for e in events if type(e) is not FX and e.ts is not None] if len(xs) != n else []
+        if strings is not None and not strings.shapes and any(e.args.input_dims is not None for e in xs):
+            strings.shapes = True  # recorded with shapes (ingest/shapes.py)
         if not xs:
             if strings is not None:
                 _note_labelled(events, strings)
@@ -210,15 +212,16 @@ def decode_slot(path: str, offset: int, length: int) -> Any:
         finally:
             view.release()
     # Arrow IPC bytes, not pickled frames: several times cheaper to send back
-    return tuple(_to_ipc(df) for df in parts), counts, tmin, n, strings.texts, strings.labelled_min_ts
+    return tuple(_to_ipc(df) for df in parts), counts, tmin, n, strings.texts, strings.labelled_min_ts, strings.shapes
 
 
 def _recode(got: Any, strings: Any) -> ChunkTables:
     """A worker's decode_slot result -> decode_chunk_tables' with ids into this file's `strings`."""
     from profkit.ingest.coded import STRING_COLS
 
-    ipc, counts, tmin, n, texts, labelled = got
+    ipc, counts, tmin, n, texts, labelled, shapes = got
     strings.note_min_ts(labelled)
+    strings.shapes = strings.shapes or shapes
     ids = pl.Series(strings.ids(texts))
     parts = tuple(
         df.with_columns(pl.lit(ids).gather(pl.col(c)).alias(c) for c in STRING_COLS if c in df.columns)

@@ -30,6 +30,8 @@ class Args(msgspec.Struct, gc=False, frozen=True):
     stream: int | None = None
     device: int | None = None
     bytes: int | str | None = None  # ROCm runtime calls write it as a string
+    # only whether it is there: the shapes themselves are read apart, where a view needs them (ingest/shapes.py)
+    input_dims: Any = msgspec.field(name="Input Dims", default=None)
 
 
 class Event(msgspec.Struct):

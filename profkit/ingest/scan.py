@@ -38,7 +38,7 @@ class _Out(ctypes.Structure):
         ("ext", ctypes.c_void_p), ("stream", ctypes.c_void_p), ("device", ctypes.c_void_p), ("nbytes", ctypes.c_void_p),
         ("valid", ctypes.c_void_p), ("cap", ctypes.c_int64),
         ("s_off", ctypes.c_void_p), ("s_len", ctypes.c_void_p), ("s_esc", ctypes.c_void_p), ("s_cap", ctypes.c_int64),
-        ("s_n", ctypes.c_int64), ("slots", ctypes.c_void_p), ("n_slots", ctypes.c_int64),
+        ("s_n", ctypes.c_int64), ("slots", ctypes.c_void_p), ("n_slots", ctypes.c_int64), ("shapes", ctypes.c_int64),
     ]
 
 
@@ -258,6 +258,8 @@ def scan_chunk_rows(data: Any, strings: Any) -> Rows | None:
     from profkit.ingest.strings import cat_codes
 
     a, n, texts, out = got
+    if out.shapes:
+        strings.shapes = True  # the file has `Input Dims` (ingest/shapes.py reads them when a view needs them)
     if any(t[:1] == "[" for t in texts):  # perhaps SGLang's merged ranks: each rank's earliest event
         _note_labelled(a, n, texts, strings)
     gid = strings.ids(texts)  # chunk id -> file id

@@ -21,6 +21,8 @@ class Strings:
         # the earliest timestamp (µs) of the events of each SGLang-labelled pid ("[TP01] 4242"): a
         # merged file's ranks each start at their own t0 (ingest/processes.py); empty otherwise
         self.labelled_min_ts: dict[str, float] = {}
+        # some CPU op carries `Input Dims` (recorded with record_shapes): ingest/shapes.py reads them
+        self.shapes = False
 
     def ids(self, texts: list[str]) -> np.ndarray:
         """The ids of `texts` (new ones added), as a uint32 array."""

@@ -220,10 +220,13 @@ def _movers(diff: Diff, limit: int, W: dict[str, str]) -> list[str]:
     if not movers or not limit:
         return []
     cut = movers[:limit]
+    shaped = any(m.shape is not None for m in cut)  # both sides recorded with shapes: by (kernel, shape)
     rows = [[num(m.delta_us, sign=True), num(m.baseline_us), num(m.candidate_us), md_escape(m.category),
-             md_escape(demangle(m.name), max_len=MAX_NAME), md_escape(m.status)] for m in cut]
-    return ["#### Top movers (µs per iteration, by normalized kernel name)", "",
-            *_table(["Δ µs", "baseline µs", "candidate µs", "category", W["kernel"], "status"], "rrrlll", rows), *_more(len(movers), len(cut), "movers"), ""]
+             md_escape(demangle(m.name), max_len=MAX_NAME), *([md_escape(m.shape or "", max_len=MAX_NAME)] if shaped else []), md_escape(m.status)]
+            for m in cut]
+    return [f"#### Top movers (µs per iteration, by normalized kernel name{' and shape' if shaped else ''})", "",
+            *_table(["Δ µs", "baseline µs", "candidate µs", "category", W["kernel"], *(["shape"] if shaped else []), "status"],
+                    "rrrlll" + ("l" if shaped else ""), rows), *_more(len(movers), len(cut), "movers"), ""]
 
 
 def _kernels(diff: Diff, limit: int) -> list[str]:

@@ -19,6 +19,7 @@ from profkit.attribution.diff import shape_label, shape_of
 from profkit.attribution.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
 from profkit.documents import Diff, Summary
 from profkit.analysis import health
+from profkit.analysis.shapes import shape_text
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, MIN_NAME, NAME, NUM, TEXT, cut_names, demangle, demangle_many, fit_table
@@ -30,6 +31,8 @@ from profkit.report.views import (
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, words
 
+SHAPE_WIDTH = 120  # the narrowest console whose kernels table shows the shape column beside the names
+SHAPE_CELL = 44  # a shape longer than this is cut in the middle (the whole one is in summary.json's kernels)
 PY_FRAME = re.compile(r"\.py\(\d+\): ")  # a Python frame as Kineto names it (analysis/syncs.py's user frames)
 
 _num = partial(num, missing=HYPHEN)  # the terminal writes a missing number as "-"
@@ -155,10 +158,15 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
         if r.kernels:
             n_it = max(len(its), 1)
             what = "kernels" if r.device_timeline != "cpu" else "aten ops"
-            console.print(fit_table(console, f"top {what} (of {len(r.kernels)}; names demangled, long ones cut in the middle)",
-                                    (("total µs", NUM), ("calls/iter", NUM), ("category", COPY), ("name", NAME)),
+            # recorded with shapes: a row per (kernel, launching op's shape), the shape shown where the names keep their room
+            has = any(k.shape_op for k in r.kernels)
+            shaped = has and console.width >= SHAPE_WIDTH
+            note = "; shapes: a wider terminal or --json" if has and not shaped else ""
+            console.print(fit_table(console, f"top {what} (of {len(r.kernels)}; names demangled, long ones cut in the middle{note})",
+                                    (("total µs", NUM), ("calls/iter", NUM), ("category", COPY), ("name", NAME), *((("shape", TEXT),) if shaped else ())),
                                     # calls per iteration with one decimal in this table (the diff tables use RATE, two)
-                                    [(_num(k.total_us), _num((k.count or 0) / n_it, 1), k.category or "-", k.name) for k in r.kernels[:top]]))
+                                    [(_num(k.total_us), _num((k.count or 0) / n_it, 1), k.category or "-", k.name,
+                                      *((_cut(shape_text(k.shape_op, k.shape, k.shape_dtypes), SHAPE_CELL),) if shaped else ())) for k in r.kernels[:top]]))
         for w in r.warnings if warnings else ():
             console.print(f"[yellow]warning:[/] {escape(w)}")
 
@@ -280,10 +288,15 @@ def _kernel_and_sync_tables(diff: Diff, console: Console, W: dict[str, str], *, 
                                 [(_num(s.delta, RATE, sign=True), _num(s.baseline_per_iteration, RATE), _num(s.candidate_per_iteration, RATE),
                                   s.kind, s.direction, s.api, s.trigger) for s in diff.syncs[:top]]))
     if diff.top_movers:
-        console.print(fit_table(console, "top movers (µs per iteration, normalized names)",
-                                (("Δ µs", NUM), ("baseline", NUM), ("candidate", NUM), ("category", COPY), (W["kernel"], NAME)),
-                                [(_num(m.delta_us, sign=True), _num(m.baseline_us), _num(m.candidate_us), m.category, m.name)
-                                 for m in diff.top_movers[:top]]))
+        # both sides recorded with shapes: movers by (kernel, launching op's shape), the shape shown from SHAPE_WIDTH columns
+        has = any(m.shape is not None for m in diff.top_movers)
+        shaped = has and console.width >= SHAPE_WIDTH
+        by = "normalized names and shapes" + ("" if shaped else "; shapes: a wider terminal or --json") if has else "normalized names"
+        console.print(fit_table(console, f"top movers (µs per iteration, {by})",
+                                (("Δ µs", NUM), ("baseline", NUM), ("candidate", NUM), ("category", COPY), (W["kernel"], NAME),
+                                 *((("shape", TEXT),) if shaped else ())),
+                                [(_num(m.delta_us, sign=True), _num(m.baseline_us), _num(m.candidate_us), m.category, m.name,
+                                  *((_cut(m.shape or "", SHAPE_CELL),) if shaped else ())) for m in diff.top_movers[:top]]))
     for side, v in ((diff.baseline, diff.bubbles.baseline), (diff.candidate, diff.bubbles.candidate)):
         if not v or not v.largest:
             continue
@@ -299,3 +312,8 @@ def _kernel_and_sync_tables(diff: Diff, console: Console, W: dict[str, str], *, 
             demangle_many(k.name for k in ks[:5])
             for n in cut_names([demangle(k.name) for k in ks[:5]], max(MIN_NAME, console.width - 3)):
                 console.print(f"  {escape(n)}", no_wrap=True, overflow="ellipsis")
+
+
+def _cut(text: str, n: int) -> str:
+    """`text` cut in the middle to n characters."""
+    return text if len(text) <= n else text[: n // 2 - 1] + "…" + text[-(n - n // 2):]
