@@ -34,7 +34,7 @@ from profkit.report.fit import cut_names, demangle, demangle_many
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, num, pct, ratio_pct
 from profkit.report.views import (
     cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
-    doubt_metric, row_metric, statistic_note, within_noise,
+    doubt_metric, row_metric, statistic_note, within_noise, withheld_text,
     throughput_rows, unstable_runs,
 )
 from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
@@ -236,6 +236,8 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
             head["flags_title"] = f"Expected-effect check: {'; '.join(what)}, threshold {ee.threshold}"
         elif ee.ok:  # judged, nothing against it: the only case with a pass box
             head["ok"] = f"Expected-effect check passed: {ee.optimization} changed nothing outside its categories ({', '.join(ee.categories) or 'none'}) beyond {ee.threshold}."
+        elif withheld_text(ee):
+            head["notes"].append(withheld_text(ee) or "")
         else:
             head["notes"].append(f"Expected-effect check {ee.threshold}.")
     elif ee:
@@ -313,7 +315,8 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
     crow = [[lab, num(diff.counts[k].baseline, COUNT), num(diff.counts[k].candidate, COUNT), num(diff.counts[k].delta, COUNT, sign=True),
              noise_verdict(diff, f"counts.{k}")] for k, lab in labels.items()]
     for k, t in diff.timings.items():
-        crow.append([k.replace("_us", " µs").replace("_", " "), num(t.baseline), num(t.candidate), num(t.delta, sign=True), ""])
+        crow.append([k.replace("_us", " µs").replace("_", " "), num(t.baseline), num(t.candidate), num(t.delta, sign=True),
+                     noise_verdict(diff, f"timings.{k}")])
     tables = [_table(["per iteration (median)", "baseline", "candidate", "Δ", "noise"], crow, align="lrrrl")]
     syncs = diff.syncs
     if syncs:
@@ -585,6 +588,6 @@ def _page(diffs: Sequence[Diff], runs: Sequence[tuple[str, Summary]], ladder: Se
     return _env().get_template("report.html").render(
         title=title, subtitle=None, profkit_version=__version__, sections=sections, banner=page_banner,
         nav=[{"id": s["id"], "title": s["title"]} for s in sections if s["id"].endswith(("summary", "ladder")) and not s["details_open"]],
-        footer="times are µs per iteration; decompositions use means, counts use medians",
+        footer="times are µs per iteration; every term and count of a diff is the median over its paired profile windows of the per-window change",
         data=data,
     )

@@ -37,9 +37,20 @@ def noise_verdict(diff: Diff, metric: str) -> str:
     w = within_noise(diff, metric)
     if w is None:
         return "not judged"
-    spread = diff.noise.metrics[metric].spread
+    m = diff.noise.metrics[metric]
+    spread = m.spread
     pm = "" if spread is None else f"±{spread:,.1f} " if not metric.startswith("counts.") else f"±{spread:,.2g} "
+    floor = material_floor(diff)
+    if not w and floor and not metric.startswith("counts.") and m.delta is not None and abs(m.delta) < floor:
+        # beyond the spread but below what the expected-effect check calls a change: the headline says nothing of it, nor does this
+        return pm + "below floor"
     return pm + ("within noise" if w else "beyond noise")
+
+
+def material_floor(diff: Diff) -> float:
+    """The smallest change the expected-effect check calls a change (µs per iteration; 0 without an optimization)."""
+    ee = diff.expected_effect
+    return float(ee.floor_us or 0.0) if ee is not None and ee.known and ee.judged else 0.0
 
 
 def row_metric(group: str, term: str) -> str:
@@ -68,7 +79,10 @@ def statistic_note(diff: Diff) -> str:
              "; categories by the clock (the summaries predate time by ownership: re-run profkit analyze to split out the backlog)"
              if dec.basis == "clock" else "")
     unstable = f"; not judged: unstable ({dec.unstable})" if dec.unstable else ""
-    return what + basis + order_note(diff) + unstable + "."
+    floor = material_floor(diff)
+    below = (f"; \"below floor\": beyond the spread but under the {floor:,.1f} µs the expected-effect check calls a change"
+             if floor and any(noise_verdict(diff, row_metric(g, t)).endswith("below floor") for g, t, *_ in decomposition_rows(diff)) else "")
+    return what + basis + order_note(diff) + unstable + below + "."
 
 
 def order_note(diff: Diff) -> str:
@@ -229,6 +243,11 @@ def _the_warning(diff: Diff) -> str | None:
     flags = effect_flags(ee) if ee is not None and ee.known else []
     if flags:
         return f"Flag: {flags[0]}" + (f" (and {len(flags) - 1} more)" if len(flags) > 1 else "") + "."
+    nj = ee.not_judged if ee is not None and ee.known else None
+    if nj and nj.get("changes"):
+        ch = [str(c) for c in nj["changes"]]
+        return (f"Not judged: {nj.get('reason')}, so no flag on {ch[0].removeprefix(ee.optimization + ' ') if ee else ch[0]}"
+                + (f" (and {len(ch) - 1} more)" if len(ch) > 1 else "") + "; profile on a quieter machine.")
     stab = {"baseline": diff.stability.baseline, "candidate": diff.stability.candidate}
     unstable = [side for side, v in stab.items() if v]
     if unstable:
@@ -269,11 +288,26 @@ def _exploration(diff: Diff) -> bool:
     return isinstance(states, Mapping) and bool(states) and not any(states.values())
 
 
+def counts_title(diff: Diff) -> str:
+    """The counts table's title: the statistic its figures are (the one the noise verdict beside them judges)."""
+    n = diff.decomposition.windows or 1
+    return f"per iteration (medians; Δ the median of {n} windows' changes)" if n > 1 else "per iteration (medians, one window a side)"
+
+
 def phase_rows(diff: Diff) -> list[tuple[str, float | None, float | None, float, str]]:
     """(phase, baseline_us, candidate_us, delta_us, noise metric) rows of the change by phase (µs per iteration, the statistic)."""
     dec = diff.decomposition
     b, c = dec.baseline.phase_us, dec.candidate.phase_us
     return [(k, b.get(k), c.get(k), d, f"phase_us.{k}") for k, d in dec.phase_us.items()]
+
+
+def withheld_text(ee: ExpectedEffect) -> str | None:
+    """The expected-effect check's withheld flags in one sentence (the windows disagree on the profiler's slowdown), or None."""
+    nj = ee.not_judged
+    if not nj or not nj.get("changes"):
+        return None
+    return (f"Expected-effect check outside {ee.optimization}'s categories not judged: {nj.get('reason')}; not flagged: "
+            + "; ".join(str(c) for c in nj["changes"]) + ".")
 
 
 def effect_flags(ee: ExpectedEffect) -> list[str]:
