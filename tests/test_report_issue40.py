@@ -155,3 +155,66 @@ def test_point6_no_beyond_noise_label_on_a_term_the_headline_calls_nothing(loo):
         if abs(delta) < floor and not d["noise"]["metrics"][f"category_us.{cat}"]["within_noise"]:
             assert v.endswith("below floor") and cat not in elsewhere, cat
     assert re.search(r" norm +85\.8 +86\.4 +\+0\.6 +±0\.5 below floor", out)
+
+
+@pytest.fixture(scope="module")
+def attribution_folder(tmp_path_factory):
+    """What `profkit trace` writes, by its own code (flows/trace.summarize_run, attribute) on copies of two real H200 runs
+    of 3 profile windows: reports/<run_id>/window-<i>/summary.json, and the attribution folder with before.json (window
+    0), after.json, diff.json."""
+    import shutil
+
+    from profkit.capture.manifest import Manifest
+    from profkit.capture.run import Recording, RunConfig
+    from profkit.flows.trace import attribute, summarize_run
+
+    if not (LOO / "all").is_dir():
+        pytest.skip("tests/data/gpu_loo not present")
+    root = tmp_path_factory.mktemp("attr")
+    cfg = RunConfig(reports_dir=root / "reports", traces_dir=root / "traces")
+    results = []
+    for name in ("all-topk_v2", "all"):
+        run_id = f"run-{name}"
+        trace_dir = root / "traces" / run_id
+        shutil.copytree(LOO / name, trace_dir)
+        data = json.loads((trace_dir / "manifest.json").read_text())
+        data.update(run_id=run_id, status="running")
+        files = sorted(trace_dir.glob("window-*/*.trace.json.gz"))
+        rec = Recording(run_id, name, dict(data.get("optimizations") or {}), trace_dir, files, Manifest(trace_dir / "manifest.json", data))
+        results.append(summarize_run(rec, cfg))
+    group = root / "reports" / "group-topk_v2"
+    diff, _ = attribute(results[0], results[1], ["topk_v2"], group)
+    return root, group, diff
+
+
+def test_point3_diff_of_before_and_after_json_uses_their_windows(attribution_folder):
+    root, group, trace_diff = attribution_folder
+    assert trace_diff["decomposition"]["windows"] == 3
+    r = runner.invoke(app, ["diff", str(group / "before.json"), str(group / "after.json"), "--json", str(root / "d.json")])
+    assert r.exit_code == 0, r.output
+    d = json.loads((root / "d.json").read_text())
+    # the same statistic as trace's diff.json: median over the 3 paired windows, not window 0
+    assert d["decomposition"]["windows"] == 3 and d["noise"]["available"]
+    for k in ("topk", "attention", "moe"):
+        assert d["decomposition"]["category_us"][k] == pytest.approx(trace_diff["decomposition"]["category_us"][k]), k
+    assert d["gpu_window_us"] == pytest.approx(trace_diff["gpu_window_us"])
+    assert "--profile-windows" not in r.output
+
+
+def test_point3_a_window_summary_alone_names_the_run_folders_to_pass(attribution_folder, tmp_path):
+    """before.json and after.json copied away from their run folders: one window each, not judged, and the output says
+    which run folders to pass (never "run with --profile-windows 3" for runs that had 3)."""
+    import shutil
+
+    root, group, _ = attribution_folder
+    for f in ("before.json", "after.json"):
+        shutil.copy(group / f, tmp_path / f)
+    r = runner.invoke(app, ["diff", str(tmp_path / "before.json"), str(tmp_path / "after.json"), "--json", str(tmp_path / "d.json")])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "--profile-windows 3" not in text
+    assert "is profile window 0 of the 3 of run run-all-topk_v2" in text and "profkit diff REPORTS/run-all-topk_v2" in text
+    assert "profkit diff on the two run folders, which hold the 3 profile windows each run recorded" in text
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert d["decomposition"]["windows"] == 1 and not d["noise"]["available"]
+    assert any("REPORTS/run-all-topk_v2" in w for w in d["warnings"])

@@ -292,7 +292,7 @@ def _window_flat(its: Sequence[Iteration], basis: str) -> Terms:
     return out
 
 
-def _noise(st: Stats, nb: int, nc: int, unstable: str | None = None) -> dict[str, Any]:
+def _noise(st: Stats, nb: int, nc: int, unstable: str | None = None, recorded: int = 1) -> dict[str, Any]:
     """diff.json's ``noise``: per metric, each side's median and spread over its windows, the change
     (median over paired windows of the per-window change: the figure every renderer shows) and the
     noise it is judged against (the largest spread: either side's windows, or the per-window changes)."""
@@ -300,7 +300,8 @@ def _noise(st: Stats, nb: int, nc: int, unstable: str | None = None) -> dict[str
         return {
             "available": False,
             "repeats": {"baseline": nb, "candidate": nc},
-            "note": "not judged: one profile window per side, so no noise estimate; profile with --profile-windows N (N >= 2)",
+            "note": ("not judged: one profile window per side, so no noise estimate; profile with --profile-windows N (N >= 2)" if recorded < 2 else
+                     f"not judged: one profile window per side, so no noise estimate; the runs recorded {recorded} each: pass their run folders"),
         }
     if unstable:
         return {"available": False, "unstable": True, "repeats": {"baseline": nb, "candidate": nc},
@@ -650,7 +651,8 @@ def compare_summaries(
     movers.sort(key=lambda m: (-abs(m["delta_us"]), m["name"]))
 
     # --- noise and expected effect ------------------------------------------------------------
-    noise = _noise(st, len(fb), len(fc), unstable)
+    recorded = min(len(profiler_slowdowns(run_manifest(base))) or 1, len(profiler_slowdowns(run_manifest(cand))) or 1)
+    noise = _noise(st, len(fb), len(fc), unstable, recorded)
     drift_b, drift_c = _backlog_drift_ns(win_b), _backlog_drift_ns(win_c)
     drift = drift_b + drift_c
     gw = st["gpu_window_us"]

@@ -151,11 +151,27 @@ def _why_not_judged(diff: Diff) -> str:
     return "one profile window a side, no noise estimate" if diff.noise.windows() < 2 else "the windows disagree"
 
 
+def recorded_windows(diff: Diff) -> int:
+    """How many profile windows the sides' runs recorded (their manifests), the fewer of the two; 1 when unknown."""
+    got = []
+    for m in (diff.manifests.baseline, diff.manifests.candidate):
+        prof = m.get("profile") if isinstance(m, Mapping) else None
+        oh = m.get("profiler_overhead") if isinstance(m, Mapping) else None
+        n = prof.get("windows") if isinstance(prof, Mapping) else None
+        if not isinstance(n, int) and isinstance(oh, Mapping) and isinstance(oh.get("windows"), list):
+            n = len(oh["windows"])
+        got.append(n if isinstance(n, int) else 1)
+    return min(got)
+
+
 def what_to_run(diff: Diff) -> str:
     """What would make an unjudged change judged, for the headline."""
     if diff.noise.unstable:
         return "on a quieter machine, or with more iterations per window (--num-steps)"
     if diff.noise.windows() < 2:
+        had = recorded_windows(diff)
+        if had > 1:  # the run had them: one window's summary was passed (an attribution folder's before.json / after.json)
+            return f"profkit diff on the two run folders, which hold the {had} profile windows each run recorded"
         return "with --profile-windows 3"
     return "on a quieter machine, or with --profile-windows 5"
 
