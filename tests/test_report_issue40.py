@@ -218,3 +218,44 @@ def test_point3_a_window_summary_alone_names_the_run_folders_to_pass(attribution
     d = json.loads((tmp_path / "d.json").read_text())
     assert d["decomposition"]["windows"] == 1 and not d["noise"]["available"]
     assert any("REPORTS/run-all-topk_v2" in w for w in d["warnings"])
+
+
+def _headings(html: str) -> list[str]:
+    return [re.sub(r"<[^>]+>", "", h).strip() for h in re.findall(r"<h[1-3][^>]*>(.*?)</h[1-3]>", html, flags=re.S)]
+
+
+def test_point5_one_html_report_per_diff_whichever_command_wrote_it(attribution_folder, tmp_path):
+    """trace's report.html and `profkit report diff.json` of the same diff: the same sections in the same order (the same
+    page); verdict and cards, the waterfall and the timeline first, the slack charts after them, the run manifests
+    included, no heading twice, at most 2 MB."""
+    root, group, _ = attribution_folder
+    trace_html = (group / "report.html").read_text()
+    r = runner.invoke(app, ["report", str(group / "diff.json"), "-o", str(tmp_path / "r.html")])
+    assert r.exit_code == 0, r.output
+    report_html = (tmp_path / "r.html").read_text()
+    h_trace, h_report = _headings(trace_html), _headings(report_html)
+    assert h_trace == h_report, (h_trace, h_report)
+    assert len(h_trace) == len(set(h_trace)), h_trace  # nothing repeated
+    order = [next(i for i, h in enumerate(h_trace) if h.startswith(p)) for p in
+             ("Summary", "Where the GPU window went", "Timeline of a representative iteration", "GPU window per iteration",
+              "Overlap slack per step", "Run manifests")]
+    assert order == sorted(order), h_trace
+    assert "Ladder" not in " ".join(h_trace) and "decompositions use means" not in trace_html
+    for html in (trace_html, report_html):
+        assert len(html.encode()) <= 2_000_000
+        assert "run-all-topk_v2" in html and "manifest" in html.lower()
+
+
+@pytest.mark.parametrize("width", [1400, 900])
+def test_point5_the_one_report_has_no_console_error(attribution_folder, tmp_path, width):
+    from test_report_html import CHROMIUM, _chromium
+
+    if CHROMIUM is None:
+        pytest.skip("headless Chromium not installed (Debian: apt-get install chromium)")
+    root, group, _ = attribution_folder
+    html = (group / "report.html").read_text()
+    r = _chromium(f"--window-size={width},2400", "--dump-dom", (group / "report.html").as_uri())
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln] == []
+    n = html.count('<div id="profkit-fig-')
+    assert r.stdout.count('class="plot-container plotly"') == n >= 5

@@ -252,34 +252,8 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
     head["notes"] += [f"warning: {x}" for x in diff.warnings]
 
     out = [head]
-    slack = capture_section(prefix, diff, figs, lb, lc)
-    if not slack and capture_view.DOUBT_NOTE in capture_view.diff_lines(diff):
-        head["notes"].append(capture_view.DOUBT_NOTE)
-    out += slack
-    sb, sc = diff.series.baseline or [], diff.series.candidate or []
-    if sb or sc:
-        # first among the figures: a side whose iterations swing must be seen before its mean is read
-        swing = [x for x in (_swing(lb, sb, W["window"]), _swing(lc, sc, W["window"])) if x]
-        # one note for both sides, at the plot that shows it (the headline names the unstable sides too; it was one note a side)
-        note = ([f"warning: unstable: {'; '.join(swing)} over the compared iterations; "
-                 f"{'their means say' if len(swing) > 1 else 'its mean says'} little, and a change may be that swing (the plot below)"]
-                if swing else [])
-        out.append(_section(f"{prefix}-windows", f"{W['window']} per iteration, each side", notes=note,
-                            figures=[figs.div(F.gpu_window_figure([(lb, sb), (lc, sc)], window=W["window"]))]))
-    # (not `tl`: that is the sides' device timeline, which the labels below read)
-    sides = [(lb, diff.timelines.baseline), (lc, diff.timelines.candidate)]
-    cats = sorted(set(dec.baseline.category_us) | set(dec.candidate.category_us))
-    colors = F.category_colors(cats + [c for _, t in sides if t for c in t["ops"]["category"]])
-    s = _section(f"{prefix}-timeline", "Timeline of a representative iteration")
-    if not timeline:
-        pass
-    elif any(t for _, t in sides):
-        s["figures"].append(figs.div(F.timeline_figure(sides, colors=colors, window=W["window"])))
-        out.append(s)
-    else:
-        s["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
-        out.append(s)
-
+    # issue 40 point 5: the verdict and cards (head), then the waterfall and the timeline, then the per-iteration plot, the tables;
+    # capture health's slack and speculative charts after them. Built in page order: the first figure carries plotly.js
     rows = []
     # in the waterfall's order above it: largest |Δ| first
     for group, term, delta, bv, cv in sorted(decomposition_rows(diff), key=lambda r: -abs(r[2] or 0.0)):
@@ -297,6 +271,30 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
         figures=[figs.div(F.waterfall_figure(diff, window=W["window"]))],
         tables=[_table(["term", "baseline", "candidate", "Δ µs", "noise"], rows, align="lrrrl")],
     ))
+    # (not `tl`: that is the sides' device timeline, which the labels below read)
+    sides = [(lb, diff.timelines.baseline), (lc, diff.timelines.candidate)]
+    cats = sorted(set(dec.baseline.category_us) | set(dec.candidate.category_us))
+    colors = F.category_colors(cats + [c for _, t in sides if t for c in t["ops"]["category"]])
+    s = _section(f"{prefix}-timeline", "Timeline of a representative iteration")
+    if not timeline:
+        pass
+    elif any(t for _, t in sides):
+        s["figures"].append(figs.div(F.timeline_figure(sides, colors=colors, window=W["window"])))
+        out.append(s)
+    else:
+        s["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
+        out.append(s)
+
+    sb, sc = diff.series.baseline or [], diff.series.candidate or []
+    if sb or sc:
+        # first among the figures: a side whose iterations swing must be seen before its mean is read
+        swing = [x for x in (_swing(lb, sb, W["window"]), _swing(lc, sc, W["window"])) if x]
+        # one note for both sides, at the plot that shows it (the headline names the unstable sides too; it was one note a side)
+        note = ([f"warning: unstable: {'; '.join(swing)} over the compared iterations; "
+                 f"{'their means say' if len(swing) > 1 else 'its mean says'} little, and a change may be that swing (the plot below)"]
+                if swing else [])
+        out.append(_section(f"{prefix}-windows", f"{W['window']} per iteration, each side", notes=note,
+                            figures=[figs.div(F.gpu_window_figure([(lb, sb), (lc, sc)], window=W["window"]))]))
     ph = phase_rows(diff)
     if ph:  # the same change by phase (issue 19: where in the iteration, apart from what kind of kernel)
         out.append(_section(
@@ -344,6 +342,10 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
                                   align="llrrl", caption=f"{total} {W['kernel']}(s) {change}", name_cols=(0, 4), collapsed=True, wide_cols=(4,),
                                   more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
     out.append(_section(f"{prefix}-kernels", f"Top {W['kernels_plain']}", tables=ktables))
+    slack = capture_section(prefix, diff, figs, lb, lc)
+    if not slack and capture_view.DOUBT_NOTE in capture_view.diff_lines(diff):
+        head["notes"].append(capture_view.DOUBT_NOTE)
+    out += slack
     curves = _curve_section(f"{prefix}-throughput", [(lb, throughput_of(diff.manifests.baseline)),
                                                        (lc, throughput_of(diff.manifests.candidate))], figs)
     if curves:
