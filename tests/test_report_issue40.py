@@ -259,3 +259,15 @@ def test_point5_the_one_report_has_no_console_error(attribution_folder, tmp_path
     assert [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln] == []
     n = html.count('<div id="profkit-fig-')
     assert r.stdout.count('class="plot-container plotly"') == n >= 5
+
+
+def test_point6_the_waterfall_draws_only_judged_terms_in_colour(loo):
+    """Within-noise and below-floor terms are drawn grey over their bar; topk (-351.3 ±7.2, its own effect) keeps its colour."""
+    from profkit.report.figures import waterfall_figure
+
+    out, d, folder = loo
+    fig = waterfall_figure(diff_of(d))
+    assert [t.type for t in fig.data] == ["waterfall", "bar"]
+    grey = set(fig.data[1].x)
+    assert "topk" not in grey and {"idle: launch", "idle: gpu wait", "gemm", "attention"} <= grey
+    assert "idle: short gaps" not in grey  # -98.0 ±47.7: beyond noise and above the 48 µs floor
