@@ -27,11 +27,18 @@ GPU = DATA / "gpu"
 
 def test_missing_engine_and_model_path(tmp_path):
     """--target sglang with a model path that does not exist (and, where the test Python lacks it, no
-    sglang either): the launcher dies at start-up; profkit shows its log's tail."""
+    sglang either). Without sglang no server starts (issue 40: the dry run already knew): exit 4, one line naming the
+    Python, no run folder. With sglang the launcher dies at start-up and profkit shows its log's tail."""
+    import importlib.util
+
     p = profkit(tmp_path, "trace", "--target", "sglang", "--model-path", str(tmp_path / "no-model"), "--server-python", sys.executable,
                 "--opt", "topk_v2", "--health-timeout", "60")
     out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 4, err
+    if importlib.util.find_spec("sglang") is None:
+        assert f"sglang is not importable with {sys.executable}: no server started" in err and "--server-python" in err
+        assert manifests(tmp_path) == []
+        return
     assert "exited before it became healthy" in err and "sglang" in err
     (m,) = manifests(tmp_path)
     assert m["status"] == "failed" and m["stage"] == "server_start"

@@ -271,3 +271,41 @@ def test_point6_the_waterfall_draws_only_judged_terms_in_colour(loo):
     grey = set(fig.data[1].x)
     assert "topk" not in grey and {"idle: launch", "idle: gpu wait", "gemm", "attention"} <= grey
     assert "idle: short gaps" not in grey  # -98.0 ±47.7: beyond noise and above the 48 µs floor
+
+
+def test_point6_profiler_step_is_host_code_outside_recorded_ops():
+    """The sample eager trace: its idle time goes to the ProfilerStep#N spans, i.e. host code outside every recorded op."""
+    from pathlib import Path as P
+
+    trace = P(__file__).resolve().parent.parent / "traces" / "sample" / "eager_sync.pt.trace.json.gz"
+    r = runner.invoke(app, ["analyze", str(trace)])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "ProfilerStep#" not in text
+    assert "the CPU op with most of that idle time: host code outside recorded ops" in text
+    assert "exposed by host code outside recorded ops" in text
+
+
+def test_point6_a_cpu_only_diff_speaks_of_its_cpu_op_timeline(tmp_path):
+    trace = DATA / "bad" / "cpu_only.json.gz"
+    r = runner.invoke(app, ["diff", str(trace), str(trace), "--md", str(tmp_path / "d.md"), "--html", str(tmp_path / "d.html")])
+    assert r.exit_code == 0, r.output
+    md, html = (tmp_path / "d.md").read_text(), (tmp_path / "d.html").read_text()
+    banner = "kernel launches, graph launches and syncs are 0"  # the CPU banner says it once
+    for text in (md, html, r.output):
+        body = " ".join(text.split()).replace(banner, "")
+        assert "kernel launches" not in body and "GPU idle" not in body and "kernel-time" not in body and "host syncs" not in body
+
+
+def test_point6_a_gpu_bound_step_gets_a_verdict_line():
+    """vLLM on an MI300X (a public TraceLens trace): GPU window 156,466 µs against a 26,353 µs CPU window, busy 99.8%."""
+    from pathlib import Path as P
+
+    trace = P(__file__).resolve().parent.parent.parent / "shared" / "public-traces" / "tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz"
+    if not trace.is_file():
+        pytest.skip("public traces not present")
+    r = runner.invoke(app, ["analyze", str(trace), "--no-cache"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "verdict: GPU-bound: the GPU is busy 100% of its 156,466.4 µs window per iteration (medians); its window is 5.9× the CPU " \
+           "window (26,353.4 µs)" in text

@@ -245,6 +245,30 @@ class _Steps:
         return res
 
 
+def _engine_importable(cfg: RunConfig, states: dict[str, bool]) -> None:
+    """Before any server starts: the engine's package must import in the server's Python (the dry run says "sglang is
+    not importable with ..."; a real run started a server and failed in its log, issue 40). sglang and vllm only."""
+    import subprocess
+
+    from profkit.capture.run import compose
+    from profkit.errors import TargetError
+
+    module = {"sglang": "sglang", "vllm": "vllm"}.get(cfg.target)
+    if module is None:
+        return
+    py = compose(cfg, states, cfg.port or 30000).argv[0]
+    try:
+        p = subprocess.run([py, "-c", f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 3)"],
+                           capture_output=True, text=True, timeout=120)
+        ok = p.returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise TargetError(f"cannot run the server's Python {py}: {e}", hint="pass --server-python PATH (the engine's environment)") from None
+    if not ok:
+        raise TargetError(f"{module} is not importable with {py}: no server started",
+                          hint=f"install {module} there, or pass --server-python PATH (the Python of the {module} environment); "
+                               "--dry-run shows the commands")
+
+
 def _dry_run(cfg: RunConfig, plans: list[tuple[str, dict[str, bool]]]) -> None:
     from profkit.capture.run import compose
     from profkit.targets import sglang as sg
@@ -314,6 +338,7 @@ def trace(opt: Opt, options: RunOptions) -> None:
     if o.dry_run:
         _dry_run(cfg, [("baseline", s_base), (f"candidate ({tag})", s_cand)])
         return
+    _engine_importable(cfg, s_base)
     interrupts.install(terminate_too=True)  # SIGTERM and SIGHUP end a run as Ctrl-C does
     stamp = _stamp()
     with _Steps(2) as steps:
@@ -393,6 +418,7 @@ def sweep(
     if o.dry_run:
         _dry_run(cfg, [(label, st) for label, st, _, _ in plan])
         return
+    _engine_importable(cfg, plan[0][1])
     interrupts.install(terminate_too=True)  # SIGTERM and SIGHUP end a run as Ctrl-C does
     stamp = _stamp()
     sweep_dir = reports_dir / f"{stamp}-{target}-sweep-{mode}"

@@ -256,8 +256,16 @@ SERIES_KEYS = (("kernel_launches", "kernel launches"), ("graph_launches", "graph
                ("sync_copies", "blocking copies"), ("bubble_count", "bubbles"))
 
 
-def per_iteration_figure(sides: Sequence[tuple[str, Sequence[SeriesPoint]]]) -> go.Figure:
-    """Launches, syncs and bubbles per iteration, one line per (side, metric)."""
+def per_iteration_figure(sides: Sequence[tuple[str, Sequence[SeriesPoint]]], *, cpu: bool = False) -> go.Figure:
+    """Launches, syncs and bubbles per iteration, one line per (side, metric); `cpu`: a CPU-only run's bubbles alone (it
+    has no launches or syncs: issue 40)."""
+    if cpu:
+        fig = go.Figure()
+        for i, (label, its) in enumerate(sides):
+            fig.add_trace(go.Scatter(x=[it.index for it in its], y=[it.bubble_count or 0 for it in its], mode="lines+markers",
+                                     name=esc(f"{label}: bubbles", 100), line=dict(color=SIDE_COLORS[i % len(SIDE_COLORS)])))
+        fig.update_xaxes(title_text="iteration")
+        return _layout(fig, title="Bubbles per iteration (CPU-op timeline)", height=360)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("launches per iteration", "syncs and bubbles per iteration"))
     dashes = ("solid", "dash", "dot", "dashdot")
     for i, (label, its) in enumerate(sides):

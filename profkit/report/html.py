@@ -37,7 +37,7 @@ from profkit.report.views import (
     doubt_metric, row_metric, statistic_note, within_noise, withheld_text,
     throughput_rows, unstable_runs,
 )
-from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
+from profkit.report.vocab import GPU_ONLY_COUNTS, banner, count_label, diff_timeline, rank_timeline, words
 
 MAX_ROWS = 50
 MAX_BYTES = 2_000_000  # a report is at most 2 MB (README)
@@ -217,6 +217,8 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
          "sub": _sub(f"{num(g.delta, sign=True)} µs {ratio_pct(g.ratio, missing='')}", noise_verdict(diff, "gpu_window_us")), "tone": _tone(diff, "gpu_window_us", g.delta)},
     ]
     for key, label in (("kernel_launches", "kernel launches"), ("syncs", "host syncs"), ("bubble_count", "bubbles")):
+        if tl == "cpu" and key in GPU_ONLY_COUNTS:
+            continue  # a CPU-only run has none (the banner says so): no "kernel launches 0 → 0" card
         x = diff.counts[key]
         cards.append({"label": f"{label} per iteration (median)", "value": f"{num(x.baseline, COUNT)} → {num(x.candidate, COUNT)}",
                       "sub": num(x.delta, COUNT, sign=True) if x.delta else "no change", "tone": ""})
@@ -311,7 +313,7 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
     labels = {k: count_label(k, tl) for k in ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h",
                                                 "memcpy_h2d", "bubble_count")}
     crow = [[lab, num(diff.counts[k].baseline, COUNT), num(diff.counts[k].candidate, COUNT), num(diff.counts[k].delta, COUNT, sign=True),
-             noise_verdict(diff, f"counts.{k}")] for k, lab in labels.items()]
+             noise_verdict(diff, f"counts.{k}")] for k, lab in labels.items() if not (tl == "cpu" and k in GPU_ONLY_COUNTS)]
     for k, t in diff.timings.items():
         crow.append([k.replace("_us", " µs").replace("_", " "), num(t.baseline), num(t.candidate), num(t.delta, sign=True),
                      noise_verdict(diff, f"timings.{k}")])
@@ -325,8 +327,9 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
                              more=f"{len(syncs) - MAX_ROWS} more not shown" if len(syncs) > MAX_ROWS else None))
     figs_l = []
     if sb or sc:
-        figs_l.append(figs.div(F.per_iteration_figure([(lb, sb), (lc, sc)])))
-    out.append(_section(f"{prefix}-counts", "Launches and syncs per iteration", figures=figs_l, tables=tables))
+        figs_l.append(figs.div(F.per_iteration_figure([(lb, sb), (lc, sc)], cpu=tl == "cpu")))
+    out.append(_section(f"{prefix}-counts", "Bubbles and timings per iteration" if tl == "cpu" else "Launches and syncs per iteration",
+                        figures=figs_l, tables=tables))
 
     movers = diff.top_movers
     ktables = [_table([f"{W['kernel']} (normalized)", "category", "baseline µs", "candidate µs", "Δ µs", "", "full name, e.g."],
@@ -387,6 +390,7 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
     """The sections of one run, or of a sweep's runs (the ladder first). `timelines`: at most that many runs
     (the first and the last) in the per-configuration timeline, to keep a long sweep's page under MAX_BYTES."""
     out: list[dict[str, Any]] = []
+    cpu_page = bool(runs) and all(rank_timeline(_rank0(s)) == "cpu" for _, s in runs)  # no launches or syncs to plot
     if len(runs) >= 2:
         if ladder is None or len(ladder) != len(runs):
             raise ValueError(f"a report of {len(runs)} runs draws their ladder: pass Report(ladder=profkit.attribution.ladder_steps(runs))")
@@ -463,8 +467,8 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
         figs.div(F.category_figure([(label, _rank0(s).median.category_us) for label, s in runs], device=W["device"])),
         figs.div(F.bubbles_figure([(label, _bubbles_by_cause(_rank0(s))) for label, s in runs], device=W["device"])),
     ]))
-    out.append(_section("runs-counts", "Launches and syncs per iteration", figures=[
-        figs.div(F.per_iteration_figure([(label, _series(_rank0(s).iterations)) for label, s in runs]))]))
+    out.append(_section("runs-counts", "Bubbles per iteration" if cpu_page else "Launches and syncs per iteration", figures=[
+        figs.div(F.per_iteration_figure([(label, _series(_rank0(s).iterations)) for label, s in runs], cpu=cpu_page))]))
     tables = []
     for label, s in runs:
         r = _rank0(s)

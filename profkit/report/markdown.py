@@ -16,7 +16,7 @@ from profkit.report.base import Renderer, Report
 from profkit.report.fit import demangle
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, num, pct
 from profkit.report.views import withheld_text, counts_title, cpu_ops_text, decomposition_rows, doubt_metric, headline_lines, noise_verdict, phase_rows, row_metric, statistic_note, throughput_rows
-from profkit.report.vocab import banner, count_label, diff_timeline, words
+from profkit.report.vocab import GPU_ONLY_COUNTS, banner, count_label, diff_timeline, words
 
 GITHUB_COMMENT_LIMIT = 65_536
 # Headroom under GitHub's limit for whatever the bot that posts the comment adds around it.
@@ -192,7 +192,8 @@ TIMING_ROWS = {"launch_us": "launch host µs", "sync_us": "sync blocked µs", "b
 
 def _counts(diff: Diff, tl: str) -> list[str]:
     rows = [[count_label(k, tl), num(diff.counts[k].baseline, COUNT), num(diff.counts[k].candidate, COUNT),
-             num(diff.counts[k].delta, COUNT, sign=True), _noise_mark(diff, f"counts.{k}")] for k in COUNT_ROWS]
+             num(diff.counts[k].delta, COUNT, sign=True), _noise_mark(diff, f"counts.{k}")] for k in COUNT_ROWS
+            if not (tl == "cpu" and k in GPU_ONLY_COUNTS)]
     rows += [[lab, num(diff.timings[k].baseline), num(diff.timings[k].candidate), num(diff.timings[k].delta, sign=True), _noise_mark(diff, f"timings.{k}")]
              for k, lab in TIMING_ROWS.items() if k in diff.timings]
     return [f"#### P{counts_title(diff)[1:]}", "", *_table(["per iteration (median)", "baseline", "candidate", "Δ", "noise"], "lrrrl", rows), ""]
@@ -215,7 +216,7 @@ def _bubbles(diff: Diff, limit: int) -> list[str]:
         return []
     rows = [[side, num(x.dur_us), md_escape(x.cause), str(x.iteration), md_escape(cpu_ops_text([(o.name, o.us) for o in x.cpu_ops]), max_len=300)]
             for side, xs in largest.items() for x in xs[: min(limit, 5)]]
-    return ["#### Largest bubbles (GPU idle, with the CPU ops' exclusive µs inside each)", "",
+    return [f"#### Largest bubbles ({words(diff_timeline(diff))['idle']}, with the CPU ops' exclusive µs inside each)", "",
             *_table(["side", "µs", "cause", "iteration", "CPU ops"], "lrlrl", rows), ""]
 
 

@@ -23,11 +23,11 @@ from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, MIN_NAME, NAME, NUM, TEXT, cut_names, demangle, demangle_many, fit_table
 from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, num, pct
 from profkit.report.views import (
-    counts_title, cpu_ops_text, decomposition_rows, device_text, doubt_metric, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
+    counts_title, merged_ops, cpu_ops_text, decomposition_rows, device_text, doubt_metric, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
     row_metric, statistic_note, withheld_text,
     throughput_rows,
 )
-from profkit.report.vocab import banner, count_label, diff_timeline, words
+from profkit.report.vocab import GPU_ONLY_COUNTS, banner, count_label, diff_timeline, words
 
 _num = partial(num, missing=HYPHEN)  # the terminal writes a missing number as "-"
 
@@ -122,7 +122,7 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
                 console, "bubbles by cause (µs: median per iteration; count: all iterations; CPU ops: idle µs inside, mean per iteration)",
                 (("cause", COPY), ("µs", NUM), ("count", NUM), ("CPU was in (µs)", TEXT)),
                 [(c, _num(v), str(causes[c]["count"] if c in causes else 0),
-                  cpu_ops_text([(op, None if us is None else us / n_it) for op, us in idle_cpu_ops(r, c, 2)], unit=""))
+                  cpu_ops_text(merged_ops([(op, None if us is None else us / n_it) for op, us in idle_cpu_ops(r, c, 50)])[:2], unit=""))
                  for c, v in sorted(by_cause.items(), key=lambda kv: -kv[1])]))
             big = largest_bubbles(r, top)
             console.print(fit_table(
@@ -182,7 +182,7 @@ def _diff(diff: Diff, console: Console, *, top: int) -> None:
                                 [(k, _num(bv), _num(cv), _num(d, sign=True), noise_verdict(diff, m)) for k, bv, cv, d, m in ph]))
     console.print(fit_table(console, counts_title(diff), (("count", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
                             [(count_label(k, tl), _num(v.baseline, COUNT), _num(v.candidate, COUNT), _num(v.delta, COUNT, sign=True), noise_verdict(diff, f"counts.{k}"))
-                             for k, v in diff.counts.items()]))
+                             for k, v in diff.counts.items() if not (tl == "cpu" and k in GPU_ONLY_COUNTS)]))
     _kernel_and_sync_tables(diff, console, W, top=top)
     for w in diff.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}")

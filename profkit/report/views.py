@@ -10,11 +10,13 @@ Markdown and HTML renderers escape and lay them out. diff.json itself is compute
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from profkit.attribution.diff import IDLE_KEYS, term_label
+from profkit.analysis.slack import UNCOVERED
 from profkit.attribution.findings import host_gap
 from profkit.documents import Diff, ExpectedEffect, OwnTerm, Rank, ThroughputPoint, UnsetType, point_of
 from profkit.report.numbers import ratio_pct
@@ -137,8 +139,8 @@ def headline(diff: Diff) -> str:
     return "; ".join(parts)
 
 
-def _pct_of(part: float, whole: float) -> str:
-    return f", {100 * part / whole:.0f}% of the kernel-time change" if whole and (part < 0) == (whole < 0) and abs(whole) >= 1 else ""
+def _pct_of(part: float, whole: float, what: str = "kernel-time") -> str:
+    return f", {100 * part / whole:.0f}% of the {what} change" if whole and (part < 0) == (whole < 0) and abs(whole) >= 1 else ""
 
 
 def _own_text(t: OwnTerm) -> str:
@@ -211,7 +213,7 @@ def headline_lines(diff: Diff) -> list[str]:
                 parts.append(f"{', '.join(_own_text(t) for t in wrong)} beyond noise the WRONG way (a decrease expected)")
             if good:
                 cat = [t for t in good if t.term.startswith(("category_us.", "phase_us."))]
-                share = _pct_of(cat[0].delta_us, kernel) if len(cat) == 1 and cat[0].term.startswith("category_us.") else ""
+                share = _pct_of(cat[0].delta_us, kernel, W["kernel_time"]) if len(cat) == 1 and cat[0].term.startswith("category_us.") else ""
                 parts.append(f"{', '.join(_own_text(t) for t in good)} beyond noise, a decrease as expected{share}")
             if unseen:  # within the noise (or below the floor): the run cannot tell, so no verdict on it
                 parts.append(f"{', '.join(_own_text(t) for t in unseen)} not judged, within the noise"
@@ -373,10 +375,31 @@ def host_gap_text(rank: Rank) -> str | None:
     return text
 
 
+_PROFILER_STEP = re.compile(r"ProfilerStep#\d+")
+
+
+def op_label(name: str) -> str:
+    """A CPU op as a reader should read it: the profiler's own ``ProfilerStep#N`` span holds whatever host code ran
+    outside every recorded op (issue 40), so it is named for that, not as an op of the engine."""
+    return UNCOVERED if _PROFILER_STEP.fullmatch(name) else name
+
+
+def merged_ops(ops: Sequence[tuple[str, float | None]]) -> list[tuple[str, float | None]]:
+    """`ops` under op_label, those that read the same merged (their µs summed), in order of first appearance."""
+    out: dict[str, float | None] = {}
+    for name, us in ops:
+        k = op_label(name)
+        if k in out and out[k] is not None and us is not None:
+            out[k] = cast(float, out[k]) + us
+        else:
+            out.setdefault(k, us)
+    return list(out.items())
+
+
 def cpu_ops_text(ops: list[tuple[str, float | None]], *, sep: str = ", ", unit: str = " µs") -> str:
     """``plan 101.7 µs, draft 36.6 µs``; `unit` "" where the column's header names the unit (a terminal
     folds at spaces, and a figure must not land on one line and its unit on the next)."""
-    return sep.join(name if us is None else f"{name} {us:,.1f}{unit}" for name, us in ops)
+    return sep.join(name if us is None else f"{name} {us:,.1f}{unit}" for name, us in merged_ops(ops))
 
 
 def outside_text(rank: Rank) -> str | None:
@@ -416,6 +439,19 @@ _IDLE_WHY = {
 }
 
 
+GPU_BOUND_BUSY = 0.9  # a GPU busy at least this share of its window gets the GPU-bound verdict line (issue 40)
+
+
+def gpu_bound_verdict(win: float, idle: float, wall: float | None) -> str:
+    """The verdict line of a GPU-bound step: busy most of its window, and (where the CPU window is much shorter) the
+    host running ahead of a queue that sets the pace."""
+    busy = 100 * (win - idle) / win
+    ahead = (f"; its window is {win / wall:,.1f}× the CPU window ({wall:,.1f} µs): the host runs ahead and the GPU's queue sets "
+             "the pace" if wall and win >= 1.5 * wall else "")
+    return (f"verdict: GPU-bound: the GPU is busy {busy:.0f}% of its {win:,.1f} µs window per iteration (medians){ahead}; "
+            "a faster step needs less GPU work (the kernels below), not less host time")
+
+
 def idle_verdict(rank: Rank) -> str | None:
     """One line when the GPU mostly idles (median idle >= IDLE_VERDICT of the median window): what bounds
     the iteration, by the largest idle cause, with the CPU op most of that idle time went to. None for a
@@ -426,16 +462,21 @@ def idle_verdict(rank: Rank) -> str | None:
         return None
     m = rank.median
     win, idle = m.gpu_window_us, m.gpu_idle_us
+    if win and idle is not None and idle <= (1 - GPU_BOUND_BUSY) * win:
+        # a graph capture's kernels did not run (capture health says so): nothing bounds a step there
+        capture = bool(rank.iterations) and all(i.kind == "graph_capture" for i in rank.iterations)
+        return None if capture else gpu_bound_verdict(win, idle, m.wall_us)
     if not win or idle is None or idle < IDLE_VERDICT * win:
         return None
     causes = {k: v or 0.0 for k, v in m.bubble_us_by_cause.items()}
     causes["short_gaps"] = max(idle - (m.bubble_us or 0.0), 0.0)
     cause, us = max(causes.items(), key=lambda kv: kv[1])
     where = ""
-    ops = idle_cpu_ops(rank, cause, 1) if cause != "short_gaps" else []
+    # ProfilerStep#N spans are one thing, host code outside recorded ops: merged before the largest is named
+    ops = merged_ops(idle_cpu_ops(rank, cause, 50))[:1] if cause != "short_gaps" else []
     if ops and ops[0][1]:
         n = max(len(rank.iterations), 1)
-        where = f"; the CPU op with most of that idle time: {ops[0][0]} ({ops[0][1] / n:,.1f} µs per iteration)"
+        where = f"; the CPU op with most of that idle time: {op_label(ops[0][0])} ({ops[0][1] / n:,.1f} µs per iteration)"
     launches = f", {m.kernel_launches:,.0f} kernel launches per iteration" if cause == "launch" and m.kernel_launches else ""
     return (f"verdict: the GPU idles {idle:,.1f} of its {win:,.1f} µs window per iteration ({100 * idle / win:.0f}%, medians); "
             f"{_IDLE_WHY.get(cause, cause)} ({cause.replace('_', ' ')} {us:,.1f} µs{launches}){where}")
