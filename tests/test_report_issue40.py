@@ -309,3 +309,30 @@ def test_point6_a_gpu_bound_step_gets_a_verdict_line():
     text = " ".join(r.output.split())
     assert "verdict: GPU-bound: the GPU is busy 100% of its 156,466.4 µs window per iteration (medians); its window is 5.9× the CPU " \
            "window (26,353.4 µs)" in text
+
+
+def test_point6_the_sweep_table_says_its_statistic_direction_and_own_effect():
+    from test_snapshots import _sweep_table
+
+    text = " ".join(_sweep_table(120).split())
+    assert "means" not in text and "negative: shorter, faster" in text and "each Δ one profile window a side, not judged" in text
+    assert "own effect" in text and "topk -288 not judged" in text and "indexer -510 not judged" in text
+
+
+def test_point6_the_80_column_spinner_keeps_the_whole_stage_text():
+    """The live line of `trace` on an 80-column terminal: the stage folds onto a second line instead of losing its end."""
+    import io
+
+    from rich.console import Console
+
+    from profkit.cli.capture import live_progress
+
+    stage = "runs 1-2/2, alternating: candidate (topk_v2): analyzing profile window 2/3 (window-1, 6 iterations)"
+    buf = io.StringIO()
+    console = Console(file=buf, width=80, force_terminal=True, color_system=None, legacy_windows=False)
+    p = live_progress(console)
+    p.add_task(stage, total=None)
+    console.print(p.get_renderable())
+    text = " ".join(buf.getvalue().split())
+    assert "…" not in text and " ".join(stage.split()) in text.replace("- ", "-")
+    assert re.search(r"\d:\d\d:\d\d", text)  # the elapsed time whole
