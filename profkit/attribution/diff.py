@@ -368,7 +368,8 @@ def profiler_slowdowns(*manifests: Any) -> list[float]:
     for m in manifests:
         oh = m.get("profiler_overhead") if isinstance(m, Mapping) else None
         if isinstance(oh, Mapping):
-            ws = oh.get("windows") if isinstance(oh.get("windows"), list) and oh.get("windows") else [oh]
+            got = oh.get("windows")
+            ws: list[Any] = got if isinstance(got, list) and got else [oh]
             out += [float(v) for w in ws if isinstance(w, Mapping) and isinstance(v := w.get("slowdown"), (int, float)) and v > 0]
     return out
 
@@ -420,7 +421,9 @@ def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
 
     grows = set((getattr(catalog, "optimization_grows", None) or {}).get(opt, ()))
     grows_why = (getattr(catalog, "optimization_grows_why", None) or {}).get(opt) or None
-    changes, flags, unflagged = [], [], []
+    changes: list[dict[str, Any]] = []
+    flags: list[str] = []
+    unflagged: list[str] = []
     for cat in sorted(k.split(".", 1)[1] for k in st if k.startswith("category_us.")):
         m = get(f"category_us.{cat}")
         if m["delta"] == 0:

@@ -144,8 +144,8 @@ def _run_label(summary: dict[str, Any]) -> str | None:
 
 def _windows_expected(doc: dict[str, Any]) -> int:
     """How many profile windows the summary's run had (its `run` section's profiler_overhead lists one per window)."""
-    run = doc.get("run") if isinstance(doc.get("run"), dict) else {}
-    oh = run.get("profiler_overhead") if isinstance(run.get("profiler_overhead"), dict) else {}
+    run: dict[str, Any] = doc["run"] if isinstance(doc.get("run"), dict) else {}
+    oh: dict[str, Any] = run["profiler_overhead"] if isinstance(run.get("profiler_overhead"), dict) else {}
     ws = oh.get("windows")
     return len(ws) if isinstance(ws, list) else 1
 
@@ -155,7 +155,7 @@ def _windows_of_summary(path: Path, doc: dict[str, Any]) -> tuple[list[dict[str,
     folder's before.json / after.json and every window under reports/<run_id>/window-<i>/summary.json (the run id in
     the summary's `run` section), so they are looked for beside the file, in its folder's sibling <run_id>/ and in
     its own <run_id>/. ([], None) for a summary of one window; ([], what to pass) when the others are not found."""
-    run = doc.get("run") if isinstance(doc.get("run"), dict) else {}
+    run: dict[str, Any] = doc["run"] if isinstance(doc.get("run"), dict) else {}
     rid = run.get("run_id")
     n = _windows_expected(doc)
     if not isinstance(rid, str) or not rid or n < 2:
@@ -166,7 +166,7 @@ def _windows_of_summary(path: Path, doc: dict[str, Any]) -> tuple[list[dict[str,
         docs = []
         for f in found:
             w = read_json(f)
-            if is_summary(w) and isinstance(w.get("run"), dict) and w["run"].get("run_id") == rid:
+            if is_summary(w) and isinstance(w, dict) and isinstance(w.get("run"), dict) and w["run"].get("run_id") == rid:
                 docs.append(check_summary(w, f))
         if len(docs) >= 2:
             return docs, None
