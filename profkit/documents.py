@@ -344,6 +344,9 @@ class ExpectedEffect(_Doc):
     flags: list[str] = []
     ok: bool | None = None
     note: str = ""  # an optimization the catalog does not know
+    not_judged: dict[str, Any] | None = None  # flags withheld: {reason, changes} (the windows disagree on the profiler's slowdown)
+    grows: list[str] = []  # the categories whose per-step work it grows by design ("*": every one)
+    grows_why: str | None = None
 
 
 class NoiseSide(_Doc):

@@ -27,11 +27,18 @@ GPU = DATA / "gpu"
 
 def test_missing_engine_and_model_path(tmp_path):
     """--target sglang with a model path that does not exist (and, where the test Python lacks it, no
-    sglang either): the launcher dies at start-up; profkit shows its log's tail."""
+    sglang either). Without sglang no server starts (issue 40: the dry run already knew): exit 4, one line naming the
+    Python, no run folder. With sglang the launcher dies at start-up and profkit shows its log's tail."""
+    import importlib.util
+
     p = profkit(tmp_path, "trace", "--target", "sglang", "--model-path", str(tmp_path / "no-model"), "--server-python", sys.executable,
                 "--opt", "topk_v2", "--health-timeout", "60")
     out, err = p.communicate(timeout=HANG_S)
     assert p.returncode == 4, err
+    if importlib.util.find_spec("sglang") is None:
+        assert f"sglang is not importable with {sys.executable}: no server started" in err and "--server-python" in err
+        assert manifests(tmp_path) == []
+        return
     assert "exited before it became healthy" in err and "sglang" in err
     (m,) = manifests(tmp_path)
     assert m["status"] == "failed" and m["stage"] == "server_start"
@@ -132,3 +139,22 @@ def test_profile_files_never_appearing(tmp_path):
     assert (m["status"], m["stage"]) == ("failed", "capture")
     assert m["trace_files"] == []
     assert_no_leftovers(port)
+
+
+def test_an_interrupt_during_analysis_names_the_diff_to_run(tmp_path):
+    """Issue 40: a run interrupted during its analysis (both sides recorded) says which command attributes the two run
+    folders, and that command works; more profile windows make the analysis long enough to land in."""
+    p = profkit(tmp_path, "trace", "--opt", "topk_v2", *SMALL, "--profile-windows", "3")
+    wait_stage(tmp_path, "analysis", p)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=HANG_S)
+    if p.returncode == 0:
+        pytest.skip("the analysis ended before the signal landed")
+    assert p.returncode == 130, err
+    line = next(ln for ln in err.splitlines() if "attribute them with:" in ln)
+    cmd = line.split("attribute them with: ", 1)[1].split()
+    runs = sorted((tmp_path / "traces").iterdir())
+    assert cmd[:2] == ["profkit", "diff"] and sorted(cmd[2:4]) == [str(r) for r in runs] and cmd[4:] == ["--opt", "topk_v2"]
+    d = subprocess.run([sys.executable, "-m", "profkit", "diff", *cmd[2:], "--json", str(tmp_path / "d.json")], capture_output=True, text=True)
+    assert d.returncode == 0, d.stderr
+    assert json.loads((tmp_path / "d.json").read_text())["decomposition"]["windows"] == 3

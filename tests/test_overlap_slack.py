@@ -90,7 +90,7 @@ def test_overlap_diff_reports_the_change_in_exposed_host_time(tmp_path):
     assert d["overlap_slack"]["baseline"]["exposed_share"]["median"] == 1.0
     assert d["overlap_slack"]["candidate"]["exposed_share"]["median"] == 0.0
     assert "Exposed host time per transition" in r.stdout and "Exposed host time per transition" in (tmp_path / "d.md").read_text()
-    assert r.stdout.splitlines()[0].startswith("health: ")
+    assert r.stdout.splitlines()[0].startswith(("health: ", "capture health degraded: "))  # the health line first, in words (issue 40)
 
 
 def test_index_share_diff_states_draft_gpu_us_per_accepted_token(tmp_path):
@@ -141,7 +141,7 @@ def test_docs_examples_print_what_the_doc_shows():
         r = subprocess.run([sys.executable, "-m", "profkit", *cmd.split()[1:]], capture_output=True, text=True, cwd=root)
         assert r.returncode == 0, r.stderr
         assert " ".join(line.split()) in " ".join(r.stdout.split()), (cmd, line)  # the terminal wraps at its width
-        assert r.stdout.splitlines()[0].startswith("health: ")
+        assert r.stdout.splitlines()[0].startswith(("health: ", "capture health degraded: "))  # the health line first, in words (issue 40)
 
 
 VLLM_METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.

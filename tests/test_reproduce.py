@@ -73,18 +73,17 @@ def test_printed_command_reproduces_the_attribution(tmp_path):
     assert _strip(json.loads((tmp_path / "inf.json").read_text())) == _strip(wrote)
 
     # the summaries trace wrote keep the labels, the throughput and the expected-effect check
-    # (their profile windows are the run folders' window-*/: these have no noise estimate)
+    # (and, issue 40 point 3, the profile windows they came with: the run folders' window-*/, found from their run id)
     pair = subprocess.run([sys.executable, "-m", "profkit", "diff", str(group / "before.json"), str(group / "after.json"), "--json", "pair.json"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert pair.returncode == 0, pair.stderr
     d = json.loads((tmp_path / "pair.json").read_text())
     assert (d["baseline"]["label"], d["candidate"]["label"]) == (wrote["baseline"]["label"], wrote["candidate"]["label"])
     assert d["throughput"] == wrote["throughput"] and d["optimization"] == "topk_v2" and d["expected_effect"]["optimization"] == "topk_v2"
-    # window 0 of each side: the first pair of the trace's decomposition (which is the median over the windows, issue 30)
-    w0 = wrote["decomposition"]["per_window"][0]
-    assert d["decomposition"]["per_window"] == [w0]
+    # every window of each side: the trace's decomposition itself (the median over the windows, issue 30; window 0 alone before issue 40)
+    assert d["decomposition"]["per_window"] == wrote["decomposition"]["per_window"]
     assert {k: d["decomposition"][k] for k in ("category_us", "overlap_us", "idle_us_by_cause", "backlog_us", "phase_us")} == \
-        {k: w0[k] for k in ("category_us", "overlap_us", "idle_us_by_cause", "backlog_us", "phase_us")}
+        {k: wrote["decomposition"][k] for k in ("category_us", "overlap_us", "idle_us_by_cause", "backlog_us", "phase_us")}
 
     # the run folders under traces/ (what --capture-only prints): the switch inferred from the manifests
     runs = sorted((tmp_path / "traces").iterdir(), key=lambda d: not d.name.endswith("-before"))

@@ -43,7 +43,7 @@ __all__ = [
 
 _TOP_KEYS = frozenset({"name", "description", "default_category", "signature", "rule", "optimizations"})
 _RULE_KEYS = frozenset({"category", "pattern", "cats", "annotation", "owner"})
-_OPT_KEYS = frozenset({"categories", "description", "phases", "idle"})
+_OPT_KEYS = frozenset({"categories", "description", "phases", "idle", "grows", "grows_why"})
 _FORMAT_HINT = "see kernels/README.md for the catalog format"
 _CLASSIFY_CACHE_SIZE = 1 << 16
 
@@ -98,6 +98,10 @@ class Catalog:
     optimization_descriptions: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
     optimization_phases: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False, compare=False)
     optimization_idle: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False, compare=False)
+    # the per-step work an optimization is expected to GROW (categories, "*" for every one) and why, in words: a
+    # speculative verify step does 1 + k tokens' work where the decode step it replaces does 1 (issue 40)
+    optimization_grows: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False, compare=False)
+    optimization_grows_why: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
     _cached: Callable[[str, str, str | None], tuple[str, str | None]] = field(
         init=False, repr=False, hash=False, compare=False
     )
@@ -371,6 +375,8 @@ def _parse(data: Mapping[str, Any], path: Path) -> Catalog:
     opt_descriptions: dict[str, str] = {}
     opt_phases: dict[str, tuple[str, ...]] = {}
     opt_idle: dict[str, tuple[str, ...]] = {}
+    opt_grows: dict[str, tuple[str, ...]] = {}
+    opt_grows_why: dict[str, str] = {}
     for opt, body in raw_opts.items():
         where = f"{path}: [optimizations.{opt}]"
         if not isinstance(body, dict):
@@ -386,6 +392,14 @@ def _parse(data: Mapping[str, Any], path: Path) -> Catalog:
             if not isinstance(got, list) or not all(isinstance(x, str) for x in got) or set(got) - set(known):
                 raise _err(f"{where}: '{key}' must be a list of {', '.join(known)} (or [] for none)")
             into[opt] = tuple(got)
+        grows = body.get("grows", [])
+        if not isinstance(grows, list) or not all(isinstance(x, str) for x in grows):
+            raise _err(f"{where}: 'grows' must be a list of categories, or [\"*\"] for every category (or [] for none)")
+        why = _opt_str(body, "grows_why", where)
+        if grows and not why:
+            raise _err(f"{where}: 'grows' needs 'grows_why' (which per-step work grows, in words)")
+        opt_grows[opt] = tuple(grows)
+        opt_grows_why[opt] = why or ""
 
     raw_rules = data.get("rule", [])
     if not isinstance(raw_rules, list):
@@ -413,6 +427,8 @@ def _parse(data: Mapping[str, Any], path: Path) -> Catalog:
         optimization_descriptions=opt_descriptions,
         optimization_phases=opt_phases,
         optimization_idle=opt_idle,
+        optimization_grows=opt_grows,
+        optimization_grows_why=opt_grows_why,
     )
 
 

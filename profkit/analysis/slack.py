@@ -149,8 +149,13 @@ def slack_line(s: dict[str, Any] | None) -> str | None:
     """The one line the terminal and Markdown reports print for a rank's overlap slack."""
     if not s or not s.get("count"):
         return None
-    top = s["exposed_us_by_breaker"][:2]
-    why = ("; exposed by " + ", ".join(f"{b['breaker']} {b['us']:,.1f} µs" for b in top)) if top else ""
+    # the profiler's own ProfilerStep#N span is host code outside recorded ops (issue 40): one breaker in words, its µs merged
+    said: dict[str, float] = {}
+    for b in s["exposed_us_by_breaker"]:
+        k = UNCOVERED if b["breaker"] == "cpu ProfilerStep#N" else b["breaker"]
+        said[k] = said.get(k, 0.0) + b["us"]
+    top = sorted(said.items(), key=lambda kv: -kv[1])[:2]
+    why = ("; exposed by " + ", ".join(f"{k} {us:,.1f} µs" for k, us in top)) if top else ""
     return (f"Overlap slack N→N+1: median {s['median_us']:,.1f} µs, p10 {s['p10_us']:,.1f}, worst {s['p1_us']:,.1f}; "
             f"host exposed on {s['exposed_share'] * 100:.0f}% of {s['count']} transitions "
             f"({s['exposed_us_mean']:,.1f} µs per transition){why}")

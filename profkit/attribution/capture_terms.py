@@ -99,9 +99,12 @@ def slack_diff_line(d: Mapping[str, Any] | None) -> str | None:
             f"{c['exposed_share']['median'] * 100:.0f}%; median slack {b['median_us']['median']:,.1f} → {c['median_us']['median']:,.1f} µs")
 
 
-def health_diff_line(baseline: Any, candidate: Any) -> str:
-    """The first line of a diff report: each side's health (diff.json's health.baseline and .candidate)."""
-    b, c = health.health_text(baseline), health.health_text(candidate)
-    if b == c:
-        return b + " (both sides)"
-    return f"baseline {b}; candidate {c}"
+def health_diff_line(baseline: Any, candidate: Any, slowdowns: Sequence[float] = ()) -> str:
+    """The first line of a diff report: each side's health (diff.json's health.baseline and .candidate), in words;
+    `slowdowns`: every profile window's profiler slowdown, both sides (one range, "these runs")."""
+    def checks(h: Any) -> Any:
+        return (h.get("verdict"), sorted({f["check"] for f in h.get("findings") or []})) if isinstance(h, Mapping) else None
+
+    if checks(baseline) == checks(candidate):
+        return health.health_text(baseline, slowdowns) + ("" if checks(baseline) and checks(baseline)[0] == "degraded" else " (both sides)")
+    return f"baseline {health.health_text(baseline)}; candidate {health.health_text(candidate)}"

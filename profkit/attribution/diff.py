@@ -292,10 +292,13 @@ def _window_flat(its: Sequence[Iteration], basis: str) -> Terms:
     out = flat_means(its, basis)
     for k, v in _counts(its).items():
         out[f"counts.{k}"] = Fraction(v or 0)
+    for k, t in _timings(its).items():
+        if t is not None:
+            out[f"timings.{k}"] = Fraction(round(float(t) * 2000), 2)  # ns; a median of an even count can end in half a ns
     return out
 
 
-def _noise(st: Stats, nb: int, nc: int, unstable: str | None = None) -> dict[str, Any]:
+def _noise(st: Stats, nb: int, nc: int, unstable: str | None = None, recorded: int = 1) -> dict[str, Any]:
     """diff.json's ``noise``: per metric, each side's median and spread over its windows, the change
     (median over paired windows of the per-window change: the figure every renderer shows) and the
     noise it is judged against (the largest spread: either side's windows, or the per-window changes)."""
@@ -303,7 +306,8 @@ def _noise(st: Stats, nb: int, nc: int, unstable: str | None = None) -> dict[str
         return {
             "available": False,
             "repeats": {"baseline": nb, "candidate": nc},
-            "note": "not judged: one profile window per side, so no noise estimate; profile with --profile-windows N (N >= 2)",
+            "note": ("not judged: one profile window per side, so no noise estimate; profile with --profile-windows N (N >= 2)" if recorded < 2 else
+                     f"not judged: one profile window per side, so no noise estimate; the runs recorded {recorded} each: pass their run folders"),
         }
     if unstable:
         return {"available": False, "unstable": True, "repeats": {"baseline": nb, "candidate": nc},
@@ -360,8 +364,34 @@ def _backlog_drift_ns(windows: Sequence[tuple[int, Sequence[Iteration]]]) -> Fra
 # expected effect
 
 
+SLOWDOWN_AGREE = 2.0  # profile windows whose profiler slowdowns lie further apart than this (max/min) raise no flag (issue 40)
+
+
+def profiler_slowdowns(*manifests: Any) -> list[float]:
+    """Every profile window's profiler slowdown (profiled / unprofiled time per token: the manifests'
+    profiler_overhead, per window where it lists them), over the given run manifests."""
+    out: list[float] = []
+    for m in manifests:
+        oh = m.get("profiler_overhead") if isinstance(m, Mapping) else None
+        if isinstance(oh, Mapping):
+            got = oh.get("windows")
+            ws: list[Any] = got if isinstance(got, list) and got else [oh]
+            out += [float(v) for w in ws if isinstance(w, Mapping) and isinstance(v := w.get("slowdown"), (int, float)) and v > 0]
+    return out
+
+
+def slowdown_disagreement(slowdowns: Sequence[float]) -> str | None:
+    """Why no flag can be raised when the windows disagree on the profiler's slowdown by more than SLOWDOWN_AGREE
+    (a window the profiler slowed 11× holds host-side work, and the GPU work that waits on it, unlike one slowed 1.7×),
+    else None."""
+    if len(slowdowns) < 2 or max(slowdowns) <= SLOWDOWN_AGREE * min(slowdowns):
+        return None
+    return f"the profiler's slowdown varied {min(slowdowns):.1f}–{max(slowdowns):.1f}× between windows"
+
+
 def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
-                     drift_ns: Fraction = Fraction(0), *, clock: bool = False, unstable: str | None = None) -> dict[str, Any] | None:
+                     drift_ns: Fraction = Fraction(0), *, clock: bool = False, unstable: str | None = None,
+                     slowdown: str | None = None) -> dict[str, Any] | None:
     """The expected-effect check on the statistic `st` (attribution/windows.window_statistic: every
     figure the median over paired windows of the per-window change, judged against the larger
     spread): the optimization's own terms first, then what else moved beyond the noise. Nothing is
@@ -395,7 +425,11 @@ def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
         return {"term": key, "delta_us": _us(m["delta"]), "spread_us": _us(m["noise"]) if use_noise else None,
                 "within_noise": within(m["delta"], m["noise"]) if use_noise else None}
 
-    changes, flags = [], []
+    grows = set((getattr(catalog, "optimization_grows", None) or {}).get(opt, ()))
+    grows_why = (getattr(catalog, "optimization_grows_why", None) or {}).get(opt) or None
+    changes: list[dict[str, Any]] = []
+    flags: list[str] = []
+    unflagged: list[str] = []
     for cat in sorted(k.split(".", 1)[1] for k in st if k.startswith("category_us.")):
         m = get(f"category_us.{cat}")
         if m["delta"] == 0:
@@ -403,15 +437,20 @@ def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
         inside = cat in owned
         exceeds = beyond(f"category_us.{cat}")  # not judged (one window a side): never flagged
         pct = float(m["delta"] / m["baseline"] * 100) if m["baseline"] else None
-        flagged = (not inside) and exceeds
+        # growth the catalog expects of the optimization's own design (a verify step's work per token) is no flag
+        growth = m["delta"] > 0 and ("*" in grows or cat in grows)
+        candidate_flag = (not inside) and exceeds and not growth
+        flagged = candidate_flag and slowdown is None  # windows the profiler slowed 1.7× and 11× apart: not judged
         changes.append({
             "category": cat, "baseline_us": _us(m["baseline"]), "candidate_us": _us(m["candidate"]), "delta_us": _us(m["delta"]), "pct": pct,
             "inside": inside, "exceeds_threshold": exceeds, "flagged": flagged,
             "within_noise": term(f"category_us.{cat}")["within_noise"],
+            **({"expected_growth": True} if growth and exceeds and not inside else {}),
         })
-        if flagged:
+        if candidate_flag:
             how = f"by {pct:+,.1f}%" if pct is not None else f"by {_us(m['delta']):+,.1f} µs (absent in the baseline)"
-            flags.append(f"{opt} changed {cat} time {how}, outside its categories ({_us(m['delta']):+,.1f} µs per iteration)")
+            (flags if flagged else unflagged).append(
+                f"{opt} changed {cat} time {how}, outside its categories ({_us(m['delta']):+,.1f} µs per iteration)")
     changes.sort(key=lambda ch: -abs(ch["delta_us"]))
 
     # its own effect first: the catalog's categories, phases and idle causes of the optimization, each expected
@@ -444,7 +483,11 @@ def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
         # None when not judged: no pass, no fail
         # a pass only when judged, nothing against it, and its own effect seen beyond the noise; None: no pass, no fail
         "changes": changes, "flags": flags,
-        "ok": None if not use_noise else False if (flags or against) else True if any(t["as_expected"] for t in own) else None,
+        # (optional keys) changes outside its categories that would be flags, not judged because the windows disagree on the
+        # profiler's slowdown (the sentence says by how much); growth the catalog expects (grows, grows_why)
+        **({"not_judged": {"reason": slowdown, "changes": unflagged}} if slowdown and unflagged else {}),
+        **({"grows": sorted(grows), "grows_why": grows_why} if grows else {}),
+        "ok": None if not use_noise else False if (flags or against) else None if unflagged else True if any(t["as_expected"] for t in own) else None,
     }
 
 
@@ -581,9 +624,15 @@ def compare_summaries(
 
     # --- counts -------------------------------------------------------------------------------
     cb, cc = _counts(ib), _counts(ic)
-    counts = {k: _side_by_side(cb[k], cc[k]) for k in COUNT_KEYS}
+    # one statistic, everywhere (DESIGN.md): each side's median over its windows of the per-iteration median, and the
+    # median over paired windows of the per-window change, as the noise verdict beside it judges (window 0 alone before)
+    counts = ({k: {"baseline": float(st[f"counts.{k}"]["baseline"]), "candidate": float(st[f"counts.{k}"]["candidate"]),
+                   "delta": float(st[f"counts.{k}"]["delta"])} for k in COUNT_KEYS}
+              if fb and fc else {k: _side_by_side(cb[k], cc[k]) for k in COUNT_KEYS})
     tb, tc = _timings(ib), _timings(ic)
-    timings = {k: _side_by_side(tb[k], tc[k]) for k in TIMING_KEYS}
+    timings = ({k: {"baseline": _us(st[f"timings.{k}"]["baseline"]), "candidate": _us(st[f"timings.{k}"]["candidate"]),
+                    "delta": _us(st[f"timings.{k}"]["delta"])} if f"timings.{k}" in st else _side_by_side(tb[k], tc[k]) for k in TIMING_KEYS}
+               if fb and fc else {k: _side_by_side(tb[k], tc[k]) for k in TIMING_KEYS})
     sb, sc = _sync_groups(rb, ib), _sync_groups(rc, ic)
     syncs = [
         {"kind": k[0], "api": k[1], "direction": k[2], "trigger": k[3],
@@ -619,7 +668,8 @@ def compare_summaries(
     movers.sort(key=lambda m: (-abs(m["delta_us"]), m["name"], m.get("shape", "")))
 
     # --- noise and expected effect ------------------------------------------------------------
-    noise = _noise(st, len(fb), len(fc), unstable)
+    recorded = min(len(profiler_slowdowns(run_manifest(base))) or 1, len(profiler_slowdowns(run_manifest(cand))) or 1)
+    noise = _noise(st, len(fb), len(fc), unstable, recorded)
     drift_b, drift_c = _backlog_drift_ns(win_b), _backlog_drift_ns(win_c)
     drift = drift_b + drift_c
     gw = st["gpu_window_us"]
@@ -632,7 +682,8 @@ def compare_summaries(
             warnings.append(f"the GPU's backlog moved during the compared iterations (GPU-bound, the host ahead): {_us(drift_b):,.1f} µs "
                             f"per iteration on the baseline, {_us(drift_c):,.1f} on the candidate; time by the clock inside a window "
                             f"then misses or gains that much of each iteration's work, so category changes below {_us(drift):,.1f} µs are not flagged")
-    expected = _expected_effect(opt, catalog, st, use_noise, drift, clock=basis == "clock", unstable=unstable)
+    slowdown = slowdown_disagreement(profiler_slowdowns(run_manifest(base), run_manifest(cand)))
+    expected = _expected_effect(opt, catalog, st, use_noise, drift, clock=basis == "clock", unstable=unstable, slowdown=slowdown)
     if bool(cb["graph_launches"]) != bool(cc["graph_launches"]):  # eager on one side, graph replay on the other
         warnings.append("one side replays CUDA graphs and the other launches eagerly: a replayed kernel is recorded a little longer "
                         "than the same kernel launched from a stream, though it runs no longer (on an H200, +0.12 µs for a 1.3 µs "

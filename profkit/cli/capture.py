@@ -17,7 +17,7 @@ from rich.markup import escape
 from profkit.cli import interrupts
 from profkit.cli.common import command, err, option, options_from, out
 from profkit.cli.options import BASE, CATALOG, MARKER, MIN_BUBBLE_US, TARGET, BaseMode, SweepMode, Target, TargetName
-from profkit.errors import UsageError
+from profkit.errors import Interrupted, UsageError
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -164,6 +164,19 @@ def _stamp() -> str:
     return dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
+def live_progress(console: Any) -> Progress:
+    """The live line of a long run on a terminal: spinner, elapsed time, the stage. The stage's column takes what is left
+    of the line (ratio=1 with expand=True: without it rich shrank every column alike and the elapsed time read "0:…" at
+    80 columns) and folds onto a second line rather than cut (issue 40: at 80 columns "analyzing profile window 2/3" lost
+    its end); the elapsed time is never cut."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Column
+
+    return Progress(SpinnerColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.description}", table_column=Column(ratio=1, no_wrap=False, overflow="fold")),
+                    console=console, transient=True, expand=True)
+
+
 class _Steps:
     """Where a long run is, on stderr. On a terminal: one live line (spinner, run i of N, its step: the
     repeat, the profile window, the window's iteration; elapsed time). Elsewhere (a pipe, `| tee`, a
@@ -176,15 +189,7 @@ class _Steps:
         self.runs, self.n, self.t0 = runs, 0, time.monotonic()
         self.live: Progress | None = None
         if err.is_terminal:
-            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-            from rich.table import Column
-
-            # one line at any width: the description is cut at its end, never the elapsed time
-            # (the description's column takes what is left of the line, ratio=1 with expand=True: without it rich shrank
-            # every column alike and the elapsed time read "0:…" at 80 columns)
-            self.live = Progress(SpinnerColumn(), TimeElapsedColumn(),
-                                 TextColumn("{task.description}", table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
-                                 console=err, transient=True, expand=True)
+            self.live = live_progress(err)
 
     def __enter__(self) -> "_Steps":
         if self.live:
@@ -243,6 +248,49 @@ class _Steps:
             for w in r.manifest.get("warnings") or []:
                 err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}")
         return res
+
+
+def _interrupted_hint(cfg: RunConfig, run_ids: tuple[str, ...], tag: str) -> str | None:
+    """When both runs' traces were recorded (an interrupt during the analysis): the command that attributes them,
+    `profkit diff` of the two run folders (it analyzes their every profile window); else None."""
+    dirs = [cfg.traces_dir / r for r in run_ids]
+
+    def recorded(d: Path) -> bool:  # its capture finished: analyzed, being analyzed, or waiting for its analysis
+        try:
+            m = json.loads((d / "manifest.json").read_text())
+        except (OSError, ValueError):
+            return False
+        err = str(m.get("error") or "")
+        return m.get("status") == "ok" or m.get("stage") == "analysis" or err.startswith(("interrupted before its analysis",
+                                                                                          "recorded, not analyzed"))
+
+    if not all(recorded(d) for d in dirs):
+        return None
+    return f"both runs were recorded; attribute them with: {shlex.join(['profkit', 'diff', str(dirs[0]), str(dirs[1]), '--opt', tag])}"
+
+
+def _engine_importable(cfg: RunConfig, states: dict[str, bool]) -> None:
+    """Before any server starts: the engine's package must import in the server's Python (the dry run says "sglang is
+    not importable with ..."; a real run started a server and failed in its log, issue 40). sglang and vllm only."""
+    import subprocess
+
+    from profkit.capture.run import compose
+    from profkit.errors import TargetError
+
+    module = {"sglang": "sglang", "vllm": "vllm"}.get(cfg.target)
+    if module is None:
+        return
+    py = compose(cfg, states, cfg.port or 30000).argv[0]
+    try:
+        p = subprocess.run([py, "-c", f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 3)"],
+                           capture_output=True, text=True, timeout=120)
+        ok = p.returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise TargetError(f"cannot run the server's Python {py}: {e}", hint="pass --server-python PATH (the engine's environment)") from None
+    if not ok:
+        raise TargetError(f"{module} is not importable with {py}: no server started",
+                          hint=f"install {module} there, or pass --server-python PATH (the Python of the {module} environment); "
+                               "--dry-run shows the commands")
 
 
 def _dry_run(cfg: RunConfig, plans: list[tuple[str, dict[str, bool]]]) -> None:
@@ -314,11 +362,15 @@ def trace(opt: Opt, options: RunOptions) -> None:
     if o.dry_run:
         _dry_run(cfg, [("baseline", s_base), (f"candidate ({tag})", s_cand)])
         return
+    _engine_importable(cfg, s_base)
     interrupts.install(terminate_too=True)  # SIGTERM and SIGHUP end a run as Ctrl-C does
     stamp = _stamp()
-    with _Steps(2) as steps:
-        before, after = steps.run_all(cfg, [(s_base, f"{stamp}-{target}-base{base}-{tag}-before", "baseline"),
-                                             (s_cand, f"{stamp}-{target}-base{base}-{tag}-after", f"candidate ({tag})")])
+    ids = (f"{stamp}-{target}-base{base}-{tag}-before", f"{stamp}-{target}-base{base}-{tag}-after")
+    try:
+        with _Steps(2) as steps:
+            before, after = steps.run_all(cfg, [(s_base, ids[0], "baseline"), (s_cand, ids[1], f"candidate ({tag})")])
+    except Interrupted as e:
+        raise Interrupted(str(e), hint=_interrupted_hint(cfg, ids, tag) or e.hint) from None
     if capture_only:
         out.print(f"captured; attribute with: profkit diff {before.trace_dir} {after.trace_dir} --opt {tag} --html report.html", soft_wrap=True)
         return
@@ -393,6 +445,7 @@ def sweep(
     if o.dry_run:
         _dry_run(cfg, [(label, st) for label, st, _, _ in plan])
         return
+    _engine_importable(cfg, plan[0][1])
     interrupts.install(terminate_too=True)  # SIGTERM and SIGHUP end a run as Ctrl-C does
     stamp = _stamp()
     sweep_dir = reports_dir / f"{stamp}-{target}-sweep-{mode}"
@@ -431,9 +484,10 @@ def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
     W = words("cpu" if cpu else "gpu")
     cols = [("step", COPY), ("tok/s/user", NUM), ("Δ window", NUM), ("Δ idle", NUM), (f"Δ {W['kernels_plain']}", NUM)]
     cols += [] if cpu else [("Δ launches", NUM), ("Δ syncs", NUM)]
-    cols += [("top category", TEXT)]
+    cols += [("own effect", TEXT), ("top category", TEXT)]
     rows = []
     flags: list[str] = []
+    by_row = {id(row): d for row, d in zip(doc["attribution"], diffs)}
     for row in doc["attribution"]:
         tp = row["tokens_per_s_per_user"]
         w = row.get("gpu_window_us") or {}
@@ -443,10 +497,17 @@ def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
         c = row["counts"]
         rows.append((row["label"], f"{tp['baseline']:,.0f} → {tp['candidate']:,.0f}" if tp["baseline"] and tp["candidate"] else "-",
                      f"{w.get('delta', 0):+,.0f}" if w else "-", f"{dec.get('idle_us', 0):+,.0f}" if dec else "-", _d(c.get("gpu_kernels")),
-                     *([] if cpu else [_d(c.get("kernel_launches")), _d(c.get("syncs"))]), f"{top[0]} {top[1]:+,.0f}" if top else "-"))
+                     *([] if cpu else [_d(c.get("kernel_launches")), _d(c.get("syncs"))]), _own_effect(by_row.get(id(row))),
+                     f"{top[0]} {top[1]:+,.0f}" if top else "-"))
         flags += [f"{row['label']}: {f}" for f in row["flags"]]
     keep = [i for i in range(len(cols)) if any(r[i] != "-" for r in rows) or cols[i][1] != NUM]  # no throughput (capture-only): no column
-    title = f"attribution ({doc['mode']}): Δ in µs per iteration (means; {W['window']}), counts per-iteration medians"
+    # the top category said again where it is each row's own term (the own-effect cell names it): one column, not two
+    if all(r[-1] == "-" or r[-2].startswith(r[-1] + " ") for r in rows):
+        keep = [i for i in keep if i != len(cols) - 1]
+    n = max((diff_of(d).decomposition.windows or 1 for d in diffs), default=1)
+    stat = f"the median over {n} profile windows of the per-window change" if n > 1 else "one profile window a side, not judged"
+    title = (f"attribution ({doc['mode']}): Δ µs per iteration ({W['window']}; negative: shorter, faster), each Δ {stat}; "
+             "own effect: the optimization's own term and its verdict")
     out.print(fit_table(out, title, [cols[i] for i in keep], [[r[i] for i in keep] for r in rows]))
     for f in flags:
         out.print(f"[yellow]flag:[/] {escape(f)}")  # wrapped at spaces: a terminal's own wrap would split a number
@@ -455,6 +516,23 @@ def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
              for row, d in zip(doc["attribution"], diffs)]
     for line in unstable_runs(steps, config):
         out.print(f"[yellow]unstable:[/] {escape(line)}")
+
+
+def _own_effect(d: Any) -> str:
+    """A sweep row's own-effect cell: the optimization's largest own term, its change and verdict ("topk -351 as expected")."""
+    from profkit.attribution.diff import term_label
+    from profkit.documents import diff_of
+
+    ee = diff_of(d).expected_effect if d is not None else None
+    if ee is None or not ee.known:
+        return "-"
+    own = [t for t in ee.own if t.delta_us]
+    if not own:
+        return "none in catalog"
+    t = max(own, key=lambda t: abs(t.delta_us or 0.0))
+    verdict = ("as expected" if t.as_expected else "WRONG WAY" if t.as_expected is False else
+               "within noise" if ee.judged else "not judged")
+    return f"{term_label(t.term)} {t.delta_us:+,.0f} {verdict}"
 
 
 def _d(v: Any) -> str:

@@ -25,6 +25,7 @@ def diff_paths(before: Path, after: Path, opts: SummarizeOptions, *, opt: str | 
     lb, lc = (b.label, c.label) if b.label != c.label else (f"{b.label} (before)", f"{c.label} (after)")
     opt_name = opt or infer_optimization(run_manifest(b.summary), run_manifest(c.summary))  # load_side put each side's manifest in its summary
     rank, notes = align_single_ranks(b, c, rank)
+    notes[:0] = [s.note for s in (b, c) if s.note]  # a summary file that is one of its run's several windows, the others not found
     effect_catalog = choice.for_effect(c.summary, rank) if opt_name else None
     if opt is not None:
         check_opt(opt, effect_catalog)

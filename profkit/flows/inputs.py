@@ -35,6 +35,7 @@ class Side:
     summary: dict[str, Any]
     repeats: list[dict[str, Any]] = field(default_factory=list)
     manifest: Any = None
+    note: str | None = None  # a summary file that is one profile window of several, whose others were not found
 
 
 def read_json(path: Path) -> Any:
@@ -141,6 +142,39 @@ def _run_label(summary: dict[str, Any]) -> str | None:
     return rid if isinstance(rid, str) and rid else None
 
 
+def _windows_expected(doc: dict[str, Any]) -> int:
+    """How many profile windows the summary's run had (its `run` section's profiler_overhead lists one per window)."""
+    run: dict[str, Any] = doc["run"] if isinstance(doc.get("run"), dict) else {}
+    oh: dict[str, Any] = run["profiler_overhead"] if isinstance(run.get("profiler_overhead"), dict) else {}
+    ws = oh.get("windows")
+    return len(ws) if isinstance(ws, list) else 1
+
+
+def _windows_of_summary(path: Path, doc: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+    """The profile windows' summaries a summary file came with: `profkit trace` writes window 0 as the attribution
+    folder's before.json / after.json and every window under reports/<run_id>/window-<i>/summary.json (the run id in
+    the summary's `run` section), so they are looked for beside the file, in its folder's sibling <run_id>/ and in
+    its own <run_id>/. ([], None) for a summary of one window; ([], what to pass) when the others are not found."""
+    run: dict[str, Any] = doc["run"] if isinstance(doc.get("run"), dict) else {}
+    rid = run.get("run_id")
+    n = _windows_expected(doc)
+    if not isinstance(rid, str) or not rid or n < 2:
+        return [], None
+    for folder in (path.parent.parent / rid, path.parent / rid, path.parent):
+        found = sorted(folder.glob("window-*/summary.json"), key=lambda p: int(p.parent.name.split("-")[1])
+                       if p.parent.name.split("-")[1].isdigit() else 0)
+        docs = []
+        for f in found:
+            w = read_json(f)
+            if is_summary(w) and isinstance(w, dict) and isinstance(w.get("run"), dict) and w["run"].get("run_id") == rid:
+                docs.append(check_summary(w, f))
+        if len(docs) >= 2:
+            return docs, None
+    return [], (f"{path} is profile window {run.get('window', 0)} of the {n} of run {rid}, whose other windows are not beside it "
+                f"(reports/{rid}/window-<i>/); the figures are one window's, not judged: pass the run folders, "
+                f"profkit diff REPORTS/{rid} REPORTS/<the other run id> (REPORTS: where `trace` wrote them, --reports-dir)")
+
+
 def load_side(path: Path, opts: SummarizeOptions) -> Side:
     """A summary, trace or run folder -> Side (repeats loaded when the folder holds them)."""
     path = Path(path)
@@ -154,7 +188,13 @@ def load_side(path: Path, opts: SummarizeOptions) -> Side:
         manifest = doc.get("manifest") if isinstance(doc.get("manifest"), dict) else _manifest_near(path)
         if manifest is not None and "manifest" not in doc:
             doc["manifest"] = manifest  # a new key in the in-memory summary: reports and diff.json carry it
-        return Side(path, _run_label(doc) or _label(path), doc, [], manifest)
+        windows, note = _windows_of_summary(path, doc)
+        if windows:
+            for w in windows:
+                if manifest is not None and "manifest" not in w:
+                    w["manifest"] = manifest
+            return Side(path, _run_label(doc) or _label(path), doc, windows, manifest)
+        return Side(path, _run_label(doc) or _label(path), doc, [], manifest, note)
     # repeats: repeat-*/ folders, or the profile windows of one run (window-<i>/, `trace --profile-windows`)
     repeat_dirs = sorted((p for p in path.iterdir() if p.is_dir() and p.name.startswith(("repeat", "window-"))),
                          key=lambda p: (p.name.split("-")[0], int(p.name.split("-")[1]) if p.name.split("-")[-1].isdigit() else 0, p.name))

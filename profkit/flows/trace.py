@@ -189,7 +189,10 @@ def write_reports(folder: Path, *, diffs: list[dict[str, Any]], runs: list[tuple
         html = renderer_for("report.html")
     except ImportError as e:  # plotly/jinja2 are the `report` extra
         return [f"no report.html: {e}; pip install 'profkit[report]'"]
-    write_bytes_atomic(folder / "report.html", html().render(Report(diffs=diffs, runs=runs, ladder=ladder)).encode())
+    # one compared pair: the diff's report alone, the page `profkit report diff.json` writes of the same diff (issue 40: the
+    # runs' own sections repeated the diff's, and a two-run ladder of equal bars; the diff carries both runs' manifests)
+    report = Report(diffs=diffs) if len(diffs) == 1 else Report(diffs=diffs, runs=runs, ladder=ladder)
+    write_bytes_atomic(folder / "report.html", html().render(report).encode())
     return []
 
 

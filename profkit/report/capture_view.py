@@ -46,7 +46,11 @@ def summary_lines(summary: Summary) -> list[str]:
 
 
 def diff_health(diff: Diff) -> str:
-    return capture_terms.health_diff_line(diff.health.baseline, diff.health.candidate)
+    """The diff's first line, in words, with the profiler's slowdown over every profile window of both sides."""
+    from profkit.attribution.diff import profiler_slowdowns
+
+    slow = profiler_slowdowns(diff.manifests.baseline, diff.manifests.candidate)
+    return capture_terms.health_diff_line(diff.health.baseline, diff.health.candidate, slow)
 
 
 def diff_lines(diff: Diff) -> list[str]:

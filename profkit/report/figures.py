@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 
 from profkit.documents import Diff, SeriesPoint, ThroughputPoint
 from profkit.report.fit import demangle, demangle_many
-from profkit.report.views import decomposition_rows
+from profkit.report.views import decomposition_rows, material_floor, row_metric, within_noise
 
 PALETTE = (
     "#4C78A8", "#F58518", "#54A24B", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D", "#1F77B4", "#2CA02C", "#8C564B",
@@ -179,6 +179,9 @@ def gpu_window_figure(sides: Sequence[tuple[str, Sequence[SeriesPoint]]], *, win
     return _layout(fig, title=f"{window} per iteration (open markers: not compared)", height=360)
 
 
+GREY = "#C7C7C7"  # a waterfall term that is not judged, within noise or below the expected-effect floor
+
+
 def waterfall_figure(diff: Diff, *, max_terms: int = 12, window: str = "GPU window") -> go.Figure:
     """Baseline GPU window -> per-term changes -> candidate GPU window (mean µs per iteration)."""
     rows = [r for r in decomposition_rows(diff) if r[2] != 0]
@@ -190,13 +193,29 @@ def waterfall_figure(diff: Diff, *, max_terms: int = 12, window: str = "GPU wind
         labels.append(f"{len(rest)} more terms")
         values.append(sum(r[2] for r in rest))
     g = diff.decomposition.gpu_window_us
+    # a colour (red: grew, green: shrank) only for a term judged beyond noise and above the expected-effect floor; a term
+    # within noise, below the floor or not judged is drawn grey over its bar (issue 40: they looked judged)
+    floor = material_floor(diff)
+    judged = [within_noise(diff, row_metric(r[0], r[1])) is False and abs(r[2]) >= floor for r in shown] + ([False] if rest else [])
+    x = ["baseline", *labels, "candidate"]
+    none = not any(judged)  # nothing judged (one window a side) or all within noise: one grey, no overlay
     fig = go.Figure(go.Waterfall(
-        x=["baseline", *labels, "candidate"], y=[g.baseline, *values, g.candidate],
-        measure=["absolute", *["relative"] * len(values), "total"],
-        increasing=dict(marker=dict(color="#D62728")), decreasing=dict(marker=dict(color="#2CA02C")),
+        x=x, y=[g.baseline, *values, g.candidate],
+        measure=["absolute", *["relative"] * len(values), "total"], width=0.6,
+        increasing=dict(marker=dict(color=GREY if none else "#D62728")), decreasing=dict(marker=dict(color=GREY if none else "#2CA02C")),
         totals=dict(marker=dict(color="#4C78A8")), connector=dict(line=dict(color="#BBBBBB")),
-        hovertemplate="%{x}: %{y:,.1f} µs<extra></extra>",
+        hovertemplate="%{x}: %{y:,.1f} µs<extra></extra>", showlegend=False,
     ))
+    level, gx, gbase, gy = float(g.baseline or 0.0), [], [], []
+    for lab, v, j in zip(labels, values, judged):
+        if not j and not none:
+            gx.append(lab)
+            gbase.append(round(min(level, level + v), 2))
+            gy.append(round(abs(v), 2))
+        level += v
+    if gx:
+        fig.add_trace(go.Bar(x=gx, y=gy, base=gbase, width=0.6, marker_color=GREY, showlegend=False,
+                             hovertemplate="%{x}: not judged or within noise<extra></extra>"))
     # zoomed to the changes: from a little below the lowest running total to a little above the highest
     # (a 200 µs change on a 12 ms window is a flat line on an axis that starts at zero)
     b0, c0 = cast(float, g.baseline), cast(float, g.candidate)  # a diff's window is always a number
@@ -207,7 +226,8 @@ def waterfall_figure(diff: Diff, *, max_terms: int = 12, window: str = "GPU wind
     lo, hi = min(levels), max(levels)
     pad = max((hi - lo) * 0.25, abs(hi) * 0.002, 1.0)
     fig.update_yaxes(title_text="µs per iteration (zoomed)", range=[max(lo - pad, 0.0), hi + pad])
-    return _layout(fig, title=f"Where the {window} went: {g.delta:+,.1f} µs per iteration", height=420)
+    return _layout(fig, title=f"Where the {window} went: {g.delta:+,.1f} µs per iteration" + (" (grey: not judged or within noise)" if gx or none and values else ""),
+                   height=420)
 
 
 def grouped_bars_figure(sides: Sequence[tuple[str, Mapping[str, Any]]], *, title: str, y_title: str,
@@ -236,8 +256,16 @@ SERIES_KEYS = (("kernel_launches", "kernel launches"), ("graph_launches", "graph
                ("sync_copies", "blocking copies"), ("bubble_count", "bubbles"))
 
 
-def per_iteration_figure(sides: Sequence[tuple[str, Sequence[SeriesPoint]]]) -> go.Figure:
-    """Launches, syncs and bubbles per iteration, one line per (side, metric)."""
+def per_iteration_figure(sides: Sequence[tuple[str, Sequence[SeriesPoint]]], *, cpu: bool = False) -> go.Figure:
+    """Launches, syncs and bubbles per iteration, one line per (side, metric); `cpu`: a CPU-only run's bubbles alone (it
+    has no launches or syncs: issue 40)."""
+    if cpu:
+        fig = go.Figure()
+        for i, (label, its) in enumerate(sides):
+            fig.add_trace(go.Scatter(x=[it.index for it in its], y=[it.bubble_count or 0 for it in its], mode="lines+markers",
+                                     name=esc(f"{label}: bubbles", 100), line=dict(color=SIDE_COLORS[i % len(SIDE_COLORS)])))
+        fig.update_xaxes(title_text="iteration")
+        return _layout(fig, title="Bubbles per iteration (CPU-op timeline)", height=360)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("launches per iteration", "syncs and bubbles per iteration"))
     dashes = ("solid", "dash", "dot", "dashdot")
     for i, (label, its) in enumerate(sides):

@@ -34,10 +34,10 @@ from profkit.report.fit import cut_names, demangle, demangle_many
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, US, counted, num, pct, ratio_pct
 from profkit.report.views import (
     cpu_ops_text, decomposition_rows, device_text, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
-    doubt_metric, row_metric, statistic_note, within_noise,
+    doubt_metric, row_metric, statistic_note, within_noise, withheld_text,
     throughput_rows, unstable_runs,
 )
-from profkit.report.vocab import banner, count_label, diff_timeline, rank_timeline, words
+from profkit.report.vocab import GPU_ONLY_COUNTS, banner, count_label, diff_timeline, rank_timeline, words
 
 MAX_ROWS = 50
 MAX_BYTES = 2_000_000  # a report is at most 2 MB (README)
@@ -217,6 +217,8 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
          "sub": _sub(f"{num(g.delta, sign=True)} µs {ratio_pct(g.ratio, missing='')}", noise_verdict(diff, "gpu_window_us")), "tone": _tone(diff, "gpu_window_us", g.delta)},
     ]
     for key, label in (("kernel_launches", "kernel launches"), ("syncs", "host syncs"), ("bubble_count", "bubbles")):
+        if tl == "cpu" and key in GPU_ONLY_COUNTS:
+            continue  # a CPU-only run has none (the banner says so): no "kernel launches 0 → 0" card
         x = diff.counts[key]
         cards.append({"label": f"{label} per iteration (median)", "value": f"{num(x.baseline, COUNT)} → {num(x.candidate, COUNT)}",
                       "sub": num(x.delta, COUNT, sign=True) if x.delta else "no change", "tone": ""})
@@ -236,6 +238,8 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
             head["flags_title"] = f"Expected-effect check: {'; '.join(what)}, threshold {ee.threshold}"
         elif ee.ok:  # judged, nothing against it: the only case with a pass box
             head["ok"] = f"Expected-effect check passed: {ee.optimization} changed nothing outside its categories ({', '.join(ee.categories) or 'none'}) beyond {ee.threshold}."
+        elif withheld_text(ee):
+            head["notes"].append(withheld_text(ee) or "")
         else:
             head["notes"].append(f"Expected-effect check {ee.threshold}.")
     elif ee:
@@ -250,34 +254,8 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
     head["notes"] += [f"warning: {x}" for x in diff.warnings]
 
     out = [head]
-    slack = capture_section(prefix, diff, figs, lb, lc)
-    if not slack and capture_view.DOUBT_NOTE in capture_view.diff_lines(diff):
-        head["notes"].append(capture_view.DOUBT_NOTE)
-    out += slack
-    sb, sc = diff.series.baseline or [], diff.series.candidate or []
-    if sb or sc:
-        # first among the figures: a side whose iterations swing must be seen before its mean is read
-        swing = [x for x in (_swing(lb, sb, W["window"]), _swing(lc, sc, W["window"])) if x]
-        # one note for both sides, at the plot that shows it (the headline names the unstable sides too; it was one note a side)
-        note = ([f"warning: unstable: {'; '.join(swing)} over the compared iterations; "
-                 f"{'their means say' if len(swing) > 1 else 'its mean says'} little, and a change may be that swing (the plot below)"]
-                if swing else [])
-        out.append(_section(f"{prefix}-windows", f"{W['window']} per iteration, each side", notes=note,
-                            figures=[figs.div(F.gpu_window_figure([(lb, sb), (lc, sc)], window=W["window"]))]))
-    # (not `tl`: that is the sides' device timeline, which the labels below read)
-    sides = [(lb, diff.timelines.baseline), (lc, diff.timelines.candidate)]
-    cats = sorted(set(dec.baseline.category_us) | set(dec.candidate.category_us))
-    colors = F.category_colors(cats + [c for _, t in sides if t for c in t["ops"]["category"]])
-    s = _section(f"{prefix}-timeline", "Timeline of a representative iteration")
-    if not timeline:
-        pass
-    elif any(t for _, t in sides):
-        s["figures"].append(figs.div(F.timeline_figure(sides, colors=colors, window=W["window"])))
-        out.append(s)
-    else:
-        s["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
-        out.append(s)
-
+    # issue 40 point 5: the verdict and cards (head), then the waterfall and the timeline, then the per-iteration plot, the tables;
+    # capture health's slack and speculative charts after them. Built in page order: the first figure carries plotly.js
     rows = []
     # in the waterfall's order above it: largest |Δ| first
     for group, term, delta, bv, cv in sorted(decomposition_rows(diff), key=lambda r: -abs(r[2] or 0.0)):
@@ -295,6 +273,30 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
         figures=[figs.div(F.waterfall_figure(diff, window=W["window"]))],
         tables=[_table(["term", "baseline", "candidate", "Δ µs", "noise"], rows, align="lrrrl")],
     ))
+    # (not `tl`: that is the sides' device timeline, which the labels below read)
+    sides = [(lb, diff.timelines.baseline), (lc, diff.timelines.candidate)]
+    cats = sorted(set(dec.baseline.category_us) | set(dec.candidate.category_us))
+    colors = F.category_colors(cats + [c for _, t in sides if t for c in t["ops"]["category"]])
+    s = _section(f"{prefix}-timeline", "Timeline of a representative iteration")
+    if not timeline:
+        pass
+    elif any(t for _, t in sides):
+        s["figures"].append(figs.div(F.timeline_figure(sides, colors=colors, window=W["window"])))
+        out.append(s)
+    else:
+        s["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
+        out.append(s)
+
+    sb, sc = diff.series.baseline or [], diff.series.candidate or []
+    if sb or sc:
+        # first among the figures: a side whose iterations swing must be seen before its mean is read
+        swing = [x for x in (_swing(lb, sb, W["window"]), _swing(lc, sc, W["window"])) if x]
+        # one note for both sides, at the plot that shows it (the headline names the unstable sides too; it was one note a side)
+        note = ([f"warning: unstable: {'; '.join(swing)} over the compared iterations; "
+                 f"{'their means say' if len(swing) > 1 else 'its mean says'} little, and a change may be that swing (the plot below)"]
+                if swing else [])
+        out.append(_section(f"{prefix}-windows", f"{W['window']} per iteration, each side", notes=note,
+                            figures=[figs.div(F.gpu_window_figure([(lb, sb), (lc, sc)], window=W["window"]))]))
     ph = phase_rows(diff)
     if ph:  # the same change by phase (issue 19: where in the iteration, apart from what kind of kernel)
         out.append(_section(
@@ -311,9 +313,10 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
     labels = {k: count_label(k, tl) for k in ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h",
                                                 "memcpy_h2d", "bubble_count")}
     crow = [[lab, num(diff.counts[k].baseline, COUNT), num(diff.counts[k].candidate, COUNT), num(diff.counts[k].delta, COUNT, sign=True),
-             noise_verdict(diff, f"counts.{k}")] for k, lab in labels.items()]
+             noise_verdict(diff, f"counts.{k}")] for k, lab in labels.items() if not (tl == "cpu" and k in GPU_ONLY_COUNTS)]
     for k, t in diff.timings.items():
-        crow.append([k.replace("_us", " µs").replace("_", " "), num(t.baseline), num(t.candidate), num(t.delta, sign=True), ""])
+        crow.append([k.replace("_us", " µs").replace("_", " "), num(t.baseline), num(t.candidate), num(t.delta, sign=True),
+                     noise_verdict(diff, f"timings.{k}")])
     tables = [_table(["per iteration (median)", "baseline", "candidate", "Δ", "noise"], crow, align="lrrrl")]
     syncs = diff.syncs
     if syncs:
@@ -324,8 +327,9 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
                              more=f"{len(syncs) - MAX_ROWS} more not shown" if len(syncs) > MAX_ROWS else None))
     figs_l = []
     if sb or sc:
-        figs_l.append(figs.div(F.per_iteration_figure([(lb, sb), (lc, sc)])))
-    out.append(_section(f"{prefix}-counts", "Launches and syncs per iteration", figures=figs_l, tables=tables))
+        figs_l.append(figs.div(F.per_iteration_figure([(lb, sb), (lc, sc)], cpu=tl == "cpu")))
+    out.append(_section(f"{prefix}-counts", "Bubbles and timings per iteration" if tl == "cpu" else "Launches and syncs per iteration",
+                        figures=figs_l, tables=tables))
 
     movers = diff.top_movers
     ktables = [_table([f"{W['kernel']} (normalized)", "category", "baseline µs", "candidate µs", "Δ µs", "", "full name, e.g."],
@@ -341,6 +345,10 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
                                   align="llrrl", caption=f"{total} {W['kernel']}(s) {change}", name_cols=(0, 4), collapsed=True, wide_cols=(4,),
                                   more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
     out.append(_section(f"{prefix}-kernels", f"Top {W['kernels_plain']}", tables=ktables))
+    slack = capture_section(prefix, diff, figs, lb, lc)
+    if not slack and capture_view.DOUBT_NOTE in capture_view.diff_lines(diff):
+        head["notes"].append(capture_view.DOUBT_NOTE)
+    out += slack
     curves = _curve_section(f"{prefix}-throughput", [(lb, throughput_of(diff.manifests.baseline)),
                                                        (lc, throughput_of(diff.manifests.candidate))], figs)
     if curves:
@@ -382,6 +390,7 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
     """The sections of one run, or of a sweep's runs (the ladder first). `timelines`: at most that many runs
     (the first and the last) in the per-configuration timeline, to keep a long sweep's page under MAX_BYTES."""
     out: list[dict[str, Any]] = []
+    cpu_page = bool(runs) and all(rank_timeline(_rank0(s)) == "cpu" for _, s in runs)  # no launches or syncs to plot
     if len(runs) >= 2:
         if ladder is None or len(ladder) != len(runs):
             raise ValueError(f"a report of {len(runs)} runs draws their ladder: pass Report(ladder=profkit.attribution.ladder_steps(runs))")
@@ -458,8 +467,8 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
         figs.div(F.category_figure([(label, _rank0(s).median.category_us) for label, s in runs], device=W["device"])),
         figs.div(F.bubbles_figure([(label, _bubbles_by_cause(_rank0(s))) for label, s in runs], device=W["device"])),
     ]))
-    out.append(_section("runs-counts", "Launches and syncs per iteration", figures=[
-        figs.div(F.per_iteration_figure([(label, _series(_rank0(s).iterations)) for label, s in runs]))]))
+    out.append(_section("runs-counts", "Bubbles per iteration" if cpu_page else "Launches and syncs per iteration", figures=[
+        figs.div(F.per_iteration_figure([(label, _series(_rank0(s).iterations)) for label, s in runs], cpu=cpu_page))]))
     tables = []
     for label, s in runs:
         r = _rank0(s)
@@ -585,6 +594,6 @@ def _page(diffs: Sequence[Diff], runs: Sequence[tuple[str, Summary]], ladder: Se
     return _env().get_template("report.html").render(
         title=title, subtitle=None, profkit_version=__version__, sections=sections, banner=page_banner,
         nav=[{"id": s["id"], "title": s["title"]} for s in sections if s["id"].endswith(("summary", "ladder")) and not s["details_open"]],
-        footer="times are µs per iteration; decompositions use means, counts use medians",
+        footer="times are µs per iteration; every term and count of a diff is the median over its paired profile windows of the per-window change",
         data=data,
     )

@@ -15,8 +15,8 @@ from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import demangle
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, num, pct
-from profkit.report.views import cpu_ops_text, decomposition_rows, doubt_metric, headline_lines, noise_verdict, phase_rows, row_metric, statistic_note, throughput_rows
-from profkit.report.vocab import banner, count_label, diff_timeline, words
+from profkit.report.views import withheld_text, counts_title, cpu_ops_text, decomposition_rows, doubt_metric, headline_lines, noise_verdict, phase_rows, row_metric, statistic_note, throughput_rows
+from profkit.report.vocab import GPU_ONLY_COUNTS, banner, count_label, diff_timeline, words
 
 GITHUB_COMMENT_LIMIT = 65_536
 # Headroom under GitHub's limit for whatever the bot that posts the comment adds around it.
@@ -87,7 +87,9 @@ def _head(diff: Diff, tl: str) -> list[str]:
     if opt:
         title += f" — {md_escape(opt, max_len=60)}"
     first, *bullets = headline_lines(diff)  # one line, then at most three bullets
-    out = [f"**{md_escape(capture_view.diff_health(diff), max_len=None)}**", "",
+    health_line = md_escape(capture_view.diff_health(diff), max_len=None)
+    # in words, first; bold only when the capture cannot be measured at all (a degraded one is read with its † marks)
+    out = [f"**{health_line}**" if health_line.startswith("health: unusable") or "unusable" in health_line.split(";")[0] else health_line, "",
            title, "", f"> **{md_escape(first, max_len=None)}**", *(f"> - {md_escape(line, max_len=None)}" for line in bullets), ""]
     lines = capture_view.diff_lines(diff)
     out += [*(f"- {md_escape(line, max_len=None)}" for line in lines), ""] if lines else []
@@ -116,6 +118,8 @@ def _expected_effect(diff: Diff) -> list[str]:
         out.append(f"ℹ️ {md_escape(ee.note, max_len=300)}")
     elif not ee.judged:
         out.append(f"Expected-effect check {md_escape(ee.threshold)}.")  # "not judged: ..." (this branch: nothing judged)
+    elif withheld_text(ee) and not ee.against and not ee.flags:
+        out.append(md_escape(withheld_text(ee) or "", max_len=600))
     elif ee.ok:
         owned = ", ".join(md_escape(x) for x in ee.categories) or "none (idle and launch time only)"
         out.append(f"✅ Expected-effect check passed: no change outside {md_escape(opt)}'s categories ({owned}) beyond "
@@ -188,10 +192,11 @@ TIMING_ROWS = {"launch_us": "launch host µs", "sync_us": "sync blocked µs", "b
 
 def _counts(diff: Diff, tl: str) -> list[str]:
     rows = [[count_label(k, tl), num(diff.counts[k].baseline, COUNT), num(diff.counts[k].candidate, COUNT),
-             num(diff.counts[k].delta, COUNT, sign=True), _noise_mark(diff, f"counts.{k}")] for k in COUNT_ROWS]
-    rows += [[lab, num(diff.timings[k].baseline), num(diff.timings[k].candidate), num(diff.timings[k].delta, sign=True), ""]
+             num(diff.counts[k].delta, COUNT, sign=True), _noise_mark(diff, f"counts.{k}")] for k in COUNT_ROWS
+            if not (tl == "cpu" and k in GPU_ONLY_COUNTS)]
+    rows += [[lab, num(diff.timings[k].baseline), num(diff.timings[k].candidate), num(diff.timings[k].delta, sign=True), _noise_mark(diff, f"timings.{k}")]
              for k, lab in TIMING_ROWS.items() if k in diff.timings]
-    return ["#### Per iteration (medians)", "", *_table(["per iteration (median)", "baseline", "candidate", "Δ", "noise"], "lrrrl", rows), ""]
+    return [f"#### P{counts_title(diff)[1:]}", "", *_table(["per iteration (median)", "baseline", "candidate", "Δ", "noise"], "lrrrl", rows), ""]
 
 
 def _syncs(diff: Diff, limit: int) -> list[str]:
@@ -211,7 +216,7 @@ def _bubbles(diff: Diff, limit: int) -> list[str]:
         return []
     rows = [[side, num(x.dur_us), md_escape(x.cause), str(x.iteration), md_escape(cpu_ops_text([(o.name, o.us) for o in x.cpu_ops]), max_len=300)]
             for side, xs in largest.items() for x in xs[: min(limit, 5)]]
-    return ["#### Largest bubbles (GPU idle, with the CPU ops' exclusive µs inside each)", "",
+    return [f"#### Largest bubbles ({words(diff_timeline(diff))['idle']}, with the CPU ops' exclusive µs inside each)", "",
             *_table(["side", "µs", "cause", "iteration", "CPU ops"], "lrlrl", rows), ""]
 
 
@@ -255,7 +260,7 @@ def _warnings(diff: Diff, limit: int) -> list[str]:
 
 def _footer(diff: Diff) -> str:
     return (f"<sub>profkit {md_escape(diff.profkit_version)} · diff.json schema {diff.schema_version} · rank {diff.rank} · "
-            f"decomposition: {md_escape(diff.decomposition.statistic or 'mean')}, counts are medians</sub>")
+            f"every term and count: {md_escape(diff.decomposition.statistic or 'mean')}</sub>")
 
 
 def _more(total: int, shown: int, what: str) -> list[str]:

@@ -25,11 +25,11 @@ from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, MIN_NAME, NAME, NUM, TEXT, cut_names, demangle, demangle_many, fit_table
 from profkit.report.numbers import COUNT, HYPHEN, RATE, RESIDUAL, US, counted, num, pct
 from profkit.report.views import (
-    cpu_ops_text, decomposition_rows, device_text, doubt_metric, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
-    row_metric, statistic_note,
+    counts_title, merged_ops, cpu_ops_text, decomposition_rows, device_text, doubt_metric, effect_flags, headline_lines, idle_verdict, host_gap_text, noise_verdict, outside_text, phase_rows,
+    row_metric, statistic_note, withheld_text,
     throughput_rows,
 )
-from profkit.report.vocab import banner, count_label, diff_timeline, words
+from profkit.report.vocab import GPU_ONLY_COUNTS, banner, count_label, diff_timeline, words
 
 SHAPE_WIDTH = 120  # the narrowest console whose kernels table shows the shape column beside the names
 SHAPE_CELL = 44  # a shape longer than this is cut in the middle (the whole one is in summary.json's kernels)
@@ -139,7 +139,7 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
                 console, "bubbles by cause (µs: median per iteration; count: all iterations; CPU ops: idle µs inside, mean per iteration)",
                 (("cause", COPY), ("µs", NUM), ("count", NUM), ("CPU was in (µs)", TEXT)),
                 [(c, _num(v), str(causes[c]["count"] if c in causes else 0),
-                  cpu_ops_text([(op, None if us is None else us / n_it) for op, us in idle_cpu_ops(r, c, 2)], unit=""))
+                  cpu_ops_text(merged_ops([(op, None if us is None else us / n_it) for op, us in idle_cpu_ops(r, c, 50)])[:2], unit=""))
                  for c, v in sorted(by_cause.items(), key=lambda kv: -kv[1])]))
             big = largest_bubbles(r, top)
             console.print(fit_table(
@@ -204,9 +204,9 @@ def _diff(diff: Diff, console: Console, *, top: int) -> None:
         console.print(fit_table(console, f"the same change in {W['device']} time by phase (µs per iteration)",
                                 (("phase", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
                                 [(k, _num(bv), _num(cv), _num(d, sign=True), noise_verdict(diff, m)) for k, bv, cv, d, m in ph]))
-    console.print(fit_table(console, "per iteration (medians)", (("count", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
+    console.print(fit_table(console, counts_title(diff), (("count", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM), ("noise", TEXT)),
                             [(count_label(k, tl), _num(v.baseline, COUNT), _num(v.candidate, COUNT), _num(v.delta, COUNT, sign=True), noise_verdict(diff, f"counts.{k}"))
-                             for k, v in diff.counts.items()]))
+                             for k, v in diff.counts.items() if not (tl == "cpu" and k in GPU_ONLY_COUNTS)]))
     _kernel_and_sync_tables(diff, console, W, top=top)
     for w in diff.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}")
@@ -252,6 +252,8 @@ def _effect_lines(diff: Diff, console: Console) -> None:
         elif ee.ok:  # judged, and nothing against it: the only case with a pass
             console.print(f"[green]expected effect ok:[/] no change outside {escape(', '.join(ee.categories) or 'its (empty) categories')} "
                           f"beyond {escape(ee.threshold)}")
+        elif withheld_text(ee):
+            console.print(escape(withheld_text(ee) or ""))
         else:
             sep = " " if not ee.judged else ": "  # "expected effect not judged: ...", or what it was judged against
             console.print(f"expected effect{sep}{escape(ee.threshold)}")

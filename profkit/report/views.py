@@ -10,11 +10,13 @@ Markdown and HTML renderers escape and lay them out. diff.json itself is compute
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from profkit.attribution.diff import IDLE_KEYS, term_label
+from profkit.analysis.slack import UNCOVERED
 from profkit.attribution.findings import host_gap
 from profkit.documents import Diff, ExpectedEffect, OwnTerm, Rank, ThroughputPoint, UnsetType, point_of
 from profkit.report.numbers import pct, ratio_pct
@@ -37,9 +39,20 @@ def noise_verdict(diff: Diff, metric: str) -> str:
     w = within_noise(diff, metric)
     if w is None:
         return "not judged"
-    spread = diff.noise.metrics[metric].spread
+    m = diff.noise.metrics[metric]
+    spread = m.spread
     pm = "" if spread is None else f"±{spread:,.1f} " if not metric.startswith("counts.") else f"±{spread:,.2g} "
+    floor = material_floor(diff)
+    if not w and floor and not metric.startswith("counts.") and m.delta is not None and abs(m.delta) < floor:
+        # beyond the spread but below what the expected-effect check calls a change: the headline says nothing of it, nor does this
+        return pm + "below floor"
     return pm + ("within noise" if w else "beyond noise")
+
+
+def material_floor(diff: Diff) -> float:
+    """The smallest change the expected-effect check calls a change (µs per iteration; 0 without an optimization)."""
+    ee = diff.expected_effect
+    return float(ee.floor_us or 0.0) if ee is not None and ee.known and ee.judged else 0.0
 
 
 def row_metric(group: str, term: str) -> str:
@@ -68,7 +81,10 @@ def statistic_note(diff: Diff) -> str:
              "; categories by the clock (the summaries predate time by ownership: re-run profkit analyze to split out the backlog)"
              if dec.basis == "clock" else "")
     unstable = f"; not judged: unstable ({dec.unstable})" if dec.unstable else ""
-    return what + basis + order_note(diff) + unstable + "."
+    floor = material_floor(diff)
+    below = (f"; \"below floor\": beyond the spread but under the {floor:,.1f} µs the expected-effect check calls a change"
+             if floor and any(noise_verdict(diff, row_metric(g, t)).endswith("below floor") for g, t, *_ in decomposition_rows(diff)) else "")
+    return what + basis + order_note(diff) + unstable + below + "."
 
 
 def order_note(diff: Diff) -> str:
@@ -123,8 +139,8 @@ def headline(diff: Diff) -> str:
     return "; ".join(parts)
 
 
-def _pct_of(part: float, whole: float) -> str:
-    return f", {100 * part / whole:.0f}% of the kernel-time change" if whole and (part < 0) == (whole < 0) and abs(whole) >= 1 else ""
+def _pct_of(part: float, whole: float, what: str = "kernel-time") -> str:
+    return f", {100 * part / whole:.0f}% of the {what} change" if whole and (part < 0) == (whole < 0) and abs(whole) >= 1 else ""
 
 
 def _own_text(t: OwnTerm) -> str:
@@ -160,11 +176,27 @@ def own_verdict(diff: Diff, t: OwnTerm) -> str:
     return "within noise"
 
 
+def recorded_windows(diff: Diff) -> int:
+    """How many profile windows the sides' runs recorded (their manifests), the fewer of the two; 1 when unknown."""
+    got = []
+    for m in (diff.manifests.baseline, diff.manifests.candidate):
+        prof = m.get("profile") if isinstance(m, Mapping) else None
+        oh = m.get("profiler_overhead") if isinstance(m, Mapping) else None
+        n = prof.get("windows") if isinstance(prof, Mapping) else None
+        if not isinstance(n, int) and isinstance(oh, Mapping) and isinstance(oh.get("windows"), list):
+            n = len(oh["windows"])
+        got.append(n if isinstance(n, int) else 1)
+    return min(got)
+
+
 def what_to_run(diff: Diff) -> str:
     """What would make an unjudged change judged, for the headline."""
     if diff.noise.unstable:
         return "on a quieter machine, or with more iterations per window (--num-steps)"
     if diff.noise.windows() < 2:
+        had = recorded_windows(diff)
+        if had > 1:  # the run had them: one window's summary was passed (an attribution folder's before.json / after.json)
+            return f"profkit diff on the two run folders, which hold the {had} profile windows each run recorded"
         return "with --profile-windows 3"
     return "on a quieter machine, or with --profile-windows 5"
 
@@ -204,7 +236,7 @@ def headline_lines(diff: Diff) -> list[str]:
                 parts.append(f"{', '.join(_own_text(t) for t in wrong)} beyond noise the WRONG way (a decrease expected)")
             if good:
                 cat = [t for t in good if t.term.startswith(("category_us.", "phase_us."))]
-                share = _pct_of(cat[0].delta_us, kernel) if len(cat) == 1 and cat[0].term.startswith("category_us.") else ""
+                share = _pct_of(cat[0].delta_us, kernel, W["kernel_time"]) if len(cat) == 1 and cat[0].term.startswith("category_us.") else ""
                 parts.append(f"{', '.join(_own_text(t) for t in good)} beyond noise, a decrease as expected{share}")
             if unseen:  # within the noise (or below the floor): the run cannot tell, so no verdict on it
                 parts.append(f"{', '.join(_own_text(t) for t in unseen)} not judged, within the noise"
@@ -252,6 +284,11 @@ def _the_warning(diff: Diff) -> str | None:
     flags = effect_flags(ee) if ee is not None and ee.known else []
     if flags:
         return f"Flag: {flags[0]}" + (f" (and {len(flags) - 1} more)" if len(flags) > 1 else "") + "."
+    nj = ee.not_judged if ee is not None and ee.known else None
+    if nj and nj.get("changes"):
+        ch = [str(c) for c in nj["changes"]]
+        return (f"Not judged: {nj.get('reason')}, so no flag on {ch[0].removeprefix(ee.optimization + ' ') if ee else ch[0]}"
+                + (f" (and {len(ch) - 1} more)" if len(ch) > 1 else "") + "; profile on a quieter machine.")
     stab = {"baseline": diff.stability.baseline, "candidate": diff.stability.candidate}
     unstable = [side for side, v in stab.items() if v]
     if unstable:
@@ -292,11 +329,26 @@ def _exploration(diff: Diff) -> bool:
     return isinstance(states, Mapping) and bool(states) and not any(states.values())
 
 
+def counts_title(diff: Diff) -> str:
+    """The counts table's title: the statistic its figures are (the one the noise verdict beside them judges)."""
+    n = diff.decomposition.windows or 1
+    return f"per iteration (medians; Δ the median of {n} windows' changes)" if n > 1 else "per iteration (medians, one window a side)"
+
+
 def phase_rows(diff: Diff) -> list[tuple[str, float | None, float | None, float, str]]:
     """(phase, baseline_us, candidate_us, delta_us, noise metric) rows of the change by phase (µs per iteration, the statistic)."""
     dec = diff.decomposition
     b, c = dec.baseline.phase_us, dec.candidate.phase_us
     return [(k, b.get(k), c.get(k), d, f"phase_us.{k}") for k, d in dec.phase_us.items()]
+
+
+def withheld_text(ee: ExpectedEffect) -> str | None:
+    """The expected-effect check's withheld flags in one sentence (the windows disagree on the profiler's slowdown), or None."""
+    nj = ee.not_judged
+    if not nj or not nj.get("changes"):
+        return None
+    return (f"Expected-effect check outside {ee.optimization}'s categories not judged: {nj.get('reason')}; not flagged: "
+            + "; ".join(str(c) for c in nj["changes"]) + ".")
 
 
 def effect_flags(ee: ExpectedEffect) -> list[str]:
@@ -346,10 +398,31 @@ def host_gap_text(rank: Rank) -> str | None:
     return text
 
 
+_PROFILER_STEP = re.compile(r"ProfilerStep#\d+")
+
+
+def op_label(name: str) -> str:
+    """A CPU op as a reader should read it: the profiler's own ``ProfilerStep#N`` span holds whatever host code ran
+    outside every recorded op (issue 40), so it is named for that, not as an op of the engine."""
+    return UNCOVERED if _PROFILER_STEP.fullmatch(name) else name
+
+
+def merged_ops(ops: Sequence[tuple[str, float | None]]) -> list[tuple[str, float | None]]:
+    """`ops` under op_label, those that read the same merged (their µs summed), in order of first appearance."""
+    out: dict[str, float | None] = {}
+    for name, us in ops:
+        k = op_label(name)
+        if k in out and out[k] is not None and us is not None:
+            out[k] = cast(float, out[k]) + us
+        else:
+            out.setdefault(k, us)
+    return list(out.items())
+
+
 def cpu_ops_text(ops: list[tuple[str, float | None]], *, sep: str = ", ", unit: str = " µs") -> str:
     """``plan 101.7 µs, draft 36.6 µs``; `unit` "" where the column's header names the unit (a terminal
     folds at spaces, and a figure must not land on one line and its unit on the next)."""
-    return sep.join(name if us is None else f"{name} {us:,.1f}{unit}" for name, us in ops)
+    return sep.join(name if us is None else f"{name} {us:,.1f}{unit}" for name, us in merged_ops(ops))
 
 
 def outside_text(rank: Rank) -> str | None:
@@ -389,6 +462,19 @@ _IDLE_WHY = {
 }
 
 
+GPU_BOUND_BUSY = 0.9  # a GPU busy at least this share of its window gets the GPU-bound verdict line (issue 40)
+
+
+def gpu_bound_verdict(win: float, idle: float, wall: float | None) -> str:
+    """The verdict line of a GPU-bound step: busy most of its window, and (where the CPU window is much shorter) the
+    host running ahead of a queue that sets the pace."""
+    busy = 100 * (win - idle) / win
+    ahead = (f"; its window is {win / wall:,.1f}× the CPU window ({wall:,.1f} µs): the host runs ahead and the GPU's queue sets "
+             "the pace" if wall and win >= 1.5 * wall else "")
+    return (f"verdict: GPU-bound: the GPU is busy {busy:.0f}% of its {win:,.1f} µs window per iteration (medians){ahead}; "
+            "a faster step needs less GPU work (the kernels below), not less host time")
+
+
 def idle_verdict(rank: Rank) -> str | None:
     """One line when the GPU mostly idles (median idle >= IDLE_VERDICT of the median window): what bounds
     the iteration, by the largest idle cause, with the CPU op most of that idle time went to. None for a
@@ -399,16 +485,21 @@ def idle_verdict(rank: Rank) -> str | None:
         return None
     m = rank.median
     win, idle = m.gpu_window_us, m.gpu_idle_us
+    if win and idle is not None and idle <= (1 - GPU_BOUND_BUSY) * win:
+        # a graph capture's kernels did not run (capture health says so): nothing bounds a step there
+        capture = bool(rank.iterations) and all(i.kind == "graph_capture" for i in rank.iterations)
+        return None if capture else gpu_bound_verdict(win, idle, m.wall_us)
     if not win or idle is None or idle < IDLE_VERDICT * win:
         return None
     causes = {k: v or 0.0 for k, v in m.bubble_us_by_cause.items()}
     causes["short_gaps"] = max(idle - (m.bubble_us or 0.0), 0.0)
     cause, us = max(causes.items(), key=lambda kv: kv[1])
     where = ""
-    ops = idle_cpu_ops(rank, cause, 1) if cause != "short_gaps" else []
+    # ProfilerStep#N spans are one thing, host code outside recorded ops: merged before the largest is named
+    ops = merged_ops(idle_cpu_ops(rank, cause, 50))[:1] if cause != "short_gaps" else []
     if ops and ops[0][1]:
         n = max(len(rank.iterations), 1)
-        where = f"; the CPU op with most of that idle time: {ops[0][0]} ({ops[0][1] / n:,.1f} µs per iteration)"
+        where = f"; the CPU op with most of that idle time: {op_label(ops[0][0])} ({ops[0][1] / n:,.1f} µs per iteration)"
     launches = f", {m.kernel_launches:,.0f} kernel launches per iteration" if cause == "launch" and m.kernel_launches else ""
     return (f"verdict: the GPU idles {idle:,.1f} of its {win:,.1f} µs window per iteration ({100 * idle / win:.0f}%, medians); "
             f"{_IDLE_WHY.get(cause, cause)} ({cause.replace('_', ' ')} {us:,.1f} µs{launches}){where}")

@@ -11,9 +11,11 @@ from __future__ import annotations
 from profkit.documents import Diff, Rank
 
 GPU_WORDS = {"device": "GPU", "window": "GPU window", "busy": "GPU busy", "idle": "GPU idle", "kernels": "GPU kernels", "kernel": "kernel",
-             "kernels_plain": "kernels"}
+             "kernels_plain": "kernels", "kernel_time": "kernel-time"}
 CPU_WORDS = {"device": "CPU-op", "window": "CPU-op window", "busy": "CPU-op busy", "idle": "CPU-op idle", "kernels": "aten ops",
-             "kernel": "aten op", "kernels_plain": "aten ops"}
+             "kernel": "aten op", "kernels_plain": "aten ops", "kernel_time": "aten-op-time"}
+# counts a CPU-only timeline never has (the banner says they are 0): not listed for a CPU-only run (issue 40: "kernel launches 0 → 0")
+GPU_ONLY_COUNTS = ("kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h", "memcpy_h2d")
 CPU_BANNER = ("CPU-only run: these traces hold no GPU activity. The outermost aten ops on the iteration thread stand in for device "
               "ops, so window, busy and idle are of that CPU-op timeline and aten ops take the place of kernels; kernel launches, "
               "graph launches and syncs are 0.")
