@@ -131,6 +131,9 @@ def test_trace_against_a_real_vllm_server(tmp_path, vllm_python, switch, base):
         assert [t["term"] for t in own] == ["phase_us.decode"]
         assert diff["shape"]["label"].startswith("verify") and diff["shape"]["baseline_label"].startswith("decode")
         assert "own" in p.stdout or "decode phase" in p.stdout
+        # a verify step does 1 + k tokens' work where a decode step does 1: growth the catalog expects (issue 40), no flag
+        assert diff["expected_effect"]["flags"] == [], diff["expected_effect"]["flags"]
+        assert "Flag:" not in p.stdout
     else:
         cache = [m["throughput"][0]["cache_hit_rate"]["median"] for m in ms]
         assert cache[0] == 0 and cache[1] > 0  # turn 2 reuses turn 1's history only with prefix caching
