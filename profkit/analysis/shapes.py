@@ -21,9 +21,10 @@ replay): a split-K GEMM's two kernels are one GEMM. Only a trace recorded with s
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
+if TYPE_CHECKING:
+    import polars as pl
 
 from profkit.apis import GRAPH_LAUNCH_APIS
 
@@ -33,6 +34,8 @@ SHAPE_COLUMNS = ("shape_op", "shape", "shape_dtypes")  # what the kernels table 
 def attach_shapes(ops: pl.DataFrame, trace: Any, replayed: dict[int, tuple[str, str | None, str | None, int]]) -> pl.DataFrame:
     """`ops` (rank.py's frame: launch_api, launch_ts_ns, launch_tid per row) with SHAPE_COLUMNS and shape_op_ns;
     `replayed`: the graph-replayed rows' capture-time (op, dims, types, start ns) (graphs.apply)."""
+    import polars as pl
+
     from profkit.analysis.spans import innermost_enclosing
     from profkit.ingest.shapes import cpu_op_shapes
 
