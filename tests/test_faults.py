@@ -5,6 +5,7 @@ disk that fills while writing. Real processes, real signals, real OS limits."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import resource
 import signal
@@ -157,4 +158,9 @@ def test_an_interrupt_during_analysis_names_the_diff_to_run(tmp_path):
     assert cmd[:2] == ["profkit", "diff"] and sorted(cmd[2:4]) == [str(r) for r in runs] and cmd[4:] == ["--opt", "topk_v2"]
     d = subprocess.run([sys.executable, "-m", "profkit", "diff", *cmd[2:], "--json", str(tmp_path / "d.json")], capture_output=True, text=True)
     assert d.returncode == 0, d.stderr
-    assert json.loads((tmp_path / "d.json").read_text())["decomposition"]["windows"] == 3
+    got = json.loads((tmp_path / "d.json").read_text())
+    # every window a side, or (a loaded host: a window opened late, after its turn's decode) one left out with a
+    # warning that counts it, as test_reproduce accounts for them; never a window lost without a word
+    dropped = sum(int(m.group(1)) for w in got["warnings"] if (m := re.match(r"(\d+) profile window\(s\) hold no iterations", w)))
+    assert sum(got["noise"]["repeats"].values()) + dropped == 6, (got["noise"], got["warnings"])
+    assert got["decomposition"]["windows"] == 3 or dropped, got["warnings"]
