@@ -45,6 +45,10 @@ THROUGHPUT = {  # unprofiled figures: the manifest's throughput point key -> bet
 }
 
 
+# a regression's decision line leads with the first of these that regresses (else the row furthest past its threshold)
+HEADLINE_FIRST = ("throughput.itl_ms_p50", "throughput.tokens_per_s_per_user_p50", "throughput.ttft_ms_p50", "gpu_window_us")
+
+
 @dataclass(frozen=True)
 class Rule:
     """One policy entry: a metric key or a glob over keys (``category_us.*``)."""
@@ -317,7 +321,9 @@ def decide(diff: Mapping[str, Any], policy: Policy, *, calibration: Mapping[str,
     regressions = sorted((r for r in gated if r["verdict"] == "regression"), key=_severity, reverse=True)
     decision = "inconclusive" if reasons else "regression" if regressions else "pass"
     exit_code = 5 if decision == "regression" or (decision == "inconclusive" and inconclusive == "fail") else 0
-    headline = regressions[0] if regressions else max(judged, key=_severity, default=None)
+    # the figure behind a regression: what users feel first (ITL, tokens/s per user, TTFT, the step's window), then the rest
+    felt = sorted((r for r in regressions if r["metric"] in HEADLINE_FIRST), key=lambda r: HEADLINE_FIRST.index(r["metric"]))
+    headline = (felt or regressions)[0] if regressions else max(judged, key=_severity, default=None)
     owned = max((r for r in regressions if r["metric"].startswith("category_us.")), key=lambda r: abs(r["change"]), default=None)
     if calibration is not None and comparability.get("candidate"):
         ck = compare_keys(calibration.get("key") or {}, comparability["candidate"])

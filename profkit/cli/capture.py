@@ -373,7 +373,8 @@ def calibrate(
         profkit calibrate --turns 3 --num-steps 10 -o calibration.json
     """
     from profkit.flows.gate import calibration_of
-    from profkit.report.gate import calibration_lines
+    from profkit.report.gate import calibration_lines, policy_toml
+    from profkit.store import write_bytes_atomic
     from profkit.store import write_json_atomic
     from profkit.targets.registry import check_opts, opt_states
 
@@ -394,13 +395,15 @@ def calibrate(
     path = output or folder / "calibration.json"
     write_json_atomic(path, cal)
     write_json_atomic(folder / "diff.json", d)
+    suggested = path.with_name("policy.toml")
+    write_bytes_atomic(suggested, policy_toml(cal).encode())
     from profkit.report.vocab import diff_timeline
     from profkit.documents import diff_of
 
     for line in calibration_lines(cal, diff_timeline(diff_of(d))):
         out.print(escape(line), soft_wrap=True, highlight=False)
-    out.print(f"wrote {escape(str(path))} (A/A diff: {escape(str(folder / 'diff.json'))}); runs {escape(str(a.report_dir))} "
-              f"and {escape(str(b.report_dir))}", soft_wrap=True)
+    out.print(f"wrote {escape(str(path))}, {escape(str(suggested))} (thresholds at the MDEs: gate --policy) and the A/A diff "
+              f"{escape(str(folder / 'diff.json'))}; runs {escape(str(a.report_dir))} and {escape(str(b.report_dir))}", soft_wrap=True)
 
 
 @command()

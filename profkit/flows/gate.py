@@ -83,7 +83,7 @@ def _manifest_and_summary(path: Path) -> tuple[Any, Any]:
 def side_key(path: Path) -> dict[str, Any]:
     man, summary = _manifest_and_summary(path)
     key = run_key(man, summary)
-    if key["schema"] is None and (Path(path) / "window-0").is_dir():
+    if key["schema"] is None and summary is None:
         from profkit.analysis.summary import SCHEMA_VERSION
 
         key["schema"] = SCHEMA_VERSION  # traces, summarized now: this profkit's summary schema

@@ -189,3 +189,25 @@ def calibration_lines(cal: Mapping[str, Any], timeline: str = "gpu") -> list[str
                      _pct(m.get("aa_spread_pct")), _pct(m.get("mde_pct"))])
     w = [max(len(r[i]) for r in rows) for i in range(5)]
     return ["  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+
+
+def policy_toml(cal: Mapping[str, Any], floor_pct: float = 2.0) -> str:
+    """A policy whose thresholds sit at each metric's calibrated MDE (rounded up to a whole percent, at
+    least `floor_pct`): the policy `profkit calibrate` suggests (policy.toml beside calibration.json),
+    under which no row is refused as below its MDE. Metrics without an MDE keep the built-in rules."""
+    import json
+    import math
+
+    from profkit.attribution.gate import default_policy
+
+    gated = default_policy()
+    lines = [f"# written by `profkit calibrate` from {cal.get('source') or 'an A/A calibration'}: each threshold is the metric's",
+             "# A/A minimum detectable effect (MDE), rounded up, at least the built-in 2% (docs/ci.md)",
+             "[defaults]", f"threshold_pct = {floor_pct:g}", ""]
+    for k, m in sorted((cal.get("metrics") or {}).items()):
+        mde = m.get("mde_pct")
+        if mde is None or gated.rule(k) is None:  # only what the built-in policy gates
+            continue
+        t = max(floor_pct, float(math.ceil(mde)))
+        lines += [f"[metric.{json.dumps(k)}]", f"threshold_pct = {t:g}", ""]
+    return "\n".join(lines)
