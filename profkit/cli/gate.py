@@ -91,7 +91,9 @@ def gate(
         raise typer.Exit(doc["exit_code"])
 
 
-baseline_app = typer.Typer(help="Stored baselines for `profkit gate --baseline NAME`: save a run, list them.", no_args_is_help=True)
+baseline_app = typer.Typer(help="Stored baselines for `profkit gate --baseline NAME`: save a run, list them.\n\n"
+                           "Example:\n\n    profkit baseline save reports/RUN --name main; profkit baseline list",
+                           no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]}, rich_markup_mode=None)
 app.add_typer(baseline_app, name="baseline")
 
 
