@@ -80,6 +80,49 @@ def gate_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def summary(doc: dict[str, Any]) -> str:
+    """The trials as tables (the TXT beside the JSON)."""
+    steps = doc["steps"]
+    out = [f"gate trials, {doc['started']} to {doc.get('ended', '(running)')}; {doc['cpus']} CPUs; {doc['note']}", ""]
+    c = doc.get("calibration")
+    if c:
+        out.append(f"calibration: step window {c['window_us']:,.0f} us, MDE {c['window_mde_pct']:.1f}% ({c['window_mde_us']:,.0f} us); "
+                   f"ITL {c['itl_ms']:.2f} ms, MDE {c['itl_mde_pct']:.1f}% (= {c['itl_mde_as_step_delay_us']:,.0f} us per step at accept "
+                   f"length {c['accept_length']:.2f}); smallest detectable host delay {c['detectable_delay_us']:,.0f} us per step")
+        out.append("policy: " + c["policy"] + " (each threshold at its metric's MDE, at least 2%)")
+        out.append("")
+    for s in steps:
+        if s["group"] in ("calibrate", "baseline"):
+            out.append(f"{s['group']}: rc {s['rc']}, load {s['load_before'][0]:.1f}: {s['command']}")
+    out.append("")
+
+    def table(title: str, groups: tuple[str, ...], cols: list[str]) -> None:
+        rows = [s for s in steps if s["group"] in groups]
+        if not rows:
+            out.append(f"{title}: not run")
+            return
+        out.append(title)
+        for s in rows:
+            extra = "  ".join(f"{k}={s.get(k)!s}" for k in cols if k in s)
+            out.append(f"  [{s['group']}] rc={s['rc']} load={s['load_before'][0]:.1f} busy={s['busy']} {extra}")
+            out.append(f"      {s['first_line']}")
+        out.append("")
+
+    table("topk_v2 removed (candidate) vs all on (baseline), and the reverse", ("topk-regression", "topk-reverse"),
+          ["decision", "owned_term", "under_load"])
+    table("injected host delay (gate BASELINE FAULTED)", ("delay-gate",),
+          ["delay_us", "delay_over_detectable", "decision", "regressions", "itl_change_pct", "itl_verdict", "window_verdict"])
+    table("A/A: the same configuration against the stored baseline, and pairwise", ("aa-stored", "aa-paired"),
+          ["decision", "regressions", "mde_pct", "window_change_pct", "under_load"])
+    counts: dict[str, dict[str, int]] = {}
+    for s in steps:
+        if "decision" in s:
+            counts.setdefault(s["group"], {}).setdefault(s["decision"], 0)
+            counts[s["group"]][s["decision"]] += 1
+    out.append("decisions by group: " + json.dumps(counts))
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("/tmp/v-gate/trials"))
@@ -89,7 +132,11 @@ def main() -> int:
     ap.add_argument("--topk", type=int, default=5)
     ap.add_argument("--delay-runs", type=int, default=3)
     ap.add_argument("--busy", type=int, default=2)
+    ap.add_argument("--summarize", type=Path, help="only write the TXT tables of an earlier run's JSON (beside it)")
     a = ap.parse_args()
+    if a.summarize:
+        a.summarize.with_suffix(".txt").write_text(summary(json.loads(a.summarize.read_text())))
+        return 0
     t = Trials(a.out, a.json)
     out = a.out
     out.mkdir(parents=True, exist_ok=True)
@@ -179,6 +226,7 @@ def main() -> int:
         t.stop_busy()
         t.doc["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         t.save()
+        a.json.with_suffix(".txt").write_text(summary(t.doc))
     return 0
 
 

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from profkit.cli import app
@@ -35,16 +34,49 @@ def recipe_steps() -> list[tuple[str, str]]:
     section = doc.split("## The same on a CPU runner (the proxy)", 1)[1]
     block = re.search(r"```yaml\n(.*?)```", section, re.S)
     assert block, "docs/ci.md: no yaml block in the CPU recipe"
-    wf = yaml.safe_load(block.group(1))
+    jobs = _steps(block.group(1))
+    assert set(jobs) == {"baseline", "gate"}, jobs
     out = []
     for job in ("baseline", "gate"):
-        for step in wf["jobs"][job]["steps"]:
+        for step in jobs[job]:
             run = step.get("run")
-            name = step.get("name", "")
-            if run is None or name.startswith(("Install", "Post")) or "${{" in run:
+            if run is None or step.get("name", "").startswith(("Install", "Post")) or "${{" in run:
                 continue
             out.append((job, run))
     return out
+
+
+def _steps(text: str) -> dict[str, list[dict[str, str]]]:
+    """The workflow's jobs -> steps ({name, run}) of the block-style YAML the recipe is written in (no YAML
+    library in the test environment): a job is a 2-space key under `jobs:`, a step a `- ` item under its
+    `steps:`, `run: |` a block of the lines indented below it."""
+    jobs: dict[str, list[dict[str, str]]] = {}
+    lines = text.splitlines()
+    job = None
+    i = lines.index("jobs:")
+    while i < len(lines):
+        ln = lines[i]
+        m = re.match(r"^  ([A-Za-z_-]+):\s*$", ln)
+        if m:
+            job = m.group(1)
+            jobs[job] = []
+        step = re.match(r"^(\s*)- (.*)$", ln)
+        if job is not None and step:
+            jobs[job].append({})
+            ln = step.group(1) + "  " + step.group(2)
+        kv = re.match(r"^(\s*)(name|run): ?(.*)$", ln)
+        if job is not None and kv and jobs[job]:
+            indent, key, val = len(kv.group(1)), kv.group(2), kv.group(3)
+            if val.strip() == "|":
+                body = []
+                while i + 1 < len(lines) and (not lines[i + 1].strip() or len(lines[i + 1]) - len(lines[i + 1].lstrip()) > indent):
+                    i += 1
+                    body.append(lines[i])
+                width = min(len(b) - len(b.lstrip()) for b in body if b.strip())
+                val = "\n".join(b[width:] for b in body).strip() + "\n"
+            jobs[job][-1][key] = val
+        i += 1
+    return jobs
 
 
 @pytest.fixture(scope="module")

@@ -126,13 +126,13 @@ def policy_from(doc: Mapping[str, Any], source: str, threshold_pct: float | None
 def run_key(manifest: Any, summary: Any = None) -> dict[str, Any]:
     """A run's comparability key from its manifest (or a summary's `run` section): None where the run
     does not say (an unknown field is not compared)."""
-    m = manifest if isinstance(manifest, Mapping) else {}
-    run = summary.get("run") if isinstance(summary, Mapping) and isinstance(summary.get("run"), Mapping) else {}
+    m: Mapping[str, Any] = manifest if isinstance(manifest, Mapping) else {}
+    run: Mapping[str, Any] = summary["run"] if isinstance(summary, Mapping) and isinstance(summary.get("run"), Mapping) else {}
     src = m or run
-    versions = src.get("versions") if isinstance(src.get("versions"), Mapping) else {}
-    info = m.get("server_info") if isinstance(m.get("server_info"), Mapping) else {}
+    versions: Mapping[str, Any] = src["versions"] if isinstance(src.get("versions"), Mapping) else {}
+    info: Mapping[str, Any] = m["server_info"] if isinstance(m.get("server_info"), Mapping) else {}
     model: Any = m.get("model_path") or info.get("model_path") or info.get("model")
-    wl = src.get("workload") if isinstance(src.get("workload"), Mapping) else None
+    wl: Mapping[str, Any] | None = src["workload"] if isinstance(src.get("workload"), Mapping) else None
     workload = ({k: v for k, v in wl.items() if k not in ("repeat", "expected_cache_hit")} if wl else None)
     gpu = info.get("device_name") or versions.get("gpu")
     if gpu is None and isinstance(summary, Mapping):
@@ -199,12 +199,12 @@ def candidate_rows(diff: Mapping[str, Any]) -> list[dict[str, Any]]:
                      "unit": "tok/s" if k.startswith("tokens") else "ms", "floor": 0.0,
                      "not_judged": None if noise is not None else
                      f"one unprofiled repeat a side ({nb} and {nc}): no spread; record with --repeat N (N >= 2)"})
-    noise = diff.get("noise") or {}
-    metrics = noise.get("metrics") or {}
+    nz = diff.get("noise") or {}
+    metrics = nz.get("metrics") or {}
     ee = diff.get("expected_effect") or {}
     window = (diff.get("gpu_window_us") or {}).get("baseline") or 0.0
-    floor = ee.get("floor_us") if isinstance(ee.get("floor_us"), (int, float)) else max(ABS_THRESHOLD_NS / 1000, window * MATERIAL_SHARE)
-    if noise.get("available") and metrics:
+    floor: float = float(ee["floor_us"]) if isinstance(ee.get("floor_us"), (int, float)) else max(ABS_THRESHOLD_NS / 1000, window * MATERIAL_SHARE)
+    if nz.get("available") and metrics:
         for k, m in metrics.items():
             time_term = k.startswith(("category_us.", "phase_us.", "idle_us_by_cause."))
             rows.append({"metric": k, "baseline": m["baseline"]["median"], "candidate": m["candidate"]["median"], "change": m["delta"],
@@ -212,10 +212,10 @@ def candidate_rows(diff: Mapping[str, Any]) -> list[dict[str, Any]]:
                          "floor": float(floor) if time_term else 0.0, "not_judged": None})
     else:  # not judged: the decomposition's figures, no noise
         dec = diff.get("decomposition") or {}
-        why = noise.get("note") or "not judged: no noise estimate"
-        g = diff.get("gpu_window_us") or {}
-        if g.get("baseline") is not None:
-            rows.append({"metric": "gpu_window_us", "baseline": g.get("baseline"), "candidate": g.get("candidate"), "change": g.get("delta"),
+        why = nz.get("note") or "not judged: no noise estimate"
+        gw: Mapping[str, Any] = diff.get("gpu_window_us") or {}
+        if gw.get("baseline") is not None:
+            rows.append({"metric": "gpu_window_us", "baseline": gw.get("baseline"), "candidate": gw.get("candidate"), "change": gw.get("delta"),
                          "noise": None, "unit": "µs", "floor": 0.0, "not_judged": why})
         for group in ("category_us", "phase_us", "idle_us_by_cause"):
             bs, cs = (dec.get("baseline") or {}).get(group) or {}, (dec.get("candidate") or {}).get(group) or {}
@@ -226,10 +226,10 @@ def candidate_rows(diff: Mapping[str, Any]) -> list[dict[str, Any]]:
                              "noise": None, "unit": "µs", "floor": float(floor), "not_judged": why})
         counts = diff.get("counts") or {}
         for name in ("kernel_launches", "graph_launches", "syncs"):
-            c = counts.get(name) or {}
-            if c.get("baseline") is not None and c.get("candidate") is not None:
-                rows.append({"metric": f"counts.{name}", "baseline": c["baseline"], "candidate": c["candidate"],
-                             "change": c["candidate"] - c["baseline"], "noise": None, "unit": "count", "floor": 0.0, "not_judged": why})
+            cn: Mapping[str, Any] = counts.get(name) or {}
+            if cn.get("baseline") is not None and cn.get("candidate") is not None:
+                rows.append({"metric": f"counts.{name}", "baseline": cn["baseline"], "candidate": cn["candidate"],
+                             "change": cn["candidate"] - cn["baseline"], "noise": None, "unit": "count", "floor": 0.0, "not_judged": why})
     return rows
 
 
@@ -265,16 +265,17 @@ def judge_row(row: Mapping[str, Any], rule: Rule, cal: Mapping[str, Any] | None)
         "verdict": "", "reason": None,
     }
     limit = max(threshold, floor)
-    if row.get("not_judged"):
-        out["verdict"], out["reason"] = "not judged", row["not_judged"]
-    elif delta is None:
-        out["verdict"], out["reason"] = "not judged", "no figure on one side"
-    elif mde_abs is not None and limit < mde_abs:
+    # the calibration's refusal first: it holds whatever this capture's own noise (the policy against the machine)
+    if mde_abs is not None and limit < mde_abs:
         what = f"{aa_spread:.1f}%" if aa_spread is not None else f"{spread_abs:g}"
         out["verdict"] = "cannot be judged here"
         out["reason"] = (f"cannot be judged here: the A/A spread is {what} (MDE {aa_mde:.1f}%), "
                          f"above the {rule.threshold_pct:g}% threshold" if aa_mde is not None else
                          f"cannot be judged here: the A/A spread is {what}, above the threshold")
+    elif row.get("not_judged"):
+        out["verdict"], out["reason"] = "not judged", row["not_judged"]
+    elif delta is None:
+        out["verdict"], out["reason"] = "not judged", "no figure on one side"
     elif noise is not None and (delta == 0 or abs(delta) < noise):
         out["verdict"] = "within noise"
     elif abs(delta) <= limit:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -30,7 +31,10 @@ def load_policy(path: Path | None, threshold_pct: float | None) -> Policy:
     """The policy file (TOML), or the built-in one; --threshold replaces every default threshold."""
     if path is None:
         return default_policy(threshold_pct) if threshold_pct is not None else default_policy()
-    import tomllib
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
 
     try:
         doc = tomllib.loads(path.read_text())
@@ -184,7 +188,7 @@ def calibration_of(a: RunResult, b: RunResult) -> tuple[dict[str, Any], dict[str
 
 def list_baselines(folder: Path) -> list[BaselineEntry]:
     """Every stored baseline under `folder` (NAME/KEY_ID/baseline.json), by name and time."""
-    out = []
+    out: list[BaselineEntry] = []
     if not folder.is_dir():
         return out
     for f in sorted(folder.glob(f"*/*/{ENTRY_FILE}")):

@@ -100,9 +100,10 @@ def decision_line(doc: Mapping[str, Any]) -> str:
     if head is None:
         return _fit(f"{dec}: no gated metric judged")
     for short in (False, True):
-        line = f"{dec}: {len(judged)} metrics judged, none worse; largest {figure(head, tl, short=short)}"
-        if len(line) <= WIDTH:
-            return line
+        for lead in (f"{len(judged)} metrics judged, none worse; largest", f"{len(judged)} judged, none worse;"):
+            line = f"{dec}: {lead} {figure(head, tl, short=short)}"
+            if len(line) <= WIDTH:
+                return line
     return _fit(f"{dec}: {len(judged)} metrics judged, none worse beyond threshold and noise")
 
 
