@@ -615,6 +615,8 @@ class Calibration(_Doc):
     schema_version: int = 1
     kind: str = "calibration"
     source: str = ""
+    judged: bool = True  # false: the trace figures' A/A was not judged (unstable windows, one window): no MDE for them
+    note: str | None = None
     key: dict[str, Any] = {}
     windows: dict[str, Any] = {}
     mde: str = ""

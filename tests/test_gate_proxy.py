@@ -113,8 +113,13 @@ def test_the_recipe_gates_and_its_comment_leads_with_the_verdict(recipe):
     tokens = MarkdownIt("commonmark").enable("table").parse(md)
     assert tokens[1].content == first and any(t.type == "table_open" for t in tokens)
     # every gated row names its MDE (the calibration gave one) or why there is none
-    rows = [r for r in doc["rows"] if r["gated"] and r["baseline"]]
-    assert rows and all(r["mde_pct"] is not None or r["verdict"] == "not judged" for r in rows), rows
+    cal = json.loads((d / "baselines" / "calibration.json").read_text())
+    rows = [r for r in doc["rows"] if r["gated"] and r["baseline"] and not r["metric"].startswith("throughput.")]
+    assert rows
+    if cal["judged"]:
+        assert all(r["mde_pct"] is not None for r in rows), rows
+    else:  # a loaded machine: the A/A's windows disagreed; the gate says the calibration gave no MDE
+        assert all(r["mde_pct"] is None for r in rows) and "has no MDE" in doc["calibration"]["note"]
     assert list(d.glob("reports/*-proxy-topk_v2/report.html"))  # what the recipe uploads
 
 
@@ -127,23 +132,29 @@ def test_the_calibration_and_its_policy(recipe):
     d = recipe["dir"]
     cal = msgspec.convert(json.loads((d / "baselines" / "calibration.json").read_text()), Calibration)
     w = cal.metrics["gpu_window_us"]
-    assert w.mde_pct == pytest.approx((w.aa_change_pct or 0) + (w.aa_spread_pct or 0))
     assert cal.key["gpu"] == "cpu" and cal.key["target"] == "proxy"
     pol = tomllib.loads((d / "baselines" / "policy.toml").read_text())
-    assert pol["metric"]["gpu_window_us"]["threshold_pct"] >= w.mde_pct
+    if cal.judged:
+        assert w.mde_pct == pytest.approx((w.aa_change_pct or 0) + (w.aa_spread_pct or 0))
+        assert pol["metric"]["gpu_window_us"]["threshold_pct"] >= w.mde_pct
+    else:  # the A/A's windows disagreed (a loaded machine): no MDE, and the policy leaves the window at the built-in rule
+        assert w.mde_pct is None and cal.note and "gpu_window_us" not in pol.get("metric", {})
 
 
 def test_a_threshold_below_the_mde_cannot_be_judged(recipe, tmp_path):
     d = recipe["dir"]
     a, b = sorted(d.glob("reports/*-calibrate-a"))[0], sorted(d.glob("reports/*-calibrate-b"))[0]
     cal = json.loads((d / "baselines" / "calibration.json").read_text())
-    mde = cal["metrics"]["gpu_window_us"]["mde_pct"]
+    mdes = {k: m["mde_pct"] for k, m in cal["metrics"].items() if m["mde_pct"]}
+    if not mdes:
+        pytest.skip("the A/A gave no MDE here (its windows and repeats disagreed): tests/test_gate.py checks the refusal on fixtures")
+    key, mde = min(mdes.items(), key=lambda kv: kv[1])
     r = CliRunner().invoke(app, ["gate", str(a), str(b), "--calibration", str(d / "baselines" / "calibration.json"),
                                  "--threshold", f"{mde / 2}", "--json", str(tmp_path / "g.json")])
     doc = json.loads((tmp_path / "g.json").read_text())
-    row = next(x for x in doc["rows"] if x["metric"] == "gpu_window_us")
+    row = next(x for x in doc["rows"] if x["metric"] == key)
     assert row["verdict"] == "cannot be judged here" and "the A/A spread is" in row["reason"], r.output
-    assert doc["decision"] != "regression" or "gpu_window_us" not in doc["regressions"]
+    assert key not in doc["regressions"]
 
 
 def test_an_h200_baseline_is_not_comparable_with_a_cpu_run(recipe, tmp_path):

@@ -267,7 +267,7 @@ def judge_row(row: Mapping[str, Any], rule: Rule, cal: Mapping[str, Any] | None)
     limit = max(threshold, floor)
     # the calibration's refusal first: it holds whatever this capture's own noise (the policy against the machine)
     if mde_abs is not None and limit < mde_abs:
-        what = f"{aa_spread:.1f}%" if aa_spread is not None else f"{spread_abs:g}"
+        what = f"{aa_spread:.1f}%" if aa_spread is not None else f"{spread_abs or 0:g} {row['unit']}"
         out["verdict"] = "cannot be judged here"
         out["reason"] = (f"cannot be judged here: the A/A spread is {what} (MDE {aa_mde:.1f}%), "
                          f"above the {rule.threshold_pct:g}% threshold" if aa_mde is not None else
@@ -330,6 +330,8 @@ def decide(diff: Mapping[str, Any], policy: Policy, *, calibration: Mapping[str,
         ck = compare_keys(calibration.get("key") or {}, comparability["candidate"])
         cal_note = None if ck["comparable"] else "the calibration was recorded on another configuration (" + ", ".join(
             d["field"] for d in ck["differ"]) + " differ): its MDE may not hold here"
+        if not calibration.get("judged", True):
+            cal_note = "; ".join(filter(None, [cal_note, f"the calibration's A/A is not judged, so the trace figures have no MDE ({calibration.get('note')})"]))
     else:
         cal_note = None
     return {
@@ -404,19 +406,24 @@ def calibration_from(diff: Mapping[str, Any], key: Mapping[str, Any], source: st
         b, d, n = r["baseline"], r["change"], r["noise"]
         if d is None:
             continue
-        change_abs, spread_abs = abs(d), (n if n is not None else 0.0)
+        change_abs = abs(d)
+        # no spread (the A/A not judged: one window or repeat a side, unstable windows): no MDE either, and the note says why
+        mde = None if n is None else change_abs + n
         metrics[r["metric"]] = {
             "unit": r["unit"], "baseline": b,
-            "aa_change_abs": change_abs, "aa_spread_abs": spread_abs if n is not None else None,
-            "aa_change_pct": _pct(change_abs, b), "aa_spread_pct": _pct(spread_abs, b) if n is not None else None,
-            "mde_abs": change_abs + spread_abs, "mde_pct": _pct(change_abs + spread_abs, b),
-            "note": None if n is not None else (r.get("not_judged") or "no spread") + "; the MDE is the A/A change alone",
+            "aa_change_abs": change_abs, "aa_spread_abs": n,
+            "aa_change_pct": _pct(change_abs, b), "aa_spread_pct": _pct(n, b),
+            "mde_abs": mde, "mde_pct": _pct(mde, b),
+            "note": None if n is not None else f"{r.get('not_judged') or 'no spread'}: no MDE",
         }
     noise = diff.get("noise") or {}
     return {
         "schema_version": CALIBRATION_SCHEMA_VERSION,
         "kind": "calibration",
         "source": source,
+        # the trace figures' A/A is judged (a window-pair statistic with its noise): else they have no MDE
+        "judged": bool(noise.get("available")),
+        "note": None if noise.get("available") else str(noise.get("note") or "the A/A is not judged"),
         "key": dict(key),
         "windows": (noise.get("repeats") or {}),
         "mde": "MDE = A/A change + A/A spread, each as a share of the A side's median (see docs/ci.md)",

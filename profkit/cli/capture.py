@@ -402,6 +402,8 @@ def calibrate(
 
     for line in calibration_lines(cal, diff_timeline(diff_of(d))):
         out.print(escape(line), soft_wrap=True, highlight=False)
+    if not cal["judged"]:
+        err.print(f"[yellow]warning:[/] the A/A is not judged, so the trace figures have no MDE: {escape(str(cal['note']))}", soft_wrap=True)
     out.print(f"wrote {escape(str(path))}, {escape(str(suggested))} (thresholds at the MDEs: gate --policy) and the A/A diff "
               f"{escape(str(folder / 'diff.json'))}; runs {escape(str(a.report_dir))} and {escape(str(b.report_dir))}", soft_wrap=True)
 
