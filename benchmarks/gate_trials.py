@@ -6,11 +6,12 @@ average around it.
    a threshold at the calibrated MDE of the step window is chosen for every later gate.
 2. topk_v2: `profkit trace --opt topk_v2` five times (one beside busy processes); each gives
    `gate ALL_ON TOPK_OFF` (expected: regression, owned topk) and `gate TOPK_OFF ALL_ON` (expected: pass).
-3. injected host delay: `profkit trace --fault host_delay_us=D` for delays below and above the MDE
-   (in µs of the step window), 3 runs each; `gate BASELINE FAULTED`.
-4. A/A: `profkit calibrate` again N times (the last ones beside busy processes): each gives two runs of
+3. A/A: `profkit calibrate` again N times (the last ones beside busy processes): each gives two runs of
    the same configuration, each gated against the stored baseline (`gate --baseline main`), and the
    pair gated against each other (`gate A B`); expected: no "regression".
+4. injected host delay: `profkit trace --fault host_delay_us=D` for delays below and above the smallest
+   delay the calibration can detect (the step window's MDE in µs, or ITL's MDE times the tokens per
+   step), 3 runs each; `gate BASELINE FAULTED`.
 
     python benchmarks/gate_trials.py --out /tmp/v-gate/trials --json benchmarks/results/gate_trials.json
 
@@ -189,25 +190,7 @@ def main() -> int:
             s2.update(decision=gate_json(j2)["decision"])
             t.save()
 
-        # 3. injected host delay, below and above the calibrated MDE of the step window
-        delays = sorted({round(detectable * f) for f in (0.25, 0.5, 2.0, 4.0)})
-        t.doc["delays_us"] = delays
-        for d in delays:
-            for r in range(a.delay_runs):
-                rep = out / f"delay{d}-{r}" / "reports"
-                t.run("delay-trace", [*PROFKIT, "trace", "--fault", f"host_delay_us={d}", *SMALL, "--traces-dir", str(out / f"delay{d}-{r}" / "traces"),
-                                      "--reports-dir", str(rep)])
-                j = out / f"delay{d}-{r}.json"
-                s = t.run("delay-gate", [*PROFKIT, "gate", str(runs(rep, "-before")), str(runs(rep, "-after")), *g, "--json", str(j)],
-                          delay_us=d, delay_over_detectable=d / detectable)
-                doc = gate_json(j)
-                w = next((x for x in doc["rows"] if x["metric"] == "gpu_window_us"), {})
-                i_ = next((x for x in doc["rows"] if x["metric"] == "throughput.itl_ms_p50"), {})
-                s.update(decision=doc["decision"], regressions=doc["regressions"], window_change_us=w.get("change"),
-                         window_verdict=w.get("verdict"), itl_change_pct=i_.get("change_pct"), itl_verdict=i_.get("verdict"))
-                t.save()
-
-        # 4. A/A: the same configuration recorded again, gated against the stored baseline and pairwise
+        # 3. A/A: the same configuration recorded again, gated against the stored baseline and pairwise
         for i in range(a.aa):
             under = i >= a.aa - a.aa_busy
             if under:
@@ -229,6 +212,24 @@ def main() -> int:
             w = next((x for x in doc["rows"] if x["metric"] == "gpu_window_us"), {})
             s.update(decision=doc["decision"], regressions=doc["regressions"], mde_pct=w.get("mde_pct"), window_change_pct=w.get("change_pct"))
             t.save()
+        # 4. injected host delay, below and above the calibrated MDE of the step window
+        delays = sorted({round(detectable * f) for f in (0.25, 0.5, 2.0, 4.0)})
+        t.doc["delays_us"] = delays
+        for d in delays:
+            for r in range(a.delay_runs):
+                rep = out / f"delay{d}-{r}" / "reports"
+                t.run("delay-trace", [*PROFKIT, "trace", "--fault", f"host_delay_us={d}", *SMALL, "--traces-dir", str(out / f"delay{d}-{r}" / "traces"),
+                                      "--reports-dir", str(rep)])
+                j = out / f"delay{d}-{r}.json"
+                s = t.run("delay-gate", [*PROFKIT, "gate", str(runs(rep, "-before")), str(runs(rep, "-after")), *g, "--json", str(j)],
+                          delay_us=d, delay_over_detectable=d / detectable)
+                doc = gate_json(j)
+                w = next((x for x in doc["rows"] if x["metric"] == "gpu_window_us"), {})
+                i_ = next((x for x in doc["rows"] if x["metric"] == "throughput.itl_ms_p50"), {})
+                s.update(decision=doc["decision"], regressions=doc["regressions"], window_change_us=w.get("change"),
+                         window_verdict=w.get("verdict"), itl_change_pct=i_.get("change_pct"), itl_verdict=i_.get("verdict"))
+                t.save()
+
     finally:
         t.stop_busy()
         t.doc["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
