@@ -6,7 +6,7 @@ average around it.
    a threshold at the calibrated MDE of the step window is chosen for every later gate.
 2. topk_v2: `profkit trace --opt topk_v2` five times (one beside busy processes); each gives
    `gate ALL_ON TOPK_OFF` (expected: regression, owned topk) and `gate TOPK_OFF ALL_ON` (expected: pass).
-3. A/A: `profkit calibrate` again N times (the last ones beside busy processes): each gives two runs of
+3. A/A: `profkit calibrate` again N times (the first ones beside busy processes): each gives two runs of
    the same configuration, each gated against the stored baseline (`gate --baseline main`), and the
    pair gated against each other (`gate A B`); expected: no "regression".
 4. injected host delay: `profkit trace --fault host_delay_us=D` for delays below and above the smallest
@@ -129,9 +129,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/v-gate/trials"))
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/gate_trials.json"))
     ap.add_argument("--aa", type=int, default=10, help="A/A recordings (two gated runs each)")
-    ap.add_argument("--aa-busy", type=int, default=3, help="of which beside the busy processes (the last ones)")
+    ap.add_argument("--aa-busy", type=int, default=3, help="of which beside the busy processes (the first ones)")
     ap.add_argument("--topk", type=int, default=5)
     ap.add_argument("--delay-runs", type=int, default=3)
+    ap.add_argument("--delay-factors", default="0.25,0.5,2,4", help="host delays as multiples of the smallest detectable one")
     ap.add_argument("--busy", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10, help="--num-steps of every recording (iterations per profile window)")
     ap.add_argument("--summarize", type=Path, help="only write the TXT tables of an earlier run's JSON (beside it)")
@@ -192,7 +193,7 @@ def main() -> int:
 
         # 3. A/A: the same configuration recorded again, gated against the stored baseline and pairwise
         for i in range(a.aa):
-            under = i >= a.aa - a.aa_busy
+            under = i < a.aa_busy  # the loaded ones first: a pass cut short still has them
             if under:
                 t.start_busy(a.busy)
             rep = out / f"aa{i}" / "reports"
@@ -213,7 +214,7 @@ def main() -> int:
             s.update(decision=doc["decision"], regressions=doc["regressions"], mde_pct=w.get("mde_pct"), window_change_pct=w.get("change_pct"))
             t.save()
         # 4. injected host delay, below and above the calibrated MDE of the step window
-        delays = sorted({round(detectable * f) for f in (0.25, 0.5, 2.0, 4.0)})
+        delays = sorted({round(detectable * float(f)) for f in a.delay_factors.split(",")})
         t.doc["delays_us"] = delays
         for d in delays:
             for r in range(a.delay_runs):

@@ -134,10 +134,11 @@ def run_key(manifest: Any, summary: Any = None) -> dict[str, Any]:
     model: Any = m.get("model_path") or info.get("model_path") or info.get("model")
     wl: Mapping[str, Any] | None = src["workload"] if isinstance(src.get("workload"), Mapping) else None
     workload = ({k: v for k, v in wl.items() if k not in ("repeat", "expected_cache_hit")} if wl else None)
-    gpu = info.get("device_name") or versions.get("gpu")
-    if gpu is None and isinstance(summary, Mapping):
-        ranks = summary.get("ranks") or []
-        gpu = ranks[0].get("device") if ranks and isinstance(ranks[0], Mapping) else None
+    # the device's name: the server's (manifest), else the summary's rank 0 ("NVIDIA H200"; None on a CPU run), else the
+    # capture's versions.gpu ("cpu"; "cuda:0" names no GPU, so it comes last)
+    ranks = summary.get("ranks") or [] if isinstance(summary, Mapping) else []
+    rank_device = ranks[0].get("device") if ranks and isinstance(ranks[0], Mapping) else None
+    gpu = info.get("device_name") or rank_device or versions.get("gpu")
     schema = summary.get("schema_version") if isinstance(summary, Mapping) else None
     return {"target": src.get("target"), "engine_version": versions.get("engine"), "model": _canon(model),
             "preset": src.get("preset"), "workload": _canon(workload), "gpu": gpu, "schema": schema}
