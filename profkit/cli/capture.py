@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from profkit.cli import interrupts
 from profkit.cli.common import command, err, option, options_from, out
-from profkit.cli.options import BASE, CATALOG, MARKER, MIN_BUBBLE_US, TARGET, BaseMode, SweepMode, Target, TargetName
+from profkit.cli.options import BASE, CATALOG, MARKER, MIN_BUBBLE_US, OUTPUT, TARGET, BaseMode, SweepMode, Target, TargetName
 from profkit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -362,7 +362,7 @@ def trace(opt: Annotated[Optional[list[str]], typer.Option("--opt", help="Optimi
 @options_from(RunOptions, exclude=("nsys",), help=CALIBRATE_HELP)
 def calibrate(
     without: Annotated[Optional[list[str]], typer.Option("--without", help="Optimization off in the calibrated configuration (repeatable; default: the configuration --base gives, all on).")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="calibration.json to write (default: REPORTS_DIR/<stamp>-<target>-calibrate/calibration.json).")] = None,
+    output: Annotated[Optional[Path], OUTPUT.option("calibration.json to write, policy.toml beside it (default: REPORTS_DIR/<stamp>-<target>-calibrate/).")] = None,
     options: RunOptions = RunOptions(),
 ) -> None:
     """A/A calibration for `profkit gate`: the same configuration recorded twice, alternating (A B A B),

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from profkit.cli.common import app, command, err, out
-from profkit.cli.options import Choice, CatalogOpt, Marker, MinBubble
+from profkit.cli.options import JSON_OUT, MD, CatalogOpt, Choice, Marker, MinBubble
 from profkit.errors import UsageError
 
 
@@ -37,8 +37,8 @@ def gate(
     threshold: Annotated[Optional[float], typer.Option("--threshold", min=0.0, help="Practical threshold in % of the baseline for every metric the policy leaves at the default (built in: 2).")] = None,
     on_inconclusive: Annotated[OnInconclusive, typer.Option("--inconclusive", help="What an inconclusive gate exits with: fail (5, the default: loud rather than silently passing) or pass (0).")] = OnInconclusive.fails,
     calibration: Annotated[Optional[Path], typer.Option("--calibration", help="calibration.json (profkit calibrate): each metric's A/A spread (added to the noise) and MDE (a threshold below it: cannot be judged here).")] = None,
-    md: Annotated[Optional[Path], typer.Option("--md", help="Write the PR comment (GitHub Markdown; first line: the decision) to FILE.")] = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write gate.json (every row) to FILE.")] = None,
+    md: Annotated[Optional[Path], MD.option("Write the PR comment (GitHub Markdown; first line: the decision, at most 80 columns) to FILE.")] = None,
+    json_out: Annotated[Optional[str], JSON_OUT.option("Write gate.json (every row) to FILE, or '-' for stdout (the table then goes to stderr).")] = None,
     baseline_name: Annotated[Optional[str], typer.Option("--baseline", help="The stored baseline NAME whose key matches the candidate (profkit baseline save).")] = None,
     baselines_dir: BaselinesDir = Path("baselines"),
     history: Annotated[Optional[Path], typer.Option("--history", help="Nightly: a folder of earlier gate.json files; a regression only when the last two runs both regress (one: suspect, exit 0); this run's is added.")] = None,
@@ -78,13 +78,19 @@ def gate(
     doc, _ = gate_flow(base, cand, opts, pol, baseline_name=baseline_name, baselines_dir=baselines_dir, calibration=calibration,
                        inconclusive=str(on_inconclusive), history=history,
                        warn=lambda w: err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True))
-    if json_out is not None:
-        write_json_atomic(json_out, doc)
+    to_stdout = json_out == "-"
+    if json_out is not None and not to_stdout:
+        write_json_atomic(Path(json_out), doc)
     if md is not None:
         _write(md, markdown(doc))
     for line in terminal(doc, all_rows=all_rows):
-        out.print(escape(line), soft_wrap=True, highlight=False)
-    for p in (json_out, md):
+        (err if to_stdout else out).print(escape(line), soft_wrap=True, highlight=False)
+    if to_stdout:
+        import json
+        import sys
+
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    for p in (None if to_stdout else json_out, md):
         if p is not None:
             err.print(f"wrote {escape(str(p))}", soft_wrap=True)
     if doc["exit_code"]:
