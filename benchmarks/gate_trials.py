@@ -81,9 +81,27 @@ def gate_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def _here(step: dict[str, Any]) -> None:
+    """A delay gate's own view of the delay: over the MDE as that gate applied it (the MDE is a share of the
+    calibration's window; the gate applies it to this baseline's window, which the machine's load moves)."""
+    args = shlex.split(step["command"])
+    if "--json" not in args:
+        return
+    path = Path(args[args.index("--json") + 1])
+    if not path.is_file():
+        return
+    w = next((r for r in json.loads(path.read_text())["rows"] if r["metric"] == "gpu_window_us"), None)
+    if w and w.get("mde_pct") and w.get("baseline"):
+        step["window_baseline_us"] = round(w["baseline"])
+        step["delay_over_mde_here"] = round(step["delay_us"] / (w["mde_pct"] / 100 * w["baseline"]), 2)
+
+
 def summary(doc: dict[str, Any]) -> str:
     """The trials as tables (the TXT beside the JSON)."""
     steps = doc["steps"]
+    for s in steps:
+        if s["group"] == "delay-gate":
+            _here(s)
     out = [f"gate trials, {doc['started']} to {doc.get('ended', '(running)')}; {doc['cpus']} CPUs; {doc['note']}", ""]
     c = doc.get("calibration")
     if c:
@@ -112,7 +130,8 @@ def summary(doc: dict[str, Any]) -> str:
     table("topk_v2 removed (candidate) vs all on (baseline), and the reverse", ("topk-regression", "topk-reverse"),
           ["decision", "owned_term", "under_load"])
     table("injected host delay (gate BASELINE FAULTED)", ("delay-gate",),
-          ["delay_us", "delay_over_detectable", "decision", "regressions", "itl_change_pct", "itl_verdict", "window_verdict"])
+          ["delay_us", "delay_over_detectable", "window_baseline_us", "delay_over_mde_here", "decision", "regressions", "window_change_us",
+           "window_verdict", "itl_change_pct", "itl_verdict"])
     table("A/A: the same configuration against the stored baseline, and pairwise", ("aa-stored", "aa-paired"),
           ["decision", "regressions", "mde_pct", "window_change_pct", "under_load"])
     counts: dict[str, dict[str, int]] = {}
