@@ -90,10 +90,16 @@ def _here(step: dict[str, Any]) -> None:
     path = Path(args[args.index("--json") + 1])
     if not path.is_file():
         return
-    w = next((r for r in json.loads(path.read_text())["rows"] if r["metric"] == "gpu_window_us"), None)
+    rows = {r["metric"]: r for r in json.loads(path.read_text())["rows"]}
+    w = rows.get("gpu_window_us")
     if w and w.get("mde_pct") and w.get("baseline"):
         step["window_baseline_us"] = round(w["baseline"])
         step["delay_over_mde_here"] = round(step["delay_us"] / (w["mde_pct"] / 100 * w["baseline"]), 2)
+    # the busy-wait idles the device before the step's forward: idle at the iteration boundary, whose baseline is small
+    b = rows.get("idle_us_by_cause.iteration_boundary")
+    if b and b.get("mde_pct") and b.get("baseline"):
+        step["delay_over_boundary_idle_mde_here"] = round(step["delay_us"] / (b["mde_pct"] / 100 * b["baseline"]), 2)
+        step["boundary_idle_verdict"] = b["verdict"]
 
 
 def summary(doc: dict[str, Any]) -> str:
@@ -130,8 +136,8 @@ def summary(doc: dict[str, Any]) -> str:
     table("topk_v2 removed (candidate) vs all on (baseline), and the reverse", ("topk-regression", "topk-reverse"),
           ["decision", "owned_term", "under_load"])
     table("injected host delay (gate BASELINE FAULTED)", ("delay-gate",),
-          ["delay_us", "delay_over_detectable", "window_baseline_us", "delay_over_mde_here", "decision", "regressions", "window_change_us",
-           "window_verdict", "itl_change_pct", "itl_verdict"])
+          ["delay_us", "delay_over_detectable", "window_baseline_us", "delay_over_mde_here", "delay_over_boundary_idle_mde_here", "decision",
+           "regressions", "window_change_us", "window_verdict", "boundary_idle_verdict", "itl_change_pct", "itl_verdict"])
     table("A/A: the same configuration against the stored baseline, and pairwise", ("aa-stored", "aa-paired"),
           ["decision", "regressions", "mde_pct", "window_change_pct", "under_load"])
     counts: dict[str, dict[str, int]] = {}
