@@ -560,3 +560,78 @@ def rank_of(rank: Rank | Mapping[str, Any]) -> Rank:
         return rank
     raw = rank if rank.get("bubbles_by_cause") is not None and rank.get("sync_groups") is not None else _upgrade_rank(dict(rank))
     return msgspec.convert(raw, Rank)
+
+
+# ---------------------------------------------------------------------------------------------
+# gate.json and calibration.json (attribution/gate.py writes them as dicts in this order)
+
+
+class GateRow(_Doc):
+    """One gated metric: its figures, threshold, noise, MDE and verdict."""
+    metric: str = ""
+    unit: str = ""
+    direction: str = "lower"
+    gated: bool = True
+    baseline: Num | None = None
+    candidate: Num | None = None
+    change: Num | None = None
+    change_pct: Num | None = None
+    threshold_pct: Num = 2.0
+    threshold: Num | None = None  # absolute: the larger of threshold_pct of the baseline and the floor
+    floor: Num | None = None
+    noise: Num | None = None
+    noise_pct: Num | None = None
+    window_noise: Num | None = None
+    aa_spread_pct: Num | None = None
+    mde_pct: Num | None = None
+    mde: Num | None = None
+    verdict: str = ""  # regression, improvement, within noise, below threshold, not judged, cannot be judged here
+    reason: str | None = None
+
+
+class Gate(_Doc):
+    """gate.json, schema 1."""
+    schema_version: int = 1
+    decision: str = ""  # pass, regression, inconclusive (suspect: --history, one regressing run)
+    exit_code: int = 0
+    inconclusive_policy: str = "fail"
+    reasons: list[str] = []
+    headline: str | None = None
+    owned_term: str | None = None
+    regressions: list[str] = []
+    policy: str = ""
+    calibration: Any = None
+    comparability: Any = None
+    shape: str | None = None
+    sides: dict[str, Any] = {}
+    health: dict[str, Any] = {}
+    timeline: str = "gpu"
+    rows: list[GateRow] = []
+    history: Any = None
+
+
+class CalibrationMetric(_Doc):
+    unit: str = ""
+    baseline: Num | None = None
+    aa_change_abs: Num | None = None
+    aa_spread_abs: Num | None = None
+    aa_change_pct: Num | None = None
+    aa_spread_pct: Num | None = None
+    mde_abs: Num | None = None
+    mde_pct: Num | None = None
+    note: str | None = None
+
+
+class Calibration(_Doc):
+    """calibration.json, schema 1: each metric's A/A spread and minimum detectable effect."""
+    schema_version: int = 1
+    kind: str = "calibration"
+    source: str = ""
+    judged: bool = True  # false: the trace figures' A/A was not judged (unstable windows, one window): no MDE for them
+    note: str | None = None
+    key: dict[str, Any] = {}
+    windows: dict[str, Any] = {}
+    mde: str = ""
+    sides: dict[str, Any] = {}
+    health: dict[str, Any] = {}
+    metrics: dict[str, CalibrationMetric] = {}

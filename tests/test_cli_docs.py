@@ -18,7 +18,7 @@ README = (ROOT / "README.md").read_text()
 
 
 def test_the_commands():
-    assert COMMANDS == ["analyze", "diff", "export-perfetto", "opts", "report", "sweep", "trace"]
+    assert COMMANDS == ["analyze", "baseline", "calibrate", "diff", "export-perfetto", "gate", "opts", "report", "sweep", "trace"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -24,6 +24,8 @@ REQUIRED = {
     "report": [str(TRACE)],
     "export-perfetto": [str(TRACE)],
     "opts": [],
+    "gate": [str(TRACE), str(TRACE)],
+    "calibrate": ["--dry-run"],
 }
 BAD = {
     "--min-bubble-us": "-5",
@@ -59,7 +61,7 @@ def test_every_option_several_commands_take_is_declared_once():
                 counts.setdefault(flag, []).append(name)
     several = {f: cmds for f, cmds in counts.items() if len(cmds) > 1}
     assert several, "no option is shared: the test would prove nothing"
-    undeclared = {f: cmds for f, cmds in several.items() if f not in shared and not (f in run_options and set(cmds) <= {"trace", "sweep"})}
+    undeclared = {f: cmds for f, cmds in several.items() if f not in shared and not (f in run_options and set(cmds) <= {"trace", "sweep", "calibrate"})}
     # --opt: trace's optimizations to switch (a list) and diff's one to check: two meanings, two declarations
     assert set(undeclared) <= {"--opt"}, undeclared
 

@@ -6,6 +6,7 @@ library, prints, and maps errors to exit codes in one place (common.py).
 - capture.py: `trace`, `sweep`, `opts` (they launch engines; nothing of the analysis stack is
   imported until a run is analyzed)
 - report.py: `diff`, `report`, `export-perfetto`
+- gate.py: `gate`, `baseline save`, `baseline list` (`calibrate` records runs: capture.py)
 
 Importing this package registers every command on `app`; `main` is the console script.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from profkit.cli import analyze as _analyze  # noqa: F401  (registers analyze)
 from profkit.cli import capture as _capture  # noqa: F401  (registers trace, sweep, opts)
 from profkit.cli import report as _report  # noqa: F401  (registers diff, report, export-perfetto)
+from profkit.cli import gate as _gate  # noqa: F401  (registers gate, baseline save|list)
 from profkit.cli.common import app, err, main, out
 
 __all__ = ["app", "err", "main", "out"]

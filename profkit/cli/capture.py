@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from profkit.cli import interrupts
 from profkit.cli.common import command, err, option, options_from, out
-from profkit.cli.options import BASE, CATALOG, MARKER, MIN_BUBBLE_US, TARGET, BaseMode, SweepMode, Target, TargetName
+from profkit.cli.options import BASE, CATALOG, MARKER, MIN_BUBBLE_US, OUTPUT, TARGET, BaseMode, SweepMode, Target, TargetName
 from profkit.errors import Interrupted, UsageError
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ class RunOptions:
     nsys: bool = field(default=False, metadata=option("--nsys", help="Wrap the server in `nsys profile --capture-range=cudaProfilerApi` and open the window with the CUDA_PROFILER activity (writes .nsys-rep, exports it with `nsys export --type sqlite` and analyzes that)."))
     fit_context: bool = field(default=False, metadata=option("--fit-context", help="Trim the oldest history (the first prompt) so every turn fits the server's context length, instead of refusing the run."))
     alternate: Optional[bool] = field(default=None, metadata=option("--alternate/--sequential", help="Record the runs side by side, their unprofiled repeats and profile windows alternating (A B A B), so load drift lands on every side (default on the proxy); --sequential: one run after the other (default on sglang, where a server costs minutes and a GPU)."))
+    fault: Optional[str] = field(default=None, metadata=option("--fault", help="proxy: a regression on purpose, the proxy engine's fault-injection knob (docs/proxy.md): host_delay_us=N (a host busy-wait per decode step) and/or gpu_op=N (one extra N x N matmul per decode step), comma-separated; trace: the candidate only (--opt may then be left out); calibrate: both sides."))
     accept_length: Optional[float] = field(default=None, metadata=option("--accept-length", help="sglang: fix the speculative accept length (SGLANG_SIMULATE_ACC_LEN; the study's Figure 8 used 5). Random token ids otherwise give whatever the model makes of noise."))
 
 
@@ -80,7 +81,13 @@ SWEEP_HELP = {
     "base": "on (default): optimizations not in --opts stay on in every run, so 'all' is the full configuration; off (exploration): they are off everywhere.",
 }
 # trace's options that sweep does not take (its runs use their defaults)
-SWEEP_EXCLUDES = ("marker", "min_bubble_us", "with_stack", "record_shapes", "nsys")
+SWEEP_EXCLUDES = ("marker", "min_bubble_us", "with_stack", "record_shapes", "nsys", "fault")
+
+# calibrate's own words for the options it shares with trace
+CALIBRATE_HELP = {
+    "fault": "proxy: the fault-injection knob (docs/proxy.md), on both sides: host_delay_us=N and/or gpu_op=N.",
+    "base": "on (default): the calibrated configuration is all on (minus --without); off: all off (plus nothing).",
+}
 
 SGLANG_ISL = 74_000
 
@@ -225,11 +232,13 @@ class _Steps:
             err.print(f"[yellow]warning:[/] {escape(label)}: {escape(w)}")
         return res
 
-    def run_all(self, cfg: RunConfig, jobs: list[tuple[dict[str, bool], str, str]]) -> list[RunResult]:
+    def run_all(self, cfg: RunConfig, jobs: list[tuple[dict[str, bool], str, str]], cfgs: list[RunConfig] | None = None) -> list[RunResult]:
         """The runs of one command: side by side, their steps alternating (cfg.capture_order "alternating":
-        flows/trace.run_interleaved; each progress line starts with its run's label), or one after the other."""
+        flows/trace.run_interleaved; each progress line starts with its run's label), or one after the other.
+        `cfgs`: each job's own config (trace --fault: the candidate's server flags), else `cfg` for every job."""
+        each = cfgs or [cfg] * len(jobs)
         if cfg.capture_order != "alternating" or len(jobs) < 2:
-            return [self.run(cfg, states, run_id, label) for states, run_id, label in jobs]
+            return [self.run(c, states, run_id, label) for c, (states, run_id, label) in zip(each, jobs)]
         from profkit.flows.trace import run_interleaved
 
         first, self.n = self.n + 1, self.n + len(jobs)
@@ -240,7 +249,7 @@ class _Steps:
             step = tick = lambda s: live.update(task, description=escape(f"{where} {s}"))  # noqa: E731
         else:
             step, tick = (lambda s: self._line(f"{where} {s}")), (lambda s: None)
-        res = run_interleaved([(cfg, states, run_id, label) for states, run_id, label in jobs], progress=step, tick=tick)
+        res = run_interleaved([(c, states, run_id, label) for c, (states, run_id, label) in zip(each, jobs)], progress=step, tick=tick)
         if self.live:
             self.live.remove_task(task)
         for (_, _, label), r in zip(jobs, res):
@@ -336,9 +345,21 @@ def _render_attribution(diff: dict[str, Any], group_dir: Path) -> None:
     out.print(f"wrote {escape(str(group_dir))}/ (before.json, after.json, diff.json, report.md, report.html)", soft_wrap=True)
 
 
+def _faulted(cfg: RunConfig, o: RunOptions) -> RunConfig:
+    """The config with --fault's proxy server flags added (targets/proxy.fault_args checks them)."""
+    if not o.fault:
+        return cfg
+    from profkit.targets.proxy import fault_args
+
+    if o.target != "proxy":
+        raise UsageError(f"--fault is the proxy engine's knob; --target {o.target} has none", hint="drop --fault, or use --target proxy")
+    return replace(cfg, extra_server_args=(*cfg.extra_server_args, *fault_args(o.fault)))
+
+
 @command()
 @options_from(RunOptions)
-def trace(opt: Opt, options: RunOptions) -> None:
+def trace(opt: Annotated[Optional[list[str]], typer.Option("--opt", help="Optimization to attribute (repeatable); see `profkit opts`. Required unless --fault is given.")] = None,
+          options: RunOptions = RunOptions()) -> None:
     """Baseline vs baseline+OPT: launch, drive the agentic workload, profile decode, attribute the change.
 
     Example:
@@ -353,14 +374,21 @@ def trace(opt: Opt, options: RunOptions) -> None:
     o = _plain(options)
     target, base, catalog, reports_dir, capture_only = o.target, o.base, o.catalog, o.reports_dir, o.capture_only
     cfg = _config(o)
-    opts = check_opts(target, opt)
+    if not opt and not o.fault:
+        raise UsageError("missing --opt: the optimization to attribute", hint="e.g. --opt topk_v2 (see `profkit opts`), or --fault to inject one on the proxy")
+    cand_cfg = _faulted(cfg, o)
+    opts = check_opts(target, opt or [])
     s_base = opt_states(target, opts, base=base, candidate=False)
     s_cand = opt_states(target, opts, base=base, candidate=True)
     for w in check_comparison(target, s_base, s_cand, opts, _caps(target)):
         err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
-    tag = "+".join(opts)
+    tag = "+".join(opts + (["fault"] if o.fault else []))
     if o.dry_run:
-        _dry_run(cfg, [("baseline", s_base), (f"candidate ({tag})", s_cand)])
+        if o.fault:  # the candidate's own server flags
+            _dry_run(cfg, [("baseline", s_base)])
+            _dry_run(cand_cfg, [(f"candidate ({tag})", s_cand)])
+        else:
+            _dry_run(cfg, [("baseline", s_base), (f"candidate ({tag})", s_cand)])
         return
     _engine_importable(cfg, s_base)
     interrupts.install(terminate_too=True)  # SIGTERM and SIGHUP end a run as Ctrl-C does
@@ -368,7 +396,8 @@ def trace(opt: Opt, options: RunOptions) -> None:
     ids = (f"{stamp}-{target}-base{base}-{tag}-before", f"{stamp}-{target}-base{base}-{tag}-after")
     try:
         with _Steps(2) as steps:
-            before, after = steps.run_all(cfg, [(s_base, ids[0], "baseline"), (s_cand, ids[1], f"candidate ({tag})")])
+            before, after = steps.run_all(cfg, [(s_base, ids[0], "baseline"), (s_cand, ids[1], f"candidate ({tag})")],
+                                          cfgs=[cfg, cand_cfg])
     except Interrupted as e:
         raise Interrupted(str(e), hint=_interrupted_hint(cfg, ids, tag) or e.hint) from None
     if capture_only:
@@ -379,6 +408,56 @@ def trace(opt: Opt, options: RunOptions) -> None:
     _notes(notes)
     _render_attribution(diff, group)
     err.print(f"reproduce the attribution: {reproduce_command(before, after, opts, catalog, target)}", soft_wrap=True)
+
+
+@command()
+@options_from(RunOptions, exclude=("nsys",), help=CALIBRATE_HELP)
+def calibrate(
+    without: Annotated[Optional[list[str]], typer.Option("--without", help="Optimization off in the calibrated configuration (repeatable; default: the configuration --base gives, all on).")] = None,
+    output: Annotated[Optional[Path], OUTPUT.option("calibration.json to write, policy.toml beside it (default: REPORTS_DIR/<stamp>-<target>-calibrate/).")] = None,
+    options: RunOptions = RunOptions(),
+) -> None:
+    """A/A calibration for `profkit gate`: the same configuration recorded twice, alternating (A B A B),
+    and calibration.json with each gated metric's A/A spread and minimum detectable effect (MDE).
+
+    Example:
+
+        profkit calibrate --turns 3 --num-steps 10 -o calibration.json
+    """
+    from profkit.flows.gate import calibration_of
+    from profkit.report.gate import calibration_lines, policy_toml
+    from profkit.store import write_bytes_atomic
+    from profkit.store import write_json_atomic
+    from profkit.targets.registry import check_opts, opt_states
+
+    o = _plain(options)
+    target, base = o.target, o.base
+    cfg = _faulted(_config(o), o)
+    off = check_opts(target, without or [])
+    states = {n: (v and n not in off) for n, v in opt_states(target, [], base=base, candidate=True).items()}
+    if o.dry_run:
+        _dry_run(cfg, [("A", states), ("A again", states)])
+        return
+    interrupts.install(terminate_too=True)
+    stamp = _stamp()
+    folder = o.reports_dir / f"{stamp}-{target}-calibrate"
+    with _Steps(2) as steps:
+        a, b = steps.run_all(cfg, [(states, f"{stamp}-{target}-calibrate-a", "A"), (states, f"{stamp}-{target}-calibrate-b", "A again")])
+    cal, d = calibration_of(a, b)
+    path = output or folder / "calibration.json"
+    write_json_atomic(path, cal)
+    write_json_atomic(folder / "diff.json", d)
+    suggested = path.with_name("policy.toml")
+    write_bytes_atomic(suggested, policy_toml(cal).encode())
+    from profkit.report.vocab import diff_timeline
+    from profkit.documents import diff_of
+
+    for line in calibration_lines(cal, diff_timeline(diff_of(d))):
+        out.print(escape(line), soft_wrap=True, highlight=False)
+    if not cal["judged"]:
+        err.print(f"[yellow]warning:[/] the A/A is not judged, so the trace figures have no MDE: {escape(str(cal['note']))}", soft_wrap=True)
+    out.print(f"wrote {escape(str(path))}, {escape(str(suggested))} (thresholds at the MDEs: gate --policy) and the A/A diff "
+              f"{escape(str(folder / 'diff.json'))}; runs {escape(str(a.report_dir))} and {escape(str(b.report_dir))}", soft_wrap=True)
 
 
 @command()

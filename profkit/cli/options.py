@@ -104,6 +104,8 @@ JSON_OUT = Shared(("--json",), "Write the command's JSON document (analyze: summ
 MD = Shared(("--md",), "Write a GitHub Markdown PR comment to FILE.")
 OUTPUT = Shared(("--output", "-o"), "The file to write (default: under reports/, or beside the trace).")
 
+MD = Shared(("--md",), "Write a GitHub Markdown PR comment to FILE.")
+
 STRICT = Shared(("--strict",), "Exit 5 when capture health is not ok (degraded or unusable), after writing every output.")
 WINDOW = Shared(("--window",), "Of a run folder of profile windows (window-<i>/): window i only (default: each window on its own).", {"min": 0})
 

@@ -97,6 +97,9 @@ class ProxyConfig:
     simulate_acc_len: float = 3.0
     switches: frozenset[str] = field(default_factory=lambda: frozenset(SWITCHES))
     tp_size: int = 1  # tensor-parallel ranks (one scheduler process each)
+    # fault injection (docs/proxy.md "Fault injection"): a regression made on purpose, to test a gate end to end
+    fault_host_delay_us: float = 0.0  # host busy-wait per decode step, inside scheduler.run_batch (no op runs)
+    fault_gpu_op: int = 0  # one extra N x N matmul per decode step on the device (0: none)
 
     def on(self, name: str) -> bool:
         """Is the switch ON *and* applicable on this device."""
@@ -179,6 +182,13 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--simulate-acc-len", type=float, default=None,
                    help="mean accepted tokens per verify incl. the bonus token, in [1, steps+1] "
                    "(default: $SGLANG_SIMULATE_ACC_LEN or 3.0)")
+    f = p.add_argument_group("fault injection (a regression on purpose, for testing a gate; docs/proxy.md)")
+    f.add_argument("--fault-host-delay-us", type=float, default=0.0,
+                   help="busy-wait this many µs on the host in every decode step (inside run_batch, "
+                   "before the step's forward; range proxy.fault.host_delay)")
+    f.add_argument("--fault-gpu-op", type=int, default=0,
+                   help="one extra N x N matmul per decode step on the device (range proxy.fault.gpu_op); "
+                   "0: none")
     m = p.add_argument_group("model sizes (defaults: tiny on CPU, larger on CUDA)")
     for name in SIZE_FLAGS:
         m.add_argument("--" + name.replace("_", "-"), type=int, default=None)
@@ -207,6 +217,10 @@ def config_from_args(ns: argparse.Namespace, cuda_available: bool) -> ProxyConfi
         chunked_prefill_size=ns.chunked_prefill_size or (1024 if on_cuda else 512),
         speculative_num_steps=steps, simulate_acc_len=acc, switches=parse_opts(ns.opts),
         tp_size=int(getattr(ns, "tp", 1) or 1),
+        fault_host_delay_us=float(getattr(ns, "fault_host_delay_us", 0.0) or 0.0),
+        fault_gpu_op=int(getattr(ns, "fault_gpu_op", 0) or 0),
     )
+    if cfg.fault_host_delay_us < 0 or cfg.fault_gpu_op < 0:
+        raise ValueError("--fault-host-delay-us and --fault-gpu-op must be >= 0")
     cfg.check_tp()
     return cfg

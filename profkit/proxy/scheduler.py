@@ -200,6 +200,9 @@ class Scheduler:
         self._carry: list[Req] = []
         self._prof_cmd: dict | None = None
         self._prof_stop_cmd = False
+        # fault injection (ProxyConfig.fault_*): the extra op's operands, made once
+        n = cfg.fault_gpu_op
+        self._fault_a = torch.ones(n, n, dtype=self.model.dtype, device=self.dev) / max(n, 1) if n > 0 else None
         self.graphs = None
         if cfg.on("cuda_graph"):
             self.graphs = GraphRunner(self)
@@ -476,9 +479,24 @@ class Scheduler:
         kind, items = batch
         if kind == "extend":
             return self._run_extend(items)
+        self._fault()
         if self.S > 0:
             return self._run_spec_decode(items)
         return self._run_decode(items)
+
+    def _fault(self):
+        """The fault-injection knob (docs/proxy.md): a fixed host delay and/or a fixed extra device op in
+        every decode step, before its forward. The delay busy-waits (a sleep's wake-up is late by tens of µs,
+        more on a loaded host): the step's host time grows by that much, and the device idles while it lasts."""
+        us = self.cfg.fault_host_delay_us
+        if us > 0:
+            with rng("proxy.fault.host_delay"):
+                end = time.perf_counter() + us / 1e6
+                while time.perf_counter() < end:
+                    pass
+        if self._fault_a is not None:
+            with rng("proxy.fault.gpu_op"):
+                torch.mm(self._fault_a, self._fault_a)
 
     def _run_extend(self, chunks):
         m = self.model

@@ -28,3 +28,27 @@ def compose(states: dict[str, bool], *, extra_args: list[str], port: int, host: 
     argv = [python or sys.executable, "-m", "profkit.proxy.server", "--host", host, "--port", str(port),
             "--opts", ",".join(on) if on else "none", *extra_args]
     return LaunchSpec(target="proxy", argv=argv, env={}, host=host, port=port, world_size=_tp(list(extra_args)), states=dict(states))
+
+
+FAULTS = {"host_delay_us": ("--fault-host-delay-us", float), "gpu_op": ("--fault-gpu-op", int)}
+
+
+def fault_args(spec: str) -> list[str]:
+    """`--fault host_delay_us=200,gpu_op=256` -> the proxy server's fault-injection flags (docs/proxy.md)."""
+    out: list[str] = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        name, eq, val = part.partition("=")
+        if name not in FAULTS or not eq:
+            raise UsageError(f"--fault {spec!r}: {part!r} is not NAME=VALUE with NAME one of {', '.join(FAULTS)}",
+                             hint="e.g. --fault host_delay_us=200 or --fault gpu_op=256")
+        flag, kind = FAULTS[name]
+        try:
+            v = kind(val)
+        except ValueError:
+            raise UsageError(f"--fault {name}={val!r}: expected a {'number' if kind is float else 'whole number'}") from None
+        if v < 0:
+            raise UsageError(f"--fault {name}={val}: at least 0")
+        out += [flag, str(v)]
+    if not out:
+        raise UsageError("--fault is empty", hint="e.g. --fault host_delay_us=200")
+    return out

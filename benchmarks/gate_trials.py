@@ -1,0 +1,268 @@
+"""Issue 37's acceptance trials for `profkit gate` on the proxy (CPU): every step is a `profkit`
+command line, run as a subprocess and logged with its exit code, its decision line and the load
+average around it.
+
+1. `profkit calibrate` (the A/A calibration; its A side is saved as the stored baseline "main");
+   a threshold at the calibrated MDE of the step window is chosen for every later gate.
+2. topk_v2: `profkit trace --opt topk_v2` five times (one beside busy processes); each gives
+   `gate ALL_ON TOPK_OFF` (expected: regression, owned topk) and `gate TOPK_OFF ALL_ON` (expected: pass).
+3. A/A: `profkit calibrate` again N times (the first ones beside busy processes): each gives two runs of
+   the same configuration, each gated against the stored baseline (`gate --baseline main`), and the
+   pair gated against each other (`gate A B`); expected: no "regression".
+4. injected host delay: `profkit trace --fault host_delay_us=D` for delays below and above the smallest
+   delay the calibration can detect (the step window's MDE in µs, or ITL's MDE times the tokens per
+   step), 3 runs each; `gate BASELINE FAULTED`.
+
+    python benchmarks/gate_trials.py --out /tmp/v-gate/trials --json benchmarks/results/gate_trials.json
+
+Busy processes are `python -c 'while 1: pass'`, started and killed (by pid) by this script. The
+machine is shared (other users' load shows in the load averages logged): no run is "quiet".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PROFKIT = [sys.executable, "-m", "profkit"]
+SMALL = ["--turns", "3", "--num-steps", "10", "--repeat", "3", "--profile-windows", "3"]  # --num-steps: --steps
+
+
+class Trials:
+    def __init__(self, out: Path, json_path: Path) -> None:
+        self.out, self.json_path = out, json_path
+        self.doc: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(), "steps": [],
+                                    "note": "a shared 2-core machine, four other users working: no run is quiet; load averages logged"}
+        self.busy: list[subprocess.Popen[bytes]] = []
+
+    def save(self) -> None:
+        self.json_path.parent.mkdir(parents=True, exist_ok=True)
+        self.json_path.write_text(json.dumps(self.doc, indent=1))
+
+    def run(self, group: str, argv: list[str], **extra: Any) -> dict[str, Any]:
+        t0, l0 = time.time(), os.getloadavg()
+        p = subprocess.run(argv, capture_output=True, text=True)
+        step = {"group": group, "command": shlex.join(["profkit", *argv[3:]]) if argv[:3] == PROFKIT else shlex.join(argv),
+                "rc": p.returncode, "seconds": round(time.time() - t0, 1), "load_before": [round(x, 2) for x in l0],
+                "load_after": [round(x, 2) for x in os.getloadavg()], "busy": len(self.busy),
+                "first_line": (p.stdout.splitlines() or [""])[0], **extra}
+        if p.returncode not in (0, 5):
+            step["stderr_tail"] = p.stderr[-1500:]
+        self.doc["steps"].append(step)
+        self.save()
+        print(f"[{group}] rc={p.returncode} {step['seconds']}s load={step['load_before'][0]} busy={step['busy']}: {step['first_line']}", flush=True)
+        return step
+
+    def start_busy(self, n: int) -> None:
+        self.busy = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(n)]
+
+    def stop_busy(self) -> None:
+        for p in self.busy:
+            p.kill()
+            p.wait()
+        self.busy = []
+
+
+def runs(reports: Path, suffix: str) -> Path:
+    found = sorted(p for p in reports.iterdir() if p.is_dir() and p.name.endswith(suffix))
+    if not found:
+        raise SystemExit(f"no run folder *{suffix} in {reports}")
+    return found[-1]
+
+
+def gate_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def _here(step: dict[str, Any]) -> None:
+    """A delay gate's own view of the delay: over the MDE as that gate applied it (the MDE is a share of the
+    calibration's window; the gate applies it to this baseline's window, which the machine's load moves)."""
+    args = shlex.split(step["command"])
+    if "--json" not in args:
+        return
+    path = Path(args[args.index("--json") + 1])
+    if not path.is_file():
+        return
+    rows = {r["metric"]: r for r in json.loads(path.read_text())["rows"]}
+    w = rows.get("gpu_window_us")
+    if w and w.get("mde_pct") and w.get("baseline"):
+        step["window_baseline_us"] = round(w["baseline"])
+        step["delay_over_mde_here"] = round(step["delay_us"] / (w["mde_pct"] / 100 * w["baseline"]), 2)
+    # the busy-wait idles the device before the step's forward: idle at the iteration boundary, whose baseline is small
+    b = rows.get("idle_us_by_cause.iteration_boundary")
+    if b and b.get("mde_pct") and b.get("baseline"):
+        step["delay_over_boundary_idle_mde_here"] = round(step["delay_us"] / (b["mde_pct"] / 100 * b["baseline"]), 2)
+        step["boundary_idle_verdict"] = b["verdict"]
+
+
+def summary(doc: dict[str, Any]) -> str:
+    """The trials as tables (the TXT beside the JSON)."""
+    steps = doc["steps"]
+    for s in steps:
+        if s["group"] == "delay-gate":
+            _here(s)
+    out = [f"gate trials, {doc['started']} to {doc.get('ended', '(running)')}; {doc['cpus']} CPUs; {doc['note']}", ""]
+    c = doc.get("calibration")
+    if c:
+        out.append(f"calibration: step window {c['window_us']:,.0f} us, MDE {c['window_mde_pct']:.1f}% ({c['window_mde_us']:,.0f} us); "
+                   f"ITL {c['itl_ms']:.2f} ms, MDE {c['itl_mde_pct']:.1f}% (= {c['itl_mde_as_step_delay_us']:,.0f} us per step at accept "
+                   f"length {c['accept_length']:.2f}); smallest detectable host delay {c['detectable_delay_us']:,.0f} us per step")
+        out.append("policy: " + c["policy"] + " (each threshold at its metric's MDE, at least 2%)")
+        out.append("")
+    for s in steps:
+        if s["group"] in ("calibrate", "baseline"):
+            out.append(f"{s['group']}: rc {s['rc']}, load {s['load_before'][0]:.1f}: {s['command']}")
+    out.append("")
+
+    def table(title: str, groups: tuple[str, ...], cols: list[str]) -> None:
+        rows = [s for s in steps if s["group"] in groups]
+        if not rows:
+            out.append(f"{title}: not run")
+            return
+        out.append(title)
+        for s in rows:
+            extra = "  ".join(f"{k}={s.get(k)!s}" for k in cols if k in s)
+            out.append(f"  [{s['group']}] rc={s['rc']} load={s['load_before'][0]:.1f} busy={s['busy']} {extra}")
+            out.append(f"      {s['first_line']}")
+        out.append("")
+
+    table("topk_v2 removed (candidate) vs all on (baseline), and the reverse", ("topk-regression", "topk-reverse"),
+          ["decision", "owned_term", "under_load"])
+    table("injected host delay (gate BASELINE FAULTED)", ("delay-gate",),
+          ["delay_us", "delay_over_detectable", "window_baseline_us", "delay_over_mde_here", "delay_over_boundary_idle_mde_here", "decision",
+           "regressions", "window_change_us", "window_verdict", "boundary_idle_verdict", "itl_change_pct", "itl_verdict"])
+    table("A/A: the same configuration against the stored baseline, and pairwise", ("aa-stored", "aa-paired"),
+          ["decision", "regressions", "mde_pct", "window_change_pct", "under_load"])
+    counts: dict[str, dict[str, int]] = {}
+    for s in steps:
+        if "decision" in s:
+            counts.setdefault(s["group"], {}).setdefault(s["decision"], 0)
+            counts[s["group"]][s["decision"]] += 1
+    out.append("decisions by group: " + json.dumps(counts))
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("/tmp/v-gate/trials"))
+    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/gate_trials.json"))
+    ap.add_argument("--aa", type=int, default=10, help="A/A recordings (two gated runs each)")
+    ap.add_argument("--aa-busy", type=int, default=3, help="of which beside the busy processes (the first ones)")
+    ap.add_argument("--topk", type=int, default=5)
+    ap.add_argument("--delay-runs", type=int, default=3)
+    ap.add_argument("--delay-factors", default="0.25,0.5,2,4", help="host delays as multiples of the smallest detectable one")
+    ap.add_argument("--busy", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10, help="--num-steps of every recording (iterations per profile window)")
+    ap.add_argument("--summarize", type=Path, help="only write the TXT tables of an earlier run's JSON (beside it)")
+    a = ap.parse_args()
+    if a.summarize:
+        a.summarize.with_suffix(".txt").write_text(summary(json.loads(a.summarize.read_text())))
+        return 0
+    SMALL[SMALL.index("--num-steps") + 1] = str(a.steps)
+    t = Trials(a.out, a.json)
+    t.doc["recording"] = " ".join(SMALL)
+    out = a.out
+    out.mkdir(parents=True, exist_ok=True)
+    cal = out / "calibration.json"
+    bdir = out / "baselines"
+    try:
+        # 1. calibration and the stored baseline
+        rep = out / "cal" / "reports"
+        for attempt in range(3):  # a calibration whose A/A windows disagree (unstable: no MDE) is recorded again
+            t.run("calibrate", [*PROFKIT, "calibrate", *SMALL, "--traces-dir", str(out / "cal" / "traces"), "--reports-dir", str(rep), "-o", str(cal)],
+                  attempt=attempt)
+            if json.loads(cal.read_text()).get("judged", True):
+                break
+        t.run("baseline", [*PROFKIT, "baseline", "save", str(runs(rep, "-calibrate-a")), "--name", "main", "--dir", str(bdir)])
+        c = json.loads(cal.read_text())
+        win, itl = c["metrics"]["gpu_window_us"], c["metrics"]["throughput.itl_ms_p50"]
+        # the policy calibrate suggests (policy.toml beside calibration.json): every threshold at its metric's MDE
+        policy = cal.with_name("policy.toml")
+        # the smallest host delay per decode step the gate can see: through the step window (its MDE in µs), or through
+        # ITL (its MDE in ms, times the tokens a step yields: the manifest's accept length)
+        man = json.loads((out / "cal" / "traces" / runs(rep, "-calibrate-a").name / "manifest.json").read_text())
+        accept = man["throughput"][0]["accept_length"]["median"]
+        itl_step_us = itl["mde_pct"] / 100 * itl["baseline"] * 1000 * accept
+        detectable = min(win["mde_abs"], itl_step_us)
+        t.doc["calibration"] = {"window_us": win["baseline"], "window_mde_pct": win["mde_pct"], "window_mde_us": win["mde_abs"],
+                                "itl_ms": itl["baseline"], "itl_mde_pct": itl["mde_pct"], "accept_length": accept,
+                                "itl_mde_as_step_delay_us": itl_step_us, "detectable_delay_us": detectable, "policy": str(policy),
+                                "metrics": {k: {"mde_pct": m["mde_pct"], "aa_spread_pct": m["aa_spread_pct"]} for k, m in c["metrics"].items()}}
+        t.save()
+        g = ["--calibration", str(cal), "--policy", str(policy)]
+
+        # 2. topk_v2 removed (candidate) against all on (baseline), and the reverse
+        for i in range(a.topk):
+            under = i == a.topk - 1
+            if under:
+                t.start_busy(a.busy)
+            rep = out / f"topk{i}" / "reports"
+            t.run("topk-trace", [*PROFKIT, "trace", "--opt", "topk_v2", *SMALL, "--traces-dir", str(out / f"topk{i}" / "traces"), "--reports-dir", str(rep)])
+            t.stop_busy()
+            on, off = runs(rep, "-after"), runs(rep, "-before")
+            j = out / f"topk{i}-gate.json"
+            s = t.run("topk-regression", [*PROFKIT, "gate", str(on), str(off), *g, "--json", str(j), "--md", str(out / f"topk{i}.md")], under_load=under)
+            doc = gate_json(j)
+            s.update(decision=doc["decision"], owned_term=doc["owned_term"], headline=doc["headline"])
+            j2 = out / f"topk{i}-reverse.json"
+            s2 = t.run("topk-reverse", [*PROFKIT, "gate", str(off), str(on), *g, "--json", str(j2)], under_load=under)
+            s2.update(decision=gate_json(j2)["decision"])
+            t.save()
+
+        # 3. A/A: the same configuration recorded again, gated against the stored baseline and pairwise
+        for i in range(a.aa):
+            under = i < a.aa_busy  # the loaded ones first: a pass cut short still has them
+            if under:
+                t.start_busy(a.busy)
+            rep = out / f"aa{i}" / "reports"
+            t.run("aa-record", [*PROFKIT, "calibrate", *SMALL, "--traces-dir", str(out / f"aa{i}" / "traces"), "--reports-dir", str(rep),
+                                "-o", str(out / f"aa{i}" / "calibration.json")])
+            t.stop_busy()
+            ra, rb = runs(rep, "-calibrate-a"), runs(rep, "-calibrate-b")
+            for side, run in (("a", ra), ("b", rb)):
+                j = out / f"aa{i}{side}-stored.json"
+                s = t.run("aa-stored", [*PROFKIT, "gate", "--baseline", "main", "--dir", str(bdir), str(run), *g, "--json", str(j)], under_load=under)
+                doc = gate_json(j)
+                w = next((x for x in doc["rows"] if x["metric"] == "gpu_window_us"), {})
+                s.update(decision=doc["decision"], regressions=doc["regressions"], mde_pct=w.get("mde_pct"), window_change_pct=w.get("change_pct"))
+            j = out / f"aa{i}-paired.json"
+            s = t.run("aa-paired", [*PROFKIT, "gate", str(ra), str(rb), *g, "--json", str(j)], under_load=under)
+            doc = gate_json(j)
+            w = next((x for x in doc["rows"] if x["metric"] == "gpu_window_us"), {})
+            s.update(decision=doc["decision"], regressions=doc["regressions"], mde_pct=w.get("mde_pct"), window_change_pct=w.get("change_pct"))
+            t.save()
+        # 4. injected host delay, below and above the calibrated MDE of the step window
+        delays = sorted({round(detectable * float(f)) for f in a.delay_factors.split(",")})
+        t.doc["delays_us"] = delays
+        for d in delays:
+            for r in range(a.delay_runs):
+                rep = out / f"delay{d}-{r}" / "reports"
+                t.run("delay-trace", [*PROFKIT, "trace", "--fault", f"host_delay_us={d}", *SMALL, "--traces-dir", str(out / f"delay{d}-{r}" / "traces"),
+                                      "--reports-dir", str(rep)])
+                j = out / f"delay{d}-{r}.json"
+                s = t.run("delay-gate", [*PROFKIT, "gate", str(runs(rep, "-before")), str(runs(rep, "-after")), *g, "--json", str(j)],
+                          delay_us=d, delay_over_detectable=d / detectable)
+                doc = gate_json(j)
+                w = next((x for x in doc["rows"] if x["metric"] == "gpu_window_us"), {})
+                i_ = next((x for x in doc["rows"] if x["metric"] == "throughput.itl_ms_p50"), {})
+                s.update(decision=doc["decision"], regressions=doc["regressions"], window_change_us=w.get("change"),
+                         window_verdict=w.get("verdict"), itl_change_pct=i_.get("change_pct"), itl_verdict=i_.get("verdict"))
+                t.save()
+
+    finally:
+        t.stop_busy()
+        t.doc["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        t.save()
+        a.json.with_suffix(".txt").write_text(summary(t.doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,461 @@
+"""A CI gate's decision (DESIGN.md "A gate for CI"), as data: diff.json in, gate.json out; the A/A
+calibration; a run's comparability key. Pure: dicts in, dicts out; no files, no wording beyond the
+one-line reasons a row carries (report/gate.py renders).
+
+The gate invents no statistic of its own. Every trace row is diff.json's judged statistic
+(attribution/windows.py: the median over paired profile windows of the per-window change, and its
+noise, the largest spread); the unprofiled rows are the run manifests' medians over repeats and their
+spread (max - min). A row's noise is the larger of that spread and, with a calibration, the A/A spread
+of the same metric (`calibration`). A row is a **regression** when the metric moved the wrong way by
+more than its practical threshold, beyond its noise, and (time terms of the decomposition) by at least
+the expected-effect check's materiality floor (1 µs and 1% of the baseline's window: diff.py's
+MATERIAL_SHARE, the rule that keeps a 2 µs move of a 600 µs category from being flagged).
+
+Decision: **inconclusive** when the sides are not comparable (their keys differ), a capture's health is
+``unusable``, the trace figures are not judged (one profile window a side, or unstable windows), or no
+row could be judged; else **regression** when a row regresses; else **pass**.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from profkit.attribution.diff import ABS_THRESHOLD_NS, MATERIAL_SHARE
+
+GATE_SCHEMA_VERSION = 1
+CALIBRATION_SCHEMA_VERSION = 1
+
+# The practical threshold of every gated metric unless a policy says otherwise: 2% of the baseline.
+# Sources: DESIGN.md "A gate for CI" (default 2% of the baseline); nsys-ai's docs/ci-diff-gate.md
+# uses a fixed 2% noise floor; sglang PR 28012 gates kernels at +-5% (a policy may set 5 for kernels).
+DEFAULT_THRESHOLD_PCT = 2.0
+
+# The comparability key's fields, in the order they are named (DESIGN.md: target, engine version,
+# model, preset, workload, GPU, profkit's schema).
+KEY_FIELDS = ("target", "engine_version", "model", "preset", "workload", "gpu", "schema")
+
+THROUGHPUT = {  # unprofiled figures: the manifest's throughput point key -> better when
+    "tokens_per_s_per_user_p50": "higher",
+    "ttft_ms_p50": "lower",
+    "itl_ms_p50": "lower",
+}
+
+
+# a regression's decision line leads with the first of these that regresses (else the row furthest past its threshold)
+HEADLINE_FIRST = ("throughput.itl_ms_p50", "throughput.tokens_per_s_per_user_p50", "throughput.ttft_ms_p50", "gpu_window_us")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One policy entry: a metric key or a glob over keys (``category_us.*``)."""
+
+    pattern: str
+    direction: str = "lower"  # lower: a rise is worse; higher: a fall is worse
+    threshold_pct: float = DEFAULT_THRESHOLD_PCT
+    gate: bool = True  # false: listed, never decides
+
+
+@dataclass(frozen=True)
+class Policy:
+    rules: tuple[Rule, ...]
+    source: str = "built in"
+
+    def rule(self, key: str) -> Rule | None:
+        """The first rule naming `key` exactly, else the first whose glob matches it."""
+        for r in self.rules:
+            if r.pattern == key:
+                return r
+        for r in self.rules:
+            if any(ch in r.pattern for ch in "*?[") and fnmatch.fnmatchcase(key, r.pattern):
+                return r
+        return None
+
+
+def default_policy(threshold_pct: float = DEFAULT_THRESHOLD_PCT) -> Policy:
+    """The gated metrics (DESIGN.md): unprofiled tokens/s per user, TTFT and ITL; per step the GPU
+    window, owned category and phase time, idle by cause, launches and syncs per iteration."""
+    t = threshold_pct
+    return Policy((
+        *(Rule(f"throughput.{k}", d, t) for k, d in THROUGHPUT.items()),
+        Rule("gpu_window_us", "lower", t),
+        Rule("category_us.*", "lower", t),
+        Rule("phase_us.*", "lower", t),
+        Rule("idle_us_by_cause.*", "lower", t),
+        Rule("counts.kernel_launches", "lower", t),
+        Rule("counts.graph_launches", "lower", t),
+        Rule("counts.syncs", "lower", t),
+    ), "built in" if t == DEFAULT_THRESHOLD_PCT else f"built in, --threshold {t:g}")
+
+
+def policy_from(doc: Mapping[str, Any], source: str, threshold_pct: float | None = None) -> Policy:
+    """A policy file's TOML (already parsed): ``[defaults] threshold_pct``; ``[metric."KEY or GLOB"]``
+    with ``direction`` (lower/higher), ``threshold_pct`` and ``gate`` (false: listed only). Its
+    metrics come first; the built-in rules follow for every metric it does not name. ValueError names
+    the bad entry."""
+    known = {"defaults", "metric"}
+    extra = set(doc) - known
+    if extra:
+        raise ValueError(f"unknown table(s) {', '.join(sorted(extra))}: expected [defaults] and [metric.\"KEY\"]")
+    defaults = doc.get("defaults") or {}
+    base_t = float(threshold_pct if threshold_pct is not None else defaults.get("threshold_pct", DEFAULT_THRESHOLD_PCT))
+    rules: list[Rule] = []
+    for key, m in (doc.get("metric") or {}).items():
+        if not isinstance(m, Mapping):
+            raise ValueError(f"[metric.{key!r}] must be a table")
+        bad = set(m) - {"direction", "threshold_pct", "gate"}
+        if bad:
+            raise ValueError(f"[metric.{key!r}]: unknown key(s) {', '.join(sorted(bad))} (direction, threshold_pct, gate)")
+        d = m.get("direction", "higher" if key.removeprefix("throughput.") == "tokens_per_s_per_user_p50" else "lower")
+        if d not in ("lower", "higher"):
+            raise ValueError(f"[metric.{key!r}] direction {d!r}: use lower (a rise is worse) or higher (a fall is worse)")
+        t = float(m.get("threshold_pct", base_t))
+        if t < 0:
+            raise ValueError(f"[metric.{key!r}] threshold_pct {t}: at least 0")
+        rules.append(Rule(str(key), d, t, bool(m.get("gate", True))))
+    return Policy((*rules, *default_policy(base_t).rules), source)
+
+
+# ---------------------------------------------------------------------------------------------
+# comparability
+
+
+def run_key(manifest: Any, summary: Any = None) -> dict[str, Any]:
+    """A run's comparability key from its manifest (or a summary's `run` section): None where the run
+    does not say (an unknown field is not compared)."""
+    m: Mapping[str, Any] = manifest if isinstance(manifest, Mapping) else {}
+    run: Mapping[str, Any] = summary["run"] if isinstance(summary, Mapping) and isinstance(summary.get("run"), Mapping) else {}
+    src = m or run
+    versions: Mapping[str, Any] = src["versions"] if isinstance(src.get("versions"), Mapping) else {}
+    info: Mapping[str, Any] = m["server_info"] if isinstance(m.get("server_info"), Mapping) else {}
+    model: Any = m.get("model_path") or info.get("model_path") or info.get("model")
+    wl: Mapping[str, Any] | None = src["workload"] if isinstance(src.get("workload"), Mapping) else None
+    workload = ({k: v for k, v in wl.items() if k not in ("repeat", "expected_cache_hit")} if wl else None)
+    # the device's name: the server's (manifest), else the summary's rank 0 ("NVIDIA H200"; None on a CPU run), else the
+    # capture's versions.gpu ("cpu"; "cuda:0" names no GPU, so it comes last)
+    ranks = summary.get("ranks") or [] if isinstance(summary, Mapping) else []
+    rank_device = ranks[0].get("device") if ranks and isinstance(ranks[0], Mapping) else None
+    gpu = info.get("device_name") or rank_device or versions.get("gpu")
+    schema = summary.get("schema_version") if isinstance(summary, Mapping) else None
+    return {"target": src.get("target"), "engine_version": versions.get("engine"), "model": _canon(model),
+            "preset": src.get("preset"), "workload": _canon(workload), "gpu": gpu, "schema": schema}
+
+
+def _canon(v: Any) -> Any:
+    """A key field as one comparable value: objects as compact JSON with sorted keys."""
+    return json.dumps(v, sort_keys=True, separators=(",", ":")) if isinstance(v, (Mapping, list)) else v
+
+
+def key_id(key: Mapping[str, Any]) -> str:
+    """A short stable name for a key (a stored baseline's folder)."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps({k: key.get(k) for k in KEY_FIELDS}, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def compare_keys(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> dict[str, Any]:
+    """Which key fields differ (both known and unequal) and which are unknown on a side."""
+    differ, unknown = [], []
+    for k in KEY_FIELDS:
+        b, c = baseline.get(k), candidate.get(k)
+        if b is None or c is None:
+            if b != c:
+                unknown.append(k)
+        elif b != c:
+            differ.append({"field": k, "baseline": b, "candidate": c})
+    return {"comparable": not differ, "differ": differ, "unknown": unknown,
+            "baseline": dict(baseline), "candidate": dict(candidate)}
+
+
+# ---------------------------------------------------------------------------------------------
+# rows
+
+
+def _throughput_figure(point: Any, key: str) -> tuple[float | None, float | None, int]:
+    """(median, spread, repeats) of a manifest throughput point's figure."""
+    if not isinstance(point, Mapping):
+        return None, None, 0
+    v = point.get(key)
+    if isinstance(v, Mapping):
+        n = v.get("n") or 0
+        return v.get("median"), v.get("spread"), int(n)
+    return (float(v), None, 1) if isinstance(v, (int, float)) else (None, None, 0)
+
+
+def candidate_rows(diff: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every metric the diff gives a figure for: key, baseline, candidate, change, noise (None: none),
+    unit, and the floor a time term must also pass (µs)."""
+    rows: list[dict[str, Any]] = []
+    tp = diff.get("throughput") or {}
+    for k in THROUGHPUT:
+        b, sb, nb = _throughput_figure(tp.get("baseline"), k)
+        c, sc, nc = _throughput_figure(tp.get("candidate"), k)
+        if b is None or c is None:
+            continue
+        noise = max(sb, sc) if sb is not None and sc is not None else None
+        rows.append({"metric": f"throughput.{k}", "baseline": b, "candidate": c, "change": c - b, "noise": noise,
+                     "unit": "tok/s" if k.startswith("tokens") else "ms", "floor": 0.0,
+                     "not_judged": None if noise is not None else
+                     f"one unprofiled repeat a side ({nb} and {nc}): no spread; record with --repeat N (N >= 2)"})
+    nz = diff.get("noise") or {}
+    metrics = nz.get("metrics") or {}
+    ee = diff.get("expected_effect") or {}
+    window = (diff.get("gpu_window_us") or {}).get("baseline") or 0.0
+    floor: float = float(ee["floor_us"]) if isinstance(ee.get("floor_us"), (int, float)) else max(ABS_THRESHOLD_NS / 1000, window * MATERIAL_SHARE)
+    if nz.get("available") and metrics:
+        for k, m in metrics.items():
+            time_term = k.startswith(("category_us.", "phase_us.", "idle_us_by_cause."))
+            rows.append({"metric": k, "baseline": m["baseline"]["median"], "candidate": m["candidate"]["median"], "change": m["delta"],
+                         "noise": m["spread"], "unit": "count" if k.startswith("counts.") else "µs",
+                         "floor": float(floor) if time_term else 0.0, "not_judged": None})
+    else:  # not judged: the decomposition's figures, no noise
+        dec = diff.get("decomposition") or {}
+        why = nz.get("note") or "not judged: no noise estimate"
+        gw: Mapping[str, Any] = diff.get("gpu_window_us") or {}
+        if gw.get("baseline") is not None:
+            rows.append({"metric": "gpu_window_us", "baseline": gw.get("baseline"), "candidate": gw.get("candidate"), "change": gw.get("delta"),
+                         "noise": None, "unit": "µs", "floor": 0.0, "not_judged": why})
+        for group in ("category_us", "phase_us", "idle_us_by_cause"):
+            bs, cs = (dec.get("baseline") or {}).get(group) or {}, (dec.get("candidate") or {}).get(group) or {}
+            for name, delta in (dec.get(group) or {}).items():
+                if delta is None:
+                    continue
+                rows.append({"metric": f"{group}.{name}", "baseline": bs.get(name), "candidate": cs.get(name), "change": delta,
+                             "noise": None, "unit": "µs", "floor": float(floor), "not_judged": why})
+        counts = diff.get("counts") or {}
+        for name in ("kernel_launches", "graph_launches", "syncs"):
+            cn: Mapping[str, Any] = counts.get(name) or {}
+            if cn.get("baseline") is not None and cn.get("candidate") is not None:
+                rows.append({"metric": f"counts.{name}", "baseline": cn["baseline"], "candidate": cn["candidate"],
+                             "change": cn["candidate"] - cn["baseline"], "noise": None, "unit": "count", "floor": 0.0, "not_judged": why})
+    return rows
+
+
+def _pct(v: float | None, base: float | None) -> float | None:
+    return None if v is None or not base else v / abs(base) * 100
+
+
+def judge_row(row: Mapping[str, Any], rule: Rule, cal: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One gated row with its threshold, noise, MDE and verdict: regression, improvement, within noise,
+    below threshold, not judged, or cannot be judged here (the threshold below the calibrated MDE)."""
+    b, delta = row["baseline"], row["change"]
+    sign = 1.0 if rule.direction == "lower" else -1.0
+    threshold = abs(b or 0.0) * rule.threshold_pct / 100
+    floor = row.get("floor") or 0.0
+    aa_spread = aa_mde = None
+    if cal:
+        aa_spread = cal.get("aa_spread_pct")
+        aa_mde = cal.get("mde_pct")
+    # the calibration's figures are shares of its own baseline: here, of this baseline
+    spread_abs = None if aa_spread is None or not b else abs(b) * aa_spread / 100
+    mde_abs = None if aa_mde is None or not b else abs(b) * aa_mde / 100
+    if cal and not b:
+        spread_abs, mde_abs = cal.get("aa_spread_abs"), cal.get("mde_abs")
+    noise = row["noise"]
+    if noise is not None and spread_abs is not None:
+        noise = max(noise, spread_abs)
+    out = {
+        "metric": row["metric"], "unit": row["unit"], "direction": rule.direction, "gated": rule.gate,
+        "baseline": b, "candidate": row["candidate"], "change": delta, "change_pct": _pct(delta, b),
+        "threshold_pct": rule.threshold_pct, "threshold": max(threshold, floor), "floor": floor,
+        "noise": noise, "noise_pct": _pct(noise, b), "window_noise": row["noise"],
+        "aa_spread_pct": aa_spread, "mde_pct": aa_mde, "mde": mde_abs,
+        "verdict": "", "reason": None,
+    }
+    limit = max(threshold, floor)
+    # the calibration's refusal first: it holds whatever this capture's own noise (the policy against the machine)
+    if mde_abs is not None and limit < mde_abs:
+        what = f"{aa_spread:.1f}%" if aa_spread is not None else f"{spread_abs or 0:g} {row['unit']}"
+        out["verdict"] = "cannot be judged here"
+        out["reason"] = (f"cannot be judged here: the A/A spread is {what} (MDE {aa_mde:.1f}%), "
+                         f"above the {rule.threshold_pct:g}% threshold" if aa_mde is not None else
+                         f"cannot be judged here: the A/A spread is {what}, above the threshold")
+    elif row.get("not_judged"):
+        out["verdict"], out["reason"] = "not judged", row["not_judged"]
+    elif delta is None:
+        out["verdict"], out["reason"] = "not judged", "no figure on one side"
+    elif noise is not None and (delta == 0 or abs(delta) < noise):
+        out["verdict"] = "within noise"
+    elif abs(delta) <= limit:
+        out["verdict"] = "below threshold"
+    else:
+        out["verdict"] = "regression" if delta * sign > 0 else "improvement"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the decision
+
+
+def decide(diff: Mapping[str, Any], policy: Policy, *, calibration: Mapping[str, Any] | None = None,
+           comparability: Mapping[str, Any] | None = None, inconclusive: str = "fail") -> dict[str, Any]:
+    """gate.json for a diff: every gated row judged, the decision, why, and the exit code."""
+    cal_metrics = (calibration or {}).get("metrics") or {}
+    rows = []
+    for r in candidate_rows(diff):
+        rule = policy.rule(r["metric"])
+        if rule is None:
+            continue
+        rows.append(judge_row(r, rule, cal_metrics.get(r["metric"])))
+    if comparability is None:
+        man = diff.get("manifests") or {}
+        comparability = compare_keys(run_key(man.get("baseline")), run_key(man.get("candidate")))
+    reasons: list[str] = []
+    if not comparability.get("comparable", True):
+        reasons.append("not comparable: " + "; ".join(f"{d['field']} differs (baseline {d['baseline']}, candidate {d['candidate']})"
+                                                       for d in comparability["differ"]))
+    health = diff.get("health") or {}
+    for side in ("baseline", "candidate"):
+        h = health.get(side)
+        if isinstance(h, Mapping) and h.get("verdict") == "unusable":
+            details = "; ".join(str(f.get("detail")) for f in h.get("findings") or [] if isinstance(f, Mapping) and f.get("status") == "unusable")
+            reasons.append(f"the {side}'s capture health is unusable" + (f" ({details})" if details else ""))
+    noise = diff.get("noise") or {}
+    if not noise.get("available"):
+        reasons.append(str(noise.get("note") or "the trace figures are not judged"))
+    gated = [r for r in rows if r["gated"]]
+    judged = [r for r in gated if r["verdict"] not in ("not judged", "cannot be judged here")]
+    if gated and not judged and not reasons:
+        reasons.append("no gated metric could be judged")
+    regressions = sorted((r for r in gated if r["verdict"] == "regression"), key=_severity, reverse=True)
+    decision = "inconclusive" if reasons else "regression" if regressions else "pass"
+    exit_code = 5 if decision == "regression" or (decision == "inconclusive" and inconclusive == "fail") else 0
+    # the figure behind a regression: what users feel first (ITL, tokens/s per user, TTFT, the step's window), then the rest
+    felt = sorted((r for r in regressions if r["metric"] in HEADLINE_FIRST), key=lambda r: HEADLINE_FIRST.index(r["metric"]))
+    headline = (felt or regressions)[0] if regressions else max(judged, key=_severity, default=None)
+    owned = max((r for r in regressions if r["metric"].startswith("category_us.")), key=lambda r: abs(r["change"]), default=None)
+    if calibration is not None and comparability.get("candidate"):
+        ck = compare_keys(calibration.get("key") or {}, comparability["candidate"])
+        cal_note = None if ck["comparable"] else "the calibration was recorded on another configuration (" + ", ".join(
+            d["field"] for d in ck["differ"]) + " differ): its MDE may not hold here"
+        if not calibration.get("judged", True):
+            cal_note = "; ".join(filter(None, [cal_note, f"the calibration's A/A is not judged, so the trace figures have no MDE ({calibration.get('note')})"]))
+    else:
+        cal_note = None
+    return {
+        "schema_version": GATE_SCHEMA_VERSION,
+        "decision": decision,
+        "exit_code": exit_code,
+        "inconclusive_policy": inconclusive,
+        "reasons": reasons,
+        "headline": headline["metric"] if headline else None,
+        "owned_term": owned["metric"] if owned else None,
+        "regressions": [r["metric"] for r in regressions],
+        "policy": policy.source,
+        "calibration": {"used": calibration is not None, "source": (calibration or {}).get("source"), "note": cal_note},
+        "comparability": dict(comparability),
+        "shape": (diff.get("shape") or {}).get("label"),
+        "sides": {s: (diff.get(s) or {}).get("label") for s in ("baseline", "candidate")},
+        "health": {s: (health.get(s) or {}).get("verdict") if isinstance(health.get(s), Mapping) else None for s in ("baseline", "candidate")},
+        "timeline": "cpu" if all((diff.get(s) or {}).get("device_timeline") == "cpu" for s in ("baseline", "candidate")) else "gpu",
+        "rows": rows,
+        "history": None,
+    }
+
+
+def _severity(r: Mapping[str, Any]) -> float:
+    """How far past its threshold a row is: |change| / threshold (inf for a zero threshold)."""
+    t = r.get("threshold") or 0.0
+    d = abs(r.get("change") or 0.0)
+    return d / t if t else (float("inf") if d else 0.0)
+
+
+def not_comparable(comparability: Mapping[str, Any], sides: tuple[str, str], policy: Policy, inconclusive: str = "fail") -> dict[str, Any]:
+    """gate.json when the sides were never compared: their keys differ (nothing was diffed)."""
+    doc = decide({"noise": {"available": True, "metrics": {}}}, policy, comparability=comparability, inconclusive=inconclusive)
+    doc["sides"] = {"baseline": sides[0], "candidate": sides[1]}
+    return doc
+
+
+def with_history(doc: dict[str, Any], previous: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Nightly mode: a regression only when the last two runs both regress on a same metric; today's
+    alone is "suspect" (exit 0). `previous`: earlier gate.json documents, oldest first."""
+    prev = previous[-1] if previous else None
+    today = set(doc.get("regressions") or [])
+    if doc["decision"] != "regression":
+        doc["history"] = {"runs": len(previous) + 1, "status": doc["decision"], "confirmed": []}
+        return doc
+    both = sorted(today & set((prev or {}).get("regressions") or [])) if prev and prev.get("decision") in ("regression", "suspect") else []
+    if both:
+        doc["history"] = {"runs": len(previous) + 1, "status": "regression", "confirmed": both}
+        doc["headline"] = both[0] if doc.get("headline") not in both else doc["headline"]
+        return doc
+    doc["history"] = {"runs": len(previous) + 1, "status": "suspect", "confirmed": [],
+                      "note": "one run regressed (the previous did not on the same metric): suspect until the next run confirms it"}
+    doc["decision"] = "suspect"
+    doc["exit_code"] = 0
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------
+# A/A calibration
+
+
+def calibration_from(diff: Mapping[str, Any], key: Mapping[str, Any], source: str = "") -> dict[str, Any]:
+    """calibration.json from the diff of two recordings of one configuration (A against A).
+
+    Per metric: the A/A change (|median over paired windows of the per-window change|, as a share of
+    the baseline) and the A/A spread (the noise the gate's statistic saw: the largest spread). The MDE
+    is their sum: a true change Δ is seen as Δ + e where e reached the A/A change with no change at all,
+    and a row is beyond noise only when |Δ + e| exceeds the spread; so only |Δ| > change + spread is
+    detected whatever e's sign. One A/A pair estimates it; more windows (--profile-windows) tighten it."""
+    metrics: dict[str, Any] = {}
+    for r in candidate_rows(diff):
+        b, d, n = r["baseline"], r["change"], r["noise"]
+        if d is None:
+            continue
+        change_abs = abs(d)
+        # no spread (the A/A not judged: one window or repeat a side, unstable windows): no MDE either, and the note says why
+        mde = None if n is None else change_abs + n
+        metrics[r["metric"]] = {
+            "unit": r["unit"], "baseline": b,
+            "aa_change_abs": change_abs, "aa_spread_abs": n,
+            "aa_change_pct": _pct(change_abs, b), "aa_spread_pct": _pct(n, b),
+            "mde_abs": mde, "mde_pct": _pct(mde, b),
+            "note": None if n is not None else f"{r.get('not_judged') or 'no spread'}: no MDE",
+        }
+    noise = diff.get("noise") or {}
+    return {
+        "schema_version": CALIBRATION_SCHEMA_VERSION,
+        "kind": "calibration",
+        "source": source,
+        # the trace figures' A/A is judged (a window-pair statistic with its noise): else they have no MDE
+        "judged": bool(noise.get("available")),
+        "note": None if noise.get("available") else str(noise.get("note") or "the A/A is not judged"),
+        "key": dict(key),
+        "windows": (noise.get("repeats") or {}),
+        "mde": "MDE = A/A change + A/A spread, each as a share of the A side's median (see docs/ci.md)",
+        "sides": {s: (diff.get(s) or {}).get("label") for s in ("baseline", "candidate")},
+        "health": {s: ((diff.get("health") or {}).get(s) or {}).get("verdict") for s in ("baseline", "candidate")},
+        "metrics": metrics,
+    }
+
+
+@dataclass
+class BaselineEntry:
+    """One stored baseline: its name, key, where it came from, when."""
+
+    name: str
+    key: dict[str, Any]
+    source: str
+    saved_at: str
+    folder: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def pick_entry(entries: Sequence[BaselineEntry], name: str, key: Mapping[str, Any]) -> tuple[BaselineEntry | None, dict[str, Any] | None]:
+    """The entry named `name` whose key matches `key` (no field differs), else None and the
+    comparison with the closest entry of that name (fewest differing fields), or None when there is
+    no entry of that name."""
+    named = [e for e in entries if e.name == name]
+    best: tuple[int, BaselineEntry, dict[str, Any]] | None = None
+    for e in named:
+        cmp = compare_keys(e.key, key)
+        if cmp["comparable"]:
+            return e, cmp
+        if best is None or len(cmp["differ"]) < best[0]:
+            best = (len(cmp["differ"]), e, cmp)
+    return None, (best[2] if best else None)

@@ -1,0 +1,214 @@
+"""gate.json and calibration.json in words: the decision line (a PR comment's first line, at most 80
+columns), the rows as a terminal table and as GitHub Markdown, the calibration's table. Plain text
+out; renderers only (attribution/gate.py decides)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from profkit.report.numbers import num
+
+WIDTH = 80
+
+_THROUGHPUT_LABELS = {"tokens_per_s_per_user_p50": "tok/s per user", "ttft_ms_p50": "TTFT", "itl_ms_p50": "decode ITL"}
+_COUNT_LABELS = {"kernel_launches": "launches/step", "graph_launches": "graph launches/step", "syncs": "syncs/step"}
+_ORDER = {"regression": 0, "cannot be judged here": 1, "not judged": 2, "improvement": 3, "below threshold": 4, "within noise": 5}
+
+
+def label(metric: str, timeline: str = "gpu") -> str:
+    """A gated metric's key in words: throughput.itl_ms_p50 -> decode ITL, category_us.topk -> owned topk."""
+    group, _, name = metric.partition(".")
+    if group == "throughput":
+        return _THROUGHPUT_LABELS.get(name, name)
+    if group == "counts":
+        return _COUNT_LABELS.get(name, name)
+    if metric == "gpu_window_us":
+        return "CPU-op window" if timeline == "cpu" else "GPU window"
+    return {"category_us": f"owned {name}", "phase_us": f"{name} phase", "idle_us_by_cause": f"{name.replace('_', ' ')} idle"}.get(group, metric)
+
+
+def _value(v: float | None, unit: str, *, sign: bool = False) -> str:
+    if v is None:
+        return "–"
+    digits = 2 if unit in ("ms", "count") else 1
+    return num(v, digits, sign=sign) + ("" if unit == "count" else f" {unit}")
+
+
+def _pct(v: float | None, *, sign: bool = False) -> str:
+    return "–" if v is None else (f"{v:+.1f}%" if sign else f"{v:.1f}%")
+
+
+def figure(row: Mapping[str, Any], timeline: str = "gpu", *, short: bool = False) -> str:
+    """``decode ITL +6.1% (±1.2%, threshold 2%, MDE 1.5%)``; a change without a baseline in its unit."""
+    name = label(row["metric"], timeline)
+    change = _pct(row.get("change_pct"), sign=True) if row.get("change_pct") is not None else _value(row.get("change"), row["unit"], sign=True)
+    parts = []
+    if row.get("noise_pct") is not None:
+        parts.append(f"±{row['noise_pct']:.1f}%")
+    parts.append(f"{'thr' if short else 'threshold'} {row['threshold_pct']:g}%")
+    if row.get("mde_pct") is not None:
+        parts.append(f"MDE {row['mde_pct']:.1f}%")
+    return f"{name} {change} ({', '.join(parts)})"
+
+
+def _owned(row: Mapping[str, Any]) -> str:
+    """``owned topk +354 µs per step``."""
+    return f"{label(row['metric'])} {num(row['change'], 0, sign=True)} µs per step"
+
+
+def _fit(line: str) -> str:
+    return line if len(line) <= WIDTH else line[: WIDTH - 1] + "…"
+
+
+def _short_reason(doc: Mapping[str, Any]) -> str:
+    cmp = doc.get("comparability") or {}
+    differ = [d["field"] for d in cmp.get("differ") or []]
+    if differ:
+        return f"not comparable: {', '.join(differ)} {'differs' if len(differ) == 1 else 'differ'}"
+    health = doc.get("health") or {}
+    bad = [s for s in ("baseline", "candidate") if health.get(s) == "unusable"]
+    if bad:
+        return f"capture health unusable ({', '.join(bad)})"
+    reasons = doc.get("reasons") or []
+    if reasons and str(reasons[0]).startswith("not judged"):
+        return "trace figures " + str(reasons[0])
+    return str(reasons[0]) if reasons else "no gated metric could be judged"
+
+
+def decision_line(doc: Mapping[str, Any]) -> str:
+    """The first line of every output: the decision and the figure behind it, at most 80 columns."""
+    rows = {r["metric"]: r for r in doc.get("rows") or []}
+    tl = str(doc.get("timeline") or "gpu")
+    dec = str(doc["decision"])
+    head = rows.get(doc.get("headline") or "")
+    if dec == "inconclusive":
+        return _fit(f"inconclusive: {_short_reason(doc)}")
+    if dec in ("regression", "suspect") and head is not None:
+        owned = rows.get(doc.get("owned_term") or "")
+        tail = "" if dec == "regression" else " (last run only)"
+        for short in (False, True):
+            line = f"{dec}: {figure(head, tl, short=short)}"
+            if owned is not None and owned is not head:
+                full = f"{line}; {_owned(owned)}{tail}"
+                if len(full) <= WIDTH:
+                    return full
+            if len(line + tail) <= WIDTH:
+                return line + tail
+        return _fit(line + tail)
+    judged = [r for r in rows.values() if r.get("gated") and r["verdict"] not in ("not judged", "cannot be judged here")]
+    if head is None:
+        return _fit(f"{dec}: no gated metric judged")
+    for short in (False, True):
+        for lead in (f"{len(judged)} metrics judged, none worse; largest", f"{len(judged)} judged, none worse;"):
+            line = f"{dec}: {lead} {figure(head, tl, short=short)}"
+            if len(line) <= WIDTH:
+                return line
+    return _fit(f"{dec}: {len(judged)} metrics judged, none worse beyond threshold and noise")
+
+
+def _sorted_rows(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    rows = [r for r in doc.get("rows") or []]
+    return sorted(rows, key=lambda r: (_ORDER.get(r["verdict"], 9), -abs(r.get("change_pct") or 0.0), r["metric"]))
+
+
+def _cells(r: Mapping[str, Any], tl: str) -> list[str]:
+    u = r["unit"]
+    noise = (_pct(r.get("noise_pct")) if r.get("noise_pct") is not None else _value(r.get("noise"), u)) if r.get("noise") is not None else "–"
+    verdict = r["verdict"] + ("" if r.get("gated", True) else " (not gated)")
+    return [label(r["metric"], tl), _value(r.get("baseline"), u), _value(r.get("candidate"), u),
+            _pct(r.get("change_pct"), sign=True) if r.get("change_pct") is not None else _value(r.get("change"), u, sign=True),
+            f"{r['threshold_pct']:g}%", noise, _pct(r.get("mde_pct")), verdict]
+
+
+HEADER = ["metric", "baseline", "candidate", "change", "threshold", "noise", "MDE", "verdict"]
+
+
+def _notes(doc: Mapping[str, Any]) -> list[str]:
+    out = [str(r) for r in doc.get("reasons") or []]
+    cal = doc.get("calibration") or {}
+    if cal.get("note"):
+        out.append(str(cal["note"]))
+    cmp = doc.get("comparability") or {}
+    if cmp.get("unknown"):
+        out.append("not compared (unknown on a side): " + ", ".join(cmp["unknown"]))
+    refused = [r for r in doc.get("rows") or [] if r["verdict"] == "cannot be judged here"]
+    for r in refused[:5]:
+        out.append(f"{label(r['metric'], str(doc.get('timeline')))}: {r['reason']}")
+    if len(refused) > 5:
+        out.append(f"{len(refused) - 5} more rows cannot be judged here (their A/A spread is above the threshold)")
+    hist = doc.get("history")
+    if isinstance(hist, Mapping) and hist.get("note"):
+        out.append(str(hist["note"]))
+    return out
+
+
+def markdown(doc: Mapping[str, Any]) -> str:
+    """gate --md: a PR comment; its first line is `decision_line`."""
+    tl = str(doc.get("timeline") or "gpu")
+    lines = [decision_line(doc), ""]
+    sides = doc.get("sides") or {}
+    lines.append(f"Baseline `{sides.get('baseline')}`, candidate `{sides.get('candidate')}`"
+                 + (f", {doc['shape']} steps" if doc.get("shape") else "") + f"; policy: {doc.get('policy')}.")
+    notes = _notes(doc)
+    if notes:
+        lines.append("")
+        lines += [f"- {n}" for n in notes]
+    rows = _sorted_rows(doc)
+    if rows:
+        lines += ["", "| " + " | ".join(HEADER) + " |", "|" + "|".join(["---"] + ["---:"] * 6 + ["---"]) + "|"]
+        for r in rows:
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(r, tl)) + " |")
+    lines += ["", "Change: the median over paired profile windows of the per-window change (unprofiled figures: the median over "
+              "repeats); noise: the largest spread, and the A/A spread with a calibration; MDE: the calibrated minimum detectable effect."]
+    return "\n".join(lines) + "\n"
+
+
+def terminal(doc: Mapping[str, Any], *, all_rows: bool = False) -> list[str]:
+    """The decision line, the notes, then the rows (every row with `all_rows`, else the gated rows
+    that are not within noise, and the headline's) as aligned text."""
+    tl = str(doc.get("timeline") or "gpu")
+    out = [decision_line(doc)]
+    out += [f"  note: {n}" for n in _notes(doc)]
+    rows = [r for r in _sorted_rows(doc) if all_rows or r["verdict"] not in ("within noise",) or r["metric"] == doc.get("headline")]
+    if rows:
+        table = [HEADER] + [_cells(r, tl) for r in rows]
+        w = [max(len(row[i]) for row in table) for i in range(len(HEADER))]
+        for row in table:
+            out.append("  ".join(c.ljust(w[i]) if i in (0, 7) else c.rjust(w[i]) for i, c in enumerate(row)).rstrip())
+    hidden = len(doc.get("rows") or []) - len(rows)
+    if hidden:
+        out.append(f"({hidden} more rows within noise: --json FILE has every row)")
+    return out
+
+
+def calibration_lines(cal: Mapping[str, Any], timeline: str = "gpu") -> list[str]:
+    """calibrate's table: each metric's A/A change, spread and MDE (shares of the A side's median)."""
+    rows = [["metric", "baseline", "A/A change", "A/A spread", "MDE"]]
+    for k, m in sorted((cal.get("metrics") or {}).items(), key=lambda kv: (-(kv[1].get("mde_pct") or 0.0), kv[0])):
+        rows.append([label(k, timeline), _value(m.get("baseline"), m.get("unit", "µs")), _pct(m.get("aa_change_pct")),
+                     _pct(m.get("aa_spread_pct")), _pct(m.get("mde_pct"))])
+    w = [max(len(r[i]) for r in rows) for i in range(5)]
+    return ["  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+
+
+def policy_toml(cal: Mapping[str, Any], floor_pct: float = 2.0) -> str:
+    """A policy whose thresholds sit at each metric's calibrated MDE (rounded up to a whole percent, at
+    least `floor_pct`): the policy `profkit calibrate` suggests (policy.toml beside calibration.json),
+    under which no row is refused as below its MDE. Metrics without an MDE keep the built-in rules."""
+    import json
+    import math
+
+    from profkit.attribution.gate import default_policy
+
+    gated = default_policy()
+    lines = [f"# written by `profkit calibrate` from {cal.get('source') or 'an A/A calibration'}: each threshold is the metric's",
+             "# A/A minimum detectable effect (MDE), rounded up, at least the built-in 2% (docs/ci.md)",
+             "[defaults]", f"threshold_pct = {floor_pct:g}", ""]
+    for k, m in sorted((cal.get("metrics") or {}).items()):
+        mde = m.get("mde_pct")
+        if mde is None or gated.rule(k) is None:  # only what the built-in policy gates
+            continue
+        t = max(floor_pct, float(math.ceil(mde)))
+        lines += [f"[metric.{json.dumps(k)}]", f"threshold_pct = {t:g}", ""]
+    return "\n".join(lines)
