@@ -39,7 +39,7 @@ class Trials:
     def __init__(self, out: Path, json_path: Path) -> None:
         self.out, self.json_path = out, json_path
         self.doc: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(), "steps": [],
-                                    "note": "a shared 2-core machine, four other users working: no run is quiet; load averages logged"}
+                                    "note": os.environ.get("GATE_TRIALS_NOTE", "load averages logged per step")}
         self.busy: list[subprocess.Popen[bytes]] = []
 
     def save(self) -> None:
