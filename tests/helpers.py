@@ -81,3 +81,23 @@ def union_inside(ops: list[tuple[int, int]], g0: int, g1: int) -> int:
 def sum_inside(ops: list[tuple[int, int]], g0: int, g1: int) -> int:
     """ns of the ops inside [g0, g1), each clipped to it, overlaps counted twice."""
     return sum(min(b, g1) - max(a, g0) for a, b in ops if min(b, g1) > max(a, g0))
+
+
+def load_trace_json(path: Path) -> dict:
+    """A gzipped Kineto trace as plain JSON (for tests that alter a real trace)."""
+    import gzip
+    import json
+
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def save_trace_json(doc: dict, path: Path) -> Path:
+    """Write an altered trace back, gzipped."""
+    import gzip
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    return path

@@ -4,7 +4,6 @@ a verdict (or profkit's one-line refusal) without a crash; --strict exits 5 on a
 
 from __future__ import annotations
 
-import gzip
 import json
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 
 from profkit.errors import ProfkitError, TraceInputError
 from profkit.analysis.summarize import SummarizeOptions, summarize
+from helpers import load_trace_json, save_trace_json
 
 DATA = Path(__file__).parent / "data"
 GRAPHS = next((DATA / "gpu_loo" / "all" / "window-0").glob("*.trace.json.gz"))  # CUDA graphs, plan stream
@@ -23,16 +23,7 @@ PUBLIC = Path(__file__).resolve().parents[2] / "shared" / "public-traces"
 GPU_OPS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def load(path: Path) -> dict:
-    with gzip.open(path, "rt") as f:
-        return json.load(f)
-
-
-def save(doc: dict, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt") as f:
-        json.dump(doc, f)
-    return path
+load, save = load_trace_json, save_trace_json
 
 
 def health_of(*paths: Path) -> dict:

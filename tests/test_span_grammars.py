@@ -12,8 +12,6 @@ in one warning.
 from __future__ import annotations
 
 import copy
-import gzip
-import json
 import re
 from pathlib import Path
 from typing import Callable
@@ -21,6 +19,7 @@ from typing import Callable
 import pytest
 
 from profkit.analysis.summarize import SummarizeOptions, summarize
+from helpers import load_trace_json, save_trace_json
 
 DATA = Path(__file__).parent / "data"
 SPEC = next((DATA / "gpu_spec" / "all" / "window-0").glob("*.trace.json.gz"))
@@ -28,16 +27,7 @@ EAGER = DATA / "gpu" / "eager_decode.pt.trace.json.gz"
 ANNOTATIONS = ("user_annotation", "gpu_user_annotation")  # Kineto writes each record_function on both sides
 
 
-def load(path: Path) -> dict:
-    with gzip.open(path, "rt") as f:
-        return json.load(f)
-
-
-def save(doc: dict, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt") as f:
-        json.dump(doc, f)
-    return path
+load, save = load_trace_json, save_trace_json
 
 
 def rename(doc: dict, fn: Callable[[str], str]) -> dict:
