@@ -2,16 +2,19 @@
 command line, run as a subprocess and logged with its exit code, its decision line and the load
 average around it.
 
-1. `profkit calibrate` (the A/A calibration; its A side is saved as the stored baseline "main");
-   a threshold at the calibrated MDE of the step window is chosen for every later gate.
+1. `profkit calibrate --sessions 3` (the A/A calibration: three alternating pairs one after another, so
+   each metric has an MDE within a pair and one across sessions; session 1's A side is saved as the stored
+   baseline "main"); its policy.toml (each threshold at the larger MDE) is used by every later gate.
 2. topk_v2: `profkit trace --opt topk_v2` five times (one beside busy processes); each gives
    `gate ALL_ON TOPK_OFF` (expected: regression, owned topk) and `gate TOPK_OFF ALL_ON` (expected: pass).
-3. A/A: `profkit calibrate` again N times (the first ones beside busy processes): each gives two runs of
-   the same configuration, each gated against the stored baseline (`gate --baseline main`), and the
-   pair gated against each other (`gate A B`); expected: no "regression".
+3. A/A: `profkit calibrate --sessions 1` again N times (the first ones beside busy processes): each gives
+   two runs of the same configuration, each gated against the stored baseline (`gate --baseline main`),
+   and the pair gated against each other (`gate A B`); expected: no "regression" (a run recorded beside
+   the busy processes against the quiet stored baseline: inconclusive, the machine's load differs).
 4. injected host delay: `profkit trace --fault host_delay_us=D` for delays below and above the smallest
-   delay the calibration can detect (the step window's MDE in µs, or ITL's MDE times the tokens per
-   step), 3 runs each; `gate BASELINE FAULTED`.
+   delay the calibrated gate can detect: the least, over the rows a host delay per decode step moves (the
+   step window; ITL, times the tokens per step; the iteration-boundary idle, where the busy-wait lands),
+   of the row's threshold in µs (the policy's, at the calibrated MDE), 3 runs each; `gate BASELINE FAULTED`.
 
     python benchmarks/gate_trials.py --out /tmp/v-gate/trials --json benchmarks/results/gate_trials.json
 
@@ -81,6 +84,13 @@ def gate_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def _load(doc: dict[str, Any]) -> str:
+    """The sides' other processes' CPU use as the gate read it: 'baseline/candidate' CPUs."""
+    hl = doc.get("host_load") or {}
+    b, c = hl.get("baseline_other_cpus"), hl.get("candidate_other_cpus")
+    return "?" if b is None or c is None else f"{b:.2f}/{c:.2f}"
+
+
 def _here(step: dict[str, Any]) -> None:
     """A delay gate's own view of the delay: over the MDE as that gate applied it (the MDE is a share of the
     calibration's window; the gate applies it to this baseline's window, which the machine's load moves)."""
@@ -111,10 +121,18 @@ def summary(doc: dict[str, Any]) -> str:
     out = [f"gate trials, {doc['started']} to {doc.get('ended', '(running)')}; {doc['cpus']} CPUs; {doc['note']}", ""]
     c = doc.get("calibration")
     if c:
-        out.append(f"calibration: step window {c['window_us']:,.0f} us, MDE {c['window_mde_pct']:.1f}% ({c['window_mde_us']:,.0f} us); "
-                   f"ITL {c['itl_ms']:.2f} ms, MDE {c['itl_mde_pct']:.1f}% (= {c['itl_mde_as_step_delay_us']:,.0f} us per step at accept "
-                   f"length {c['accept_length']:.2f}); smallest detectable host delay {c['detectable_delay_us']:,.0f} us per step")
-        out.append("policy: " + c["policy"] + " (each threshold at its metric's MDE, at least 2%)")
+        if "window_limit_us" in c:  # this version's calibration (several sessions; the delay's rows at their gate lines)
+            out.append(f"calibration: step window {c['window_us']:,.0f} us, MDE {c['window_mde_pct']:.1f}% paired, "
+                       f"{c.get('window_stored_mde_pct') or 0:.1f}% across sessions (gate line {c['window_limit_us']:,.0f} us); ITL {c['itl_ms']:.2f} ms, "
+                       f"MDE {c['itl_mde_pct']:.1f}% paired, {c.get('itl_stored_mde_pct') or 0:.1f}% across sessions (gate line = "
+                       f"{c['itl_mde_as_step_delay_us']:,.0f} us per step at accept length {c['accept_length']:.2f}); iteration-boundary idle "
+                       f"{c['boundary_idle_us']:,.0f} us (gate line {c['boundary_idle_limit_us']:,.0f} us); smallest detectable host delay "
+                       f"{c['detectable_delay_us']:,.0f} us per step")
+        else:
+            out.append(f"calibration: step window {c['window_us']:,.0f} us, MDE {c['window_mde_pct']:.1f}% ({c['window_mde_us']:,.0f} us); "
+                       f"ITL {c['itl_ms']:.2f} ms, MDE {c['itl_mde_pct']:.1f}% (= {c['itl_mde_as_step_delay_us']:,.0f} us per step at accept "
+                       f"length {c['accept_length']:.2f}); smallest detectable host delay {c['detectable_delay_us']:,.0f} us per step")
+        out.append("policy: " + c["policy"] + " (each threshold at its metric's MDE, the larger of paired and across sessions, at least 2%)")
         out.append("")
     for s in steps:
         if s["group"] in ("calibrate", "baseline"):
@@ -134,12 +152,12 @@ def summary(doc: dict[str, Any]) -> str:
         out.append("")
 
     table("topk_v2 removed (candidate) vs all on (baseline), and the reverse", ("topk-regression", "topk-reverse"),
-          ["decision", "owned_term", "under_load"])
+          ["decision", "owned_term", "under_load", "other_cpus"])
     table("injected host delay (gate BASELINE FAULTED)", ("delay-gate",),
           ["delay_us", "delay_over_detectable", "window_baseline_us", "delay_over_mde_here", "delay_over_boundary_idle_mde_here", "decision",
            "regressions", "window_change_us", "window_verdict", "boundary_idle_verdict", "itl_change_pct", "itl_verdict"])
     table("A/A: the same configuration against the stored baseline, and pairwise", ("aa-stored", "aa-paired"),
-          ["decision", "regressions", "mde_pct", "window_change_pct", "under_load"])
+          ["decision", "regressions", "mde_pct", "window_change_pct", "under_load", "pairing", "other_cpus"])
     counts: dict[str, dict[str, int]] = {}
     for s in steps:
         if "decision" in s:
@@ -159,6 +177,7 @@ def main() -> int:
     ap.add_argument("--delay-runs", type=int, default=3)
     ap.add_argument("--delay-factors", default="0.25,0.5,2,4", help="host delays as multiples of the smallest detectable one")
     ap.add_argument("--busy", type=int, default=2)
+    ap.add_argument("--sessions", type=int, default=3, help="the calibration's A/A sessions")
     ap.add_argument("--steps", type=int, default=10, help="--num-steps of every recording (iterations per profile window)")
     ap.add_argument("--summarize", type=Path, help="only write the TXT tables of an earlier run's JSON (beside it)")
     a = ap.parse_args()
@@ -176,8 +195,8 @@ def main() -> int:
         # 1. calibration and the stored baseline
         rep = out / "cal" / "reports"
         for attempt in range(3):  # a calibration whose A/A windows disagree (unstable: no MDE) is recorded again
-            t.run("calibrate", [*PROFKIT, "calibrate", *SMALL, "--traces-dir", str(out / "cal" / "traces"), "--reports-dir", str(rep), "-o", str(cal)],
-                  attempt=attempt)
+            t.run("calibrate", [*PROFKIT, "calibrate", *SMALL, "--sessions", str(a.sessions), "--traces-dir", str(out / "cal" / "traces"),
+                                "--reports-dir", str(rep), "-o", str(cal)], attempt=attempt)
             if json.loads(cal.read_text()).get("judged", True):
                 break
         t.run("baseline", [*PROFKIT, "baseline", "save", str(runs(rep, "-calibrate-a")), "--name", "main", "--dir", str(bdir)])
@@ -189,12 +208,25 @@ def main() -> int:
         # ITL (its MDE in ms, times the tokens a step yields: the manifest's accept length)
         man = json.loads((out / "cal" / "traces" / runs(rep, "-calibrate-a").name / "manifest.json").read_text())
         accept = man["throughput"][0]["accept_length"]["median"]
-        itl_step_us = itl["mde_pct"] / 100 * itl["baseline"] * 1000 * accept
-        detectable = min(win["mde_abs"], itl_step_us)
+        import tomllib
+
+        thr = {k: v["threshold_pct"] for k, v in tomllib.loads(policy.read_text()).get("metric", {}).items()}
+        bnd = c["metrics"]["idle_us_by_cause.iteration_boundary"]
+
+        def limit_us(key: str, m: dict[str, Any], scale: float = 1.0) -> float:  # the gate's line for the row: its threshold, at least its MDE
+            pct = max(thr.get(key, 2.0), m["mde_pct"] or 0.0, m.get("stored_mde_pct") or 0.0)
+            return pct / 100 * m["baseline"] * scale
+
+        itl_step_us = limit_us("throughput.itl_ms_p50", itl, 1000 * accept)
+        detectable = min(limit_us("gpu_window_us", win), itl_step_us, limit_us("idle_us_by_cause.iteration_boundary", bnd))
         t.doc["calibration"] = {"window_us": win["baseline"], "window_mde_pct": win["mde_pct"], "window_mde_us": win["mde_abs"],
-                                "itl_ms": itl["baseline"], "itl_mde_pct": itl["mde_pct"], "accept_length": accept,
+                                "window_stored_mde_pct": win.get("stored_mde_pct"),
+                                "itl_ms": itl["baseline"], "itl_mde_pct": itl["mde_pct"], "itl_stored_mde_pct": itl.get("stored_mde_pct"),
+                                "accept_length": accept, "boundary_idle_us": bnd["baseline"], "boundary_idle_limit_us": limit_us(
+                                    "idle_us_by_cause.iteration_boundary", bnd), "window_limit_us": limit_us("gpu_window_us", win),
                                 "itl_mde_as_step_delay_us": itl_step_us, "detectable_delay_us": detectable, "policy": str(policy),
-                                "metrics": {k: {"mde_pct": m["mde_pct"], "aa_spread_pct": m["aa_spread_pct"]} for k, m in c["metrics"].items()}}
+                                "metrics": {k: {"mde_pct": m["mde_pct"], "stored_mde_pct": m.get("stored_mde_pct"), "aa_spread_pct": m["aa_spread_pct"]}
+                                            for k, m in c["metrics"].items()}}
         t.save()
         g = ["--calibration", str(cal), "--policy", str(policy)]
 
@@ -210,7 +242,7 @@ def main() -> int:
             j = out / f"topk{i}-gate.json"
             s = t.run("topk-regression", [*PROFKIT, "gate", str(on), str(off), *g, "--json", str(j), "--md", str(out / f"topk{i}.md")], under_load=under)
             doc = gate_json(j)
-            s.update(decision=doc["decision"], owned_term=doc["owned_term"], headline=doc["headline"])
+            s.update(decision=doc["decision"], owned_term=doc["owned_term"], headline=doc["headline"], other_cpus=_load(doc))
             j2 = out / f"topk{i}-reverse.json"
             s2 = t.run("topk-reverse", [*PROFKIT, "gate", str(off), str(on), *g, "--json", str(j2)], under_load=under)
             s2.update(decision=gate_json(j2)["decision"])
@@ -222,7 +254,7 @@ def main() -> int:
             if under:
                 t.start_busy(a.busy)
             rep = out / f"aa{i}" / "reports"
-            t.run("aa-record", [*PROFKIT, "calibrate", *SMALL, "--traces-dir", str(out / f"aa{i}" / "traces"), "--reports-dir", str(rep),
+            t.run("aa-record", [*PROFKIT, "calibrate", *SMALL, "--sessions", "1", "--traces-dir", str(out / f"aa{i}" / "traces"), "--reports-dir", str(rep),
                                 "-o", str(out / f"aa{i}" / "calibration.json")])
             t.stop_busy()
             ra, rb = runs(rep, "-calibrate-a"), runs(rep, "-calibrate-b")
@@ -231,12 +263,14 @@ def main() -> int:
                 s = t.run("aa-stored", [*PROFKIT, "gate", "--baseline", "main", "--dir", str(bdir), str(run), *g, "--json", str(j)], under_load=under)
                 doc = gate_json(j)
                 w = next((x for x in doc["rows"] if x["metric"] == "gpu_window_us"), {})
-                s.update(decision=doc["decision"], regressions=doc["regressions"], mde_pct=w.get("mde_pct"), window_change_pct=w.get("change_pct"))
+                s.update(decision=doc["decision"], regressions=doc["regressions"], mde_pct=w.get("mde_pct"), window_change_pct=w.get("change_pct"),
+                         pairing=doc.get("pairing"), other_cpus=_load(doc))
             j = out / f"aa{i}-paired.json"
             s = t.run("aa-paired", [*PROFKIT, "gate", str(ra), str(rb), *g, "--json", str(j)], under_load=under)
             doc = gate_json(j)
             w = next((x for x in doc["rows"] if x["metric"] == "gpu_window_us"), {})
-            s.update(decision=doc["decision"], regressions=doc["regressions"], mde_pct=w.get("mde_pct"), window_change_pct=w.get("change_pct"))
+            s.update(decision=doc["decision"], regressions=doc["regressions"], mde_pct=w.get("mde_pct"), window_change_pct=w.get("change_pct"),
+                     pairing=doc.get("pairing"), other_cpus=_load(doc))
             t.save()
         # 4. injected host delay, below and above the calibrated MDE of the step window
         delays = sorted({round(detectable * float(f)) for f in a.delay_factors.split(",")})
@@ -252,7 +286,7 @@ def main() -> int:
                 doc = gate_json(j)
                 w = next((x for x in doc["rows"] if x["metric"] == "gpu_window_us"), {})
                 i_ = next((x for x in doc["rows"] if x["metric"] == "throughput.itl_ms_p50"), {})
-                s.update(decision=doc["decision"], regressions=doc["regressions"], window_change_us=w.get("change"),
+                s.update(decision=doc["decision"], regressions=doc["regressions"], window_change_us=w.get("change"), other_cpus=_load(doc),
                          window_verdict=w.get("verdict"), itl_change_pct=i_.get("change_pct"), itl_verdict=i_.get("verdict"))
                 t.save()
 

@@ -585,6 +585,7 @@ class GateRow(_Doc):
     aa_spread_pct: Num | None = None
     mde_pct: Num | None = None
     mde: Num | None = None
+    mde_from: str | None = None  # pair: the calibration's A/A pair (sides recorded together); sessions: across its sessions
     verdict: str = ""  # regression, improvement, within noise, below threshold, not judged, cannot be judged here
     reason: str | None = None
 
@@ -602,6 +603,8 @@ class Gate(_Doc):
     policy: str = ""
     calibration: Any = None
     comparability: Any = None
+    pairing: str = "paired"  # paired: the sides were recorded together, alternating; apart: not (a stored baseline)
+    host_load: Any = None  # other processes' CPU use while each side recorded (capture/hostload.py)
     shape: str | None = None
     sides: dict[str, Any] = {}
     health: dict[str, Any] = {}
@@ -620,6 +623,13 @@ class CalibrationMetric(_Doc):
     mde_abs: Num | None = None
     mde_pct: Num | None = None
     note: str | None = None
+    # the same across sessions: what a gate of runs recorded apart (a stored baseline) allows for
+    stored_aa_change_abs: Num | None = None
+    stored_aa_spread_abs: Num | None = None
+    stored_aa_change_pct: Num | None = None
+    stored_aa_spread_pct: Num | None = None
+    stored_mde_abs: Num | None = None
+    stored_mde_pct: Num | None = None
 
 
 class Calibration(_Doc):
@@ -629,6 +639,7 @@ class Calibration(_Doc):
     source: str = ""
     judged: bool = True  # false: the trace figures' A/A was not judged (unstable windows, one window): no MDE for them
     note: str | None = None
+    sessions: int = 1  # A/A sessions recorded one after another (each an alternating pair)
     key: dict[str, Any] = {}
     windows: dict[str, Any] = {}
     mde: str = ""

@@ -171,6 +171,54 @@ def compare_keys(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> d
 
 
 # ---------------------------------------------------------------------------------------------
+# the machine's other work, and whether the sides were recorded together
+
+# A gate compares a side recorded beside other work only with a side recorded beside about as much: the
+# sides' medians of other processes' CPU use (capture/hostload.py, per repeat and profile window) may differ
+# by at most this share of the machine's CPUs, and at least LOAD_LIMIT_MIN_CPUS. Source: the gate trials on
+# the 2-core machine (benchmarks/results/gate_trials_2026-12-07.txt): two busy loops beside a recording read
+# 1.9-2.0 CPUs and turned A/A gates against a quiet stored baseline into "regressions" of ITL (+43%) and
+# boundary idle (+45-51%) in the previous pass (gate_trials_quiet_aa.txt); quiet recordings read 0.0-0.3.
+LOAD_LIMIT_SHARE = 0.25
+LOAD_LIMIT_MIN_CPUS = 0.5
+
+
+def host_load(manifest: Any) -> tuple[float | None, int | None]:
+    """(median CPUs other processes kept busy while the run recorded, the machine's CPUs); None where the
+    run did not measure it (recorded before profkit did)."""
+    hl = manifest.get("host_load") if isinstance(manifest, Mapping) else None
+    if not isinstance(hl, Mapping) or not isinstance(hl.get("other_cpus_median"), (int, float)):
+        return None, None
+    cpus = hl.get("cpus")
+    return float(hl["other_cpus_median"]), int(cpus) if isinstance(cpus, int) else None
+
+
+def compare_load(baseline: Any, candidate: Any) -> dict[str, Any]:
+    """Whether the two runs were recorded beside comparable other work (their manifests' host_load)."""
+    (b, nb), (c, nc) = host_load(baseline), host_load(candidate)
+    cpus = nb or nc
+    limit = max(LOAD_LIMIT_MIN_CPUS, LOAD_LIMIT_SHARE * (cpus or 1))
+    known = b is not None and c is not None
+    return {"baseline_other_cpus": b, "candidate_other_cpus": c, "cpus": cpus, "limit_cpus": limit,
+            "comparable": not known or abs((c or 0.0) - (b or 0.0)) <= limit, "known": known}
+
+
+def recorded_together(baseline: Any, candidate: Any) -> bool:
+    """True when the two runs were recorded side by side, their steps alternating (one `trace` or one
+    calibrate session: the manifests' recorded_with), so that the host's drift landed on both; a stored
+    baseline against a later recording is not."""
+    if not (isinstance(baseline, Mapping) and isinstance(candidate, Mapping)):
+        return False
+    bw, cw = baseline.get("recorded_with"), candidate.get("recorded_with")
+    if isinstance(bw, list) or isinstance(cw, list):
+        return candidate.get("run_id") in (bw or []) or baseline.get("run_id") in (cw or [])
+    # recorded before manifests said so: one command's alternating runs share its stamp (YYYYMMDD-HHMMSS-)
+    rb, rc = str(baseline.get("run_id") or ""), str(candidate.get("run_id") or "")
+    return (baseline.get("capture_order") == candidate.get("capture_order") == "alternating" and len(rb) > 16
+            and rb[:16] == rc[:16])
+
+
+# ---------------------------------------------------------------------------------------------
 # rows
 
 
@@ -238,22 +286,25 @@ def _pct(v: float | None, base: float | None) -> float | None:
     return None if v is None or not base else v / abs(base) * 100
 
 
-def judge_row(row: Mapping[str, Any], rule: Rule, cal: Mapping[str, Any] | None) -> dict[str, Any]:
+def judge_row(row: Mapping[str, Any], rule: Rule, cal: Mapping[str, Any] | None, paired: bool = True) -> dict[str, Any]:
     """One gated row with its threshold, noise, MDE and verdict: regression, improvement, within noise,
-    below threshold, not judged, or cannot be judged here (the threshold below the calibrated MDE)."""
+    below threshold, not judged, or cannot be judged here (the threshold below the calibrated MDE).
+    `paired`: the sides were recorded together (the A/A pair's figures apply); else (a stored baseline,
+    runs of two commands) the calibration's figures across sessions, where it has them."""
     b, delta = row["baseline"], row["change"]
     sign = 1.0 if rule.direction == "lower" else -1.0
     threshold = abs(b or 0.0) * rule.threshold_pct / 100
     floor = row.get("floor") or 0.0
     aa_spread = aa_mde = None
+    pre = "" if paired or not cal or cal.get("stored_mde_pct") is None else "stored_"
     if cal:
-        aa_spread = cal.get("aa_spread_pct")
-        aa_mde = cal.get("mde_pct")
+        aa_spread = cal.get(f"{pre}aa_spread_pct")
+        aa_mde = cal.get(f"{pre}mde_pct")
     # the calibration's figures are shares of its own baseline: here, of this baseline
     spread_abs = None if aa_spread is None or not b else abs(b) * aa_spread / 100
     mde_abs = None if aa_mde is None or not b else abs(b) * aa_mde / 100
     if cal and not b:
-        spread_abs, mde_abs = cal.get("aa_spread_abs"), cal.get("mde_abs")
+        spread_abs, mde_abs = cal.get(f"{pre}aa_spread_abs"), cal.get(f"{pre}mde_abs")
     noise = row["noise"]
     if noise is not None and spread_abs is not None:
         noise = max(noise, spread_abs)
@@ -263,6 +314,7 @@ def judge_row(row: Mapping[str, Any], rule: Rule, cal: Mapping[str, Any] | None)
         "threshold_pct": rule.threshold_pct, "threshold": max(threshold, floor), "floor": floor,
         "noise": noise, "noise_pct": _pct(noise, b), "window_noise": row["noise"],
         "aa_spread_pct": aa_spread, "mde_pct": aa_mde, "mde": mde_abs,
+        "mde_from": None if aa_mde is None else "sessions" if pre else "pair",
         "verdict": "", "reason": None,
     }
     limit = max(threshold, floor)
@@ -291,22 +343,32 @@ def judge_row(row: Mapping[str, Any], rule: Rule, cal: Mapping[str, Any] | None)
 
 
 def decide(diff: Mapping[str, Any], policy: Policy, *, calibration: Mapping[str, Any] | None = None,
-           comparability: Mapping[str, Any] | None = None, inconclusive: str = "fail") -> dict[str, Any]:
-    """gate.json for a diff: every gated row judged, the decision, why, and the exit code."""
+           comparability: Mapping[str, Any] | None = None, inconclusive: str = "fail", paired: bool | None = None) -> dict[str, Any]:
+    """gate.json for a diff: every gated row judged, the decision, why, and the exit code. `paired`: the
+    sides were recorded together (default: read from the diff's manifests)."""
     cal_metrics = (calibration or {}).get("metrics") or {}
+    man = diff.get("manifests") or {}
+    if paired is None:
+        paired = recorded_together(man.get("baseline"), man.get("candidate"))
     rows = []
     for r in candidate_rows(diff):
         rule = policy.rule(r["metric"])
         if rule is None:
             continue
-        rows.append(judge_row(r, rule, cal_metrics.get(r["metric"])))
+        rows.append(judge_row(r, rule, cal_metrics.get(r["metric"]), paired))
     if comparability is None:
-        man = diff.get("manifests") or {}
         comparability = compare_keys(run_key(man.get("baseline")), run_key(man.get("candidate")))
+    load = compare_load(man.get("baseline"), man.get("candidate"))
     reasons: list[str] = []
     if not comparability.get("comparable", True):
         reasons.append("not comparable: " + "; ".join(f"{d['field']} differs (baseline {d['baseline']}, candidate {d['candidate']})"
                                                        for d in comparability["differ"]))
+    if not load["comparable"]:
+        busier = "candidate" if load["candidate_other_cpus"] > load["baseline_other_cpus"] else "baseline"
+        quieter = "baseline" if busier == "candidate" else "candidate"
+        reasons.append(f"the machine was busier while the {busier} recorded: other processes kept {load[busier + '_other_cpus']:.1f} "
+                       f"of {load['cpus'] or '?'} CPUs busy ({quieter}: {load[quieter + '_other_cpus']:.1f}; at most "
+                       f"{load['limit_cpus']:.1f} apart), and a trace cannot tell a busier machine from slower code")
     health = diff.get("health") or {}
     for side in ("baseline", "candidate"):
         h = health.get(side)
@@ -327,14 +389,16 @@ def decide(diff: Mapping[str, Any], policy: Policy, *, calibration: Mapping[str,
     felt = sorted((r for r in regressions if r["metric"] in HEADLINE_FIRST), key=lambda r: HEADLINE_FIRST.index(r["metric"]))
     headline = (felt or regressions)[0] if regressions else max(judged, key=_severity, default=None)
     owned = max((r for r in regressions if r["metric"].startswith("category_us.")), key=lambda r: abs(r["change"]), default=None)
+    cal_note = None
     if calibration is not None and comparability.get("candidate"):
         ck = compare_keys(calibration.get("key") or {}, comparability["candidate"])
         cal_note = None if ck["comparable"] else "the calibration was recorded on another configuration (" + ", ".join(
             d["field"] for d in ck["differ"]) + " differ): its MDE may not hold here"
         if not calibration.get("judged", True):
             cal_note = "; ".join(filter(None, [cal_note, f"the calibration's A/A is not judged, so the trace figures have no MDE ({calibration.get('note')})"]))
-    else:
-        cal_note = None
+    if calibration is not None and not paired and int(calibration.get("sessions") or 1) < 2:
+        cal_note = "; ".join(filter(None, [cal_note, "the sides were recorded apart, but the calibration has one session: its MDE is "
+                                                     "an A/A pair's and can miss the spread between sessions (calibrate with --sessions 2 or more)"]))
     return {
         "schema_version": GATE_SCHEMA_VERSION,
         "decision": decision,
@@ -347,6 +411,8 @@ def decide(diff: Mapping[str, Any], policy: Policy, *, calibration: Mapping[str,
         "policy": policy.source,
         "calibration": {"used": calibration is not None, "source": (calibration or {}).get("source"), "note": cal_note},
         "comparability": dict(comparability),
+        "pairing": "paired" if paired else "apart",
+        "host_load": load,
         "shape": (diff.get("shape") or {}).get("label"),
         "sides": {s: (diff.get(s) or {}).get("label") for s in ("baseline", "candidate")},
         "health": {s: (health.get(s) or {}).get("verdict") if isinstance(health.get(s), Mapping) else None for s in ("baseline", "candidate")},
@@ -394,42 +460,64 @@ def with_history(doc: dict[str, Any], previous: Sequence[Mapping[str, Any]]) -> 
 # A/A calibration
 
 
-def calibration_from(diff: Mapping[str, Any], key: Mapping[str, Any], source: str = "") -> dict[str, Any]:
-    """calibration.json from the diff of two recordings of one configuration (A against A).
+def _aa_figures(diffs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per metric, the A/A figures of the comparison (of `diffs`, each two recordings of one
+    configuration) whose change + spread is the largest share of its baseline: the worst seen."""
+    out: dict[str, dict[str, Any]] = {}
+    for d in diffs:
+        for r in candidate_rows(d):
+            b, ch, n = r["baseline"], r["change"], r["noise"]
+            if ch is None:
+                continue
+            mde = None if n is None else abs(ch) + n
+            fig = {"unit": r["unit"], "baseline": b, "aa_change_abs": abs(ch), "aa_spread_abs": n,
+                   "aa_change_pct": _pct(abs(ch), b), "aa_spread_pct": _pct(n, b), "mde_abs": mde, "mde_pct": _pct(mde, b),
+                   "note": None if n is not None else f"{r.get('not_judged') or 'no spread'}: no MDE"}
+            have = out.get(r["metric"])
+            if have is None or (fig["mde_pct"] or 0.0) > (have["mde_pct"] or 0.0) or (have["mde_pct"] is None and fig["mde_pct"] is not None):
+                out[r["metric"]] = fig
+    return out
+
+
+def calibration_from(diff: Mapping[str, Any] | Sequence[Mapping[str, Any]], key: Mapping[str, Any], source: str = "",
+                     across: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """calibration.json from A/A diffs: `diff`, each session's two recordings of one configuration,
+    alternating (A against A again); `across`, recordings of different sessions against each other.
 
     Per metric: the A/A change (|median over paired windows of the per-window change|, as a share of
     the baseline) and the A/A spread (the noise the gate's statistic saw: the largest spread). The MDE
     is their sum: a true change Δ is seen as Δ + e where e reached the A/A change with no change at all,
     and a row is beyond noise only when |Δ + e| exceeds the spread; so only |Δ| > change + spread is
-    detected whatever e's sign. One A/A pair estimates it; more windows (--profile-windows) tighten it."""
-    metrics: dict[str, Any] = {}
-    for r in candidate_rows(diff):
-        b, d, n = r["baseline"], r["change"], r["noise"]
-        if d is None:
-            continue
-        change_abs = abs(d)
-        # no spread (the A/A not judged: one window or repeat a side, unstable windows): no MDE either, and the note says why
-        mde = None if n is None else change_abs + n
-        metrics[r["metric"]] = {
-            "unit": r["unit"], "baseline": b,
-            "aa_change_abs": change_abs, "aa_spread_abs": n,
-            "aa_change_pct": _pct(change_abs, b), "aa_spread_pct": _pct(n, b),
-            "mde_abs": mde, "mde_pct": _pct(mde, b),
-            "note": None if n is not None else f"{r.get('not_judged') or 'no spread'}: no MDE",
-        }
-    noise = diff.get("noise") or {}
+    detected whatever e's sign. Over several sessions, each figure is the worst session's (the largest
+    change + spread). The same across sessions (`stored_*`): what a gate of runs recorded apart (a stored
+    baseline against a later recording) must allow for, as the host drifts between sessions while an
+    alternating pair shares its drift. Sessions whose A/A is not judged (unstable windows) give none."""
+    diffs = [diff] if isinstance(diff, Mapping) else list(diff)
+    judged = [d for d in diffs if (d.get("noise") or {}).get("available")]
+    metrics = _aa_figures(judged or diffs[:1])
+    cross = _aa_figures([d for d in across if (d.get("noise") or {}).get("available")])
+    for k, m in metrics.items():
+        c = cross.get(k)
+        for f in ("aa_change_abs", "aa_spread_abs", "aa_change_pct", "aa_spread_pct", "mde_abs", "mde_pct"):
+            m[f"stored_{f}"] = c.get(f) if c else None
+    first = diffs[0]
+    noise = first.get("noise") or {}
+    unjudged = [str((d.get("noise") or {}).get("note") or "not judged") for d in diffs if d not in judged]
     return {
         "schema_version": CALIBRATION_SCHEMA_VERSION,
         "kind": "calibration",
         "source": source,
-        # the trace figures' A/A is judged (a window-pair statistic with its noise): else they have no MDE
-        "judged": bool(noise.get("available")),
-        "note": None if noise.get("available") else str(noise.get("note") or "the A/A is not judged"),
+        # the trace figures' A/A is judged (a window-pair statistic with its noise) in some session: else they have no MDE
+        "judged": bool(judged),
+        "note": (None if not unjudged else f"{len(unjudged)} of {len(diffs)} session(s) not judged ({unjudged[0]})"
+                 + ("; the MDEs come from the others" if judged else "")),
+        "sessions": len(diffs),
         "key": dict(key),
         "windows": (noise.get("repeats") or {}),
-        "mde": "MDE = A/A change + A/A spread, each as a share of the A side's median (see docs/ci.md)",
-        "sides": {s: (diff.get(s) or {}).get("label") for s in ("baseline", "candidate")},
-        "health": {s: ((diff.get("health") or {}).get(s) or {}).get("verdict") for s in ("baseline", "candidate")},
+        "mde": ("MDE = A/A change + A/A spread, each as a share of the A side's median, the worst session's; stored_mde: the same "
+                "across sessions (see docs/ci.md)"),
+        "sides": {s: (first.get(s) or {}).get("label") for s in ("baseline", "candidate")},
+        "health": {s: ((first.get("health") or {}).get(s) or {}).get("verdict") for s in ("baseline", "candidate")},
         "metrics": metrics,
     }
 

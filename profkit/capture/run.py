@@ -21,6 +21,7 @@ from profkit.http import HTTPFailure, free_port, get_json
 from profkit.capture.manifest import Manifest
 from profkit.capture.gpu import wait_gpus_free
 from profkit.capture.profile import log_size, start_profile, wait_for_traces
+from profkit.capture import hostload
 from profkit.capture import vllm as vllm_profile
 from profkit.capture.process import held_signals
 from profkit.capture.server import INTERRUPTED_GRACE_S, Server
@@ -149,7 +150,10 @@ def record_interleaved(jobs: list[tuple[RunConfig, dict[str, bool], str, str]], 
     each is stopped. One job: `record_one`. A failure stops every server, and finishes the manifest of
     a run already recorded whose analysis would have followed ("interrupted": none will)."""
     made: list[Manifest] = []  # every run's manifest, from the moment it exists (a run can end between its return and `results`)
-    gens = [run_steps(cfg, states, run_id, label=label, progress=progress, tick=tick, made=made) for cfg, states, run_id, label in jobs]
+    ids = [run_id for _, _, run_id, _ in jobs]
+    gens = [run_steps(cfg, states, run_id, label=label, progress=progress, tick=tick, made=made,
+                      recorded_with=[i for i in ids if i != run_id] if cfg.capture_order == "alternating" else [])
+            for cfg, states, run_id, label in jobs]
     results: list[Recording | None] = [None] * len(gens)
     live = list(range(len(gens)))
     try:
@@ -174,10 +178,11 @@ def record_interleaved(jobs: list[tuple[RunConfig, dict[str, bool], str, str]], 
 
 
 def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None,
-              tick: Progress = lambda s: None, made: list[Manifest] | None = None) -> Any:
+              tick: Progress = lambda s: None, made: list[Manifest] | None = None, recorded_with: list[str] | None = None) -> Any:
     """One run as a generator: it yields after its server is up, after each unprofiled repeat and after
     each profile window (the points where `record_interleaved` lets the next run take its turn), and
-    returns the Recording. Its manifest is appended to `made` as soon as it exists."""
+    returns the Recording. Its manifest is appended to `made` as soon as it exists. `recorded_with`: the
+    runs whose steps alternate with its own (the manifest says so: a gate of such a pair is paired)."""
     trace_dir = cfg.traces_dir / run_id
     port = cfg.port or free_port()
     spec = compose(cfg, states, port, nsys_output=trace_dir / run_id, trace_dir=trace_dir)
@@ -195,7 +200,7 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
         command=spec.shell(), argv=spec.argv, env=spec.env, env_unset=list(spec.unset), world_size=spec.world_size,
         workload={**cfg.workload.describe(), "concurrency": list(cfg.concurrency), "isl_sweep": list(cfg.isl), "repeat": cfg.repeat},
         profile={"num_steps": cfg.num_steps, "windows": cfg.profile_windows, "with_stack": cfg.with_stack, "record_shapes": cfg.record_shapes, "profile_turn": cfg.profile_turn},
-        capture_order=cfg.capture_order,
+        capture_order=cfg.capture_order, recorded_with=list(recorded_with or []),
         versions={"profkit": manifest_version()}, warnings=warnings, failed_requests=[],
     )
     if made is not None:
@@ -231,6 +236,7 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
         isls = list(cfg.isl) or [cfg.workload.isl]
         variants = variants or {isl: replace(cfg.workload, isl=isl) if cfg.workload.replay is None else cfg.workload for isl in isls}
         points: list[dict[str, Any]] = []
+        load = hostload.HostLoad()  # what else the machine did meanwhile (capture/hostload.py)
         primary: list[dict[str, Any]] = []
         failed: list[dict[str, Any]] = []
         for isl in isls:
@@ -242,7 +248,9 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
                     progress(f"{label}: workload isl={isl} concurrency={conc} repeat {r + 1}/{cfg.repeat}")
                     wl = replace(variants[isl], seed=cfg.workload.seed + 7919 * (r + 1) + isl + 131 * conc)
                     spec0 = vllm_profile.spec_counters(spec.base_url) if cfg.target == "vllm" else None
+                    h0 = hostload.sample()
                     res = drive(spec.base_url, wl, concurrency=conc, timeout_s=cfg.request_timeout_s, api=spec.api, model=spec.model)
+                    load.measure(f"repeat {r + 1} isl={isl} concurrency={conc}", h0, hostload.sample())
                     _check_transport(res, server, "workload")
                     failed += [{"isl": isl, "concurrency": conc, "repeat": r, **f} for f in res.failed_json()]
                     reps.append(res.metrics(spec.world_size, gpu=has_gpu()))
@@ -253,7 +261,7 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
                                **({"warmup": warm} if warm is not None else {})})
                 if isl == isls[0] and conc == cfg.concurrency[0]:
                     primary = reps
-                manifest.update(throughput=points, failed_requests=failed)
+                manifest.update(throughput=points, failed_requests=failed, host_load=load.doc())
         if failed:
             n = sum(m.get("requests", 0) + m.get("failed_requests", 0) for p in points for m in p["repeats"])
             f0 = failed[0]
@@ -261,8 +269,8 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
                               f"first: conversation {f0['conversation']} turn {f0['turn']} ({f0['prompt_tokens']} prompt tokens): {f0['error']}",
                               hint=f"every failed request is listed under failed_requests in {manifest.path}; see {server.log_path}")
         manifest.stage("capture")
-        files, overhead = yield from _capture(cfg, spec, server, run_id, trace_dir, primary, manifest, variants[isls[0]], label, progress, tick)
-        manifest.update(trace_files=[str(f.relative_to(trace_dir)) for f in files], profiler_overhead=overhead,
+        files, overhead = yield from _capture(cfg, spec, server, run_id, trace_dir, primary, manifest, variants[isls[0]], label, progress, tick, load)
+        manifest.update(trace_files=[str(f.relative_to(trace_dir)) for f in files], profiler_overhead=overhead, host_load=load.doc(),
                         capture_traces=[str(p.relative_to(trace_dir)) for p in capture_traces(trace_dir)])
         manifest.stage("server_stop")
         progress(f"{label}: stopping the server (up to {spec.teardown_s:.0f} s for its own teardown)")
@@ -468,7 +476,8 @@ def _check(res: DriveResult, server: Server, what: str) -> DriveResult:
 
 
 def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trace_dir: Path, primary: list[dict[str, Any]],
-             manifest: Manifest, workload: Workload, label: str, progress: Progress, tick: Progress) -> Any:
+             manifest: Manifest, workload: Workload, label: str, progress: Progress, tick: Progress,
+             load: hostload.HostLoad | None = None) -> Any:
     """`--profile-windows` windows, each in its own fresh pass (DESIGN.md "Noise": repeated profile windows;
     a short decode would end before a second window could open in the same pass); one window: at the top.
     A generator (yields after each window, see run_steps); returns (files, profiler overhead)."""
@@ -481,10 +490,13 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
         where = f"{label}: profile window {w + 1}/{n}"
         steps = f"{cfg.num_steps} iteration" + ("" if cfg.num_steps == 1 else "s")
         progress(f"{where} of {steps}: waiting for turn {min(cfg.profile_turn, workload.turns - 1)}'s decode")
+        h0 = hostload.sample()
         got, oh = _capture_window(cfg, spec, server, run_id, out_dir, primary, manifest, workload, seed=cfg.workload.seed + 424_242 + 7 * w,
                                   tick=lambda j, w=where, steps=steps: tick(f"{w}: iteration ~{j}/{cfg.num_steps}" if j < cfg.num_steps
                                                                else f"{w}: {steps}; the server writes the trace"),
                                   opened=lambda w=where, steps=steps: progress(f"{w}: profiling {steps}"))
+        if load is not None:
+            load.measure(f"profile window {w + 1}", h0, hostload.sample())
         files += got
         overheads.append(oh)
         yield "window"

@@ -415,10 +415,13 @@ def trace(opt: Annotated[Optional[list[str]], typer.Option("--opt", help="Optimi
 def calibrate(
     without: Annotated[Optional[list[str]], typer.Option("--without", help="Optimization off in the calibrated configuration (repeatable; default: the configuration --base gives, all on).")] = None,
     output: Annotated[Optional[Path], OUTPUT.option("calibration.json to write, policy.toml beside it (default: REPORTS_DIR/<stamp>-<target>-calibrate/).")] = None,
+    sessions: Annotated[int, typer.Option("--sessions", min=1, help="A/A sessions, one after another (each two runs, alternating): with 2 or more, every metric also gets its MDE across sessions, which a gate against a stored baseline uses.")] = 2,
     options: RunOptions = RunOptions(),
 ) -> None:
     """A/A calibration for `profkit gate`: the same configuration recorded twice, alternating (A B A B),
-    and calibration.json with each gated metric's A/A spread and minimum detectable effect (MDE).
+    in each of --sessions sessions, and calibration.json with each gated metric's A/A spread and minimum
+    detectable effect (MDE): within a session (for pairs recorded together) and across sessions (for a
+    stored baseline against a later recording).
 
     Example:
 
@@ -441,9 +444,15 @@ def calibrate(
     interrupts.install(terminate_too=True)
     stamp = _stamp()
     folder = o.reports_dir / f"{stamp}-{target}-calibrate"
-    with _Steps(2) as steps:
-        a, b = steps.run_all(cfg, [(states, f"{stamp}-{target}-calibrate-a", "A"), (states, f"{stamp}-{target}-calibrate-b", "A again")])
-    cal, d = calibration_of(a, b)
+    pairs = []
+    with _Steps(2 * sessions) as steps:
+        for k in range(sessions):  # session 1's runs keep the names -calibrate-a/-b (baseline save reports/*-calibrate-a)
+            tag, say = ("", "") if k == 0 else (f"{k + 1}", f" (session {k + 1})")
+            a, b = steps.run_all(cfg, [(states, f"{stamp}-{target}-calibrate-{tag}a", f"A{say}"),
+                                       (states, f"{stamp}-{target}-calibrate-{tag}b", f"A again{say}")])
+            pairs.append((a, b))
+    cal, d = calibration_of(pairs)
+    a, b = pairs[0]
     path = output or folder / "calibration.json"
     write_json_atomic(path, cal)
     write_json_atomic(folder / "diff.json", d)
@@ -456,8 +465,9 @@ def calibrate(
         out.print(escape(line), soft_wrap=True, highlight=False)
     if not cal["judged"]:
         err.print(f"[yellow]warning:[/] the A/A is not judged, so the trace figures have no MDE: {escape(str(cal['note']))}", soft_wrap=True)
+    more = f" (and {sessions - 1} more session(s) beside them)" if sessions > 1 else ""
     out.print(f"wrote {escape(str(path))}, {escape(str(suggested))} (thresholds at the MDEs: gate --policy) and the A/A diff "
-              f"{escape(str(folder / 'diff.json'))}; runs {escape(str(a.report_dir))} and {escape(str(b.report_dir))}", soft_wrap=True)
+              f"{escape(str(folder / 'diff.json'))}; runs {escape(str(a.report_dir))} and {escape(str(b.report_dir))}{more}", soft_wrap=True)
 
 
 @command()

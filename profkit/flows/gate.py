@@ -170,16 +170,24 @@ def _typed(doc: dict[str, Any]) -> dict[str, Any]:
 # calibrate
 
 
-def calibration_of(a: RunResult, b: RunResult) -> tuple[dict[str, Any], dict[str, Any]]:
-    """calibration.json of two recordings of one configuration (A B A B), and the A/A diff."""
+def calibration_of(sessions: list[tuple[RunResult, RunResult]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """calibration.json of one configuration recorded in A/A sessions (each two recordings, A B A B; the
+    sessions one after another), and the first session's A/A diff. Every run of a session is also
+    compared with every run of each later session: the figures of runs recorded apart."""
     from profkit.analysis.catalog import CatalogChoice
     from profkit.attribution.diff import compare_summaries
 
-    cat = (b.catalog or CatalogChoice()).for_effect(b.summary, 0)
-    d = compare_summaries(a.summary, b.summary, opt=None, catalog=cat, labels=(a.run_id, b.run_id),
-                          baseline_repeats=a.windows or (), candidate_repeats=b.windows or ())
+    def compare(a: RunResult, b: RunResult) -> dict[str, Any]:
+        cat = (b.catalog or CatalogChoice()).for_effect(b.summary, 0)
+        return compare_summaries(a.summary, b.summary, opt=None, catalog=cat, labels=(a.run_id, b.run_id),
+                                 baseline_repeats=a.windows or (), candidate_repeats=b.windows or ())
+
+    paired = [compare(a, b) for a, b in sessions]
+    across = [compare(x, y) for i, s in enumerate(sessions) for later in sessions[i + 1:] for x in s for y in later]
+    a, b = sessions[0]
     key = run_key(a.manifest, a.summary)
-    return calibration_from(d, key, source=f"{a.run_id} vs {b.run_id}"), d
+    source = f"{a.run_id} vs {b.run_id}" + (f" and {len(sessions) - 1} more session(s)" if len(sessions) > 1 else "")
+    return calibration_from(paired, key, source=source, across=across), paired[0]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -139,6 +139,8 @@ def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any], cat
         "profiler_overhead": manifest.get("profiler_overhead"), "versions": manifest.get("versions"), "workload": manifest.get("workload"),
         "window": window,
         "capture_order": manifest.get("capture_order"),  # alternating (A B A B) or sequential: the report says which
+        "recorded_with": manifest.get("recorded_with"),  # the runs alternating with it (a gate of such a pair is paired)
+        "host_load": manifest.get("host_load"),  # other processes' CPU use meanwhile (a gate compares the sides')
     }
     return summary
 

@@ -70,6 +70,11 @@ def _short_reason(doc: Mapping[str, Any]) -> str:
     bad = [s for s in ("baseline", "candidate") if health.get(s) == "unusable"]
     if bad:
         return f"capture health unusable ({', '.join(bad)})"
+    load = doc.get("host_load") or {}
+    if isinstance(load, Mapping) and not load.get("comparable", True):
+        b, c = load["baseline_other_cpus"], load["candidate_other_cpus"]
+        side = "candidate" if c > b else "baseline"
+        return f"{side} recorded on a busier machine ({max(b, c):.1f} vs {min(b, c):.1f} CPUs of other work)"
     reasons = doc.get("reasons") or []
     if reasons and str(reasons[0]).startswith("not judged"):
         return "trace figures " + str(reasons[0])
@@ -129,6 +134,8 @@ def _notes(doc: Mapping[str, Any]) -> list[str]:
     cal = doc.get("calibration") or {}
     if cal.get("note"):
         out.append(str(cal["note"]))
+    if doc.get("pairing") == "apart" and any(r.get("mde_from") == "sessions" for r in doc.get("rows") or []):
+        out.append("the sides were recorded apart (not alternating): each MDE is the calibration's across its sessions")
     cmp = doc.get("comparability") or {}
     if cmp.get("unknown"):
         out.append("not compared (unknown on a side): " + ", ".join(cmp["unknown"]))
@@ -184,18 +191,19 @@ def terminal(doc: Mapping[str, Any], *, all_rows: bool = False) -> list[str]:
 
 def calibration_lines(cal: Mapping[str, Any], timeline: str = "gpu") -> list[str]:
     """calibrate's table: each metric's A/A change, spread and MDE (shares of the A side's median)."""
-    rows = [["metric", "baseline", "A/A change", "A/A spread", "MDE"]]
+    rows = [["metric", "baseline", "A/A change", "A/A spread", "MDE", "MDE apart"]]
     for k, m in sorted((cal.get("metrics") or {}).items(), key=lambda kv: (-(kv[1].get("mde_pct") or 0.0), kv[0])):
         rows.append([label(k, timeline), _value(m.get("baseline"), m.get("unit", "µs")), _pct(m.get("aa_change_pct")),
-                     _pct(m.get("aa_spread_pct")), _pct(m.get("mde_pct"))])
-    w = [max(len(r[i]) for r in rows) for i in range(5)]
+                     _pct(m.get("aa_spread_pct")), _pct(m.get("mde_pct")), _pct(m.get("stored_mde_pct"))])
+    w = [max(len(r[i]) for r in rows) for i in range(6)]
     return ["  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r)).rstrip() for r in rows]
 
 
 def policy_toml(cal: Mapping[str, Any], floor_pct: float = 2.0) -> str:
-    """A policy whose thresholds sit at each metric's calibrated MDE (rounded up to a whole percent, at
-    least `floor_pct`): the policy `profkit calibrate` suggests (policy.toml beside calibration.json),
-    under which no row is refused as below its MDE. Metrics without an MDE keep the built-in rules."""
+    """A policy whose thresholds sit at each metric's calibrated MDE (the larger of the pair's and the one
+    across sessions, rounded up to a whole percent, at least `floor_pct`): the policy `profkit calibrate`
+    suggests (policy.toml beside calibration.json), under which no row is refused as below its MDE, paired
+    or against a stored baseline. Metrics without an MDE keep the built-in rules."""
     import json
     import math
 
@@ -206,9 +214,10 @@ def policy_toml(cal: Mapping[str, Any], floor_pct: float = 2.0) -> str:
              "# A/A minimum detectable effect (MDE), rounded up, at least the built-in 2% (docs/ci.md)",
              "[defaults]", f"threshold_pct = {floor_pct:g}", ""]
     for k, m in sorted((cal.get("metrics") or {}).items()):
-        mde = m.get("mde_pct")
-        if mde is None or gated.rule(k) is None:  # only what the built-in policy gates
+        mdes = [v for v in (m.get("mde_pct"), m.get("stored_mde_pct")) if v is not None]
+        if not mdes or gated.rule(k) is None:  # only what the built-in policy gates
             continue
+        mde = max(mdes)
         t = max(floor_pct, float(math.ceil(mde)))
         lines += [f"[metric.{json.dumps(k)}]", f"threshold_pct = {t:g}", ""]
     return "\n".join(lines)
