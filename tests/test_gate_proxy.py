@@ -110,6 +110,10 @@ def test_the_recipe_gates_and_its_comment_leads_with_the_verdict(recipe):
     status = dict(ln.split("=", 1) for ln in (d / "github_output").read_text().split())
     assert int(status["status"]) == doc["exit_code"]
     assert doc["comparability"]["comparable"] and doc["calibration"]["used"]
+    # a stored baseline against a later recording: recorded apart, each beside its measured other work
+    assert doc["pairing"] == "apart" and doc["host_load"]["known"]
+    if doc["decision"] == "inconclusive" and not doc["host_load"]["comparable"]:  # a neighbour's burst during one side
+        assert int(status["status"]) == 5 and any("busier while the" in r for r in doc["reasons"])
     tokens = MarkdownIt("commonmark").enable("table").parse(md)
     assert tokens[1].content == first and any(t.type == "table_open" for t in tokens)
     # every gated row names its MDE (the calibration gave one) or why there is none
@@ -118,6 +122,11 @@ def test_the_recipe_gates_and_its_comment_leads_with_the_verdict(recipe):
     assert rows
     if cal["judged"]:
         assert all(r["mde_pct"] is not None for r in rows), rows
+        # the MDE a gate of sides recorded apart uses: the calibration's across its sessions, where it has one
+        for r in rows:
+            m = cal["metrics"][r["metric"]]
+            want = ("sessions", m["stored_mde_pct"]) if m.get("stored_mde_pct") is not None else ("pair", m["mde_pct"])
+            assert (r["mde_from"], r["mde_pct"]) == want, r
     else:  # a loaded machine: the A/A's windows disagreed; the gate says the calibration gave no MDE
         assert all(r["mde_pct"] is None for r in rows) and "have no MDE" in doc["calibration"]["note"]
     assert list(d.glob("reports/*-proxy-topk_v2/report.html"))  # what the recipe uploads
@@ -132,13 +141,18 @@ def test_the_calibration_and_its_policy(recipe):
     d = recipe["dir"]
     cal = msgspec.convert(json.loads((d / "baselines" / "calibration.json").read_text()), Calibration)
     w = cal.metrics["gpu_window_us"]
-    assert cal.key["gpu"] == "cpu" and cal.key["target"] == "proxy"
+    assert cal.key["gpu"] == "cpu" and cal.key["target"] == "proxy" and cal.sessions == 2
     pol = tomllib.loads((d / "baselines" / "policy.toml").read_text())
     if cal.judged:
         assert w.mde_pct == pytest.approx((w.aa_change_pct or 0) + (w.aa_spread_pct or 0))
         assert pol["metric"]["gpu_window_us"]["threshold_pct"] >= w.mde_pct
+        if w.stored_mde_pct is not None:  # across the two sessions (both judged)
+            assert w.stored_mde_pct == pytest.approx((w.stored_aa_change_pct or 0) + (w.stored_aa_spread_pct or 0))
+            assert pol["metric"]["gpu_window_us"]["threshold_pct"] >= w.stored_mde_pct
     else:  # the A/A's windows disagreed (a loaded machine): no MDE, and the policy leaves the window at the built-in rule
         assert w.mde_pct is None and cal.note and "gpu_window_us" not in pol.get("metric", {})
+    runs = sorted(p.name.rsplit("-", 1)[1] for p in d.glob("reports/*-calibrate-*") if p.is_dir() and not p.name.endswith("calibrate"))
+    assert runs == ["2a", "2b", "a", "b"]
 
 
 def test_a_threshold_below_the_mde_cannot_be_judged(recipe, tmp_path):

@@ -52,9 +52,9 @@ def figure(row: Mapping[str, Any], timeline: str = "gpu", *, short: bool = False
     return f"{name} {change} ({', '.join(parts)})"
 
 
-def _owned(row: Mapping[str, Any]) -> str:
-    """``owned topk +354 µs per step``."""
-    return f"{label(row['metric'])} {num(row['change'], 0, sign=True)} µs per step"
+def _owned(row: Mapping[str, Any], compact: bool = False) -> str:
+    """``owned topk +354 µs per step`` (compact: without "per step")."""
+    return f"{label(row['metric'])} {num(row['change'], 0, sign=True)} µs" + ("" if compact else " per step")
 
 
 def _fit(line: str) -> str:
@@ -74,7 +74,7 @@ def _short_reason(doc: Mapping[str, Any]) -> str:
     if isinstance(load, Mapping) and not load.get("comparable", True):
         b, c = load["baseline_other_cpus"], load["candidate_other_cpus"]
         side = "candidate" if c > b else "baseline"
-        return f"{side} recorded on a busier machine ({max(b, c):.1f} vs {min(b, c):.1f} CPUs of other work)"
+        return f"{side} ran on a busier machine ({max(b, c):.1f} vs {min(b, c):.1f} CPUs of other work)"
     reasons = doc.get("reasons") or []
     if reasons and str(reasons[0]).startswith("not judged"):
         return "trace figures " + str(reasons[0])
@@ -92,12 +92,15 @@ def decision_line(doc: Mapping[str, Any]) -> str:
     if dec in ("regression", "suspect") and head is not None:
         owned = rows.get(doc.get("owned_term") or "")
         tail = "" if dec == "regression" else " (last run only)"
-        for short in (False, True):
+        # the owned term is named whenever it fits: the figure short, then the owned term without "per step"
+        for short, compact in ((False, False), (True, False), (True, True)):
             line = f"{dec}: {figure(head, tl, short=short)}"
             if owned is not None and owned is not head:
-                full = f"{line}; {_owned(owned)}{tail}"
+                full = f"{line}; {_owned(owned, compact)}{tail}"
                 if len(full) <= WIDTH:
                     return full
+        for short in (False, True):
+            line = f"{dec}: {figure(head, tl, short=short)}"
             if len(line + tail) <= WIDTH:
                 return line + tail
         return _fit(line + tail)
