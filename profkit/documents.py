@@ -586,7 +586,7 @@ class GateRow(_Doc):
     mde_pct: Num | None = None
     mde: Num | None = None
     mde_from: str | None = None  # pair: the calibration's A/A pair (sides recorded together); sessions: across its sessions
-    verdict: str = ""  # regression, improvement, within noise, below threshold, not judged, cannot be judged here
+    verdict: str = ""  # regression, improvement, within noise, below threshold, not judged, cannot be judged here, too noisy
     reason: str | None = None
 
 

@@ -288,7 +288,8 @@ def _pct(v: float | None, base: float | None) -> float | None:
 
 def judge_row(row: Mapping[str, Any], rule: Rule, cal: Mapping[str, Any] | None, paired: bool = True) -> dict[str, Any]:
     """One gated row with its threshold, noise, MDE and verdict: regression, improvement, within noise,
-    below threshold, not judged, or cannot be judged here (the threshold below the calibrated MDE).
+    below threshold, not judged, cannot be judged here (the threshold below the calibrated MDE), or too
+    noisy (within this run's noise, which is wider than the calibrated MDE: a regression could hide).
     `paired`: the sides were recorded together (the A/A pair's figures apply); else (a stored baseline,
     runs of two commands) the calibration's figures across sessions, where it has them."""
     b, delta = row["baseline"], row["change"]
@@ -329,6 +330,12 @@ def judge_row(row: Mapping[str, Any], rule: Rule, cal: Mapping[str, Any] | None,
         out["verdict"], out["reason"] = "not judged", row["not_judged"]
     elif delta is None:
         out["verdict"], out["reason"] = "not judged", "no figure on one side"
+    elif noise is not None and mde_abs is not None and noise > mde_abs and abs(delta) < noise:
+        # the calibration promised this MDE; this run's own spread is wider, so a change of the MDE could hide in it
+        out["verdict"] = "too noisy"
+        out["reason"] = (f"too noisy here: this run's spread is {_pct(noise, b) or 0:.1f}%, above the calibrated MDE "
+                         f"{aa_mde:.1f}%" if aa_mde is not None and b else f"too noisy here: this run's spread is {noise:g} {row['unit']}, "
+                         f"above the calibrated MDE {mde_abs:g}")
     elif noise is not None and (delta == 0 or abs(delta) < noise):
         out["verdict"] = "within noise"
     elif abs(delta) <= limit:
@@ -379,10 +386,16 @@ def decide(diff: Mapping[str, Any], policy: Policy, *, calibration: Mapping[str,
     if not noise.get("available"):
         reasons.append(str(noise.get("note") or "the trace figures are not judged"))
     gated = [r for r in rows if r["gated"]]
-    judged = [r for r in gated if r["verdict"] not in ("not judged", "cannot be judged here")]
+    judged = [r for r in gated if r["verdict"] not in ("not judged", "cannot be judged here", "too noisy")]
     if gated and not judged and not reasons:
         reasons.append("no gated metric could be judged")
     regressions = sorted((r for r in gated if r["verdict"] == "regression"), key=_severity, reverse=True)
+    noisy = sorted((r for r in gated if r["verdict"] == "too noisy"), key=lambda r: (r["metric"] not in HEADLINE_FIRST, r["metric"]))
+    if noisy and not regressions and not reasons:
+        # a pass must be one the calibration could have failed: a row noisier than its MDE could hide a regression
+        reasons.append(f"{len(noisy)} gated metric{'s' if len(noisy) > 1 else ''} noisier in this run than the calibration's MDE "
+                       f"({', '.join(r['metric'] for r in noisy[:3])}{', ...' if len(noisy) > 3 else ''}): not a pass; record on a quieter "
+                       "machine, or with more profile windows and repeats")
     decision = "inconclusive" if reasons else "regression" if regressions else "pass"
     exit_code = 5 if decision == "regression" or (decision == "inconclusive" and inconclusive == "fail") else 0
     # the figure behind a regression: what users feel first (ITL, tokens/s per user, TTFT, the step's window), then the rest

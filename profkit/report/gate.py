@@ -13,7 +13,7 @@ WIDTH = 80
 
 _THROUGHPUT_LABELS = {"tokens_per_s_per_user_p50": "tok/s per user", "ttft_ms_p50": "TTFT", "itl_ms_p50": "decode ITL"}
 _COUNT_LABELS = {"kernel_launches": "launches/step", "graph_launches": "graph launches/step", "syncs": "syncs/step"}
-_ORDER = {"regression": 0, "cannot be judged here": 1, "not judged": 2, "improvement": 3, "below threshold": 4, "within noise": 5}
+_ORDER = {"regression": 0, "too noisy": 1, "cannot be judged here": 2, "not judged": 3, "improvement": 4, "below threshold": 5, "within noise": 6}
 
 
 def label(metric: str, timeline: str = "gpu") -> str:
@@ -75,6 +75,14 @@ def _short_reason(doc: Mapping[str, Any]) -> str:
         b, c = load["baseline_other_cpus"], load["candidate_other_cpus"]
         side = "candidate" if c > b else "baseline"
         return f"{side} ran on a busier machine ({max(b, c):.1f} vs {min(b, c):.1f} CPUs of other work)"
+    noisy = [r for r in doc.get("rows") or [] if r.get("gated") and r.get("verdict") == "too noisy"]
+    if noisy and not doc.get("regressions") and not cmp.get("differ"):
+        reasons0 = doc.get("reasons") or []
+        if reasons0 and "noisier in this run" in str(reasons0[0]):
+            order = {m: i for i, m in enumerate(("throughput.itl_ms_p50", "throughput.tokens_per_s_per_user_p50", "throughput.ttft_ms_p50", "gpu_window_us"))}
+            r = min(noisy, key=lambda x: (order.get(x["metric"], 9), x["metric"]))
+            lead = f"{len(noisy)} metric{'s' if len(noisy) > 1 else ''} too noisy here"
+            return f"{lead} ({label(r['metric'], str(doc.get('timeline') or 'gpu'))} ±{r.get('noise_pct') or 0:.0f}%, MDE {r.get('mde_pct') or 0:.0f}%)"
     reasons = doc.get("reasons") or []
     if reasons and str(reasons[0]).startswith("not judged"):
         return "trace figures " + str(reasons[0])
@@ -104,7 +112,7 @@ def decision_line(doc: Mapping[str, Any]) -> str:
             if len(line + tail) <= WIDTH:
                 return line + tail
         return _fit(line + tail)
-    judged = [r for r in rows.values() if r.get("gated") and r["verdict"] not in ("not judged", "cannot be judged here")]
+    judged = [r for r in rows.values() if r.get("gated") and r["verdict"] not in ("not judged", "cannot be judged here", "too noisy")]
     if head is None:
         return _fit(f"{dec}: no gated metric judged")
     for short in (False, True):
