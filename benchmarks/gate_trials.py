@@ -84,6 +84,36 @@ def gate_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def fields(s: dict[str, Any], doc: dict[str, Any]) -> None:
+    """A gate step's figures from its gate.json (the decision, what regressed, the rows its group's table shows)."""
+    rows = {r["metric"]: r for r in doc["rows"]}
+    w, i_ = rows.get("gpu_window_us", {}), rows.get("throughput.itl_ms_p50", {})
+    s.update(decision=doc["decision"], regressions=doc["regressions"], other_cpus=_load(doc), pairing=doc.get("pairing"),
+             too_noisy=sum(r["verdict"] == "too noisy" for r in doc["rows"] if r["gated"]))
+    if s["group"].startswith("topk"):
+        s.update(owned_term=doc["owned_term"], headline=doc["headline"])
+    elif s["group"].startswith("aa"):
+        s.update(mde_pct=w.get("mde_pct"), window_change_pct=w.get("change_pct"))
+    else:
+        s.update(window_change_us=w.get("change"), window_verdict=w.get("verdict"), itl_change_pct=i_.get("change_pct"),
+                 itl_verdict=i_.get("verdict"))
+
+
+def regate(path: Path) -> None:
+    """Every gate of an earlier pass judged again by this profkit (same recordings, same calibration and policy)."""
+    doc = json.loads(path.read_text())
+    for s in doc["steps"]:
+        if not s["command"].startswith("profkit gate "):
+            continue
+        argv = shlex.split(s["command"])[1:]
+        p = subprocess.run([*PROFKIT, *argv], capture_output=True, text=True)
+        s.update(rc=p.returncode, first_line=(p.stdout.splitlines() or [""])[0])
+        fields(s, gate_json(Path(argv[argv.index("--json") + 1])))
+        print(f"[{s['group']}] rc={p.returncode}: {s['first_line']}", flush=True)
+    doc["regated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z") + ": every gate judged again by the profkit of this commit"
+    path.write_text(json.dumps(doc, indent=1))
+
+
 def _load(doc: dict[str, Any]) -> str:
     """The sides' other processes' CPU use as the gate read it: 'baseline/candidate' CPUs."""
     hl = doc.get("host_load") or {}
@@ -152,12 +182,12 @@ def summary(doc: dict[str, Any]) -> str:
         out.append("")
 
     table("topk_v2 removed (candidate) vs all on (baseline), and the reverse", ("topk-regression", "topk-reverse"),
-          ["decision", "owned_term", "under_load", "other_cpus"])
+          ["decision", "owned_term", "under_load", "other_cpus", "too_noisy"])
     table("injected host delay (gate BASELINE FAULTED)", ("delay-gate",),
           ["delay_us", "delay_over_detectable", "window_baseline_us", "delay_over_mde_here", "delay_over_boundary_idle_mde_here", "decision",
-           "regressions", "window_change_us", "window_verdict", "boundary_idle_verdict", "itl_change_pct", "itl_verdict"])
+           "regressions", "window_change_us", "window_verdict", "boundary_idle_verdict", "itl_change_pct", "itl_verdict", "other_cpus", "too_noisy"])
     table("A/A: the same configuration against the stored baseline, and pairwise", ("aa-stored", "aa-paired"),
-          ["decision", "regressions", "mde_pct", "window_change_pct", "under_load", "pairing", "other_cpus"])
+          ["decision", "regressions", "mde_pct", "window_change_pct", "under_load", "pairing", "other_cpus", "too_noisy"])
     counts: dict[str, dict[str, int]] = {}
     for s in steps:
         if "decision" in s:
@@ -178,9 +208,15 @@ def main() -> int:
     ap.add_argument("--delay-factors", default="0.25,0.5,2,4", help="host delays as multiples of the smallest detectable one")
     ap.add_argument("--busy", type=int, default=2)
     ap.add_argument("--sessions", type=int, default=3, help="the calibration's A/A sessions")
+    ap.add_argument("--parts", default="topk,aa,delay", help="which trials after the calibration (comma-separated: topk, aa, delay)")
+    ap.add_argument("--reuse", action="store_true", help="use the calibration and stored baseline already in --out (a later pass)")
     ap.add_argument("--steps", type=int, default=10, help="--num-steps of every recording (iterations per profile window)")
     ap.add_argument("--summarize", type=Path, help="only write the TXT tables of an earlier run's JSON (beside it)")
+    ap.add_argument("--regate", type=Path, help="judge every gate of an earlier run's JSON again (its recordings kept), then --summarize it")
     a = ap.parse_args()
+    if a.regate:
+        regate(a.regate)
+        a.summarize = a.regate
     if a.summarize:
         a.summarize.with_suffix(".txt").write_text(summary(json.loads(a.summarize.read_text())))
         return 0
@@ -194,12 +230,13 @@ def main() -> int:
     try:
         # 1. calibration and the stored baseline
         rep = out / "cal" / "reports"
-        for attempt in range(3):  # a calibration whose A/A windows disagree (unstable: no MDE) is recorded again
+        for attempt in range(0 if a.reuse else 3):  # a calibration whose A/A windows disagree (unstable: no MDE) is recorded again
             t.run("calibrate", [*PROFKIT, "calibrate", *SMALL, "--sessions", str(a.sessions), "--traces-dir", str(out / "cal" / "traces"),
                                 "--reports-dir", str(rep), "-o", str(cal)], attempt=attempt)
             if json.loads(cal.read_text()).get("judged", True):
                 break
-        t.run("baseline", [*PROFKIT, "baseline", "save", str(runs(rep, "-calibrate-a")), "--name", "main", "--dir", str(bdir)])
+        if not a.reuse:
+            t.run("baseline", [*PROFKIT, "baseline", "save", str(runs(rep, "-calibrate-a")), "--name", "main", "--dir", str(bdir)])
         c = json.loads(cal.read_text())
         win, itl = c["metrics"]["gpu_window_us"], c["metrics"]["throughput.itl_ms_p50"]
         # the policy calibrate suggests (policy.toml beside calibration.json): every threshold at its metric's MDE
@@ -231,7 +268,7 @@ def main() -> int:
         g = ["--calibration", str(cal), "--policy", str(policy)]
 
         # 2. topk_v2 removed (candidate) against all on (baseline), and the reverse
-        for i in range(a.topk):
+        for i in range(a.topk if "topk" in a.parts else 0):
             under = i == a.topk - 1
             if under:
                 t.start_busy(a.busy)
@@ -241,39 +278,33 @@ def main() -> int:
             on, off = runs(rep, "-after"), runs(rep, "-before")
             j = out / f"topk{i}-gate.json"
             s = t.run("topk-regression", [*PROFKIT, "gate", str(on), str(off), *g, "--json", str(j), "--md", str(out / f"topk{i}.md")], under_load=under)
-            doc = gate_json(j)
-            s.update(decision=doc["decision"], owned_term=doc["owned_term"], headline=doc["headline"], other_cpus=_load(doc))
+            fields(s, gate_json(j))
             j2 = out / f"topk{i}-reverse.json"
             s2 = t.run("topk-reverse", [*PROFKIT, "gate", str(off), str(on), *g, "--json", str(j2)], under_load=under)
-            s2.update(decision=gate_json(j2)["decision"])
+            fields(s2, gate_json(j2))
             t.save()
 
         # 3. A/A: the same configuration recorded again, gated against the stored baseline and pairwise
-        for i in range(a.aa):
+        pfx = time.strftime("%H%M-") if a.reuse else ""  # a later pass beside an earlier one's folders
+        for i in range(a.aa if "aa" in a.parts else 0):
             under = i < a.aa_busy  # the loaded ones first: a pass cut short still has them
             if under:
                 t.start_busy(a.busy)
-            rep = out / f"aa{i}" / "reports"
-            t.run("aa-record", [*PROFKIT, "calibrate", *SMALL, "--sessions", "1", "--traces-dir", str(out / f"aa{i}" / "traces"), "--reports-dir", str(rep),
-                                "-o", str(out / f"aa{i}" / "calibration.json")])
+            rep = out / f"aa{pfx}{i}" / "reports"
+            t.run("aa-record", [*PROFKIT, "calibrate", *SMALL, "--sessions", "1", "--traces-dir", str(out / f"aa{pfx}{i}" / "traces"), "--reports-dir", str(rep),
+                                "-o", str(out / f"aa{pfx}{i}" / "calibration.json")])
             t.stop_busy()
             ra, rb = runs(rep, "-calibrate-a"), runs(rep, "-calibrate-b")
             for side, run in (("a", ra), ("b", rb)):
-                j = out / f"aa{i}{side}-stored.json"
+                j = out / f"aa{pfx}{i}{side}-stored.json"
                 s = t.run("aa-stored", [*PROFKIT, "gate", "--baseline", "main", "--dir", str(bdir), str(run), *g, "--json", str(j)], under_load=under)
-                doc = gate_json(j)
-                w = next((x for x in doc["rows"] if x["metric"] == "gpu_window_us"), {})
-                s.update(decision=doc["decision"], regressions=doc["regressions"], mde_pct=w.get("mde_pct"), window_change_pct=w.get("change_pct"),
-                         pairing=doc.get("pairing"), other_cpus=_load(doc))
-            j = out / f"aa{i}-paired.json"
+                fields(s, gate_json(j))
+            j = out / f"aa{pfx}{i}-paired.json"
             s = t.run("aa-paired", [*PROFKIT, "gate", str(ra), str(rb), *g, "--json", str(j)], under_load=under)
-            doc = gate_json(j)
-            w = next((x for x in doc["rows"] if x["metric"] == "gpu_window_us"), {})
-            s.update(decision=doc["decision"], regressions=doc["regressions"], mde_pct=w.get("mde_pct"), window_change_pct=w.get("change_pct"),
-                     pairing=doc.get("pairing"), other_cpus=_load(doc))
+            fields(s, gate_json(j))
             t.save()
         # 4. injected host delay, below and above the calibrated MDE of the step window
-        delays = sorted({round(detectable * float(f)) for f in a.delay_factors.split(",")})
+        delays = sorted({round(detectable * float(f)) for f in a.delay_factors.split(",")}) if "delay" in a.parts else []
         t.doc["delays_us"] = delays
         for d in delays:
             for r in range(a.delay_runs):
@@ -283,11 +314,7 @@ def main() -> int:
                 j = out / f"delay{d}-{r}.json"
                 s = t.run("delay-gate", [*PROFKIT, "gate", str(runs(rep, "-before")), str(runs(rep, "-after")), *g, "--json", str(j)],
                           delay_us=d, delay_over_detectable=d / detectable)
-                doc = gate_json(j)
-                w = next((x for x in doc["rows"] if x["metric"] == "gpu_window_us"), {})
-                i_ = next((x for x in doc["rows"] if x["metric"] == "throughput.itl_ms_p50"), {})
-                s.update(decision=doc["decision"], regressions=doc["regressions"], window_change_us=w.get("change"), other_cpus=_load(doc),
-                         window_verdict=w.get("verdict"), itl_change_pct=i_.get("change_pct"), itl_verdict=i_.get("verdict"))
+                fields(s, gate_json(j))
                 t.save()
 
     finally:
