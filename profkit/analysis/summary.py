@@ -133,7 +133,12 @@ def _median_of(vals: list[Any]) -> Any:
         return None
     if all(isinstance(v, dict) for v in vals):
         keys = sorted({k for v in vals for k in v})
-        return {k: _median_of([v.get(k, 0) for v in vals]) for k in keys}
+        out = {}
+        for k in keys:
+            got = [v.get(k) for v in vals]
+            blank: Any = {} if any(isinstance(g, dict) for g in got) else 0
+            out[k] = _median_of([blank if g is None else g for g in got])
+        return out
     if all(isinstance(v, str) for v in vals):
         return statistics.mode(sorted(vals))
     nums = [v for v in vals if isinstance(v, (int, float))]

@@ -50,7 +50,12 @@ def floor_line(rank: Rank) -> str | None:
     peaks = (rank.floor or {}).get("peaks") or {}
     src = f"; peaks: {peaks.get('device')}, {peaks.get('source')}" if peaks else ""
     ratio = f": {busy / fl:,.1f}× busy, {win / fl:,.0f}× window" if fl > 0 else ""
-    return (f"{label} ({len(its)} steps, mean): GPU window {win:,.1f} µs, busy {busy:,.1f} µs, floor {fl:,.1f} µs ({bound}){ratio}{src}")
+    # the floor covers the ops with a work model only: how much of the GPU time that is
+    gs = [it.gap_us for it in its if it.gap_us is not None]
+    op_time = _mean([float(sum((it.category_us or {}).values()) or 0) for it in its])
+    unmodeled = _mean([float(g.unmodeled_us) for g in gs])
+    cover = f"; work modeled for {100 * (op_time - unmodeled) / op_time:.0f}% of the GPU op time" if op_time > 0 else ""
+    return (f"{label} ({len(its)} steps, mean): GPU window {win:,.1f} µs, busy {busy:,.1f} µs, floor {fl:,.1f} µs ({bound}){ratio}{cover}{src}")
 
 
 def gap_rows(rank: Rank) -> list[tuple[str, float]]:
