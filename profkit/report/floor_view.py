@@ -54,8 +54,10 @@ def floor_line(rank: Rank) -> str | None:
     gs = [it.gap_us for it in its if it.gap_us is not None]
     op_time = _mean([float(sum((it.category_us or {}).values()) or 0) for it in its])
     unmodeled = _mean([float(g.unmodeled_us) for g in gs])
-    cover = f"; work modeled for {100 * (op_time - unmodeled) / op_time:.0f}% of the GPU op time" if op_time > 0 else ""
-    return (f"{label} ({len(its)} steps, mean): GPU window {win:,.1f} µs, busy {busy:,.1f} µs, floor {fl:,.1f} µs ({bound}){ratio}{cover}{src}")
+    share = 100 * (op_time - unmodeled) / op_time if op_time > 0 else 0.0
+    cover = f"; work modeled for {share:.1f}% of the GPU op time" if 0 < share < 10 else f"; work modeled for {share:.0f}% of the GPU op time" if op_time > 0 else ""
+    steps = f"{len(its)} step{'s' if len(its) != 1 else ''}"
+    return f"{label} ({steps}, mean): GPU window {win:,.1f} µs, busy {busy:,.1f} µs, floor {fl:,.1f} µs ({bound}){ratio}{cover}{src}"
 
 
 def gap_rows(rank: Rank) -> list[tuple[str, float]]:
