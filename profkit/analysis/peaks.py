@@ -10,12 +10,17 @@ entries are tried first, then the datasheet's. No match: no peaks, no floor (sai
 from __future__ import annotations
 
 import hashlib
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from profkit.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, as a package (pyproject's tomli)
+    import tomli as tomllib
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ def summary_key(files: list[Any], *, marker: str | None, min_bubble_us: float, c
         for f in files:
             if estimated_json_bytes(f) < _MIN_BYTES:
                 return None
-        blob = {
+        blob: dict[str, Any] = {
             "schema": SCHEMA,
             "code": code_fingerprint(),
             "inputs": [[str(getattr(f, "path", f)), source_key(f)] for f in files],  # paths or ingest TraceFiles

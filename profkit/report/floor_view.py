@@ -52,7 +52,7 @@ def floor_line(rank: Rank) -> str | None:
     ratio = f": {busy / fl:,.1f}× busy, {win / fl:,.0f}× window" if fl > 0 else ""
     # the floor covers the ops with a work model only: how much of the GPU time that is
     gs = [it.gap_us for it in its if it.gap_us is not None]
-    op_time = _mean([float(sum((it.category_us or {}).values()) or 0) for it in its])
+    op_time = _mean([sum(float(v or 0) for v in (it.category_us or {}).values()) for it in its])
     unmodeled = _mean([float(g.unmodeled_us) for g in gs])
     share = 100 * (op_time - unmodeled) / op_time if op_time > 0 else 0.0
     cover = f"; work modeled for {share:.1f}% of the GPU op time" if 0 < share < 10 else f"; work modeled for {share:.0f}% of the GPU op time" if op_time > 0 else ""
