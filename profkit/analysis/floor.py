@@ -182,6 +182,8 @@ def op_rows(a: RankAnalysis, peaks: Peaks | None, n: int = 40) -> list[dict[str,
     for op, shape, dts, kind, dtype, k, ns, fl, by in g.iter_rows():
         r: dict[str, Any] = {"shape_op": op, "shape": shape, "shape_dtypes": dts, "kind": kind, "gpu_ops": int(k), "total_us": _r(ns),
                              "bytes": int(by or 0)}
+        if kind not in ("gemm", "attention"):
+            fl = None  # bytes-only ops: no FLOPs counted (a sum of nulls reads 0)
         if fl is not None:
             r["flops"] = int(fl)
         if ns:

@@ -133,3 +133,22 @@ def diff_gap_rows(diff: Diff) -> list[tuple[str, float, float, float]]:
     g = f["gap_us"]
     rows.append(("gap", g["baseline"], g["candidate"], g["delta"]))
     return rows
+
+
+OPS_COLUMNS = ("launching op and shapes", "GPU ops", "µs", "TFLOP/s", "TB/s", "% of peak", "bound")
+
+
+def op_rows(rank: Rank, n: int = 8) -> list[tuple[str, ...]]:
+    """The modeled launching ops, most time first (the rank's `floor.ops`): op and shapes, GPU ops, time, achieved
+    TFLOP/s and TB/s, the larger share of the peaks, and which bound the op's own floor is."""
+    from profkit.analysis.shapes import shape_text
+    from profkit.report.numbers import num
+
+    f = rank.floor if isinstance(rank.floor, Mapping) else {}
+    out = []
+    for o in (f.get("ops") or [])[:n]:
+        share = max(o.get("memory_share") or 0.0, o.get("compute_share") or 0.0)
+        out.append((shape_text(o.get("shape_op"), o.get("shape"), o.get("shape_dtypes")), str(o.get("gpu_ops", "")), num(o.get("total_us")),
+                    f"{o['tflop_s']:,.2f}" if "tflop_s" in o else "–", f"{o['tb_s']:,.3f}" if "tb_s" in o else "–",
+                    f"{100 * share:.1f}%" if ("memory_share" in o or "compute_share" in o) else "–", str(o.get("bound", "–"))))
+    return out

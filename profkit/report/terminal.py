@@ -174,7 +174,7 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
 
 def _floor(r: Rank, console: Console) -> None:
     """The step's floor and the gap's split (report/floor_view.py), or the one line saying why there is none."""
-    from profkit.report.floor_view import GAP_TITLE, floor_line, floor_note, gap_rows
+    from profkit.report.floor_view import GAP_TITLE, OPS_COLUMNS, floor_line, floor_note, gap_rows, op_rows
 
     note = floor_note(r)
     if note:
@@ -185,6 +185,10 @@ def _floor(r: Rank, console: Console) -> None:
         return
     console.print(f"[bold]floor:[/] {escape(line)}")
     console.print(fit_table(console, GAP_TITLE, (("term", COPY), ("µs", NUM)), [(k, _num(v)) for k, v in gap_rows(r)]))
+    ops = op_rows(r, 5)
+    if ops:
+        console.print(fit_table(console, "modeled ops, most time first (all iterations; achieved rates, share of the peak of their bound)",
+                                tuple(zip(OPS_COLUMNS, (NAME, NUM, NUM, NUM, NUM, NUM, COPY))), ops))
 
 
 def _cross_rank(x: Mapping[str, Any], console: Console, *, warnings: bool = True) -> None:
