@@ -14,13 +14,14 @@ A GPU op takes the `Input Dims` / `Input type` of the CPU op that launched it (a
   once and the output written once, the output being the first input's shape (unary ops, norms, copies), the
   inputs' broadcast shape (binary ops; 1 byte an element for comparisons), the first input itself (in-place ops,
   read and written), nothing (reductions: the output is small and its size is not in the shapes), or what the op
-  writes (`copy_`: its destination; `fill_`/`zero_`: self, written only; `cat`: every input; `sort`: values and
+  writes (`copy_`: its destination; `fill_`/`zero_`: self, written only; `sort`: values and
   int64 indices; `gather`/`index_select`/`embedding`/`index_copy_`/`scatter_`: the rows they move, not the
   whole table they index);
 - memcpy and memset records: a device-to-device copy reads and writes its bytes (2×), a memset writes them; a
   host-to-device or device-to-host copy has no work model (the host link is not in the peaks).
 
-Everything else has no work model (`unmodeled`). A launching op's work is counted once, on the first of the
+Everything else has no work model (`unmodeled`), `cat` among them: Kineto writes its TensorList input's dims but no
+element type. A launching op's work is counted once, on the first of the
 kernels it launched (a split-K GEMM's second kernel, a sort's histogram pass: work 0, their time is the op's);
 its memcpy and memset records keep their own bytes. Peak-independent: analysis/floor.py turns work into time.
 """
