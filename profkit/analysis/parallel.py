@@ -62,8 +62,6 @@ def _cached_analysis(f: Any, default_rank: int, options: dict[str, Any]) -> tupl
 def _store_analysis(f: Any, a: RankAnalysis, n_ingest_warnings: int, rank_from_trace: bool, options: dict[str, Any]) -> None:
     from profkit.ingest import cache as pcache
 
-    if a.device_work is not None:
-        return  # recorded with shapes: the per-op work frame is not among the cached frames (small traces: analyzed anew)
     path = _path(f)
     try:
         key = pcache.analysis_key(pcache.source_key(f), options)
@@ -81,6 +79,8 @@ def _store_analysis(f: Any, a: RankAnalysis, n_ingest_warnings: int, rank_from_t
     }
     frames = {"iterations": a.iterations, "categories": a.categories, "launch_calls": a.launch_calls, "ops": a.ops,
               "bubbles": a.bubbles, "syncs": a.syncs}
+    if a.device_work is not None:  # recorded with shapes: every GPU op's work (an optional frame of the cache)
+        frames["device_work"] = a.device_work
     pcache.write_analysis(path, key, frames, fields)
 
 
