@@ -145,7 +145,7 @@ def op_rows(rank: Rank, n: int = 8) -> list[tuple[str, ...]]:
     from profkit.report.numbers import num
 
     f = rank.floor if isinstance(rank.floor, Mapping) else {}
-    out = []
+    out: list[tuple[str, ...]] = []
     for o in (f.get("ops") or [])[:n]:
         share = max(o.get("memory_share") or 0.0, o.get("compute_share") or 0.0)
         out.append((shape_text(o.get("shape_op"), o.get("shape"), o.get("shape_dtypes")), str(o.get("gpu_ops", "")), num(o.get("total_us")),
