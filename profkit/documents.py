@@ -34,6 +34,20 @@ class _Doc(msgspec.Struct, forbid_unknown_fields=False, kw_only=True):
 # summary.json
 
 
+class GapSplit(_Doc):
+    """gpu_window_us - floor_us = idle + above_floor + floor_mix + unmodeled - overlap (analysis/floor.py)."""
+    total_us: Num = 0.0
+    idle_us: Num = 0.0
+    idle_us_by_cause: dict[str, Num] = {}
+    above_floor_us: Num = 0.0
+    above_floor_us_by_category: dict[str, Num] = {}
+    floor_mix_us: Num = 0.0
+    floor_mix_parts_us: dict[str, Num] = {}  # mix_us (by ownership, >= 0) + edges_us (work across the window's edges)
+    unmodeled_us: Num = 0.0
+    unmodeled_us_by_category: dict[str, Num] = {}
+    overlap_us: Num = 0.0
+
+
 class Iteration(_Doc):
     index: int = 0
     kind: str | None = None
@@ -68,6 +82,16 @@ class Iteration(_Doc):
     owned_category_us: dict[str, Num | None] | None = None  # schema v3: by ownership
     owned_phase_us: dict[str, Num | None] | None = None
     owned_overlap_us: Num | None = None
+    # issue 41 (recorded with shapes, and peaks known): the step's own work, its hardware floor and the split of
+    # gpu_window_us - floor_us (analysis/floor.py); absent (None) otherwise, never 0
+    flops: Num | None = None
+    bytes: Num | None = None
+    work_by_category: dict[str, dict[str, Num]] | None = None
+    floor_us: Num | None = None
+    floor_bound: str | None = None
+    floor_memory_us: Num | None = None
+    floor_compute_us: Num | None = None
+    gap_us: GapSplit | None = None
 
     def count(self, key: str) -> Num:
         """A count by diff.json's name (``memcpy_d2h`` is memcpy["d2h"]); 0 when absent."""
@@ -176,6 +200,7 @@ class Rank(_Doc):
     capture: dict[str, Any] | None = None
     speculative: dict[str, Any] | None = None
     timeline: Any = None
+    floor: dict[str, Any] | None = None  # issue 41: the peaks the floor used and the modeled ops, or `note`: why there is none
 
 
 class Summary(_Doc):
@@ -447,6 +472,7 @@ class Diff(_Doc):
     health: Pair[Any] = msgspec.field(default_factory=Pair)
     overlap_slack: Any = None  # issue 31 (optional keys): attribution/capture_terms.py
     speculative: Any = None
+    floor: dict[str, Any] | None = None  # issue 41 (an optional key): the gap to the floor on each side, its change (attribution/floor_gap.py)
 
     def kernel_list(self, which: str) -> tuple[list[KernelEntry], int]:
         """``added`` or ``removed`` kernels: the listed ones and how many there were."""

@@ -378,6 +378,10 @@ def test_analysis_cache_roundtrip_is_exact(tmp_path: Path) -> None:
         for name in pcache.ANALYSIS_FRAMES:
             fa, fb = getattr(a, name), getattr(b, name)
             assert fa.schema == fb.schema and fa.equals(fb), name
+        # a trace recorded with shapes (the TraceLens one) keeps every GPU op's work too (issue 41)
+        assert (a.device_work is None) == (b.device_work is None)
+        if a.device_work is not None:
+            assert a.device_work.schema == b.device_work.schema and a.device_work.equals(b.device_work)
         for f in ("rank", "device", "path", "marker", "catalog", "t0_ns", "warnings", "device_timeline"):
             assert getattr(a, f) == getattr(b, f), f
     assert _summary(fresh) == _summary(cached)

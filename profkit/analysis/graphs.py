@@ -282,6 +282,11 @@ def _align_by_name(names: list[str], g: CapturedGraph) -> list[int | None]:
     return out
 
 
+def _shape_key(g: CapturedGraph) -> tuple[Any, ...]:
+    """A captured graph's launching ops' shapes without their start times (which differ from one capture to the next)."""
+    return tuple(None if x is None else x[:3] for x in (g.shapes or ()))
+
+
 def map_replays(rows: list[tuple[int, int, str, str, int]], phases: dict[int, str], captures: GraphCaptures,
                 rank: int, shapes: dict[int, Any] | None = None) -> tuple[dict[int, str | None], dict[str, Any]]:
     """Replayed ops -> their capture-time innermost range.
@@ -340,10 +345,18 @@ def map_replays(rows: list[tuple[int, int, str, str, int]], phases: dict[int, st
             continue
         st["replays_mapped"] += 1
         st["ops_mapped"] += n
+        # graphs of one step with as many ops are captures of one step function at other shapes (context-width buckets):
+        # the same ranges, so the categories hold; but the launch count cannot say which one ran, so where their shapes
+        # differ the replay takes none (its work is not modeled) rather than another bucket's
+        shaped = shapes is not None and bool(chosen.shapes)
+        if shaped and any(g is not chosen and g.phase == chosen.phase and _shape_key(g) != _shape_key(chosen)
+                          and all(g.ops[k][0] == (ops[k][3] != "kernel") for k in range(n)) for g in same):
+            shaped = False
+            st["replays_shape_ambiguous"] = st.get("replays_shape_ambiguous", 0) + 1
         for k, o in enumerate(ops):
             mapped[o[0]] = chosen.ops[k][2]
-            if shapes is not None and chosen.shapes and chosen.shapes[k] is not None:
-                shapes[o[0]] = chosen.shapes[k]
+            if shaped and chosen.shapes[k] is not None:
+                shapes[o[0]] = chosen.shapes[k]  # type: ignore[index]
             st["mapped_ns"] += o[4]
     return mapped, st
 
@@ -393,4 +406,6 @@ def finish_stats(stats: dict[str, Any], classified: Any, mask: list[bool], captu
         "ops_mapped": stats["ops_mapped"], "replayed_us": stats["replayed_ns"] / 1000, "mapped_us": stats["mapped_ns"] / 1000,
         "unmapped_us": (stats["replayed_ns"] - stats["mapped_ns"]) / 1000, "unmapped_other_us": other_ns / 1000,
         "refused": [{"why": k, "replays": v} for k, v in sorted(stats["refused"].items(), key=lambda kv: -kv[1])],
+        # (a new optional key) replays whose step was captured at several shapes with as many ops: no shapes taken
+        **({"replays_shape_ambiguous": stats["replays_shape_ambiguous"]} if stats.get("replays_shape_ambiguous") else {}),
     }

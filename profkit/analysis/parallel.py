@@ -79,6 +79,8 @@ def _store_analysis(f: Any, a: RankAnalysis, n_ingest_warnings: int, rank_from_t
     }
     frames = {"iterations": a.iterations, "categories": a.categories, "launch_calls": a.launch_calls, "ops": a.ops,
               "bubbles": a.bubbles, "syncs": a.syncs}
+    if a.device_work is not None:  # recorded with shapes: every GPU op's work (an optional frame of the cache)
+        frames["device_work"] = a.device_work
     pcache.write_analysis(path, key, frames, fields)
 
 

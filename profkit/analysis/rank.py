@@ -72,6 +72,9 @@ class RankAnalysis:
     overlap_slack: dict[str, Any] | None = None  # analysis/slack.py: every transition N -> N+1 and the rank's statistics
     capture: dict[str, Any] = field(default_factory=dict)  # analysis/health.py: the facts capture health is judged on
     speculative: dict[str, Any] | None = None  # analysis/spec.py: the verify iterations' owned GPU time by phase, wall time
+    # recorded with shapes: every GPU op of the device (owned or not) with its category, owner, times and work
+    # (analysis/work.py), what analysis/floor.py turns into each iteration's floor and gap; None without shapes
+    device_work: pl.DataFrame | None = None
 
 
 def cpu_as_device(trace: Trace, iterations: pl.DataFrame) -> Trace:
@@ -227,11 +230,23 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         from profkit.analysis.shapes import attach_shapes
 
         ops = attach_shapes(ops, trace, replay_shapes)
+    device_work = None
+    if "shape" in ops.columns and ops["shape"].is_not_null().any():  # each op's FLOPs and bytes (analysis/work.py)
+        from profkit.analysis.work import WORK_COLUMNS, attach_work
+
+        device_work = attach_work(ops).select("ts_ns", "end_ns", "dur_ns", "category", "iteration", "shape_op", "shape", "shape_dtypes",
+                                              *WORK_COLUMNS)
     if gcap is not None and gcap["replays_refused"]:
         warnings.append(
             f"graph capture: {gcap['replays_refused']} of {gcap['replays']} graph replays match no captured graph "
             f"({'; '.join(r['why'] for r in gcap['refused'][:3])}); their {gcap['unmapped_us']:,.1f} µs keep the name rules, "
             f"{gcap['unmapped_other_us']:,.1f} µs of it in \"other\"")
+    if gcap is not None and gcap.get("replays_shape_ambiguous"):
+        warnings.append(
+            f"graph capture: {gcap['replays_shape_ambiguous']} of {gcap['replays']} graph replays match several captured graphs of "
+            "their step with as many ops but other shapes (context-width buckets): the launch count cannot say which ran, so "
+            "their ops take no shapes (no work, they count as unmodeled); give only the captures of the buckets the window ran "
+            "(--capture FILE ...) to model them")
     ops = ops.with_columns(phase_of())  # _classify keeps the rows and their order
     owned = ops.filter(pl.col("iteration").is_not_null())
     owned = owned.join(windows.select("iteration", "gpu_start_ns", "gpu_end_ns"), on="iteration", how="left")
@@ -286,7 +301,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         owned_categories=owned_by(owned, "category"), owned_phases=owned_by(owned, "phase"),
         device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None) or (wait_digest() if wait_digest else None), outside=outside,
         device_records=device_records, graph_capture=gcap, source=trace.meta.get("source"), stub_markers=its.stub_markers,
-        overlap_slack=overlap_slack, capture=capture, speculative=speculative,
+        overlap_slack=overlap_slack, capture=capture, speculative=speculative, device_work=device_work,
     )
 
 

@@ -34,6 +34,7 @@ class SummarizeOptions:
     cache: bool = True  # False (--no-cache): no cache read or written; PROFKIT_NO_CACHE=1 does the same
     jobs: int | None = None  # worker processes (None: the cores, at most one per file)
     frames: bool = False  # the caller needs every rank's frames (--timeline, --tables): never the stored summary
+    peaks: Path | None = None  # --peaks: measured peaks for the hardware floor (analysis/peaks.py); None: the datasheet's
 
 
 @dataclass
@@ -90,7 +91,8 @@ def summarize_runs(paths: Sequence[Path], options: SummarizeOptions | None = Non
         # a repeated run on unchanged traces: the stored summary, without importing polars
         from profkit.analysis.summary_cache import read_summary, summary_key
 
-        key = summary_key([i.file or i.path for i in plan[0].infos], marker=o.marker, min_bubble_us=o.min_bubble_us, catalog=o.catalog.identity)
+        key = summary_key([i.file or i.path for i in plan[0].infos], marker=o.marker, min_bubble_us=o.min_bubble_us, catalog=o.catalog.identity,
+                          peaks=o.peaks)
         hit = read_summary(files[0], key) if key else None
         if hit is not None:
             return [RunSummary(plan[0], hit[0], None, hit[1])]
@@ -111,7 +113,7 @@ def summarize_runs(paths: Sequence[Path], options: SummarizeOptions | None = Non
         check(runs)
     out = []
     for r in runs:
-        s = build_summary(r.analyses, marker=o.marker)
+        s = build_summary(r.analyses, marker=o.marker, peaks=o.peaks)
         if len(r.analyses) > 1:
             from profkit.analysis.ranks import cross_rank
 

@@ -113,7 +113,9 @@ def medians(records: list[dict[str, Any]]) -> dict[str, Any]:
     for key, first in records[0].items():
         if key in _SKIP:
             continue
-        if isinstance(first, dict):
+        if key in _FLOOR_KEYS:  # the floor's keys (analysis/floor.py): only iterations that have them, nested maps per key
+            out[key] = _median_of([r[key] for r in records if key in r])
+        elif isinstance(first, dict):
             keys = sorted({k for r in records for k in r[key]})
             out[key] = {k: statistics.median([r[key].get(k) or 0 for r in records]) for k in keys}
         else:
@@ -122,13 +124,39 @@ def medians(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+_FLOOR_KEYS = {"flops", "bytes", "work_by_category", "floor_us", "floor_bound", "floor_memory_us", "floor_compute_us", "gap_us"}
+
+
+def _median_of(vals: list[Any]) -> Any:
+    """The median of numbers, the most common of strings, per key of maps (a missing key counts as 0)."""
+    if not vals:
+        return None
+    if all(isinstance(v, dict) for v in vals):
+        keys = sorted({k for v in vals for k in v})
+        out = {}
+        for k in keys:
+            got = [v.get(k) for v in vals]
+            blank: Any = {} if any(isinstance(g, dict) for g in got) else 0
+            out[k] = _median_of([blank if g is None else g for g in got])
+        return out
+    if all(isinstance(v, str) for v in vals):
+        return statistics.mode(sorted(vals))
+    nums = [v for v in vals if isinstance(v, (int, float))]
+    return statistics.median(nums) if nums else None
+
+
 def _shape_keys(values: list[Any]) -> dict[str, Any]:
     """A kernel row's shape_op, shape and shape_dtypes (analysis/shapes.py), where it has them."""
     return {k: v for k, v in zip(SHAPE_COLUMNS, values) if v is not None}
 
 
-def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, Any]:
+def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS, peaks: Path | None = None) -> dict[str, Any]:
+    from profkit.analysis.floor import rank_floor
+
     records = iteration_records(a)
+    # recorded with shapes: each iteration's work, floor and gap (new keys at the end of each record); the
+    # rank's `floor` says which peaks, or what is missing (analysis/floor.py)
+    floor = rank_floor(a, records, peaks, causes(a.device_timeline)) if a.device_timeline == "gpu" else None
     sy = a.syncs.filter(pl.col("iteration").is_not_null())
     syncs = [
         {
@@ -190,6 +218,8 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS) -> dict[str, An
         "speculative": a.speculative,  # analysis/spec.py: per accepted token where the run manifest gives the accept length
         # Added after v1 shipped (a new key; readers must treat it as optional): see analysis/timeline.py.
         "timeline": representative_timeline(a),
+        # issue 41 (a new optional key): the peaks the floor used and the modeled ops, or why there is no floor
+        **({"floor": floor} if floor is not None else {}),
     }
 
 
@@ -264,7 +294,8 @@ def sha256(path: Path) -> str:
     return file_sha256(path)
 
 
-def build_summary(analyses: list[RankAnalysis], *, marker: str | None = None, max_items: int = MAX_ITEMS) -> dict[str, Any]:
+def build_summary(analyses: list[RankAnalysis], *, marker: str | None = None, max_items: int = MAX_ITEMS,
+                  peaks: Path | None = None) -> dict[str, Any]:
     """summary.json v3 for one run (one entry per rank)."""
     markers = sorted({a.marker for a in analyses})
     return {
@@ -272,7 +303,7 @@ def build_summary(analyses: list[RankAnalysis], *, marker: str | None = None, ma
         "profkit_version": __version__,
         "inputs": [{"path": str(a.path), "sha256": a.input_sha256 or sha256(a.path), "rank": a.rank} for a in analyses],
         "marker": marker if marker is not None else (markers[0] if len(markers) == 1 else markers),
-        "ranks": [rank_summary(a, max_items=max_items) for a in analyses],
+        "ranks": [rank_summary(a, max_items=max_items, peaks=peaks) for a in analyses],
     }
 
 

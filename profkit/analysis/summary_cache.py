@@ -7,7 +7,7 @@ analyze, diff, report, and trace after its capture.
 
 The key covers everything the summary depends on: each input's path as given and its
 ingest/identity.py source key (size, mtime_ns, hash of the first and last MiB), the options that
-change results (marker, minimum bubble, and the catalog's one identity, analysis/catalog.catalog_identity,
+change results (marker, minimum bubble, a --peaks file's content, and the catalog's one identity, analysis/catalog.catalog_identity,
 which the per-option analysis cache uses too), SCHEMA and identity.code_fingerprint (profkit's
 version, the installed polars version, every source file of the package and the shipped kernel
 catalogs). Output-only options (--top, --json, stdout) are not in it. A file whose key or digest does not match, or that does not parse, is a miss. Nothing here
@@ -26,7 +26,7 @@ from profkit.ingest.identity import CACHE_SUFFIX as SUFFIX  # the folder ingest/
 SCHEMA = 2  # the stored summary's own layout: bump it when the key or the file changes shape
 
 
-def summary_key(files: list[Any], *, marker: str | None, min_bubble_us: float, catalog: Any) -> str | None:
+def summary_key(files: list[Any], *, marker: str | None, min_bubble_us: float, catalog: Any, peaks: Any = None) -> str | None:
     """The key of this run's summary, or None when it is not to be cached (small or unreadable
     inputs). `files`: paths or ingest TraceFiles. `catalog`: the chosen catalog's identity
     (CatalogChoice.identity; None: picked by kernel names)."""
@@ -36,12 +36,14 @@ def summary_key(files: list[Any], *, marker: str | None, min_bubble_us: float, c
         for f in files:
             if estimated_json_bytes(f) < _MIN_BYTES:
                 return None
-        blob = {
+        blob: dict[str, Any] = {
             "schema": SCHEMA,
             "code": code_fingerprint(),
             "inputs": [[str(getattr(f, "path", f)), source_key(f)] for f in files],  # paths or ingest TraceFiles
             "options": {"marker": marker, "min_bubble_us": repr(float(min_bubble_us)), "catalog": catalog},
         }
+        if peaks is not None:  # --peaks: the file's content (the datasheet is part of the code fingerprint)
+            blob["options"]["peaks"] = hashlib.blake2b(Path(peaks).read_bytes(), digest_size=16).hexdigest()
     except OSError:
         return None
     return hashlib.blake2b(json.dumps(blob, sort_keys=True).encode(), digest_size=16).hexdigest()

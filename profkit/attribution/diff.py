@@ -622,6 +622,11 @@ def compare_summaries(
         warnings.append(f"the decomposition leaves up to {decomposition['residual_us']:+.3f} µs unexplained in a profile window: an input "
                         "summary breaks window = busy + idle")
 
+    # --- the gap to the hardware floor (issue 41): each side's, its change, what the optimization closed --------------
+    from profkit.attribution.floor_gap import gap_change
+
+    floor = gap_change(wb, wc, opt=opt, catalog=catalog, floor_notes=(rb.floor, rc.floor))
+
     # --- counts -------------------------------------------------------------------------------
     cb, cc = _counts(ib), _counts(ic)
     # one statistic, everywhere (DESIGN.md): each side's median over its windows of the per-iteration median, and the
@@ -732,6 +737,8 @@ def compare_summaries(
         "throughput": {"baseline": _first_point(run_manifest(base)), "candidate": _first_point(run_manifest(cand))},
         # issue 31: capture health, overlap slack and speculative cost per accepted token, side by side
         **capture_terms.sections(base, cand, reps_b, reps_c, rank),
+        # issue 41 (an optional key): the gap between each side's step and its hardware floor (attribution/floor_gap.py)
+        **({"floor": floor} if floor is not None else {}),
     }
 
 

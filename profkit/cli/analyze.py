@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from profkit.cli.common import _state, check_strict, command, err, out, safe_name
-from profkit.cli.options import Captures, JsonOut, CatalogOpt, Marker, MinBubble, Strict, Top, Window
+from profkit.cli.options import Captures, JsonOut, CatalogOpt, Marker, MinBubble, PeaksOpt, Strict, Top, Window
 from profkit.errors import OutputError, UsageError
 
 
@@ -31,6 +31,7 @@ def analyze(
     list_markers: Annotated[bool, typer.Option("--list-markers", help="List the CPU spans that could mark iterations (user annotations, engine step spans), with counts and the --marker regex for each; analyze nothing.")] = False,
     window: Window = None,
     strict: Strict = False,
+    peaks: PeaksOpt = None,
 ) -> None:
     """Analyze traces: per-iteration wall, GPU busy/idle, bubbles by cause, syncs, launches, time by category.
 
@@ -60,7 +61,7 @@ def analyze(
         raise UsageError(f"--timeline {timeline}: use a .parquet or .csv file name", hint="e.g. --timeline timeline.parquet")
     choice = choose_catalog(catalog, paths)
     opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice, captures=tuple(capture) if capture else None,
-                            cache=not no_cache, jobs=jobs, frames=timeline is not None or tables is not None)
+                            cache=not no_cache, jobs=jobs, frames=timeline is not None or tables is not None, peaks=peaks)
     if len(pointed) > 1 or not pointed[0].traces:
         done = _analyze_each(pointed, opts, json_out=json_out, timeline=timeline, tables=tables, top=top, catalog_note=choice.note())
         check_strict(strict, [(label, summary.get("health")) for label, summary in done])

@@ -52,7 +52,11 @@ class RunOptions:
     num_steps: int = field(default=20, metadata=option("--num-steps", min=1, help="run_batch iterations to profile."))
     profile_windows: int = field(default=3, metadata=option("--profile-windows", min=1, help="Profile windows of --num-steps iterations per side (median and spread of every trace figure; 1: changes are not judged)."))
     with_stack: bool = field(default=False, metadata=option("--with-stack", help="Record Python stacks (bigger traces, more overhead)."))
-    record_shapes: bool = field(default=False, metadata=option("--record-shapes", help="Record op shapes."))
+    # off by default (issue 41): shapes cost the profiled step 4-7% under CUDA graphs on an H100 and 1.15x CPU / 1.5x trace
+    # bytes eagerly, and would move every profiled idle figure against baselines stored without them
+    # (benchmarks/results/record_shapes_overhead_h100_2026-12-07.txt, docs/floor.md)
+    record_shapes: bool = field(default=False, metadata=option("--record-shapes", help="Record op shapes: each op's work and each step's "
+                                                                "hardware floor (docs/floor.md); off by default, the profiled step runs a few % slower."))
     profile_turn: int = field(default=1, metadata=option("--profile-turn", help="Turn (0-based) whose decode is profiled."))
     port: Optional[int] = field(default=None, metadata=option("--port", help="Server port (default: a free one)."))
     health_timeout: Optional[float] = field(default=None, metadata=option("--health-timeout", help="Seconds to wait for /health (default 180 proxy, 3600 sglang)."))

@@ -106,6 +106,21 @@ OUTPUT = Shared(("--output", "-o"), "The file to write (default: under reports/,
 
 MD = Shared(("--md",), "Write a GitHub Markdown PR comment to FILE.")
 
+def _peaks(value: Optional[Path]) -> Optional[Path]:
+    if value is None:
+        return None
+    from profkit.analysis.peaks import load_peaks_file
+    from profkit.errors import UsageError
+
+    try:
+        load_peaks_file(value)
+    except UsageError as e:
+        raise typer.BadParameter(str(e) + (f"; {e.hint}" if e.hint else "")) from None
+    return value
+
+
+PEAKS = Shared(("--peaks",), "Measured peaks (TOML, as benchmarks/gpu_peaks.py writes) for the hardware floor of traces recorded with "
+               "shapes; default: kernels/peaks/datasheet.toml's figures for the trace's device.", {"callback": _peaks})
 STRICT = Shared(("--strict",), "Exit 5 when capture health is not ok (degraded or unusable), after writing every output.")
 WINDOW = Shared(("--window",), "Of a run folder of profile windows (window-<i>/): window i only (default: each window on its own).", {"min": 0})
 
@@ -120,3 +135,4 @@ Output = Annotated[Optional[Path], OUTPUT.option()]
 JsonOut = Annotated[Optional[str], JSON_OUT.option()]
 Window = Annotated[Optional[int], WINDOW.option()]
 Strict = Annotated[bool, STRICT.option()]
+PeaksOpt = Annotated[Optional[Path], PEAKS.option()]

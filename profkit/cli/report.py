@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from profkit.cli.common import check_strict, command, err, out, safe_name
-from profkit.cli.options import MD, OUTPUT, WINDOW, Captures, JsonOut, Cdn, CatalogOpt, Marker, MinBubble, Strict, Top, Window
+from profkit.cli.options import MD, OUTPUT, WINDOW, Captures, JsonOut, Cdn, CatalogOpt, Marker, MinBubble, PeaksOpt, Strict, Top, Window
 from profkit.errors import TraceInputError, UsageError
 
 
@@ -52,6 +52,7 @@ def diff(
     top: Top = 10,
     capture: Captures = None,
     strict: Strict = False,
+    peaks: PeaksOpt = None,
 ) -> None:
     """Attribute the change between two runs: per-category time, overlap and idle by bubble cause
     (exact, mean per iteration), launches and syncs per iteration, kernels added and removed, and
@@ -69,7 +70,8 @@ def diff(
 
     choice = choose_catalog(catalog, (before, after))
     _announce(choice)
-    opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice, captures=tuple(capture) if capture else None)
+    opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice, captures=tuple(capture) if capture else None,
+                            peaks=peaks)
     d, notes, (lb, lc) = diff_paths(before, after, opts, opt=opt, rank=rank, allow_shape_mismatch=allow_shape_mismatch,
                                     warn=lambda w: err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True))
     for n in notes:  # before every table: the reader must know what is compared
@@ -113,6 +115,7 @@ def report(
     window: Annotated[Optional[int], WINDOW.option(REPORT_WINDOW_HELP)] = None,
     md: Annotated[Optional[Path], MD.option("Also write a GitHub Markdown PR comment to FILE: of a sweep folder (its ladder or "
                                             "leave-one-out table first, each step's own term) or of one diff.")] = None,
+    peaks: PeaksOpt = None,
 ) -> None:
     """Write one self-contained HTML report: headline numbers, a representative iteration's timeline,
     time by category, bubbles by cause, launches and syncs per iteration, top kernels, manifests;
@@ -146,7 +149,7 @@ def report(
             raise UsageError(_MD_ONE, hint=_MD_HINT)
     choice = choose_catalog(catalog, paths)
     _announce(choice)
-    opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice)
+    opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice, peaks=peaks)
     diffs, runs, windows = gather(paths, opts, window, note=lambda n: err.print(f"[dim]{escape(n)}[/]", soft_wrap=True))
     if output is None:
         if diffs and not runs and len(diffs) == 1:

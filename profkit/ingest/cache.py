@@ -182,6 +182,8 @@ def file_sha256(path: Path) -> str:
 # cache knows no catalog); entries carry the same size + BLAKE2b checks as the tables.
 
 ANALYSIS_FRAMES = ("iterations", "categories", "launch_calls", "ops", "bubbles", "syncs")
+# stored when the analysis has them: every GPU op's work, for a trace recorded with shapes (analysis/rank.py device_work)
+OPTIONAL_FRAMES = ("device_work",)
 MAX_ANALYSIS_ENTRIES = 4
 
 
@@ -198,7 +200,7 @@ def read_analysis(path: Path, key: str) -> tuple[dict[str, pl.DataFrame], dict[s
         if man.get("key") != key or man.get("cache_schema") != CACHE_SCHEMA:
             return None
         frames: dict[str, pl.DataFrame] = {}
-        for name in ANALYSIS_FRAMES:
+        for name in (*ANALYSIS_FRAMES, *(n for n in OPTIONAL_FRAMES if n in man["files"])):
             info = man["files"][name]
             data = (d / f"{name}.parquet").read_bytes()
             if len(data) != info["size"] or hashlib.blake2b(data, digest_size=32).hexdigest() != info["blake2b"]:
@@ -225,7 +227,7 @@ def write_analysis(path: Path, key: str, frames: dict[str, pl.DataFrame], fields
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         files: dict[str, Any] = {}
-        for name in ANALYSIS_FRAMES:
+        for name in (*ANALYSIS_FRAMES, *(n for n in OPTIONAL_FRAMES if frames.get(n) is not None)):
             buf = io.BytesIO()
             frames[name].write_parquet(buf, compression="lz4", statistics=False)
             data = buf.getvalue()

@@ -310,6 +310,13 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
                  figs.div(F.bubbles_figure([(lb, dec.baseline.idle_us_by_cause), (lc, dec.candidate.idle_us_by_cause)], device=W["device"]))],
     ))
 
+    from profkit.report.floor_view import closed_text, diff_gap_rows
+
+    gap = diff_gap_rows(diff)
+    if gap:  # issue 41: the gap to the hardware floor on each side, and what the optimization closed of it
+        out.append(_section(f"{prefix}-floor", "The gap to the hardware floor (µs per iteration)", notes=[closed_text(diff)],
+                            tables=[_table(["term", "baseline", "candidate", "Δ µs"], [[k, num(b), num(c), num(d, sign=True)] for k, b, c, d in gap])]))
+
     labels = {k: count_label(k, tl) for k in ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h",
                                                 "memcpy_h2d", "bubble_count")}
     crow = [[lab, num(diff.counts[k].baseline, COUNT), num(diff.counts[k].candidate, COUNT), num(diff.counts[k].delta, COUNT, sign=True),
@@ -467,6 +474,15 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
         figs.div(F.category_figure([(label, _rank0(s).median.category_us) for label, s in runs], device=W["device"])),
         figs.div(F.bubbles_figure([(label, _bubbles_by_cause(_rank0(s))) for label, s in runs], device=W["device"])),
     ]))
+    from profkit.report.floor_view import OPS_COLUMNS, floor_line, gap_rows, op_rows
+
+    floors = [(label, _rank0(s)) for label, s in runs if floor_line(_rank0(s))]
+    if floors:  # issue 41: each run's floor, the gap's split and its modeled ops
+        out.append(_section("runs-floor", "The hardware floor and the gap", notes=[f"{label}: {floor_line(r)}" for label, r in floors],
+                            tables=[t for label, r in floors for t in (
+                                _table(["term", "µs"], [[k, num(v)] for k, v in gap_rows(r)], caption=f"gap to the floor: {label} (mean per iteration)"),
+                                _table(list(OPS_COLUMNS), [list(x) for x in op_rows(r, 12)], align="lrrrrrl", caption=f"modeled ops: {label}",
+                                       name_cols=(0,), collapsed=True))]))
     out.append(_section("runs-counts", "Bubbles per iteration" if cpu_page else "Launches and syncs per iteration", figures=[
         figs.div(F.per_iteration_figure([(label, _series(_rank0(s).iterations)) for label, s in runs], cpu=cpu_page))]))
     tables = []

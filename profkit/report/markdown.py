@@ -75,7 +75,7 @@ def _render(diff: Diff, limit: int) -> str:
     """The comment: each section's lines, in order (`limit`: rows per long list, 0 for none)."""
     tl = diff_timeline(diff)
     W = words(tl)
-    sections = (_head(diff, tl), _throughput(diff), _expected_effect(diff), _noise(diff), _decomposition(diff, limit, W), _phases(diff, W),
+    sections = (_head(diff, tl), _throughput(diff), _expected_effect(diff), _noise(diff), _decomposition(diff, limit, W), _floor(diff), _phases(diff, W),
                 _counts(diff, tl), _syncs(diff, limit), _bubbles(diff, limit), _movers(diff, limit, W), _kernels(diff, limit), _warnings(diff, limit))
     return "\n".join([line for s in sections for line in s] + [_footer(diff)]) + "\n"
 
@@ -174,6 +174,24 @@ def _decomposition(diff: Diff, limit: int, W: dict[str, str]) -> list[str]:
     wn = _noise_mark(diff, "wall_us")  # beside the change it judges, inside the sentence
     return [*out, "", f"Wall (CPU) per iteration: {num(w.baseline)} → {num(w.candidate)} µs ({num(w.delta, sign=True)} µs"
             + (f", {wn}" if wn else "") + ").", ""]
+
+
+def _floor(diff: Diff) -> list[str]:
+    """What the optimization closed of the gap to the hardware floor, and the gap's split on each side (report/floor_view.py)."""
+    from profkit.report.floor_view import closed_text, diff_gap_rows
+
+    text = closed_text(diff)
+    if text is None:
+        return []
+    rows = diff_gap_rows(diff)
+    if not rows:
+        return [f"<sub>{md_escape(text, max_len=None)}</sub>", ""]
+    out = ["#### The gap to the hardware floor (µs per iteration)", "", f"**{md_escape(text, max_len=None)}**", ""]
+    out += _table(["term", "baseline µs", "candidate µs", "Δ µs"], "lrrr",
+                  [[md_escape(k), num(b), num(c), num(d, sign=True)] for k, b, c, d in rows])
+    return [*out, "", "<sub>gap = GPU window − floor = idle + above the ops' floors + floor mix + unmodeled − overlap (exact in each "
+                      "iteration; medians over windows of the means here); the floor: max(bytes / bandwidth, FLOPs / peak rate) of "
+                      "the step's own ops with a work model</sub>", ""]
 
 
 def _phases(diff: Diff, W: dict[str, str]) -> list[str]:

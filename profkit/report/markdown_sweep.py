@@ -120,6 +120,7 @@ def render_sweep(sweep: Mapping[str, Any], diffs: Sequence[Diff], runs: Sequence
             f"{len(diffs)} compared steps", ""]
     out += _health(names, diffs)
     out += _steps(mode, names, diffs, W)
+    out += _gaps(names, diffs)
     out += _ladder(runs, ladder)
     out += _flags(names, diffs)
     unstable = unstable_runs([(n, row.get("baseline") or d.baseline.label, row.get("candidate") or d.candidate.label, d)
@@ -174,6 +175,16 @@ def _steps(mode: str, names: Sequence[str], diffs: Sequence[Diff], W: Mapping[st
             *_table(["step", "own term", "Δ µs", "noise", "verdict", f"Δ {W['window']} µs", "Δ wall µs", "tokens/s per user"], "llrrlrrl", table),
             "", f"<sub>µs per iteration, {md_escape(stat)}; each step's own terms are its optimization's categories, phases and idle "
                 "causes (the catalog's), expected to shrink.</sub>", ""]
+
+
+def _gaps(names: Sequence[str], diffs: Sequence[Diff]) -> list[str]:
+    """Each step's change of the gap to the hardware floor and what its optimization closed (report/floor_view.py), for
+    the steps whose runs were recorded with shapes; nothing when none were."""
+    from profkit.report.floor_view import closed_text
+
+    lines = [f"- {md_escape(n)}: {md_escape(closed_text(d) or '', max_len=None)}" for n, d in zip(names, diffs)
+             if isinstance(d.floor, Mapping) and "gap_us" in d.floor]
+    return ["#### The gap to the hardware floor", "", *lines, ""] if lines else []
 
 
 def _with_noise(delta: float | None, verdict: str) -> str:

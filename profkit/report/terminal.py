@@ -17,7 +17,7 @@ from rich.text import Text
 
 from profkit.attribution.diff import shape_label, shape_of
 from profkit.attribution.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
-from profkit.documents import Diff, Summary
+from profkit.documents import Diff, Rank, Summary
 from profkit.analysis import health
 from profkit.analysis.shapes import shape_text
 from profkit.report import capture_view
@@ -131,6 +131,7 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
         if cat:
             console.print(fit_table(console, "time by category (median µs per iteration)", (("category", COPY), ("µs", NUM), ("share", NUM)),
                                     [(k, _num(v), pct(100 * v / total, sign=False)) for k, v in sorted(cat.items(), key=lambda kv: -kv[1])]))
+        _floor(r, console)
         by_cause = cast(dict[str, float], m.bubble_us_by_cause)
         causes = bubble_causes(r)
         if causes and any(v["count"] for v in causes.values()):
@@ -171,6 +172,25 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
             console.print(f"[yellow]warning:[/] {escape(w)}")
 
 
+def _floor(r: Rank, console: Console) -> None:
+    """The step's floor and the gap's split (report/floor_view.py), or the one line saying why there is none."""
+    from profkit.report.floor_view import GAP_TITLE, OPS_COLUMNS, floor_line, floor_note, gap_rows, op_rows
+
+    note = floor_note(r)
+    if note:
+        console.print(f"[dim]{escape(note)}[/]")
+        return
+    line = floor_line(r)
+    if line is None:
+        return
+    console.print(f"[bold]floor:[/] {escape(line)}")
+    console.print(fit_table(console, GAP_TITLE, (("term", COPY), ("µs", NUM)), [(k, _num(v)) for k, v in gap_rows(r)]))
+    ops = op_rows(r, 5)
+    if ops:
+        console.print(fit_table(console, "modeled ops, most time first (all iterations; achieved rates, share of the peak of their bound)",
+                                tuple(zip(OPS_COLUMNS, (NAME, NUM, NUM, NUM, NUM, NUM, COPY))), ops))
+
+
 def _cross_rank(x: Mapping[str, Any], console: Console, *, warnings: bool = True) -> None:
     """The straggler table and per-iteration spread across ranks."""
     offs = ", ".join(f"rank {r}: {v:+,.1f} µs" for r, v in x["clock_offsets_us"].items())
@@ -199,6 +219,7 @@ def _diff(diff: Diff, console: Console, *, top: int) -> None:
     if banner(tl):
         console.print(f"[bold yellow]{escape(banner(tl) or '')}[/]")
     _decomposition_table(diff, console, W)
+    _diff_floor(diff, console)
     ph = phase_rows(diff)
     if ph:
         console.print(fit_table(console, f"the same change in {W['device']} time by phase (µs per iteration)",
@@ -210,6 +231,22 @@ def _diff(diff: Diff, console: Console, *, top: int) -> None:
     _kernel_and_sync_tables(diff, console, W, top=top)
     for w in diff.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}")
+
+
+def _diff_floor(diff: Diff, console: Console) -> None:
+    """What the optimization closed of the gap to the floor, and the gap's split on each side (report/floor_view.py)."""
+    from profkit.report.floor_view import closed_text, diff_gap_rows
+
+    text = closed_text(diff)
+    if text is None:
+        return
+    if diff.floor and diff.floor.get("note"):
+        console.print(f"[dim]{escape(text)}[/]")
+        return
+    console.print(f"[bold]{escape(text)}[/]")
+    console.print(fit_table(console, "the gap to the floor on each side (µs per iteration, medians over windows of the means)",
+                            (("term", COPY), ("baseline", NUM), ("candidate", NUM), ("Δ", NUM)),
+                            [(k, _num(b), _num(c), _num(d, sign=True)) for k, b, c, d in diff_gap_rows(diff)]))
 
 
 def _diff_head(diff: Diff, console: Console) -> None:
