@@ -117,8 +117,10 @@ def test_a_real_capture_only_run_without_analysis_packages(tmp_path):
     pytest.importorskip("torch")
     root = ROOT
     env = {**os.environ, "PYTHONPATH": str(root)}
+    # 128 output tokens: the profiled turn decodes long enough for the profiler to open on a loaded host (with 24, a
+    # CI run beside other work once opened the baseline's window after its decode: a window of no iterations)
     argv = [sys.executable, "-c", BLOCK, "trace", "--opt", "topk_v2", "--capture-only", "--isl", "64", "--turns", "3", "--turn-tokens", "16",
-            "--output-tokens", "24", "--num-steps", "4", "--profile-windows", "1", "--traces-dir", "traces", "--reports-dir", "reports"]
+            "--output-tokens", "128", "--num-steps", "4", "--profile-windows", "1", "--traces-dir", "traces", "--reports-dir", "reports"]
     r = run_to_end(argv, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     runs = sorted((tmp_path / "traces").iterdir(), key=lambda d: not d.name.endswith("-before"))

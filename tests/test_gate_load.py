@@ -177,6 +177,11 @@ def test_the_decision_line_names_the_owned_term_when_the_headline_is_long():
              "mde_pct": 23.8, "verdict": "regression", "gated": True}]
     doc = {"decision": "regression", "headline": "throughput.ttft_ms_p50", "owned_term": "category_us.topk", "rows": rows}
     assert decision_line(doc) == "regression: TTFT +62.0% (±33.3%, thr 57%, MDE 47.5%); owned topk +3,414 µs"
+    # the window as the headline (a trial on the CPU proxy): its figure bare, so that the owned term still fits
+    rows[0] = {"metric": "gpu_window_us", "unit": "µs", "change_pct": 35.47, "change": 4400.0, "noise_pct": 31.4, "threshold_pct": 35.0,
+               "mde_pct": 34.9, "verdict": "regression", "gated": True}
+    doc = {**doc, "headline": "gpu_window_us", "timeline": "cpu"}
+    assert decision_line(doc) == "regression: CPU-op window +35.5%; owned topk +3,414 µs"
 
 
 def test_a_run_noisier_than_its_calibration_is_never_a_pass(tmp_path):

@@ -39,10 +39,13 @@ def _pct(v: float | None, *, sign: bool = False) -> str:
     return "–" if v is None else (f"{v:+.1f}%" if sign else f"{v:.1f}%")
 
 
-def figure(row: Mapping[str, Any], timeline: str = "gpu", *, short: bool = False) -> str:
-    """``decode ITL +6.1% (±1.2%, threshold 2%, MDE 1.5%)``; a change without a baseline in its unit."""
+def figure(row: Mapping[str, Any], timeline: str = "gpu", *, short: bool = False, bare: bool = False) -> str:
+    """``decode ITL +6.1% (±1.2%, threshold 2%, MDE 1.5%)``; a change without a baseline in its unit; `bare`:
+    the name and the change alone (the table below has the rest)."""
     name = label(row["metric"], timeline)
     change = _pct(row.get("change_pct"), sign=True) if row.get("change_pct") is not None else _value(row.get("change"), row["unit"], sign=True)
+    if bare:
+        return f"{name} {change}"
     parts = []
     if row.get("noise_pct") is not None:
         parts.append(f"±{row['noise_pct']:.1f}%")
@@ -100,9 +103,9 @@ def decision_line(doc: Mapping[str, Any]) -> str:
     if dec in ("regression", "suspect") and head is not None:
         owned = rows.get(doc.get("owned_term") or "")
         tail = "" if dec == "regression" else " (last run only)"
-        # the owned term is named whenever it fits: the figure short, then the owned term without "per step"
-        for short, compact in ((False, False), (True, False), (True, True)):
-            line = f"{dec}: {figure(head, tl, short=short)}"
+        # the owned term is named whenever it fits: the figure short, the owned term without "per step", the figure bare
+        for short, compact, bare in ((False, False, False), (True, False, False), (True, True, False), (True, True, True)):
+            line = f"{dec}: {figure(head, tl, short=short, bare=bare)}"
             if owned is not None and owned is not head:
                 full = f"{line}; {_owned(owned, compact)}{tail}"
                 if len(full) <= WIDTH:
