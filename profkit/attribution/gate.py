@@ -391,11 +391,14 @@ def decide(diff: Mapping[str, Any], policy: Policy, *, calibration: Mapping[str,
         reasons.append("no gated metric could be judged")
     regressions = sorted((r for r in gated if r["verdict"] == "regression"), key=_severity, reverse=True)
     noisy = sorted((r for r in gated if r["verdict"] == "too noisy"), key=lambda r: (r["metric"] not in HEADLINE_FIRST, r["metric"]))
-    if noisy and not regressions and not reasons:
-        # a pass must be one the calibration could have failed: a row noisier than its MDE could hide a regression
-        reasons.append(f"{len(noisy)} gated metric{'s' if len(noisy) > 1 else ''} noisier in this run than the calibration's MDE "
-                       f"({', '.join(r['metric'] for r in noisy[:3])}{', ...' if len(noisy) > 3 else ''}): not a pass; record on a quieter "
-                       "machine, or with more profile windows and repeats")
+    felt = [r for r in noisy if r["metric"] in HEADLINE_FIRST]
+    if felt and not regressions and not reasons:
+        # a pass must be one the calibration could have failed: a figure users feel (ITL, tokens/s per user, TTFT, the step's
+        # window) noisier than its MDE could hide a regression. Other rows too noisy are left out of the decision (named in
+        # the notes): with 20-odd rows, one range of three windows above its calibrated one is the rule, not the exception
+        reasons.append(f"{len(felt)} of the figures users feel noisier in this run than the calibration's MDE "
+                       f"({', '.join(r['metric'] for r in felt)}): not a pass; record on a quieter machine, or with more "
+                       "profile windows and repeats")
     decision = "inconclusive" if reasons else "regression" if regressions else "pass"
     exit_code = 5 if decision == "regression" or (decision == "inconclusive" and inconclusive == "fail") else 0
     # the figure behind a regression: what users feel first (ITL, tokens/s per user, TTFT, the step's window), then the rest

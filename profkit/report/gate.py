@@ -83,7 +83,7 @@ def _short_reason(doc: Mapping[str, Any]) -> str:
         reasons0 = doc.get("reasons") or []
         if reasons0 and "noisier in this run" in str(reasons0[0]):
             order = {m: i for i, m in enumerate(("throughput.itl_ms_p50", "throughput.tokens_per_s_per_user_p50", "throughput.ttft_ms_p50", "gpu_window_us"))}
-            r = min(noisy, key=lambda x: (order.get(x["metric"], 9), x["metric"]))
+            r = min(noisy, key=lambda x: (order.get(x["metric"], 9), x["metric"]))  # a felt figure: the one that made it inconclusive
             lead = f"{len(noisy)} metric{'s' if len(noisy) > 1 else ''} too noisy here"
             return f"{lead} ({label(r['metric'], str(doc.get('timeline') or 'gpu'))} ±{r.get('noise_pct') or 0:.0f}%, MDE {r.get('mde_pct') or 0:.0f}%)"
     reasons = doc.get("reasons") or []
@@ -153,6 +153,10 @@ def _notes(doc: Mapping[str, Any]) -> list[str]:
     cmp = doc.get("comparability") or {}
     if cmp.get("unknown"):
         out.append("not compared (unknown on a side): " + ", ".join(cmp["unknown"]))
+    noisy = [r for r in doc.get("rows") or [] if r.get("gated") and r["verdict"] == "too noisy"]
+    if noisy and doc.get("decision") != "inconclusive":
+        out.append(f"{len(noisy)} row{'s' if len(noisy) > 1 else ''} too noisy here, not judged (this run's spread above the calibrated MDE): "
+                   + ", ".join(label(r["metric"], str(doc.get("timeline"))) for r in noisy[:5]) + (", ..." if len(noisy) > 5 else ""))
     refused = [r for r in doc.get("rows") or [] if r["verdict"] == "cannot be judged here"]
     for r in refused[:5]:
         out.append(f"{label(r['metric'], str(doc.get('timeline')))}: {r['reason']}")
