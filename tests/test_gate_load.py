@@ -42,7 +42,7 @@ def test_a_childs_cpu_is_profkits_own_and_an_orphans_is_other_work():
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # until the child has spent its 0.5 s (it then sleeps, still alive)
             s = hostload.sample()
-            if _cpu_seconds(a, s, child.pid) >= 0.5:
+            if _cpu_seconds(a, s, child.pid) >= 0.45:  # its 0.5 s of CPU, read in clock ticks
                 break
             time.sleep(0.05)
         b = hostload.sample()
