@@ -230,3 +230,32 @@ def test_a_category_noisier_than_its_calibration_is_not_judged_and_does_not_bloc
     felt = ("throughput.itl_ms_p50", "throughput.tokens_per_s_per_user_p50", "throughput.ttft_ms_p50", "gpu_window_us")
     assert any(r["metric"].startswith("category_us.") for r in noisy) and not any(r["metric"] in felt for r in noisy)
     assert f"{len(noisy)} row{'s' if len(noisy) > 1 else ''} too noisy here, not judged" in out
+
+
+def test_a_first_profile_window_without_the_compared_shape_does_not_hide_the_others(tmp_path):
+    """A CI run of the docs/ci.md recipe on a loaded host: the candidate's window 0 opened as its turn's decode ended
+    and held one iteration of no known kind, and gate --baseline said "the two sides share no iteration shape
+    (baseline: verify bs=1; candidate: unknown)" (exit 2) although windows 1 and 2 held 6 verify steps each. The same
+    on the H200 fixtures' summaries, window 0 of the candidate cut to one 'unknown' iteration: the shape comes from
+    the first window that shares one, and the cut window is left out with its warning."""
+    from profkit.attribution.diff import compare_summaries
+
+    def summaries(run: str) -> list[dict]:
+        out = []
+        for w in sorted((LOO / run).glob("window-*")):
+            j = tmp_path / f"{run}-{w.name}.json"
+            r = CliRunner().invoke(app, ["analyze", str(w), "--json", str(j)])
+            assert r.exit_code == 0, r.output
+            out.append(json.loads(j.read_text()))
+        return out
+
+    base, cand = summaries("all"), summaries("all-topk_v2")
+    whole = compare_summaries(base[0], cand[0], baseline_repeats=base, candidate_repeats=cand)
+    cut = json.loads(json.dumps(cand[0]))
+    it = cut["ranks"][0]["iterations"][0]
+    it["kind"], it["batch_size"] = None, None
+    cut["ranks"][0]["iterations"] = [it]
+    d = compare_summaries(base[0], cut, baseline_repeats=base, candidate_repeats=[cut, *cand[1:]])
+    assert d["shape"]["kind"] == whole["shape"]["kind"] and d["shape"]["kind"] is not None
+    assert any("1 profile window(s) hold no iterations of the compared shape" in w for w in d["warnings"])
+    assert d["noise"]["repeats"]["candidate"] == 2 and d["noise"]["repeats"]["baseline"] == 3

@@ -189,6 +189,7 @@ def test_an_h200_baseline_is_not_comparable_with_a_cpu_run(recipe, tmp_path):
     listing = CliRunner().invoke(app, ["baseline", "list", "--dir", str(both)]).output
     assert listing.count("main  target=proxy") == 2 and "gpu=cpu" in listing and "gpu=NVIDIA H200" in listing
     r = CliRunner().invoke(app, ["gate", "--baseline", "main", "--dir", str(both), str(cand), "--json", str(tmp_path / "g2.json")])
+    assert (tmp_path / "g2.json").is_file(), (r.output, r.exception)
     assert json.loads((tmp_path / "g2.json").read_text())["comparability"]["comparable"]
 
 

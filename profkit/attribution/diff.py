@@ -528,6 +528,19 @@ def _side_info(summary: Summary, rank: Rank, its: Sequence[Iteration], label: st
     }
 
 
+def _first_shared(primary: Summary, repeats: Sequence[Summary], other: Sequence[Summary], rank: int) -> Summary:
+    """`primary`, unless none of its rank's steady iterations has a shape the other side's windows hold and a profile
+    window of the same run does: the first such."""
+    def shapes(s: Summary) -> set[Shape]:
+        r = next((x for x in s.ranks if x.rank == rank), None)
+        return {shape_of(i) for i in _steady(r)} if r is not None else set()
+
+    theirs = set().union(*(shapes(s) for s in other))
+    if not theirs or shapes(primary) & theirs:
+        return primary
+    return next((s for s in repeats if shapes(s) & theirs), primary)
+
+
 def _compared(baseline: Summary, candidate: Summary, rank: int = 0) -> tuple[
         Rank, Rank, Shape | None, Shape | None, list[Iteration], list[Iteration], list[str]]:
     """What a diff compares: each side's rank entry, the shape (None: no common one, all iterations)
@@ -593,6 +606,11 @@ def compare_summaries(
     base, cand = summary_of(baseline), summary_of(candidate)
     reps_b = [base if s is baseline else summary_of(s) for s in baseline_repeats]
     reps_c = [cand if s is candidate else summary_of(s) for s in candidate_repeats]
+    # the shape is chosen on each side's first profile window that shares a steady shape with the other side's windows: a
+    # loaded CI run's window 0 once opened as its turn's decode ended (1 iteration of no known kind), and the run read as
+    # "no shape" though its other windows held 6 verify steps each
+    if reps_b and reps_c:
+        base, cand = _first_shared(base, reps_b, reps_c, rank), _first_shared(cand, reps_c, reps_b, rank)
     rb, rc, shape, base_shape, ib, ic, warnings = _compared(base, cand, rank)
 
     # --- each profile window's exact terms, and the statistic every renderer shows -----------------
