@@ -7,6 +7,17 @@ from typing import Any
 
 import polars as pl
 
+DATA = Path(__file__).resolve().parent / "data"
+# the H200 traces recorded with shapes (tests/data/gpu_shapes/README.md): trace, --marker, graph-capture profiles
+SHAPES = DATA / "gpu_shapes"
+CAPTURES = SHAPES / "proxy_graphs" / "graph_capture_profile"
+SHAPE_CASES = {
+    "hf_bs1": (SHAPES / "hf_llama12_bs1.pt.trace.json.gz", r"^(decode_step|prefill)$", None),
+    "hf_bs8": (SHAPES / "hf_llama12_bs8.pt.trace.json.gz", r"^(decode_step|prefill)$", None),
+    "proxy_eager": (next((SHAPES / "proxy_eager").glob("*.trace.json.gz")), None, None),
+    "proxy_graphs": (next((SHAPES / "proxy_graphs").glob("*.trace.json.gz")), None, CAPTURES),
+}
+
 
 def analyze_paths(paths: list[Path], **kw: Any) -> list[Any]:
     """Every rank analysis of the runs `paths` hold, run after run (analysis.parallel.analyze_runs, which

@@ -22,15 +22,9 @@ from conftest import DATA, ROOT
 sys.path.insert(0, str(Path(__file__).parent))
 import plain_flops  # noqa: E402  (the second opinion)
 
-SHAPES = DATA / "gpu_shapes"
+from helpers import SHAPE_CASES, SHAPES  # noqa: E402  (the fixtures both modules read)
 LOO = DATA / "gpu_shapes_loo"
-CAPTURES = SHAPES / "proxy_graphs" / "graph_capture_profile"
-CASES = {
-    "hf_bs1": (SHAPES / "hf_llama12_bs1.pt.trace.json.gz", r"^(decode_step|prefill)$", None),
-    "hf_bs8": (SHAPES / "hf_llama12_bs8.pt.trace.json.gz", r"^(decode_step|prefill)$", None),
-    "proxy_eager": (next((SHAPES / "proxy_eager").glob("*.trace.json.gz")), None, None),
-    "proxy_graphs": (next((SHAPES / "proxy_graphs").glob("*.trace.json.gz")), None, CAPTURES),
-}
+CASES = SHAPE_CASES
 LOO_WINDOWS = sorted(LOO.glob("*/window-*/*.trace.json.gz"))
 ENV = {"PATH": "/usr/bin:/bin", "COLUMNS": "200", "PROFKIT_NO_CACHE": "1"}
 
