@@ -12,7 +12,7 @@ import dataclasses
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
@@ -55,17 +55,23 @@ def _regex(value: Optional[str]) -> Optional[str]:
     return value
 
 
-def _catalog(value: Optional[str]) -> Optional[str]:
+def _checked(value: Any, load: Callable[[Any], Any]) -> Any:
+    """An option's value once `load` took it; its UsageError as typer's bad-parameter error (None: not given)."""
     if value is None:
         return None
-    from profkit.analysis.catalog import load_catalog
     from profkit.errors import UsageError
 
     try:
-        load_catalog(value)
+        load(value)
     except UsageError as e:
         raise typer.BadParameter(str(e) + (f"; {e.hint}" if e.hint else "")) from None
     return value
+
+
+def _catalog(value: Optional[str]) -> Optional[str]:
+    from profkit.analysis.catalog import load_catalog
+
+    return _checked(value, load_catalog)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,19 +110,10 @@ JSON_OUT = Shared(("--json",), "Write the command's JSON document (analyze: summ
 MD = Shared(("--md",), "Write a GitHub Markdown PR comment to FILE.")
 OUTPUT = Shared(("--output", "-o"), "The file to write (default: under reports/, or beside the trace).")
 
-MD = Shared(("--md",), "Write a GitHub Markdown PR comment to FILE.")
-
 def _peaks(value: Optional[Path]) -> Optional[Path]:
-    if value is None:
-        return None
     from profkit.analysis.peaks import load_peaks_file
-    from profkit.errors import UsageError
 
-    try:
-        load_peaks_file(value)
-    except UsageError as e:
-        raise typer.BadParameter(str(e) + (f"; {e.hint}" if e.hint else "")) from None
-    return value
+    return _checked(value, load_peaks_file)
 
 
 PEAKS = Shared(("--peaks",), "Measured peaks (TOML, as benchmarks/gpu_peaks.py writes) for the hardware floor of traces recorded with "
