@@ -78,15 +78,15 @@ def _short_reason(doc: Mapping[str, Any]) -> str:
         b, c = load["baseline_other_cpus"], load["candidate_other_cpus"]
         side = "candidate" if c > b else "baseline"
         return f"{side} ran on a busier machine ({max(b, c):.1f} vs {min(b, c):.1f} CPUs of other work)"
-    noisy = [r for r in doc.get("rows") or [] if r.get("gated") and r.get("verdict") == "too noisy"]
-    if noisy and not doc.get("regressions") and not cmp.get("differ"):
-        reasons0 = doc.get("reasons") or []
-        if reasons0 and "noisier in this run" in str(reasons0[0]):
-            order = {m: i for i, m in enumerate(("throughput.itl_ms_p50", "throughput.tokens_per_s_per_user_p50", "throughput.ttft_ms_p50", "gpu_window_us"))}
-            r = min(noisy, key=lambda x: (order.get(x["metric"], 9), x["metric"]))  # a felt figure: the one that made it inconclusive
-            lead = f"{len(noisy)} metric{'s' if len(noisy) > 1 else ''} too noisy here"
-            return f"{lead} ({label(r['metric'], str(doc.get('timeline') or 'gpu'))} ±{r.get('noise_pct') or 0:.0f}%, MDE {r.get('mde_pct') or 0:.0f}%)"
     reasons = doc.get("reasons") or []
+    noisy = [r for r in doc.get("rows") or [] if r.get("gated") and r.get("verdict") == "too noisy"]
+    if noisy and reasons and "noisier in this run" in str(reasons[0]):
+        from profkit.attribution.gate import HEADLINE_FIRST
+
+        order = {m: i for i, m in enumerate(HEADLINE_FIRST)}
+        r = min(noisy, key=lambda x: (order.get(x["metric"], 9), x["metric"]))  # a felt figure: the one that made it inconclusive
+        lead = f"{len(noisy)} metric{'s' if len(noisy) > 1 else ''} too noisy here"
+        return f"{lead} ({label(r['metric'], str(doc.get('timeline') or 'gpu'))} ±{r.get('noise_pct') or 0:.0f}%, MDE {r.get('mde_pct') or 0:.0f}%)"
     if reasons and str(reasons[0]).startswith("not judged"):
         return "trace figures " + str(reasons[0])
     return str(reasons[0]) if reasons else "no gated metric could be judged"
