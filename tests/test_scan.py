@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from profkit.ingest import scan
@@ -271,6 +271,7 @@ _valid_event = st.fixed_dictionaries(
 @needs_scanner
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_valid_event, min_size=1, max_size=8), st.sampled_from([None, 2]), st.booleans())
+@example([{"ph": "X", "args": {"bytes": "\x7f"}}], None, True)  # found by CI: ensure_ascii writes DEL as \u007f
 def test_random_valid_events_are_scanned(events: list, indent: int | None, ascii_only: bool) -> None:
     """Well-typed events (the shape real traces have): the scanner accepts them and agrees."""
     chunk = json.dumps(events, indent=indent, ensure_ascii=ascii_only).encode()
@@ -278,7 +279,11 @@ def test_random_valid_events_are_scanned(events: list, indent: int | None, ascii
     got = _scanned(chunk)
     assert ref is not None
     def escaped_or_unicode(b: object) -> bool:
-        return isinstance(b, str) and any(not c.isascii() or c < " " or c in '"\\' for c in b)
+        """As json.dumps wrote it: an escape (ensure_ascii escapes DEL, 0x7f, too) or non-ASCII text."""
+        if not isinstance(b, str):
+            return False
+        written = json.dumps(b, ensure_ascii=ascii_only)[1:-1]
+        return "\\" in written or not written.isascii()
 
     if any(escaped_or_unicode(e["args"].get("bytes")) for e in events if isinstance(e.get("args"), dict)):
         return  # a "bytes" string with escapes or non-ASCII text: the scanner leaves it to msgspec
