@@ -672,3 +672,56 @@ class Calibration(_Doc):
     sides: dict[str, Any] = {}
     health: dict[str, Any] = {}
     metrics: dict[str, CalibrationMetric] = {}
+
+
+# ---------------------------------------------------------------------------------------------
+# sweep.json (flows/sweep.py builds it; flows/report.read_sweep reads it)
+
+
+class SweepRun(_Doc):
+    """One run of a sweep: its label (the configuration: baseline, +topk_v2, all ...), run id, switches,
+    its summary.json's path and the manifest's throughput points (as recorded)."""
+    label: str = ""
+    run_id: str = ""
+    states: dict[str, bool] = {}
+    summary: str = ""
+    throughput: Any = None
+
+
+class SweepStep(_Doc):
+    """One compared pair of a sweep (sweep.json's `attribution` rows, flows/sweep.attribution_row): the
+    runs compared (run ids), its diff.json's path, the throughput per user of each side, the diff's window,
+    wall and decomposition as diff.json holds them, each count's change, the expected-effect flags."""
+    label: str = ""
+    optimization: str | None = None
+    baseline: str | None = None
+    candidate: str | None = None
+    diff: str | None = None
+    tokens_per_s_per_user: dict[str, Any] = {}
+    gpu_window_us: Any = None
+    wall_us: Any = None
+    decomposition: Any = None
+    counts: dict[str, Any] = {}
+    flags: list[str] = []
+
+
+class SweepDoc(_Doc):
+    """sweep.json, schema 1: what `profkit sweep` ran and compared. `status`: running (written after each
+    run), captured (--capture-only), ok (every pair attributed; `pareto` then holds, per run label, tokens/s
+    per GPU and per user at each measured point)."""
+    schema_version: int = 1
+    kind: str = "sweep"
+    mode: str = ""
+    base: str = ""
+    target: str = ""
+    optimizations: list[str] = []
+    runs: list[SweepRun] = []
+    attribution: list[SweepStep] = []
+    status: str = "running"
+    pareto: dict[str, list[dict[str, Any]]] | UnsetType = UNSET
+
+
+def sweep_values(doc: SweepDoc) -> dict[str, Any]:
+    """sweep.json's document as JSON values, in its fields' order (what is written; what the sweep's renderers read)."""
+    out: dict[str, Any] = msgspec.to_builtins(doc)
+    return out

@@ -94,3 +94,17 @@ def calibrate_run_id(stamp: str, target: str, session: str, side: str) -> str:
 def written(folder: Path, names: tuple[str, ...]) -> list[Path]:
     """The files of `names` that are in `folder` (report.html is absent without the `report` extra)."""
     return [folder / n for n in names if (folder / n).is_file()]
+
+
+def write_text(path: Path, text: str) -> None:
+    """A rendered output (a report, a comment, a JSON document's text), written atomically."""
+    from profkit.store import write_bytes_atomic
+
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_json(path: Path, doc: Any) -> None:
+    """A JSON document (profkit.store.json_text: one-space indent, a final newline), written atomically."""
+    from profkit.store import write_json_atomic
+
+    write_json_atomic(path, doc)

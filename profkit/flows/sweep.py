@@ -1,15 +1,38 @@
 """`sweep` end to end once its runs are recorded and summarized (flows/trace.py; the plan of its runs:
-capture/sweep.py): which pairs it compares, each pair's attribution folder (flows/trace.attribute),
-sweep.json's rows and Pareto points, and the sweep's own report.html. Nothing here prints; notes
-for the user are returned."""
+capture/sweep.py): sweep.json (documents.SweepDoc: built here, encoded from the struct each time it is
+written), which pairs it compares, each pair's attribution folder (flows/trace.attribute), sweep.json's
+rows and Pareto points, and the sweep's own report.html. Nothing here prints; notes for the user are
+returned."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Optional
 
+import msgspec
+
 from profkit.capture.sweep import Plan, label_slug
+from profkit.documents import SweepDoc, SweepRun, SweepStep, sweep_values as sweep_dict
+from profkit.flows.outputs import SWEEP_JSON, write_json
 from profkit.flows.trace import RunResult, attribute, write_reports
+
+
+def new_sweep(mode: str, base: str, target: str, optimizations: list[str]) -> SweepDoc:
+    """sweep.json before any run: status "running"."""
+    return SweepDoc(mode=mode, base=base, target=target, optimizations=list(optimizations))
+
+
+def add_run(doc: SweepDoc, label: str, states: dict[str, bool], res: RunResult) -> None:
+    """A recorded (and summarized) run's row in sweep.json's `runs`: its plan's label and switches."""
+    doc.runs.append(SweepRun(label=label, run_id=res.run_id, states=states, summary=str(res.summary_path),
+                             throughput=res.manifest.get("throughput")))
+
+
+def write_sweep(sweep_dir: Path, doc: SweepDoc, status: str | None = None) -> None:
+    """sweep.json written (atomically) as `doc` is now; `status` set first when given."""
+    if status is not None:
+        doc.status = status
+    write_json(sweep_dir / SWEEP_JSON, sweep_dict(doc))
 
 
 def compared_pairs(plan: Plan, mode: str, sweep_dir: Path) -> list[tuple[str, Optional[str], str, str, Path]]:
@@ -27,12 +50,10 @@ def compared_pairs(plan: Plan, mode: str, sweep_dir: Path) -> list[tuple[str, Op
     return pairs
 
 
-def attribute_sweep(plan: Plan, mode: str, results: dict[str, RunResult], sweep_dir: Path, doc: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+def attribute_sweep(plan: Plan, mode: str, results: dict[str, RunResult], sweep_dir: Path, doc: SweepDoc) -> tuple[list[dict[str, Any]], list[str]]:
     """Every compared pair attributed into its folder, its row in `doc` (sweep.json: `attribution`,
     `pareto`, status "ok", written), and the sweep's report.html over every run and diff: the diffs,
     and notes for the user."""
-    from profkit.store import write_json_atomic
-
     diffs: list[dict[str, Any]] = []
     notes: list[str] = []
     for label, opt, b_label, a_label, pair_dir in compared_pairs(plan, mode, sweep_dir):
@@ -40,12 +61,12 @@ def attribute_sweep(plan: Plan, mode: str, results: dict[str, RunResult], sweep_
         diff, more = attribute(before, after, [opt] if opt else [], pair_dir)
         notes += more
         diffs.append(diff)
-        doc["attribution"].append(attribution_row(label, opt, before, after, diff, pair_dir))
-    doc["pareto"] = pareto(doc["runs"])
-    doc["status"] = "ok"
-    write_json_atomic(sweep_dir / "sweep.json", doc)
+        doc.attribution.append(msgspec.convert(attribution_row(label, opt, before, after, diff, pair_dir), SweepStep))
+    doc.pareto = pareto(doc.runs)
+    write_sweep(sweep_dir, doc, "ok")
     notes += write_reports(sweep_dir, diffs=diffs,  # the diffs just written (each pair's diff.json), not read back
-                           runs=[(lbl, results[lbl].summary) for lbl, *_ in plan], windows=[results[lbl].windows for lbl, *_ in plan], sweep=doc)
+                           runs=[(lbl, results[lbl].summary) for lbl, *_ in plan], windows=[results[lbl].windows for lbl, *_ in plan],
+                           sweep=sweep_dict(doc))
     return diffs, notes
 
 
@@ -63,11 +84,11 @@ def attribution_row(label: str, opt: Optional[str], before: RunResult, after: Ru
     }
 
 
-def pareto(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def pareto(runs: list[SweepRun]) -> dict[str, list[dict[str, Any]]]:
     """sweep.json's `pareto`: per run, tokens/s per GPU and per user at each measured point."""
-    return {r["label"]: [{"concurrency": p["concurrency"], "isl": p["isl"],
-                          "tokens_per_s_per_gpu": p["tokens_per_s_per_gpu"]["median"],
-                          "tokens_per_s_per_user": p["tokens_per_s_per_user_p50"]["median"]} for p in (r["throughput"] or [])]
+    return {r.label: [{"concurrency": p["concurrency"], "isl": p["isl"],
+                       "tokens_per_s_per_gpu": p["tokens_per_s_per_gpu"]["median"],
+                       "tokens_per_s_per_user": p["tokens_per_s_per_user_p50"]["median"]} for p in (r.throughput or [])]
             for r in runs}
 
 
