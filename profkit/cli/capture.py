@@ -551,12 +551,12 @@ def sweep(
             write_sweep(sweep_dir, doc)
     if capture_only:
         write_sweep(sweep_dir, doc, "captured")
-        for r in doc.runs:
-            out.print(f"{escape(r.label)}: {escape(str(cfg.traces_dir / r.run_id))}", soft_wrap=True)
+        for r in doc["runs"]:
+            out.print(f"{escape(r['label'])}: {escape(str(cfg.traces_dir / r['run_id']))}", soft_wrap=True)
         return
-    diffs, notes = attribute_sweep(plan, mode, results, sweep_dir, doc)
+    done, diffs, notes = attribute_sweep(plan, mode, results, sweep_dir, doc)
     _notes(notes)
-    _render_sweep(sweep_dict(doc), diffs)
+    _render_sweep(sweep_dict(done), diffs)
     wrote = written(sweep_dir, SWEEP_FILES)
     out.print(f"wrote {', '.join(escape(str(p)) for p in wrote)}", soft_wrap=True)
 

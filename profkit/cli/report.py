@@ -1,9 +1,9 @@
 """The `diff`, `report` and `export-perfetto` commands.
 
-Thin: each picks the catalog (analysis/catalog.choose_catalog) and says how, calls its flow (flows/diff.py:
-the two sides and diff.json; flows/report.py: the diffs and runs of one report; flows/inputs.py: what
-export-perfetto is pointed at), renders (report/, export/) and writes atomically (profkit.store). Status
-lines go to stderr; `--json -` puts diff.json on stdout.
+Thin: each picks the catalog (flows/options.summarize_options) and says how, calls its flow (flows/diff.py:
+the two sides and diff.json; flows/report.py: the diffs and runs of one report; flows/export.py: the
+Perfetto files), renders (report/) and writes what it rendered (flows/outputs.py: default names, atomic
+writes). Status lines go to stderr; `--json -` puts diff.json on stdout.
 """
 
 from __future__ import annotations

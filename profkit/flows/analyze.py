@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 from profkit.errors import OutputError, UsageError
 from profkit.flows.outputs import is_json_dir, summary_in
 
-Say = Callable[[str], None]
+Say = Callable[[str], Any]
 
 
 def _quiet(_: str) -> None:

@@ -7,12 +7,12 @@ catalog's note to `catalog_note`, each file's line to `wrote` once it is written
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from profkit.errors import TraceInputError
 from profkit.flows.outputs import perfetto_file
 
-Say = Callable[[str], None]
+Say = Callable[[str], Any]
 
 
 def _quiet(_: str) -> None:

@@ -1,38 +1,60 @@
 """`sweep` end to end once its runs are recorded and summarized (flows/trace.py; the plan of its runs:
-capture/sweep.py): sweep.json (documents.SweepDoc: built here, encoded from the struct each time it is
-written), which pairs it compares, each pair's attribution folder (flows/trace.attribute), sweep.json's
-rows and Pareto points, and the sweep's own report.html. Nothing here prints; notes for the user are
-returned."""
+capture/sweep.py): sweep.json (documents.SweepDoc), which pairs it compares, each pair's attribution
+folder (flows/trace.attribute), sweep.json's rows and Pareto points, and the sweep's own report.html.
+Nothing here prints; notes for the user are returned.
+
+While the runs are recorded, sweep.json is the plain JSON value of a SweepDoc (new_sweep, add_run: the
+struct's fields, in its order; tests/test_sweep_doc.py holds them equal): `sweep --capture-only` records
+on a GPU box without the analysis packages, msgspec among them. Attributing needs them: the document
+becomes its SweepDoc there (attribute_sweep), rows and Pareto points are added to the struct, and
+sweep.json is encoded from it."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
-
-import msgspec
+from typing import TYPE_CHECKING, Any, Optional
 
 from profkit.capture.sweep import Plan, label_slug
-from profkit.documents import SweepDoc, SweepRun, SweepStep, sweep_values as sweep_dict
 from profkit.flows.outputs import SWEEP_JSON, write_json
 from profkit.flows.trace import RunResult, attribute, write_reports
 
-
-def new_sweep(mode: str, base: str, target: str, optimizations: list[str]) -> SweepDoc:
-    """sweep.json before any run: status "running"."""
-    return SweepDoc(mode=mode, base=base, target=target, optimizations=list(optimizations))
+if TYPE_CHECKING:
+    from profkit.documents import SweepDoc, SweepRun
 
 
-def add_run(doc: SweepDoc, label: str, states: dict[str, bool], res: RunResult) -> None:
-    """A recorded (and summarized) run's row in sweep.json's `runs`: its plan's label and switches."""
-    doc.runs.append(SweepRun(label=label, run_id=res.run_id, states=states, summary=str(res.summary_path),
-                             throughput=res.manifest.get("throughput")))
+def new_sweep(mode: str, base: str, target: str, optimizations: list[str]) -> dict[str, Any]:
+    """sweep.json before any run (a SweepDoc's fields): status "running"."""
+    return {"schema_version": 1, "kind": "sweep", "mode": mode, "base": base, "target": target, "optimizations": list(optimizations),
+            "runs": [], "attribution": [], "status": "running"}
 
 
-def write_sweep(sweep_dir: Path, doc: SweepDoc, status: str | None = None) -> None:
+def add_run(doc: dict[str, Any], label: str, states: dict[str, bool], res: RunResult) -> None:
+    """A recorded (and summarized) run's row in sweep.json's `runs` (a SweepRun's fields): its plan's label and switches."""
+    doc["runs"].append({"label": label, "run_id": res.run_id, "states": states, "summary": str(res.summary_path),
+                        "throughput": res.manifest.get("throughput")})
+
+
+def write_sweep(sweep_dir: Path, doc: dict[str, Any] | SweepDoc, status: str | None = None) -> None:
     """sweep.json written (atomically) as `doc` is now; `status` set first when given."""
+    if isinstance(doc, dict):
+        if status is not None:
+            doc["status"] = status
+        write_json(sweep_dir / SWEEP_JSON, doc)
+        return
+    from profkit.documents import sweep_values
+
     if status is not None:
         doc.status = status
-    write_json(sweep_dir / SWEEP_JSON, sweep_dict(doc))
+    write_json(sweep_dir / SWEEP_JSON, sweep_values(doc))
+
+
+def sweep_dict(doc: dict[str, Any] | SweepDoc) -> dict[str, Any]:
+    """sweep.json's document as JSON values (what the sweep's renderers read)."""
+    if isinstance(doc, dict):
+        return doc
+    from profkit.documents import sweep_values
+
+    return sweep_values(doc)
 
 
 def compared_pairs(plan: Plan, mode: str, sweep_dir: Path) -> list[tuple[str, Optional[str], str, str, Path]]:
@@ -50,10 +72,16 @@ def compared_pairs(plan: Plan, mode: str, sweep_dir: Path) -> list[tuple[str, Op
     return pairs
 
 
-def attribute_sweep(plan: Plan, mode: str, results: dict[str, RunResult], sweep_dir: Path, doc: SweepDoc) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every compared pair attributed into its folder, its row in `doc` (sweep.json: `attribution`,
-    `pareto`, status "ok", written), and the sweep's report.html over every run and diff: the diffs,
-    and notes for the user."""
+def attribute_sweep(plan: Plan, mode: str, results: dict[str, RunResult], sweep_dir: Path,
+                    recorded: dict[str, Any]) -> tuple[SweepDoc, list[dict[str, Any]], list[str]]:
+    """Every compared pair attributed into its folder, its row in sweep.json (the `recorded` document as
+    its SweepDoc, with `attribution`, `pareto` and status "ok"; written), and the sweep's report.html over
+    every run and diff: the document, the diffs, and notes for the user."""
+    import msgspec
+
+    from profkit.documents import SweepDoc, SweepStep
+
+    doc = msgspec.convert(recorded, SweepDoc)
     diffs: list[dict[str, Any]] = []
     notes: list[str] = []
     for label, opt, b_label, a_label, pair_dir in compared_pairs(plan, mode, sweep_dir):
@@ -67,7 +95,7 @@ def attribute_sweep(plan: Plan, mode: str, results: dict[str, RunResult], sweep_
     notes += write_reports(sweep_dir, diffs=diffs,  # the diffs just written (each pair's diff.json), not read back
                            runs=[(lbl, results[lbl].summary) for lbl, *_ in plan], windows=[results[lbl].windows for lbl, *_ in plan],
                            sweep=sweep_dict(doc))
-    return diffs, notes
+    return doc, diffs, notes
 
 
 def attribution_row(label: str, opt: Optional[str], before: RunResult, after: RunResult, diff: dict[str, Any], pair_dir: Path) -> dict[str, Any]:
