@@ -688,6 +688,21 @@ class SweepRun(_Doc):
     throughput: Any = None
 
 
+class PerUser(_Doc):
+    """A compared pair's tokens/s per user (the median of each side's p50), and candidate / baseline."""
+    baseline: Num | None = None
+    candidate: Num | None = None
+    ratio: Num | None = None
+
+
+class ParetoPoint(_Doc):
+    """One measured point of a run: its concurrency and first-prompt length, tokens/s per GPU and per user (medians)."""
+    concurrency: Num | None = None
+    isl: Num | None = None
+    tokens_per_s_per_gpu: Num | None = None
+    tokens_per_s_per_user: Num | None = None
+
+
 class SweepStep(_Doc):
     """One compared pair of a sweep (sweep.json's `attribution` rows, flows/sweep.attribution_row): the
     runs compared (run ids), its diff.json's path, the throughput per user of each side, the diff's window,
@@ -697,11 +712,11 @@ class SweepStep(_Doc):
     baseline: str | None = None
     candidate: str | None = None
     diff: str | None = None
-    tokens_per_s_per_user: dict[str, Any] = {}
+    tokens_per_s_per_user: PerUser = msgspec.field(default_factory=PerUser)
     gpu_window_us: Any = None
     wall_us: Any = None
     decomposition: Any = None
-    counts: dict[str, Any] = {}
+    counts: dict[str, Num | None] = {}
     flags: list[str] = []
 
 
@@ -718,7 +733,7 @@ class SweepDoc(_Doc):
     runs: list[SweepRun] = []
     attribution: list[SweepStep] = []
     status: str = "running"
-    pareto: dict[str, list[dict[str, Any]]] | UnsetType = UNSET
+    pareto: dict[str, list[ParetoPoint]] | UnsetType = UNSET
 
 
 def sweep_values(doc: SweepDoc) -> dict[str, Any]:

@@ -37,3 +37,26 @@ def test_the_struct_encodes_as_the_recorded_document():
     typed.pareto = {"baseline": []}
     again = msgspec.json.decode(msgspec.json.encode(typed), type=SweepDoc)
     assert again == typed and list(sweep_values(again))[-1] == "pareto"
+
+
+def test_an_attributed_sweep_encodes_as_its_plain_document():
+    """sweep.json once attributed (rows and Pareto points added to the SweepDoc) holds what the plain
+    document held: the same keys in the same order, the same numbers (an int stays an int)."""
+    from profkit.flows.sweep import pareto
+    from profkit.store import json_text
+
+    point = {"concurrency": 2, "isl": 64, "tokens_per_s_per_gpu": {"median": 101.5}, "tokens_per_s_per_user_p50": {"median": 50}}
+    doc = new_sweep("ladder", "on", "proxy", ["topk_v2"])
+    for rid in ("r0", "r1"):
+        add_run(doc, rid, {"topk_v2": rid == "r1"}, SimpleNamespace(run_id=rid, summary_path=Path(rid), manifest={"throughput": [point]}))  # type: ignore[arg-type]
+    diff = {"throughput": {"baseline": {"tokens_per_s_per_user_p50": {"median": 50}}, "candidate": {"tokens_per_s_per_user_p50": {"median": 60.5}}},
+            "gpu_window_us": {"baseline": 10.0, "candidate": 9, "delta": -1.0}, "decomposition": {"idle_us": -1.0, "category_us": {"topk": -2}},
+            "counts": {"syncs": {"delta": 0}, "gpu_kernels": None}, "expected_effect": {"flags": ["f"]}}
+    row = attribution_row("+topk_v2", "topk_v2", SimpleNamespace(run_id="r0"), SimpleNamespace(run_id="r1"), diff, Path("pair"))  # type: ignore[arg-type]
+    typed = msgspec.convert(doc, SweepDoc)
+    typed.attribution.append(msgspec.convert(row, SweepStep))
+    typed.pareto = pareto(typed.runs)
+    typed.status = "ok"
+    plain = {**doc, "attribution": [row], "status": "ok",
+             "pareto": {r["label"]: [{"concurrency": 2, "isl": 64, "tokens_per_s_per_gpu": 101.5, "tokens_per_s_per_user": 50}] for r in doc["runs"]}}
+    assert json_text(sweep_values(typed)) == json_text(plain)

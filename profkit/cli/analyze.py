@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
 
 from profkit.cli.common import _state, check_strict, command, err, out
+from profkit.flows.analyze import Doc, Markers
 from profkit.cli.options import Captures, JsonOut, CatalogOpt, Marker, MinBubble, PeaksOpt, Strict, Top, Window
 
 
@@ -68,7 +69,7 @@ def analyze(
     check_strict(strict, [(label, summary.get("health")) for label, summary in done.profiles])
 
 
-def _print_each(done: list[tuple[str, dict[str, Any]]], top: int) -> None:
+def _print_each(done: list[tuple[str, Doc]], top: int) -> None:
     """Several things pointed at (profile windows, a sweep's runs, stored summaries): each printed on
     its own, under a rule naming it."""
     from profkit.documents import summary_of
@@ -88,7 +89,7 @@ def _print_each(done: list[tuple[str, dict[str, Any]]], top: int) -> None:
         TerminalRenderer(out, top=top, warn=err, said=said).show(Report(runs=[(label, summary)]))
 
 
-def _list_markers(found_by_file: list[tuple[Path, list[dict[str, Any]]]]) -> None:
+def _list_markers(found_by_file: Markers) -> None:
     """`analyze --list-markers`: per file, the spans that could mark iterations, with counts."""
     from profkit.report.fit import COPY, NUM, TEXT, fit_table
 

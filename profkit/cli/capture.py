@@ -345,7 +345,9 @@ def _render_attribution(diff: dict[str, Any], group_dir: Path) -> None:
     from profkit.report.terminal import TerminalRenderer
 
     TerminalRenderer(out).show(Report(diffs=[diff]))
-    out.print(f"wrote {escape(str(group_dir))}/ (before.json, after.json, diff.json, report.md, report.html)", soft_wrap=True)
+    from profkit.flows.outputs import PAIR_FILES
+
+    out.print(f"wrote {escape(str(group_dir))}/ ({', '.join(PAIR_FILES)})", soft_wrap=True)
 
 
 def _faulted(cfg: RunConfig, o: RunOptions) -> RunConfig:
@@ -523,7 +525,7 @@ def sweep(
     """
     from profkit.flows.engines import check_opts, check_sweep, label_slug, sweep_plan
     from profkit.flows.outputs import SWEEP_FILES, sweep_folder, sweep_run_id, written
-    from profkit.flows.sweep import add_run, attribute_sweep, new_sweep, sweep_dict, write_sweep
+    from profkit.flows.sweep import add_run, attribute_sweep, new_sweep, write_sweep
 
     o = _plain(options)
     target, base, mode, reports_dir, capture_only = o.target, o.base, str(mode), o.reports_dir, o.capture_only
@@ -556,13 +558,14 @@ def sweep(
         return
     done, diffs, notes = attribute_sweep(plan, mode, results, sweep_dir, doc)
     _notes(notes)
-    _render_sweep(sweep_dict(done), diffs)
+    _render_sweep(done, diffs)
     wrote = written(sweep_dir, SWEEP_FILES)
     out.print(f"wrote {', '.join(escape(str(p)) for p in wrote)}", soft_wrap=True)
 
 
-def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
-    """The sweep's table and its flags and unstable runs, on stdout (report/sweep_table.py)."""
+def _render_sweep(doc: Any, diffs: list[Any]) -> None:
+    """The sweep's table and its flags and unstable runs (sweep.json: a SweepDoc or its JSON value), on stdout
+    (report/sweep_table.py)."""
     from profkit.report.sweep_table import show_sweep
 
     show_sweep(out, doc, diffs)

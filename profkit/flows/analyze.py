@@ -14,12 +14,14 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from profkit.errors import OutputError, UsageError
 from profkit.flows.outputs import is_json_dir, summary_in
 
 Say = Callable[[str], Any]
+Doc = Mapping[str, Any]  # a summary.json as analysis/summarize.py builds it (read here, never changed)
+Markers = list[tuple[Path, list[dict[str, object]]]]  # per trace file: analysis/iterations.list_markers' rows
 
 
 def _quiet(_: str) -> None:
@@ -33,9 +35,9 @@ class Analysis:
     stored summaries, each under its name), "markers" (--list-markers: `markers` only)."""
 
     how: str
-    profiles: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (label, summary), in order
+    profiles: list[tuple[str, Doc]] = field(default_factory=list)  # (label, summary), in order
     catalog_line: str = ""  # which catalog classified the kernels, and how it was chosen
-    markers: list[tuple[Path, list[dict[str, Any]]]] = field(default_factory=list)  # per trace file: list_markers' rows
+    markers: Markers = field(default_factory=list)
     several_runs: str = ""  # "several": the line naming the runs one input held
 
 
@@ -97,7 +99,7 @@ def analyze(paths: list[Path], *, window: Optional[int] = None, marker: Optional
     return Analysis("one", [(run.label, summary)], catalog_line([summary], choice.note()))
 
 
-def catalog_line(summaries: list[dict[str, Any]], note: Optional[str]) -> str:
+def catalog_line(summaries: list[Doc], note: Optional[str]) -> str:
     """The catalog's line: how it was chosen (CatalogChoice.note), else the ones the ranks picked by their kernel names."""
     from profkit.analysis.catalog import picked_note
 
@@ -105,7 +107,7 @@ def catalog_line(summaries: list[dict[str, Any]], note: Optional[str]) -> str:
     return note or picked_note(picked)
 
 
-def markers_of(paths: list[Path]) -> list[tuple[Path, list[dict[str, Any]]]]:
+def markers_of(paths: list[Path]) -> Markers:
     """`analyze --list-markers`: per file, the spans that could mark iterations, with counts."""
     from profkit.analysis.iterations import list_markers
     from profkit.ingest import load_traces
@@ -113,7 +115,7 @@ def markers_of(paths: list[Path]) -> list[tuple[Path, list[dict[str, Any]]]]:
     return [(t.path, list_markers(t)) for t in load_traces(paths)]
 
 
-def _json_text(summary: dict[str, Any]) -> str:
+def _json_text(summary: Doc) -> str:
     from profkit.store import json_text
 
     return json_text(summary)
@@ -165,7 +167,7 @@ def _check_several_runs(runs: list[Any], json_out: Optional[str], timeline: Opti
 
 
 def _analyze_each(pointed: list[Any], opts: Any, *, json_out: Optional[str], timeline: Optional[Path], tables: Optional[Path],
-                  wrote: Say) -> list[tuple[str, dict[str, Any], list[Any]]]:
+                  wrote: Say) -> list[tuple[str, Doc, list[Any]]]:
     """Several things pointed at (profile windows, a sweep's runs, stored summaries): each summarized
     on its own; --json DIR/ writes one summary per thing."""
     from profkit.analysis.summarize import summarize_runs
@@ -178,7 +180,7 @@ def _analyze_each(pointed: list[Any], opts: Any, *, json_out: Optional[str], tim
                              hint="pick one with --window i, or pass --json DIR/ for one summary per profile")
         if timeline is not None:
             raise UsageError(f"these inputs hold {len(pointed)} profiles ({what}); --timeline {timeline} holds one", hint="pick one with --window i")
-    done: list[tuple[str, dict[str, Any], list[Any]]] = []
+    done: list[tuple[str, Doc, list[Any]]] = []
     for x in pointed:
         if x.summary is not None:
             done.append((f"{x.label} (stored summary {x.summary})", check_summary(read_json(x.summary), x.summary), []))

@@ -20,7 +20,9 @@ REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
 CALIBRATION_JSON = "calibration.json"
 POLICY_TOML = "policy.toml"
-PAIR_FILES = ("before.json", "after.json", DIFF_JSON, REPORT_MD, REPORT_HTML)  # an attribution folder (flows/trace.attribute)
+BEFORE_JSON = "before.json"
+AFTER_JSON = "after.json"
+PAIR_FILES = (BEFORE_JSON, AFTER_JSON, DIFF_JSON, REPORT_MD, REPORT_HTML)  # an attribution folder (flows/trace.attribute)
 SWEEP_FILES = (SWEEP_JSON, REPORT_HTML, REPORT_MD)  # a sweep's folder, besides its pairs' folders
 
 

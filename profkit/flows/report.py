@@ -103,7 +103,7 @@ def gather(paths: list[Path], opts: SummarizeOptions, window: int | None,
     return diffs, runs, windows
 
 
-def ladder_steps(runs: list[tuple[str, dict[str, Any]]], windows: list[list[dict[str, Any]]] | None = None) -> Any:
+def ladder_steps(runs: list[tuple[str, Any]], windows: list[list[Any]] | None = None) -> Any:
     """The report's ladder over its runs (attribution.ladder_steps: medians over each run's profile windows)."""
     from profkit.attribution import ladder_steps as steps
 

@@ -15,26 +15,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from profkit.capture.sweep import Plan, label_slug
-from profkit.flows.outputs import SWEEP_JSON, write_json
+from profkit.flows.outputs import DIFF_JSON, SWEEP_JSON, write_json
 from profkit.flows.trace import RunResult, attribute, write_reports
 
 if TYPE_CHECKING:
-    from profkit.documents import SweepDoc, SweepRun
+    from profkit.documents import ParetoPoint, SweepDoc, SweepRun
+
+Recorded = dict[str, Any]  # sweep.json while its runs are recorded: a SweepDoc's JSON value (new_sweep, add_run)
 
 
-def new_sweep(mode: str, base: str, target: str, optimizations: list[str]) -> dict[str, Any]:
+def new_sweep(mode: str, base: str, target: str, optimizations: list[str]) -> Recorded:
     """sweep.json before any run (a SweepDoc's fields): status "running"."""
     return {"schema_version": 1, "kind": "sweep", "mode": mode, "base": base, "target": target, "optimizations": list(optimizations),
             "runs": [], "attribution": [], "status": "running"}
 
 
-def add_run(doc: dict[str, Any], label: str, states: dict[str, bool], res: RunResult) -> None:
+def add_run(doc: Recorded, label: str, states: dict[str, bool], res: RunResult) -> None:
     """A recorded (and summarized) run's row in sweep.json's `runs` (a SweepRun's fields): its plan's label and switches."""
     doc["runs"].append({"label": label, "run_id": res.run_id, "states": states, "summary": str(res.summary_path),
                         "throughput": res.manifest.get("throughput")})
 
 
-def write_sweep(sweep_dir: Path, doc: dict[str, Any] | SweepDoc, status: str | None = None) -> None:
+def write_sweep(sweep_dir: Path, doc: Recorded | SweepDoc, status: str | None = None) -> None:
     """sweep.json written (atomically) as `doc` is now; `status` set first when given."""
     if isinstance(doc, dict):
         if status is not None:
@@ -48,7 +50,7 @@ def write_sweep(sweep_dir: Path, doc: dict[str, Any] | SweepDoc, status: str | N
     write_json(sweep_dir / SWEEP_JSON, sweep_values(doc))
 
 
-def sweep_dict(doc: dict[str, Any] | SweepDoc) -> dict[str, Any]:
+def sweep_dict(doc: Recorded | SweepDoc) -> Recorded:
     """sweep.json's document as JSON values (what the sweep's renderers read)."""
     if isinstance(doc, dict):
         return doc
@@ -73,7 +75,7 @@ def compared_pairs(plan: Plan, mode: str, sweep_dir: Path) -> list[tuple[str, Op
 
 
 def attribute_sweep(plan: Plan, mode: str, results: dict[str, RunResult], sweep_dir: Path,
-                    recorded: dict[str, Any]) -> tuple[SweepDoc, list[dict[str, Any]], list[str]]:
+                    recorded: Recorded) -> tuple[SweepDoc, list[Any], list[str]]:
     """Every compared pair attributed into its folder, its row in sweep.json (the `recorded` document as
     its SweepDoc, with `attribution`, `pareto` and status "ok"; written), and the sweep's report.html over
     every run and diff: the document, the diffs, and notes for the user."""
@@ -103,7 +105,7 @@ def attribution_row(label: str, opt: Optional[str], before: RunResult, after: Ru
     tc = ((diff.get("throughput") or {}).get("candidate") or {}).get("tokens_per_s_per_user_p50", {}).get("median")
     counts = diff.get("counts", {})
     return {
-        "label": label, "optimization": opt, "baseline": before.run_id, "candidate": after.run_id, "diff": str(pair_dir / "diff.json"),
+        "label": label, "optimization": opt, "baseline": before.run_id, "candidate": after.run_id, "diff": str(pair_dir / DIFF_JSON),
         "tokens_per_s_per_user": {"baseline": tb, "candidate": tc, "ratio": (tc / tb) if tb and tc else None},
         "gpu_window_us": diff.get("gpu_window_us"), "wall_us": diff.get("wall_us"),
         "decomposition": diff.get("decomposition"),
@@ -112,11 +114,12 @@ def attribution_row(label: str, opt: Optional[str], before: RunResult, after: Ru
     }
 
 
-def pareto(runs: list[SweepRun]) -> dict[str, list[dict[str, Any]]]:
+def pareto(runs: list[SweepRun]) -> dict[str, list[ParetoPoint]]:
     """sweep.json's `pareto`: per run, tokens/s per GPU and per user at each measured point."""
-    return {r.label: [{"concurrency": p["concurrency"], "isl": p["isl"],
-                       "tokens_per_s_per_gpu": p["tokens_per_s_per_gpu"]["median"],
-                       "tokens_per_s_per_user": p["tokens_per_s_per_user_p50"]["median"]} for p in (r.throughput or [])]
+    from profkit.documents import ParetoPoint
+
+    return {r.label: [ParetoPoint(concurrency=p["concurrency"], isl=p["isl"], tokens_per_s_per_gpu=p["tokens_per_s_per_gpu"]["median"],
+                                  tokens_per_s_per_user=p["tokens_per_s_per_user_p50"]["median"]) for p in (r.throughput or [])]
             for r in runs}
 
 
