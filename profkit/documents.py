@@ -672,3 +672,71 @@ class Calibration(_Doc):
     sides: dict[str, Any] = {}
     health: dict[str, Any] = {}
     metrics: dict[str, CalibrationMetric] = {}
+
+
+# ---------------------------------------------------------------------------------------------
+# sweep.json (flows/sweep.py builds it; flows/report.read_sweep reads it)
+
+
+class SweepRun(_Doc):
+    """One run of a sweep: its label (the configuration: baseline, +topk_v2, all ...), run id, switches,
+    its summary.json's path and the manifest's throughput points (as recorded)."""
+    label: str = ""
+    run_id: str = ""
+    states: dict[str, bool] = {}
+    summary: str = ""
+    throughput: Any = None
+
+
+class PerUser(_Doc):
+    """A compared pair's tokens/s per user (the median of each side's p50), and candidate / baseline."""
+    baseline: Num | None = None
+    candidate: Num | None = None
+    ratio: Num | None = None
+
+
+class ParetoPoint(_Doc):
+    """One measured point of a run: its concurrency and first-prompt length, tokens/s per GPU and per user (medians)."""
+    concurrency: Num | None = None
+    isl: Num | None = None
+    tokens_per_s_per_gpu: Num | None = None
+    tokens_per_s_per_user: Num | None = None
+
+
+class SweepStep(_Doc):
+    """One compared pair of a sweep (sweep.json's `attribution` rows, flows/sweep.attribution_row): the
+    runs compared (run ids), its diff.json's path, the throughput per user of each side, the diff's window,
+    wall and decomposition as diff.json holds them, each count's change, the expected-effect flags."""
+    label: str = ""
+    optimization: str | None = None
+    baseline: str | None = None
+    candidate: str | None = None
+    diff: str | None = None
+    tokens_per_s_per_user: PerUser = msgspec.field(default_factory=PerUser)
+    gpu_window_us: Any = None
+    wall_us: Any = None
+    decomposition: Any = None
+    counts: dict[str, Num | None] = {}
+    flags: list[str] = []
+
+
+class SweepDoc(_Doc):
+    """sweep.json, schema 1: what `profkit sweep` ran and compared. `status`: running (written after each
+    run), captured (--capture-only), ok (every pair attributed; `pareto` then holds, per run label, tokens/s
+    per GPU and per user at each measured point)."""
+    schema_version: int = 1
+    kind: str = "sweep"
+    mode: str = ""
+    base: str = ""
+    target: str = ""
+    optimizations: list[str] = []
+    runs: list[SweepRun] = []
+    attribution: list[SweepStep] = []
+    status: str = "running"
+    pareto: dict[str, list[ParetoPoint]] | UnsetType = UNSET
+
+
+def sweep_values(doc: SweepDoc) -> dict[str, Any]:
+    """sweep.json's document as JSON values, in its fields' order (what is written; what the sweep's renderers read)."""
+    out: dict[str, Any] = msgspec.to_builtins(doc)
+    return out

@@ -216,3 +216,24 @@ def test_an_upward_arrow_is_found():  # wrong_way is not blind: an import into a
     g["profkit.errors"].add("profkit.store")  # inside the ground, errors stays at the bottom
     assert wrong_way(g) == [("profkit.capture.run", "profkit.analysis.summarize"), ("profkit.errors", "profkit.store"),
                             ("profkit.ingest.cache", "profkit.analysis.catalog")]
+
+
+# Issue 38: the command line parses and prints; flows/ does each command. cli/ imports flows/, report/
+# (the renderers it prints with), documents, errors and the ground; no stage below the flows.
+CLI_IMPORTS = ("profkit.flows", "profkit.report", "profkit.documents", "profkit.errors")
+
+
+def cli_strays(g: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every import of a cli/ module into a package it may not use (not its own, not CLI_IMPORTS, not the ground)."""
+    return sorted((m, t) for m, ts in g.items() if m.startswith("profkit.cli") for t in ts
+                  if not t.startswith(("profkit.cli", *CLI_IMPORTS)) and layer_of(t)[1] > 1)
+
+
+def test_the_cli_goes_through_flows():
+    g = graph()
+    assert cli_strays(g) == []
+    used = {layer_of(t)[0] for m, ts in g.items() if m.startswith("profkit.cli") for t in ts} - {"profkit.cli"}
+    assert len(used) <= 5, sorted(used)
+    g = defaultdict(set, {m: set(ts) for m, ts in g.items()})  # a copy: the rule is not blind
+    g["profkit.cli.analyze"].add("profkit.analysis.summarize")
+    assert cli_strays(g) == [("profkit.cli.analyze", "profkit.analysis.summarize")]

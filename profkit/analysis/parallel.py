@@ -129,13 +129,11 @@ def analyze_runs(paths: list[Path], *, marker: str | None = None, min_bubble_us:
     rank), every file analyzed in one pool. A file's default rank (no distributedInfo, no -TP-<r>)
     is its place in its run; duplicate ranks are renumbered within a run; ranks of one run whose
     device or iteration shapes disagree become runs of their own (split_by_analysis).
-    runs: the plan (ingest.runs.plan_runs) when the caller made it; its files are then not
-    inspected again. early: an ingest/early.py EarlyDecode of one of the files, handed to its loader."""
-    from profkit.ingest import expand_inputs
-    from profkit.ingest.runs import plan_runs
-
+    runs: the plan (plan_inputs) when the caller made it (summarize_runs plans before anything is
+    decoded, for its checks and its cache key): `paths` is then not read, and no file is inspected or
+    planned again. early: an ingest/early.py EarlyDecode of one of the files, handed to its loader."""
     if runs is None:
-        runs = plan_runs(expand_inputs(paths))
+        runs = plan_inputs(paths)
     files = [i.file or f for r in runs for f, i in zip(r.files, r.infos)]  # as plan_runs inspected them
     defaults = [k for r in runs for k in range(len(r.files))]
     per_file = _analyze_files(files, defaults, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog,
@@ -152,6 +150,15 @@ def analyze_runs(paths: list[Path], *, marker: str | None = None, min_bubble_us:
         _renumber(mine)
         r.analyses = sorted((a for a, _ in mine), key=lambda a: a.rank)
     return split_by_analysis(runs)
+
+
+def plan_inputs(paths: list[Path]) -> list[Any]:
+    """Files or run folders -> the runs they hold (ingest/runs.plan_runs over their trace files), from the
+    files' metadata, before anything is decoded: the one place inputs are planned."""
+    from profkit.ingest import expand_inputs
+    from profkit.ingest.runs import plan_runs
+
+    return plan_runs(expand_inputs(paths))
 
 
 def split_by_analysis(runs: list[Any]) -> list[Any]:

@@ -1,5 +1,6 @@
-"""profkit's command line: a thin Typer layer over the library. It parses options, calls the
-library, prints, and maps errors to exit codes in one place (common.py).
+"""profkit's command line: a thin Typer layer over flows/. It parses options, calls each command's
+flow (flows/: the only way down to the stages; tests/test_import_graph.py holds it to flows, report,
+documents and errors), prints, and maps errors to exit codes in one place (common.py).
 
 - common.py: the app, the consoles, the options several commands share, errors -> exit codes, main()
 - analyze.py: `analyze`

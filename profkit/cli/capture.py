@@ -22,7 +22,7 @@ from profkit.errors import Interrupted, UsageError
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from profkit.capture.run import RunConfig
+    from profkit.flows.engines import RunConfig
     from profkit.flows.trace import RunResult
 
 Opt = Annotated[list[str], typer.Option("--opt", help="Optimization to attribute (repeatable); see `profkit opts`.")]
@@ -99,7 +99,7 @@ SGLANG_ISL = 74_000
 def _caps(target: str) -> list[str] | None:
     if target not in ("sglang", "vllm"):
         return None
-    from profkit.targets.sglang import gpu_compute_capabilities
+    from profkit.flows.engines import gpu_compute_capabilities
 
     return gpu_compute_capabilities()
 
@@ -121,8 +121,7 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 def _config(o: RunOptions) -> RunConfig:
     """RunOptions -> the capture's RunConfig, checked (UsageError names the option)."""
-    from profkit.capture.run import RunConfig
-    from profkit.workloads.agentic import Workload, load_workload_file
+    from profkit.flows.engines import RunConfig, Workload, load_workload_file
 
     target = o.target
     if target not in ("proxy", "sglang", "vllm"):
@@ -287,8 +286,8 @@ def _engine_importable(cfg: RunConfig, states: dict[str, bool]) -> None:
     not importable with ..."; a real run started a server and failed in its log, issue 40). sglang and vllm only."""
     import subprocess
 
-    from profkit.capture.run import compose
     from profkit.errors import TargetError
+    from profkit.flows.engines import compose
 
     module = {"sglang": "sglang", "vllm": "vllm"}.get(cfg.target)
     if module is None:
@@ -307,8 +306,8 @@ def _engine_importable(cfg: RunConfig, states: dict[str, bool]) -> None:
 
 
 def _dry_run(cfg: RunConfig, plans: list[tuple[str, dict[str, bool]]]) -> None:
-    from profkit.capture.run import compose
-    from profkit.targets import sglang as sg
+    from profkit.flows.engines import compose
+    from profkit.flows.engines import sglang as sg
 
     for label, states in plans:
         spec = compose(cfg, states, cfg.port or 30000)
@@ -346,14 +345,16 @@ def _render_attribution(diff: dict[str, Any], group_dir: Path) -> None:
     from profkit.report.terminal import TerminalRenderer
 
     TerminalRenderer(out).show(Report(diffs=[diff]))
-    out.print(f"wrote {escape(str(group_dir))}/ (before.json, after.json, diff.json, report.md, report.html)", soft_wrap=True)
+    from profkit.flows.outputs import PAIR_FILES
+
+    out.print(f"wrote {escape(str(group_dir))}/ ({', '.join(PAIR_FILES)})", soft_wrap=True)
 
 
 def _faulted(cfg: RunConfig, o: RunOptions) -> RunConfig:
     """The config with --fault's proxy server flags added (targets/proxy.fault_args checks them)."""
     if not o.fault:
         return cfg
-    from profkit.targets.proxy import fault_args
+    from profkit.flows.engines import fault_args
 
     if o.target != "proxy":
         raise UsageError(f"--fault is the proxy engine's knob; --target {o.target} has none", hint="drop --fault, or use --target proxy")
@@ -372,8 +373,9 @@ def trace(opt: Annotated[Optional[list[str]], typer.Option("--opt", help="Optimi
 
         profkit trace --target sglang --preset glm52-nvfp4-tp8 --opt topk_v2 --dry-run
     """
+    from profkit.flows.outputs import trace_folder, trace_run_ids
     from profkit.flows.trace import attribute, reproduce_command
-    from profkit.targets.registry import check_comparison, check_opts, opt_states
+    from profkit.flows.engines import check_comparison, check_opts, opt_states
 
     o = _plain(options)
     target, base, catalog, reports_dir, capture_only = o.target, o.base, o.catalog, o.reports_dir, o.capture_only
@@ -397,7 +399,7 @@ def trace(opt: Annotated[Optional[list[str]], typer.Option("--opt", help="Optimi
     _engine_importable(cfg, s_base)
     interrupts.install(terminate_too=True)  # SIGTERM and SIGHUP end a run as Ctrl-C does
     stamp = _stamp()
-    ids = (f"{stamp}-{target}-base{base}-{tag}-before", f"{stamp}-{target}-base{base}-{tag}-after")
+    ids = trace_run_ids(stamp, target, base, tag)
     try:
         with _Steps(2) as steps:
             before, after = steps.run_all(cfg, [(s_base, ids[0], "baseline"), (s_cand, ids[1], f"candidate ({tag})")],
@@ -407,7 +409,7 @@ def trace(opt: Annotated[Optional[list[str]], typer.Option("--opt", help="Optimi
     if capture_only:
         out.print(f"captured; attribute with: profkit diff {before.trace_dir} {after.trace_dir} --opt {tag} --html report.html", soft_wrap=True)
         return
-    group = reports_dir / f"{stamp}-{target}-{tag}"
+    group = trace_folder(reports_dir, stamp, target, tag)
     diff, notes = attribute(before, after, opts, group)
     _notes(notes)
     _render_attribution(diff, group)
@@ -433,9 +435,9 @@ def calibrate(
     """
     from profkit.flows.gate import calibration_of
     from profkit.report.gate import calibration_lines, policy_toml
-    from profkit.store import write_bytes_atomic
-    from profkit.store import write_json_atomic
-    from profkit.targets.registry import check_opts, opt_states
+    from profkit.flows.engines import check_opts, opt_states
+    from profkit.flows.outputs import (CALIBRATION_JSON, DIFF_JSON, POLICY_TOML, calibrate_folder, calibrate_run_id,
+                                       write_json as write_json_atomic, write_text)
 
     o = _plain(options)
     target, base = o.target, o.base
@@ -447,21 +449,21 @@ def calibrate(
         return
     interrupts.install(terminate_too=True)
     stamp = _stamp()
-    folder = o.reports_dir / f"{stamp}-{target}-calibrate"
+    folder = calibrate_folder(o.reports_dir, stamp, target)
     pairs = []
     with _Steps(2 * sessions) as steps:
         for k in range(sessions):  # session 1's runs keep the names -calibrate-a/-b (baseline save reports/*-calibrate-a)
             tag, say = ("", "") if k == 0 else (f"{k + 1}", f" (session {k + 1})")
-            a, b = steps.run_all(cfg, [(states, f"{stamp}-{target}-calibrate-{tag}a", f"A{say}"),
-                                       (states, f"{stamp}-{target}-calibrate-{tag}b", f"A again{say}")])
+            a, b = steps.run_all(cfg, [(states, calibrate_run_id(stamp, target, tag, "a"), f"A{say}"),
+                                       (states, calibrate_run_id(stamp, target, tag, "b"), f"A again{say}")])
             pairs.append((a, b))
     cal, d = calibration_of(pairs)
     a, b = pairs[0]
-    path = output or folder / "calibration.json"
+    path = output or folder / CALIBRATION_JSON
     write_json_atomic(path, cal)
-    write_json_atomic(folder / "diff.json", d)
-    suggested = path.with_name("policy.toml")
-    write_bytes_atomic(suggested, policy_toml(cal).encode())
+    write_json_atomic(folder / DIFF_JSON, d)
+    suggested = path.with_name(POLICY_TOML)
+    write_text(suggested, policy_toml(cal))
     from profkit.report.vocab import diff_timeline
     from profkit.documents import diff_of
 
@@ -482,7 +484,7 @@ def opts(target: Target = TargetName.proxy) -> None:
 
         profkit opts --target sglang
     """
-    from profkit.targets.registry import registry
+    from profkit.flows.engines import registry
 
     target = str(target)
     reg = registry(target)
@@ -521,10 +523,9 @@ def sweep(
 
         profkit sweep --opts overlap,topk_v2,indexer_fusion --mode ladder
     """
-    from profkit.capture.sweep import check_sweep, label_slug, sweep_plan
-    from profkit.flows.sweep import attribute_sweep
-    from profkit.store import write_json_atomic
-    from profkit.targets.registry import check_opts
+    from profkit.flows.engines import check_opts, check_sweep, label_slug, sweep_plan
+    from profkit.flows.outputs import SWEEP_FILES, sweep_folder, sweep_run_id, written
+    from profkit.flows.sweep import add_run, attribute_sweep, new_sweep, write_sweep
 
     o = _plain(options)
     target, base, mode, reports_dir, capture_only = o.target, o.base, str(mode), o.reports_dir, o.capture_only
@@ -541,92 +542,30 @@ def sweep(
     _engine_importable(cfg, plan[0][1])
     interrupts.install(terminate_too=True)  # SIGTERM and SIGHUP end a run as Ctrl-C does
     stamp = _stamp()
-    sweep_dir = reports_dir / f"{stamp}-{target}-sweep-{mode}"
+    sweep_dir = sweep_folder(reports_dir, stamp, target, mode)
     results: dict[str, Any] = {}
-    doc: dict[str, Any] = {"schema_version": 1, "kind": "sweep", "mode": mode, "base": base, "target": target, "optimizations": chosen, "runs": [],
-                           "attribution": [], "status": "running"}
+    doc = new_sweep(mode, base, target, chosen)
     with _Steps(len(plan)) as steps:
-        ran = steps.run_all(cfg, [(states, f"{stamp}-{target}-{mode}-{label_slug(label)}", label) for label, states, _, _ in plan])
+        ran = steps.run_all(cfg, [(states, sweep_run_id(stamp, target, mode, label_slug(label)), label) for label, states, _, _ in plan])
         for (label, states, _, _), res in zip(plan, ran):
             results[label] = res
-            doc["runs"].append({"label": label, "run_id": res.run_id, "states": states, "summary": str(res.summary_path),
-                                "throughput": res.manifest.get("throughput")})
-            write_json_atomic(sweep_dir / "sweep.json", doc)
+            add_run(doc, label, states, res)
+            write_sweep(sweep_dir, doc)
     if capture_only:
-        doc["status"] = "captured"
-        write_json_atomic(sweep_dir / "sweep.json", doc)
+        write_sweep(sweep_dir, doc, "captured")
         for r in doc["runs"]:
             out.print(f"{escape(r['label'])}: {escape(str(cfg.traces_dir / r['run_id']))}", soft_wrap=True)
         return
-    diffs, notes = attribute_sweep(plan, mode, results, sweep_dir, doc)
+    done, diffs, notes = attribute_sweep(plan, mode, results, sweep_dir, doc)
     _notes(notes)
-    _render_sweep(doc, diffs)
-    wrote = [sweep_dir / n for n in ("sweep.json", "report.html", "report.md") if (sweep_dir / n).is_file()]
+    _render_sweep(done, diffs)
+    wrote = written(sweep_dir, SWEEP_FILES)
     out.print(f"wrote {', '.join(escape(str(p)) for p in wrote)}", soft_wrap=True)
 
 
-def _render_sweep(doc: dict[str, Any], diffs: list[dict[str, Any]]) -> None:
-    """The sweep's table, fitted to the terminal (report/fit.py: numbers never cut; a step label that
-    does not fit goes on a line of its own), then each step's flags and unstable windows."""
-    from profkit.report.fit import COPY, NUM, TEXT, fit_table
-    from profkit.documents import diff_of
-    from profkit.report.views import unstable_runs
-    from profkit.report.vocab import diff_timeline, words
+def _render_sweep(doc: Any, diffs: list[Any]) -> None:
+    """The sweep's table and its flags and unstable runs (sweep.json: a SweepDoc or its JSON value), on stdout
+    (report/sweep_table.py)."""
+    from profkit.report.sweep_table import show_sweep
 
-    cpu = bool(diffs) and all(diff_timeline(diff_of(d)) == "cpu" for d in diffs)
-    W = words("cpu" if cpu else "gpu")
-    cols = [("step", COPY), ("tok/s/user", NUM), ("Δ window", NUM), ("Δ idle", NUM), (f"Δ {W['kernels_plain']}", NUM)]
-    cols += [] if cpu else [("Δ launches", NUM), ("Δ syncs", NUM)]
-    cols += [("own effect", TEXT), ("top category", TEXT)]
-    rows = []
-    flags: list[str] = []
-    by_row = {id(row): d for row, d in zip(doc["attribution"], diffs)}
-    for row in doc["attribution"]:
-        tp = row["tokens_per_s_per_user"]
-        w = row.get("gpu_window_us") or {}
-        dec = row.get("decomposition") or {}
-        cats = dec.get("category_us") or {}
-        top = max(cats.items(), key=lambda kv: abs(kv[1]), default=None)
-        c = row["counts"]
-        rows.append((row["label"], f"{tp['baseline']:,.0f} → {tp['candidate']:,.0f}" if tp["baseline"] and tp["candidate"] else "-",
-                     f"{w.get('delta', 0):+,.0f}" if w else "-", f"{dec.get('idle_us', 0):+,.0f}" if dec else "-", _d(c.get("gpu_kernels")),
-                     *([] if cpu else [_d(c.get("kernel_launches")), _d(c.get("syncs"))]), _own_effect(by_row.get(id(row))),
-                     f"{top[0]} {top[1]:+,.0f}" if top else "-"))
-        flags += [f"{row['label']}: {f}" for f in row["flags"]]
-    keep = [i for i in range(len(cols)) if any(r[i] != "-" for r in rows) or cols[i][1] != NUM]  # no throughput (capture-only): no column
-    # the top category said again where it is each row's own term (the own-effect cell names it): one column, not two
-    if all(r[-1] == "-" or r[-2].startswith(r[-1] + " ") for r in rows):
-        keep = [i for i in keep if i != len(cols) - 1]
-    n = max((diff_of(d).decomposition.windows or 1 for d in diffs), default=1)
-    stat = f"the median over {n} profile windows of the per-window change" if n > 1 else "one profile window a side, not judged"
-    title = (f"attribution ({doc['mode']}): Δ µs per iteration ({W['window']}; negative: shorter, faster), each Δ {stat}; "
-             "own effect: the optimization's own term and its verdict")
-    out.print(fit_table(out, title, [cols[i] for i in keep], [[r[i] for i in keep] for r in rows]))
-    for f in flags:
-        out.print(f"[yellow]flag:[/] {escape(f)}")  # wrapped at spaces: a terminal's own wrap would split a number
-    config = {r.get("run_id"): r.get("label") for r in doc.get("runs") or []}  # a run by its configuration's name
-    steps = [(row["label"], row.get("baseline") or diff_of(d).baseline.label, row.get("candidate") or diff_of(d).candidate.label, diff_of(d))
-             for row, d in zip(doc["attribution"], diffs)]
-    for line in unstable_runs(steps, config):
-        out.print(f"[yellow]unstable:[/] {escape(line)}")
-
-
-def _own_effect(d: Any) -> str:
-    """A sweep row's own-effect cell: the optimization's largest own term, its change and verdict ("topk -351 as expected")."""
-    from profkit.attribution.diff import term_label
-    from profkit.documents import diff_of
-
-    ee = diff_of(d).expected_effect if d is not None else None
-    if ee is None or not ee.known:
-        return "-"
-    own = [t for t in ee.own if t.delta_us]
-    if not own:
-        return "none in catalog"
-    t = max(own, key=lambda t: abs(t.delta_us or 0.0))
-    verdict = ("as expected" if t.as_expected else "WRONG WAY" if t.as_expected is False else
-               "within noise" if ee.judged else "not judged")
-    return f"{term_label(t.term)} {t.delta_us:+,.0f} {verdict}"
-
-
-def _d(v: Any) -> str:
-    return "-" if v is None else f"{v:+g}"
+    show_sweep(out, doc, diffs)

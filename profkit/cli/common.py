@@ -308,21 +308,8 @@ def _quick_exit(code: object) -> None:
     os._exit(status)
 
 
-def safe_name(name: str) -> str:
-    """A label as a file-name part."""
-    import re
-
-    return re.sub(r"[^\w.-]+", "_", name).strip("_")[:80] or "run"
-
-
 def check_strict(strict: bool, healths: list[tuple[str, Any]]) -> None:
-    """--strict: exit 5 (profkit.errors.StrictCheckFailed) when any (label, health) is not ok."""
-    if not strict:
-        return
-    from profkit.analysis.health import health_text
-    from profkit.errors import StrictCheckFailed
+    """--strict: exit 5 when any (label, health) is not ok (flows/strict.py)."""
+    from profkit.flows.strict import check_strict as check
 
-    bad = [(label, h) for label, h in healths if not (isinstance(h, dict) and h.get("verdict") == "ok")]
-    if bad:
-        raise StrictCheckFailed("--strict: " + "; ".join(f"{label}: {health_text(h)}" for label, h in bad),
-                                hint="the first line of the report names the checks; re-record, or drop --strict to read the figures with their marks")
+    check(strict, healths)

@@ -24,9 +24,9 @@ BaselinesDir = Annotated[Path, typer.Option("--dir", help="Where stored baseline
 
 
 def _write(path: Path, text: str) -> None:
-    from profkit.store import write_bytes_atomic
+    from profkit.flows.outputs import write_text
 
-    write_bytes_atomic(path, text.encode("utf-8"))
+    write_text(path, text)
 
 
 @command()
@@ -56,11 +56,10 @@ def gate(
 
         profkit gate --baseline main reports/RUN_PR --json gate.json
     """
-    from profkit.analysis.catalog import choose_catalog
-    from profkit.analysis.summarize import SummarizeOptions
     from profkit.flows.gate import gate as gate_flow, load_policy
+    from profkit.flows.options import summarize_options
+    from profkit.flows.outputs import write_json
     from profkit.report.gate import markdown, terminal
-    from profkit.store import write_json_atomic
 
     if baseline_name is not None:
         if candidate is not None:
@@ -74,13 +73,13 @@ def gate(
         raise UsageError("missing CANDIDATE", hint="profkit gate BASELINE CANDIDATE, profkit gate --baseline NAME CANDIDATE, or profkit gate DIFF.json")
     pol = load_policy(policy, threshold)
     paths = tuple(p for p in (base, cand) if p is not None)
-    opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choose_catalog(catalog, paths))
+    opts, _ = summarize_options(catalog, paths, marker=marker, min_bubble_us=min_bubble_us)
     doc, _ = gate_flow(base, cand, opts, pol, baseline_name=baseline_name, baselines_dir=baselines_dir, calibration=calibration,
                        inconclusive=str(on_inconclusive), history=history,
                        warn=lambda w: err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True))
     to_stdout = json_out == "-"
     if json_out is not None and not to_stdout:
-        write_json_atomic(Path(json_out), doc)
+        write_json(Path(json_out), doc)
     if md is not None:
         _write(md, markdown(doc))
     for line in terminal(doc, all_rows=all_rows):
@@ -126,11 +125,10 @@ def baseline_save(
     from profkit.cli.common import user_errors
 
     with user_errors():
-        from profkit.analysis.catalog import choose_catalog
-        from profkit.analysis.summarize import SummarizeOptions
         from profkit.flows.gate import save_baseline
+        from profkit.flows.options import summarize_options
 
-        e = save_baseline(run, name, baselines_dir, SummarizeOptions(catalog=choose_catalog(catalog, (run,))))
+        e = save_baseline(run, name, baselines_dir, summarize_options(catalog, (run,))[0])
         out.print(escape(f"saved {_entry_line(e)}"), soft_wrap=True, highlight=False)
 
 

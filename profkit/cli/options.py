@@ -69,7 +69,7 @@ def _checked(value: Any, load: Callable[[Any], Any]) -> Any:
 
 
 def _catalog(value: Optional[str]) -> Optional[str]:
-    from profkit.analysis.catalog import load_catalog
+    from profkit.flows.options import load_catalog
 
     return _checked(value, load_catalog)
 
@@ -111,9 +111,9 @@ MD = Shared(("--md",), "Write a GitHub Markdown PR comment to FILE.")
 OUTPUT = Shared(("--output", "-o"), "The file to write (default: under reports/, or beside the trace).")
 
 def _peaks(value: Optional[Path]) -> Optional[Path]:
-    from profkit.analysis.peaks import load_peaks_file
+    from profkit.flows.options import load_peaks
 
-    return _checked(value, load_peaks_file)
+    return _checked(value, load_peaks)
 
 
 PEAKS = Shared(("--peaks",), "Measured peaks (TOML, as benchmarks/gpu_peaks.py writes) for the hardware floor of traces recorded with "

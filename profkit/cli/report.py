@@ -1,9 +1,9 @@
 """The `diff`, `report` and `export-perfetto` commands.
 
-Thin: each picks the catalog (analysis/catalog.choose_catalog) and says how, calls its flow (flows/diff.py:
-the two sides and diff.json; flows/report.py: the diffs and runs of one report; flows/inputs.py: what
-export-perfetto is pointed at), renders (report/, export/) and writes atomically (profkit.store). Status
-lines go to stderr; `--json -` puts diff.json on stdout.
+Thin: each picks the catalog (flows/options.summarize_options) and says how, calls its flow (flows/diff.py:
+the two sides and diff.json; flows/report.py: the diffs and runs of one report; flows/export.py: the
+Perfetto files), renders (report/) and writes what it rendered (flows/outputs.py: default names, atomic
+writes). Status lines go to stderr; `--json -` puts diff.json on stdout.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
-from profkit.cli.common import check_strict, command, err, out, safe_name
+from profkit.cli.common import check_strict, command, err, out
 from profkit.cli.options import MD, OUTPUT, WINDOW, Captures, JsonOut, Cdn, CatalogOpt, Marker, MinBubble, PeaksOpt, Strict, Top, Window
 from profkit.errors import TraceInputError, UsageError
 
@@ -28,9 +28,9 @@ def _announce(choice: Any) -> None:
 
 
 def _write_text(path: Path, text: str, *, announce: bool = True) -> None:
-    from profkit.store import write_bytes_atomic
+    from profkit.flows.outputs import write_text
 
-    write_bytes_atomic(path, text.encode("utf-8"))
+    write_text(path, text)
     if announce:
         err.print(f"wrote {escape(str(path))}", soft_wrap=True)
 
@@ -62,16 +62,14 @@ def diff(
 
         profkit diff reports/RUN_A reports/RUN_B --opt topk_v2 --html diff.html
     """
-    from profkit.analysis.catalog import choose_catalog
-    from profkit.analysis.summarize import SummarizeOptions
     from profkit.flows.diff import diff_paths
+    from profkit.flows.options import summarize_options
     from profkit.report import Report, get_renderer
     from profkit.report.terminal import TerminalRenderer
 
-    choice = choose_catalog(catalog, (before, after))
+    opts, choice = summarize_options(catalog, (before, after), marker=marker, min_bubble_us=min_bubble_us,
+                                     captures=tuple(capture) if capture else None, peaks=peaks)
     _announce(choice)
-    opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice, captures=tuple(capture) if capture else None,
-                            peaks=peaks)
     d, notes, (lb, lc) = diff_paths(before, after, opts, opt=opt, rank=rank, allow_shape_mismatch=allow_shape_mismatch,
                                     warn=lambda w: err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True))
     for n in notes:  # before every table: the reader must know what is compared
@@ -126,10 +124,10 @@ def report(
 
         profkit report traces/base traces/topk -o reports/sweep.html
     """
-    from profkit.analysis.catalog import choose_catalog
-    from profkit.analysis.summarize import SummarizeOptions
-    from profkit.attribution import ladder_steps
-    from profkit.flows.report import gather, is_sweep, read_sweep
+    from profkit.flows.options import summarize_options
+    from profkit.flows.outputs import report_html
+    from profkit.flows.report import gather, is_sweep, ladder_steps, read_sweep
+    from profkit.documents import sweep_values
     from profkit.report import Report
     from profkit.report.html import HtmlRenderer
 
@@ -137,7 +135,7 @@ def report(
     if md is not None:  # refused before anything is read or written
         if len(paths) == 1 and is_sweep(paths[0]):
             sweep, steps = read_sweep(paths[0])
-            missing = [str(row.get("diff")) for row, d in steps if d is None]
+            missing = [str(row.diff) for row, d in steps if d is None]
             if missing or not steps:
                 raise TraceInputError(f"{paths[0]}: " + (f"no diff.json at {missing[0]}" if missing else "sweep.json has no compared steps")
                                       + " (a sweep interrupted, or --capture-only)",
@@ -147,18 +145,11 @@ def report(
                                  hint="leave --window out for --md (the HTML report takes --window on its own)")
         elif len(paths) != 1 or paths[0].is_dir() and not (paths[0] / "diff.json").is_file():
             raise UsageError(_MD_ONE, hint=_MD_HINT)
-    choice = choose_catalog(catalog, paths)
+    opts, choice = summarize_options(catalog, paths, marker=marker, min_bubble_us=min_bubble_us, peaks=peaks)
     _announce(choice)
-    opts = SummarizeOptions(marker=marker, min_bubble_us=min_bubble_us, catalog=choice, peaks=peaks)
     diffs, runs, windows = gather(paths, opts, window, note=lambda n: err.print(f"[dim]{escape(n)}[/]", soft_wrap=True))
     if output is None:
-        if diffs and not runs and len(diffs) == 1:
-            name = f"diff__{safe_name(diffs[0]['baseline']['label'])}__{safe_name(diffs[0]['candidate']['label'])}.html"
-            output = Path("reports") / name
-        elif len(runs) == 1 and not diffs:
-            output = Path("reports") / safe_name(runs[0][0]) / "report.html"
-        else:
-            output = Path("reports") / "report.html"
+        output = report_html(diffs, runs)
     if md is not None and sweep is None and not (len(diffs) == 1 and not runs):
         raise UsageError(_MD_ONE + f"; these inputs hold {len(runs)} run(s) and {len(diffs)} diff(s)", hint=_MD_HINT)
     ladder = ladder_steps(runs, windows=windows)
@@ -167,7 +158,7 @@ def report(
         if sweep is not None:
             from profkit.report.markdown_sweep import SweepMarkdownRenderer
 
-            text = SweepMarkdownRenderer().render(Report(diffs=diffs, runs=runs, ladder=ladder, sweep=sweep))
+            text = SweepMarkdownRenderer().render(Report(diffs=diffs, runs=runs, ladder=ladder, sweep=sweep_values(sweep)))
         else:
             from profkit.report.markdown import MarkdownRenderer
 
@@ -193,38 +184,9 @@ def export_perfetto(
 
         profkit export-perfetto traces/sample/eager_sync.pt.trace.json.gz
     """
-    import gzip
+    from profkit.flows.export import export_perfetto as export_flow
 
-    from profkit.analysis import analyze_trace
-    from profkit.ingest.identity import short_label
-    from profkit.analysis.catalog import choose_catalog
-    from profkit.export.perfetto import build_perfetto
-    from profkit.ingest import load_traces
-    from profkit.store import write_bytes_atomic
-
-    from profkit.flows.inputs import analysis_inputs
-
-    pointed, notes = analysis_inputs([trace], window)
-    for n in notes:
-        err.print(f"[dim]note: {escape(n)}[/]", soft_wrap=True)
-    stored = [x for x in pointed if x.summary is not None]
-    if stored:
-        raise TraceInputError(f"{stored[0].summary}: a stored summary, no trace events to export",
-                              hint="point export-perfetto at the run's traces (traces/<run_id>/, or one of its window-<i>/ folders)")
-    choice = choose_catalog(catalog, [trace])
-    _announce(choice)
-    for x in pointed:
-        traces = load_traces(x.traces)
-        pairs = [(t, analyze_trace(t, marker=marker, min_bubble_us=min_bubble_us, catalog=choice.catalog, digest=False)) for t in traces]
-        data = build_perfetto(pairs)
-        src = x.traces[0]
-        if output is None:
-            dest = (src if src.is_dir() else src.parent) / f"{short_label(trace.name)}.perfetto-trace.gz"
-        else:
-            dest = output if len(pointed) == 1 else output.with_name(f"{output.name.split('.')[0]}.{safe_name(src.name)}{''.join(output.suffixes) or '.perfetto-trace'}")
-        size = f"{len(data):,} bytes"
-        if dest.name.endswith(".gz"):  # the Perfetto UI opens gzip as it is (a proxy CPU window: 2.1 MB plain, 0.3 MB gzip)
-            data = gzip.compress(data, compresslevel=6, mtime=0)
-            size = f"{len(data):,} bytes gzip of {size}"
-        write_bytes_atomic(dest, data)
-        err.print(f"wrote {escape(str(dest))} ({size}, {len(traces)} rank(s)); open it at https://ui.perfetto.dev", soft_wrap=True)
+    export_flow(trace, output, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog, window=window,
+                note=lambda n: err.print(f"[dim]note: {escape(n)}[/]", soft_wrap=True),
+                catalog_note=lambda n: err.print(f"[dim]{escape(n)}[/]"),
+                wrote=lambda w: err.print(f"wrote {escape(w)}", soft_wrap=True))

@@ -9,7 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+import msgspec
+
 from profkit.analysis.summarize import SummarizeOptions
+from profkit.documents import SweepDoc, SweepStep
 from profkit.errors import TraceInputError
 from profkit.flows.inputs import check_diff, is_diff_doc, load_side, profile_windows_of, read_json
 
@@ -32,16 +35,22 @@ def _in_sweep(sweep_dir: Path, recorded: str) -> Path:
     return p
 
 
-def read_sweep(sweep_dir: Path) -> tuple[dict[str, Any], list[tuple[dict[str, Any], dict[str, Any] | None]]]:
-    """sweep.json and each of its compared pairs (its `attribution` rows, in order) with the pair's diff.json
-    (None where the file is missing: a sweep interrupted while attributing)."""
-    doc = read_json(sweep_dir / "sweep.json")
-    if not isinstance(doc, dict) or doc.get("kind") != "sweep":
-        raise TraceInputError(f"{sweep_dir / 'sweep.json'}: not a profkit sweep.json (no \"kind\": \"sweep\")",
+def read_sweep(sweep_dir: Path) -> tuple[SweepDoc, list[tuple[SweepStep, dict[str, Any] | None]]]:
+    """sweep.json (decoded once, into documents.SweepDoc) and each of its compared pairs (its `attribution`
+    rows, in order) with the pair's diff.json (None where the file is missing: a sweep interrupted while
+    attributing)."""
+    path = sweep_dir / "sweep.json"
+    raw = read_json(path)
+    if not isinstance(raw, dict) or raw.get("kind") != "sweep":
+        raise TraceInputError(f"{path}: not a profkit sweep.json (no \"kind\": \"sweep\")",
                               hint="point at the folder `profkit sweep` wrote (reports/<stamp>-<target>-sweep-<mode>/)")
-    steps: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
-    for row in doc.get("attribution") or []:
-        f = _in_sweep(sweep_dir, str(row.get("diff")))
+    try:
+        doc = msgspec.convert(raw, SweepDoc)
+    except msgspec.ValidationError as e:
+        raise TraceInputError(f"{path}: not a valid sweep.json ({e})", hint="re-run the sweep, or point at its diff.json files") from None
+    steps: list[tuple[SweepStep, dict[str, Any] | None]] = []
+    for row in doc.attribution:
+        f = _in_sweep(sweep_dir, str(row.diff))
         steps.append((row, check_diff(read_json(f), f) if f.is_file() else None))
     return doc, steps
 
@@ -60,9 +69,9 @@ def gather(paths: list[Path], opts: SummarizeOptions, window: int | None,
     for p in paths:
         if is_sweep(p):  # a sweep's folder: its runs, then its compared pairs
             doc, steps = read_sweep(p)
-            for r in doc.get("runs") or []:
-                expanded.append(_in_sweep(p, r["summary"]).parent)
-                named[expanded[-1]] = str(r.get("label"))
+            for r in doc.runs:
+                expanded.append(_in_sweep(p, r.summary).parent)
+                named[expanded[-1]] = r.label
             diffs += [d for _, d in steps if d is not None]
         elif p.is_dir() and (p / "diff.json").is_file():  # an attribution folder (trace's, or one pair of a sweep)
             diffs.append(check_diff(read_json(p / "diff.json"), p / "diff.json"))
@@ -92,3 +101,10 @@ def gather(paths: list[Path], opts: SummarizeOptions, window: int | None,
     if len(set(labels)) != len(labels):
         runs = [(f"{label} #{i + 1}", s) for i, (label, s) in enumerate(runs)]
     return diffs, runs, windows
+
+
+def ladder_steps(runs: list[tuple[str, Any]], windows: list[list[Any]] | None = None) -> Any:
+    """The report's ladder over its runs (attribution.ladder_steps: medians over each run's profile windows)."""
+    from profkit.attribution import ladder_steps as steps
+
+    return steps(runs, windows=windows)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from profkit.capture.run import Progress, Recording, RunConfig, capture_traces, record_interleaved
 from profkit.errors import Interrupted, ProfkitError
+from profkit.flows.outputs import AFTER_JSON, BEFORE_JSON, DIFF_JSON, REPORT_HTML, REPORT_MD, SUMMARY_JSON
 
 if TYPE_CHECKING:
     from profkit.analysis.catalog import CatalogChoice
@@ -99,10 +100,10 @@ def summarize_run(rec: Recording, cfg: RunConfig, progress: Progress = lambda s:
                 progress(f"{label}: analyzing profile window {i + 1}/{len(groups)}")
             s = analyze_run(wfiles, cfg, manifest.data, catalog, captures=capture_traces(trace_dir), window=i)
             if name:
-                write_json_atomic(report_dir / name / "summary.json", s)
+                write_json_atomic(report_dir / name / SUMMARY_JSON, s)
             windows.append(s)
         summary = windows[0]
-        summary_path = report_dir / "summary.json"
+        summary_path = report_dir / SUMMARY_JSON
         write_json_atomic(summary_path, summary)
         manifest.update(summary=str(summary_path))
         manifest.finish("ok")
@@ -158,12 +159,12 @@ def attribute(before: RunResult, after: RunResult, opts: list[str], group_dir: P
     # choice: --catalog, else the manifest's target), as `profkit diff` of the two folders judges it
     cat = (after.catalog or CatalogChoice()).for_effect(after.summary, 0)
     group_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(group_dir / "before.json", before.summary)
-    write_json_atomic(group_dir / "after.json", after.summary)
+    write_json_atomic(group_dir / BEFORE_JSON, before.summary)
+    write_json_atomic(group_dir / AFTER_JSON, after.summary)
     diff = compare_summaries(before.summary, after.summary, opt=opts[0] if len(opts) == 1 else None, catalog=cat,
                              labels=(before.run_id, after.run_id), baseline_repeats=getattr(before, "windows", None) or (),
                              candidate_repeats=getattr(after, "windows", None) or ())
-    write_json_atomic(group_dir / "diff.json", diff)
+    write_json_atomic(group_dir / DIFF_JSON, diff)
     notes = write_reports(group_dir, diffs=[diff], runs=[(before.run_id, before.summary), (after.run_id, after.summary)],
                           windows=[before.windows, after.windows])
     return diff, notes
@@ -184,9 +185,9 @@ def write_reports(folder: Path, *, diffs: list[dict[str, Any]], runs: list[tuple
         from profkit.report.markdown_sweep import SweepMarkdownRenderer
 
         text = SweepMarkdownRenderer().render(Report(diffs=diffs, runs=runs, ladder=ladder, sweep=sweep))
-        write_bytes_atomic(folder / "report.md", text.encode())
+        write_bytes_atomic(folder / REPORT_MD, text.encode())
     elif len(diffs) == 1:
-        write_bytes_atomic(folder / "report.md", renderer_for("report.md")().render(Report(diffs=diffs)).encode())
+        write_bytes_atomic(folder / REPORT_MD, renderer_for("report.md")().render(Report(diffs=diffs)).encode())
     try:
         html = renderer_for("report.html")
     except ImportError as e:  # plotly/jinja2 are the `report` extra
@@ -194,7 +195,7 @@ def write_reports(folder: Path, *, diffs: list[dict[str, Any]], runs: list[tuple
     # one compared pair: the diff's report alone, the page `profkit report diff.json` writes of the same diff (issue 40: the
     # runs' own sections repeated the diff's, and a two-run ladder of equal bars; the diff carries both runs' manifests)
     report = Report(diffs=diffs) if len(diffs) == 1 else Report(diffs=diffs, runs=runs, ladder=ladder)
-    write_bytes_atomic(folder / "report.html", html().render(report).encode())
+    write_bytes_atomic(folder / REPORT_HTML, html().render(report).encode())
     return []
 
 
