@@ -341,7 +341,7 @@ def _notes(notes: list[str]) -> None:
         err.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
 
 
-def _render_attribution(diff: dict[str, Any], group_dir: Path) -> None:
+def _render_attribution(diff: Any, group_dir: Path) -> None:
     from profkit.report import Report
     from profkit.report.terminal import TerminalRenderer
 
@@ -456,10 +456,12 @@ def calibrate(
                                        (states, f"{stamp}-{target}-calibrate-{tag}b", f"A again{say}")])
             pairs.append((a, b))
     cal, d = calibration_of(pairs)
+    from profkit.documents import diff_doc
+
     a, b = pairs[0]
     path = output or folder / "calibration.json"
     write_json_atomic(path, cal)
-    write_json_atomic(folder / "diff.json", d)
+    write_json_atomic(folder / "diff.json", diff_doc(d))
     suggested = path.with_name("policy.toml")
     write_bytes_atomic(suggested, policy_toml(cal).encode())
     from profkit.report.vocab import diff_timeline
