@@ -10,7 +10,7 @@ no time by ownership: `owned_category_us` None, which attribution takes as the c
 Unknown keys are ignored and every field has a default, so older and newer files decode. Sections
 that only travel through (the timeline, the run manifest, capture health, overlap slack, speculative
 cost) stay plain JSON values. Writing stays where it is: analysis builds summary.json as a dict, and
-attribution builds diff.json as a dict in the order of the structs below.
+attribution builds diff.json as the Diff below (`compare_summaries`), encoded once where it is written (`diff_doc`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from msgspec import UNSET, UnsetType
 
-__all__ = ["UNSET", "UnsetType", "Summary", "Rank", "Iteration", "summary_of", "rank_of", "Diff", "diff_of"]
+__all__ = ["UNSET", "UnsetType", "Summary", "Rank", "Iteration", "summary_of", "rank_of", "Diff", "diff_of", "diff_doc"]
 
 Num = int | float  # a JSON number as written: an int stays an int (a count), a float a float
 
@@ -323,7 +323,7 @@ class KernelEntry(_Doc):
     count_per_iteration: Num = 0.0
     us_per_iteration: Num = 0.0
     examples: list[str] = []
-    shape: str | None = None  # the launching op's shape, where both sides have them (diff.py)
+    shape: str | UnsetType = UNSET  # the launching op's shape, where both sides have them (diff.py); UNSET: not by shape
 
 
 class Mover(_Doc):
@@ -336,15 +336,19 @@ class Mover(_Doc):
     candidate_count: Num = 0.0
     status: str = ""
     examples: list[str] = []
-    shape: str | None = None  # the kernels' launching op and its shapes, where both sides have them (diff.py)
+    shape: str | UnsetType = UNSET  # the kernels' launching op and its shapes, where both sides have them (diff.py); UNSET: not by shape
 
 
-class OwnTerm(_Doc):
-    """A term of the expected-effect check (its own, or one that moved elsewhere)."""
+class NoiseTerm(_Doc):
+    """A term of the expected-effect check and its change against the noise (one that moved elsewhere: `beyond_noise`)."""
     term: str = ""
     delta_us: Num = 0.0
     spread_us: Num | None = None
     within_noise: bool | None = None
+
+
+class OwnTerm(NoiseTerm):
+    """A term of the optimization's own (`own`): its change, each side's figure and the verdict."""
     baseline_us: Num | None = None
     candidate_us: Num | None = None
     expected: str | None = None
@@ -363,15 +367,28 @@ class ExpectedEffect(_Doc):
     backlog_drift_us: Num | None = None
     own: list[OwnTerm] = []
     against: list[str] = []
-    beyond_noise: list[OwnTerm] = []
+    beyond_noise: list[NoiseTerm] = []
     floor_us: Num | None = None
     changes: list[dict[str, Any]] = []
     flags: list[str] = []
-    ok: bool | None = None
-    note: str = ""  # an optimization the catalog does not know
     not_judged: dict[str, Any] | None = None  # flags withheld: {reason, changes} (the windows disagree on the profiler's slowdown)
     grows: list[str] = []  # the categories whose per-step work it grows by design ("*": every one)
     grows_why: str | None = None
+    ok: bool | None = None
+    note: str = ""  # an optimization the catalog does not know
+
+    def doc(self) -> dict[str, Any]:
+        """As diff.json writes it: a known optimization's check without `note` (and `not_judged`, `grows`, `grows_why`
+        only where set), an unknown one's in UNKNOWN_EFFECT_KEYS."""
+        d = msgspec.to_builtins(self)
+        if not self.known:
+            return {k: d[k] for k in UNKNOWN_EFFECT_KEYS}
+        drop = {"note", *(() if self.not_judged is not None else ("not_judged",)), *(() if self.grows else ("grows", "grows_why"))}
+        return {k: v for k, v in d.items() if k not in drop}
+
+
+# an optimization the catalog does not know: what its expected-effect check says, in diff.json's order
+UNKNOWN_EFFECT_KEYS = ("optimization", "known", "catalog", "categories", "changes", "flags", "against", "ok", "judged", "note")
 
 
 class NoiseSide(_Doc):
@@ -390,12 +407,18 @@ class NoiseMetric(_Doc):
 
 
 class Noise(_Doc):
+    """The noise estimate: with one (`available`), its `statistic` and per-metric figures; without, only why not (`note`;
+    `unstable` where the windows disagree)."""
     available: bool = False
-    unstable: bool = False
+    unstable: bool | UnsetType = UNSET
     repeats: dict[str, int] = {}
-    statistic: str | None = None
+    statistic: str | UnsetType = UNSET
     note: str = "no noise estimate"
-    metrics: dict[str, NoiseMetric] = {}
+    metrics: dict[str, NoiseMetric] | UnsetType = UNSET
+
+    def metric(self, key: str) -> NoiseMetric | None:
+        """A metric's noise figures (None: none, or no estimate)."""
+        return self.metrics.get(key) if isinstance(self.metrics, dict) else None
 
     def windows(self) -> int:
         """The most profile windows of a side."""
@@ -470,9 +493,9 @@ class Diff(_Doc):
     manifests: Pair[Any] = msgspec.field(default_factory=Pair)
     throughput: Pair[Any] = msgspec.field(default_factory=Pair)  # each side's first point as the manifest has it: point_of
     health: Pair[Any] = msgspec.field(default_factory=Pair)
-    overlap_slack: Any = None  # issue 31 (optional keys): attribution/capture_terms.py
-    speculative: Any = None
-    floor: dict[str, Any] | None = None  # issue 41 (an optional key): the gap to the floor on each side, its change (attribution/floor_gap.py)
+    overlap_slack: Any = UNSET  # issue 31 (optional keys): attribution/capture_terms.py
+    speculative: Any = UNSET
+    floor: Any = UNSET  # issue 41 (an optional key): the gap to the floor on each side, its change (attribution/floor_gap.py)
 
     def kernel_list(self, which: str) -> tuple[list[KernelEntry], int]:
         """``added`` or ``removed`` kernels: the listed ones and how many there were."""
@@ -536,6 +559,14 @@ def throughput_of(manifest: Any) -> list[ThroughputPoint]:
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def diff_doc(diff: Diff) -> dict[str, Any]:
+    """diff.json's document of a Diff, as profkit writes it (store.json_text): encoded once, where it is written."""
+    d: dict[str, Any] = msgspec.to_builtins(diff)
+    if diff.expected_effect is not None:
+        d["expected_effect"] = diff.expected_effect.doc()
+    return d
 
 
 def diff_of(doc: Diff | Mapping[str, Any] | bytes) -> Diff:

@@ -99,12 +99,13 @@ def hostile(tmp_path_factory):
     """A diff of synthetic summaries whose kernel names and manifest are hostile strings (the report tests)."""
     from factories import BASE, CATALOG, HOSTILE, HOSTILE_MANIFEST, decode_trace, summarize
     from profkit.attribution.diff import compare_summaries
+    from profkit.documents import diff_doc
 
     tmp = tmp_path_factory.mktemp("hostile")
     base = summarize(decode_trace(BASE), tmp, "base")
     cand = summarize(decode_trace([(n, 20 if n == "topk_select" else d) for n, d in BASE] + HOSTILE, sync=True), tmp, "cand")
     cand["manifest"] = HOSTILE_MANIFEST
-    d = compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG, labels=("base", "cand <i>"))
+    d = diff_doc(compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG, labels=("base", "cand <i>")))
     return base, cand, d
 
 

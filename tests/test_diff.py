@@ -13,6 +13,7 @@ from factories import BASE, CATALOG, decode_trace, summarize
 from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
 from profkit.attribution.diff import GPU_IDLE_KEYS, compare_summaries, normalize_kernel_name
+from profkit.documents import diff_doc
 from profkit.analysis.catalog import load_catalog
 from profkit.cli import app
 from profkit.ingest import load_trace
@@ -62,7 +63,7 @@ def test_normalized_kernel_names():
 def test_confined_change_decomposes_exactly_and_passes(tmp_path):
     base = summarize(decode_trace(BASE), tmp_path, "b")
     cand = summarize(decode_trace([(n, 20 if n == "topk_select" else d) for n, d in BASE]), tmp_path, "c")
-    d = compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG)
+    d = diff_doc(compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG))
     dec = d["decomposition"]
     assert dec["residual_us"] == 0 and dec["exact"] is True
     assert exact_residual(d, base, cand) == 0
@@ -86,13 +87,13 @@ def test_confined_change_decomposes_exactly_and_passes(tmp_path):
 def test_injected_change_elsewhere_is_flagged(tmp_path):
     base = summarize(decode_trace(BASE), tmp_path, "b")
     cand = summarize(decode_trace([("gemm_qkv", 40), ("attention_decode", 55), ("topk_select", 20), ("gemm_out", 40)]), tmp_path, "c")
-    d = compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG)
+    d = diff_doc(compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG))
     assert exact_residual(d, base, cand) == 0 and d["decomposition"]["residual_us"] == 0
     # one profile window a side (issue 19): not judged, nothing flagged
     assert d["expected_effect"]["judged"] is False and d["expected_effect"]["flags"] == []
     # with windows whose spread is 0, the +5 µs in attention exceeds the noise
-    ee = compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG, baseline_repeats=[base, base],
-                           candidate_repeats=[cand, cand])["expected_effect"]
+    ee = diff_doc(compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG, baseline_repeats=[base, base],
+                           candidate_repeats=[cand, cand]))["expected_effect"]
     assert ee["ok"] is False
     assert ee["flags"] == ["topk_v2 changed attention time by +10.0%, outside its categories (+5.0 µs per iteration)"]
     assert [t["term"] for t in ee["beyond_noise"]][:1] == ["category_us.attention"]
@@ -100,15 +101,15 @@ def test_injected_change_elsewhere_is_flagged(tmp_path):
 
 def test_unknown_and_absent_optimization(tmp_path):
     base = summarize(decode_trace(BASE), tmp_path, "b")
-    d = compare_summaries(base, base, opt="nope", catalog=CATALOG)
+    d = diff_doc(compare_summaries(base, base, opt="nope", catalog=CATALOG))
     assert d["expected_effect"]["known"] is False and "not an optimization" in d["expected_effect"]["note"]
-    assert compare_summaries(base, base)["expected_effect"] is None
+    assert diff_doc(compare_summaries(base, base))["expected_effect"] is None
 
 
 def test_idle_split_by_cause_sync_and_launch(tmp_path):
     base = summarize(decode_trace(BASE), tmp_path, "b")
     cand = summarize(decode_trace(BASE, sync=True, gap_after={"attention_decode": 8}), tmp_path, "c")
-    d = compare_summaries(base, cand)
+    d = diff_doc(compare_summaries(base, cand))
     dec = d["decomposition"]
     assert exact_residual(d, base, cand) == 0 and dec["residual_us"] == 0
     # 8 µs after attention, plus 5 µs before the D2H copy (launched 3 µs after the GPU went idle)
@@ -127,7 +128,7 @@ def test_idle_split_by_cause_sync_and_launch(tmp_path):
 def test_overlap_enters_with_a_minus_sign(tmp_path):
     base = summarize(decode_trace(BASE), tmp_path, "b")
     cand = summarize(decode_trace(BASE, stream2=[("gemm_side", 30)]), tmp_path, "c")
-    d = compare_summaries(base, cand)
+    d = diff_doc(compare_summaries(base, cand))
     dec = d["decomposition"]
     assert dec["category_us"]["gemm"] == pytest.approx(30.0)
     assert dec["overlap_us"] == pytest.approx(30.0)
@@ -137,12 +138,12 @@ def test_overlap_enters_with_a_minus_sign(tmp_path):
 def test_shapes_like_with_like(tmp_path):
     base = summarize(decode_trace(BASE, bs=1), tmp_path, "b")
     cand = summarize(decode_trace(BASE, bs=4), tmp_path, "c")
-    d = compare_summaries(base, cand)
+    d = diff_doc(compare_summaries(base, cand))
     assert "share no iteration shape" in " ".join(d["warnings"])
     assert d["shape"]["label"].startswith("all iterations")
     mixed = decode_trace(BASE, bs=1)
     summary = summarize(mixed, tmp_path, "m")
-    d = compare_summaries(summary, summary)
+    d = diff_doc(compare_summaries(summary, summary))
     assert d["shape"]["label"] == "decode bs=1" and d["warnings"] == []
 
 
@@ -150,7 +151,7 @@ def test_noise_from_repeats(tmp_path):
     reps_b = [summarize(decode_trace(BASE, jitter=j), tmp_path, f"b{j}") for j in (0, 2, 4)]
     reps_c = [summarize(decode_trace([("gemm_qkv", 40), ("attention_decode", 51), ("topk_select", 20), ("gemm_out", 40)], jitter=j),
                         tmp_path, f"c{j}") for j in (0, 2, 4)]
-    d = compare_summaries(reps_b[0], reps_c[0], opt="topk_v2", catalog=CATALOG, baseline_repeats=reps_b, candidate_repeats=reps_c)
+    d = diff_doc(compare_summaries(reps_b[0], reps_c[0], opt="topk_v2", catalog=CATALOG, baseline_repeats=reps_b, candidate_repeats=reps_c))
     n = d["noise"]
     assert n["available"] and n["repeats"] == {"baseline": 3, "candidate": 3}
     att = n["metrics"]["category_us.attention"]
@@ -163,7 +164,7 @@ def test_noise_from_repeats(tmp_path):
 
 def test_diff_json_is_plain_json(tmp_path):
     base = summarize(decode_trace(BASE), tmp_path, "b")
-    d = compare_summaries(base, base, opt="topk_v2", catalog=CATALOG)
+    d = diff_doc(compare_summaries(base, base, opt="topk_v2", catalog=CATALOG))
     json.dumps(d, allow_nan=False)
     for key in ("baseline", "candidate", "wall_us", "decomposition", "counts", "kernels_added", "kernels_removed", "top_movers",
                 "expected_effect", "noise"):
@@ -237,7 +238,7 @@ def _expected() -> dict:
 
 def test_fixture_eager_vs_sync_adds_copies_and_syncs():
     base, cand = _fixture_summary("eager_decode"), _fixture_summary("eager_sync")
-    d = compare_summaries(base, cand)
+    d = diff_doc(compare_summaries(base, cand))
     assert d["decomposition"]["residual_us"] == 0 and exact_residual(d, base, cand) == 0
     c = d["counts"]
     assert c["memcpy_d2h"]["delta"] == 1
@@ -258,7 +259,7 @@ def test_fixture_eager_vs_sync_adds_copies_and_syncs():
 
 def test_fixture_eager_vs_graph_drops_launches():
     base, cand = _fixture_summary("eager_decode"), _fixture_summary("graph_decode")
-    d = compare_summaries(base, cand, opt="cuda_graph", catalog=load_catalog("proxy"))
+    d = diff_doc(compare_summaries(base, cand, opt="cuda_graph", catalog=load_catalog("proxy")))
     assert d["decomposition"]["residual_us"] == 0 and exact_residual(d, base, cand) == 0
     c = d["counts"]
     assert c["kernel_launches"]["baseline"] > 0
@@ -271,7 +272,7 @@ def test_fixture_eager_vs_graph_drops_launches():
 
 def test_fixture_two_streams_decomposes_exactly():
     base, cand = _fixture_summary("eager_decode"), _fixture_summary("two_streams")
-    d = compare_summaries(base, cand)
+    d = diff_doc(compare_summaries(base, cand))
     assert d["decomposition"]["residual_us"] == 0 and exact_residual(d, base, cand) == 0
 
 
@@ -338,7 +339,7 @@ def summary_doc(draw):
 @settings(max_examples=60, deadline=None)
 @given(summary_doc(), summary_doc())
 def test_decomposition_residual_is_zero_for_any_valid_summaries(b, c):
-    d = compare_summaries(b, c)
+    d = diff_doc(compare_summaries(b, c))
     dec = d["decomposition"]
     assert dec["residual_us"] == 0 and dec["exact"] is True
     total = sum(dec["category_us"].values()) - dec["overlap_us"] + sum(dec["idle_us_by_cause"].values())
@@ -374,7 +375,7 @@ def test_version_1_summaries_are_still_read(tmp_path):
 def test_no_change_is_within_noise_even_without_spread(tmp_path):
     """Repeats that agree exactly (spread 0) and no change: 'within noise', not 'beyond' (0 < 0 is false)."""
     reps = [summarize(decode_trace(BASE), tmp_path, f"r{j}") for j in range(2)]
-    d = compare_summaries(reps[0], reps[1], opt="topk_v2", catalog=CATALOG, baseline_repeats=reps, candidate_repeats=reps)
+    d = diff_doc(compare_summaries(reps[0], reps[1], opt="topk_v2", catalog=CATALOG, baseline_repeats=reps, candidate_repeats=reps))
     m = d["noise"]["metrics"]
     assert m["counts.gpu_kernels"]["spread"] == 0 and m["counts.gpu_kernels"]["delta"] == 0
     assert all(v["within_noise"] for v in m.values() if v["delta"] == 0)
@@ -401,8 +402,8 @@ def test_own_effect_the_wrong_way_fails_the_check(tmp_path):
     reps_fast = [summarize(decode_trace([("gemm_qkv", 40), ("attention_decode", 51), ("topk_select", 20), ("gemm_out", 40)], jitter=j),
                            tmp_path, f"f{j}") for j in (0, 2, 4)]
     reps_slow = [summarize(decode_trace(BASE, jitter=j), tmp_path, f"s{j}") for j in (0, 2, 4)]
-    ok = compare_summaries(reps_slow[0], reps_fast[0], opt="topk_v2", catalog=CATALOG, baseline_repeats=reps_slow, candidate_repeats=reps_fast)
-    bad = compare_summaries(reps_fast[0], reps_slow[0], opt="topk_v2", catalog=CATALOG, baseline_repeats=reps_fast, candidate_repeats=reps_slow)
+    ok = diff_doc(compare_summaries(reps_slow[0], reps_fast[0], opt="topk_v2", catalog=CATALOG, baseline_repeats=reps_slow, candidate_repeats=reps_fast))
+    bad = diff_doc(compare_summaries(reps_fast[0], reps_slow[0], opt="topk_v2", catalog=CATALOG, baseline_repeats=reps_fast, candidate_repeats=reps_slow))
     (t,) = ok["expected_effect"]["own"]
     assert t["term"] == "category_us.topk" and t["delta_us"] < 0 and t["as_expected"] is True and ok["expected_effect"]["ok"] is True
     (t,) = bad["expected_effect"]["own"]

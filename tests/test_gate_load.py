@@ -239,6 +239,7 @@ def test_a_first_profile_window_without_the_compared_shape_does_not_hide_the_oth
     on the H200 fixtures' summaries, window 0 of the candidate cut to one 'unknown' iteration: the shape comes from
     the first window that shares one, and the cut window is left out with its warning."""
     from profkit.attribution.diff import compare_summaries
+    from profkit.documents import diff_doc
 
     def summaries(run: str) -> list[dict]:
         out = []
@@ -250,12 +251,12 @@ def test_a_first_profile_window_without_the_compared_shape_does_not_hide_the_oth
         return out
 
     base, cand = summaries("all"), summaries("all-topk_v2")
-    whole = compare_summaries(base[0], cand[0], baseline_repeats=base, candidate_repeats=cand)
+    whole = diff_doc(compare_summaries(base[0], cand[0], baseline_repeats=base, candidate_repeats=cand))
     cut = json.loads(json.dumps(cand[0]))
     it = cut["ranks"][0]["iterations"][0]
     it["kind"], it["batch_size"] = None, None
     cut["ranks"][0]["iterations"] = [it]
-    d = compare_summaries(base[0], cut, baseline_repeats=base, candidate_repeats=[cut, *cand[1:]])
+    d = diff_doc(compare_summaries(base[0], cut, baseline_repeats=base, candidate_repeats=[cut, *cand[1:]]))
     assert d["shape"]["kind"] == whole["shape"]["kind"] and d["shape"]["kind"] is not None
     assert any("1 profile window(s) hold no iterations of the compared shape" in w for w in d["warnings"])
     assert d["noise"]["repeats"]["candidate"] == 2 and d["noise"]["repeats"]["baseline"] == 3

@@ -11,6 +11,7 @@ import pytest
 
 from profkit.analysis.summary import build_summary
 from profkit.attribution.diff import compare_summaries
+from profkit.documents import diff_doc
 from profkit.analysis.catalog import load_catalog
 
 from conftest import public_trace
@@ -35,7 +36,7 @@ def runs() -> dict[str, list[dict]]:
 
 def _diff(runs, opt: str) -> dict:
     b, c = runs[f"all-{opt}"], runs["all"]
-    return compare_summaries(b[0], c[0], opt=opt, catalog=CAT, baseline_repeats=b, candidate_repeats=c)
+    return diff_doc(compare_summaries(b[0], c[0], opt=opt, catalog=CAT, baseline_repeats=b, candidate_repeats=c))
 
 
 def _kernel_time(d: dict) -> float:
@@ -109,7 +110,7 @@ def test_no_flag_within_noise(runs):
 
 def test_one_window_is_not_judged(runs):
     b, c = runs["all-topk_v2"], runs["all"]
-    d = compare_summaries(b[0], c[0], opt="topk_v2", catalog=CAT)
+    d = diff_doc(compare_summaries(b[0], c[0], opt="topk_v2", catalog=CAT))
     assert not d["noise"]["available"] and d["expected_effect"]["flags"] == []
 
 
@@ -357,10 +358,10 @@ def test_the_ladder_shows_each_steps_diff_figures(runs):
     steps = ladder_steps([(r, runs[r][0]) for r in order], windows=[runs[r] for r in order])
     assert [s["windows"] for s in steps] == [3, 3, 3]
     for prev, cur, st in zip(order, order[1:], steps[1:]):
-        d = compare_summaries(runs[prev][0], runs[cur][0], catalog=CAT, baseline_repeats=runs[prev], candidate_repeats=runs[cur])
+        d = diff_doc(compare_summaries(runs[prev][0], runs[cur][0], catalog=CAT, baseline_repeats=runs[prev], candidate_repeats=runs[cur]))
         g = d["decomposition"]["gpu_window_us"]
         assert st["gpu_window_us"] == pytest.approx(g["candidate"], abs=0.05)
         assert st["wall_delta_vs_previous_us"] == pytest.approx(d["noise"]["metrics"]["wall_us"]["delta"], abs=0.05)
     # and the first run's own figure, the baseline of the first step
-    d0 = compare_summaries(runs[order[0]][0], runs[order[1]][0], catalog=CAT, baseline_repeats=runs[order[0]], candidate_repeats=runs[order[1]])
+    d0 = diff_doc(compare_summaries(runs[order[0]][0], runs[order[1]][0], catalog=CAT, baseline_repeats=runs[order[0]], candidate_repeats=runs[order[1]]))
     assert steps[0]["gpu_window_us"] == pytest.approx(d0["decomposition"]["gpu_window_us"]["baseline"], abs=0.05)

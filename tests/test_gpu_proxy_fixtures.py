@@ -13,6 +13,7 @@ import pytest
 from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
 from profkit.attribution.diff import compare_summaries
+from profkit.documents import diff_doc
 from profkit.analysis.catalog import load_catalog
 from profkit.ingest import load_trace
 
@@ -72,7 +73,7 @@ def test_topk_v2_is_the_triton_kernel(runs):
 def test_attribution_on_the_category_each_switch_owns(runs):
     base = build_summary([runs["baseline"]])
     for opt, cat in (("topk_v2", "topk"), ("indexer_fusion", "indexer")):
-        d = compare_summaries(base, build_summary([runs[opt]]), opt=opt, catalog=CAT)
+        d = diff_doc(compare_summaries(base, build_summary([runs[opt]]), opt=opt, catalog=CAT))
         assert d["decomposition"]["residual_us"] == 0
         assert d["decomposition"]["category_us"][cat] < -100  # the switch's own category falls by > 100 µs per iteration
     g = runs["cuda_graph"].iterations
@@ -87,7 +88,7 @@ def test_topk_v2_leave_one_out_with_graphs():
     b = analyze_trace(load_trace(DATA / "loo_topk_v2_before.trace.json.gz"), catalog=CAT)
     c = analyze_trace(load_trace(DATA / "loo_topk_v2_after.trace.json.gz"), catalog=CAT)
     assert (b.iterations["graph_launches"] > 0).all() and (c.iterations["graph_launches"] > 0).all()
-    d = compare_summaries(build_summary([b]), build_summary([c]), opt="topk_v2", catalog=CAT)
+    d = diff_doc(compare_summaries(build_summary([b]), build_summary([c]), opt="topk_v2", catalog=CAT))
     assert d["decomposition"]["residual_us"] == 0
     assert d["gpu_window_us"]["candidate"] < 0.9 * d["gpu_window_us"]["baseline"]
     assert d["decomposition"]["category_us"]["topk"] < 0

@@ -133,6 +133,8 @@ def test_windows_that_disagree_are_not_judged():
     per-window identity are unaffected."""
     from fractions import Fraction as F
 
+    from msgspec import to_builtins
+
     from profkit.attribution.windows import decomposition, unstable_windows
 
     def w(window, topk):  # one window's exact means: topk plus idle make up the window, no backlog
@@ -142,7 +144,7 @@ def test_windows_that_disagree_are_not_judged():
     base, cand = [w(1000_000, 400_000), w(1100_000, 410_000), w(2500_000, 420_000)], [w(900_000, 300_000)] * 3
     why = unstable_windows(base, cand, 2.0)
     assert why and "baseline" in why and "2.5×" in why
-    d = decomposition(base, cand, "ownership", unstable=why)
+    d = to_builtins(decomposition(base, cand, "ownership", unstable=why))
     assert d["judged"] is False and d["spread_us"]["category_us"]["topk"] is None
     assert d["category_us"]["topk"] == -110.0 and all(p["exact"] for p in d["per_window"])
-    assert unstable_windows(base[:2], cand, 2.0) is None and decomposition(base[:2], cand[:2], "ownership")["judged"] is True
+    assert unstable_windows(base[:2], cand, 2.0) is None and to_builtins(decomposition(base[:2], cand[:2], "ownership"))["judged"] is True

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from profkit.attribution import ladder_steps
 from profkit.attribution.diff import compare_summaries
+from profkit.documents import diff_doc
 from profkit.cli import app
 from profkit.documents import diff_of
 from profkit.report import Report
@@ -175,7 +176,7 @@ def test_throughput_headline_and_curves(hostile):
     base, cand, _ = hostile
     base = {**base, "manifest": {"optimizations": [], "throughput": _points(1.0)}}
     cand = {**cand, "manifest": {**HOSTILE_MANIFEST, "throughput": _points(1.1)}}
-    d = compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG)
+    d = diff_doc(compare_summaries(base, cand, opt="topk_v2", catalog=CATALOG))
     assert d["throughput"]["baseline"]["concurrency"] == 1
     html = html_page(diffs=[d])
     assert "tokens/s per user (p50) (unprofiled)" in html and "+10.0%" in html
@@ -293,7 +294,7 @@ def test_a_sweep_report_leads_with_its_ladder_and_folds_each_step():
         s = summarize([data / f"{n}.trace.json.gz"], opts).summary
         s["manifest"] = json.loads((data / f"{n}.manifest.json").read_text())
         runs.append((label, s))
-    diffs = [compare_summaries(runs[0][1], s, opt=label[1:], catalog=load_catalog("proxy"), labels=("sweep-x-baseline", f"sweep-x-{label[1:]}"))
+    diffs = [diff_doc(compare_summaries(runs[0][1], s, opt=label[1:], catalog=load_catalog("proxy"), labels=("sweep-x-baseline", f"sweep-x-{label[1:]}")))
              for label, s in runs[1:]]
     # a step whose candidate swings (diff.json's stability, as windows.py writes it): the ladder says so, as the terminal does
     diffs[0]["stability"] = {"candidate": "profile window 0: GPU window 26,771–138,605 µs"}
@@ -348,7 +349,7 @@ def test_the_diff_and_the_sweep_hold_their_layout_at_900_px(tmp_path, width):
     opts = SummarizeOptions(catalog=CatalogChoice(load_catalog("proxy"), "test"), cache=False)
     runs = [(label, summarize_files([data / f"{n}.trace.json.gz"], opts).summary)
             for n, label in (("baseline", "baseline"), ("topk_v2", "+topk_v2"), ("all", "all"))]
-    diffs = [compare_summaries(runs[0][1], s, labels=("baseline", label)) for label, s in runs[1:]]
+    diffs = [diff_doc(compare_summaries(runs[0][1], s, labels=("baseline", label))) for label, s in runs[1:]]
     sweep_page = tmp_path / "sweep.html"
     sweep_page.write_text(HtmlRenderer().render(Report(diffs=diffs, runs=runs, ladder=ladder_steps(runs))))
     # `profkit trace`'s page: one compared pair and its two runs (the diff first and open, its top movers' long names)

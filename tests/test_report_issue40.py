@@ -18,6 +18,7 @@ from conftest import DATA
 from factories import BASE, CATALOG, decode_trace, summarize
 from profkit.analysis.catalog import load_catalog
 from profkit.attribution.diff import compare_summaries
+from profkit.documents import diff_doc
 from profkit.cli import app
 from profkit.documents import diff_of
 from profkit.report.markdown import _render
@@ -47,7 +48,7 @@ def injected(tmp_path_factory):
 
 def _diff(base, cand, slow_b, slow_c, opt="topk_v2", catalog=CATALOG):
     b, c = _with_slowdowns(base, slow_b), _with_slowdowns(cand, slow_c)
-    return compare_summaries(b, c, opt=opt, catalog=catalog, baseline_repeats=[b, b, b], candidate_repeats=[c, c, c])
+    return diff_doc(compare_summaries(b, c, opt=opt, catalog=catalog, baseline_repeats=[b, b, b], candidate_repeats=[c, c, c]))
 
 
 def test_point1_no_flag_when_the_windows_disagree_on_the_profilers_slowdown(injected):
@@ -184,7 +185,7 @@ def attribution_folder(tmp_path_factory):
         results.append(summarize_run(rec, cfg))
     group = root / "reports" / "group-topk_v2"
     diff, _ = attribute(results[0], results[1], ["topk_v2"], group)
-    return root, group, diff
+    return root, group, diff_doc(diff)
 
 
 def test_point3_diff_of_before_and_after_json_uses_their_windows(attribution_folder):

@@ -12,6 +12,8 @@ import pytest
 from rich.console import Console
 
 from profkit.attribution import compare_summaries, ladder_steps
+
+from profkit.documents import diff_doc
 from profkit.errors import UsageError
 from profkit.report import Renderer, Report, get_renderer, renderer_for
 from profkit.report.base import RENDERERS
@@ -87,7 +89,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def diff(runs):
-    return compare_summaries(runs[0][1], runs[1][1], opt="topk_v2", catalog=CATALOG, labels=("base", "topk"))
+    return diff_doc(compare_summaries(runs[0][1], runs[1][1], opt="topk_v2", catalog=CATALOG, labels=("base", "topk")))
 
 
 def _make(name):
@@ -141,14 +143,14 @@ def test_ladder_agrees_with_the_full_diffs(runs):
     assert [s["label"] for s in steps] == ["base", "topk", "both"]
     first = runs[0][1]
     for i, ((_, s), step) in enumerate(zip(runs, steps)):
-        d0 = compare_summaries(first, s)
+        d0 = diff_doc(compare_summaries(first, s))
         assert step["shape"] == d0["shape"]["label"]
         assert step["wall_us"] == d0["wall_us"]["candidate"] and step["gpu_window_us"] == d0["gpu_window_us"]["candidate"]
         if i == 0:
             assert step["wall_delta_vs_first_us"] is None and step["wall_delta_vs_previous_us"] is None
         else:
             assert step["wall_delta_vs_first_us"] == d0["wall_us"]["delta"]
-            assert step["wall_delta_vs_previous_us"] == compare_summaries(runs[i - 1][1], s)["wall_us"]["delta"]
+            assert step["wall_delta_vs_previous_us"] == diff_doc(compare_summaries(runs[i - 1][1], s))["wall_us"]["delta"]
     assert steps[2]["wall_delta_vs_previous_us"] != steps[2]["wall_delta_vs_first_us"]  # the test tells the two apart
 
 

@@ -115,6 +115,8 @@ def _sweep_table(width: int) -> str:
     from types import SimpleNamespace
 
     from profkit.attribution.diff import compare_summaries
+
+    from profkit.documents import diff_doc
     from profkit.flows.sweep import attribution_row
     from profkit.analysis.catalog import CatalogChoice, load_catalog
     from profkit.cli.capture import _render_sweep
@@ -125,7 +127,7 @@ def _sweep_table(width: int) -> str:
     doc = {"mode": "one-at-a-time", "attribution": []}
     diffs = []
     for opt in ("topk_v2", "indexer_fusion"):
-        d = compare_summaries(s["baseline"], s[opt], opt=opt, catalog=load_catalog("proxy"), labels=("baseline", f"+{opt}"))
+        d = diff_doc(compare_summaries(s["baseline"], s[opt], opt=opt, catalog=load_catalog("proxy"), labels=("baseline", f"+{opt}")))
         diffs.append(d)
         doc["attribution"].append(attribution_row(f"+{opt}", opt, SimpleNamespace(run_id="baseline"), SimpleNamespace(run_id=opt), d, Path("pair")))
     saved = cli.out.width
@@ -158,6 +160,8 @@ def test_sweep_flags_and_unstable_runs_at_80_columns():
     from types import SimpleNamespace
 
     from profkit.attribution.diff import compare_summaries
+
+    from profkit.documents import diff_doc
     from profkit.flows.sweep import attribution_row
     from profkit.analysis.catalog import CatalogChoice, load_catalog
     from profkit.cli.capture import _render_sweep
@@ -169,7 +173,7 @@ def test_sweep_flags_and_unstable_runs_at_80_columns():
                                                          {"run_id": "r2", "label": "+topk_v2+all"}]}
     diffs = []
     for a, b, label in (("baseline", "topk_v2", "+topk_v2"), ("topk_v2", "all", "+topk_v2+all")):
-        d = compare_summaries(s[a], s[b], opt="topk_v2", catalog=load_catalog("proxy"), labels=(a, b))
+        d = diff_doc(compare_summaries(s[a], s[b], opt="topk_v2", catalog=load_catalog("proxy"), labels=(a, b)))
         diffs.append(d)
         run = {"baseline": "r0", "topk_v2": "r1", "all": "r2"}
         doc["attribution"].append(attribution_row(label, "topk_v2", SimpleNamespace(run_id=run[a]), SimpleNamespace(run_id=run[b]), d, Path("pair")))

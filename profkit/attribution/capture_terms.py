@@ -12,7 +12,7 @@ import statistics
 from typing import Any, Mapping, Sequence, cast
 
 from profkit.analysis import health, spec
-from profkit.documents import Rank, Summary
+from profkit.documents import Pair, Rank, Summary
 
 SLACK_FIGURES = ("exposed_us_mean", "exposed_share", "median_us", "p10_us")
 
@@ -74,37 +74,10 @@ def slack_compare(b: dict[str, Any] | None, c: dict[str, Any] | None) -> dict[st
 
 
 def sections(baseline: Summary, candidate: Summary, baseline_repeats: Sequence[Summary],
-             candidate_repeats: Sequence[Summary], rank: int) -> dict[str, Any]:
-    """diff.json's `health`, `overlap_slack` and `speculative` (new optional keys)."""
+             candidate_repeats: Sequence[Summary], rank: int) -> tuple[Pair[Any], dict[str, Any] | None, dict[str, Any] | None]:
+    """diff.json's `health` (each side's worst over its windows), `overlap_slack` and `speculative` (None: the optional key is left out)."""
     wb, wc = _windows(baseline, baseline_repeats), _windows(candidate, candidate_repeats)
-    out: dict[str, Any] = {"health": {"baseline": health.worst([s.health for s in wb]),
-                                      "candidate": health.worst([s.health for s in wc])}}
+    h = Pair[Any](baseline=health.worst([s.health for s in wb]), candidate=health.worst([s.health for s in wc]))
     sl = slack_compare(slack_side(wb, rank), slack_side(wc, rank))
-    if sl is not None:
-        out["overlap_slack"] = sl
     sp = spec.compare(spec.side_cost([_spec_view(s) for s in wb], rank=rank), spec.side_cost([_spec_view(s) for s in wc], rank=rank))
-    if sp is not None:
-        out["speculative"] = sp
-    return out
-
-
-def slack_diff_line(d: Mapping[str, Any] | None) -> str | None:
-    """The diff's one line on overlap slack: exposed host time per transition, baseline → candidate."""
-    if not d or not d.get("delta") or "exposed_us_mean" not in d["delta"]:
-        return None
-    b, c, x = d["baseline"], d["candidate"], d["delta"]
-    e = x["exposed_us_mean"]
-    return (f"Exposed host time per transition {b['exposed_us_mean']['median']:,.1f} → {c['exposed_us_mean']['median']:,.1f} µs "
-            f"({e['delta']:+,.1f}, {e['noise']}); transitions with exposed host time {b['exposed_share']['median'] * 100:.0f}% → "
-            f"{c['exposed_share']['median'] * 100:.0f}%; median slack {b['median_us']['median']:,.1f} → {c['median_us']['median']:,.1f} µs")
-
-
-def health_diff_line(baseline: Any, candidate: Any, slowdowns: Sequence[float] = ()) -> str:
-    """The first line of a diff report: each side's health (diff.json's health.baseline and .candidate), in words;
-    `slowdowns`: every profile window's profiler slowdown, both sides (one range, "these runs")."""
-    def checks(h: Any) -> Any:
-        return (h.get("verdict"), sorted({f["check"] for f in h.get("findings") or []})) if isinstance(h, Mapping) else None
-
-    if checks(baseline) == checks(candidate):
-        return health.health_text(baseline, slowdowns) + ("" if checks(baseline) and checks(baseline)[0] == "degraded" else " (both sides)")
-    return f"baseline {health.health_text(baseline)}; candidate {health.health_text(candidate)}"
+    return h, sl, sp

@@ -1,7 +1,8 @@
 """Two summaries (summary.json v1) -> diff.json v1: what changed per iteration, and why (DESIGN.md "Attribution").
 
 Pure: summaries in (profkit.documents.Summary; a summary.json dict is decoded on entry), diff.json
-out as a dict in the order of profkit.documents.Diff; no files, no printing.
+out as the profkit.documents.Diff it is read as (encoded once where it is written: documents.diff_doc);
+no files, no printing.
 
 Rules:
 
@@ -36,8 +37,10 @@ from profkit.attribution import capture_terms
 from profkit.ingest.identity import short_label
 from profkit.errors import NothingToAnalyze, UsageError
 from profkit.attribution.findings import idle_cpu_ops, largest_bubbles
-from profkit.documents import UNSET, Iteration, Rank, Summary, summary_of
-from profkit.terms import CAUSES
+from profkit.documents import (UNSET, BubbleView, Change, CpuOpTime, Diff, ExpectedEffect, IdleCpuOp, Iteration, KernelEntry, LargeBubble,
+                               Mover, Noise, NoiseMetric, NoiseSide, NoiseTerm, OwnTerm, Pair, Rank, SeriesPoint, Shape as ShapeInfo, SideBySide,
+                               SideInfo, Summary, SyncChange, summary_of)
+from profkit.terms import CAUSES, COUNT_KEYS, SERIES_FIELDS, TIMING_KEYS, term_label
 from profkit.attribution.windows import Stats, Terms, basis_of, decomposition as window_decomposition, flat_means, judged, unstable_windows, window_statistic, within
 
 DIFF_SCHEMA_VERSION = 1
@@ -49,8 +52,6 @@ GPU_IDLE_KEYS = tuple(k for k in IDLE_KEYS if k != "python")
 def idle_keys(*ranks: Rank) -> tuple[str, ...]:
     """The idle terms a diff lists: with "python" when a side is a CPU-only run."""
     return IDLE_KEYS if any(r.device_timeline == "cpu" for r in ranks) else GPU_IDLE_KEYS
-COUNT_KEYS = ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h", "memcpy_h2d", "bubble_count")
-TIMING_KEYS = ("launch_us", "launch_latency_us_p50", "sync_us", "sync_copy_us", "bubble_us")
 MATERIAL_SHARE = 0.01  # a judged change smaller than this share of the baseline's GPU window is reported, never flagged
 ABS_THRESHOLD_NS = 1_000
 TOP_MOVERS = 20
@@ -204,16 +205,16 @@ def _timings(its: Sequence[Iteration]) -> dict[str, float | None]:
     return {k: _median([v for i in its if (v := getattr(i, k)) is not None]) for k in TIMING_KEYS}
 
 
-def _side_by_side(b: float | None, c: float | None) -> dict[str, float | None]:
+def _side_by_side(b: float | None, c: float | None) -> SideBySide:
     delta = None if b is None or c is None else c - b
-    return {"baseline": b, "candidate": c, "delta": delta}
+    return SideBySide(baseline=b, candidate=c, delta=delta)
 
 
-def _stat_ratio(m: Mapping[str, Any]) -> dict[str, float | None]:
+def _stat_ratio(m: Mapping[str, Any]) -> Change:
     """A metric of the statistic (windows.window_statistic) as diff.json's {baseline, candidate, delta, ratio}:
     each side's median over its windows, the median of the per-window change, 1 + delta / baseline."""
     b, c = m["baseline"], m["candidate"]
-    return {"baseline": _us(b), "candidate": _us(c), "delta": _us(m["delta"]), "ratio": float((b + m["delta"]) / b) if b else None}
+    return Change(baseline=_us(b), candidate=_us(c), delta=_us(m["delta"]), ratio=float((b + m["delta"]) / b) if b else None)
 
 
 def _with_ratio(b: Fraction, c: Fraction) -> dict[str, float | None]:
@@ -251,9 +252,9 @@ def _kernel_table(rank: Rank, shaped: bool = False) -> dict[Any, dict[str, Any]]
     return out
 
 
-def _kernel_entry(e: Mapping[str, Any]) -> dict[str, Any]:
-    return {"name": e["name"], "category": e["category"], "count_per_iteration": e["count_per_iteration"],
-            "us_per_iteration": e["us_per_iteration"], "examples": list(e["examples"]), **({"shape": e["shape"]} if "shape" in e else {})}
+def _kernel_entry(e: Mapping[str, Any]) -> KernelEntry:
+    return KernelEntry(name=e["name"], category=e["category"], count_per_iteration=e["count_per_iteration"],
+                       us_per_iteration=e["us_per_iteration"], examples=list(e["examples"]), shape=e.get("shape", UNSET))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,38 +299,38 @@ def _window_flat(its: Sequence[Iteration], basis: str) -> Terms:
     return out
 
 
-def _noise(st: Stats, nb: int, nc: int, unstable: str | None = None, recorded: int = 1) -> dict[str, Any]:
+def _noise(st: Stats, nb: int, nc: int, unstable: str | None = None, recorded: int = 1) -> Noise:
     """diff.json's ``noise``: per metric, each side's median and spread over its windows, the change
     (median over paired windows of the per-window change: the figure every renderer shows) and the
     noise it is judged against (the largest spread: either side's windows, or the per-window changes)."""
     if not judged(range(nb), range(nc)):
-        return {
-            "available": False,
-            "repeats": {"baseline": nb, "candidate": nc},
-            "note": ("not judged: one profile window per side, so no noise estimate; profile with --profile-windows N (N >= 2)" if recorded < 2 else
+        return Noise(
+            available=False,
+            repeats={"baseline": nb, "candidate": nc},
+            note=("not judged: one profile window per side, so no noise estimate; profile with --profile-windows N (N >= 2)" if recorded < 2 else
                      f"not judged: one profile window per side, so no noise estimate; the runs recorded {recorded} each: pass their run folders"),
-        }
+        )
     if unstable:
-        return {"available": False, "unstable": True, "repeats": {"baseline": nb, "candidate": nc},
-                "note": f"not judged: unstable ({unstable}); profile on a quieter machine, or with more iterations per window (--num-steps)"}
-    metrics: dict[str, Any] = {}
+        return Noise(available=False, unstable=True, repeats={"baseline": nb, "candidate": nc},
+                     note=f"not judged: unstable ({unstable}); profile on a quieter machine, or with more iterations per window (--num-steps)")
+    metrics: dict[str, NoiseMetric] = {}
     for k, m in st.items():
-        metrics[k] = {
-            "baseline": {"median": _us_or_count(k, m["baseline"]), "spread": _us_or_count(k, m["baseline_spread"]), "n": nb},
-            "candidate": {"median": _us_or_count(k, m["candidate"]), "spread": _us_or_count(k, m["candidate_spread"]), "n": nc},
-            "delta": _us_or_count(k, m["delta"]), "spread": _us_or_count(k, m["noise"]),
-            "per_window": [_us_or_count(k, d) for d in m["per_window"]],
-            "within_noise": within(m["delta"], m["noise"]),
-        }
-    return {
-        "available": True,
-        "repeats": {"baseline": nb, "candidate": nc},
-        "statistic": "median over paired profile windows (window i of each side) of the per-window change",
-        "note": "per metric: each side's median and spread (max - min) over its profile windows; the change is the median over "
+        metrics[k] = NoiseMetric(
+            baseline=NoiseSide(median=_us_or_count(k, m["baseline"]), spread=_us_or_count(k, m["baseline_spread"]), n=nb),
+            candidate=NoiseSide(median=_us_or_count(k, m["candidate"]), spread=_us_or_count(k, m["candidate_spread"]), n=nc),
+            delta=_us_or_count(k, m["delta"]), spread=_us_or_count(k, m["noise"]),
+            per_window=[_us_or_count(k, d) for d in m["per_window"]],
+            within_noise=within(m["delta"], m["noise"]),
+        )
+    return Noise(
+        available=True,
+        repeats={"baseline": nb, "candidate": nc},
+        statistic="median over paired profile windows (window i of each side) of the per-window change",
+        note="per metric: each side's median and spread (max - min) over its profile windows; the change is the median over "
                 "paired windows of the per-window change, within noise when smaller than the largest spread (either side's, or "
                 "that of the per-window changes) or none at all",
-        "metrics": metrics,
-    }
+        metrics=metrics,
+    )
 
 
 def _us_or_count(key: str, v: Fraction) -> float:
@@ -391,7 +392,7 @@ def slowdown_disagreement(slowdowns: Sequence[float]) -> str | None:
 
 def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
                      drift_ns: Fraction = Fraction(0), *, clock: bool = False, unstable: str | None = None,
-                     slowdown: str | None = None) -> dict[str, Any] | None:
+                     slowdown: str | None = None) -> ExpectedEffect | None:
     """The expected-effect check on the statistic `st` (attribution/windows.window_statistic: every
     figure the median over paired windows of the per-window change, judged against the larger
     spread): the optimization's own terms first, then what else moved beyond the noise. Nothing is
@@ -402,12 +403,12 @@ def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
     optimizations: Mapping[str, Sequence[str]] = getattr(catalog, "optimizations", None) or {}
     cat_name = getattr(catalog, "name", None)
     if opt not in optimizations:
-        return {
-            "optimization": opt, "known": False, "catalog": cat_name, "categories": [], "changes": [], "flags": [], "against": [], "ok": None,
-            "judged": False,
-            "note": f"{opt!r} is not an optimization of catalog {cat_name!r}: no expected-effect check"
-                    + (f" (known: {', '.join(sorted(optimizations))})" if optimizations else ""),
-        }
+        return ExpectedEffect(
+            optimization=opt, known=False, catalog=cat_name, categories=[], changes=[], flags=[], against=[], ok=None,
+            judged=False,
+            note=f"{opt!r} is not an optimization of catalog {cat_name!r}: no expected-effect check"
+                 + (f" (known: {', '.join(sorted(optimizations))})" if optimizations else ""),
+        )
     owned = list(optimizations[opt])
     # a verdict needs a change beyond the noise that also matters: at least 1 µs and MATERIAL_SHARE of the baseline's
     # GPU window (kernel time by ownership barely varies between a side's windows, so a 2 µs move of a 600 µs category
@@ -472,23 +473,23 @@ def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
     elsewhere += [term(f"idle_us_by_cause.{k}") for k in IDLE_KEYS if k not in idle_own]
     elsewhere += [term("backlog_us")] if "backlog_us" in st else []
     beyond_noise = sorted((t for t in elsewhere if beyond(t["term"])), key=lambda t: -abs(t["delta_us"]))
-    return {
-        "optimization": opt, "known": True, "catalog": cat_name, "categories": owned, "phases": phases, "idle": idle_own,
-        "judged": use_noise,
-        "threshold": (f"the noise (spread over profile windows) and {_us(floor):,.1f} µs (the larger of 1 µs and {MATERIAL_SHARE:.0%} of the baseline's window)" if not clock or drift_ns <= ABS_THRESHOLD_NS else
+    return ExpectedEffect(
+        optimization=opt, known=True, catalog=cat_name, categories=owned, phases=phases, idle=idle_own,
+        judged=use_noise,
+        threshold=(f"the noise (spread over profile windows) and {_us(floor):,.1f} µs (the larger of 1 µs and {MATERIAL_SHARE:.0%} of the baseline's window)" if not clock or drift_ns <= ABS_THRESHOLD_NS else
                       f"the noise (spread over profile windows) and the GPU backlog's drift ({_us(drift_ns):,.1f} µs per iteration)")
-                     if use_noise else (f"not judged: unstable ({unstable})" if unstable else "not judged: one profile window per side (no noise estimate)"),
-        "backlog_drift_us": _us(drift_ns),
-        "own": own, "against": against, "beyond_noise": beyond_noise, "floor_us": _us(floor),
-        # None when not judged: no pass, no fail
-        # a pass only when judged, nothing against it, and its own effect seen beyond the noise; None: no pass, no fail
-        "changes": changes, "flags": flags,
+                  if use_noise else (f"not judged: unstable ({unstable})" if unstable else "not judged: one profile window per side (no noise estimate)"),
+        backlog_drift_us=_us(drift_ns),
+        own=[OwnTerm(**t) for t in own], against=against, beyond_noise=[NoiseTerm(**t) for t in beyond_noise], floor_us=_us(floor),
+        changes=changes, flags=flags,
         # (optional keys) changes outside its categories that would be flags, not judged because the windows disagree on the
         # profiler's slowdown (the sentence says by how much); growth the catalog expects (grows, grows_why)
-        **({"not_judged": {"reason": slowdown, "changes": unflagged}} if slowdown and unflagged else {}),
-        **({"grows": sorted(grows), "grows_why": grows_why} if grows else {}),
-        "ok": None if not use_noise else False if (flags or against) else None if unflagged else True if any(t["as_expected"] for t in own) else None,
-    }
+        not_judged={"reason": slowdown, "changes": unflagged} if slowdown and unflagged else None,
+        grows=sorted(grows), grows_why=grows_why if grows else None,
+        # None when not judged: no pass, no fail
+        # a pass only when judged, nothing against it, and its own effect seen beyond the noise; None: no pass, no fail
+        ok=None if not use_noise else False if (flags or against) else None if unflagged else True if any(t["as_expected"] for t in own) else None,
+    )
 
 
 def judged_against(drift_us: float) -> str:
@@ -496,36 +497,27 @@ def judged_against(drift_us: float) -> str:
     return "the noise and the backlog drift" if drift_us > ABS_THRESHOLD_NS / 1000 else "the noise"
 
 
-def term_label(key: str) -> str:
-    """A decomposition term's key in words: category_us.topk -> topk, phase_us.draft -> draft phase,
-    idle_us_by_cause.sync -> sync idle."""
-    group, _, name = key.partition(".")
-    if not name:
-        return key.removesuffix("_us")  # backlog_us -> backlog
-    return {"phase_us": f"{name} phase", "idle_us_by_cause": f"{name.replace('_', ' ')} idle"}.get(group, name)
-
-
 # ---------------------------------------------------------------------------------------------
 # the diff
 
 
-def _side_info(summary: Summary, rank: Rank, its: Sequence[Iteration], label: str | None, n_repeats: int) -> dict[str, Any]:
+def _side_info(summary: Summary, rank: Rank, its: Sequence[Iteration], label: str | None, n_repeats: int) -> SideInfo:
     all_its = rank.iterations
     inputs = summary.inputs
     if label is None:
         label = short_label(str(inputs[0].get("path"))) if inputs and isinstance(inputs[0], Mapping) else "?"
-    return {
-        "label": label,
-        "inputs": inputs,
-        "rank": rank.rank,
-        "device": rank.device,
-        "device_timeline": rank.device_timeline,  # "cpu": a CPU-only run (aten ops stand in for device ops)
-        "catalog": rank.catalog,
-        "marker": summary.marker if rank.marker is UNSET else rank.marker,
-        "iterations": {"total": len(all_its), "used": [i.index for i in its]},
-        "shapes": dict(Counter(shape_label(shape_of(i)) for i in all_its).most_common()),
-        "repeats": n_repeats,
-    }
+    return SideInfo(
+        label=label,
+        inputs=inputs,
+        rank=rank.rank,
+        device=rank.device,
+        device_timeline=rank.device_timeline,  # "cpu": a CPU-only run (aten ops stand in for device ops)
+        catalog=rank.catalog,
+        marker=summary.marker if rank.marker is UNSET else rank.marker,
+        iterations={"total": len(all_its), "used": [i.index for i in its]},
+        shapes=dict(Counter(shape_label(shape_of(i)) for i in all_its).most_common()),
+        repeats=n_repeats,
+    )
 
 
 def _first_shared(primary: Summary, repeats: Sequence[Summary], other: Sequence[Summary], rank: int) -> Summary:
@@ -595,8 +587,8 @@ def compare_summaries(
     candidate_repeats: Sequence[Summary | Mapping[str, Any]] = (),
     rank: int = 0,
     labels: tuple[str | None, str | None] = (None, None),
-) -> dict[str, Any]:
-    """diff.json v1 for one rank of two summary.json v1 dicts (see the module docstring for the rules).
+) -> Diff:
+    """diff.json v1 for one rank of two summaries (see the module docstring for the rules), as the Diff it is read as.
 
     `catalog` (a profkit.analysis.catalog.Catalog, or anything with ``optimizations: {name: categories}``)
     and `opt` drive the expected-effect check. Repeats (summaries of the same configuration run
@@ -632,12 +624,12 @@ def compare_summaries(
     # not judged either when a side's profile windows disagree by more than the instability rule (DESIGN.md "Judged, or
     # not judged"); iterations swinging inside a window (stability) stay a warning: owned time per iteration does not
     # depend on how long its window was
-    stab = {"baseline": _stability(win_b, rb), "candidate": _stability(win_c, rc)}
+    stab = Pair[str](baseline=_stability(win_b, rb), candidate=_stability(win_c, rc))
     unstable = unstable_windows(fb, fc, UNSTABLE_RATIO)
     use_noise = judged(fb, fc) and unstable is None
-    decomposition = _only_idle_keys(window_decomposition(fb, fc, basis, unstable=unstable), idle_keys(rb, rc))
-    if not decomposition["exact"]:
-        warnings.append(f"the decomposition leaves up to {decomposition['residual_us']:+.3f} µs unexplained in a profile window: an input "
+    decomposition = window_decomposition(fb, fc, basis, unstable=unstable, idle=idle_keys(rb, rc))
+    if not decomposition.exact:
+        warnings.append(f"the decomposition leaves up to {decomposition.residual_us:+.3f} µs unexplained in a profile window: an input "
                         "summary breaks window = busy + idle")
 
     # --- the gap to the hardware floor (issue 41): each side's, its change, what the optimization closed --------------
@@ -649,17 +641,17 @@ def compare_summaries(
     cb, cc = _counts(ib), _counts(ic)
     # one statistic, everywhere (DESIGN.md): each side's median over its windows of the per-iteration median, and the
     # median over paired windows of the per-window change, as the noise verdict beside it judges (window 0 alone before)
-    counts = ({k: {"baseline": float(st[f"counts.{k}"]["baseline"]), "candidate": float(st[f"counts.{k}"]["candidate"]),
-                   "delta": float(st[f"counts.{k}"]["delta"])} for k in COUNT_KEYS}
+    counts = ({k: SideBySide(baseline=float(st[f"counts.{k}"]["baseline"]), candidate=float(st[f"counts.{k}"]["candidate"]),
+                             delta=float(st[f"counts.{k}"]["delta"])) for k in COUNT_KEYS}
               if fb and fc else {k: _side_by_side(cb[k], cc[k]) for k in COUNT_KEYS})
     tb, tc = _timings(ib), _timings(ic)
-    timings = ({k: {"baseline": _us(st[f"timings.{k}"]["baseline"]), "candidate": _us(st[f"timings.{k}"]["candidate"]),
-                    "delta": _us(st[f"timings.{k}"]["delta"])} if f"timings.{k}" in st else _side_by_side(tb[k], tc[k]) for k in TIMING_KEYS}
+    timings = ({k: SideBySide(baseline=_us(st[f"timings.{k}"]["baseline"]), candidate=_us(st[f"timings.{k}"]["candidate"]),
+                              delta=_us(st[f"timings.{k}"]["delta"])) if f"timings.{k}" in st else _side_by_side(tb[k], tc[k]) for k in TIMING_KEYS}
                if fb and fc else {k: _side_by_side(tb[k], tc[k]) for k in TIMING_KEYS})
     sb, sc = _sync_groups(rb, ib), _sync_groups(rc, ic)
     syncs = [
-        {"kind": k[0], "api": k[1], "direction": k[2], "trigger": k[3],
-         "baseline_per_iteration": float(sb[k]), "candidate_per_iteration": float(sc[k]), "delta": float(sc[k] - sb[k])}
+        SyncChange(kind=k[0], api=k[1], direction=k[2], trigger=k[3],
+                   baseline_per_iteration=float(sb[k]), candidate_per_iteration=float(sc[k]), delta=float(sc[k] - sb[k]))
         for k in sorted(set(sb) | set(sc), key=lambda k: (-abs(sc[k] - sb[k]), k))
     ]
 
@@ -680,15 +672,15 @@ def compare_summaries(
         bu, cu = (b["us_per_iteration"] if b else 0.0), (c["us_per_iteration"] if c else 0.0)
         if bu == cu:
             continue
-        movers.append({
-            "name": (c or b)["name"], "category": (c or b)["category"],  # type: ignore[index]
-            "baseline_us": bu, "candidate_us": cu, "delta_us": cu - bu,
-            "baseline_count": b["count_per_iteration"] if b else 0.0, "candidate_count": c["count_per_iteration"] if c else 0.0,
-            "status": "added" if b is None else "removed" if c is None else "changed",
-            "examples": list((c or b)["examples"]),  # type: ignore[index]
-            **({"shape": k[1]} if shaped else {}),
-        })
-    movers.sort(key=lambda m: (-abs(m["delta_us"]), m["name"], m.get("shape", "")))
+        movers.append(Mover(
+            name=(c or b)["name"], category=(c or b)["category"],  # type: ignore[index]
+            baseline_us=bu, candidate_us=cu, delta_us=cu - bu,
+            baseline_count=b["count_per_iteration"] if b else 0.0, candidate_count=c["count_per_iteration"] if c else 0.0,
+            status="added" if b is None else "removed" if c is None else "changed",
+            examples=list((c or b)["examples"]),  # type: ignore[index]
+            shape=k[1] if shaped else UNSET,
+        ))
+    movers.sort(key=lambda m: (-abs(m.delta_us), m.name, m.shape or ""))
 
     # --- noise and expected effect ------------------------------------------------------------
     recorded = min(len(profiler_slowdowns(run_manifest(base))) or 1, len(profiler_slowdowns(run_manifest(cand))) or 1)
@@ -715,49 +707,52 @@ def compare_summaries(
     if rb.catalog and rc.catalog and rb.catalog != rc.catalog:
         warnings.append(f"the sides were classified with different catalogs ({rb.catalog} vs {rc.catalog}): categories may not line up")
 
-    return {
-        "schema_version": DIFF_SCHEMA_VERSION,
-        "profkit_version": __version__,
-        "baseline": _side_info(base, rb, ib, labels[0], len(baseline_repeats)),
-        "candidate": _side_info(cand, rc, ic, labels[1], len(candidate_repeats)),
-        "rank": rank,
-        "shape": {
-            "kind": shape[0] if shape else None, "batch_size": shape[1] if shape else None,
-            "label": shape_label(shape) if shape else NO_COMMON_SHAPE,
+    health, slack, speculative = capture_terms.sections(base, cand, reps_b, reps_c, rank)
+    return Diff(
+        schema_version=DIFF_SCHEMA_VERSION,
+        profkit_version=__version__,
+        baseline=_side_info(base, rb, ib, labels[0], len(baseline_repeats)),
+        candidate=_side_info(cand, rc, ic, labels[1], len(candidate_repeats)),
+        rank=rank,
+        shape=ShapeInfo(
+            kind=shape[0] if shape else None, batch_size=shape[1] if shape else None,
+            label=shape_label(shape) if shape else NO_COMMON_SHAPE,
             # (optional key) the baseline's shape where the step itself changed: speculative_pair
-            **({"baseline_label": shape_label(base_shape)} if base_shape and base_shape != shape else {}),
-            "iterations": {"baseline": len(ib), "candidate": len(ic)},
-        },
-        "optimization": opt,
-        "wall_us": _stat_ratio(st["wall_us"]),
-        "gpu_window_us": dict(decomposition["gpu_window_us"]),
-        "decomposition": decomposition,
-        "counts": counts,
-        "timings": timings,
-        "syncs": syncs,
-        "kernels_added": [_kernel_entry(e) for e in added[:MAX_KERNEL_LIST]],
-        "kernels_removed": [_kernel_entry(e) for e in removed[:MAX_KERNEL_LIST]],
-        "kernels_added_total": len(added),
-        "kernels_removed_total": len(removed),
-        "top_movers": movers[:TOP_MOVERS],
-        "expected_effect": expected,
-        "noise": noise,
-        "stability": stab,
-        "warnings": warnings,
+            baseline_label=shape_label(base_shape) if base_shape and base_shape != shape else UNSET,
+            iterations={"baseline": len(ib), "candidate": len(ic)},
+        ),
+        optimization=opt,
+        wall_us=_stat_ratio(st["wall_us"]),
+        gpu_window_us=decomposition.gpu_window_us,
+        decomposition=decomposition,
+        counts=counts,
+        timings=timings,
+        syncs=syncs,
+        kernels_added=[_kernel_entry(e) for e in added[:MAX_KERNEL_LIST]],
+        kernels_removed=[_kernel_entry(e) for e in removed[:MAX_KERNEL_LIST]],
+        kernels_added_total=len(added),
+        kernels_removed_total=len(removed),
+        top_movers=movers[:TOP_MOVERS],
+        expected_effect=expected,
+        noise=noise,
+        stability=stab,
+        warnings=warnings,
         # for reports, so that `profkit report diff.json` needs nothing else
-        "timelines": {"baseline": rb.timeline, "candidate": rc.timeline},
+        timelines=Pair[Any](baseline=rb.timeline, candidate=rc.timeline),
         # why the GPU is idle on each side: the longest bubbles of the compared iterations with
         # their CPU ops, and the CPU ops ranked by the idle time inside the bubbles
-        "bubbles": {"baseline": _bubble_view(rb, ib), "candidate": _bubble_view(rc, ic)},
-        "series": {"baseline": _series(rb, ib), "candidate": _series(rc, ic)},
-        "manifests": {"baseline": run_manifest(base), "candidate": run_manifest(cand)},
+        bubbles=Pair[BubbleView](baseline=_bubble_view(rb, ib), candidate=_bubble_view(rc, ic)),
+        series=Pair[list[SeriesPoint]](baseline=_series(rb, ib), candidate=_series(rc, ic)),
+        manifests=Pair[Any](baseline=run_manifest(base), candidate=run_manifest(cand)),
         # unprofiled throughput, the headline, when the run manifests carry it (first workload point)
-        "throughput": {"baseline": _first_point(run_manifest(base)), "candidate": _first_point(run_manifest(cand))},
-        # issue 31: capture health, overlap slack and speculative cost per accepted token, side by side
-        **capture_terms.sections(base, cand, reps_b, reps_c, rank),
+        throughput=Pair[Any](baseline=_first_point(run_manifest(base)), candidate=_first_point(run_manifest(cand))),
+        # issue 31: capture health, overlap slack and speculative cost per accepted token, side by side (optional keys but health)
+        health=health,
+        overlap_slack=UNSET if slack is None else slack,
+        speculative=UNSET if speculative is None else speculative,
         # issue 41 (an optional key): the gap between each side's step and its hardware floor (attribution/floor_gap.py)
-        **({"floor": floor} if floor is not None else {}),
-    }
+        floor=UNSET if floor is None else floor,
+    )
 
 
 def run_manifest(summary: Summary | Mapping[str, Any]) -> Any:
@@ -768,12 +763,12 @@ def run_manifest(summary: Summary | Mapping[str, Any]) -> Any:
     return m if isinstance(m, Mapping) else r if isinstance(r, Mapping) else None
 
 
-def _bubble_view(rank: Rank, its: Sequence[Iteration], n: int = 5) -> dict[str, Any]:
+def _bubble_view(rank: Rank, its: Sequence[Iteration], n: int = 5) -> BubbleView:
     idx = {i.index for i in its}
-    return {
-        "largest": [{**b, "cpu_ops": [{"name": nm, "us": us} for nm, us in b["cpu_ops"]]} for b in largest_bubbles(rank, n, idx)],
-        "idle_cpu_ops": [{"name": nm, "idle_us": us} for nm, us in idle_cpu_ops(rank, None, n)],
-    }
+    return BubbleView(
+        largest=[LargeBubble(**{**b, "cpu_ops": [CpuOpTime(name=nm, us=us) for nm, us in b["cpu_ops"]]}) for b in largest_bubbles(rank, n, idx)],
+        idle_cpu_ops=[IdleCpuOp(name=nm, idle_us=us) for nm, us in idle_cpu_ops(rank, None, n)],
+    )
 
 
 def throughput_points(manifest: Any) -> list[dict[str, Any]]:
@@ -787,14 +782,11 @@ def _first_point(manifest: Any) -> dict[str, Any] | None:
     return dict(pts[0]) if pts else None
 
 
-SERIES_FIELDS = ("wall_us", "gpu_window_us", "gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "bubble_count")
-
-
-def _series(rank: Rank, used: Sequence[Iteration]) -> list[dict[str, Any]]:
+def _series(rank: Rank, used: Sequence[Iteration]) -> list[SeriesPoint]:
     """Per-iteration counts for plots (every iteration of the rank; `used` marks the compared ones)."""
     idx = {i.index for i in used}
     return [
-        {"index": it.index, "shape": shape_label(shape_of(it)), "used": it.index in idx, **{k: getattr(it, k) for k in SERIES_FIELDS}}
+        SeriesPoint(index=it.index, shape=shape_label(shape_of(it)), used=it.index in idx, **{k: getattr(it, k) for k in SERIES_FIELDS})
         for it in rank.iterations
     ]
 
@@ -806,17 +798,6 @@ def swings(values: Sequence[float]) -> bool:
     """Whether iterations' GPU windows vary by more than UNSTABLE_RATIO (the one rule: diff.json's stability,
     every report's "unstable" warning)."""
     return len(values) > 1 and min(values) > 0 and max(values) / min(values) > UNSTABLE_RATIO
-
-
-def _only_idle_keys(doc: Any, keys: tuple[str, ...]) -> Any:
-    """The decomposition with only the idle causes this diff lists (a GPU diff keeps its four, without the
-    CPU timeline's "python"), wherever it holds an `idle_us_by_cause` map."""
-    if isinstance(doc, dict):
-        return {k: ({c: x for c, x in v.items() if c in keys or c == "short_gaps"} if k == "idle_us_by_cause" and isinstance(v, dict)
-                    else _only_idle_keys(v, keys)) for k, v in doc.items()}
-    if isinstance(doc, list):
-        return [_only_idle_keys(v, keys) for v in doc]
-    return doc
 
 
 def _stability(windows: Sequence[tuple[int, Sequence[Iteration]]], rank: Rank | None = None) -> str | None:

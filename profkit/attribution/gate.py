@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profkit.attribution.diff import ABS_THRESHOLD_NS, MATERIAL_SHARE
+from profkit.documents import Diff, diff_doc
 
 GATE_SCHEMA_VERSION = 1
 CALIBRATION_SCHEMA_VERSION = 1
@@ -349,10 +350,11 @@ def judge_row(row: Mapping[str, Any], rule: Rule, cal: Mapping[str, Any] | None,
 # the decision
 
 
-def decide(diff: Mapping[str, Any], policy: Policy, *, calibration: Mapping[str, Any] | None = None,
+def decide(diff: Diff | Mapping[str, Any], policy: Policy, *, calibration: Mapping[str, Any] | None = None,
            comparability: Mapping[str, Any] | None = None, inconclusive: str = "fail", paired: bool | None = None) -> dict[str, Any]:
     """gate.json for a diff: every gated row judged, the decision, why, and the exit code. `paired`: the
     sides were recorded together (default: read from the diff's manifests)."""
+    diff = _doc(diff)  # the gate reads diff.json's document
     cal_metrics = (calibration or {}).get("metrics") or {}
     man = diff.get("manifests") or {}
     if paired is None:
@@ -495,8 +497,13 @@ def _aa_figures(diffs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]
     return out
 
 
-def calibration_from(diff: Mapping[str, Any] | Sequence[Mapping[str, Any]], key: Mapping[str, Any], source: str = "",
-                     across: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+def _doc(d: Diff | Mapping[str, Any]) -> Mapping[str, Any]:
+    """diff.json's document (the gate reads it as written): a Diff compare_summaries returned, encoded."""
+    return diff_doc(d) if isinstance(d, Diff) else d
+
+
+def calibration_from(diff: Diff | Mapping[str, Any] | Sequence[Diff | Mapping[str, Any]], key: Mapping[str, Any], source: str = "",
+                     across: Sequence[Diff | Mapping[str, Any]] = ()) -> dict[str, Any]:
     """calibration.json from A/A diffs: `diff`, each session's two recordings of one configuration,
     alternating (A against A again); `across`, recordings of different sessions against each other.
 
@@ -508,10 +515,10 @@ def calibration_from(diff: Mapping[str, Any] | Sequence[Mapping[str, Any]], key:
     change + spread). The same across sessions (`stored_*`): what a gate of runs recorded apart (a stored
     baseline against a later recording) must allow for, as the host drifts between sessions while an
     alternating pair shares its drift. Sessions whose A/A is not judged (unstable windows) give none."""
-    diffs = [diff] if isinstance(diff, Mapping) else list(diff)
+    diffs = [_doc(d) for d in ([diff] if isinstance(diff, (Diff, Mapping)) else diff)]
     judged = [d for d in diffs if (d.get("noise") or {}).get("available")]
     metrics = _aa_figures(judged or diffs[:1])
-    cross = _aa_figures([d for d in across if (d.get("noise") or {}).get("available")])
+    cross = _aa_figures([a for a in map(_doc, across) if (a.get("noise") or {}).get("available")])
     for k, m in metrics.items():
         c = cross.get(k)
         for f in ("aa_change_abs", "aa_spread_abs", "aa_change_pct", "aa_spread_pct", "mde_abs", "mde_pct"):

@@ -1,7 +1,7 @@
 """A diff's terms per profile window, and the one statistic every report shows (DESIGN.md "Categories
 and phases by ownership in a diff", "One statistic, everywhere").
 
-Pure: lists of summary.json iterations (profkit.documents.Iteration) in, plain dicts out (exact Fractions of integer ns).
+Pure: lists of summary.json iterations (profkit.documents.Iteration) in, exact Fractions of integer ns out (`decomposition`: diff.json's typed section).
 
 * **By ownership.** Each compared iteration contributes the GPU time of the ops it owns
   (``owned_category_us``, ``owned_phase_us``, ``owned_overlap_us``, summary.json v3), and the
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
-from profkit.documents import Iteration
+from profkit.documents import Change, Decomposition, DecompositionSide, Iteration
 from profkit.terms import CAUSES
 
 IDLE_KEYS = (*CAUSES, "short_gaps")
@@ -164,10 +164,11 @@ def within(delta: Fraction, noise: Fraction) -> bool:
 
 
 def decomposition(base: Sequence[Terms], cand: Sequence[Terms], basis: str, *,
-                  unstable: str | None = None) -> dict[str, Any]:
+                  unstable: str | None = None, idle: Sequence[str] = IDLE_KEYS) -> Decomposition:
     """diff.json's ``decomposition``: every term as the statistic (median over paired windows of the
     per-window change), its noise beside it (None when not judged), each pair's exact terms and
-    residual, and each side's medians over its windows."""
+    residual, and each side's medians over its windows. `idle`: the idle causes it lists (a GPU diff
+    leaves out the CPU timeline's "python"); the residual counts every one."""
     st = window_statistic(base, cand)
     use_noise = judged(base, cand) and unstable is None  # unstable windows: not judged, whatever their spread
     cats = sorted(k.split(".", 1)[1] for k in st if k.startswith("category_us."))
@@ -177,21 +178,21 @@ def decomposition(base: Sequence[Terms], cand: Sequence[Terms], basis: str, *,
     def by_size(keys: Sequence[str], prefix: str) -> list[str]:
         return sorted(keys, key=lambda k: (-abs(get(f"{prefix}.{k}")["delta"]), k))
 
-    def delta(k: str) -> float | None:
-        return _us(get(k)["delta"])
+    def delta(k: str) -> float:
+        return float(Fraction(get(k)["delta"]) / 1000)  # _us of a figure that is always there
 
     def noise(k: str) -> float | None:
         return _us(get(k)["noise"]) if use_noise else None
 
-    def side(which: str) -> dict[str, Any]:
-        return {
-            "gpu_window_us": _us(get("gpu_window_us")[which]), "gpu_busy_us": _us(get("gpu_busy_us")[which]),
-            "category_us": {k: _us(get(f"category_us.{k}")[which]) for k in cats},
-            "phase_us": {k: _us(get(f"phase_us.{k}")[which]) for k in phases},
-            "overlap_us": _us(get("overlap_us")[which]), "idle_us": _us(get("idle_us")[which]),
-            "idle_us_by_cause": {k: _us(get(f"idle_us_by_cause.{k}")[which]) for k in IDLE_KEYS},
-            "backlog_us": _us(get("backlog_us")[which]),
-        }
+    def side(which: str) -> DecompositionSide:
+        return DecompositionSide(
+            gpu_window_us=_us(get("gpu_window_us")[which]), gpu_busy_us=_us(get("gpu_busy_us")[which]),
+            category_us={k: _us(get(f"category_us.{k}")[which]) for k in cats},
+            phase_us={k: _us(get(f"phase_us.{k}")[which]) for k in phases},
+            overlap_us=_us(get("overlap_us")[which]), idle_us=_us(get("idle_us")[which]),
+            idle_us_by_cause={k: _us(get(f"idle_us_by_cause.{k}")[which]) for k in idle},
+            backlog_us=_us(get("backlog_us")[which]),
+        )
 
     per_window = []
     worst = Fraction(0)
@@ -203,43 +204,43 @@ def decomposition(base: Sequence[Terms], cand: Sequence[Terms], basis: str, *,
             "window": i, "gpu_window_us": _us(d["gpu_window_us"]),
             "category_us": {k: _us(d[f"category_us.{k}"]) for k in cats},
             "overlap_us": _us(d["overlap_us"]),
-            "idle_us_by_cause": {k: _us(d[f"idle_us_by_cause.{k}"]) for k in IDLE_KEYS},
+            "idle_us_by_cause": {k: _us(d[f"idle_us_by_cause.{k}"]) for k in idle},
             "backlog_us": _us(d["backlog_us"]),
             "phase_us": {k: _us(d[f"phase_us.{k}"]) for k in phases},
             "residual_us": _us(r), "exact": r == 0,
         })
     n = len(per_window)
     g = get("gpu_window_us")
-    return {
-        "unstable": unstable,
-        "statistic": (f"median over {n} profile windows of the per-window change" if n > 1 else
-                      "mean over the compared iterations (one profile window a side)"),
-        "basis": basis,
-        "windows": n,
-        "judged": use_noise,
-        "identity": ("per window: delta gpu_window = sum(delta category) - delta overlap + sum(delta idle by cause) + delta backlog"
-                     + ("; categories, phases and overlap by ownership, backlog = busy - owned GPU time" if basis == "ownership" else
-                        "; categories by the clock (the summaries have no owned_category_us: re-run profkit analyze to split out the backlog)")),
-        "gpu_window_us": {"baseline": _us(g["baseline"]), "candidate": _us(g["candidate"]), "delta": _us(g["delta"]),
-                          # the change's own ratio (1 + delta / baseline), so that ratio and delta say the same
-                          "ratio": float((g["baseline"] + g["delta"]) / g["baseline"]) if g["baseline"] else None},
-        "category_us": {k: delta(f"category_us.{k}") for k in by_size(cats, "category_us")},
-        "overlap_us": delta("overlap_us"),
-        "idle_us": delta("idle_us"),
-        "idle_us_by_cause": {k: delta(f"idle_us_by_cause.{k}") for k in IDLE_KEYS},
-        "backlog_us": delta("backlog_us"),
-        "phase_us": {k: delta(f"phase_us.{k}") for k in by_size(phases, "phase_us")},
+    return Decomposition(
+        unstable=unstable,
+        statistic=(f"median over {n} profile windows of the per-window change" if n > 1 else
+                   "mean over the compared iterations (one profile window a side)"),
+        basis=basis,
+        windows=n,
+        judged=use_noise,
+        identity=("per window: delta gpu_window = sum(delta category) - delta overlap + sum(delta idle by cause) + delta backlog"
+                  + ("; categories, phases and overlap by ownership, backlog = busy - owned GPU time" if basis == "ownership" else
+                     "; categories by the clock (the summaries have no owned_category_us: re-run profkit analyze to split out the backlog)")),
+        gpu_window_us=Change(baseline=_us(g["baseline"]), candidate=_us(g["candidate"]), delta=_us(g["delta"]),
+                             # the change's own ratio (1 + delta / baseline), so that ratio and delta say the same
+                             ratio=float((g["baseline"] + g["delta"]) / g["baseline"]) if g["baseline"] else None),
+        category_us={k: delta(f"category_us.{k}") for k in by_size(cats, "category_us")},
+        overlap_us=delta("overlap_us"),
+        idle_us=delta("idle_us"),
+        idle_us_by_cause={k: delta(f"idle_us_by_cause.{k}") for k in idle},
+        backlog_us=delta("backlog_us"),
+        phase_us={k: delta(f"phase_us.{k}") for k in by_size(phases, "phase_us")},
         # the noise each term is judged against (None: not judged), keyed like the terms
-        "spread_us": {
+        spread_us={
             "gpu_window_us": noise("gpu_window_us"),
             "category_us": {k: noise(f"category_us.{k}") for k in cats},
             "overlap_us": noise("overlap_us"), "idle_us": noise("idle_us"),
-            "idle_us_by_cause": {k: noise(f"idle_us_by_cause.{k}") for k in IDLE_KEYS},
+            "idle_us_by_cause": {k: noise(f"idle_us_by_cause.{k}") for k in idle},
             "backlog_us": noise("backlog_us"),
             "phase_us": {k: noise(f"phase_us.{k}") for k in phases},
         },
-        "residual_us": _us(worst), "exact": all(p["exact"] for p in per_window),
-        "per_window": per_window,
-        "baseline": side("baseline"),
-        "candidate": side("candidate"),
-    }
+        residual_us=_us(worst), exact=all(p["exact"] for p in per_window),
+        per_window=per_window,
+        baseline=side("baseline"),
+        candidate=side("candidate"),
+    )

@@ -340,7 +340,7 @@ def _notes(notes: list[str]) -> None:
         err.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
 
 
-def _render_attribution(diff: dict[str, Any], group_dir: Path) -> None:
+def _render_attribution(diff: Any, group_dir: Path) -> None:
     from profkit.report import Report
     from profkit.report.terminal import TerminalRenderer
 
@@ -458,10 +458,12 @@ def calibrate(
                                        (states, calibrate_run_id(stamp, target, tag, "b"), f"A again{say}")])
             pairs.append((a, b))
     cal, d = calibration_of(pairs)
+    from profkit.documents import diff_doc
+
     a, b = pairs[0]
     path = output or folder / CALIBRATION_JSON
     write_json_atomic(path, cal)
-    write_json_atomic(folder / DIFF_JSON, d)
+    write_json_atomic(folder / DIFF_JSON, diff_doc(d))
     suggested = path.with_name(POLICY_TOML)
     write_text(suggested, policy_toml(cal))
     from profkit.report.vocab import diff_timeline

@@ -92,8 +92,7 @@ def diff(
         sys.stdout.write(get_renderer("json")().render(result))  # the same text `--json FILE` writes
     for w in wrote:
         err.print(f"wrote {escape(w)}", soft_wrap=True)
-    h = d.get("health") or {}
-    check_strict(strict, [(lb, h.get("baseline")), (lc, h.get("candidate"))])
+    check_strict(strict, [(lb, d.health.baseline), (lc, d.health.candidate)])
 
 
 _MD_ONE = "--md writes the comment of one sweep folder or of one diff"

@@ -9,13 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from profkit.documents import Diff
+
 from profkit.analysis.summarize import SummarizeOptions
 from profkit.errors import UsageError
 from profkit.flows.inputs import align_single_ranks, infer_optimization, load_pair
 
 
 def diff_paths(before: Path, after: Path, opts: SummarizeOptions, *, opt: str | None, rank: int | None, allow_shape_mismatch: bool,
-               warn: Callable[[str], None] = lambda w: None) -> tuple[dict[str, Any], list[str], tuple[str, str]]:
+               warn: Callable[[str], None] = lambda w: None) -> tuple[Diff, list[str], tuple[str, str]]:
     """diff.json of BEFORE against AFTER, the notes for the reader, and the two sides' labels."""
     from profkit.attribution.diff import compare_summaries, run_manifest
 
@@ -33,14 +35,13 @@ def diff_paths(before: Path, after: Path, opts: SummarizeOptions, *, opt: str | 
         b.summary, c.summary, opt=opt_name, catalog=effect_catalog,
         baseline_repeats=b.repeats, candidate_repeats=c.repeats, rank=rank, labels=(lb, lc),
     )
-    if d["shape"].get("kind") is None:
-        have = "; ".join(f"{side}: {', '.join(d[side].get('shapes') or {}) or 'none'}" for side in ("baseline", "candidate"))
+    if d.shape.kind is None:
+        have = "; ".join(f"{side}: {', '.join(s.shapes) or 'none'}" for side, s in (("baseline", d.baseline), ("candidate", d.candidate)))
         if not allow_shape_mismatch:
             raise UsageError(f"the two sides share no iteration shape ({have}): comparing them would mix shapes",
                              hint="compare runs of the same shape, or pass --allow-shape-mismatch to compare all iterations anyway")
         notes.append(f"the two sides share no iteration shape ({have}); comparing all iterations (--allow-shape-mismatch)")
-    d.setdefault("warnings", [])
-    d["warnings"][:0] = [n for n in notes if n not in d["warnings"]]
+    d.warnings[:0] = [n for n in notes if n not in d.warnings]
     return d, notes, (lb, lc)
 
 

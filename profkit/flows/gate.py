@@ -17,7 +17,7 @@ import msgspec
 
 from profkit.attribution.gate import (BaselineEntry, Policy, calibration_from, compare_keys, decide, default_policy, key_id,
                                       not_comparable, pick_entry, policy_from, run_key, with_history)
-from profkit.documents import Calibration, Gate
+from profkit.documents import Calibration, Diff, Gate
 from profkit.errors import TraceInputError, UsageError
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def side_key(path: Path) -> dict[str, Any]:
 
 def gate(baseline: Path | None, candidate: Path, opts: SummarizeOptions, policy: Policy, *, baseline_name: str | None = None,
          baselines_dir: Path = Path("baselines"), calibration: Path | None = None, inconclusive: str = "fail",
-         history: Path | None = None, warn: Callable[[str], None] = lambda w: None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+         history: Path | None = None, warn: Callable[[str], None] = lambda w: None) -> tuple[dict[str, Any], Diff | dict[str, Any] | None]:
     """gate.json for CANDIDATE against BASELINE (a run folder, a stored baseline's folder or summary), the
     stored baseline named `baseline_name` whose key matches the candidate, or a diff.json given alone
     as `candidate`; and the diff it judged (None when the sides were not compared)."""
@@ -105,7 +105,7 @@ def gate(baseline: Path | None, candidate: Path, opts: SummarizeOptions, policy:
 
     cal = load_calibration(calibration) if calibration is not None else None
     candidate = Path(candidate)
-    d: dict[str, Any] | None = None
+    d: Diff | dict[str, Any] | None = None
     if baseline is None and baseline_name is None:
         doc = read_json(candidate) if candidate.is_file() else None
         if not is_diff_doc(doc):
@@ -170,14 +170,14 @@ def _typed(doc: dict[str, Any]) -> dict[str, Any]:
 # calibrate
 
 
-def calibration_of(sessions: list[tuple[RunResult, RunResult]]) -> tuple[dict[str, Any], dict[str, Any]]:
+def calibration_of(sessions: list[tuple[RunResult, RunResult]]) -> tuple[dict[str, Any], Diff]:
     """calibration.json of one configuration recorded in A/A sessions (each two recordings, A B A B; the
     sessions one after another), and the first session's A/A diff. Every run of a session is also
     compared with every run of each later session: the figures of runs recorded apart."""
     from profkit.analysis.catalog import CatalogChoice
     from profkit.attribution.diff import compare_summaries
 
-    def compare(a: RunResult, b: RunResult) -> dict[str, Any]:
+    def compare(a: RunResult, b: RunResult) -> Diff:
         cat = (b.catalog or CatalogChoice()).for_effect(b.summary, 0)
         return compare_summaries(a.summary, b.summary, opt=None, catalog=cat, labels=(a.run_id, b.run_id),
                                  baseline_repeats=a.windows or (), candidate_repeats=b.windows or ())

@@ -84,7 +84,7 @@ def attribute_sweep(plan: Plan, mode: str, results: dict[str, RunResult], sweep_
     from profkit.documents import SweepDoc, SweepStep
 
     doc = msgspec.convert(recorded, SweepDoc)
-    diffs: list[dict[str, Any]] = []
+    diffs: list[Any] = []  # each a Diff (compare_summaries)
     notes: list[str] = []
     for label, opt, b_label, a_label, pair_dir in compared_pairs(plan, mode, sweep_dir):
         before, after = results[b_label], results[a_label]
@@ -100,7 +100,10 @@ def attribute_sweep(plan: Plan, mode: str, results: dict[str, RunResult], sweep_
     return doc, diffs, notes
 
 
-def attribution_row(label: str, opt: Optional[str], before: RunResult, after: RunResult, diff: dict[str, Any], pair_dir: Path) -> dict[str, Any]:
+def attribution_row(label: str, opt: Optional[str], before: RunResult, after: RunResult, diff: Any, pair_dir: Path) -> dict[str, Any]:
+    from profkit.documents import Diff, diff_doc
+
+    diff = diff_doc(diff) if isinstance(diff, Diff) else diff  # the Diff compare_summaries returns, as sweep.json writes its parts
     tb = ((diff.get("throughput") or {}).get("baseline") or {}).get("tokens_per_s_per_user_p50", {}).get("median")
     tc = ((diff.get("throughput") or {}).get("candidate") or {}).get("tokens_per_s_per_user_p50", {}).get("median")
     counts = diff.get("counts", {})

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from profkit.capture.run import Progress, Recording, RunConfig, capture_traces, record_interleaved
 from profkit.errors import Interrupted, ProfkitError
 from profkit.flows.outputs import AFTER_JSON, BEFORE_JSON, DIFF_JSON, REPORT_HTML, REPORT_MD, SUMMARY_JSON
+from profkit.documents import Diff
 
 if TYPE_CHECKING:
     from profkit.analysis.catalog import CatalogChoice
@@ -148,11 +149,12 @@ def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any], cat
 
 # ---------------------------------------------------------------- one compared pair
 
-def attribute(before: RunResult, after: RunResult, opts: list[str], group_dir: Path) -> tuple[dict[str, Any], list[str]]:
+def attribute(before: RunResult, after: RunResult, opts: list[str], group_dir: Path) -> tuple[Diff, list[str]]:
     """before.json, after.json, diff.json (+ report.html and report.md where the report modules exist) in
     group_dir: the diff, and notes for the user."""
     from profkit.analysis.catalog import CatalogChoice
     from profkit.attribution.diff import compare_summaries
+    from profkit.documents import diff_doc
     from profkit.store import write_json_atomic
 
     # the expected effect is judged with the catalog the candidate was summarized with (summarize_run's
@@ -164,13 +166,13 @@ def attribute(before: RunResult, after: RunResult, opts: list[str], group_dir: P
     diff = compare_summaries(before.summary, after.summary, opt=opts[0] if len(opts) == 1 else None, catalog=cat,
                              labels=(before.run_id, after.run_id), baseline_repeats=getattr(before, "windows", None) or (),
                              candidate_repeats=getattr(after, "windows", None) or ())
-    write_json_atomic(group_dir / DIFF_JSON, diff)
+    write_json_atomic(group_dir / DIFF_JSON, diff_doc(diff))
     notes = write_reports(group_dir, diffs=[diff], runs=[(before.run_id, before.summary), (after.run_id, after.summary)],
                           windows=[before.windows, after.windows])
     return diff, notes
 
 
-def write_reports(folder: Path, *, diffs: list[dict[str, Any]], runs: list[tuple[str, dict[str, Any]]],
+def write_reports(folder: Path, *, diffs: list[Any], runs: list[tuple[str, dict[str, Any]]],
                   windows: list[list[dict[str, Any]]] | None = None, sweep: dict[str, Any] | None = None) -> list[str]:
     """report.html (self-contained) and report.md (a PR comment: of a single diff, or of the `sweep`, sweep.json's
     document, whose attribution rows are `diffs`) in `folder`; notes for the user (no report.html without the

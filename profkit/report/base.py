@@ -24,16 +24,16 @@ from profkit.errors import UsageError
 class Report:
     """What a renderer renders, all of it computed before rendering.
 
-    ``diffs``: diff.json documents (`profkit.attribution.compare_summaries`); ``runs``: (label,
+    ``diffs``: diffs (`profkit.attribution.compare_summaries`' Diff, or diff.json read from a file); ``runs``: (label,
     summary.json) pairs; ``ladder``: for two runs or more, their ladder
     (`profkit.attribution.ladder_steps` of the same runs), which the HTML report draws; ``sweep``: a
     sweep's sweep.json (`profkit sweep`), whose `attribution` rows are ``diffs`` in order (what
     report/markdown_sweep.py renders).
-    Renderers read them typed (`diff_docs`, `run_docs`: profkit.documents, decoded once per report);
-    diff.json is written from the document as given.
+    Renderers read them typed (`diff_docs`, `run_docs`: profkit.documents, decoded once per report; a Diff as is);
+    diff.json is written from the document as given (a Diff encoded once: documents.diff_doc).
     """
 
-    diffs: Sequence[Mapping[str, Any]] = ()
+    diffs: Sequence[Diff | Mapping[str, Any]] = ()
     runs: Sequence[tuple[str, Summary | Mapping[str, Any]]] = ()
     ladder: Sequence[Mapping[str, Any]] | None = None
     sweep: Mapping[str, Any] | None = None
@@ -46,7 +46,7 @@ class Report:
     def run_docs(self) -> list[tuple[str, Summary]]:
         return [(label, summary_of(s)) for label, s in self.runs]
 
-    def only_diff(self, renderer: str) -> Mapping[str, Any]:
+    def only_diff(self, renderer: str) -> Diff | Mapping[str, Any]:
         """The one diff of a report that holds nothing else (what Markdown and diff.json render)."""
         if len(self.diffs) != 1 or self.runs:
             raise ValueError(f"the {renderer} renderer renders one diff (got {len(self.diffs)} diffs and {len(self.runs)} runs)")

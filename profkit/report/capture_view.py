@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from profkit.analysis import health, slack, spec
-from profkit.attribution import capture_terms
+from profkit.report import capture_diff
 from profkit.documents import Diff, Summary
 
 if TYPE_CHECKING:
@@ -50,13 +50,13 @@ def diff_health(diff: Diff) -> str:
     from profkit.attribution.diff import profiler_slowdowns
 
     slow = profiler_slowdowns(diff.manifests.baseline, diff.manifests.candidate)
-    return capture_terms.health_diff_line(diff.health.baseline, diff.health.candidate, slow)
+    return capture_diff.health_diff_line(diff.health.baseline, diff.health.candidate, slow)
 
 
 def diff_lines(diff: Diff) -> list[str]:
     """A diff's lines after its health line: the change in exposed host time, speculative cost side by side."""
     note = [DOUBT_NOTE] if _unhealthy(diff.health.baseline) or _unhealthy(diff.health.candidate) else []
-    return [x for x in (capture_terms.slack_diff_line(diff.overlap_slack), spec.spec_line(diff.speculative)) if x] + note
+    return [x for x in (capture_diff.slack_diff_line(diff.overlap_slack), spec.spec_line(diff.speculative)) if x] + note
 
 
 def doubted_in_diff(diff: Diff, metric: str) -> bool:

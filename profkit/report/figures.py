@@ -17,6 +17,7 @@ from plotly.subplots import make_subplots
 from profkit.documents import Diff, SeriesPoint, ThroughputPoint
 from profkit.report.fit import demangle, demangle_many
 from profkit.report.views import decomposition_rows, material_floor, row_metric, within_noise
+from profkit.terms import PER_ITERATION
 
 PALETTE = (
     "#4C78A8", "#F58518", "#54A24B", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D", "#1F77B4", "#2CA02C", "#8C564B",
@@ -252,8 +253,7 @@ def bubbles_figure(sides: Sequence[tuple[str, Mapping[str, Any]]], *, device: st
     return grouped_bars_figure(sides, title=f"{device} idle time by bubble cause", y_title="µs per iteration", order=order)
 
 
-SERIES_KEYS = (("kernel_launches", "kernel launches"), ("graph_launches", "graph launches"), ("syncs", "host syncs"),
-               ("sync_copies", "blocking copies"), ("bubble_count", "bubbles"))
+SERIES_KEYS = tuple((f.key, f.label, f.panel) for f in PER_ITERATION if f.panel)
 
 
 def per_iteration_figure(sides: Sequence[tuple[str, Sequence[SeriesPoint]]], *, cpu: bool = False) -> go.Figure:
@@ -270,8 +270,7 @@ def per_iteration_figure(sides: Sequence[tuple[str, Sequence[SeriesPoint]]], *, 
     dashes = ("solid", "dash", "dot", "dashdot")
     for i, (label, its) in enumerate(sides):
         x = [it.index for it in its]
-        for j, (key, name) in enumerate(SERIES_KEYS):
-            col = 1 if key in ("kernel_launches", "graph_launches") else 2
+        for j, (key, name, col) in enumerate(SERIES_KEYS):
             fig.add_trace(go.Scatter(
                 x=x, y=[getattr(it, key) or 0 for it in its], mode="lines+markers", name=esc(f"{label}: {name}", 100),
                 line=dict(color=PALETTE[j], dash=dashes[i % len(dashes)]), legendgroup=f"side{i}",

@@ -23,7 +23,7 @@ import plotly.graph_objects as go
 from markupsafe import Markup
 
 from profkit import __version__
-from profkit.attribution.diff import IDLE_KEYS, SERIES_FIELDS, swings
+from profkit.attribution.diff import IDLE_KEYS, swings
 from profkit.attribution.findings import largest_bubbles, sync_groups
 from profkit.documents import UNSET, Diff, Iteration, KernelEntry, Mover, Rank, SeriesPoint, Summary, ThroughputPoint, run_labels, throughput_of
 from profkit.analysis import health
@@ -38,6 +38,7 @@ from profkit.report.views import (
     throughput_rows, unstable_runs,
 )
 from profkit.report.vocab import GPU_ONLY_COUNTS, banner, count_label, diff_timeline, rank_timeline, words
+from profkit.terms import COUNT_KEYS, PER_ITERATION, SERIES_FIELDS
 
 MAX_ROWS = 50
 MAX_BYTES = 2_000_000  # a report is at most 2 MB (README)
@@ -216,7 +217,7 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
         {"label": f"{W['window']} µs", "value": f"{num(g.baseline)} → {num(g.candidate)}",
          "sub": _sub(f"{num(g.delta, sign=True)} µs {ratio_pct(g.ratio, missing='')}", noise_verdict(diff, "gpu_window_us")), "tone": _tone(diff, "gpu_window_us", g.delta)},
     ]
-    for key, label in (("kernel_launches", "kernel launches"), ("syncs", "host syncs"), ("bubble_count", "bubbles")):
+    for key, label in ((f.key, f.label) for f in PER_ITERATION if f.card):
         if tl == "cpu" and key in GPU_ONLY_COUNTS:
             continue  # a CPU-only run has none (the banner says so): no "kernel launches 0 → 0" card
         x = diff.counts[key]
@@ -317,8 +318,7 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
         out.append(_section(f"{prefix}-floor", "The gap to the hardware floor (µs per iteration)", notes=[closed_text(diff)],
                             tables=[_table(["term", "baseline", "candidate", "Δ µs"], [[k, num(b), num(c), num(d, sign=True)] for k, b, c, d in gap])]))
 
-    labels = {k: count_label(k, tl) for k in ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h",
-                                                "memcpy_h2d", "bubble_count")}
+    labels = {k: count_label(k, tl) for k in COUNT_KEYS}
     crow = [[lab, num(diff.counts[k].baseline, COUNT), num(diff.counts[k].candidate, COUNT), num(diff.counts[k].delta, COUNT, sign=True),
              noise_verdict(diff, f"counts.{k}")] for k, lab in labels.items() if not (tl == "cpu" and k in GPU_ONLY_COUNTS)]
     for k, t in diff.timings.items():

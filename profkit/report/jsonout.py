@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from profkit.documents import Diff, diff_doc
 from profkit.report.base import Renderer, Report
 from profkit.store import json_text
 
@@ -13,4 +14,5 @@ class JsonRenderer(Renderer):
     output_file_extension: ClassVar[str] = "json"
 
     def render(self, report: Report) -> str:
-        return json_text(report.only_diff("diff.json"))
+        d = report.only_diff("diff.json")
+        return json_text(diff_doc(d) if isinstance(d, Diff) else d)  # a diff.json read from a file: written as given

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from profkit.documents import Diff
+from profkit.documents import UNSET, Diff
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import demangle
 from profkit.report.numbers import COUNT, RATE, RESIDUAL, num, pct
 from profkit.report.views import withheld_text, counts_title, cpu_ops_text, decomposition_rows, doubt_metric, headline_lines, noise_verdict, phase_rows, row_metric, statistic_note, throughput_rows
 from profkit.report.vocab import GPU_ONLY_COUNTS, banner, count_label, diff_timeline, words
+from profkit.terms import COUNT_KEYS, PER_ITERATION
 
 GITHUB_COMMENT_LIMIT = 65_536
 # Headroom under GitHub's limit for whatever the bot that posts the comment adds around it.
@@ -204,8 +205,8 @@ def _phases(diff: Diff, W: dict[str, str]) -> list[str]:
             ""]
 
 
-COUNT_ROWS = ("gpu_kernels", "kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h", "memcpy_h2d", "bubble_count")
-TIMING_ROWS = {"launch_us": "launch host µs", "sync_us": "sync blocked µs", "bubble_us": "bubble µs"}
+COUNT_ROWS = COUNT_KEYS
+TIMING_ROWS = {f.key: f.md_label for f in PER_ITERATION if f.md_label}
 
 
 def _counts(diff: Diff, tl: str) -> list[str]:
@@ -243,7 +244,7 @@ def _movers(diff: Diff, limit: int, W: dict[str, str]) -> list[str]:
     if not movers or not limit:
         return []
     cut = movers[:limit]
-    shaped = any(m.shape is not None for m in cut)  # both sides recorded with shapes: by (kernel, shape)
+    shaped = any(m.shape is not UNSET for m in cut)  # both sides recorded with shapes: by (kernel, shape)
     rows = [[num(m.delta_us, sign=True), num(m.baseline_us), num(m.candidate_us), md_escape(m.category),
              md_escape(demangle(m.name), max_len=MAX_NAME), *([md_escape(m.shape or "", max_len=MAX_NAME)] if shaped else []), md_escape(m.status)]
             for m in cut]

@@ -24,7 +24,7 @@ from profkit.report.markdown import DEFAULT_MAX_CHARS, _table, md_escape
 from profkit.report.numbers import RATE, num, pct
 from profkit.report.views import headline_lines, noise_verdict, own_terms, own_verdict, throughput_rows, unstable_runs
 from profkit.report.vocab import diff_timeline, rank_timeline, words
-from profkit.attribution.diff import term_label
+from profkit.terms import term_label
 
 FIRST_LINE_MAX = 80  # columns: what a PR's notification and a terminal show of the comment's first line
 

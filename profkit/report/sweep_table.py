@@ -62,7 +62,7 @@ def show_sweep(out: Console, doc: SweepDoc | Mapping[str, Any], diffs: Sequence[
 
 def own_effect(d: Diff | None) -> str:
     """A sweep row's own-effect cell: the optimization's largest own term, its change and verdict ("topk -351 as expected")."""
-    from profkit.attribution.diff import term_label
+    from profkit.terms import term_label
 
     ee = d.expected_effect if d is not None else None
     if ee is None or not ee.known:

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from profkit.attribution.diff import shape_label, shape_of
 from profkit.attribution.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
-from profkit.documents import Diff, Rank, Summary
+from profkit.documents import UNSET, Diff, Rank, Summary
 from profkit.analysis import health
 from profkit.analysis.shapes import shape_text
 from profkit.report import capture_view
@@ -328,7 +328,7 @@ def _kernel_and_sync_tables(diff: Diff, console: Console, W: dict[str, str], *, 
                                   s.kind, s.direction, s.api, s.trigger) for s in diff.syncs[:top]]))
     if diff.top_movers:
         # both sides recorded with shapes: movers by (kernel, launching op's shape), the shape shown from SHAPE_WIDTH columns
-        has = any(m.shape is not None for m in diff.top_movers)
+        has = any(m.shape is not UNSET for m in diff.top_movers)
         shaped = has and console.width >= SHAPE_WIDTH
         by = "normalized names and shapes" + ("" if shaped else "; shapes: a wider terminal or --json") if has else "normalized names"
         console.print(fit_table(console, f"top movers (µs per iteration, {by})",

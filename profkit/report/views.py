@@ -15,19 +15,20 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from profkit.attribution.diff import IDLE_KEYS, term_label
+from profkit.attribution.diff import IDLE_KEYS
 from profkit.analysis.slack import UNCOVERED
 from profkit.attribution.findings import host_gap
 from profkit.documents import Diff, ExpectedEffect, OwnTerm, Rank, ThroughputPoint, UnsetType, point_of
 from profkit.report.numbers import pct, ratio_pct
 from profkit.report.vocab import diff_timeline, rank_timeline, words
+from profkit.terms import term_label
 
 
 def within_noise(diff: Diff, metric: str) -> bool | None:
     """True/False when repeats give a noise estimate for `metric` (e.g. ``category_us.attention``), else None."""
     if not diff.noise.available:
         return None
-    m = diff.noise.metrics.get(metric)
+    m = diff.noise.metric(metric)
     return None if m is None else bool(m.within_noise)
 
 
@@ -36,10 +37,9 @@ def noise_verdict(diff: Diff, metric: str) -> str:
     verdict), ``not judged`` when there is no noise estimate for `metric`, "" when the diff has none at all."""
     if not diff.noise.available:
         return ""  # nothing in the diff is judged: said once, in the headline and the note under the table
-    w = within_noise(diff, metric)
-    if w is None:
+    w, m = within_noise(diff, metric), diff.noise.metric(metric)
+    if w is None or m is None:
         return "not judged"
-    m = diff.noise.metrics[metric]
     spread = m.spread
     pm = "" if spread is None else f"±{spread:,.1f} " if not metric.startswith("counts.") else f"±{spread:,.2g} "
     floor = material_floor(diff)

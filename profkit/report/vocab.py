@@ -9,13 +9,16 @@ idle time are of that CPU-op timeline and its "kernels" are aten ops, and every 
 from __future__ import annotations
 
 from profkit.documents import Diff, Rank
+from profkit.terms import GPU_ONLY_COUNTS, PER_ITERATION
 
 GPU_WORDS = {"device": "GPU", "window": "GPU window", "busy": "GPU busy", "idle": "GPU idle", "kernels": "GPU kernels", "kernel": "kernel",
              "kernels_plain": "kernels", "kernel_time": "kernel-time"}
 CPU_WORDS = {"device": "CPU-op", "window": "CPU-op window", "busy": "CPU-op busy", "idle": "CPU-op idle", "kernels": "aten ops",
              "kernel": "aten op", "kernels_plain": "aten ops", "kernel_time": "aten-op-time"}
-# counts a CPU-only timeline never has (the banner says they are 0): not listed for a CPU-only run (issue 40: "kernel launches 0 → 0")
-GPU_ONLY_COUNTS = ("kernel_launches", "graph_launches", "syncs", "sync_copies", "memcpy_d2h", "memcpy_h2d")
+# GPU_ONLY_COUNTS (profkit/terms.py): counts a CPU-only timeline never has (the banner says they are 0): not listed for a
+# CPU-only run (issue 40: "kernel launches 0 → 0")
+__all__ = ["GPU_ONLY_COUNTS", "banner", "count_label", "diff_timeline", "rank_timeline", "words"]
+_LABELS = {f.key: f.label for f in PER_ITERATION}
 CPU_BANNER = ("CPU-only run: these traces hold no GPU activity. The outermost aten ops on the iteration thread stand in for device "
               "ops, so window, busy and idle are of that CPU-op timeline and aten ops take the place of kernels; kernel launches, "
               "graph launches and syncs are 0.")
@@ -45,5 +48,4 @@ def count_label(key: str, timeline: str) -> str:
     """The label of a per-iteration count in diff.json's ``counts``."""
     if key == "gpu_kernels":
         return words(timeline)["kernels"]
-    return {"kernel_launches": "kernel launches", "graph_launches": "graph launches", "syncs": "host syncs", "sync_copies": "blocking copies",
-            "memcpy_d2h": "D2H copies", "memcpy_h2d": "H2D copies", "bubble_count": "bubbles"}.get(key, key.replace("_", " "))
+    return _LABELS.get(key, key.replace("_", " "))
