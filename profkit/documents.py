@@ -172,6 +172,43 @@ class Outside(_Doc):
     sync_copies: int = 0
 
 
+class Breaker(_Doc):
+    """What took an exposed interval's time (analysis/slack.py): a sync or blocking copy, a CPU op, or host code outside recorded ops."""
+    kind: str = ""
+    name: str = ""
+    direction: str | None | UnsetType = UNSET  # these two: a sync's or blocking copy's only
+    trigger: str | None | UnsetType = UNSET
+    us: Num = 0.0
+
+
+class Transition(_Doc):
+    """One transition N -> N+1 of a rank's overlap slack."""
+    from_: int | None = msgspec.field(default=None, name="from")
+    to: int | None = None
+    kind: str | None = None
+    slack_us: Num = 0.0
+    exposed_host_us: Num = 0.0
+    broken_by: list[Breaker] = []
+
+
+class BreakerTotal(_Doc):
+    breaker: str = ""
+    us: Num = 0.0
+
+
+class OverlapSlack(_Doc):
+    """A rank's `overlap_slack` (analysis/slack.py rank_slack): every transition and the rank's statistics."""
+    transitions: list[Transition] = []
+    count: int = 0
+    median_us: Num | None = None
+    p10_us: Num | None = None
+    p1_us: Num | None = None
+    exposed_share: Num | None = None
+    exposed_us: Num = 0.0
+    exposed_us_mean: Num | None = None
+    exposed_us_by_breaker: list[BreakerTotal] = []
+
+
 class Rank(_Doc):
     rank: int | None = None
     device: Any = None
@@ -196,11 +233,46 @@ class Rank(_Doc):
     outside_iterations: Outside | None = None
     warnings: list[str] = []
     stub_markers: Any = None
-    overlap_slack: dict[str, Any] | None = None
+    overlap_slack: OverlapSlack | None = None
     capture: dict[str, Any] | None = None
     speculative: dict[str, Any] | None = None
     timeline: Any = None
     floor: dict[str, Any] | None = None  # issue 41: the peaks the floor used and the modeled ops, or `note`: why there is none
+
+
+class Finding(_Doc):
+    """One capture-health finding (analysis/health.py): the check, its status, the figures it doubts, in words."""
+    check: str = ""
+    status: str = "degraded"  # degraded, unusable
+    metrics: list[str] = []
+    detail: str = ""
+
+
+class Health(_Doc):
+    """summary.json's `health` (analysis/health.py assess): the verdict over every rank's capture facts."""
+    verdict: str | None = None  # ok, degraded, unusable, unchecked
+    metrics: list[str] = []
+    findings: list[Finding] = []
+    cut_markers_dropped: int | None = None
+
+    def doubts(self, metric: str) -> bool:
+        """Whether `metric` (a summary field, or `category_us.<cat>`) is in doubt under this verdict."""
+        if self.verdict not in ("degraded", "unusable"):
+            return False
+        return metric in self.metrics or metric.split(".")[0] in self.metrics
+
+
+class SpecCost(_Doc):
+    """summary.json's `speculative` (analysis/spec.py spec_cost): one window's cost per accepted token on rank 0."""
+    verify_iterations: int = 0
+    owned_phase_us: dict[str, Num] = {}
+    wall_us: Num | None = None
+    accept_length: Num | None = None
+    accept_source: str | None = None  # window; else where the accepted length came from (the unprofiled passes)
+    window: int | None = None
+    phase_us_per_accepted_token: dict[str, Num] | None = None  # these three: only with an accepted length
+    gpu_us_per_accepted_token: Num | None = None
+    wall_us_per_accepted_token: Num | None = None
 
 
 class Summary(_Doc):
@@ -209,9 +281,9 @@ class Summary(_Doc):
     inputs: list[Any] = []
     marker: Any = None
     ranks: list[Rank] = []
-    health: Any = None
+    health: Health | None = None
     cross_rank: Any = None  # several ranks: stragglers and clock offsets (analysis/ranks.py)
-    speculative: Any = None
+    speculative: SpecCost | None = None
     manifest: Any = None  # the run folder's manifest.json, added on loading (profkit/flows/inputs.py)
     run: Any = None  # what `profkit trace` writes into every summary
 

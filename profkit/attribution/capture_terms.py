@@ -11,6 +11,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping, Sequence, cast
 
+import msgspec
+
 from profkit.analysis import health, spec
 from profkit.documents import Rank, Summary
 
@@ -37,7 +39,7 @@ def _stat(vals: list[float]) -> dict[str, Any]:
 
 
 def slack_side(windows: list[Summary], rank: int) -> dict[str, Any] | None:
-    per = [(_rank(s, rank).overlap_slack or {}) for s in windows]
+    per = [msgspec.to_builtins(sl) for s in windows if (sl := _rank(s, rank).overlap_slack) is not None]  # documents.OverlapSlack
     per = [p for p in per if p.get("count")]
     if not per:
         return None
@@ -98,13 +100,3 @@ def slack_diff_line(d: Mapping[str, Any] | None) -> str | None:
             f"({e['delta']:+,.1f}, {e['noise']}); transitions with exposed host time {b['exposed_share']['median'] * 100:.0f}% → "
             f"{c['exposed_share']['median'] * 100:.0f}%; median slack {b['median_us']['median']:,.1f} → {c['median_us']['median']:,.1f} µs")
 
-
-def health_diff_line(baseline: Any, candidate: Any, slowdowns: Sequence[float] = ()) -> str:
-    """The first line of a diff report: each side's health (diff.json's health.baseline and .candidate), in words;
-    `slowdowns`: every profile window's profiler slowdown, both sides (one range, "these runs")."""
-    def checks(h: Any) -> Any:
-        return (h.get("verdict"), sorted({f["check"] for f in h.get("findings") or []})) if isinstance(h, Mapping) else None
-
-    if checks(baseline) == checks(candidate):
-        return health.health_text(baseline, slowdowns) + ("" if checks(baseline) and checks(baseline)[0] == "degraded" else " (both sides)")
-    return f"baseline {health.health_text(baseline)}; candidate {health.health_text(candidate)}"

@@ -18,8 +18,6 @@ from rich.text import Text
 from profkit.attribution.diff import shape_label, shape_of
 from profkit.attribution.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
 from profkit.documents import Diff, Rank, Summary
-from profkit.analysis import health
-from profkit.analysis.shapes import shape_text
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, MIN_NAME, NAME, NUM, TEXT, cut_names, demangle, demangle_many, fit_table
@@ -29,6 +27,7 @@ from profkit.report.views import (
     row_metric, statistic_note, withheld_text,
     throughput_rows,
 )
+from profkit.terms import shape_text
 from profkit.report.vocab import GPU_ONLY_COUNTS, banner, count_label, diff_timeline, words
 
 SHAPE_WIDTH = 120  # the narrowest console whose kernels table shows the shape column beside the names
@@ -119,7 +118,7 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
         )
         for label, key, d in rows:
             vals = [v for i in its if (v := getattr(i, key)) is not None]
-            label = capture_view.mark(label, health.doubted(summary.health, key))
+            label = capture_view.mark(label, summary.health is not None and summary.health.doubts(key))
             t.add_row(label, _num(getattr(m, key), d), _num(min(vals), d) if vals else "-", _num(max(vals), d) if vals else "-")
         for way in ("h2d", "d2h", "d2d"):
             counts = [i.memcpy[way] or 0 for i in its]

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from profkit.attribution.diff import IDLE_KEYS, term_label
-from profkit.analysis.slack import UNCOVERED
+from profkit.terms import UNCOVERED
 from profkit.attribution.findings import host_gap
 from profkit.documents import Diff, ExpectedEffect, OwnTerm, Rank, ThroughputPoint, UnsetType, point_of
 from profkit.report.numbers import pct, ratio_pct
