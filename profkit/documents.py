@@ -7,9 +7,10 @@ sync, so its `bubbles_by_cause` and `sync_groups` aggregates are counted from th
 cannot be recovered stays None (a v1 rank's `bubble_cpu_ops` has no times; v1 and v2 iterations have
 no time by ownership: `owned_category_us` None, which attribution takes as the clock basis).
 
-Unknown keys are ignored and every field has a default, so older and newer files decode. Sections
-that only travel through (the timeline, the run manifest, capture health, overlap slack, speculative
-cost) stay plain JSON values. Writing stays where it is: analysis builds summary.json as a dict, and
+Unknown keys are ignored and every field has a default, so older and newer files decode. Capture
+health (Health), a rank's overlap slack (OverlapSlack) and the speculative cost (SpecCost) are read
+by field; sections that only travel through (the timeline, the run manifest and `run` section, a
+rank's capture facts and floor) stay plain JSON values. Writing stays where it is: analysis builds summary.json as a dict, and
 attribution builds diff.json as a dict in the order of the structs below.
 """
 

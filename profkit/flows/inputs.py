@@ -5,7 +5,8 @@ the summary cache), or a run folder: a folder with a summary.json, a folder of t
 rank), or a folder of repeats
 (``repeat-*/`` subfolders holding a summary.json or traces, or several summary files). The run
 manifest comes from the summary's ``manifest`` key, else a manifest.json beside it (or one level up,
-for repeats). Reading only: nothing here prints or exits; bad files raise TraceInputError naming them.
+for repeats), given to each summary as a new document (with_manifest): a loaded one is never changed.
+Reading only: nothing here prints or exits; bad files raise TraceInputError naming them.
 """
 
 from __future__ import annotations
@@ -124,6 +125,15 @@ def _manifest_near(path: Path) -> Any:
     return None
 
 
+def with_manifest(summary: dict[str, Any], manifest: Any) -> dict[str, Any]:
+    """The summary with the run manifest found beside it as its `manifest` (reports and diff.json carry it): a
+    new document, the loaded one (perhaps the summary cache's) left as it was; the summary as is when it has
+    one, or none was found."""
+    if manifest is None or "manifest" in summary:
+        return summary
+    return {**summary, "manifest": manifest}
+
+
 def _label(path: Path) -> str:
     from profkit.ingest.identity import short_label
 
@@ -186,14 +196,10 @@ def load_side(path: Path, opts: SummarizeOptions) -> Side:
             raise TraceInputError(f"{path}: is a diff.json; diff compares two summaries, traces or run folders",
                                   hint="use `profkit report DIFF.json` to render a diff")
         manifest = doc.get("manifest") if isinstance(doc.get("manifest"), dict) else _manifest_near(path)
-        if manifest is not None and "manifest" not in doc:
-            doc["manifest"] = manifest  # a new key in the in-memory summary: reports and diff.json carry it
+        doc = with_manifest(doc, manifest)
         windows, note = _windows_of_summary(path, doc)
         if windows:
-            for w in windows:
-                if manifest is not None and "manifest" not in w:
-                    w["manifest"] = manifest
-            return Side(path, _run_label(doc) or _label(path), doc, windows, manifest)
+            return Side(path, _run_label(doc) or _label(path), doc, [with_manifest(w, manifest) for w in windows], manifest)
         return Side(path, _run_label(doc) or _label(path), doc, [], manifest, note)
     # repeats: repeat-*/ folders, or the profile windows of one run (window-<i>/, `trace --profile-windows`)
     repeat_dirs = sorted((p for p in path.iterdir() if p.is_dir() and p.name.startswith(("repeat", "window-"))),
@@ -218,9 +224,7 @@ def load_side(path: Path, opts: SummarizeOptions) -> Side:
     if not summaries:
         summaries = [summarize([path], opts).summary]
     manifest = summaries[0].get("manifest") if isinstance(summaries[0].get("manifest"), dict) else _manifest_near(path)
-    for doc in summaries:
-        if manifest is not None and "manifest" not in doc:
-            doc["manifest"] = manifest
+    summaries = [with_manifest(doc, manifest) for doc in summaries]
     return Side(path, _label(path), summaries[0], summaries if len(summaries) > 1 else [], manifest)
 
 
