@@ -31,6 +31,9 @@ class _Doc(msgspec.Struct, forbid_unknown_fields=False, kw_only=True):
     pass
 
 
+_D = TypeVar("_D", bound=_Doc)
+
+
 # ---------------------------------------------------------------------------------------------
 # summary.json
 
@@ -276,6 +279,73 @@ class SpecCost(_Doc):
     wall_us_per_accepted_token: Num | None = None
 
 
+class Versions(_Doc):
+    """A run manifest's `versions`: what ran (the GPU's name, or "cpu"; the engine's and torch's versions)."""
+    gpu: Any = None
+
+
+class RunSection(_Doc):
+    """summary.json's `run` (flows/trace.py writes it into every summary of a run it records): which run and
+    profile window, its switches, and the manifest figures a diff of the summaries alone needs. A plain value in
+    the summary (diff.json carries it as written, as a manifest's stand-in): typed where read, by run_of."""
+    run_id: str | None = None
+    label: str | None = None
+    target: str | None = None
+    preset: str | None = None
+    optimizations: Any = None
+    base: str | None = None
+    command: Any = None
+    throughput: Any = None
+    profiler_overhead: Any = None  # {slowdown, windows: [{slowdown, accept, ...}]}: analysis/health.py, spec.py read it
+    versions: Versions | None = None
+    workload: Any = None
+    window: int | None = None  # which profile window this summary is
+    capture_order: str | None = None
+    recorded_with: Any = None
+    host_load: Any = None
+
+
+class Manifest(_Doc):
+    """A run's manifest.json (capture/manifest.py writes it), typed where read, by manifest_of: the fields the
+    readers of a summary use. The whole document stays a plain value in the summary (`manifest`), since reports
+    list every key of it and diff.json carries it as written. Lenient (Any) where hand-written manifests vary."""
+    schema_version: Any = None
+    run_id: Any = None
+    label: Any = None
+    status: Any = None
+    target: Any = None
+    preset: Any = None
+    model: Any = None
+    model_path: Any = None
+    optimizations: Any = None
+    base: Any = None
+    versions: Versions | None = None
+    throughput: Any = None
+    profiler_overhead: Any = None
+    profile: Any = None
+    capture_order: Any = None
+    host_load: Any = None
+
+
+def _typed(raw: Any, kind: type[_D]) -> _D | None:
+    if isinstance(raw, kind):
+        return raw
+    try:
+        return msgspec.convert(raw, kind) if isinstance(raw, Mapping) else None
+    except msgspec.ValidationError:
+        return None
+
+
+def run_of(raw: Any) -> RunSection | None:
+    """A summary's `run` section typed; None without one (or one of another shape)."""
+    return _typed(raw, RunSection)
+
+
+def manifest_of(raw: Any) -> Manifest | None:
+    """A run manifest typed; None without one (or one of another shape)."""
+    return _typed(raw, Manifest)
+
+
 class Summary(_Doc):
     schema_version: int = 1
     profkit_version: str | None = None
@@ -285,8 +355,8 @@ class Summary(_Doc):
     health: Health | None = None
     cross_rank: Any = None  # several ranks: stragglers and clock offsets (analysis/ranks.py)
     speculative: SpecCost | None = None
-    manifest: Any = None  # the run folder's manifest.json, added on loading (profkit/flows/inputs.py)
-    run: Any = None  # what `profkit trace` writes into every summary
+    manifest: Any = None  # the run folder's manifest.json, given on loading (profkit/flows/inputs.py); typed by manifest_of
+    run: Any = None  # what `profkit trace` writes into every summary; typed by run_of
 
 
 def run_labels(summaries: Iterable[Summary]) -> dict[str, str]:
@@ -294,9 +364,9 @@ def run_labels(summaries: Iterable[Summary]) -> dict[str, str]:
     `sweep` write into each summary; runs without one are left out."""
     out: dict[str, str] = {}
     for sm in summaries:
-        run = sm.run
-        if isinstance(run, Mapping) and run.get("label"):
-            out[str(run.get("run_id"))] = str(run["label"])
+        run = run_of(sm.run)
+        if run is not None and run.label:
+            out[str(run.run_id)] = str(run.label)
     return out
 
 

@@ -77,7 +77,7 @@ def health_diff_line(baseline: Health | Mapping[str, Any] | None, candidate: Hea
                      slowdowns: Sequence[float] = ()) -> str:
     """The first line of a diff report: each side's health (diff.json's health.baseline and .candidate), in words;
     `slowdowns`: every profile window's profiler slowdown, both sides (one range, "these runs")."""
-    def checks(h: Health | None) -> tuple[str, list[str]] | None:
+    def checks(h: Health | None) -> tuple[str | None, list[str]] | None:
         return (h.verdict, sorted({f.check for f in h.findings})) if h is not None else None
 
     b, c = health_of(baseline), health_of(candidate)
