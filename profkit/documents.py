@@ -244,6 +244,39 @@ class Rank(_Doc):
     floor: dict[str, Any] | None = None  # issue 41: the peaks the floor used and the modeled ops, or `note`: why there is none
 
 
+class Straggler(_Doc):
+    rank: int | None = None
+    times_straggler: int = 0
+    mean_wait_caused_us: Num = 0.0
+    mean_comm_wait_us: Num = 0.0
+
+
+class CrossIteration(_Doc):
+    """One aligned iteration across the ranks (per-rank figures keyed by the rank as a string)."""
+    index: int = 0
+    kind: str | None = None
+    batch_size: int | None = None
+    slowest_rank: int | None = None
+    straggler_rank: int | None = None
+    spread_us: Num = 0.0
+    gpu_window_us: dict[str, Num] = {}
+    wall_us: dict[str, Num] = {}
+    collectives: dict[str, int] = {}
+    comm_us: dict[str, Num] = {}
+    comm_wait_us: dict[str, Num] = {}
+    gpu_start_skew_us: Num | None = None
+
+
+class CrossRank(_Doc):
+    """summary.json's `cross_rank` (analysis/ranks.py), with two ranks or more: stragglers and clock offsets."""
+    ranks: list[int | None] = []
+    aligned_iterations: int = 0
+    clock_offsets_us: dict[str, Num] = {}
+    iterations: list[CrossIteration] = []
+    stragglers: list[Straggler] = []
+    warnings: list[str] = []
+
+
 class Finding(_Doc):
     """One capture-health finding (analysis/health.py): the check, its status, the figures it doubts, in words."""
     check: str = ""
@@ -353,7 +386,7 @@ class Summary(_Doc):
     marker: Any = None
     ranks: list[Rank] = []
     health: Health | None = None
-    cross_rank: Any = None  # several ranks: stragglers and clock offsets (analysis/ranks.py)
+    cross_rank: CrossRank | None = None  # several ranks: stragglers and clock offsets (analysis/ranks.py)
     speculative: SpecCost | None = None
     manifest: Any = None  # the run folder's manifest.json, given on loading (profkit/flows/inputs.py); typed by manifest_of
     run: Any = None  # what `profkit trace` writes into every summary; typed by run_of

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from functools import partial
-from typing import Any, ClassVar, cast
+from typing import ClassVar, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -17,7 +17,7 @@ from rich.text import Text
 
 from profkit.attribution.diff import shape_label, shape_of
 from profkit.attribution.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
-from profkit.documents import Diff, Rank, Summary
+from profkit.documents import CrossRank, Diff, Rank, Summary
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, MIN_NAME, NAME, NUM, TEXT, cut_names, demangle, demangle_many, fit_table
@@ -69,7 +69,7 @@ class TerminalRenderer(Renderer):
 
 def summary_warnings(summary: Summary) -> list[str]:
     """A summary's warnings, as `analyze` prints them: each rank's, then the cross-rank figures'."""
-    return [w for r in summary.ranks for w in r.warnings] + list((summary.cross_rank or {}).get("warnings") or [])
+    return [w for r in summary.ranks for w in r.warnings] + (summary.cross_rank.warnings if summary.cross_rank is not None else [])
 
 
 def _summary(summary: Summary, console: Console, *, top: int, warn: Console | None = None, said: Collection[str] = ()) -> None:
@@ -82,7 +82,7 @@ def _summary(summary: Summary, console: Console, *, top: int, warn: Console | No
                 continue
             warn.print(f"[yellow]warning:[/] {escape(w)}")
     _ranks(summary, console, top=top, warnings=warn is None)
-    if summary.cross_rank:
+    if summary.cross_rank is not None:
         _cross_rank(summary.cross_rank, console, warnings=warn is None)
 
 
@@ -190,21 +190,21 @@ def _floor(r: Rank, console: Console) -> None:
                                 tuple(zip(OPS_COLUMNS, (NAME, NUM, NUM, NUM, NUM, NUM, COPY))), ops))
 
 
-def _cross_rank(x: Mapping[str, Any], console: Console, *, warnings: bool = True) -> None:
+def _cross_rank(x: CrossRank, console: Console, *, warnings: bool = True) -> None:
     """The straggler table and per-iteration spread across ranks."""
-    offs = ", ".join(f"rank {r}: {v:+,.1f} µs" for r, v in x["clock_offsets_us"].items())
-    console.print(f"[bold]across {len(x['ranks'])} ranks[/]: {x['aligned_iterations']} aligned iterations; clock offsets {escape(offs)}")
+    offs = ", ".join(f"rank {r}: {v:+,.1f} µs" for r, v in x.clock_offsets_us.items())
+    console.print(f"[bold]across {len(x.ranks)} ranks[/]: {x.aligned_iterations} aligned iterations; clock offsets {escape(offs)}")
     t = Table(title="stragglers (the rank the others wait for in collectives)", title_justify="left", box=None)
     for c in ("rank", "times straggler", "wait it caused µs (mean)", "its own collective wait µs (mean)"):
         t.add_column(c, justify="right")
-    for s in x["stragglers"]:
-        t.add_row(str(s["rank"]), str(s["times_straggler"]), _num(s["mean_wait_caused_us"]), _num(s["mean_comm_wait_us"]))
+    for s in x.stragglers:
+        t.add_row(str(s.rank), str(s.times_straggler), _num(s.mean_wait_caused_us), _num(s.mean_comm_wait_us))
     console.print(t)
-    spreads = [i["spread_us"] for i in x["iterations"]]
+    spreads = [i.spread_us for i in x.iterations]
     if spreads:
         spreads.sort()
         console.print(f"GPU-window spread across ranks per iteration: median {_num(spreads[len(spreads) // 2])} µs, max {_num(spreads[-1])} µs")
-    for w in x["warnings"] if warnings else ():
+    for w in x.warnings if warnings else ():
         console.print(f"[yellow]warning:[/] {escape(w)}")
 
 
