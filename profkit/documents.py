@@ -7,9 +7,10 @@ sync, so its `bubbles_by_cause` and `sync_groups` aggregates are counted from th
 cannot be recovered stays None (a v1 rank's `bubble_cpu_ops` has no times; v1 and v2 iterations have
 no time by ownership: `owned_category_us` None, which attribution takes as the clock basis).
 
-Unknown keys are ignored and every field has a default, so older and newer files decode. Sections
-that only travel through (the timeline, the run manifest, capture health, overlap slack, speculative
-cost) stay plain JSON values. Writing stays where it is: analysis builds summary.json as a dict, and
+Unknown keys are ignored and every field has a default, so older and newer files decode. Capture
+health (Health), a rank's overlap slack (OverlapSlack) and the speculative cost (SpecCost) are read
+by field; sections that only travel through (the timeline, the run manifest and `run` section, a
+rank's capture facts and floor) stay plain JSON values. Writing stays where it is: analysis builds summary.json as a dict, and
 attribution builds diff.json as the Diff below (`compare_summaries`), encoded once where it is written (`diff_doc`).
 """
 
@@ -28,6 +29,9 @@ Num = int | float  # a JSON number as written: an int stays an int (a count), a 
 
 class _Doc(msgspec.Struct, forbid_unknown_fields=False, kw_only=True):
     pass
+
+
+_D = TypeVar("_D", bound=_Doc)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,6 +176,43 @@ class Outside(_Doc):
     sync_copies: int = 0
 
 
+class Breaker(_Doc):
+    """What took an exposed interval's time (analysis/slack.py): a sync or blocking copy, a CPU op, or host code outside recorded ops."""
+    kind: str = ""
+    name: str = ""
+    direction: str | None | UnsetType = UNSET  # these two: a sync's or blocking copy's only
+    trigger: str | None | UnsetType = UNSET
+    us: Num = 0.0
+
+
+class Transition(_Doc):
+    """One transition N -> N+1 of a rank's overlap slack."""
+    from_: int | None = msgspec.field(default=None, name="from")
+    to: int | None = None
+    kind: str | None = None
+    slack_us: Num = 0.0
+    exposed_host_us: Num = 0.0
+    broken_by: list[Breaker] = []
+
+
+class BreakerTotal(_Doc):
+    breaker: str = ""
+    us: Num = 0.0
+
+
+class OverlapSlack(_Doc):
+    """A rank's `overlap_slack` (analysis/slack.py rank_slack): every transition and the rank's statistics."""
+    transitions: list[Transition] = []
+    count: int = 0
+    median_us: Num | None = None
+    p10_us: Num | None = None
+    p1_us: Num | None = None
+    exposed_share: Num | None = None
+    exposed_us: Num = 0.0
+    exposed_us_mean: Num | None = None
+    exposed_us_by_breaker: list[BreakerTotal] = []
+
+
 class Rank(_Doc):
     rank: int | None = None
     device: Any = None
@@ -196,11 +237,146 @@ class Rank(_Doc):
     outside_iterations: Outside | None = None
     warnings: list[str] = []
     stub_markers: Any = None
-    overlap_slack: dict[str, Any] | None = None
+    overlap_slack: OverlapSlack | None = None
     capture: dict[str, Any] | None = None
     speculative: dict[str, Any] | None = None
     timeline: Any = None
     floor: dict[str, Any] | None = None  # issue 41: the peaks the floor used and the modeled ops, or `note`: why there is none
+
+
+class Straggler(_Doc):
+    rank: int | None = None
+    times_straggler: int = 0
+    mean_wait_caused_us: Num = 0.0
+    mean_comm_wait_us: Num = 0.0
+
+
+class CrossIteration(_Doc):
+    """One aligned iteration across the ranks (per-rank figures keyed by the rank as a string)."""
+    index: int = 0
+    kind: str | None = None
+    batch_size: int | None = None
+    slowest_rank: int | None = None
+    straggler_rank: int | None = None
+    spread_us: Num = 0.0
+    gpu_window_us: dict[str, Num] = {}
+    wall_us: dict[str, Num] = {}
+    collectives: dict[str, int] = {}
+    comm_us: dict[str, Num] = {}
+    comm_wait_us: dict[str, Num] = {}
+    gpu_start_skew_us: Num | None = None
+
+
+class CrossRank(_Doc):
+    """summary.json's `cross_rank` (analysis/ranks.py), with two ranks or more: stragglers and clock offsets."""
+    ranks: list[int | None] = []
+    aligned_iterations: int = 0
+    clock_offsets_us: dict[str, Num] = {}
+    iterations: list[CrossIteration] = []
+    stragglers: list[Straggler] = []
+    warnings: list[str] = []
+
+
+class Finding(_Doc):
+    """One capture-health finding (analysis/health.py): the check, its status, the figures it doubts, in words."""
+    check: str = ""
+    status: str = "degraded"  # degraded, unusable
+    metrics: list[str] = []
+    detail: str = ""
+
+
+class Health(_Doc):
+    """summary.json's `health` (analysis/health.py assess): the verdict over every rank's capture facts."""
+    verdict: str | None = None  # ok, degraded, unusable, unchecked
+    metrics: list[str] = []
+    findings: list[Finding] = []
+    cut_markers_dropped: int | None = None
+
+    def doubts(self, metric: str) -> bool:
+        """Whether `metric` (a summary field, or `category_us.<cat>`) is in doubt under this verdict."""
+        if self.verdict not in ("degraded", "unusable"):
+            return False
+        return metric in self.metrics or metric.split(".")[0] in self.metrics
+
+
+class SpecCost(_Doc):
+    """summary.json's `speculative` (analysis/spec.py spec_cost): one window's cost per accepted token on rank 0."""
+    verify_iterations: int = 0
+    owned_phase_us: dict[str, Num] = {}
+    wall_us: Num | None = None
+    accept_length: Num | None = None
+    accept_source: str | None = None  # window; else where the accepted length came from (the unprofiled passes)
+    window: int | None = None
+    phase_us_per_accepted_token: dict[str, Num] | None = None  # these three: only with an accepted length
+    gpu_us_per_accepted_token: Num | None = None
+    wall_us_per_accepted_token: Num | None = None
+
+
+class Versions(_Doc):
+    """A run manifest's `versions`: what ran (the GPU's name, or "cpu"; the engine's and torch's versions)."""
+    gpu: Any = None
+
+
+class RunSection(_Doc):
+    """summary.json's `run` (flows/trace.py writes it into every summary of a run it records): which run and
+    profile window, its switches, and the manifest figures a diff of the summaries alone needs. A plain value in
+    the summary (diff.json carries it as written, as a manifest's stand-in): typed where read, by run_of."""
+    run_id: str | None = None
+    label: str | None = None
+    target: str | None = None
+    preset: str | None = None
+    optimizations: Any = None
+    base: str | None = None
+    command: Any = None
+    throughput: Any = None
+    profiler_overhead: Any = None  # {slowdown, windows: [{slowdown, accept, ...}]}: analysis/health.py, spec.py read it
+    versions: Versions | None = None
+    workload: Any = None
+    window: int | None = None  # which profile window this summary is
+    capture_order: str | None = None
+    recorded_with: Any = None
+    host_load: Any = None
+
+
+class Manifest(_Doc):
+    """A run's manifest.json (capture/manifest.py writes it), typed where read, by manifest_of: the fields the
+    readers of a summary use. The whole document stays a plain value in the summary (`manifest`), since reports
+    list every key of it and diff.json carries it as written. Lenient (Any) where hand-written manifests vary."""
+    schema_version: Any = None
+    run_id: Any = None
+    label: Any = None
+    status: Any = None
+    target: Any = None
+    preset: Any = None
+    model: Any = None
+    model_path: Any = None
+    optimizations: Any = None
+    base: Any = None
+    versions: Versions | None = None
+    throughput: Any = None
+    profiler_overhead: Any = None
+    profile: Any = None
+    capture_order: Any = None
+    host_load: Any = None
+
+
+def _typed(raw: Any, kind: type[_D]) -> _D | None:
+    if isinstance(raw, kind):
+        return raw
+    try:
+        return msgspec.convert(raw, kind) if isinstance(raw, Mapping) else None
+    except msgspec.ValidationError:
+        return None
+
+
+def run_of(raw: Any) -> RunSection | None:
+    """A summary's `run` section typed; None without one (or one of another shape)."""
+    return _typed(raw, RunSection)
+
+
+def manifest_of(raw: Any) -> Manifest | None:
+    """A run manifest typed; None without one (or one of another shape)."""
+    return _typed(raw, Manifest)
 
 
 class Summary(_Doc):
@@ -209,11 +385,11 @@ class Summary(_Doc):
     inputs: list[Any] = []
     marker: Any = None
     ranks: list[Rank] = []
-    health: Any = None
-    cross_rank: Any = None  # several ranks: stragglers and clock offsets (analysis/ranks.py)
-    speculative: Any = None
-    manifest: Any = None  # the run folder's manifest.json, added on loading (profkit/flows/inputs.py)
-    run: Any = None  # what `profkit trace` writes into every summary
+    health: Health | None = None
+    cross_rank: CrossRank | None = None  # several ranks: stragglers and clock offsets (analysis/ranks.py)
+    speculative: SpecCost | None = None
+    manifest: Any = None  # the run folder's manifest.json, given on loading (profkit/flows/inputs.py); typed by manifest_of
+    run: Any = None  # what `profkit trace` writes into every summary; typed by run_of
 
 
 def run_labels(summaries: Iterable[Summary]) -> dict[str, str]:
@@ -221,9 +397,9 @@ def run_labels(summaries: Iterable[Summary]) -> dict[str, str]:
     `sweep` write into each summary; runs without one are left out."""
     out: dict[str, str] = {}
     for sm in summaries:
-        run = sm.run
-        if isinstance(run, Mapping) and run.get("label"):
-            out[str(run.get("run_id"))] = str(run["label"])
+        run = run_of(sm.run)
+        if run is not None and run.label:
+            out[str(run.run_id)] = str(run.label)
     return out
 
 

@@ -129,7 +129,7 @@ def test_stub_marker_cut_by_the_profilers_stop(tmp_path):
     cut = s["ranks"][0]["capture"]["cut_markers"]
     assert cut["count"] == 1, cut
     if cut["dropped"]:  # the iteration finder dropped it (issue 27): counted and said, no figure in doubt
-        assert s["health"]["verdict"] == "ok" and "1 marker span(s) cut" in __import__("profkit.analysis.health", fromlist=["x"]).health_text(s["health"])
+        assert s["health"]["verdict"] == "ok" and "1 marker span(s) cut" in __import__("profkit.report.health_text", fromlist=["x"]).health_text(s["health"])
     else:  # kept as an iteration: its figures are the stub's
         assert s["health"]["verdict"] == "degraded" and checks(s) == {"cut_markers"}, s["health"]
 

@@ -36,13 +36,15 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-import re
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, Mapping, cast
+
+import msgspec
 
 if TYPE_CHECKING:
     import polars as pl
 
 from profkit.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS
+from profkit.documents import Health
 
 OVERHEAD_LIMIT = 1.5  # profiled / unprofiled time per token at which host-side figures are the profiler's
 STREAM_OVERLAP_TOLERANCE_NS = 50  # CUPTI's device timestamps, converted to µs floats by Kineto, can touch by a few ns
@@ -405,67 +407,10 @@ def assess(summary: Mapping[str, Any], overhead: Any = None, window: int | None 
             "cut_markers_dropped": cut}
 
 
-# each check's finding in words, for the first line of a report (DESIGN.md: what the recording did to the run, never
-# field names; the names stay in summary.json's health); † marks the figures it puts in doubt in every table
-_WORDS = {
-    "graph_replays_missing": "graph replays without their kernels recorded: idle time (†) looks inflated",
-    "start_records_missing": "the profiler dropped the window's first kernels: kernel time (†) reads short",
-    "rank_start_skew": "the ranks' profilers started more than one iteration apart: communication (†) looks long",
-    "deferred_work": "GPU work ran past the next iteration's window: category time by the clock (†) lands late",
-    "stream_overlap": "ops overlap on one stream (a clock artefact): busy and overlap time (†) are off",
-    "cut_markers": "the profiler's stop cut the last step, kept as an iteration: its wall and window (†) read short",
-    "graph_replays_under_recorded": "graph replays recorded with fewer ops than their graph's others: idle time (†) looks inflated",
-    "impossible_durations": "GPU ops with durations the device cannot have: busy, idle and category time (†) are off",
-    "capture_only": "only graph-capture warm-up steps were recorded: no steady-state step to measure (†)",
-    "device_records": "launch calls without any GPU record",
-}
-_SLOW = re.compile(r"ran ([0-9.]+)x slower")
-
-
-def slowdown_range(slowdowns: Sequence[float]) -> str:
-    """``1.7–11.2×`` (``3.1×`` when they agree to a tenth)."""
-    lo, hi = min(slowdowns), max(slowdowns)
-    return f"{lo:.1f}×" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}–{hi:.1f}×"
-
-
-def health_text(h: Mapping[str, Any] | None, slowdowns: Sequence[float] = ()) -> str:
-    """The first line of every report, in words: `health: ok`, `capture health degraded: <what the recording did, with
-    its figure>`, `health: unusable (...)`. `slowdowns`: every profile window's profiler slowdown (a diff's both sides,
-    from the manifests); else the figures the findings name."""
-    if not isinstance(h, Mapping):
-        return "health: unchecked (a summary written before capture health existed: analyze the traces again)"
-    v = h.get("verdict")
-    if v == "degraded":
-        findings = h.get("findings") or []
-        checks = list(dict.fromkeys(f["check"] for f in findings))
-        said = []
-        if "profiler_overhead" in checks:
-            got = [float(m.group(1)) for f in findings if f["check"] == "profiler_overhead" and (m := _SLOW.search(f.get("detail") or ""))]
-            slow = list(slowdowns) or got
-            figure = f" {slowdown_range(slow)}" if slow else ""
-            said.append(f"the profiler slowed {'these runs' if len(slow) > 1 else 'this run'}{figure}; host-side idle terms (†) carry "
-                        "its cost")
-        said += [_WORDS.get(c, c.replace("_", " ")) for c in sorted(checks) if c != "profiler_overhead"]
-        return "capture health degraded: " + "; ".join(said)
-    if v == "unusable":
-        return "health: unusable (" + "; ".join(f["detail"] for f in h.get("findings") or [] if f["status"] == "unusable") + ")"
-    if v == "unchecked":
-        return "health: unchecked (no per-rank capture facts in this summary)"
-    dropped = h.get("cut_markers_dropped")
-    return "health: ok" + (f" ({dropped} marker span(s) cut by the profiler's stop dropped)" if dropped else "")
-
-
-def doubted(h: Mapping[str, Any] | None, metric: str) -> bool:
-    """Whether `metric` (a summary field, or `category_us.<cat>`) is in doubt under health `h`."""
-    if not isinstance(h, Mapping) or h.get("verdict") not in ("degraded", "unusable"):
-        return False
-    ms = set(h.get("metrics") or [])
-    return metric in ms or metric.split(".")[0] in ms
-
-
 def worst(healths: list[Any]) -> dict[str, Any] | None:
     """One verdict over several windows: the worst, with every window's doubted metrics and findings."""
-    hs = [h for h in healths if isinstance(h, Mapping)]
+    hs = [msgspec.to_builtins(h) if isinstance(h, Health) else h for h in healths]  # a summary's, decoded (documents.Health)
+    hs = [h for h in hs if isinstance(h, Mapping)]
     if not hs:
         return None
     order = {"ok": 0, "unchecked": 1, "degraded": 2, "unusable": 3}

@@ -20,13 +20,13 @@ replay): a split-K GEMM's two kernels are one GEMM. Only a trace recorded with s
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import polars as pl
 
 from profkit.apis import GRAPH_LAUNCH_APIS
+from profkit.terms import shape_text  # noqa: F401  (where attribution/diff.py reads it; the words live in terms.py)
 
 SHAPE_COLUMNS = ("shape_op", "shape", "shape_dtypes")  # what the kernels table and the movers group by
 
@@ -63,27 +63,6 @@ def attach_shapes(ops: pl.DataFrame, trace: Any, replayed: dict[int, tuple[str, 
         op[p], dims[p], types[p], start[p] = o, d_, t_, s_
     return ops.with_columns(pl.Series("shape_op", op, dtype=pl.String), pl.Series("shape", dims, dtype=pl.String),
                             pl.Series("shape_dtypes", types, dtype=pl.String), pl.Series("shape_op_ns", start, dtype=pl.Int64))
-
-
-# Kineto's type names (c10's C++ spellings) -> the short ones a table shows
-_DTYPES = {"c10::BFloat16": "bf16", "c10::Half": "f16", "float": "f32", "double": "f64", "c10::Float8_e4m3fn": "fp8e4m3",
-           "c10::Float8_e5m2": "fp8e5m2", "long int": "i64", "int": "i32", "short int": "i16", "signed char": "i8",
-           "unsigned char": "u8", "bool": "bool"}
-
-
-def shape_text(op: str | None, dims: str | None, dtypes: str | None) -> str:
-    """A shape as a table shows it: the op, its tensor inputs' dims joined by x and their types,
-    `aten::mm [1,2048]x[2048,32000] bf16` ("" without one)."""
-    if not op or dims is None:
-        return ""
-    try:
-        d, t = json.loads(dims), json.loads(dtypes) if dtypes else []
-    except ValueError:
-        return f"{op} {dims}"
-    tensors = [i for i, x in enumerate(d) if isinstance(x, list) and x]
-    ds = "x".join("[" + ",".join(str(v) for v in d[i]) + "]" for i in tensors)
-    ts = list(dict.fromkeys(_DTYPES.get(t[i], t[i]) for i in tensors if i < len(t) and isinstance(t[i], str) and t[i]))
-    return " ".join(x for x in (op, ds, "/".join(ts)) if x)
 
 
 def has_shapes(ops: pl.DataFrame) -> bool:

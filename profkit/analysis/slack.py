@@ -19,16 +19,15 @@ cpu) or one without runtime calls has none (their "launch" is the op itself).
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from typing import TYPE_CHECKING, Any
 
 from profkit.apis import SYNC_APIS, canonical_api
+from profkit.terms import UNCOVERED, breaker_key
 
 if TYPE_CHECKING:
     import polars as pl
 
-UNCOVERED = "host code outside recorded ops"
 
 def transitions(owned: pl.DataFrame) -> pl.DataFrame:
     """One row per transition N -> N+1 (both own GPU ops with a launch call in the trace)."""
@@ -98,17 +97,6 @@ def _breaker(name: str, ns: int, syncs: pl.DataFrame | None, tid: str | None, g0
     return {"kind": "cpu", "name": name, "ns": ns}
 
 
-def breaker_key(b: dict[str, Any]) -> str:
-    """One breaker as words: `sync cudaStreamSynchronize d2h (aten::item)`, `cpu aten::nonzero`; a step
-    number (`ProfilerStep#7`) as N, so one span is one breaker across transitions."""
-    if b["kind"] in ("sync", "sync_copy"):
-        extra = " ".join(x for x in (b.get("direction"), f"({b['trigger']})" if b.get("trigger") else None) if x)
-        return f"{b['kind']} {b['name']}{' ' + extra if extra else ''}"
-    if b["kind"] == "host":
-        return b["name"]
-    return f"{b['kind']} {re.sub(r'#[0-9]+', '#N', b['name'])}"
-
-
 def lower_rank(values: list[float], q: float) -> float | None:
     """The q-th percentile by the nearest rank from below (q=1 of fewer than 100 values: the worst)."""
     if not values:
@@ -143,19 +131,3 @@ def rank_slack(t: pl.DataFrame, broken: list[list[dict[str, Any]]], iterations: 
         "exposed_us_mean": (sum(r["exposed_host_us"] for r in rows) / len(rows)) if rows else None,
         "exposed_us_by_breaker": [{"breaker": k, "us": v} for k, v in sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))],
     }
-
-
-def slack_line(s: dict[str, Any] | None) -> str | None:
-    """The one line the terminal and Markdown reports print for a rank's overlap slack."""
-    if not s or not s.get("count"):
-        return None
-    # the profiler's own ProfilerStep#N span is host code outside recorded ops (issue 40): one breaker in words, its µs merged
-    said: dict[str, float] = {}
-    for b in s["exposed_us_by_breaker"]:
-        k = UNCOVERED if b["breaker"] == "cpu ProfilerStep#N" else b["breaker"]
-        said[k] = said.get(k, 0.0) + b["us"]
-    top = sorted(said.items(), key=lambda kv: -kv[1])[:2]
-    why = ("; exposed by " + ", ".join(f"{k} {us:,.1f} µs" for k, us in top)) if top else ""
-    return (f"Overlap slack N→N+1: median {s['median_us']:,.1f} µs, p10 {s['p10_us']:,.1f}, worst {s['p1_us']:,.1f}; "
-            f"host exposed on {s['exposed_share'] * 100:.0f}% of {s['count']} transitions "
-            f"({s['exposed_us_mean']:,.1f} µs per transition){why}")

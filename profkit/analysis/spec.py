@@ -136,23 +136,3 @@ def compare(base: dict[str, Any] | None, cand: dict[str, Any] | None) -> dict[st
             "accept_length": d(lambda s: s["accept_length"]["median"]),
         }
     return out
-
-
-def spec_line(diff_spec: Mapping[str, Any] | None) -> str | None:
-    """The diff's one line: `draft GPU µs per accepted token 40.1 → 23.2 (−16.9); ...`."""
-    if not diff_spec or not diff_spec.get("delta"):
-        return None
-    b, c, d = diff_spec["baseline"], diff_spec["candidate"], diff_spec["delta"]
-
-    def part(label: str, bv: float, cv: float, dv: float) -> str:
-        return f"{label} {bv:,.1f} → {cv:,.1f} ({dv:+,.1f})"
-
-    pb, pc = b["phase_us_per_accepted_token"], c["phase_us_per_accepted_token"]
-    draft = part("draft GPU µs per accepted token", pb["draft"]["median"], pc["draft"]["median"], d["phase_us_per_accepted_token"]["draft"])
-    gpu = part("all phases", b["gpu_us_per_accepted_token"]["median"], c["gpu_us_per_accepted_token"]["median"], d["gpu_us_per_accepted_token"])
-    wall = part("wall µs per accepted token", b["wall_us_per_accepted_token"]["median"], c["wall_us_per_accepted_token"]["median"],
-                d["wall_us_per_accepted_token"])
-    acc = f"accept length {b['accept_length']['median']:.2f} → {c['accept_length']['median']:.2f}"
-    src = sorted({*b.get("accept_source", []), *c.get("accept_source", [])})
-    note = "" if src == ["window"] else f" [accept length from {' and '.join(src)}]"
-    return f"Speculative cost: {draft}; {gpu}; {wall}; {acc}{note}"

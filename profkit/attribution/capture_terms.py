@@ -11,6 +11,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping, Sequence, cast
 
+import msgspec
+
 from profkit.analysis import health, spec
 from profkit.documents import Pair, Rank, Summary
 
@@ -37,7 +39,7 @@ def _stat(vals: list[float]) -> dict[str, Any]:
 
 
 def slack_side(windows: list[Summary], rank: int) -> dict[str, Any] | None:
-    per = [(_rank(s, rank).overlap_slack or {}) for s in windows]
+    per = [msgspec.to_builtins(sl) for s in windows if (sl := _rank(s, rank).overlap_slack) is not None]  # documents.OverlapSlack
     per = [p for p in per if p.get("count")]
     if not per:
         return None

@@ -5,7 +5,8 @@ the summary cache), or a run folder: a folder with a summary.json, a folder of t
 rank), or a folder of repeats
 (``repeat-*/`` subfolders holding a summary.json or traces, or several summary files). The run
 manifest comes from the summary's ``manifest`` key, else a manifest.json beside it (or one level up,
-for repeats). Reading only: nothing here prints or exits; bad files raise TraceInputError naming them.
+for repeats), given to each summary as a new document (with_manifest): a loaded one is never changed.
+Reading only: nothing here prints or exits; bad files raise TraceInputError naming them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import msgspec
 
 from profkit.analysis.catalog import CatalogChoice
-from profkit.documents import diff_of, summary_of
+from profkit.documents import diff_of, run_of, summary_of
 from profkit.errors import TraceInputError
 from profkit.analysis.summarize import SummarizeOptions, summarize
 
@@ -124,6 +125,15 @@ def _manifest_near(path: Path) -> Any:
     return None
 
 
+def with_manifest(summary: dict[str, Any], manifest: Any) -> dict[str, Any]:
+    """The summary with the run manifest found beside it as its `manifest` (reports and diff.json carry it): a
+    new document, the loaded one (perhaps the summary cache's) left as it was; the summary as is when it has
+    one, or none was found."""
+    if manifest is None or "manifest" in summary:
+        return summary
+    return {**summary, "manifest": manifest}
+
+
 def _label(path: Path) -> str:
     from profkit.ingest.identity import short_label
 
@@ -137,15 +147,14 @@ def _label(path: Path) -> str:
 
 def _run_label(summary: dict[str, Any]) -> str | None:
     """The run id `profkit trace` wrote into the summary (its `run` section), else None."""
-    run = summary.get("run")
-    rid = run.get("run_id") if isinstance(run, dict) else None
-    return rid if isinstance(rid, str) and rid else None
+    run = run_of(summary.get("run"))
+    return run.run_id if run is not None and run.run_id else None
 
 
 def _windows_expected(doc: dict[str, Any]) -> int:
     """How many profile windows the summary's run had (its `run` section's profiler_overhead lists one per window)."""
-    run: dict[str, Any] = doc["run"] if isinstance(doc.get("run"), dict) else {}
-    oh: dict[str, Any] = run["profiler_overhead"] if isinstance(run.get("profiler_overhead"), dict) else {}
+    run = run_of(doc.get("run"))
+    oh = run.profiler_overhead if run is not None and isinstance(run.profiler_overhead, dict) else {}
     ws = oh.get("windows")
     return len(ws) if isinstance(ws, list) else 1
 
@@ -155,10 +164,10 @@ def _windows_of_summary(path: Path, doc: dict[str, Any]) -> tuple[list[dict[str,
     folder's before.json / after.json and every window under reports/<run_id>/window-<i>/summary.json (the run id in
     the summary's `run` section), so they are looked for beside the file, in its folder's sibling <run_id>/ and in
     its own <run_id>/. ([], None) for a summary of one window; ([], what to pass) when the others are not found."""
-    run: dict[str, Any] = doc["run"] if isinstance(doc.get("run"), dict) else {}
-    rid = run.get("run_id")
+    run = run_of(doc.get("run"))
+    rid = run.run_id if run is not None else None
     n = _windows_expected(doc)
-    if not isinstance(rid, str) or not rid or n < 2:
+    if run is None or not rid or n < 2:
         return [], None
     for folder in (path.parent.parent / rid, path.parent / rid, path.parent):
         found = sorted(folder.glob("window-*/summary.json"), key=lambda p: int(p.parent.name.split("-")[1])
@@ -166,11 +175,11 @@ def _windows_of_summary(path: Path, doc: dict[str, Any]) -> tuple[list[dict[str,
         docs = []
         for f in found:
             w = read_json(f)
-            if is_summary(w) and isinstance(w, dict) and isinstance(w.get("run"), dict) and w["run"].get("run_id") == rid:
+            if is_summary(w) and (wr := run_of(w.get("run"))) is not None and wr.run_id == rid:
                 docs.append(check_summary(w, f))
         if len(docs) >= 2:
             return docs, None
-    return [], (f"{path} is profile window {run.get('window', 0)} of the {n} of run {rid}, whose other windows are not beside it "
+    return [], (f"{path} is profile window {0 if run.window is None else run.window} of the {n} of run {rid}, whose other windows are not beside it "
                 f"(reports/{rid}/window-<i>/); the figures are one window's, not judged: pass the run folders, "
                 f"profkit diff REPORTS/{rid} REPORTS/<the other run id> (REPORTS: where `trace` wrote them, --reports-dir)")
 
@@ -186,14 +195,10 @@ def load_side(path: Path, opts: SummarizeOptions) -> Side:
             raise TraceInputError(f"{path}: is a diff.json; diff compares two summaries, traces or run folders",
                                   hint="use `profkit report DIFF.json` to render a diff")
         manifest = doc.get("manifest") if isinstance(doc.get("manifest"), dict) else _manifest_near(path)
-        if manifest is not None and "manifest" not in doc:
-            doc["manifest"] = manifest  # a new key in the in-memory summary: reports and diff.json carry it
+        doc = with_manifest(doc, manifest)
         windows, note = _windows_of_summary(path, doc)
         if windows:
-            for w in windows:
-                if manifest is not None and "manifest" not in w:
-                    w["manifest"] = manifest
-            return Side(path, _run_label(doc) or _label(path), doc, windows, manifest)
+            return Side(path, _run_label(doc) or _label(path), doc, [with_manifest(w, manifest) for w in windows], manifest)
         return Side(path, _run_label(doc) or _label(path), doc, [], manifest, note)
     # repeats: repeat-*/ folders, or the profile windows of one run (window-<i>/, `trace --profile-windows`)
     repeat_dirs = sorted((p for p in path.iterdir() if p.is_dir() and p.name.startswith(("repeat", "window-"))),
@@ -218,9 +223,7 @@ def load_side(path: Path, opts: SummarizeOptions) -> Side:
     if not summaries:
         summaries = [summarize([path], opts).summary]
     manifest = summaries[0].get("manifest") if isinstance(summaries[0].get("manifest"), dict) else _manifest_near(path)
-    for doc in summaries:
-        if manifest is not None and "manifest" not in doc:
-            doc["manifest"] = manifest
+    summaries = [with_manifest(doc, manifest) for doc in summaries]
     return Side(path, _label(path), summaries[0], summaries if len(summaries) > 1 else [], manifest)
 
 

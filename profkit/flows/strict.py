@@ -10,7 +10,7 @@ def check_strict(strict: bool, healths: list[tuple[str, Any]]) -> None:
     """--strict: exit 5 (profkit.errors.StrictCheckFailed) when any (label, health) is not ok."""
     if not strict:
         return
-    from profkit.analysis.health import health_text
+    from profkit.report.health_text import health_text
     from profkit.errors import StrictCheckFailed
 
     bad = [(label, h) for label, h in healths if not (isinstance(h, dict) and h.get("verdict") == "ok")]

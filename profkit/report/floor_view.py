@@ -141,7 +141,7 @@ OPS_COLUMNS = ("launching op and shapes", "GPU ops", "µs", "TFLOP/s", "TB/s", "
 def op_rows(rank: Rank, n: int = 8) -> list[tuple[str, ...]]:
     """The modeled launching ops, most time first (the rank's `floor.ops`): op and shapes, GPU ops, time, achieved
     TFLOP/s and TB/s, the larger share of the peaks, and which bound the op's own floor is."""
-    from profkit.analysis.shapes import shape_text
+    from profkit.terms import shape_text
     from profkit.report.numbers import num
 
     f = rank.floor if isinstance(rank.floor, Mapping) else {}

@@ -26,7 +26,6 @@ from profkit import __version__
 from profkit.attribution.diff import IDLE_KEYS, swings
 from profkit.attribution.findings import largest_bubbles, sync_groups
 from profkit.documents import UNSET, Diff, Iteration, KernelEntry, Mover, Rank, SeriesPoint, Summary, ThroughputPoint, run_labels, throughput_of
-from profkit.analysis import health
 from profkit.report import capture_view
 from profkit.report import figures as F
 from profkit.report.base import Renderer, Report
@@ -370,7 +369,8 @@ def capture_section(prefix: str, diff: Diff, figs: _Figures, lb: str, lc: str) -
     """Issue 31: overlap slack per step of each side (the first window's transitions), with the diff's slack and
     speculative-cost lines."""
     sl = diff.overlap_slack or {}
-    strips = [(lb, (sl.get("baseline") or {}).get("series") or []), (lc, (sl.get("candidate") or {}).get("series") or [])]
+    strips = [(lb, capture_view.transitions_of((sl.get("baseline") or {}).get("series") or [])),
+              (lc, capture_view.transitions_of((sl.get("candidate") or {}).get("series") or []))]
     lines = capture_view.diff_lines(diff)
     if not any(t for _, t in strips) and all(x == capture_view.DOUBT_NOTE for x in lines):
         return []  # nothing of its own (a CPU run has no slack): the † note goes with the summary (diff_sections)
@@ -438,7 +438,7 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
             ("bubble_count", "bubbles", COUNT))]
         swing = _instability(label, [SeriesPoint(gpu_window_us=i.gpu_window_us) for i in its[:-1]], W["window"])
         notes = [capture_view.summary_health(s), *capture_view.summary_lines(s)]  # issue 31: capture health first
-        cards = [{**c, "label": capture_view.mark(c["label"], health.doubted(s.health, k))}
+        cards = [{**c, "label": capture_view.mark(c["label"], s.health is not None and s.health.doubts(k))}
                  for c, k in zip(cards, ("wall_us", "gpu_window_us", "gpu_busy_us", "gpu_idle_us", "gpu_kernels", "kernel_launches",
                                          "graph_launches", "syncs", "bubble_count"))]
         marker = None if r.marker is UNSET else r.marker
@@ -467,7 +467,7 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
     else:
         sec["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
     out.append(sec)
-    strips = [(label, (_rank0(s).overlap_slack or {}).get("transitions") or []) for label, s in runs]
+    strips = [(label, sl.transitions if (sl := _rank0(s).overlap_slack) is not None else []) for label, s in runs]
     if any(t for _, t in strips):
         out.append(_section("runs-slack", "Overlap slack per step", figures=[figs.div(capture_view.slack_strip_figure(strips))]))
     out.append(_section("runs-categories", "Time by category and bubbles by cause (medians per iteration)", figures=[

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from functools import partial
-from typing import Any, ClassVar, cast
+from typing import ClassVar, cast
 
 from rich.console import Console
 from rich.markup import escape
@@ -17,9 +17,7 @@ from rich.text import Text
 
 from profkit.attribution.diff import shape_label, shape_of
 from profkit.attribution.findings import bubble_causes, idle_cpu_ops, largest_bubbles, sync_groups
-from profkit.documents import UNSET, Diff, Rank, Summary
-from profkit.analysis import health
-from profkit.analysis.shapes import shape_text
+from profkit.documents import UNSET, CrossRank, Diff, Rank, Summary
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.fit import COPY, MIN_NAME, NAME, NUM, TEXT, cut_names, demangle, demangle_many, fit_table
@@ -29,6 +27,7 @@ from profkit.report.views import (
     row_metric, statistic_note, withheld_text,
     throughput_rows,
 )
+from profkit.terms import shape_text
 from profkit.report.vocab import GPU_ONLY_COUNTS, banner, count_label, diff_timeline, words
 
 SHAPE_WIDTH = 120  # the narrowest console whose kernels table shows the shape column beside the names
@@ -70,7 +69,7 @@ class TerminalRenderer(Renderer):
 
 def summary_warnings(summary: Summary) -> list[str]:
     """A summary's warnings, as `analyze` prints them: each rank's, then the cross-rank figures'."""
-    return [w for r in summary.ranks for w in r.warnings] + list((summary.cross_rank or {}).get("warnings") or [])
+    return [w for r in summary.ranks for w in r.warnings] + (summary.cross_rank.warnings if summary.cross_rank is not None else [])
 
 
 def _summary(summary: Summary, console: Console, *, top: int, warn: Console | None = None, said: Collection[str] = ()) -> None:
@@ -83,7 +82,7 @@ def _summary(summary: Summary, console: Console, *, top: int, warn: Console | No
                 continue
             warn.print(f"[yellow]warning:[/] {escape(w)}")
     _ranks(summary, console, top=top, warnings=warn is None)
-    if summary.cross_rank:
+    if summary.cross_rank is not None:
         _cross_rank(summary.cross_rank, console, warnings=warn is None)
 
 
@@ -119,7 +118,7 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
         )
         for label, key, d in rows:
             vals = [v for i in its if (v := getattr(i, key)) is not None]
-            label = capture_view.mark(label, health.doubted(summary.health, key))
+            label = capture_view.mark(label, summary.health is not None and summary.health.doubts(key))
             t.add_row(label, _num(getattr(m, key), d), _num(min(vals), d) if vals else "-", _num(max(vals), d) if vals else "-")
         for way in ("h2d", "d2h", "d2d"):
             counts = [i.memcpy[way] or 0 for i in its]
@@ -191,21 +190,21 @@ def _floor(r: Rank, console: Console) -> None:
                                 tuple(zip(OPS_COLUMNS, (NAME, NUM, NUM, NUM, NUM, NUM, COPY))), ops))
 
 
-def _cross_rank(x: Mapping[str, Any], console: Console, *, warnings: bool = True) -> None:
+def _cross_rank(x: CrossRank, console: Console, *, warnings: bool = True) -> None:
     """The straggler table and per-iteration spread across ranks."""
-    offs = ", ".join(f"rank {r}: {v:+,.1f} µs" for r, v in x["clock_offsets_us"].items())
-    console.print(f"[bold]across {len(x['ranks'])} ranks[/]: {x['aligned_iterations']} aligned iterations; clock offsets {escape(offs)}")
+    offs = ", ".join(f"rank {r}: {v:+,.1f} µs" for r, v in x.clock_offsets_us.items())
+    console.print(f"[bold]across {len(x.ranks)} ranks[/]: {x.aligned_iterations} aligned iterations; clock offsets {escape(offs)}")
     t = Table(title="stragglers (the rank the others wait for in collectives)", title_justify="left", box=None)
     for c in ("rank", "times straggler", "wait it caused µs (mean)", "its own collective wait µs (mean)"):
         t.add_column(c, justify="right")
-    for s in x["stragglers"]:
-        t.add_row(str(s["rank"]), str(s["times_straggler"]), _num(s["mean_wait_caused_us"]), _num(s["mean_comm_wait_us"]))
+    for s in x.stragglers:
+        t.add_row(str(s.rank), str(s.times_straggler), _num(s.mean_wait_caused_us), _num(s.mean_comm_wait_us))
     console.print(t)
-    spreads = [i["spread_us"] for i in x["iterations"]]
+    spreads = [i.spread_us for i in x.iterations]
     if spreads:
         spreads.sort()
         console.print(f"GPU-window spread across ranks per iteration: median {_num(spreads[len(spreads) // 2])} µs, max {_num(spreads[-1])} µs")
-    for w in x["warnings"] if warnings else ():
+    for w in x.warnings if warnings else ():
         console.print(f"[yellow]warning:[/] {escape(w)}")
 
 

@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from profkit.attribution.diff import IDLE_KEYS
-from profkit.analysis.slack import UNCOVERED
+from profkit.terms import UNCOVERED
 from profkit.attribution.findings import host_gap
-from profkit.documents import Diff, ExpectedEffect, OwnTerm, Rank, ThroughputPoint, UnsetType, point_of
+from profkit.documents import Diff, ExpectedEffect, OwnTerm, Rank, ThroughputPoint, UnsetType, manifest_of, point_of
 from profkit.report.numbers import pct, ratio_pct
 from profkit.report.vocab import diff_timeline, rank_timeline, words
 from profkit.terms import term_label
@@ -445,8 +445,8 @@ def device_text(rank: Rank, manifest: Any = None) -> str:
     "CPU" for a CPU-only trace; "unknown device" only when nothing says."""
     if rank.device:
         return str(rank.device)
-    versions = manifest.get("versions") if isinstance(manifest, Mapping) else None
-    gpu = (versions or {}).get("gpu") if isinstance(versions, Mapping) else None
+    m = manifest_of(manifest)
+    gpu = m.versions.gpu if m is not None and m.versions is not None else None
     if gpu:
         return "CPU" if str(gpu).lower() == "cpu" else str(gpu)
     return "CPU" if rank.device_timeline == "cpu" else "unknown device"
