@@ -13,12 +13,12 @@ from profkit.analysis.summary import build_summary
 from profkit.attribution.diff import compare_summaries
 from profkit.analysis.catalog import load_catalog
 
-from conftest import public_trace
-from helpers import analyze_paths
+from support import public_trace
+from support.helpers import analyze_paths
 
-import conftest
+import support
 
-DATA = conftest.DATA / "gpu_loo"
+DATA = support.DATA / "gpu_loo"
 CAT = load_catalog("proxy")
 
 

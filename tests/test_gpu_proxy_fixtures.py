@@ -16,9 +16,9 @@ from profkit.attribution.diff import compare_summaries
 from profkit.analysis.catalog import load_catalog
 from profkit.ingest import load_trace
 
-import conftest
+import support
 
-DATA = conftest.DATA / "gpu_proxy"
+DATA = support.DATA / "gpu_proxy"
 CAT = load_catalog("proxy")
 NAMES = ["baseline", "topk_v2", "indexer_fusion", "cuda_graph", "all"]
 
