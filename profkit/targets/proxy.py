@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from profkit.errors import UsageError
 from profkit.targets import sglang
@@ -77,13 +76,13 @@ class Proxy:
     def validate(self, spec: LaunchSpec) -> dict[str, object]:
         return {}
 
-    def server_info(self, base_url: str) -> dict[str, Any]:
+    def server_info(self, base_url: str) -> dict[str, object]:
         return sglang.server_info(base_url)
 
-    def context_length(self, info: Mapping[str, Any]) -> int | None:
+    def context_length(self, info: Mapping[str, object]) -> int | None:
         return None  # not checked: the proxy states no context length it enforces
 
-    def catalog(self, manifest: Mapping[str, Any]) -> str | None:
+    def catalog(self, manifest: Mapping[str, object]) -> str | None:
         return "proxy"
 
 

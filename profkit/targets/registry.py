@@ -271,8 +271,9 @@ def check_comparison(target: str, baseline: dict[str, bool], candidate: dict[str
     for name in attributed:
         o = reg[name]
         if caps == [] and name in GPU_ONLY.get(target, {}):
+            *some, last = [n for n in reg if n not in GPU_ONLY[target]]
             raise UsageError(f"{name} cannot be measured on this machine: it has no GPU and {GPU_ONLY[target][name]}",
-                             hint="on a CPU attribute spec_decode, chunked_prefill, prefix_caching or compile")
+                             hint=f"on a CPU attribute {', '.join(some)} or {last}")
         off_both = [r for r in o.requires if not baseline.get(r, False) and not candidate.get(r, False)]
         if off_both:
             raise UsageError(

@@ -8,7 +8,6 @@ import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from profkit.errors import TargetError, UsageError
 from profkit.http import HTTPFailure, get_json
@@ -266,7 +265,7 @@ def validate(spec: LaunchSpec, python: str | None = None) -> str | None:
     return None
 
 
-def server_info(base_url: str) -> dict[str, Any]:
+def server_info(base_url: str) -> dict[str, object]:
     """/server_info (the older /get_server_info): the resolved server args, scheduler info and `version`; {} when neither answers."""
     for path in ("/server_info", "/get_server_info"):
         try:
@@ -308,13 +307,13 @@ class SGLang:
         check_gpu(spec, gpu_compute_capabilities())
         return {"parser_check": validate(spec) or "passed"}
 
-    def server_info(self, base_url: str) -> dict[str, Any]:
+    def server_info(self, base_url: str) -> dict[str, object]:
         return server_info(base_url)
 
-    def context_length(self, info: Mapping[str, Any]) -> int | None:
+    def context_length(self, info: Mapping[str, object]) -> int | None:
         return context_from_server_info(info)
 
-    def catalog(self, manifest: Mapping[str, Any]) -> str | None:
+    def catalog(self, manifest: Mapping[str, object]) -> str | None:
         """The study's GLM-5.2 catalog when the preset or the model names GLM."""
         named = json.dumps([manifest.get("preset"), manifest.get("model_path"), manifest.get("model")]).lower()
         return "sglang-glm52" if "glm" in named else None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from profkit.targets.spec import LaunchSpec
 
@@ -74,14 +74,14 @@ class Target(Protocol):
         """Refuse (TargetError, UsageError) what the engine would die on at start-up; what was checked, for the manifest."""
         ...
 
-    def server_info(self, base_url: str) -> dict[str, Any]:
+    def server_info(self, base_url: str) -> dict[str, object]:
         """What the running server says about itself (its resolved arguments, version, model)."""
         ...
 
-    def context_length(self, info: Mapping[str, Any]) -> int | None:
+    def context_length(self, info: Mapping[str, object]) -> int | None:
         """The context length the running server enforces, from its server info (None: unknown)."""
         ...
 
-    def catalog(self, manifest: Mapping[str, Any]) -> str | None:
+    def catalog(self, manifest: Mapping[str, object]) -> str | None:
         """The shipped kernel catalog a run of this target implies, from its manifest (None: none implied)."""
         ...

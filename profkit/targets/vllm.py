@@ -16,7 +16,6 @@ import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from profkit.errors import UsageError
 from profkit.http import HTTPFailure, get_json
@@ -94,10 +93,10 @@ def compose(states: dict[str, bool], *, model_path: str | None, extra_args: list
                       teardown_s=TEARDOWN_S, api="openai", model=served)
 
 
-def server_info(base_url: str) -> dict[str, Any]:
+def server_info(base_url: str) -> dict[str, object]:
     """vLLM's /version and the served model's max_model_len (/v1/models): vLLM has no /server_info
     outside its dev mode."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     try:
         v = get_json(base_url + "/version", timeout=30)
         out["version"] = v.get("version") if isinstance(v, dict) else None
@@ -132,13 +131,14 @@ class VLLM:
     def validate(self, spec: LaunchSpec) -> dict[str, object]:
         return {}
 
-    def server_info(self, base_url: str) -> dict[str, Any]:
+    def server_info(self, base_url: str) -> dict[str, object]:
         return server_info(base_url)
 
-    def context_length(self, info: Mapping[str, Any]) -> int | None:
-        return info.get("max_model_len")
+    def context_length(self, info: Mapping[str, object]) -> int | None:
+        n = info.get("max_model_len")
+        return n if isinstance(n, int) else None
 
-    def catalog(self, manifest: Mapping[str, Any]) -> str | None:
+    def catalog(self, manifest: Mapping[str, object]) -> str | None:
         return "vllm"
 
 
