@@ -64,3 +64,18 @@ def test_what_each_target_answers_for_the_run(tmp_path: Path):
     assert sglang.TARGET.context_length({"context_length": None, "max_req_input_len": 199}) == 200
     assert vllm.TARGET.context_length({"max_model_len": 4096}) == 4096
     assert proxy.TARGET.context_length({"context_length": 4096}) is None
+
+
+def test_the_capture_calls_the_target_never_its_name():
+    """capture/ reaches an engine through targets/engines.py only: no import of an engine's module, no
+    comparison of the target's name (a new engine adds nothing there unless its profiler speaks anew)."""
+    import ast
+    import re
+
+    engines = {f"profkit.targets.{n}" for n in TARGETS}
+    for path in sorted((ROOT / "profkit" / "capture").glob("*.py")):
+        text = path.read_text()
+        imported = {a.name if isinstance(n, ast.Import) else f"{n.module}.{a.name}" if n.module == "profkit.targets" else n.module
+                    for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+        assert not imported & engines, path.name
+        assert not re.search(r"target\s*[!=]=|target\s+(?:not\s+)?in\s", text), path.name  # (target.window, its profiler's kind, may be)
