@@ -15,7 +15,7 @@ from profkit.analysis.spans import MaxTree, innermost_enclosing, innermost_enclo
 from profkit.ingest import Trace
 from profkit.ingest.tables import CALLS_SCHEMA, CPU_SCHEMA, GPU_OPS_SCHEMA
 
-from helpers import gap_cpu_ops
+from support.helpers import gap_cpu_ops
 
 NAMES = ["a", "b", "c", "aa", "B", "é", "z"]
 TIDS = ["1", "2", "3"]

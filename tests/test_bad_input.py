@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from profkit.cli import app
 
-from conftest import DATA, ROOT
+from support import DATA, ROOT
 
 BAD = DATA / "bad"
 sys.path.insert(0, str(BAD))

@@ -13,7 +13,7 @@ import pytest
 
 from profkit.errors import ProfkitError, TraceInputError
 from profkit.analysis.summarize import SummarizeOptions, summarize
-from helpers import load_trace_json, save_trace_json
+from support.helpers import load_trace_json, save_trace_json
 
 DATA = Path(__file__).parent / "data"
 GRAPHS = next((DATA / "gpu_loo" / "all" / "window-0").glob("*.trace.json.gz"))  # CUDA graphs, plan stream

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 from processes import HANG_S, run_to_end
 
 BLOCK = r"""

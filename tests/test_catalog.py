@@ -14,7 +14,7 @@ import pytest
 from profkit.analysis.catalog import Catalog, auto_catalog, catalog_dir, catalog_names, load_catalog
 from profkit.errors import UsageError
 
-from conftest import ROOT, needs_public, public_steps
+from support import ROOT, needs_public, public_steps
 
 REPO = ROOT
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

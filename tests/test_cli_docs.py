@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from profkit.cli import app
 
-from conftest import ROOT
+from support import ROOT
 
 COMMANDS = sorted(get_command(app).commands)  # type: ignore[attr-defined]
 README = (ROOT / "README.md").read_text()

@@ -15,8 +15,8 @@ import pytest
 
 from profkit.analysis.summary import build_summary
 
-from conftest import DATA, PUBLIC_TRACES, TRACELENS_STEPS, public_trace
-from helpers import analyze_paths, raw_gpu_ops, union_inside
+from support import DATA, PUBLIC_TRACES, TRACELENS_STEPS, public_trace
+from support.helpers import analyze_paths, raw_gpu_ops, union_inside
 
 TRACES = sorted(p for d in ("gpu", "gpu_proxy", "gpu_tp2", "gpu_overlap") for p in (DATA / d).glob("*.json.gz")
                 if not p.name.startswith("expected")) + [PUBLIC_TRACES / n for n in TRACELENS_STEPS]

@@ -20,7 +20,7 @@ from profkit.ingest import load_trace
 from profkit.documents import diff_of
 from profkit.report.views import decomposition_rows
 
-from conftest import DATA
+from support import DATA
 
 US = 1000
 GPU_DATA = DATA / "gpu"

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from profkit.cli import app
 
-from conftest import ROOT
+from support import ROOT
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMAND = re.compile(r"`(profkit [a-z-]+(?: [^`|]*)?)`|^ {4}(?:\$ )?(profkit [a-z-]+.*)$", re.M)

@@ -19,7 +19,7 @@ from profkit.ingest import early
 from profkit.ingest.columnar import load_tables_fast
 from profkit.ingest.scan import lib
 
-from conftest import DATA, public_trace
+from support import DATA, public_trace
 
 BAD = DATA / "bad"
 SMALL_CHUNKS = 256 << 10

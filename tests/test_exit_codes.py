@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from profkit.cli import app
 from processes import HANG_S
 
-from conftest import DATA
+from support import DATA
 
 TRACE = DATA / "gpu" / "eager_sync.pt.trace.json.gz"
 runner = CliRunner()

@@ -17,7 +17,7 @@ import pytest
 import signal_trials
 from processes import HANG_S, SMALL, assert_no_leftovers, free_port, manifests, profkit, wait_stage
 
-from conftest import DATA
+from support import DATA
 
 # one test process runs this whole module (pyproject: --dist loadgroup): its trials share one calibration per target
 pytestmark = pytest.mark.xdist_group("signal_trials")

@@ -21,7 +21,7 @@ from profkit.ingest import identity
 from profkit.ingest.identity import code_fingerprint, fingerprint_files, package_root
 from processes import HANG_S
 
-from conftest import DATA
+from support import DATA
 
 COVERED = [rel for rel, _ in fingerprint_files()]
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.so", "*.pyd")

@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 from profkit.cli import app
 
-import conftest
-from conftest import public_trace
+import support
+from support import public_trace
 
-LOO = conftest.DATA / "gpu_loo"
+LOO = support.DATA / "gpu_loo"
 UNUSABLE = "hta_cupti_profiler_benchmark_result_924719_1679055439_trace.json.gz"
 
 
@@ -188,7 +188,7 @@ def test_stored_baselines_are_picked_by_key(tmp_path):
 def test_a_baseline_of_another_workload_is_not_comparable_and_names_what_differs(tmp_path):
     """The H200 leave-one-out run (isl 8000, three 256-token turns) against the H200 TP2 proxy run of tests/data/gpu_tp2
     (another workload): refused as not comparable, nothing compared."""
-    other = conftest.DATA / "gpu_tp2"
+    other = support.DATA / "gpu_tp2"
     bdir = tmp_path / "baselines"
     assert CliRunner().invoke(app, ["baseline", "save", str(LOO / "all"), "--name", "main", "--dir", str(bdir)]).exit_code == 0
     rc, out = _gate("--baseline", "main", "--dir", str(bdir), str(other), "--json", str(tmp_path / "g.json"), "--md", str(tmp_path / "g.md"))

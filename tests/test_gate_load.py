@@ -21,9 +21,9 @@ from profkit.attribution.gate import compare_load, decide, default_policy, judge
 from profkit.capture import hostload
 from profkit.cli import app
 
-import conftest
+import support
 
-LOO = conftest.DATA / "gpu_loo"
+LOO = support.DATA / "gpu_loo"
 
 # a busy loop that stops once it has used `cpu` seconds of CPU itself (however long a loaded machine makes that)
 BUSY = "import time\nwhile time.process_time() < {cpu}: pass\n"

@@ -19,12 +19,12 @@ from typer.testing import CliRunner
 
 from profkit.cli import app
 
-import conftest
-from conftest import ROOT
+import support
+from support import ROOT
 
 pytestmark = pytest.mark.slow
 
-LOO = conftest.DATA / "gpu_loo"
+LOO = support.DATA / "gpu_loo"
 
 
 def recipe_steps() -> list[tuple[str, str]]:

@@ -12,9 +12,9 @@ from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
 from profkit.ingest import load_trace
 
-from helpers import raw_gpu_ops, sum_inside, union_inside
+from support.helpers import raw_gpu_ops, sum_inside, union_inside
 
-from conftest import DATA
+from support import DATA
 
 GPU = DATA / "gpu"
 EXPECTED = json.loads((GPU / "expected.json").read_text())
@@ -51,7 +51,7 @@ def test_counts_match_construction(analyses, name):
 def test_identities_exact_and_no_warnings(analyses, name):
     a = analyses[name]
     it = a.iterations
-    # busy and the categories' sum against a plain count over the raw events (tests/helpers.py):
+    # busy and the categories' sum against a plain count over the raw events (tests/support/helpers.py):
     # busy = the union of every GPU op inside the GPU window, categories = those ops clipped to it
     ops = raw_gpu_ops(GPU / f"{name}.pt.trace.json.gz")
     cats = dict(a.categories.group_by("iteration").agg(pl.col("dur_ns").sum()).iter_rows())

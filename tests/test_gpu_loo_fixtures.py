@@ -14,12 +14,12 @@ from profkit.attribution.diff import compare_summaries
 from profkit.documents import diff_doc
 from profkit.analysis.catalog import load_catalog
 
-from conftest import public_trace
-from helpers import analyze_paths
+from support import public_trace
+from support.helpers import analyze_paths
 
-import conftest
+import support
 
-DATA = conftest.DATA / "gpu_loo"
+DATA = support.DATA / "gpu_loo"
 CAT = load_catalog("proxy")
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import DATA
+from support import DATA
 
 HERE = DATA / "gpu_overlap"
 

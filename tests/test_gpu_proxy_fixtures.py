@@ -17,9 +17,9 @@ from profkit.documents import diff_doc
 from profkit.analysis.catalog import load_catalog
 from profkit.ingest import load_trace
 
-import conftest
+import support
 
-DATA = conftest.DATA / "gpu_proxy"
+DATA = support.DATA / "gpu_proxy"
 CAT = load_catalog("proxy")
 NAMES = ["baseline", "topk_v2", "indexer_fusion", "cuda_graph", "all"]
 

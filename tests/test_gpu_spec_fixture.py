@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import DATA, ROOT
+from support import DATA, ROOT
 
 SPEC = DATA / "gpu_spec"
 sys.path.insert(0, str(DATA / "gpu_loo"))

@@ -11,9 +11,9 @@ from profkit.analysis import analyze_trace
 from profkit.analysis.ranks import cross_rank
 from profkit.ingest import load_traces
 
-import conftest
+import support
 
-DATA = conftest.DATA / "gpu_tp2"
+DATA = support.DATA / "gpu_tp2"
 
 
 def test_tp2_ranks_align_and_collectives_match():

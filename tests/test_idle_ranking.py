@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from profkit.cli import app
 
-import conftest
+import support
 
-DATA = conftest.DATA / "gpu_overlap"
+DATA = support.DATA / "gpu_overlap"
 TRACE = DATA / "eager_long_gap.trace.json.gz"
 runner = CliRunner()
 

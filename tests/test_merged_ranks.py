@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-import conftest
+import support
 from merge_ranks import sglang_merge, tracelens_fuse
 from plain_ranks import figures as plain_figures
 
@@ -27,8 +27,8 @@ from profkit.analysis.parallel import analyze_runs
 from profkit.analysis.summarize import SummarizeOptions, summarize
 from profkit.ingest import load_ranks, load_trace, load_traces
 
-TP2 = conftest.DATA / "gpu_tp2"
-GPU = conftest.GPU_DATA
+TP2 = support.DATA / "gpu_tp2"
+GPU = support.GPU_DATA
 FOUR = ("eager_decode.pt.trace.json.gz", "eager_sync.pt.trace.json.gz", "graph_decode.pt.trace.json.gz", "two_streams.pt.trace.json.gz")
 FUSED = "fused/hpctrainingexamples_tracelens_fused_merged_nccl_only.json.gz"
 
@@ -180,9 +180,9 @@ def test_tracelens_fusion_of_four_profilerstep_traces(tmp_path):
         assert t.gpu_ops.filter(t.gpu_ops["cat"] == "gpu_memset").height == d["memset"]
 
 
-@conftest.needs_public
+@support.needs_public
 def test_public_tracelens_fused_file_is_four_ranks_with_their_own_busy():
-    path = conftest.public_trace(FUSED)
+    path = support.public_trace(FUSED)
     plain = {k: v for k, v in plain_figures(str(path)).items() if v["devices"]}
     s = summarize([path], SummarizeOptions(cache=False)).summary
     assert [r["rank"] for r in s["ranks"]] == [0, 1, 2, 3] and len(plain) == 4

@@ -102,7 +102,7 @@ def _compared(summary: dict) -> list[dict]:
 
 @pytest.mark.parametrize("run", sorted(p.name for p in LOO.glob("all*")))
 def test_owned_category_time_agrees_with_a_plain_count(run):
-    from helpers import analyze_paths
+    from support.helpers import analyze_paths
     from profkit.analysis.summary import build_summary
     from profkit.analysis.catalog import load_catalog
 

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 import pytest
 from typer.testing import CliRunner
 
-from conftest import DATA
+from support import DATA
 
 pytest.importorskip("perfetto", reason="the 'perfetto' package (profkit[report]) is not installed")
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent  # noqa: E402

@@ -19,7 +19,7 @@ import pytest
 from factories import http as _http
 from processes import free_port, HANG_S, gone, wait_until
 
-from conftest import ROOT
+from support import ROOT
 
 torch = pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")

@@ -21,7 +21,7 @@ from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
 from profkit.ingest import load_trace
 
-from conftest import PUBLIC_EXPECTED, TRACELENS_STEPS, public_trace
+from support import PUBLIC_EXPECTED, TRACELENS_STEPS, public_trace
 
 EXPECTED = json.loads((PUBLIC_EXPECTED / "expected_public.json").read_text())["traces"]
 NAMES = sorted(EXPECTED)

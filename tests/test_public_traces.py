@@ -9,7 +9,7 @@ from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
 from profkit.ingest import load_trace
 
-from conftest import TRACELENS_STEPS, needs_public, public_steps
+from support import TRACELENS_STEPS, needs_public, public_steps
 
 FILES = public_steps()
 pytestmark = needs_public
@@ -101,7 +101,7 @@ def test_hip_sync_names_as_the_trace_has_them(name):
 
     from typer.testing import CliRunner
 
-    from conftest import public_trace
+    from support import public_trace
     from profkit.cli import app
 
     p = public_trace(name)
@@ -138,7 +138,7 @@ def test_device_named_from_device_properties(name):
     specifications table: the rank's device, in summary.json and the header, not "unknown device"."""
     from typer.testing import CliRunner
 
-    from conftest import public_trace
+    from support import public_trace
     from profkit.cli import app
 
     p = public_trace(name)

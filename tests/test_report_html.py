@@ -23,7 +23,7 @@ from profkit.report.html import HtmlRenderer
 from profkit.report.markdown import MarkdownRenderer
 from factories import CATALOG, HOSTILE_MANIFEST, SCRIPT_NAME
 
-from conftest import DATA
+from support import DATA
 
 runner = CliRunner()
 
@@ -261,7 +261,7 @@ def test_run_report_counts_every_sync_not_only_the_listed_ones():
     run report's sync table reads the groups (eager_sync, expected.json: 2 syncs and 1 blocking copy from
     pageable memory per iteration), so it says 3 per iteration when the list holds a single one (it said 1/8)."""
 
-    from helpers import analyze_paths
+    from support.helpers import analyze_paths
     from profkit.analysis.summary import build_summary
 
     data = DATA / "gpu"

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from profkit.cli import app
 from processes import HANG_S
 
-from conftest import DATA, ROOT, public_trace
+from support import DATA, ROOT, public_trace
 
 SAMPLE = ROOT / "traces" / "sample"
 runner = CliRunner()

@@ -14,7 +14,7 @@ import statistics
 import pytest
 from typer.testing import CliRunner
 
-from conftest import DATA
+from support import DATA
 from factories import BASE, CATALOG, decode_trace, summarize
 from profkit.analysis.catalog import load_catalog
 from profkit.attribution.diff import compare_summaries

@@ -13,7 +13,7 @@ from profkit.analysis.iterations import parse_kind
 from profkit.attribution.diff import shape_label
 from profkit.cli import app
 
-from conftest import ROOT, public_trace
+from support import ROOT, public_trace
 
 US = 1000
 runner = CliRunner()

@@ -10,7 +10,7 @@ import shutil
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from conftest import DATA, ROOT
+from support import DATA, ROOT
 from profkit.cli import app
 
 runner = CliRunner()

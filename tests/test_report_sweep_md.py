@@ -19,7 +19,7 @@ import pytest
 from markdown_it import MarkdownIt
 from typer.testing import CliRunner
 
-from conftest import DATA
+from support import DATA
 from processes import free_port, run_to_end
 from profkit.cli import app
 

@@ -99,7 +99,7 @@ def test_kernel_names_demangled_and_told_apart(tmp_path):
     if shutil.which("c++filt") is None and demangle(mangled) == mangled:
         pytest.skip("no demangler on this machine reads DF16b (binutils' c++filt does)")
     assert demangle(mangled).startswith("void aiter::add_rmsnorm_quant_kernel<std::bfloat16_t, std::bfloat16_t, 256, 16,")
-    from conftest import public_trace
+    from support import public_trace
 
     trace = public_trace("tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz")  # third-party: ../shared, skipped when absent
     page = tmp_path / "r.html"

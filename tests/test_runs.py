@@ -17,7 +17,7 @@ from profkit.ingest import load_traces
 from profkit.ingest.runs import plan_runs, read_info
 from profkit.flows.inputs import check_summary
 
-from conftest import DATA, TRACELENS_STEPS, needs_public, public_trace
+from support import DATA, TRACELENS_STEPS, needs_public, public_trace
 
 GPU, TP2 = DATA / "gpu", DATA / "gpu_tp2"
 

@@ -21,8 +21,8 @@ from profkit.ingest.columnar import load_tables_fast, make_executor
 from profkit.ingest.decode import decode_events, read_bytes
 from profkit.ingest.tables import add_unusable_warnings, events_frame, split_tables
 
-from conftest import DATA, PUBLIC_TRACES, ROOT, TRACELENS_STEPS, public_trace
-from helpers import analyze_paths
+from support import DATA, PUBLIC_TRACES, ROOT, TRACELENS_STEPS, public_trace
+from support.helpers import analyze_paths
 
 GPU = DATA / "gpu"
 FIXTURES = sorted(GPU.glob("*.json.gz")) + [PUBLIC_TRACES / n for n in TRACELENS_STEPS]
@@ -423,7 +423,7 @@ def test_stdlib_gzip_fallback_same_tables(monkeypatch: pytest.MonkeyPatch) -> No
     """Without isal and zlib-ng the stdlib decompresses: same tables."""
     import sys
 
-    from helpers import gzip_library
+    from support.helpers import gzip_library
     from profkit.ingest.columnar import load_tables_fast
 
     path = public_trace("tracelens_vllm_gpt-oss-20b_mi300x_mixed_piecewise_step.json.gz")

@@ -23,7 +23,7 @@ from profkit.ingest.columnar import NotFast, decode_chunk_msgspec_tables, decode
 from profkit.ingest.decode import read_bytes
 from profkit.ingest.strings import Strings
 
-from conftest import DATA, public_trace
+from support import DATA, public_trace
 
 TRACES = sorted(p for p in (DATA).rglob("*.json*") if p.name.endswith((".json", ".json.gz"))
                 and "bad" not in p.parts and "expected" not in p.name and not p.name.endswith(("info.json", "manifest.json")))

@@ -18,12 +18,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from conftest import DATA, ROOT
+from support import DATA, ROOT
 
 sys.path.insert(0, str(Path(__file__).parent))
 import plain_flops  # noqa: E402  (the second opinion)
 
-from helpers import SHAPE_CASES, SHAPES  # noqa: E402  (the fixtures both modules read)
+from support.helpers import SHAPE_CASES, SHAPES  # noqa: E402  (the fixtures both modules read)
 CASES = SHAPE_CASES
 
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from profkit import __version__
 from profkit import cli
 
-from conftest import NO_PUBLIC, PUBLIC_TRACES, ROOT, SAMPLE
+from support import NO_PUBLIC, PUBLIC_TRACES, ROOT, SAMPLE
 
 SNAP = Path(__file__).resolve().parent / "snapshots"
 UPDATE = bool(os.environ.get("PROFKIT_UPDATE_SNAPSHOTS"))

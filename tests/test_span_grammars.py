@@ -19,7 +19,7 @@ from typing import Callable
 import pytest
 
 from profkit.analysis.summarize import SummarizeOptions, summarize
-from helpers import load_trace_json, save_trace_json
+from support.helpers import load_trace_json, save_trace_json
 
 DATA = Path(__file__).parent / "data"
 SPEC = next((DATA / "gpu_spec" / "all" / "window-0").glob("*.trace.json.gz"))

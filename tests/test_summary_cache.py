@@ -18,7 +18,7 @@ from profkit.cli import app
 from profkit.ingest import cache as pcache
 from processes import HANG_S
 
-from conftest import DATA
+from support import DATA
 
 SRC = DATA / "gpu" / "eager_sync.pt.trace.json.gz"
 runner = CliRunner()

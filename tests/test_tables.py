@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 
 from profkit.cli import app
 
-import conftest
+import support
 
 duckdb = pytest.importorskip("duckdb")
-DATA = conftest.DATA / "gpu_proxy"
+DATA = support.DATA / "gpu_proxy"
 runner = CliRunner()
 
 

@@ -21,7 +21,7 @@ from profkit.ingest import expand_inputs, load_trace
 from profkit.ingest.identity import TraceFile
 from profkit.ingest.runs import plan_runs, read_info
 
-from conftest import DATA
+from support import DATA
 
 TRACE = DATA / "gpu" / "eager_sync.pt.trace.json.gz"
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from conftest import VLLM_CPU_DATA
+from support import VLLM_CPU_DATA
 from profkit.analysis import analyze_trace
 from profkit.analysis.summary import build_summary
 from profkit.analysis.catalog import load_catalog

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 from processes import free_port, gone, manifests
 
 # one test process runs this whole module (pyproject: --dist loadgroup): vLLM's processes are found by name, so two servers must not overlap

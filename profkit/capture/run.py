@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from profkit.http import HTTPFailure, free_port, get_json
+from profkit.http import HTTPFailure, free_port
 from profkit.capture.manifest import Manifest
 from profkit.capture.gpu import wait_gpus_free
 from profkit.capture.profile import log_size, start_profile, wait_for_traces
@@ -26,10 +26,10 @@ from profkit.capture import vllm as vllm_profile
 from profkit.capture.process import held_signals
 from profkit.capture.server import INTERRUPTED_GRACE_S, Server
 from profkit.errors import Interrupted, ProfkitError, TargetError, UsageError
-from profkit.targets import proxy as proxy_target
-from profkit.targets import sglang as sglang_target
-from profkit.targets import vllm as vllm_target
+from profkit.targets.engines import target as target_named
+from profkit.targets.gpus import gpu_compute_capabilities
 from profkit.targets.spec import LaunchSpec
+from profkit.targets.target import Launch
 from profkit.workloads.agentic import Workload
 from profkit.workloads.driver import DriveResult, RequestRecord, drive
 
@@ -91,21 +91,11 @@ NSYS_ARGS = ("profile", "--trace-fork-before-exec=true", "--cuda-graph-trace=nod
 
 def compose(cfg: RunConfig, states: dict[str, bool], port: int, *, nsys_output: Path | None = None,
             trace_dir: Path | None = None) -> LaunchSpec:
-    if cfg.target == "proxy":
-        spec = proxy_target.compose(states, extra_args=list(cfg.extra_server_args), port=port, python=cfg.server_python)
-    elif cfg.target == "vllm":
-        # the profiler dir is fixed at launch: the run folder (a dry run shows where it would be)
-        spec = vllm_target.compose(states, model_path=cfg.model_path, extra_args=list(cfg.extra_server_args),
-                                   server_python=cfg.server_python, port=port, trace_dir=trace_dir or cfg.traces_dir / "<run_id>",
-                                   caps=sglang_target.gpu_compute_capabilities(), with_stack=cfg.with_stack,
-                                   record_shapes=cfg.record_shapes)
-    else:
-        spec = sglang_target.compose(states, preset=cfg.preset, model_path=cfg.model_path, extra_args=list(cfg.extra_server_args),
-                                     server_python=cfg.server_python, port=port, caps=sglang_target.gpu_compute_capabilities())
-        if cfg.accept_length is not None:
-            # spec_utils.py reads it at import in every scheduler: fixed acceptance after the real verify
-            spec = replace(spec, env={**spec.env, "SGLANG_SIMULATE_ACC_LEN": f"{cfg.accept_length:g}"},
-                           unset=tuple(n for n in spec.unset if n != "SGLANG_SIMULATE_ACC_LEN"))
+    """The target's launch spec for one state (targets/target.py), wrapped in `nsys profile` with --nsys."""
+    spec = target_named(cfg.target).compose(Launch(
+        states=states, port=port, preset=cfg.preset, model_path=cfg.model_path, server_python=cfg.server_python,
+        extra_args=cfg.extra_server_args, trace_dir=trace_dir or cfg.traces_dir / "<run_id>", with_stack=cfg.with_stack,
+        record_shapes=cfg.record_shapes, accept_length=cfg.accept_length))
     if cfg.nsys:
         import shutil
 
@@ -120,7 +110,7 @@ def compose(cfg: RunConfig, states: dict[str, bool], port: int, *, nsys_output: 
     return spec
 
 
-def _spread(values: list[float]) -> dict[str, float | None]:
+def _spread(values: list[float | None]) -> dict[str, float | None]:
     vals = [v for v in values if v is not None]
     if not vals:
         return {"median": None, "min": None, "max": None, "spread": None}
@@ -185,12 +175,12 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
     runs whose steps alternate with its own (the manifest says so: a gate of such a pair is paired)."""
     trace_dir = cfg.traces_dir / run_id
     port = cfg.port or free_port()
+    target = target_named(cfg.target)
     spec = compose(cfg, states, port, nsys_output=trace_dir / run_id, trace_dir=trace_dir)
-    # graph-capture profiles (SGLang 0.5.23's SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE; the proxy does the
-    # same) land in traces/<run_id>/graph_capture_profile/: analyze/diff categorize replayed kernels from them
-    if cfg.target != "vllm":  # vLLM's profiler (and its capture traces) are configured by --profiler-config
-        spec = replace(spec, env={**spec.env, "SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE": "1",
-                                  "SGLANG_TORCH_PROFILER_DIR": str(trace_dir.resolve())})
+    # the engine's own profiler output (graph-capture profiles) lands in the run folder: analyze/diff categorize
+    # replayed kernels from traces/<run_id>/graph_capture_profile/
+    if profiler_env := target.profiler_env(trace_dir):
+        spec = replace(spec, env={**spec.env, **profiler_env})
     early = held_signals().hold()  # no interrupt between the manifest's creation and the `try` that finishes it
     trace_dir.mkdir(parents=True, exist_ok=False)
     warnings = list(spec.notes) + _accept_length_warning(cfg, spec)
@@ -209,27 +199,25 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
     try:
         early.release()  # a signal that came while the manifest was created: interrupted at "starting"
         manifest.stage("validate")
-        if cfg.target == "sglang":
-            sglang_target.check_gpu(spec, sglang_target.gpu_compute_capabilities())
-            manifest.update(parser_check=sglang_target.validate(spec) or "passed",
-                            versions={"profkit": manifest_version(), **_local_versions(spec)})
-        elif cfg.target == "vllm":
-            manifest.update(versions={"profkit": manifest_version(), **_local_versions(spec)})
+        checked = target.validate(spec)
+        if not target.reports_versions:
+            checked["versions"] = {"profkit": manifest_version(), **_local_versions(spec)}
+        if checked:
+            manifest.update(**checked)
         variants: dict[int, Workload] = {}
         if spec.context_length is not None:
             variants = _fit_workloads(cfg, spec.context_length, spec.reserved_tokens, "the command line's --context-length", manifest)
-        if cfg.target == "sglang":
+        if target.claims_gpus:
             manifest.update(gpu_check=wait_gpus_free(spec.world_size))
         manifest.stage("server_start")
         progress(f"{label}: starting the {cfg.target} server on port {port}")
         server.start(on_spawn=lambda pid: manifest.update(server_pid=pid))
         server.wait_healthy(cfg.health_timeout_s)
-        info = _server_info(spec.base_url) if spec.api == "sglang" else _vllm_info(spec.base_url)
+        info = target.server_info(spec.base_url)
         manifest.update(server_info=info, versions={**manifest.data["versions"], **_versions(info)})
         yield "started"
         if not variants:
-            ctx = (sglang_target.context_from_server_info(info) if cfg.target == "sglang"
-                   else info.get("max_model_len") if cfg.target == "vllm" else None)
+            ctx = target.context_length(info)
             if ctx is not None:
                 manifest.stage("context_check")
                 variants = _fit_workloads(cfg, ctx, spec.reserved_tokens, "the server's context length (/server_info)", manifest)
@@ -247,7 +235,7 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
                 for r in range(cfg.repeat):
                     progress(f"{label}: workload isl={isl} concurrency={conc} repeat {r + 1}/{cfg.repeat}")
                     wl = replace(variants[isl], seed=cfg.workload.seed + 7919 * (r + 1) + isl + 131 * conc)
-                    spec0 = vllm_profile.spec_counters(spec.base_url) if cfg.target == "vllm" else None
+                    spec0 = vllm_profile.spec_counters(spec.base_url) if target.window == "vllm" else None
                     h0 = hostload.sample()
                     res = drive(spec.base_url, wl, concurrency=conc, timeout_s=cfg.request_timeout_s, api=spec.api, model=spec.model)
                     load.measure(f"repeat {r + 1} isl={isl} concurrency={conc}", h0, hostload.sample())
@@ -316,9 +304,9 @@ def _record_stop(manifest: Manifest, server: Server, **fields: Any) -> None:
 
 
 def _accept_length_warning(cfg: RunConfig, spec: LaunchSpec) -> list[str]:
-    if cfg.target != "sglang" or cfg.accept_length is not None or cfg.workload.replay is not None:
+    if cfg.accept_length is not None or cfg.workload.replay is not None:
         return []
-    if sglang_target.reserved_tokens(spec.argv) == 0:  # not speculative
+    if spec.reserved_tokens == 0:  # not speculative (or no slots the engine reserves for drafts: SGLang's EAGLE only)
         return []
     return ["random token ids make the speculative accept length whatever the model makes of noise: pass --accept-length 5 "
             "(SGLANG_SIMULATE_ACC_LEN, the study's Figure 8 setting) or replay real conversations with --workload-file"]
@@ -397,40 +385,13 @@ def capture_traces(trace_dir: Path) -> list[Path]:
     return sorted(p for p in (trace_dir / "graph_capture_profile").glob("*.json.gz") if not p.name.startswith(".") and ".tmp" not in p.name)
 
 
-def _server_info(base_url: str) -> dict[str, Any]:
-    for path in ("/server_info", "/get_server_info"):
-        try:
-            info = get_json(base_url + path, timeout=30)
-            return info if isinstance(info, dict) else {"raw": info}
-        except (HTTPFailure, ValueError):
-            continue
-    return {}
-
-
 def has_gpu() -> bool:
     """Whether this machine has a GPU an engine could use: nvidia-smi lists one, or rocm-smi exists
     (no nvidia-smi and no rocm-smi: a CPU machine, where "tokens/s per GPU" means nothing)."""
     import shutil
 
-    caps = sglang_target.gpu_compute_capabilities()
+    caps = gpu_compute_capabilities()
     return caps != [] or shutil.which("rocm-smi") is not None
-
-
-def _vllm_info(base_url: str) -> dict[str, Any]:
-    """vLLM's /version and the served model's max_model_len (/v1/models): vLLM has no /server_info
-    outside its dev mode."""
-    out: dict[str, Any] = {}
-    try:
-        v = get_json(base_url + "/version", timeout=30)
-        out["version"] = v.get("version") if isinstance(v, dict) else None
-        models = get_json(base_url + "/v1/models", timeout=30)
-        data = models.get("data") if isinstance(models, dict) else None
-        if data:
-            out["model"] = data[0].get("id")
-            out["max_model_len"] = data[0].get("max_model_len")
-    except (HTTPFailure, ValueError, AttributeError):
-        pass
-    return out
 
 
 def _versions(info: dict[str, Any]) -> dict[str, Any]:
@@ -491,10 +452,15 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
         steps = f"{cfg.num_steps} iteration" + ("" if cfg.num_steps == 1 else "s")
         progress(f"{where} of {steps}: waiting for turn {min(cfg.profile_turn, workload.turns - 1)}'s decode")
         h0 = hostload.sample()
+
+        def on_tick(j: int, w: str = where, steps: str = steps) -> None:
+            tick(f"{w}: iteration ~{j}/{cfg.num_steps}" if j < cfg.num_steps else f"{w}: {steps}; the server writes the trace")
+
+        def on_open(w: str = where, steps: str = steps) -> None:
+            progress(f"{w}: profiling {steps}")
+
         got, oh = _capture_window(cfg, spec, server, run_id, out_dir, primary, manifest, workload, seed=cfg.workload.seed + 424_242 + 7 * w,
-                                  tick=lambda j, w=where, steps=steps: tick(f"{w}: iteration ~{j}/{cfg.num_steps}" if j < cfg.num_steps
-                                                               else f"{w}: {steps}; the server writes the trace"),
-                                  opened=lambda w=where, steps=steps: progress(f"{w}: profiling {steps}"))
+                                  tick=on_tick, opened=on_open)
         if load is not None:
             load.measure(f"profile window {w + 1}", h0, hostload.sample())
         files += got
@@ -522,6 +488,7 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
     # window is open. vLLM counts the window in engine steps and has none while idle, so the window then
     # starts with that turn's prefill; a request sent first can finish before the profiler starts (a small
     # model decodes a token in about a millisecond on a quiet CPU), leaving a window without a step
+    held = target_named(cfg.target).window == "vllm"
     gate = threading.Event()
 
     def on_submit(conv: int, t: int) -> None:
@@ -530,7 +497,7 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
                 submitted[conv] = t
                 if len(submitted) >= conc:
                     ready.set()
-            if cfg.target == "vllm":
+            if held:
                 gate.wait(cfg.profile_timeout_s)
 
     result: dict[str, DriveResult] = {}
@@ -567,7 +534,7 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
             raise TargetError("the capture pass ended before reaching the profiled turn", hint="raise --turns or lower --profile-turn")
         if not server.alive():
             raise server.died("died during the capture pass")
-    if cfg.target == "vllm":
+    if held:
         # before the profiled turn is sent (it waits on `gate`): the window opens with that turn's prefill
         # (one step for a short prompt) and holds num_steps steps
         t_start = time.perf_counter()
@@ -621,7 +588,7 @@ def _after_window(cfg: RunConfig, server: Server, th: threading.Thread, result: 
     res = _check(result["r"], server, "capture pass")
     during = [r for r in res.records if r.ok and r.start_s < t_end and r.start_s + r.e2e_s > t_start and r.ttft_s is not None and r.completion_tokens > 1
               and r.e2e_s > r.ttft_s]
-    prof_user = statistics.median([(r.completion_tokens - 1) / (r.e2e_s - r.ttft_s) for r in during]) if during else None
+    prof_user = statistics.median([(r.completion_tokens - 1) / (r.e2e_s - r.ttft_s) for r in during if r.ttft_s is not None]) if during else None
     base_user = statistics.median([m["tokens_per_s_per_user_p50"] for m in primary if m.get("tokens_per_s_per_user_p50")] or [0]) or None
     overhead = {
         "tokens_per_s_per_user_unprofiled": base_user,

@@ -131,26 +131,26 @@ class Server:
         if self.proc is None:
             return
         with held_signals() as held:
-            self._stop(self.spec.teardown_s if grace_s is None else grace_s, held.arrived)
+            self._stop(self.proc, self.spec.teardown_s if grace_s is None else grace_s, held.arrived)
 
-    def _stop(self, grace: float, hurry: Flag) -> None:
+    def _stop(self, proc: subprocess.Popen[bytes], grace: float, hurry: Flag) -> None:
         self._remember()
         sent: str | None = None
-        if self.proc.poll() is None:
+        if proc.poll() is None:
             try:
-                self.proc.send_signal(signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
                 sent = "SIGTERM"
             except ProcessLookupError:
                 pass
             deadline = time.monotonic() + grace
-            while self.proc.poll() is None and time.monotonic() < deadline:
+            while proc.poll() is None and time.monotonic() < deadline:
                 if hurry.is_set():
                     deadline = min(deadline, time.monotonic() + INTERRUPTED_GRACE_S)
                 self._remember()
                 time.sleep(0.1)  # also once hurried: the shorter deadline is the hurry, not a spinning loop
-        killed = self.proc.poll() is None
+        killed = proc.poll() is None
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         for p in list(self._seen.values()):
@@ -164,20 +164,20 @@ class Server:
             self._seen.setdefault(p.pid, p)
         if killed:
             try:
-                self.proc.kill()  # also when its group could not be signalled
+                proc.kill()  # also when its group could not be signalled
             except ProcessLookupError:
                 pass
         # the server itself is reaped by its Popen, never by psutil: psutil's wait reaps a child it is given, and
         # Popen, finding it gone (ECHILD), says exit code 0: "exited with code 0 after SIGTERM" for a server
         # profkit had SIGKILLed (7 of 40 teardowns of a server ignoring SIGTERM, beside 4 busy loops)
-        kill_all([p for p in self._seen.values() if p.pid != self.proc.pid and _running(p)])
+        kill_all([p for p in self._seen.values() if p.pid != proc.pid and _running(p)])
         try:
-            self.proc.wait(timeout=10)
+            proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        rc = self.proc.poll()
+        rc = proc.poll()
         if self.ended is None or self.ended.get("returncode") is None:
-            self.ended = {"pid": self.proc.pid, "returncode": rc, "how": describe_exit(rc, sent=sent, killed=killed)}
+            self.ended = {"pid": proc.pid, "returncode": rc, "how": describe_exit(rc, sent=sent, killed=killed)}
 
     def leftovers(self) -> list[int]:
         """Pids of processes this server started that still run (should be empty after stop): the

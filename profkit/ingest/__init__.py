@@ -232,8 +232,8 @@ def identify(path: Path | TraceFile) -> TraceFile | Path:
     cannot be read: its loader then says what is wrong, at the point it always did."""
     try:
         return trace_file(path)
-    except OSError:
-        return Path(path)
+    except OSError:  # trace_file raises only for a path (a TraceFile is taken as it is)
+        return path.path if isinstance(path, TraceFile) else Path(path)
 
 
 NSYS_SUFFIXES = (".sqlite", ".nsys-rep", ".qdrep")  # Nsight Systems exports and reports (ingest/nsys.py)

@@ -28,7 +28,7 @@ import io
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import polars as pl
@@ -66,7 +66,7 @@ _OTHER = tuple(
 )
 _EventU = FX | _OTHER[0]
 for _t in _OTHER[1:]:
-    _EventU = _EventU | _t  # type: ignore[assignment]
+    _EventU = _EventU | _t
 _CHUNK_DEC = msgspec.json.Decoder(list[_EventU])  # type: ignore[valid-type]
 
 
@@ -93,7 +93,7 @@ def decode_chunk_msgspec(data: Any, strings: Any = None) -> tuple[pl.DataFrame, 
     gc.disable()  # millions of short-lived objects: no collections while building them
     try:
         try:
-            events = _CHUNK_DEC.decode(data)
+            events: list[Any] = _CHUNK_DEC.decode(data)
         except (msgspec.ValidationError, msgspec.DecodeError) as e:
             raise NotFast(str(e)) from None
         n = len(events)
@@ -114,7 +114,7 @@ def decode_chunk_msgspec(data: Any, strings: Any = None) -> tuple[pl.DataFrame, 
             _note_labelled(events, strings)
         del events
         ts = df["ts"]
-        tmin = ts.min()
+        tmin = cast("float | None", ts.min())  # a Float64 column (RAW_SCHEMA)
         if others:
             tmin = min(others) if tmin is None else min(tmin, min(others))
         return df, tmin, n
@@ -255,7 +255,7 @@ def _from_ipc(data: bytes) -> pl.DataFrame:
 
 @dataclass
 class TablesLoad:
-    parts: list[tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]]  # the chunks' coded parts, in file order
+    parts: list[tuple[pl.DataFrame, ...]]  # the chunks' coded parts (four tables each), in file order
     unusable: tuple[int, int, int]  # tables.unusable_counts of the whole file
     t0_ns: int
     n_events: int
@@ -335,12 +335,14 @@ def load_tables_fast(path: Path | TraceFile, *, executor: Executor | None = None
     except OSError:  # no memory for the slots: the tiered decoder
         return None
     view = reader.slots.view
-    if not parallel:
+    pool = executor if parallel else None
+    slot_path = cast(str, reader.slots.path)  # a shared Reader's slots are a named file (None otherwise, and then unused)
+    if pool is None:
         submit = lambda off, n: done(decode_view, view, off, n, strings)  # noqa: E731
     elif not shared:
-        submit = lambda off, n: executor.submit(decode_view, view, off, n, strings)  # type: ignore[union-attr]  # noqa: E731
+        submit = lambda off, n: pool.submit(decode_view, view, off, n, strings)  # noqa: E731
     else:
-        submit = lambda off, n: executor.submit(decode_slot, reader.slots.path, off, n)  # type: ignore[union-attr]  # noqa: E731
+        submit = lambda off, n: pool.submit(decode_slot, slot_path, off, n)  # noqa: E731
     try:
         results = decode_chunks(reader, submit)
         if shared:

@@ -71,7 +71,7 @@ def device_name(p: dict[str, Any]) -> str:
     if name:
         return name
     major, minor, units, mem, warp = (p.get(k) for k in ("computeMajor", "computeMinor", "numSms", "totalGlobalMem", "warpSize"))
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (major, minor, units, mem)):
+    if not isinstance(mem, int) or not all(isinstance(v, int) and not isinstance(v, bool) for v in (major, minor, units, mem)):
         return ""
     gib = mem / (1 << 30)
     amd = warp == 64  # a wavefront of 64: an AMD GPU (NVIDIA's warps are 32)
@@ -149,10 +149,11 @@ def check_readable(path: Path | TraceFile) -> TraceFile:
     """The file inspected once (identity.TraceFile), or TraceInputError (one line, the file and
     what to do) unless `path` is a readable, non-empty file. A TraceFile is taken as it is."""
     if not isinstance(path, TraceFile):
+        given = path
         try:
-            path = TraceFile.of(path)
+            path = TraceFile.of(given)
         except OSError as e:
-            _explain(Path(path), e)
+            _explain(Path(given), e)
     if path.size == 0:
         raise TraceInputError(f"{path.path}: empty file", hint="the profiler may still be writing it, or it failed; record again")
     return path

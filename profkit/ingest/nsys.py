@@ -318,7 +318,8 @@ def plan(ex: Export) -> Plan:
         for i, n in ex.rows('SELECT "id", "name" FROM TARGET_INFO_GPU'):
             if i is not None and n:
                 gpus.setdefault(int(i), str(n))
-    names, by_process = dict(gpus), {}
+    names: dict[int, str] = dict(gpus)
+    by_process: dict[tuple[int, int], str] = {}
     # TARGET_INFO_CUDA_DEVICE maps a process's CUDA device (cudaId, the deviceId of its GPU rows) to
     # the GPU (gpuId, TARGET_INFO_GPU.id): CUDA_VISIBLE_DEVICES renumbers the one, not the other
     cuda = ex.columns.get("TARGET_INFO_CUDA_DEVICE", set())
@@ -402,7 +403,10 @@ def read_all(f: TraceFile) -> dict[str, Any]:
     keys = p.ranks or [RankKey(0, None)]
     out: dict[str, Any] = {}
     for rank, key in enumerate(keys):
-        mine = (lambda df, key=key: df.filter(pl.col("proc") == key.process)) if key.process is not None else (lambda df: df)
+
+        def mine(df: pl.DataFrame, process: int | None = key.process) -> pl.DataFrame:
+            return df if process is None else df.filter(pl.col("proc") == process)
+
         g = mine(gpu).filter(pl.col("device") == key.device)
         siblings = [k for k in keys if k.process == key.process]
         c = mine(calls)
@@ -726,7 +730,7 @@ def _ranges(ex: Export, pl: Any) -> Any:
     raw = {"text": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64, "gtid": pl.Int64, "proc": pl.Int64}
     if not ex.has(NVTX, "start", "end", "eventType", "globalTid"):
         return pl.DataFrame(schema=raw)
-    types = _RANGE_TYPES
+    types: tuple[int, ...] = _RANGE_TYPES
     if "ENUM_NSYS_EVENT_TYPE" in ex.columns:
         got = [int(i) for i, n in ex.rows("SELECT id, name FROM ENUM_NSYS_EVENT_TYPE") if n and re.fullmatch(r"Nvtxt?(PushPop|StartEnd)Range", n)]
         types = tuple(got) or types

@@ -389,7 +389,11 @@ def decode_chunks(reader: Reader, submit: Callable[[int, int], Future], stopped:
             if stopped is not None and stopped():
                 break
             fut = submit(off, length)
-            fut.add_done_callback(lambda _f, i=i: reader.release(i))
+
+            def release(_f: Future, i: int = i) -> None:
+                reader.release(i)
+
+            fut.add_done_callback(release)
             futs.append(fut)
             if fut.done() and fut.exception() is not None:
                 break  # decoded in place, and failed: no need to read on

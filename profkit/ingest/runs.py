@@ -85,7 +85,7 @@ def read_info(path: Path | TraceFile) -> FileInfo:
         f: TraceFile | None = trace_file(path)
     except OSError:  # unreadable: the loader says what is wrong
         f = None
-    path = f.path if f is not None else Path(path)
+    path = f.path if f is not None else path.path if isinstance(path, TraceFile) else Path(path)
     head = _json_head(f) if f is not None else b""
     doc: dict[str, Any] = {}
     i = head.find(b'"traceEvents"')
@@ -210,7 +210,7 @@ def plan_runs(files: list[Path], infos: list[FileInfo] | None = None) -> list[Ru
         if not info.multi_rank:
             runs.append(RunPlan([f], [info]))
             continue
-        key = (info.devices, info.world_size, info.processes)
+        key: tuple[Any, ...] = (info.devices, info.world_size, info.processes)
         g = groups.get(key)
         if g is not None and info.trace_id is not None and any(j.trace_id == info.trace_id for j in g.infos):
             g = None  # the same profiler session twice: one process, not another rank

@@ -270,7 +270,7 @@ def scan_chunk_rows(data: Any, strings: Any) -> Rows | None:
     cols["valid"] = np.empty(n, np.uint8)
     e = _Emit(gid=gid.ctypes.data, canon=canon.ctypes.data, table=table.ctypes.data, **{k: v.ctypes.data for k, v in cols.items()})
     lib().emit(ctypes.byref(out), n, ctypes.byref(e))
-    return Rows(cols, tuple(e.start), tuple(e.count), tuple(e.unusable), e.tmin if e.has_tmin else None, n)  # type: ignore[arg-type]
+    return Rows(cols, tuple(e.start), tuple(e.count), tuple(e.unusable), e.tmin if e.has_tmin else None, n)
 
 
 def _note_labelled(a: dict[str, Any], n: int, texts: list[str], strings: Any) -> None:

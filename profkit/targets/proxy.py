@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 
 from profkit.errors import UsageError
+from profkit.targets import sglang
 from profkit.targets.spec import LaunchSpec
+from profkit.targets.target import Launch
 
 
 def _tp(args: list[str]) -> int:
@@ -52,3 +56,34 @@ def fault_args(spec: str) -> list[str]:
     if not out:
         raise UsageError("--fault is empty", hint="e.g. --fault host_delay_us=200")
     return out
+
+
+class Proxy:
+    """profkit's proxy engine as a Target (targets/target.py): it speaks SGLang's HTTP API and profiler protocol."""
+
+    name = "proxy"
+    package = None  # profkit's own: profkit.proxy.server
+    window = "sglang"
+    claims_gpus = False
+    reports_versions = True  # /server_info names its torch and device
+
+    def compose(self, launch: Launch) -> LaunchSpec:
+        return compose(launch.states, extra_args=list(launch.extra_args), port=launch.port, host=launch.host, python=launch.server_python)
+
+    def profiler_env(self, trace_dir: Path) -> dict[str, str]:
+        return sglang.profiler_env(trace_dir)
+
+    def validate(self, spec: LaunchSpec) -> dict[str, object]:
+        return {}
+
+    def server_info(self, base_url: str) -> dict[str, object]:
+        return sglang.server_info(base_url)
+
+    def context_length(self, info: Mapping[str, object]) -> int | None:
+        return None  # not checked: the proxy states no context length it enforces
+
+    def catalog(self, manifest: Mapping[str, object]) -> str | None:
+        return "proxy"
+
+
+TARGET = Proxy()

@@ -179,6 +179,10 @@ VLLM_GPU_ONLY: dict[str, str] = {
 }
 
 REGISTRY: dict[str, tuple[Optimization, ...]] = {"sglang": SGLANG, "proxy": PROXY, "vllm": VLLM}
+# Per target, its optimizations that need hardware: those that do nothing without a GPU (refused on a CPU: the
+# engine would ignore them) and those that do nothing outside some compute capabilities (warned: the runs still go)
+GPU_ONLY: dict[str, dict[str, str]] = {"vllm": VLLM_GPU_ONLY}
+CAPABILITIES: dict[str, dict[str, tuple[tuple[int, ...], str]]] = {"sglang": HARDWARE}
 
 
 def registry(target: str) -> dict[str, Optimization]:
@@ -217,8 +221,9 @@ def opt_states(target: str, chosen: list[str], *, base: str, candidate: bool) ->
 def inactive(target: str, states: dict[str, bool], caps: list[str] | None = None) -> dict[str, str]:
     """Optimizations switched on in `states` that do nothing there, with the reason.
 
-    A switch whose requirement is off (draft_extend_graph without cuda_graph), or one that SGLang
-    ignores on this GPU (bf16_gemm, moe_deferred_finalize off Blackwell; `caps` as '9.0', ...).
+    A switch whose requirement is off (draft_extend_graph without cuda_graph), one the engine ignores
+    without a GPU (GPU_ONLY: vLLM's async_scheduling, cuda_graph), or one it ignores on this GPU
+    (CAPABILITIES: SGLang's bf16_gemm, moe_deferred_finalize off Blackwell; `caps` as '9.0', ...).
     """
     reg = registry(target)
     out: dict[str, str] = {}
@@ -230,11 +235,12 @@ def inactive(target: str, states: dict[str, bool], caps: list[str] | None = None
         if missing:
             out[name] = f"{name} does nothing while {', '.join(missing)} is off ({o.requires_why})"
             continue
-        if target == "vllm" and caps == [] and name in VLLM_GPU_ONLY:
-            out[name] = f"{name} does nothing on a CPU: {VLLM_GPU_ONLY[name]}"
+        gpu_only, capabilities = GPU_ONLY.get(target, {}), CAPABILITIES.get(target, {})
+        if caps == [] and name in gpu_only:
+            out[name] = f"{name} does nothing on a CPU: {gpu_only[name]}"
             continue
-        if target == "sglang" and caps is not None and name in HARDWARE:
-            majors, why = HARDWARE[name]
+        if caps is not None and name in capabilities:
+            majors, why = capabilities[name]
             bad = sorted({c for c in caps if capability_major(c) not in majors})
             if bad:
                 out[name] = f"{name} does nothing on compute capability {', '.join(bad)}: {why}"
@@ -264,9 +270,10 @@ def check_comparison(target: str, baseline: dict[str, bool], candidate: dict[str
     dead = inactive(target, candidate, caps)
     for name in attributed:
         o = reg[name]
-        if target == "vllm" and caps == [] and name in VLLM_GPU_ONLY:
-            raise UsageError(f"{name} cannot be measured on this machine: it has no GPU and {VLLM_GPU_ONLY[name]}",
-                             hint="on a CPU attribute spec_decode, chunked_prefill, prefix_caching or compile")
+        if caps == [] and name in GPU_ONLY.get(target, {}):
+            *some, last = [n for n in reg if n not in GPU_ONLY[target]]
+            raise UsageError(f"{name} cannot be measured on this machine: it has no GPU and {GPU_ONLY[target][name]}",
+                             hint=f"on a CPU attribute {', '.join(some)} or {last}")
         off_both = [r for r in o.requires if not baseline.get(r, False) and not candidate.get(r, False)]
         if off_both:
             raise UsageError(

@@ -5,11 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from functools import lru_cache
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
 
 from profkit.errors import TargetError, UsageError
+from profkit.http import HTTPFailure, get_json
+from profkit.targets.gpus import gpu_compute_capabilities
 from profkit.targets.registry import HARDWARE, capability_major, inactive, registry
 from profkit.targets.spec import LaunchSpec
+from profkit.targets.target import Launch
 
 STUDY_MODEL = "nvidia/GLM-5.2-NVFP4"
 
@@ -174,27 +179,6 @@ def compose(
                       teardown_s=TEARDOWN_S)
 
 
-@lru_cache(maxsize=1)
-def _caps_cached() -> tuple[str, ...] | None:
-    try:
-        p = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
-    except FileNotFoundError:
-        return ()  # no NVIDIA driver: no GPU SGLang could use
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if p.returncode != 0:
-        # "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver", or no device
-        return () if "driver" in (p.stdout + p.stderr).lower() or "no devices" in (p.stdout + p.stderr).lower() else None
-    return tuple(x.strip() for x in p.stdout.splitlines() if x.strip())
-
-
-def gpu_compute_capabilities() -> list[str] | None:
-    """Compute capabilities of the local GPUs from nvidia-smi (e.g. ['9.0']); [] when this machine
-    has no NVIDIA GPU (no nvidia-smi, or it finds no device); None when nvidia-smi cannot say."""
-    caps = _caps_cached()
-    return None if caps is None else list(caps)
-
-
 def check_gpu(spec: LaunchSpec, caps: list[str] | None) -> None:
     """Refuse what SGLang would die on at start-up: --bf16-gemm-backend cutedsl off SM10x
     (unquant.py: `get_platform().is_sm100`, i.e. compute capability major 10: B200, B300, GB300),
@@ -213,7 +197,7 @@ def check_gpu(spec: LaunchSpec, caps: list[str] | None) -> None:
             )
 
 
-def context_from_server_info(info: dict[str, object]) -> int | None:
+def context_from_server_info(info: Mapping[str, object]) -> int | None:
     """The context length a running server enforces, from /server_info (resolved args), else
     the scheduler's max_req_input_len (one less than the context, at most)."""
     v = info.get("context_length")
@@ -279,3 +263,60 @@ def validate(spec: LaunchSpec, python: str | None = None) -> str | None:
     if res[0] is not None:
         raise UsageError(f"SGLang's parser rejects the composed arguments: {res[0]}", hint="check --extra-server-args and the preset")
     return None
+
+
+def server_info(base_url: str) -> dict[str, object]:
+    """/server_info (the older /get_server_info): the resolved server args, scheduler info and `version`; {} when neither answers."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            info = get_json(base_url + path, timeout=30)
+            return info if isinstance(info, dict) else {"raw": info}
+        except (HTTPFailure, ValueError):
+            continue
+    return {}
+
+
+def profiler_env(trace_dir: Path) -> dict[str, str]:
+    """SGLang 0.5.23's graph-capture profiles (SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE; the proxy does the same) into
+    traces/<run_id>/graph_capture_profile/: analyze/diff categorize replayed kernels from them."""
+    return {"SGLANG_ENABLE_CUDA_GRAPH_CAPTURE_TRACE": "1", "SGLANG_TORCH_PROFILER_DIR": str(trace_dir.resolve())}
+
+
+class SGLang:
+    """SGLang 0.5.23 as a Target (targets/target.py)."""
+
+    name = "sglang"
+    package = "sglang"
+    window = "sglang"
+    claims_gpus = True  # --mem-fraction-static: a fixed share of every GPU's memory
+    reports_versions = False  # /server_info names neither torch nor the GPU
+
+    def compose(self, launch: Launch) -> LaunchSpec:
+        spec = compose(launch.states, preset=launch.preset, model_path=launch.model_path, extra_args=list(launch.extra_args),
+                       server_python=launch.server_python, port=launch.port, host=launch.host, caps=gpu_compute_capabilities())
+        if launch.accept_length is not None:
+            # spec_utils.py reads it at import in every scheduler: fixed acceptance after the real verify
+            spec = replace(spec, env={**spec.env, "SGLANG_SIMULATE_ACC_LEN": f"{launch.accept_length:g}"},
+                           unset=tuple(n for n in spec.unset if n != "SGLANG_SIMULATE_ACC_LEN"))
+        return spec
+
+    def profiler_env(self, trace_dir: Path) -> dict[str, str]:
+        return profiler_env(trace_dir)
+
+    def validate(self, spec: LaunchSpec) -> dict[str, object]:
+        check_gpu(spec, gpu_compute_capabilities())
+        return {"parser_check": validate(spec) or "passed"}
+
+    def server_info(self, base_url: str) -> dict[str, object]:
+        return server_info(base_url)
+
+    def context_length(self, info: Mapping[str, object]) -> int | None:
+        return context_from_server_info(info)
+
+    def catalog(self, manifest: Mapping[str, object]) -> str | None:
+        """The study's GLM-5.2 catalog when the preset or the model names GLM."""
+        named = json.dumps([manifest.get("preset"), manifest.get("model_path"), manifest.get("model")]).lower()
+        return "sglang-glm52" if "glm" in named else None
+
+
+TARGET = SGLang()

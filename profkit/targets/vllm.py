@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from profkit.errors import UsageError
+from profkit.http import HTTPFailure, get_json
+from profkit.targets.gpus import gpu_compute_capabilities
 from profkit.targets.registry import VLLM_GPU_ONLY, inactive, registry
 from profkit.targets.spec import LaunchSpec
+from profkit.targets.target import Launch
 
 # SIGTERM: uvicorn drains, the engine core and its worker processes shut down (a few seconds on
 # CPU); generous for a busy machine
@@ -87,3 +91,55 @@ def compose(states: dict[str, bool], *, model_path: str | None, extra_args: list
     return LaunchSpec(target="vllm", argv=argv, env={}, host=host, port=port, world_size=int(tp) if tp and tp.isdigit() else 1,
                       states=dict(states), notes=notes, context_length=int(ctx) if ctx and ctx.isdigit() else None,
                       teardown_s=TEARDOWN_S, api="openai", model=served)
+
+
+def server_info(base_url: str) -> dict[str, object]:
+    """vLLM's /version and the served model's max_model_len (/v1/models): vLLM has no /server_info
+    outside its dev mode."""
+    out: dict[str, object] = {}
+    try:
+        v = get_json(base_url + "/version", timeout=30)
+        out["version"] = v.get("version") if isinstance(v, dict) else None
+        models = get_json(base_url + "/v1/models", timeout=30)
+        data = models.get("data") if isinstance(models, dict) else None
+        if data:
+            out["model"] = data[0].get("id")
+            out["max_model_len"] = data[0].get("max_model_len")
+    except (HTTPFailure, ValueError, AttributeError):
+        pass
+    return out
+
+
+class VLLM:
+    """vLLM 0.32 as a Target (targets/target.py)."""
+
+    name = "vllm"
+    package = "vllm"
+    window = "vllm"
+    claims_gpus = False
+    reports_versions = False  # /version names neither torch nor the GPU
+
+    def compose(self, launch: Launch) -> LaunchSpec:
+        # the profiler dir is fixed at launch: the run folder (a dry run shows where it would be)
+        return compose(launch.states, model_path=launch.model_path, extra_args=list(launch.extra_args), server_python=launch.server_python,
+                       port=launch.port, trace_dir=launch.trace_dir, host=launch.host, caps=gpu_compute_capabilities(),
+                       with_stack=launch.with_stack, record_shapes=launch.record_shapes)
+
+    def profiler_env(self, trace_dir: Path) -> dict[str, str]:
+        return {}  # vLLM's profiler (and its capture traces) are configured by --profiler-config
+
+    def validate(self, spec: LaunchSpec) -> dict[str, object]:
+        return {}
+
+    def server_info(self, base_url: str) -> dict[str, object]:
+        return server_info(base_url)
+
+    def context_length(self, info: Mapping[str, object]) -> int | None:
+        n = info.get("max_model_len")
+        return n if isinstance(n, int) else None
+
+    def catalog(self, manifest: Mapping[str, object]) -> str | None:
+        return "vllm"
+
+
+TARGET = VLLM()

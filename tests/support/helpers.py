@@ -1,4 +1,5 @@
-"""Helpers several test modules share that are no part of profkit (profkit keeps no test-only code)."""
+"""Trace helpers several test modules share: the shape fixtures' table, a plain second count over raw events,
+analysis run after run, reading and writing trace JSON."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 
 import polars as pl
 
-DATA = Path(__file__).resolve().parent / "data"
+from support.paths import DATA
+
 # the H200 traces recorded with shapes (tests/data/gpu_shapes/README.md): trace, --marker, graph-capture profiles
 SHAPES = DATA / "gpu_shapes"
 CAPTURES = SHAPES / "proxy_graphs" / "graph_capture_profile"

@@ -1,0 +1,87 @@
+"""What every engine profkit can launch answers: the `Target` protocol, and `Launch`, what the command
+line asks of one server. The run (capture/run.py) calls a target through this protocol only, never by
+its name; each engine is its module (targets/<engine>.py), its catalog (kernels/<engine>.toml) and a
+line in targets/engines.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from profkit.targets.spec import LaunchSpec
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One server launch as the command line asks for it, whatever the engine (each target reads what it takes)."""
+
+    states: dict[str, bool]  # optimization -> on/off
+    port: int
+    host: str = "127.0.0.1"
+    preset: str | None = None
+    model_path: str | None = None
+    server_python: str | None = None
+    extra_args: tuple[str, ...] = ()
+    trace_dir: Path = Path("traces") / "<run_id>"  # where the profiler writes (an engine whose profiler is set at launch)
+    with_stack: bool = False
+    record_shapes: bool = False
+    accept_length: float | None = None  # a fixed speculative accept length, where the engine can simulate one
+
+
+class Target(Protocol):
+    """An engine profkit launches, drives and profiles."""
+
+    @property
+    def name(self) -> str:
+        """The `--target` value, recorded in the manifest."""
+        ...
+
+    @property
+    def package(self) -> str | None:
+        """The Python package the server's Python must import before any server starts (None: profkit's own engine)."""
+        ...
+
+    @property
+    def window(self) -> str:
+        """How a profile window is opened and its files found: "sglang" (POST /start_profile with output_dir and
+        num_steps; the server logs when every rank has written: SGLang and the proxy) or "vllm" (the profiler set on
+        the command line, /start_profile with max_iterations, /stop_profile; the profiled turn waits for the window;
+        speculative counters from /metrics)."""
+        ...
+
+    @property
+    def claims_gpus(self) -> bool:
+        """Whether the server claims a fixed share of every GPU's memory at start-up, so it starts only on free GPUs."""
+        ...
+
+    @property
+    def reports_versions(self) -> bool:
+        """Whether its server info names the torch and the device it runs (else they are asked of this machine)."""
+        ...
+
+    def compose(self, launch: Launch) -> LaunchSpec:
+        """The server's command line, environment and where it listens, for one optimization state."""
+        ...
+
+    def profiler_env(self, trace_dir: Path) -> dict[str, str]:
+        """Environment that points the engine's own profiler output (graph-capture profiles) into the run folder."""
+        ...
+
+    def validate(self, spec: LaunchSpec) -> dict[str, object]:
+        """Refuse (TargetError, UsageError) what the engine would die on at start-up; what was checked, for the manifest."""
+        ...
+
+    def server_info(self, base_url: str) -> dict[str, object]:
+        """What the running server says about itself (its resolved arguments, version, model)."""
+        ...
+
+    def context_length(self, info: Mapping[str, object]) -> int | None:
+        """The context length the running server enforces, from its server info (None: unknown)."""
+        ...
+
+    def catalog(self, manifest: Mapping[str, object]) -> str | None:
+        """The shipped kernel catalog a run of this target implies, from its manifest (None: none implied)."""
+        ...
