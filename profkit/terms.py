@@ -81,7 +81,7 @@ def breaker_key(b: Mapping[str, Any] | Any) -> str:
         return f"{kind} {name}{' ' + extra if extra else ''}"
     if kind == "host":
         return str(name)
-    return f"{kind} {re.sub(r'#[0-9]+', '#N', name)}"
+    return f"{kind} {re.sub(r'#[0-9]+', '#N', str(name))}"
 
 
 # Kineto's type names (c10's C++ spellings) -> the short ones a table shows

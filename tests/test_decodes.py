@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from typer.testing import CliRunner
 
-from helpers import DATA
+from support import DATA
 from profkit.cli import app
 from profkit import store
 from profkit.documents import Diff, Summary
