@@ -138,3 +138,29 @@ def test_polars_import_leaves_sigint_to_python():
         assert p.returncode == 0, p.stderr[-2000:]
         got[mode] = p.stdout.strip()
     assert got == {"profkit": "True", "plain": "False"}
+
+
+KI_IN_EXEC = '''
+import sys
+from profkit.cli import common
+from profkit.cli.common import command
+
+
+@command("ki-in-exec")
+def _ki_in_exec() -> None:
+    exec("raise KeyboardInterrupt")  # a Ctrl-C that lands in string-exec'd code (a dataclass's generated __init__ while a module imports)
+
+
+sys.argv = ["profkit", "ki-in-exec"]
+common.main()
+'''
+
+
+def test_an_interrupt_inside_a_string_exec_still_exits_130(tmp_path):
+    """CPython marks a KeyboardInterrupt that ends a string `exec` as unhandled even when it is caught, and
+    under `python -m` then ends the process by SIGINT after its teardown (-2 instead of the chosen 130;
+    a signal trial under load printed its `interrupted` line and died so). profkit leaves by its status."""
+    (tmp_path / "ki_in_exec.py").write_text(KI_IN_EXEC)
+    r = subprocess.run([sys.executable, "-m", "ki_in_exec"], cwd=tmp_path, capture_output=True, text=True, timeout=HANG_S)
+    assert "interrupted" in r.stderr
+    assert r.returncode == 130, (r.returncode, r.stderr)

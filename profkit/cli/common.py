@@ -242,13 +242,13 @@ def main() -> None:
         app()
     except SystemExit as e:
         interrupts.settle()
-        if _state.get("quick_exit"):
-            _quick_exit(e.code)
+        if _state.get("quick_exit") or e.code == EXIT_INTERRUPTED or interrupts.seen():
+            _quick_exit(e.code)  # after an interrupt: see _quick_exit on `python -m profkit`'s exit status
         raise
     except KeyboardInterrupt:
         interrupts.settle()
         err.print("[yellow]interrupted[/]")
-        sys.exit(EXIT_INTERRUPTED)
+        _quick_exit(EXIT_INTERRUPTED)
     except Exception as e:  # a bug: one line and the traceback in a file; --debug prints it
         if _state["debug"] or "--debug" in sys.argv:
             traceback.print_exc()
@@ -280,7 +280,14 @@ def _quick_exit(code: object) -> None:
     """Leave without tearing down the interpreter's objects: freeing the tables of a gigabyte trace
     one by one takes a third of a second. Everything a normal exit does for the outside world still
     happens first: output flushed, pending cache writes and other threads joined, atexit handlers run.
-    (`analyze` asks for it: _state["quick_exit"].)"""
+    (`analyze` asks for it: _state["quick_exit"].)
+
+    Every exit after an interrupt leaves this way too. A KeyboardInterrupt that ends a string `exec`
+    (a dataclass's or namedtuple's generated code, while a module is imported: a Ctrl-C during a
+    slow import) makes CPython remember it as unhandled, even once profkit has caught it; under
+    `python -m profkit` the interpreter then ends itself by SIGINT after its teardown, whatever exit
+    status was chosen: exit -2 after the `interrupted` line (a signal trial under load; reproduced in
+    tests/test_interrupts.py). os._exit ends with the status chosen."""
     import atexit
     import os
     import threading

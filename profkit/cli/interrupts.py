@@ -19,6 +19,11 @@ SIGHUP where a command records runs.
   the default actions back while the interpreter shuts down, and a signal then would end profkit by
   that signal instead of with its status.
 
+- Every exit after an interrupt is an os._exit with the chosen status (cli/common._quick_exit): a
+  KeyboardInterrupt that ended a string `exec` (code a dataclass generates while a module imports)
+  is remembered by CPython as unhandled, and `python -m profkit` would then die by SIGINT (exit -2)
+  after printing its `interrupted` line.
+
 `nohup` keeps its ignored SIGHUP (and an ignored SIGINT stays ignored, as a shell's `&` asks).
 """
 
@@ -69,6 +74,11 @@ def install(*, terminate_too: bool = False) -> None:
         _sigint_to_python()
     elif not any(isinstance(f, _AfterPolars) for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterPolars())
+
+
+def seen() -> bool:
+    """Whether this command was interrupted (its first SIGINT, SIGTERM or SIGHUP raised KeyboardInterrupt)."""
+    return _state["raised"]
 
 
 def settle() -> None:
