@@ -60,7 +60,10 @@ def test_help_says_what_window_and_json_do():
 
 
 def test_the_manual_states_the_isl_defaults_of_the_code():
-    from profkit.cli.capture import PROXY_ISL, SGLANG_ISL
+    from profkit.targets.proxy import TARGET as PROXY
+    from profkit.targets.sglang import TARGET as SGLANG
+
+    PROXY_ISL, SGLANG_ISL = PROXY.defaults.isl, SGLANG.defaults.isl
 
     doc = (ROOT / "docs" / "commands.md").read_text()
     sentence = " ".join(doc.split("a first prompt of `--isl` tokens", 1)[1].split("`--turns`", 1)[0].split())

@@ -315,12 +315,13 @@ def choose_catalog(option: str | None, paths: Iterable[Path | str] = ()) -> Cata
 
 
 def manifest_catalog(paths: Iterable[Path | str]) -> str | None:
-    """The catalog a run's manifest implies, from its target (profkit's proxy engine -> proxy; vLLM ->
+    """The catalog a run's manifest implies, as its target says (Target.catalog: profkit's proxy engine -> proxy; vLLM ->
     vllm; SGLang running a GLM-5.x preset or model -> sglang-glm52), else None (pick by kernel names).
     The manifest: the run folder's manifest.json, one beside the trace, or <trace stem>.manifest.json."""
     import json
 
     from profkit.ingest.identity import short_label
+    from profkit.targets.engines import TARGETS
 
     for p in paths:
         p = Path(p)
@@ -332,13 +333,11 @@ def manifest_catalog(paths: Iterable[Path | str]) -> str | None:
                 continue
             if not isinstance(doc, dict):
                 continue
-            target = doc.get("target")
-            if target == "proxy":
-                return "proxy"
-            if target == "vllm":
-                return "vllm"
-            if target == "sglang" and "glm" in json.dumps([doc.get("preset"), doc.get("model_path"), doc.get("model")]).lower():
-                return "sglang-glm52"
+            name = doc.get("target")
+            engine = TARGETS.get(name) if isinstance(name, str) else None
+            implied = engine.catalog(doc) if engine is not None else None
+            if implied:
+                return implied
     return None
 
 

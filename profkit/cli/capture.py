@@ -93,15 +93,23 @@ CALIBRATE_HELP = {
     "base": "on (default): the calibrated configuration is all on (minus --without); off: all off (plus nothing).",
 }
 
-SGLANG_ISL = 74_000
-
 
 def _caps(target: str) -> list[str] | None:
-    if target not in ("sglang", "vllm"):
-        return None
-    from profkit.flows.engines import gpu_compute_capabilities
+    """This machine's GPU compute capabilities for the target's hardware rules (None: it has none)."""
+    from profkit.flows.engines import target as target_named
 
-    return gpu_compute_capabilities()
+    return target_named(target).capabilities()
+
+
+def _takers(option: str) -> str:
+    """The --target values that take an engine's own option ("sglang"; "proxy or sglang")."""
+    from profkit.flows.engines import TARGETS
+
+    return _either([t.name for t in TARGETS.values() if option in t.takes])
+
+
+def _either(names: list[str]) -> str:
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 def _plain(o: RunOptions) -> RunOptions:
@@ -121,41 +129,38 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 def _config(o: RunOptions) -> RunConfig:
     """RunOptions -> the capture's RunConfig, checked (UsageError names the option)."""
-    from profkit.flows.engines import RunConfig, Workload, load_workload_file
+    from profkit.flows.engines import TARGETS, RunConfig, Workload, load_workload_file
 
     target = o.target
-    if target not in ("proxy", "sglang", "vllm"):
-        raise UsageError(f"--target {target!r}: use proxy, sglang or vllm")
-    if o.preset and target != "sglang":
-        raise UsageError("--preset goes with --target sglang")
-    gpu = target == "sglang"
-    # 74K first prompt: the 13 requests average 80K tokens (the study's "mean input ~ 80k tokens/request")
-    # and the last one, 86,466 tokens with its output and EAGLE's reserved slots, fits --context-length 90000
-    # the proxy: 4K, a long context for its size: the top-k then selects 64 of 4K+ positions, where a selection beats the
-    # full sort on a CPU as on a GPU (at 256 the sort of a 300-score row is cheaper than a selection's extra ops: issue 30)
-    isls = _ints(o.isl, "--isl") if o.isl else ((SGLANG_ISL,) if gpu else (PROXY_ISL,))
-    out_tok = o.output_tokens if o.output_tokens is not None else (220 if gpu else 32)
+    if target not in TARGETS:
+        raise UsageError(f"--target {target!r}: use {_either(list(TARGETS))}")
+    engine = TARGETS[target]
+    if o.preset and "preset" not in engine.takes:
+        raise UsageError(f"--preset goes with --target {_takers('preset')}")
+    d = engine.defaults  # each target's own (targets/<engine>.py says why)
+    isls = _ints(o.isl, "--isl") if o.isl else (d.isl,)
+    out_tok = o.output_tokens if o.output_tokens is not None else d.output_tokens
     if o.workload_file:
         wl = load_workload_file(o.workload_file, output_tokens=out_tok)
     else:
-        wl = Workload(isl=isls[0], turns=o.turns, turn_tokens=o.turn_tokens if o.turn_tokens is not None else (800 if gpu else 32),
+        wl = Workload(isl=isls[0], turns=o.turns, turn_tokens=o.turn_tokens if o.turn_tokens is not None else d.turn_tokens,
                       output_tokens=out_tok, seed=o.seed, vocab=1000)
     if o.repeat < 1 or o.num_steps < 1:
         raise UsageError("--repeat and --num-steps must be at least 1")
     if o.base not in ("on", "off"):
         raise UsageError(f"--base {o.base!r}: use on (leave-one-out, the study's regime) or off (exploration: everything off)")
-    if o.accept_length is not None and (target != "sglang" or o.accept_length < 1):
-        raise UsageError("--accept-length goes with --target sglang and is at least 1 (tokens per verify, bonus token included)")
+    if o.accept_length is not None and ("accept_length" not in engine.takes or o.accept_length < 1):
+        raise UsageError(f"--accept-length goes with --target {_takers('accept_length')} and is at least 1 (tokens per verify, bonus token included)")
     cfg = RunConfig(
         target=target, preset=o.preset, model_path=o.model_path, server_python=o.server_python,
         extra_server_args=tuple(shlex.split(o.extra_server_args)), workload=wl, concurrency=_ints(o.concurrency, "--concurrency"),
         isl=isls if len(isls) > 1 else (), repeat=o.repeat, num_steps=o.num_steps, with_stack=o.with_stack, record_shapes=o.record_shapes,
-        profile_turn=o.profile_turn, health_timeout_s=o.health_timeout or (3600.0 if gpu or target == "vllm" else 180.0),
+        profile_turn=o.profile_turn, health_timeout_s=o.health_timeout or d.health_timeout_s,
         profile_timeout_s=o.profile_timeout,
         port=o.port, traces_dir=o.traces_dir, reports_dir=o.reports_dir, marker=o.marker, min_bubble_us=o.min_bubble_us, catalog=o.catalog,
         capture_only=o.capture_only, nsys=o.nsys, base=o.base, fit_context=o.fit_context, accept_length=o.accept_length,
         warmup=o.warmup,
-        capture_order="alternating" if (o.alternate if o.alternate is not None else target == "proxy") and not o.nsys and o.port is None
+        capture_order="alternating" if (o.alternate if o.alternate is not None else d.alternate) and not o.nsys and o.port is None
         else "sequential",
     )
     return _windows(cfg, o.profile_windows)
@@ -166,8 +171,6 @@ def _windows(cfg: RunConfig, n: int) -> RunConfig:
         raise UsageError(f"--profile-windows {n}: at least 1")
     return replace(cfg, profile_windows=n)
 
-
-PROXY_ISL = 4096
 
 
 def _stamp() -> str:
@@ -287,9 +290,9 @@ def _engine_importable(cfg: RunConfig, states: dict[str, bool]) -> None:
     import subprocess
 
     from profkit.errors import TargetError
-    from profkit.flows.engines import compose
+    from profkit.flows.engines import compose, target
 
-    module = {"sglang": "sglang", "vllm": "vllm"}.get(cfg.target)
+    module = target(cfg.target).package
     if module is None:
         return
     py = compose(cfg, states, cfg.port or 30000).argv[0]
@@ -306,9 +309,9 @@ def _engine_importable(cfg: RunConfig, states: dict[str, bool]) -> None:
 
 
 def _dry_run(cfg: RunConfig, plans: list[tuple[str, dict[str, bool]]]) -> None:
-    from profkit.flows.engines import compose
-    from profkit.flows.engines import sglang as sg
+    from profkit.flows.engines import compose, target
 
+    engine = target(cfg.target)
     for label, states in plans:
         spec = compose(cfg, states, cfg.port or 30000)
         on = [k for k, v in states.items() if v]
@@ -327,10 +330,8 @@ def _dry_run(cfg: RunConfig, plans: list[tuple[str, dict[str, bool]]]) -> None:
             msg = (f"turn {bad[0][1][1]} needs {bad[0][1][2]} tokens: over; " + ("--fit-context trims it" if cfg.fit_context else "the run would be refused")
                    if bad else "every turn fits")
             out.print(f"# context length {spec.context_length} (reserved {spec.reserved_tokens}): {msg}", soft_wrap=True, markup=False)
-        if cfg.target == "sglang":
-            sg.check_gpu(spec, sg.gpu_compute_capabilities())
-            res = sg.validate(spec)
-            out.print(f"# SGLang's parser: {res or 'the arguments parse'}", soft_wrap=True, markup=False)
+        for line in engine.dry_run_checks(spec):
+            out.print(f"# {line}", soft_wrap=True, markup=False)
     wl = cfg.workload.describe()
     out.print(f"# workload: {json.dumps(wl)}; concurrency {list(cfg.concurrency)}; profile {cfg.num_steps} step{'' if cfg.num_steps == 1 else 's'}", soft_wrap=True, markup=False)
 
@@ -354,10 +355,10 @@ def _faulted(cfg: RunConfig, o: RunOptions) -> RunConfig:
     """The config with --fault's proxy server flags added (targets/proxy.fault_args checks them)."""
     if not o.fault:
         return cfg
-    from profkit.flows.engines import fault_args
+    from profkit.flows.engines import fault_args, target
 
-    if o.target != "proxy":
-        raise UsageError(f"--fault is the proxy engine's knob; --target {o.target} has none", hint="drop --fault, or use --target proxy")
+    if "fault" not in target(o.target).takes:
+        raise UsageError(f"--fault is the proxy engine's knob; --target {o.target} has none", hint=f"drop --fault, or use --target {_takers('fault')}")
     return replace(cfg, extra_server_args=(*cfg.extra_server_args, *fault_args(o.fault)))
 
 
@@ -487,22 +488,22 @@ def opts(target: Target = TargetName.proxy) -> None:
         profkit opts --target sglang
     """
     from profkit.flows.engines import registry
+    from profkit.flows.engines import target as target_named
 
     target = str(target)
     reg = registry(target)
-    title = ("optimizations for --target sglang (SGLang 0.5.23: every one is on by default; on = that default or the study's "
-             "own setting, off = the switch that removes it; --base on switches one off at a time)" if target == "sglang"
-             else f"optimizations for --target {target}")
+    words = target_named(target).opts_words
+    title = f"optimizations for --target {target}" + (f" ({words.note})" if words.note else "")
     out.print(f"[bold]{escape(title)}[/]", soft_wrap=True)
 
     def fmt(sw: Any) -> str:
         parts = [f"{k}={v}" for k, v in sw.env.items()] + list(sw.args)
         if sw.model_override:
             parts.append(f"--json-model-override-args '{json.dumps(sw.model_override)}'")
-        return " ".join(parts) or (f"({'SGLang' if target == 'sglang' else 'vLLM'}'s default)" if target != "proxy" else "--opts includes it")
+        return " ".join(parts) or words.unset
 
     for o in reg.values():
-        off = fmt(o.off) if target != "proxy" else "--opts omits it"
+        off = fmt(o.off) if words.off is None else words.off
         out.print(f"\n[bold cyan]{o.name}[/]: {escape(o.title)}", soft_wrap=True)
         rows = [("meaning", o.meaning), ("on", fmt(o.on)), ("off", off),
                 ("requires", ", ".join(o.requires) + (f" ({o.requires_why})" if o.requires_why else "") if o.requires else ""),

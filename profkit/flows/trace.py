@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Optional
 from profkit.capture.run import Progress, Recording, RunConfig, capture_traces, record_interleaved
 from profkit.errors import Interrupted, ProfkitError
 from profkit.flows.outputs import AFTER_JSON, BEFORE_JSON, DIFF_JSON, REPORT_HTML, REPORT_MD, SUMMARY_JSON
-from profkit.documents import Diff
 
 if TYPE_CHECKING:
     from profkit.analysis.catalog import CatalogChoice
+    from profkit.documents import Diff  # msgspec: not on a GPU box that records only (--capture-only)
 
 
 @dataclass
@@ -206,12 +206,16 @@ def reproduce_command(before: RunResult, after: RunResult, opts: list[str], cata
     summary.json, the profile windows' summaries as repeats, the `run` section for the labels,
     throughput and switches), --opt when one optimization was attributed (several: none, as trace
     did), and the catalog trace judged the expected effect with when the folders do not imply it
-    (--catalog as given; on sglang the one its manifest implied, named for the reader)."""
+    (--catalog as given; on an engine's own package, sglang or vllm, the one its manifest implied, named for the reader)."""
     parts = ["profkit", "diff", str(before.report_dir), str(after.report_dir)]
     if len(opts) == 1:
         parts += ["--opt", opts[0]]
+    from profkit.targets.engines import target as target_named
+
     choice = after.catalog
-    cat = catalog or (choice.name if choice is not None and target != "proxy" and choice.how == "manifest" else None)
+    # an engine of its own package names the catalog its manifest implied; profkit's own engine (package None) goes without
+    named = choice is not None and choice.how == "manifest" and target_named(target).package is not None
+    cat = catalog or (choice.name if choice is not None and named else None)
     if cat:
         parts += ["--catalog", cat]
     return shlex.join(parts)

@@ -9,7 +9,7 @@ from pathlib import Path
 from profkit.errors import UsageError
 from profkit.targets import sglang
 from profkit.targets.spec import LaunchSpec
-from profkit.targets.target import Launch
+from profkit.targets.target import Defaults, Launch, OptsWords
 
 
 def _tp(args: list[str]) -> int:
@@ -66,6 +66,17 @@ class Proxy:
     window = "sglang"
     claims_gpus = False
     reports_versions = True  # /server_info names its torch and device
+    takes = frozenset({"fault"})
+    # 4K first prompt, a long context for its size: the top-k then selects 64 of 4K+ positions, where a selection beats the
+    # full sort on a CPU as on a GPU (at 256 the sort of a 300-score row is cheaper than a selection's extra ops: issue 30)
+    defaults = Defaults(isl=4096, turn_tokens=32, output_tokens=32, health_timeout_s=180.0, alternate=True)
+    opts_words = OptsWords(unset="--opts includes it", off="--opts omits it")
+
+    def capabilities(self) -> list[str] | None:
+        return None  # no hardware rules: the proxy runs anywhere
+
+    def dry_run_checks(self, spec: LaunchSpec) -> list[str]:
+        return []
 
     def compose(self, launch: Launch) -> LaunchSpec:
         return compose(launch.states, extra_args=list(launch.extra_args), port=launch.port, host=launch.host, python=launch.server_python)

@@ -14,7 +14,7 @@ from profkit.http import HTTPFailure, get_json
 from profkit.targets.gpus import gpu_compute_capabilities
 from profkit.targets.registry import HARDWARE, capability_major, inactive, registry
 from profkit.targets.spec import LaunchSpec
-from profkit.targets.target import Launch
+from profkit.targets.target import Defaults, Launch, OptsWords
 
 STUDY_MODEL = "nvidia/GLM-5.2-NVFP4"
 
@@ -290,6 +290,21 @@ class SGLang:
     window = "sglang"
     claims_gpus = True  # --mem-fraction-static: a fixed share of every GPU's memory
     reports_versions = False  # /server_info names neither torch nor the GPU
+    takes = frozenset({"preset", "accept_length"})
+    # 74K first prompt: the 13 requests average 80K tokens (the study's "mean input ~ 80k tokens/request")
+    # and the last one, 86,466 tokens with its output and EAGLE's reserved slots, fits --context-length 90000
+    defaults = Defaults(isl=74_000, turn_tokens=800, output_tokens=220, health_timeout_s=3600.0, alternate=False)
+    opts_words = OptsWords(unset="(SGLang's default)",
+                           note="SGLang 0.5.23: every one is on by default; on = that default or the study's own setting, off = the "
+                                "switch that removes it; --base on switches one off at a time")
+
+    def capabilities(self) -> list[str] | None:
+        return gpu_compute_capabilities()
+
+    def dry_run_checks(self, spec: LaunchSpec) -> list[str]:
+        check_gpu(spec, gpu_compute_capabilities())
+        res = validate(spec)
+        return [f"SGLang's parser: {res or 'the arguments parse'}"]
 
     def compose(self, launch: Launch) -> LaunchSpec:
         spec = compose(launch.states, preset=launch.preset, model_path=launch.model_path, extra_args=list(launch.extra_args),

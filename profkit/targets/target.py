@@ -31,6 +31,26 @@ class Launch:
     accept_length: float | None = None  # a fixed speculative accept length, where the engine can simulate one
 
 
+@dataclass(frozen=True)
+class Defaults:
+    """What a run of the target takes where the command line does not say (trace, sweep, calibrate)."""
+
+    isl: int  # first-prompt tokens (--isl)
+    turn_tokens: int  # new tokens per later turn (--turn-tokens)
+    output_tokens: int  # output tokens per turn (--output-tokens)
+    health_timeout_s: float  # seconds to wait for /health (--health-timeout)
+    alternate: bool  # runs recorded side by side, A B A B (--alternate/--sequential)
+
+
+@dataclass(frozen=True)
+class OptsWords:
+    """How `profkit opts` words the target's registry."""
+
+    unset: str  # a switch with no flag and no environment variable
+    off: str | None = None  # every off switch, where the engine's switches are not its flags (None: the switch's own)
+    note: str | None = None  # after the title, in parentheses
+
+
 class Target(Protocol):
     """An engine profkit launches, drives and profiles."""
 
@@ -60,6 +80,29 @@ class Target(Protocol):
     @property
     def reports_versions(self) -> bool:
         """Whether its server info names the torch and the device it runs (else they are asked of this machine)."""
+        ...
+
+    @property
+    def takes(self) -> frozenset[str]:
+        """The engine's own options it takes, of "preset", "accept_length" and "fault" (others refuse them)."""
+        ...
+
+    @property
+    def defaults(self) -> Defaults:
+        """The workload and run defaults of this target."""
+        ...
+
+    @property
+    def opts_words(self) -> OptsWords:
+        """How `profkit opts` words its registry."""
+        ...
+
+    def capabilities(self) -> list[str] | None:
+        """This machine's GPU compute capabilities, for the registry's hardware rules (None: the target has none)."""
+        ...
+
+    def dry_run_checks(self, spec: LaunchSpec) -> list[str]:
+        """What a dry run checks of a composed launch without starting it: refuse (TargetError, UsageError) or its lines."""
         ...
 
     def compose(self, launch: Launch) -> LaunchSpec:

@@ -22,7 +22,7 @@ from profkit.http import HTTPFailure, get_json
 from profkit.targets.gpus import gpu_compute_capabilities
 from profkit.targets.registry import VLLM_GPU_ONLY, inactive, registry
 from profkit.targets.spec import LaunchSpec
-from profkit.targets.target import Launch
+from profkit.targets.target import Defaults, Launch, OptsWords
 
 # SIGTERM: uvicorn drains, the engine core and its worker processes shut down (a few seconds on
 # CPU); generous for a busy machine
@@ -118,6 +118,16 @@ class VLLM:
     window = "vllm"
     claims_gpus = False
     reports_versions = False  # /version names neither torch nor the GPU
+    takes: frozenset[str] = frozenset()
+    # the proxy's workload (a short first prompt and turns), a GPU server's wait for /health
+    defaults = Defaults(isl=4096, turn_tokens=32, output_tokens=32, health_timeout_s=3600.0, alternate=False)
+    opts_words = OptsWords(unset="(vLLM's default)")
+
+    def capabilities(self) -> list[str] | None:
+        return gpu_compute_capabilities()
+
+    def dry_run_checks(self, spec: LaunchSpec) -> list[str]:
+        return []
 
     def compose(self, launch: Launch) -> LaunchSpec:
         # the profiler dir is fixed at launch: the run folder (a dry run shows where it would be)
