@@ -796,7 +796,50 @@ def rank_of(rank: Rank | Mapping[str, Any]) -> Rank:
 
 
 # ---------------------------------------------------------------------------------------------
-# gate.json and calibration.json (attribution/gate.py writes them as dicts in this order)
+# gate.json and calibration.json (attribution/gate.py builds them as the structs below; encoded once where written:
+# gate_doc, calibration_doc)
+
+
+class KeyDiff(_Doc):
+    """A comparability key's field that differs between the sides."""
+    field: str = ""
+    baseline: Any = None
+    candidate: Any = None
+
+
+class Comparability(_Doc):
+    """Which key fields differ (both known and unequal) and which are unknown on a side; each side's key."""
+    comparable: bool = True
+    differ: list[KeyDiff] = []
+    unknown: list[str] = []
+    baseline: dict[str, Any] = {}
+    candidate: dict[str, Any] = {}
+
+
+class HostLoadCheck(_Doc):
+    """Whether the sides were recorded beside comparable other work (their manifests' host_load)."""
+    baseline_other_cpus: Num | None = None
+    candidate_other_cpus: Num | None = None
+    cpus: int | None = None
+    limit_cpus: Num = 0.5
+    comparable: bool = True
+    known: bool = False
+
+
+class GateCalibration(_Doc):
+    """gate.json's `calibration`: whether one was used, where from, and what to doubt about it."""
+    used: bool = False
+    source: str | None = None
+    note: str | None = None
+
+
+class History(_Doc):
+    """gate.json's `history` (gate --history): runs seen, the nightly status, the metrics two runs confirmed."""
+    runs: int = 1
+    status: str = ""
+    confirmed: list[str] = []
+    note: str | UnsetType = UNSET  # suspect: why
+    folder: str | UnsetType = UNSET  # the history folder (set by flows/gate.py)
 
 
 class GateRow(_Doc):
@@ -834,16 +877,21 @@ class Gate(_Doc):
     owned_term: str | None = None
     regressions: list[str] = []
     policy: str = ""
-    calibration: Any = None
-    comparability: Any = None
+    calibration: GateCalibration = msgspec.field(default_factory=GateCalibration)
+    comparability: Comparability = msgspec.field(default_factory=Comparability)
     pairing: str = "paired"  # paired: the sides were recorded together, alternating; apart: not (a stored baseline)
-    host_load: Any = None  # other processes' CPU use while each side recorded (capture/hostload.py)
+    host_load: HostLoadCheck = msgspec.field(default_factory=HostLoadCheck)  # other processes' CPU use while each side recorded
     shape: str | None = None
     sides: dict[str, Any] = {}
     health: dict[str, Any] = {}
     timeline: str = "gpu"
     rows: list[GateRow] = []
-    history: Any = None
+    history: History | None = None
+    created_at: str | UnsetType = UNSET  # when the gate ran (flows/gate.py)
+
+    def row(self, metric: str | None) -> GateRow | None:
+        """The row of `metric` (None: none)."""
+        return next((r for r in self.rows if r.metric == metric), None) if metric else None
 
 
 class CalibrationMetric(_Doc):
@@ -879,6 +927,18 @@ class Calibration(_Doc):
     sides: dict[str, Any] = {}
     health: dict[str, Any] = {}
     metrics: dict[str, CalibrationMetric] = {}
+
+
+def gate_doc(gate: Gate) -> dict[str, Any]:
+    """gate.json's document of a Gate, as profkit writes it: encoded once, where it is written."""
+    d: dict[str, Any] = msgspec.to_builtins(gate)
+    return d
+
+
+def calibration_doc(cal: Calibration) -> dict[str, Any]:
+    """calibration.json's document of a Calibration, as profkit writes it."""
+    d: dict[str, Any] = msgspec.to_builtins(cal)
+    return d
 
 
 # ---------------------------------------------------------------------------------------------

@@ -138,9 +138,10 @@ def test_a_calibration_whose_mde_is_above_the_threshold_refuses_the_row(tmp_path
     rc = CliRunner().invoke(app, ["diff", str(LOO / "all"), str(LOO / "all"), "--json", str(tmp_path / "aa.json")]).exit_code
     assert rc == 0
     from profkit.attribution.gate import calibration_from, run_key
+    from profkit.documents import calibration_doc
 
     aa = json.loads((tmp_path / "aa.json").read_text())
-    cal = calibration_from(aa, run_key(aa["manifests"]["baseline"]), source="all vs all")
+    cal = calibration_doc(calibration_from(aa, run_key(aa["manifests"]["baseline"]), source="all vs all"))
     # the same windows on both sides: no A/A change, and the spread is that of the windows themselves
     win = cal["metrics"]["gpu_window_us"]
     assert win["aa_change_abs"] == 0 and win["mde_pct"] == pytest.approx(win["aa_spread_pct"]) and win["mde_pct"] > 0

@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from msgspec import convert, to_builtins
 from typer.testing import CliRunner
 
-from profkit.attribution.gate import compare_load, decide, default_policy, judge_row, recorded_together, Rule
+from profkit.attribution.gate import Figures, compare_load, decide, default_policy, judge_row, recorded_together, Rule
+from profkit.documents import Calibration, CalibrationMetric, Comparability, Gate, gate_doc
 from profkit.capture import hostload
 from profkit.cli import app
 
@@ -120,10 +122,10 @@ def test_load_limits():
     def man(other, cpus=2):
         return {"host_load": {"cpus": cpus, "other_cpus_median": other}}
 
-    assert compare_load(man(0.0), man(0.5))["comparable"] and not compare_load(man(0.0), man(0.51))["comparable"]
-    big = compare_load(man(0.0, 64), man(10.0, 64))  # 25% of 64 CPUs: 16
+    assert to_builtins(compare_load(man(0.0), man(0.5)))["comparable"] and not to_builtins(compare_load(man(0.0), man(0.51)))["comparable"]
+    big = to_builtins(compare_load(man(0.0, 64), man(10.0, 64)))  # 25% of 64 CPUs: 16
     assert big["comparable"] and big["limit_cpus"] == 16
-    unknown = compare_load({}, man(1.5))
+    unknown = to_builtins(compare_load({}, man(1.5)))
     assert unknown["comparable"] and not unknown["known"]  # recorded before profkit measured it: not compared
 
 
@@ -146,24 +148,27 @@ def test_a_gate_of_sides_recorded_apart_uses_the_mde_across_sessions():
     row = {"metric": "idle_us_by_cause.short_gaps", "baseline": 1000.0, "candidate": 1100.0, "change": 100.0, "noise": 20.0,
            "unit": "µs", "floor": 0.0, "not_judged": None}
     rule = Rule("idle_us_by_cause.*", "lower", 8.0)
-    paired, apart = judge_row(row, rule, cal, paired=True), judge_row(row, rule, cal, paired=False)
+    paired, apart = (to_builtins(judge_row(Figures(**row), rule, convert(cal, CalibrationMetric), paired=True)),
+                     to_builtins(judge_row(Figures(**row), rule, convert(cal, CalibrationMetric), paired=False)))
     assert paired["verdict"] == "regression" and paired["mde_pct"] == 5.0 and paired["mde_from"] == "pair"
     # apart: 8% is below the 14% MDE across sessions: the row is refused, not called a regression
     assert apart["verdict"] == "cannot be judged here" and apart["mde_pct"] == 14.0 and apart["mde_from"] == "sessions"
-    assert judge_row(row, Rule("x", "lower", 15.0), cal, paired=False)["verdict"] == "below threshold"
+    assert to_builtins(judge_row(Figures(**row), Rule("x", "lower", 15.0), convert(cal, CalibrationMetric), paired=False))["verdict"] == "below threshold"
     one_session = {k: v for k, v in cal.items() if not k.startswith("stored_")}
-    assert judge_row(row, rule, one_session, paired=False)["mde_from"] == "pair"
+    assert to_builtins(judge_row(Figures(**row), rule, convert(one_session, CalibrationMetric), paired=False))["mde_from"] == "pair"
 
 
 def test_a_one_session_calibration_says_so_for_sides_recorded_apart():
     diff = {"noise": {"available": True, "metrics": {}}, "manifests": {"baseline": {"run_id": "x"}, "candidate": {"run_id": "y"}}}
-    doc = decide(diff, default_policy(), calibration={"sessions": 1, "metrics": {}, "key": {}})
+    doc = gate_doc(decide(diff, default_policy(), calibration=convert({"sessions": 1, "metrics": {}, "key": {}}, Calibration)))
     assert doc["pairing"] == "apart"
-    doc = decide(diff, default_policy(), calibration={"sessions": 1, "metrics": {}, "key": {}},
-                 comparability={"comparable": True, "differ": [], "unknown": [], "candidate": {"target": "proxy"}, "baseline": {}})
+    doc = gate_doc(decide(diff, default_policy(), calibration=convert({"sessions": 1, "metrics": {}, "key": {}}, Calibration),
+                          comparability=convert({"comparable": True, "differ": [], "unknown": [], "candidate": {"target": "proxy"}, "baseline": {}},
+                                                Comparability)))
     assert "calibrate with --sessions 2 or more" in doc["calibration"]["note"]
-    doc = decide(diff, default_policy(), calibration={"sessions": 2, "metrics": {}, "key": {}},
-                 comparability={"comparable": True, "differ": [], "unknown": [], "candidate": {"target": "proxy"}, "baseline": {}})
+    doc = gate_doc(decide(diff, default_policy(), calibration=convert({"sessions": 2, "metrics": {}, "key": {}}, Calibration),
+                          comparability=convert({"comparable": True, "differ": [], "unknown": [], "candidate": {"target": "proxy"}, "baseline": {}},
+                                                Comparability)))
     assert not doc["calibration"]["note"]
 
 
@@ -176,12 +181,12 @@ def test_the_decision_line_names_the_owned_term_when_the_headline_is_long():
             {"metric": "category_us.topk", "unit": "µs", "change_pct": 204.7, "change": 3414.2, "noise_pct": 22.6, "threshold_pct": 25.0,
              "mde_pct": 23.8, "verdict": "regression", "gated": True}]
     doc = {"decision": "regression", "headline": "throughput.ttft_ms_p50", "owned_term": "category_us.topk", "rows": rows}
-    assert decision_line(doc) == "regression: TTFT +62.0% (±33.3%, thr 57%, MDE 47.5%); owned topk +3,414 µs"
+    assert decision_line(convert(doc, Gate)) == "regression: TTFT +62.0% (±33.3%, thr 57%, MDE 47.5%); owned topk +3,414 µs"
     # the window as the headline (a trial on the CPU proxy): its figure bare, so that the owned term still fits
     rows[0] = {"metric": "gpu_window_us", "unit": "µs", "change_pct": 35.47, "change": 4400.0, "noise_pct": 31.4, "threshold_pct": 35.0,
                "mde_pct": 34.9, "verdict": "regression", "gated": True}
     doc = {**doc, "headline": "gpu_window_us", "timeline": "cpu"}
-    assert decision_line(doc) == "regression: CPU-op window +35.5%; owned topk +3,414 µs"
+    assert decision_line(convert(doc, Gate)) == "regression: CPU-op window +35.5%; owned topk +3,414 µs"
 
 
 def test_a_run_noisier_than_its_calibration_is_never_a_pass(tmp_path):

@@ -1,6 +1,7 @@
 """A CI gate's decision (DESIGN.md "A gate for CI"), as data: diff.json in, gate.json out; the A/A
-calibration; a run's comparability key. Pure: dicts in, dicts out; no files, no wording beyond the
-one-line reasons a row carries (report/gate.py renders).
+calibration; a run's comparability key. Pure: a documents.Diff in, a documents.Gate (gate.json) or
+documents.Calibration (calibration.json) out, encoded where written; run manifests read as the plain JSON values
+they are; no files, no wording beyond the one-line reasons a row carries (report/gate.py renders).
 
 The gate invents no statistic of its own. Every trace row is diff.json's judged statistic
 (attribution/windows.py: the median over paired profile windows of the per-window change, and its
@@ -24,8 +25,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from profkit.attribution.diff import ABS_THRESHOLD_NS, MATERIAL_SHARE
-from profkit.documents import Diff, diff_doc
+from profkit.documents import (Calibration, CalibrationMetric, Comparability, Diff, Gate, GateCalibration, GateRow, Health,
+                               History, HostLoadCheck, KeyDiff, diff_of)
 
 GATE_SCHEMA_VERSION = 1
 CALIBRATION_SCHEMA_VERSION = 1
@@ -157,7 +161,7 @@ def key_id(key: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps({k: key.get(k) for k in KEY_FIELDS}, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def compare_keys(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> dict[str, Any]:
+def compare_keys(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> Comparability:
     """Which key fields differ (both known and unequal) and which are unknown on a side."""
     differ, unknown = [], []
     for k in KEY_FIELDS:
@@ -166,9 +170,8 @@ def compare_keys(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> d
             if b != c:
                 unknown.append(k)
         elif b != c:
-            differ.append({"field": k, "baseline": b, "candidate": c})
-    return {"comparable": not differ, "differ": differ, "unknown": unknown,
-            "baseline": dict(baseline), "candidate": dict(candidate)}
+            differ.append(KeyDiff(field=k, baseline=b, candidate=c))
+    return Comparability(comparable=not differ, differ=differ, unknown=unknown, baseline=dict(baseline), candidate=dict(candidate))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,14 +197,14 @@ def host_load(manifest: Any) -> tuple[float | None, int | None]:
     return float(hl["other_cpus_median"]), int(cpus) if isinstance(cpus, int) else None
 
 
-def compare_load(baseline: Any, candidate: Any) -> dict[str, Any]:
+def compare_load(baseline: Any, candidate: Any) -> HostLoadCheck:
     """Whether the two runs were recorded beside comparable other work (their manifests' host_load)."""
     (b, nb), (c, nc) = host_load(baseline), host_load(candidate)
     cpus = nb or nc
     limit = max(LOAD_LIMIT_MIN_CPUS, LOAD_LIMIT_SHARE * (cpus or 1))
     known = b is not None and c is not None
-    return {"baseline_other_cpus": b, "candidate_other_cpus": c, "cpus": cpus, "limit_cpus": limit,
-            "comparable": not known or abs((c or 0.0) - (b or 0.0)) <= limit, "known": known}
+    return HostLoadCheck(baseline_other_cpus=b, candidate_other_cpus=c, cpus=cpus, limit_cpus=limit,
+                         comparable=not known or abs((c or 0.0) - (b or 0.0)) <= limit, known=known)
 
 
 def recorded_together(baseline: Any, candidate: Any) -> bool:
@@ -234,52 +237,62 @@ def _throughput_figure(point: Any, key: str) -> tuple[float | None, float | None
     return (float(v), None, 1) if isinstance(v, (int, float)) else (None, None, 0)
 
 
-def candidate_rows(diff: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every metric the diff gives a figure for: key, baseline, candidate, change, noise (None: none),
-    unit, and the floor a time term must also pass (µs)."""
-    rows: list[dict[str, Any]] = []
-    tp = diff.get("throughput") or {}
+@dataclass(frozen=True)
+class Figures:
+    """One metric a diff gives a figure for, before it is judged: its change, noise (None: none), unit, and
+    the floor a time term must also pass (µs); `not_judged`: why it cannot be (None: it can)."""
+
+    metric: str
+    baseline: Any
+    candidate: Any
+    change: Any
+    noise: Any
+    unit: str
+    floor: float = 0.0
+    not_judged: str | None = None
+
+
+def candidate_rows(diff: Diff) -> list[Figures]:
+    """Every metric the diff gives a figure for."""
+    rows: list[Figures] = []
     for k in THROUGHPUT:
-        b, sb, nb = _throughput_figure(tp.get("baseline"), k)
-        c, sc, nc = _throughput_figure(tp.get("candidate"), k)
+        b, sb, nb = _throughput_figure(diff.throughput.baseline, k)
+        c, sc, nc = _throughput_figure(diff.throughput.candidate, k)
         if b is None or c is None:
             continue
         noise = max(sb, sc) if sb is not None and sc is not None else None
-        rows.append({"metric": f"throughput.{k}", "baseline": b, "candidate": c, "change": c - b, "noise": noise,
-                     "unit": "tok/s" if k.startswith("tokens") else "ms", "floor": 0.0,
-                     "not_judged": None if noise is not None else
-                     f"one unprofiled repeat a side ({nb} and {nc}): no spread; record with --repeat N (N >= 2)"})
-    nz = diff.get("noise") or {}
-    metrics = nz.get("metrics") or {}
-    ee = diff.get("expected_effect") or {}
-    window = (diff.get("gpu_window_us") or {}).get("baseline") or 0.0
-    floor: float = float(ee["floor_us"]) if isinstance(ee.get("floor_us"), (int, float)) else max(ABS_THRESHOLD_NS / 1000, window * MATERIAL_SHARE)
-    if nz.get("available") and metrics:
+        rows.append(Figures(f"throughput.{k}", b, c, c - b, noise, "tok/s" if k.startswith("tokens") else "ms", 0.0,
+                            None if noise is not None else
+                            f"one unprofiled repeat a side ({nb} and {nc}): no spread; record with --repeat N (N >= 2)"))
+    nz = diff.noise
+    metrics = nz.metrics if isinstance(nz.metrics, dict) else {}
+    ee = diff.expected_effect  # diff.json writes floor_us for an optimization the catalog knows
+    window = diff.gpu_window_us.baseline or 0.0
+    floor: float = (float(ee.floor_us) if ee is not None and ee.known and isinstance(ee.floor_us, (int, float))
+                    else max(ABS_THRESHOLD_NS / 1000, window * MATERIAL_SHARE))
+    if nz.available and metrics:
         for k, m in metrics.items():
             time_term = k.startswith(("category_us.", "phase_us.", "idle_us_by_cause."))
-            rows.append({"metric": k, "baseline": m["baseline"]["median"], "candidate": m["candidate"]["median"], "change": m["delta"],
-                         "noise": m["spread"], "unit": "count" if k.startswith("counts.") else "µs",
-                         "floor": float(floor) if time_term else 0.0, "not_judged": None})
+            rows.append(Figures(k, m.baseline.median, m.candidate.median, m.delta, m.spread, "count" if k.startswith("counts.") else "µs",
+                                float(floor) if time_term else 0.0))
     else:  # not judged: the decomposition's figures, no noise
-        dec = diff.get("decomposition") or {}
-        why = nz.get("note") or "not judged: no noise estimate"
-        gw: Mapping[str, Any] = diff.get("gpu_window_us") or {}
-        if gw.get("baseline") is not None:
-            rows.append({"metric": "gpu_window_us", "baseline": gw.get("baseline"), "candidate": gw.get("candidate"), "change": gw.get("delta"),
-                         "noise": None, "unit": "µs", "floor": 0.0, "not_judged": why})
+        dec = diff.decomposition
+        why = nz.note or "not judged: no noise estimate"
+        gw = diff.gpu_window_us
+        if gw.baseline is not None:
+            rows.append(Figures("gpu_window_us", gw.baseline, gw.candidate, gw.delta, None, "µs", 0.0, why))
         for group in ("category_us", "phase_us", "idle_us_by_cause"):
-            bs, cs = (dec.get("baseline") or {}).get(group) or {}, (dec.get("candidate") or {}).get(group) or {}
-            for name, delta in (dec.get(group) or {}).items():
+            bs: dict[str, Any] = getattr(dec.baseline, group)
+            cs: dict[str, Any] = getattr(dec.candidate, group)
+            deltas: dict[str, Any] = getattr(dec, group)
+            for name, delta in deltas.items():
                 if delta is None:
                     continue
-                rows.append({"metric": f"{group}.{name}", "baseline": bs.get(name), "candidate": cs.get(name), "change": delta,
-                             "noise": None, "unit": "µs", "floor": float(floor), "not_judged": why})
-        counts = diff.get("counts") or {}
+                rows.append(Figures(f"{group}.{name}", bs.get(name), cs.get(name), delta, None, "µs", float(floor), why))
         for name in ("kernel_launches", "graph_launches", "syncs"):
-            cn: Mapping[str, Any] = counts.get(name) or {}
-            if cn.get("baseline") is not None and cn.get("candidate") is not None:
-                rows.append({"metric": f"counts.{name}", "baseline": cn["baseline"], "candidate": cn["candidate"],
-                             "change": cn["candidate"] - cn["baseline"], "noise": None, "unit": "count", "floor": 0.0, "not_judged": why})
+            cn = diff.counts.get(name)
+            if cn is not None and cn.baseline is not None and cn.candidate is not None:
+                rows.append(Figures(f"counts.{name}", cn.baseline, cn.candidate, cn.candidate - cn.baseline, None, "count", 0.0, why))
     return rows
 
 
@@ -287,62 +300,62 @@ def _pct(v: float | None, base: float | None) -> float | None:
     return None if v is None or not base else v / abs(base) * 100
 
 
-def judge_row(row: Mapping[str, Any], rule: Rule, cal: Mapping[str, Any] | None, paired: bool = True) -> dict[str, Any]:
+def judge_row(row: Figures, rule: Rule, cal: CalibrationMetric | None, paired: bool = True) -> GateRow:
     """One gated row with its threshold, noise, MDE and verdict: regression, improvement, within noise,
     below threshold, not judged, cannot be judged here (the threshold below the calibrated MDE), or too
     noisy (within this run's noise, which is wider than the calibrated MDE: a regression could hide).
     `paired`: the sides were recorded together (the A/A pair's figures apply); else (a stored baseline,
     runs of two commands) the calibration's figures across sessions, where it has them."""
-    b, delta = row["baseline"], row["change"]
+    b, delta = row.baseline, row.change
     sign = 1.0 if rule.direction == "lower" else -1.0
     threshold = abs(b or 0.0) * rule.threshold_pct / 100
-    floor = row.get("floor") or 0.0
+    floor = row.floor or 0.0
     aa_spread = aa_mde = None
-    pre = "" if paired or not cal or cal.get("stored_mde_pct") is None else "stored_"
-    if cal:
-        aa_spread = cal.get(f"{pre}aa_spread_pct")
-        aa_mde = cal.get(f"{pre}mde_pct")
+    pre = "" if paired or cal is None or cal.stored_mde_pct is None else "stored_"
+    if cal is not None:
+        aa_spread = getattr(cal, f"{pre}aa_spread_pct")
+        aa_mde = getattr(cal, f"{pre}mde_pct")
     # the calibration's figures are shares of its own baseline: here, of this baseline
     spread_abs = None if aa_spread is None or not b else abs(b) * aa_spread / 100
     mde_abs = None if aa_mde is None or not b else abs(b) * aa_mde / 100
-    if cal and not b:
-        spread_abs, mde_abs = cal.get(f"{pre}aa_spread_abs"), cal.get(f"{pre}mde_abs")
-    noise = row["noise"]
+    if cal is not None and not b:
+        spread_abs, mde_abs = getattr(cal, f"{pre}aa_spread_abs"), getattr(cal, f"{pre}mde_abs")
+    noise = row.noise
     if noise is not None and spread_abs is not None:
         noise = max(noise, spread_abs)
-    out = {
-        "metric": row["metric"], "unit": row["unit"], "direction": rule.direction, "gated": rule.gate,
-        "baseline": b, "candidate": row["candidate"], "change": delta, "change_pct": _pct(delta, b),
-        "threshold_pct": rule.threshold_pct, "threshold": max(threshold, floor), "floor": floor,
-        "noise": noise, "noise_pct": _pct(noise, b), "window_noise": row["noise"],
-        "aa_spread_pct": aa_spread, "mde_pct": aa_mde, "mde": mde_abs,
-        "mde_from": None if aa_mde is None else "sessions" if pre else "pair",
-        "verdict": "", "reason": None,
-    }
+    out = GateRow(
+        metric=row.metric, unit=row.unit, direction=rule.direction, gated=rule.gate,
+        baseline=b, candidate=row.candidate, change=delta, change_pct=_pct(delta, b),
+        threshold_pct=rule.threshold_pct, threshold=max(threshold, floor), floor=floor,
+        noise=noise, noise_pct=_pct(noise, b), window_noise=row.noise,
+        aa_spread_pct=aa_spread, mde_pct=aa_mde, mde=mde_abs,
+        mde_from=None if aa_mde is None else "sessions" if pre else "pair",
+        verdict="", reason=None,
+    )
     limit = max(threshold, floor)
     # the calibration's refusal first: it holds whatever this capture's own noise (the policy against the machine)
     if mde_abs is not None and limit < mde_abs:
-        what = f"{aa_spread:.1f}%" if aa_spread is not None else f"{spread_abs or 0:g} {row['unit']}"
-        out["verdict"] = "cannot be judged here"
-        out["reason"] = (f"cannot be judged here: the A/A spread is {what} (MDE {aa_mde:.1f}%), "
-                         f"above the {rule.threshold_pct:g}% threshold" if aa_mde is not None else
-                         f"cannot be judged here: the A/A spread is {what}, above the threshold")
-    elif row.get("not_judged"):
-        out["verdict"], out["reason"] = "not judged", row["not_judged"]
+        what = f"{aa_spread:.1f}%" if aa_spread is not None else f"{spread_abs or 0:g} {row.unit}"
+        out.verdict = "cannot be judged here"
+        out.reason = (f"cannot be judged here: the A/A spread is {what} (MDE {aa_mde:.1f}%), "
+                      f"above the {rule.threshold_pct:g}% threshold" if aa_mde is not None else
+                      f"cannot be judged here: the A/A spread is {what}, above the threshold")
+    elif row.not_judged:
+        out.verdict, out.reason = "not judged", row.not_judged
     elif delta is None:
-        out["verdict"], out["reason"] = "not judged", "no figure on one side"
+        out.verdict, out.reason = "not judged", "no figure on one side"
     elif noise is not None and mde_abs is not None and noise > mde_abs and abs(delta) < noise:
         # the calibration promised this MDE; this run's own spread is wider, so a change of the MDE could hide in it
-        out["verdict"] = "too noisy"
-        out["reason"] = (f"too noisy here: this run's spread is {_pct(noise, b) or 0:.1f}%, above the calibrated MDE "
-                         f"{aa_mde:.1f}%" if aa_mde is not None and b else f"too noisy here: this run's spread is {noise:g} {row['unit']}, "
-                         f"above the calibrated MDE {mde_abs:g}")
+        out.verdict = "too noisy"
+        out.reason = (f"too noisy here: this run's spread is {_pct(noise, b) or 0:.1f}%, above the calibrated MDE "
+                      f"{aa_mde:.1f}%" if aa_mde is not None and b else f"too noisy here: this run's spread is {noise:g} {row.unit}, "
+                      f"above the calibrated MDE {mde_abs:g}")
     elif noise is not None and (delta == 0 or abs(delta) < noise):
-        out["verdict"] = "within noise"
+        out.verdict = "within noise"
     elif abs(delta) <= limit:
-        out["verdict"] = "below threshold"
+        out.verdict = "below threshold"
     else:
-        out["verdict"] = "regression" if delta * sign > 0 else "improvement"
+        out.verdict = "regression" if delta * sign > 0 else "improvement"
     return out
 
 
@@ -350,160 +363,166 @@ def judge_row(row: Mapping[str, Any], rule: Rule, cal: Mapping[str, Any] | None,
 # the decision
 
 
-def decide(diff: Diff | Mapping[str, Any], policy: Policy, *, calibration: Mapping[str, Any] | None = None,
-           comparability: Mapping[str, Any] | None = None, inconclusive: str = "fail", paired: bool | None = None) -> dict[str, Any]:
+def _health(raw: Any) -> Health | None:
+    """A diff side's capture health (a plain value in diff.json) typed; None without one (or one of another shape)."""
+    if isinstance(raw, Health):
+        return raw
+    try:
+        return msgspec.convert(raw, Health) if isinstance(raw, Mapping) else None
+    except msgspec.ValidationError:
+        return None
+
+
+def decide(diff: Diff | Mapping[str, Any] | None, policy: Policy, *, calibration: Calibration | None = None,
+           comparability: Comparability | None = None, inconclusive: str = "fail", paired: bool | None = None) -> Gate:
     """gate.json for a diff: every gated row judged, the decision, why, and the exit code. `paired`: the
-    sides were recorded together (default: read from the diff's manifests)."""
-    diff = _doc(diff)  # the gate reads diff.json's document
-    cal_metrics = (calibration or {}).get("metrics") or {}
-    man = diff.get("manifests") or {}
+    sides were recorded together (default: read from the diff's manifests). No diff (None): the sides were
+    never compared (`not_comparable`), no row."""
+    d = diff_of(diff) if diff is not None else None
+    cal_metrics = calibration.metrics if calibration is not None else {}
+    man_b, man_c = (d.manifests.baseline, d.manifests.candidate) if d is not None else (None, None)
     if paired is None:
-        paired = recorded_together(man.get("baseline"), man.get("candidate"))
+        paired = recorded_together(man_b, man_c)
     rows = []
-    for r in candidate_rows(diff):
-        rule = policy.rule(r["metric"])
+    for r in candidate_rows(d) if d is not None else []:
+        rule = policy.rule(r.metric)
         if rule is None:
             continue
-        rows.append(judge_row(r, rule, cal_metrics.get(r["metric"]), paired))
+        rows.append(judge_row(r, rule, cal_metrics.get(r.metric), paired))
     if comparability is None:
-        comparability = compare_keys(run_key(man.get("baseline")), run_key(man.get("candidate")))
-    load = compare_load(man.get("baseline"), man.get("candidate"))
+        comparability = compare_keys(run_key(man_b), run_key(man_c))
+    load = compare_load(man_b, man_c)
     reasons: list[str] = []
-    if not comparability.get("comparable", True):
-        reasons.append("not comparable: " + "; ".join(f"{d['field']} differs (baseline {d['baseline']}, candidate {d['candidate']})"
-                                                       for d in comparability["differ"]))
-    if not load["comparable"]:
-        busier = "candidate" if load["candidate_other_cpus"] > load["baseline_other_cpus"] else "baseline"
+    if not comparability.comparable:
+        reasons.append("not comparable: " + "; ".join(f"{k.field} differs (baseline {k.baseline}, candidate {k.candidate})"
+                                                       for k in comparability.differ))
+    if not load.comparable:
+        busier = "candidate" if (load.candidate_other_cpus or 0.0) > (load.baseline_other_cpus or 0.0) else "baseline"
         quieter = "baseline" if busier == "candidate" else "candidate"
-        reasons.append(f"the machine was busier while the {busier} recorded: other processes kept {load[busier + '_other_cpus']:.1f} "
-                       f"of {load['cpus'] or '?'} CPUs busy ({quieter}: {load[quieter + '_other_cpus']:.1f}; at most "
-                       f"{load['limit_cpus']:.1f} apart), and a trace cannot tell a busier machine from slower code")
-    health = diff.get("health") or {}
-    for side in ("baseline", "candidate"):
-        h = health.get(side)
-        if isinstance(h, Mapping) and h.get("verdict") == "unusable":
-            details = "; ".join(str(f.get("detail")) for f in h.get("findings") or [] if isinstance(f, Mapping) and f.get("status") == "unusable")
+        reasons.append(f"the machine was busier while the {busier} recorded: other processes kept {getattr(load, busier + '_other_cpus'):.1f} "
+                       f"of {load.cpus or '?'} CPUs busy ({quieter}: {getattr(load, quieter + '_other_cpus'):.1f}; at most "
+                       f"{load.limit_cpus:.1f} apart), and a trace cannot tell a busier machine from slower code")
+    health = {s: _health(getattr(d.health, s)) if d is not None else None for s in ("baseline", "candidate")}
+    for side, h in health.items():
+        if h is not None and h.verdict == "unusable":
+            details = "; ".join(f.detail for f in h.findings if f.status == "unusable")
             reasons.append(f"the {side}'s capture health is unusable" + (f" ({details})" if details else ""))
-    noise = diff.get("noise") or {}
-    if not noise.get("available"):
-        reasons.append(str(noise.get("note") or "the trace figures are not judged"))
-    gated = [r for r in rows if r["gated"]]
-    judged = [r for r in gated if r["verdict"] not in ("not judged", "cannot be judged here", "too noisy")]
+    if d is not None and not d.noise.available:
+        reasons.append(d.noise.note or "the trace figures are not judged")
+    gated = [r for r in rows if r.gated]
+    judged = [r for r in gated if r.verdict not in ("not judged", "cannot be judged here", "too noisy")]
     if gated and not judged and not reasons:
         reasons.append("no gated metric could be judged")
-    regressions = sorted((r for r in gated if r["verdict"] == "regression"), key=_severity, reverse=True)
-    noisy = sorted((r for r in gated if r["verdict"] == "too noisy"), key=lambda r: (r["metric"] not in HEADLINE_FIRST, r["metric"]))
-    felt = [r for r in noisy if r["metric"] in HEADLINE_FIRST]
+    regressions = sorted((r for r in gated if r.verdict == "regression"), key=_severity, reverse=True)
+    noisy = sorted((r for r in gated if r.verdict == "too noisy"), key=lambda r: (r.metric not in HEADLINE_FIRST, r.metric))
+    felt = [r for r in noisy if r.metric in HEADLINE_FIRST]
     if felt and not regressions and not reasons:
         # a pass must be one the calibration could have failed: a figure users feel (ITL, tokens/s per user, TTFT, the step's
         # window) noisier than its MDE could hide a regression. Other rows too noisy are left out of the decision (named in
         # the notes): with 20-odd rows, one range of three windows above its calibrated one is the rule, not the exception
         reasons.append(f"{len(felt)} of the figures users feel noisier in this run than the calibration's MDE "
-                       f"({', '.join(r['metric'] for r in felt)}): not a pass; record on a quieter machine, or with more "
+                       f"({', '.join(r.metric for r in felt)}): not a pass; record on a quieter machine, or with more "
                        "profile windows and repeats")
     decision = "inconclusive" if reasons else "regression" if regressions else "pass"
     exit_code = 5 if decision == "regression" or (decision == "inconclusive" and inconclusive == "fail") else 0
     # the figure behind a regression: what users feel first (ITL, tokens/s per user, TTFT, the step's window), then the rest
-    felt = sorted((r for r in regressions if r["metric"] in HEADLINE_FIRST), key=lambda r: HEADLINE_FIRST.index(r["metric"]))
+    felt = sorted((r for r in regressions if r.metric in HEADLINE_FIRST), key=lambda r: HEADLINE_FIRST.index(r.metric))
     headline = (felt or regressions)[0] if regressions else max(judged, key=_severity, default=None)
-    owned = max((r for r in regressions if r["metric"].startswith("category_us.")), key=lambda r: abs(r["change"]), default=None)
+    owned = max((r for r in regressions if r.metric.startswith("category_us.")), key=lambda r: abs(r.change or 0.0), default=None)
     cal_note = None
-    if calibration is not None and comparability.get("candidate"):
-        ck = compare_keys(calibration.get("key") or {}, comparability["candidate"])
-        cal_note = None if ck["comparable"] else "the calibration was recorded on another configuration (" + ", ".join(
-            d["field"] for d in ck["differ"]) + " differ): its MDE may not hold here"
-        if not calibration.get("judged", True):
-            cal_note = "; ".join(filter(None, [cal_note, f"the calibration's A/A is not judged, so the trace figures have no MDE ({calibration.get('note')})"]))
-    if calibration is not None and not paired and int(calibration.get("sessions") or 1) < 2:
+    if calibration is not None and comparability.candidate:
+        ck = compare_keys(calibration.key, comparability.candidate)
+        cal_note = None if ck.comparable else "the calibration was recorded on another configuration (" + ", ".join(
+            k.field for k in ck.differ) + " differ): its MDE may not hold here"
+        if not calibration.judged:
+            cal_note = "; ".join(filter(None, [cal_note, f"the calibration's A/A is not judged, so the trace figures have no MDE ({calibration.note})"]))
+    if calibration is not None and not paired and (calibration.sessions or 1) < 2:
         cal_note = "; ".join(filter(None, [cal_note, "the sides were recorded apart, but the calibration has one session: its MDE is "
                                                      "an A/A pair's and can miss the spread between sessions (calibrate with --sessions 2 or more)"]))
-    return {
-        "schema_version": GATE_SCHEMA_VERSION,
-        "decision": decision,
-        "exit_code": exit_code,
-        "inconclusive_policy": inconclusive,
-        "reasons": reasons,
-        "headline": headline["metric"] if headline else None,
-        "owned_term": owned["metric"] if owned else None,
-        "regressions": [r["metric"] for r in regressions],
-        "policy": policy.source,
-        "calibration": {"used": calibration is not None, "source": (calibration or {}).get("source"), "note": cal_note},
-        "comparability": dict(comparability),
-        "pairing": "paired" if paired else "apart",
-        "host_load": load,
-        "shape": (diff.get("shape") or {}).get("label"),
-        "sides": {s: (diff.get(s) or {}).get("label") for s in ("baseline", "candidate")},
-        "health": {s: (health.get(s) or {}).get("verdict") if isinstance(health.get(s), Mapping) else None for s in ("baseline", "candidate")},
-        "timeline": "cpu" if all((diff.get(s) or {}).get("device_timeline") == "cpu" for s in ("baseline", "candidate")) else "gpu",
-        "rows": rows,
-        "history": None,
-    }
+    return Gate(
+        schema_version=GATE_SCHEMA_VERSION,
+        decision=decision,
+        exit_code=exit_code,
+        inconclusive_policy=inconclusive,
+        reasons=reasons,
+        headline=headline.metric if headline else None,
+        owned_term=owned.metric if owned else None,
+        regressions=[r.metric for r in regressions],
+        policy=policy.source,
+        calibration=GateCalibration(used=calibration is not None, source=calibration.source if calibration is not None else None, note=cal_note),
+        comparability=comparability,
+        pairing="paired" if paired else "apart",
+        host_load=load,
+        shape=d.shape.label if d is not None else None,
+        sides={s: getattr(d, s).label if d is not None else None for s in ("baseline", "candidate")},
+        health={s: h.verdict if h is not None else None for s, h in health.items()},
+        timeline="cpu" if d is not None and all(getattr(d, s).device_timeline == "cpu" for s in ("baseline", "candidate")) else "gpu",
+        rows=rows,
+        history=None,
+    )
 
 
-def _severity(r: Mapping[str, Any]) -> float:
+def _severity(r: GateRow) -> float:
     """How far past its threshold a row is: |change| / threshold (inf for a zero threshold)."""
-    t = r.get("threshold") or 0.0
-    d = abs(r.get("change") or 0.0)
+    t = r.threshold or 0.0
+    d = abs(r.change or 0.0)
     return d / t if t else (float("inf") if d else 0.0)
 
 
-def not_comparable(comparability: Mapping[str, Any], sides: tuple[str, str], policy: Policy, inconclusive: str = "fail") -> dict[str, Any]:
+def not_comparable(comparability: Comparability, sides: tuple[str, str], policy: Policy, inconclusive: str = "fail") -> Gate:
     """gate.json when the sides were never compared: their keys differ (nothing was diffed)."""
-    doc = decide({"noise": {"available": True, "metrics": {}}}, policy, comparability=comparability, inconclusive=inconclusive)
-    doc["sides"] = {"baseline": sides[0], "candidate": sides[1]}
+    doc = decide(None, policy, comparability=comparability, inconclusive=inconclusive)
+    doc.sides = {"baseline": sides[0], "candidate": sides[1]}
     return doc
 
 
-def with_history(doc: dict[str, Any], previous: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def with_history(doc: Gate, previous: Sequence[Gate]) -> Gate:
     """Nightly mode: a regression only when the last two runs both regress on a same metric; today's
-    alone is "suspect" (exit 0). `previous`: earlier gate.json documents, oldest first."""
+    alone is "suspect" (exit 0). `previous`: earlier gate.json documents, oldest first. Changes `doc`."""
     prev = previous[-1] if previous else None
-    today = set(doc.get("regressions") or [])
-    if doc["decision"] != "regression":
-        doc["history"] = {"runs": len(previous) + 1, "status": doc["decision"], "confirmed": []}
+    today = set(doc.regressions)
+    if doc.decision != "regression":
+        doc.history = History(runs=len(previous) + 1, status=doc.decision, confirmed=[])
         return doc
-    both = sorted(today & set((prev or {}).get("regressions") or [])) if prev and prev.get("decision") in ("regression", "suspect") else []
+    both = sorted(today & set(prev.regressions)) if prev is not None and prev.decision in ("regression", "suspect") else []
     if both:
-        doc["history"] = {"runs": len(previous) + 1, "status": "regression", "confirmed": both}
-        doc["headline"] = both[0] if doc.get("headline") not in both else doc["headline"]
+        doc.history = History(runs=len(previous) + 1, status="regression", confirmed=both)
+        doc.headline = both[0] if doc.headline not in both else doc.headline
         return doc
-    doc["history"] = {"runs": len(previous) + 1, "status": "suspect", "confirmed": [],
-                      "note": "one run regressed (the previous did not on the same metric): suspect until the next run confirms it"}
-    doc["decision"] = "suspect"
-    doc["exit_code"] = 0
+    doc.history = History(runs=len(previous) + 1, status="suspect", confirmed=[],
+                          note="one run regressed (the previous did not on the same metric): suspect until the next run confirms it")
+    doc.decision = "suspect"
+    doc.exit_code = 0
     return doc
 
 
 # ---------------------------------------------------------------------------------------------
 # A/A calibration
 
+_AA = ("aa_change_abs", "aa_spread_abs", "aa_change_pct", "aa_spread_pct", "mde_abs", "mde_pct")
 
-def _aa_figures(diffs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+
+def _aa_figures(diffs: Sequence[Diff]) -> dict[str, CalibrationMetric]:
     """Per metric, the A/A figures of the comparison (of `diffs`, each two recordings of one
     configuration) whose change + spread is the largest share of its baseline: the worst seen."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, CalibrationMetric] = {}
     for d in diffs:
         for r in candidate_rows(d):
-            b, ch, n = r["baseline"], r["change"], r["noise"]
+            b, ch, n = r.baseline, r.change, r.noise
             if ch is None:
                 continue
             mde = None if n is None else abs(ch) + n
-            fig = {"unit": r["unit"], "baseline": b, "aa_change_abs": abs(ch), "aa_spread_abs": n,
-                   "aa_change_pct": _pct(abs(ch), b), "aa_spread_pct": _pct(n, b), "mde_abs": mde, "mde_pct": _pct(mde, b),
-                   "note": None if n is not None else f"{r.get('not_judged') or 'no spread'}: no MDE"}
-            have = out.get(r["metric"])
-            if have is None or (fig["mde_pct"] or 0.0) > (have["mde_pct"] or 0.0) or (have["mde_pct"] is None and fig["mde_pct"] is not None):
-                out[r["metric"]] = fig
+            fig = CalibrationMetric(unit=r.unit, baseline=b, aa_change_abs=abs(ch), aa_spread_abs=n, aa_change_pct=_pct(abs(ch), b),
+                                    aa_spread_pct=_pct(n, b), mde_abs=mde, mde_pct=_pct(mde, b),
+                                    note=None if n is not None else f"{r.not_judged or 'no spread'}: no MDE")
+            have = out.get(r.metric)
+            if have is None or (fig.mde_pct or 0.0) > (have.mde_pct or 0.0) or (have.mde_pct is None and fig.mde_pct is not None):
+                out[r.metric] = fig
     return out
 
 
-def _doc(d: Diff | Mapping[str, Any]) -> Mapping[str, Any]:
-    """diff.json's document (the gate reads it as written): a Diff compare_summaries returned, encoded."""
-    return diff_doc(d) if isinstance(d, Diff) else d
-
-
 def calibration_from(diff: Diff | Mapping[str, Any] | Sequence[Diff | Mapping[str, Any]], key: Mapping[str, Any], source: str = "",
-                     across: Sequence[Diff | Mapping[str, Any]] = ()) -> dict[str, Any]:
+                     across: Sequence[Diff | Mapping[str, Any]] = ()) -> Calibration:
     """calibration.json from A/A diffs: `diff`, each session's two recordings of one configuration,
     alternating (A against A again); `across`, recordings of different sessions against each other.
 
@@ -515,34 +534,33 @@ def calibration_from(diff: Diff | Mapping[str, Any] | Sequence[Diff | Mapping[st
     change + spread). The same across sessions (`stored_*`): what a gate of runs recorded apart (a stored
     baseline against a later recording) must allow for, as the host drifts between sessions while an
     alternating pair shares its drift. Sessions whose A/A is not judged (unstable windows) give none."""
-    diffs = [_doc(d) for d in ([diff] if isinstance(diff, (Diff, Mapping)) else diff)]
-    judged = [d for d in diffs if (d.get("noise") or {}).get("available")]
+    diffs = [diff_of(d) for d in ([diff] if isinstance(diff, (Diff, Mapping)) else diff)]
+    judged = [d for d in diffs if d.noise.available]
     metrics = _aa_figures(judged or diffs[:1])
-    cross = _aa_figures([a for a in map(_doc, across) if (a.get("noise") or {}).get("available")])
+    cross = _aa_figures([a for a in map(diff_of, across) if a.noise.available])
     for k, m in metrics.items():
         c = cross.get(k)
-        for f in ("aa_change_abs", "aa_spread_abs", "aa_change_pct", "aa_spread_pct", "mde_abs", "mde_pct"):
-            m[f"stored_{f}"] = c.get(f) if c else None
+        metrics[k] = msgspec.structs.replace(m, **{f"stored_{f}": getattr(c, f) if c else None for f in _AA})
     first = diffs[0]
-    noise = first.get("noise") or {}
-    unjudged = [str((d.get("noise") or {}).get("note") or "not judged") for d in diffs if d not in judged]
-    return {
-        "schema_version": CALIBRATION_SCHEMA_VERSION,
-        "kind": "calibration",
-        "source": source,
+    unjudged = [d.noise.note or "not judged" for d in diffs if not d.noise.available]
+    health = {s: _health(getattr(first.health, s)) for s in ("baseline", "candidate")}
+    return Calibration(
+        schema_version=CALIBRATION_SCHEMA_VERSION,
+        kind="calibration",
+        source=source,
         # the trace figures' A/A is judged (a window-pair statistic with its noise) in some session: else they have no MDE
-        "judged": bool(judged),
-        "note": (None if not unjudged else f"{len(unjudged)} of {len(diffs)} session(s) not judged ({unjudged[0]})"
-                 + ("; the MDEs come from the others" if judged else "")),
-        "sessions": len(diffs),
-        "key": dict(key),
-        "windows": (noise.get("repeats") or {}),
-        "mde": ("MDE = A/A change + A/A spread, each as a share of the A side's median, the worst session's; stored_mde: the same "
-                "across sessions (see docs/ci.md)"),
-        "sides": {s: (first.get(s) or {}).get("label") for s in ("baseline", "candidate")},
-        "health": {s: ((first.get("health") or {}).get(s) or {}).get("verdict") for s in ("baseline", "candidate")},
-        "metrics": metrics,
-    }
+        judged=bool(judged),
+        note=(None if not unjudged else f"{len(unjudged)} of {len(diffs)} session(s) not judged ({unjudged[0]})"
+              + ("; the MDEs come from the others" if judged else "")),
+        sessions=len(diffs),
+        key=dict(key),
+        windows=dict(first.noise.repeats),
+        mde=("MDE = A/A change + A/A spread, each as a share of the A side's median, the worst session's; stored_mde: the same "
+             "across sessions (see docs/ci.md)"),
+        sides={s: getattr(first, s).label for s in ("baseline", "candidate")},
+        health={s: h.verdict if h is not None else None for s, h in health.items()},
+        metrics=metrics,
+    )
 
 
 @dataclass
@@ -557,16 +575,16 @@ class BaselineEntry:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def pick_entry(entries: Sequence[BaselineEntry], name: str, key: Mapping[str, Any]) -> tuple[BaselineEntry | None, dict[str, Any] | None]:
+def pick_entry(entries: Sequence[BaselineEntry], name: str, key: Mapping[str, Any]) -> tuple[BaselineEntry | None, Comparability | None]:
     """The entry named `name` whose key matches `key` (no field differs), else None and the
     comparison with the closest entry of that name (fewest differing fields), or None when there is
     no entry of that name."""
     named = [e for e in entries if e.name == name]
-    best: tuple[int, BaselineEntry, dict[str, Any]] | None = None
+    best: tuple[int, BaselineEntry, Comparability] | None = None
     for e in named:
         cmp = compare_keys(e.key, key)
-        if cmp["comparable"]:
+        if cmp.comparable:
             return e, cmp
-        if best is None or len(cmp["differ"]) < best[0]:
-            best = (len(cmp["differ"]), e, cmp)
+        if best is None or len(cmp.differ) < best[0]:
+            best = (len(cmp.differ), e, cmp)
     return None, (best[2] if best else None)

@@ -459,11 +459,11 @@ def calibrate(
                                        (states, calibrate_run_id(stamp, target, tag, "b"), f"A again{say}")])
             pairs.append((a, b))
     cal, d = calibration_of(pairs)
-    from profkit.documents import diff_doc
+    from profkit.documents import calibration_doc, diff_doc
 
     a, b = pairs[0]
     path = output or folder / CALIBRATION_JSON
-    write_json_atomic(path, cal)
+    write_json_atomic(path, calibration_doc(cal))
     write_json_atomic(folder / DIFF_JSON, diff_doc(d))
     suggested = path.with_name(POLICY_TOML)
     write_text(suggested, policy_toml(cal))
@@ -472,8 +472,8 @@ def calibrate(
 
     for line in calibration_lines(cal, diff_timeline(diff_of(d))):
         out.print(escape(line), soft_wrap=True, highlight=False)
-    if not cal["judged"]:
-        err.print(f"[yellow]warning:[/] the A/A is not judged, so the trace figures have no MDE: {escape(str(cal['note']))}", soft_wrap=True)
+    if not cal.judged:
+        err.print(f"[yellow]warning:[/] the A/A is not judged, so the trace figures have no MDE: {escape(str(cal.note))}", soft_wrap=True)
     more = f" (and {sessions - 1} more session(s) beside them)" if sessions > 1 else ""
     out.print(f"wrote {escape(str(path))}, {escape(str(suggested))} (thresholds at the MDEs: gate --policy) and the A/A diff "
               f"{escape(str(folder / 'diff.json'))}; runs {escape(str(a.report_dir))} and {escape(str(b.report_dir))}{more}", soft_wrap=True)

@@ -56,6 +56,7 @@ def gate(
 
         profkit gate --baseline main reports/RUN_PR --json gate.json
     """
+    from profkit.documents import gate_doc
     from profkit.flows.gate import gate as gate_flow, load_policy
     from profkit.flows.options import summarize_options
     from profkit.flows.outputs import write_json
@@ -74,15 +75,16 @@ def gate(
     pol = load_policy(policy, threshold)
     paths = tuple(p for p in (base, cand) if p is not None)
     opts, _ = summarize_options(catalog, paths, marker=marker, min_bubble_us=min_bubble_us)
-    doc, _ = gate_flow(base, cand, opts, pol, baseline_name=baseline_name, baselines_dir=baselines_dir, calibration=calibration,
+    got, _ = gate_flow(base, cand, opts, pol, baseline_name=baseline_name, baselines_dir=baselines_dir, calibration=calibration,
                        inconclusive=str(on_inconclusive), history=history,
                        warn=lambda w: err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True))
+    doc = gate_doc(got)
     to_stdout = json_out == "-"
     if json_out is not None and not to_stdout:
         write_json(Path(json_out), doc)
     if md is not None:
-        _write(md, markdown(doc))
-    for line in terminal(doc, all_rows=all_rows):
+        _write(md, markdown(got))
+    for line in terminal(got, all_rows=all_rows):
         (err if to_stdout else out).print(escape(line), soft_wrap=True, highlight=False)
     if to_stdout:
         import json
@@ -92,8 +94,8 @@ def gate(
     for p in (None if to_stdout else json_out, md):
         if p is not None:
             err.print(f"wrote {escape(str(p))}", soft_wrap=True)
-    if doc["exit_code"]:
-        raise typer.Exit(doc["exit_code"])
+    if got.exit_code:
+        raise typer.Exit(got.exit_code)
 
 
 baseline_app = typer.Typer(help="Stored baselines for `profkit gate --baseline NAME`: save a run, list them.\n\n"

@@ -17,7 +17,7 @@ import msgspec
 
 from profkit.attribution.gate import (BaselineEntry, Policy, calibration_from, compare_keys, decide, default_policy, key_id,
                                       not_comparable, pick_entry, policy_from, run_key, with_history)
-from profkit.documents import Calibration, Diff, Gate
+from profkit.documents import Calibration, Diff, Gate, diff_of
 from profkit.errors import TraceInputError, UsageError
 
 if TYPE_CHECKING:
@@ -48,18 +48,17 @@ def load_policy(path: Path | None, threshold_pct: float | None) -> Policy:
         raise TraceInputError(f"{path}: {e}", hint="see docs/ci.md for the policy's format") from None
 
 
-def load_calibration(path: Path) -> dict[str, Any]:
-    """calibration.json (profkit calibrate), checked against its type."""
+def load_calibration(path: Path) -> Calibration:
+    """calibration.json (profkit calibrate), decoded into its type."""
     from profkit.flows.inputs import read_json
 
     doc = read_json(path)
     if not isinstance(doc, dict) or doc.get("kind") != "calibration":
         raise TraceInputError(f"{path}: not a calibration.json", hint="write one with `profkit calibrate`")
     try:
-        msgspec.convert(doc, Calibration)
+        return msgspec.convert(doc, Calibration)
     except msgspec.ValidationError as e:
         raise TraceInputError(f"{path}: not a valid calibration.json ({e})", hint="re-run `profkit calibrate`") from None
-    return doc
 
 
 def _manifest_and_summary(path: Path) -> tuple[Any, Any]:
@@ -96,7 +95,7 @@ def side_key(path: Path) -> dict[str, Any]:
 
 def gate(baseline: Path | None, candidate: Path, opts: SummarizeOptions, policy: Policy, *, baseline_name: str | None = None,
          baselines_dir: Path = Path("baselines"), calibration: Path | None = None, inconclusive: str = "fail",
-         history: Path | None = None, warn: Callable[[str], None] = lambda w: None) -> tuple[dict[str, Any], Diff | dict[str, Any] | None]:
+         history: Path | None = None, warn: Callable[[str], None] = lambda w: None) -> tuple[Gate, Diff | None]:
     """gate.json for CANDIDATE against BASELINE (a run folder, a stored baseline's folder or summary), the
     stored baseline named `baseline_name` whose key matches the candidate, or a diff.json given alone
     as `candidate`; and the diff it judged (None when the sides were not compared)."""
@@ -105,14 +104,13 @@ def gate(baseline: Path | None, candidate: Path, opts: SummarizeOptions, policy:
 
     cal = load_calibration(calibration) if calibration is not None else None
     candidate = Path(candidate)
-    d: Diff | dict[str, Any] | None = None
+    d: Diff | None = None
     if baseline is None and baseline_name is None:
         doc = read_json(candidate) if candidate.is_file() else None
         if not is_diff_doc(doc):
             raise UsageError(f"{candidate}: one argument must be a diff.json", hint="pass BASELINE CANDIDATE, or --baseline NAME CANDIDATE")
-        d = check_diff(doc, candidate)
-        man = d.get("manifests") or {}
-        cmp = compare_keys(run_key(man.get("baseline")), run_key(man.get("candidate")))
+        d = diff_of(check_diff(doc, candidate))
+        cmp = compare_keys(run_key(d.manifests.baseline), run_key(d.manifests.candidate))
     else:
         ckey = side_key(candidate)
         if baseline_name is not None:
@@ -123,46 +121,41 @@ def gate(baseline: Path | None, candidate: Path, opts: SummarizeOptions, policy:
                 raise UsageError(f"no stored baseline named {baseline_name!r} in {baselines_dir} (stored: {have})",
                                  hint=f"store one with `profkit baseline save RUN --name {baseline_name} --dir {baselines_dir}`")
             if entry is None:
-                doc = not_comparable(cmp0, (f"baseline {baseline_name}", str(candidate)), policy, inconclusive)
-                return _finish(doc, history), None
+                return _finish(not_comparable(cmp0, (f"baseline {baseline_name}", str(candidate)), policy, inconclusive), history), None
             baseline = Path(entry.folder)
             cmp = cmp0
         else:
             assert baseline is not None
             cmp = compare_keys(side_key(baseline), ckey)
-        if not cmp["comparable"]:
+        if not cmp.comparable:
             return _finish(not_comparable(cmp, (str(baseline), str(candidate)), policy, inconclusive), history), None
         d, _, _ = diff_paths(baseline, candidate, opts, opt=None, rank=None, allow_shape_mismatch=False, warn=warn)
     doc = decide(d, policy, calibration=cal, comparability=cmp, inconclusive=inconclusive)
     if cal is not None:
-        doc["calibration"]["source"] = str(calibration)
+        doc.calibration.source = str(calibration)
     return _finish(doc, history), d
 
 
-def _finish(doc: dict[str, Any], history: Path | None) -> dict[str, Any]:
+def _finish(doc: Gate, history: Path | None) -> Gate:
     """Nightly mode: judged against the previous gate.json files of DIR, then stored there."""
-    doc["created_at"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    doc.created_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     if history is None:
-        return _typed(doc)
+        return doc
     history.mkdir(parents=True, exist_ok=True)
     previous = []
     for p in sorted(history.glob("gate-*.json")):
         try:
-            prev = json.loads(p.read_text())
-        except (OSError, ValueError):
+            previous.append(msgspec.json.decode(p.read_bytes(), type=Gate))
+        except (OSError, msgspec.DecodeError):  # a ValidationError is a DecodeError
             raise TraceInputError(f"{p}: not a gate.json", hint="remove it from the history folder") from None
-        previous.append(prev)
     with_history(doc, previous)
-    doc["history"]["folder"] = str(history)
+    assert doc.history is not None
+    doc.history.folder = str(history)
+    from profkit.documents import gate_doc
     from profkit.store import write_json_atomic
 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    write_json_atomic(history / f"gate-{stamp}.json", doc)
-    return _typed(doc)
-
-
-def _typed(doc: dict[str, Any]) -> dict[str, Any]:
-    msgspec.convert(doc, Gate)  # the document's own type: a field of the wrong type is a bug here, not later in a reader
+    write_json_atomic(history / f"gate-{stamp}.json", gate_doc(doc))
     return doc
 
 
@@ -170,7 +163,7 @@ def _typed(doc: dict[str, Any]) -> dict[str, Any]:
 # calibrate
 
 
-def calibration_of(sessions: list[tuple[RunResult, RunResult]]) -> tuple[dict[str, Any], Diff]:
+def calibration_of(sessions: list[tuple[RunResult, RunResult]]) -> tuple[Calibration, Diff]:
     """calibration.json of one configuration recorded in A/A sessions (each two recordings, A B A B; the
     sessions one after another), and the first session's A/A diff. Every run of a session is also
     compared with every run of each later session: the figures of runs recorded apart."""
