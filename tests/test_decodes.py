@@ -82,9 +82,6 @@ def test_profkit_diff_never_decodes_the_diff_it_builds(decodes, tmp_path):
     assert decodes["diff"] == 0, decodes
 
 
-@pytest.mark.xfail(strict=True, reason="flows/inputs.py reads each summary.json as a dict (json.loads), checks it by decoding it "
-                                       "(summary_of) and hands the dict on, which compare_summaries decodes again: the typed "
-                                       "Summary should travel from load_document (issue 38, the summary side)")
 def test_profkit_diff_decodes_each_summary_once(decodes, tmp_path):
     _diff(tmp_path)
     assert decodes["summary"] == 2, decodes  # two sides, once each
