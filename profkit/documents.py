@@ -828,6 +828,20 @@ def summary_from_json(text: bytes) -> Summary:
     return msgspec.json.decode(text, type=_SummaryFile)
 
 
+class _DiffFile(Diff, kw_only=True):
+    """diff.json's text as diff_from_json reads it: the keys is_diff_doc looks for required."""
+    schema_version: int
+    baseline: SideInfo
+    candidate: SideInfo
+    decomposition: Decomposition
+
+
+def diff_from_json(text: bytes) -> Diff:
+    """A diff.json file's text as a Diff in one decode; msgspec.DecodeError or ValidationError where it is not one
+    (the caller then reads it the slow way, for its message)."""
+    return msgspec.json.decode(text, type=_DiffFile)
+
+
 def rank_of(rank: Rank | Mapping[str, Any]) -> Rank:
     """One rank entry of a summary.json (any schema version) as a Rank; a Rank as is."""
     if isinstance(rank, Rank):

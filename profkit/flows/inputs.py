@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from profkit.analysis.catalog import CatalogChoice
-from profkit.documents import Summary, diff_of, run_of, summary_from_json, summary_of
+from profkit.documents import Diff, Summary, diff_from_json, diff_of, run_of, summary_from_json, summary_of
 from profkit.errors import TraceInputError
 from profkit.analysis.summarize import SummarizeOptions, summarize
 
@@ -148,6 +148,22 @@ def check_diff(doc: Any, path: Path) -> dict[str, Any]:
     return doc
 
 
+def read_diff(path: Path) -> Diff | None:
+    """A diff.json file decoded once into its Diff (schema version 1); None where it is not one (read_json and
+    check_diff then say why)."""
+    try:
+        d = diff_from_json(_read_bytes(path))
+    except (msgspec.DecodeError, msgspec.ValidationError, TraceInputError):
+        return None
+    return d if d.schema_version == DIFF_SCHEMA_READ else None
+
+
+def checked_diff(path: Path) -> Diff:
+    """A diff.json this profkit reads, decoded once; or check_diff's TraceInputError."""
+    d = read_diff(path)
+    return d if d is not None else diff_of(check_diff(read_json(path), path))
+
+
 def _looks_like_trace(path: Path) -> bool:
     return path.name.endswith(_TRACE_NAMES)
 
@@ -168,12 +184,12 @@ def read_summary(path: Path) -> Summary | Any:
     return doc
 
 
-def load_document(path: Path, opts: SummarizeOptions) -> Summary | dict[str, Any]:
+def load_document(path: Path, opts: SummarizeOptions, read: Any = None) -> Summary | dict[str, Any]:
     """One file -> a summary (of a trace: summarize, with the summary cache; of a summary.json: its Summary) or a
-    diff document."""
+    diff document. `read`: what read_summary gave for the file, where the caller read it already."""
     if _looks_like_trace(path):
         return summarize([path], opts).summary
-    doc = read_summary(path)
+    doc = read_summary(path) if read is None else read
     if isinstance(doc, Summary):
         return doc
     if is_diff_doc(doc):
@@ -253,13 +269,14 @@ def _windows_of_summary(path: Path, doc: Summary) -> tuple[list[Loaded], str | N
                 f"profkit diff REPORTS/{rid} REPORTS/<the other run id> (REPORTS: where `trace` wrote them, --reports-dir)")
 
 
-def load_side(path: Path, opts: SummarizeOptions) -> Side:
-    """A summary, trace or run folder -> Side (repeats loaded when the folder holds them)."""
+def load_side(path: Path, opts: SummarizeOptions, read: Any = None) -> Side:
+    """A summary, trace or run folder -> Side (repeats loaded when the folder holds them). `read`: the file's
+    read_summary, where the caller read it already."""
     path = Path(path)
     if not path.exists():
         raise TraceInputError(f"{path}: no such file or directory", hint="check the path")
     if path.is_file():
-        got = load_document(path, opts)
+        got = load_document(path, opts, read)
         if not isinstance(got, Summary) and is_diff_doc(got):
             raise TraceInputError(f"{path}: is a diff.json; diff compares two summaries, traces or run folders",
                                   hint="use `profkit report DIFF.json` to render a diff")
@@ -310,9 +327,10 @@ def _stored_summary(path: Path) -> Summary:
 
 def load_pair(before: Path, after: Path, opts: SummarizeOptions) -> tuple[Side, Side, CatalogChoice, list[str]]:
     """The two sides of a diff, categorized under one catalog where it can be helped: when none was
-    chosen (opts.catalog picks by kernel names) and the sides picked different ones, both are
-    summarized again under the more specific pick (catalog.more_specific). The sides, the catalog
-    choice they were summarized under, and warnings."""
+    chosen (opts.catalog picks by kernel names) and the sides picked different ones, the side whose
+    ranks did not all pick the more specific one (catalog.more_specific) is summarized again under it;
+    a side that did (or was read from summary files, which no catalog changes) is kept as summarized,
+    the same figures. The sides, the catalog choice they were summarized under, and warnings."""
     from profkit.analysis.catalog import CatalogChoice, load_catalog, more_specific
 
     b, c = load_side(before, opts), load_side(after, opts)
@@ -326,10 +344,17 @@ def load_pair(before: Path, after: Path, opts: SummarizeOptions) -> tuple[Side, 
         return b, c, choice, []
     choice = CatalogChoice(load_catalog(name), "kernel names")
     opts = replace(opts, catalog=choice)
-    b, c = load_side(before, opts), load_side(after, opts)
+    b = b if _under(b, name) else load_side(before, opts)
+    c = c if _under(c, name) else load_side(after, opts)
     if {s.doc.ranks[0].catalog for s in (b, c)} != {choice.name}:
         return b, c, choice, [f"the two sides were categorized with different kernel catalogs; pass --catalog {choice.name} when analyzing them"]
     return b, c, choice, []
+
+
+def _under(side: Side, name: str) -> bool:
+    """Whether summarizing the side again under catalog `name` gives what it holds: each summary it made now
+    (not read from a file) has every rank classified with `name` (picked by its kernel names, the same catalog)."""
+    return all(r.catalog == name for x in (side.first, *side.others) if x.built is not None for r in x.doc.ranks)
 
 
 def align_single_ranks(b: Side, c: Side, rank: int | None) -> tuple[int, list[str]]:
