@@ -259,7 +259,13 @@ def _windows_of_summary(path: Path, doc: Summary) -> tuple[list[Loaded], str | N
                        if p.parent.name.split("-")[1].isdigit() else 0)
         docs = []
         for f in found:
-            w = read_summary(f)
+            try:
+                w = read_summary(f)
+            except TraceInputError:  # unreadable or not JSON: said; a damaged summary: said only when it is this run's
+                raw = read_json(f)
+                if is_summary(raw) and (rr := run_of(raw.get("run"))) is not None and rr.run_id == rid:
+                    check_summary(raw, f)
+                continue
             if isinstance(w, Summary) and (wr := run_of(w.run)) is not None and wr.run_id == rid:
                 docs.append(Loaded(w, f))
         if len(docs) >= 2:
