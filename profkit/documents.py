@@ -787,6 +787,61 @@ def summary_of(doc: Summary | Mapping[str, Any] | bytes) -> Summary:
     return msgspec.convert(raw, Summary)
 
 
+class _RankFile(Rank, kw_only=True):
+    """A rank entry as summary_from_json reads it: its `iterations` required (check_summary's rule), a v1 rank's
+    missing aggregates counted from its lists as _upgrade_rank counts them."""
+    iterations: list[Iteration]
+    bubbles_by_cause: dict[str, CauseTotal] | None | UnsetType = UNSET  # type: ignore[assignment]
+    sync_groups: list[SyncGroup] | None | UnsetType = UNSET  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.bubbles_by_cause is None or self.bubbles_by_cause is UNSET:
+            by: dict[str, CauseTotal] = {}
+            for b in self.bubbles:
+                g = by.setdefault(b.cause, CauseTotal(count=0, us=0.0))  # type: ignore[arg-type]
+                g.count += 1
+                g.us = (g.us or 0.0) + (b.dur_us or 0.0)
+            self.bubbles_by_cause = by
+        if self.sync_groups is None or self.sync_groups is UNSET:
+            acc: dict[tuple[Any, ...], SyncGroup] = {}
+            for s in self.syncs:
+                k = (s.kind, s.api, s.direction, s.trigger)
+                sg = acc.setdefault(k, SyncGroup(kind=k[0], api=k[1], direction=k[2], trigger=k[3], count=0, blocked_us=0.0, by_iteration={}))
+                sg.count += 1
+                sg.blocked_us += s.blocked_us or 0.0
+                if s.iteration is not None:
+                    sg.by_iteration[str(s.iteration)] = sg.by_iteration.get(str(s.iteration), 0) + 1
+            self.sync_groups = sorted(acc.values(), key=lambda g: -g.blocked_us)
+
+
+class _SummaryFile(Summary, kw_only=True):
+    """summary.json's text as summary_from_json reads it: `schema_version` and `ranks` required (is_summary's rule)."""
+    schema_version: int
+    ranks: list[_RankFile]  # type: ignore[assignment]
+
+
+def summary_from_json(text: bytes) -> Summary:
+    """A summary.json file's text as a Summary in one decode (v1 ranks upgraded as summary_of upgrades them). Raises
+    msgspec.DecodeError or ValidationError where the text is not one: not JSON msgspec reads (NaN), no
+    `schema_version` or `ranks`, a rank without `iterations`, a field of another type; the caller then reads the
+    file the slow way, for its message."""
+    return msgspec.json.decode(text, type=_SummaryFile)
+
+
+class _DiffFile(Diff, kw_only=True):
+    """diff.json's text as diff_from_json reads it: the keys is_diff_doc looks for required."""
+    schema_version: int
+    baseline: SideInfo
+    candidate: SideInfo
+    decomposition: Decomposition
+
+
+def diff_from_json(text: bytes) -> Diff:
+    """A diff.json file's text as a Diff in one decode; msgspec.DecodeError or ValidationError where it is not one
+    (the caller then reads it the slow way, for its message)."""
+    return msgspec.json.decode(text, type=_DiffFile)
+
+
 def rank_of(rank: Rank | Mapping[str, Any]) -> Rank:
     """One rank entry of a summary.json (any schema version) as a Rank; a Rank as is."""
     if isinstance(rank, Rank):

@@ -82,9 +82,22 @@ def test_profkit_diff_never_decodes_the_diff_it_builds(decodes, tmp_path):
     assert decodes["diff"] == 0, decodes
 
 
-@pytest.mark.xfail(strict=True, reason="flows/inputs.py reads each summary.json as a dict (json.loads), checks it by decoding it "
-                                       "(summary_of) and hands the dict on, which compare_summaries decodes again: the typed "
-                                       "Summary should travel from load_document (issue 38, the summary side)")
 def test_profkit_diff_decodes_each_summary_once(decodes, tmp_path):
     _diff(tmp_path)
     assert decodes["summary"] == 2, decodes  # two sides, once each
+
+
+def test_profkit_report_decodes_a_diff_once(decodes, tmp_path):
+    """`profkit report diff.json`: the file is decoded once, into the Diff the renderers read."""
+    _diff(tmp_path)
+    decodes.clear()
+    r = CliRunner().invoke(app, ["report", str(tmp_path / "diff.json"), "-o", str(tmp_path / "r.html"), "--md", str(tmp_path / "r.md")],
+                           env={"PROFKIT_NO_CACHE": "1"})
+    assert r.exit_code == 0, r.output
+    assert decodes["diff"] == 1 and decodes["summary"] == 0, decodes
+
+
+def test_profkit_report_decodes_each_summary_once(decodes, tmp_path):
+    r = CliRunner().invoke(app, ["report", str(BASE), str(CAND), "-o", str(tmp_path / "r.html")], env={"PROFKIT_NO_CACHE": "1"})
+    assert r.exit_code == 0, r.output
+    assert decodes["summary"] == 2, decodes

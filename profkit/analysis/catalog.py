@@ -277,15 +277,18 @@ class CatalogChoice:
             return f"catalog {self.catalog.name}: from the run manifest's target (--catalog to choose another)"
         return None
 
-    def for_effect(self, summary: Mapping[str, Any], rank: int) -> Catalog | None:
+    def for_effect(self, summary: Any, rank: int) -> Catalog | None:
         """The catalog that says which categories an optimization owns: this one, else the one the
-        summary's rank was classified with (by its name; None when it cannot be loaded)."""
+        summary's rank was classified with (by its name; None when it cannot be loaded). The summary: a dict or
+        a documents.Summary."""
         if self.catalog is not None:
             return self.catalog
-        for r in summary.get("ranks") or []:
-            if r.get("rank") == rank and isinstance(r.get("catalog"), str):
+        ranks = summary.get("ranks") if isinstance(summary, Mapping) else summary.ranks
+        for r in ranks or []:
+            rk, cat = (r.get("rank"), r.get("catalog")) if isinstance(r, Mapping) else (r.rank, r.catalog)
+            if rk == rank and isinstance(cat, str):
                 try:
-                    return load_catalog(r["catalog"])
+                    return load_catalog(cat)
                 except UsageError:
                     return None
         return None

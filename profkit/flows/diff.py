@@ -25,15 +25,15 @@ def diff_paths(before: Path, after: Path, opts: SummarizeOptions, *, opt: str | 
     for w in warnings:
         warn(w)
     lb, lc = (b.label, c.label) if b.label != c.label else (f"{b.label} (before)", f"{c.label} (after)")
-    opt_name = opt or infer_optimization(run_manifest(b.summary), run_manifest(c.summary))  # load_side put each side's manifest in its summary
+    opt_name = opt or infer_optimization(run_manifest(b.doc), run_manifest(c.doc))  # load_side put each side's manifest in its summary
     rank, notes = align_single_ranks(b, c, rank)
     notes[:0] = [s.note for s in (b, c) if s.note]  # a summary file that is one of its run's several windows, the others not found
-    effect_catalog = choice.for_effect(c.summary, rank) if opt_name else None
+    effect_catalog = choice.for_effect(c.doc, rank) if opt_name else None
     if opt is not None:
         check_opt(opt, effect_catalog)
     d = compare_summaries(
-        b.summary, c.summary, opt=opt_name, catalog=effect_catalog,
-        baseline_repeats=b.repeats, candidate_repeats=c.repeats, rank=rank, labels=(lb, lc),
+        b.doc, c.doc, opt=opt_name, catalog=effect_catalog,
+        baseline_repeats=b.docs, candidate_repeats=c.docs, rank=rank, labels=(lb, lc),
     )
     if d.shape.kind is None:
         have = "; ".join(f"{side}: {', '.join(s.shapes) or 'none'}" for side, s in (("baseline", d.baseline), ("candidate", d.candidate)))

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from profkit.analysis.catalog import CatalogChoice
-from profkit.documents import diff_of, run_of, summary_of
+from profkit.documents import Diff, Summary, diff_from_json, diff_of, run_of, summary_from_json, summary_of
 from profkit.errors import TraceInputError
 from profkit.analysis.summarize import SummarizeOptions, summarize
 
@@ -28,27 +28,77 @@ _TRACE_NAMES = (".trace.json", ".trace.json.gz", ".pt.trace.json", ".pt.trace.js
 
 
 @dataclass
+class Loaded:
+    """One summary as loaded: the Summary it was decoded into (once), and where its plain JSON document comes from
+    when a writer asks for it (`plain`): the dict summarized now, or its file read again."""
+
+    doc: Summary
+    path: Path | None = None  # the summary.json it was read from; None: summarized now (`built`)
+    built: dict[str, Any] | None = None
+    manifest: Any = None  # given to it on loading (with_manifest)
+
+    def plain(self) -> dict[str, Any]:
+        d = self.built if self.built is not None or self.path is None else check_summary(read_json(self.path), self.path)
+        return with_manifest(d or {}, self.manifest)
+
+
+def _loaded(doc: Summary | dict[str, Any], path: Path | None) -> Loaded:
+    return Loaded(doc, path) if isinstance(doc, Summary) else Loaded(summary_of(doc), None, doc)
+
+
+def _given(x: Loaded, manifest: Any) -> Loaded:
+    """with_manifest on a loaded summary: a new Loaded, the loaded one left as it was."""
+    if manifest is None or x.doc.manifest is not None:
+        return x
+    return Loaded(msgspec.structs.replace(x.doc, manifest=manifest), x.path, x.built, manifest)
+
+
+@dataclass
 class Side:
-    """One side of a diff (or one run of a report): its primary summary and its repeats."""
+    """One side of a diff (or one run of a report): its primary summary and its repeats, each decoded once
+    (`doc`, `docs`); `summary` and `repeats` give them as plain documents, for writers of them (gate's baseline)."""
 
     path: Path
     label: str
-    summary: dict[str, Any]
-    repeats: list[dict[str, Any]] = field(default_factory=list)
+    first: Loaded
+    others: list[Loaded] = field(default_factory=list)
     manifest: Any = None
     note: str | None = None  # a summary file that is one profile window of several, whose others were not found
+
+    @property
+    def doc(self) -> Summary:
+        return self.first.doc
+
+    @property
+    def docs(self) -> list[Summary]:
+        return [x.doc for x in self.others]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.first.plain()
+
+    @property
+    def repeats(self) -> list[dict[str, Any]]:
+        return [x.plain() for x in self.others]
 
 
 def read_json(path: Path) -> Any:
     """A JSON file, or TraceInputError naming the file and the problem."""
+    return _parsed(_read_bytes(path), path)
+
+
+def _read_bytes(path: Path) -> bytes:
     try:
-        text = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise TraceInputError(f"{path}: no such file", hint="check the path") from None
     except IsADirectoryError:
         raise TraceInputError(f"{path}: is a directory", hint="point at a summary.json or a run folder") from None
     except OSError as e:
         raise TraceInputError(f"{path}: cannot read ({e.strerror})", hint="check the file's permissions") from None
+
+
+def _parsed(text: bytes, path: Path) -> Any:
     try:
         return json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -98,17 +148,52 @@ def check_diff(doc: Any, path: Path) -> dict[str, Any]:
     return doc
 
 
+def read_diff(path: Path) -> Diff | None:
+    """A diff.json file decoded once into its Diff (schema version 1); None where it is not one (read_json and
+    check_diff then say why)."""
+    try:
+        d = diff_from_json(_read_bytes(path))
+    except (msgspec.DecodeError, msgspec.ValidationError, TraceInputError):
+        return None
+    return d if d.schema_version == DIFF_SCHEMA_READ else None
+
+
+def checked_diff(path: Path) -> Diff:
+    """A diff.json this profkit reads, decoded once; or check_diff's TraceInputError."""
+    d = read_diff(path)
+    return d if d is not None else diff_of(check_diff(read_json(path), path))
+
+
 def _looks_like_trace(path: Path) -> bool:
     return path.name.endswith(_TRACE_NAMES)
 
 
-def load_document(path: Path, opts: SummarizeOptions) -> dict[str, Any]:
-    """One file -> a summary (of a trace: summarize, with the summary cache) or a diff document."""
+def read_summary(path: Path) -> Summary | Any:
+    """A summary.json file decoded once into its Summary (documents.summary_from_json), its schema version checked;
+    anything else (a diff.json, a trace, a damaged file) as check_summary and read_json take it: the JSON value, or
+    TraceInputError saying what is wrong."""
+    text = _read_bytes(path)
+    try:
+        doc = summary_from_json(text)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raw = _parsed(text, path)
+        return summary_of(check_summary(raw, path)) if is_summary(raw) else raw
+    if doc.schema_version > SUMMARY_SCHEMA_READ:
+        raise TraceInputError(f"{path}: summary.json schema version {doc.schema_version!r}; this profkit reads versions 1 to 3",
+                              hint="upgrade profkit, or re-run `profkit analyze` with this version")
+    return doc
+
+
+def load_document(path: Path, opts: SummarizeOptions, read: Any = None) -> Summary | dict[str, Any]:
+    """One file -> a summary (of a trace: summarize, with the summary cache; of a summary.json: its Summary) or a
+    diff document. `read`: what read_summary gave for the file, where the caller read it already."""
     if _looks_like_trace(path):
         return summarize([path], opts).summary
-    doc = read_json(path)
-    if is_diff_doc(doc) or is_summary(doc):
-        return check_summary(doc, path) if is_summary(doc) else doc
+    doc = read_summary(path) if read is None else read
+    if isinstance(doc, Summary):
+        return doc
+    if is_diff_doc(doc):
+        return doc
     if isinstance(doc, dict) and "traceEvents" in doc or isinstance(doc, list):
         return summarize([path], opts).summary
     raise TraceInputError(f"{path}: neither a summary.json, a diff.json nor a Kineto trace",
@@ -145,26 +230,26 @@ def _label(path: Path) -> str:
     return short_label(p.name)
 
 
-def _run_label(summary: dict[str, Any]) -> str | None:
+def _run_label(summary: Summary) -> str | None:
     """The run id `profkit trace` wrote into the summary (its `run` section), else None."""
-    run = run_of(summary.get("run"))
+    run = run_of(summary.run)
     return run.run_id if run is not None and run.run_id else None
 
 
-def _windows_expected(doc: dict[str, Any]) -> int:
+def _windows_expected(doc: Summary) -> int:
     """How many profile windows the summary's run had (its `run` section's profiler_overhead lists one per window)."""
-    run = run_of(doc.get("run"))
+    run = run_of(doc.run)
     oh = run.profiler_overhead if run is not None and isinstance(run.profiler_overhead, dict) else {}
     ws = oh.get("windows")
     return len(ws) if isinstance(ws, list) else 1
 
 
-def _windows_of_summary(path: Path, doc: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+def _windows_of_summary(path: Path, doc: Summary) -> tuple[list[Loaded], str | None]:
     """The profile windows' summaries a summary file came with: `profkit trace` writes window 0 as the attribution
     folder's before.json / after.json and every window under reports/<run_id>/window-<i>/summary.json (the run id in
     the summary's `run` section), so they are looked for beside the file, in its folder's sibling <run_id>/ and in
     its own <run_id>/. ([], None) for a summary of one window; ([], what to pass) when the others are not found."""
-    run = run_of(doc.get("run"))
+    run = run_of(doc.run)
     rid = run.run_id if run is not None else None
     n = _windows_expected(doc)
     if run is None or not rid or n < 2:
@@ -174,9 +259,15 @@ def _windows_of_summary(path: Path, doc: dict[str, Any]) -> tuple[list[dict[str,
                        if p.parent.name.split("-")[1].isdigit() else 0)
         docs = []
         for f in found:
-            w = read_json(f)
-            if is_summary(w) and (wr := run_of(w.get("run"))) is not None and wr.run_id == rid:
-                docs.append(check_summary(w, f))
+            try:
+                w = read_summary(f)
+            except TraceInputError:  # unreadable or not JSON: said; a damaged summary: said only when it is this run's
+                raw = read_json(f)
+                if is_summary(raw) and (rr := run_of(raw.get("run"))) is not None and rr.run_id == rid:
+                    check_summary(raw, f)
+                continue
+            if isinstance(w, Summary) and (wr := run_of(w.run)) is not None and wr.run_id == rid:
+                docs.append(Loaded(w, f))
         if len(docs) >= 2:
             return docs, None
     return [], (f"{path} is profile window {0 if run.window is None else run.window} of the {n} of run {rid}, whose other windows are not beside it "
@@ -184,54 +275,68 @@ def _windows_of_summary(path: Path, doc: dict[str, Any]) -> tuple[list[dict[str,
                 f"profkit diff REPORTS/{rid} REPORTS/<the other run id> (REPORTS: where `trace` wrote them, --reports-dir)")
 
 
-def load_side(path: Path, opts: SummarizeOptions) -> Side:
-    """A summary, trace or run folder -> Side (repeats loaded when the folder holds them)."""
+def load_side(path: Path, opts: SummarizeOptions, read: Any = None) -> Side:
+    """A summary, trace or run folder -> Side (repeats loaded when the folder holds them). `read`: the file's
+    read_summary, where the caller read it already."""
     path = Path(path)
     if not path.exists():
         raise TraceInputError(f"{path}: no such file or directory", hint="check the path")
     if path.is_file():
-        doc = load_document(path, opts)
-        if is_diff_doc(doc):
+        got = load_document(path, opts, read)
+        if not isinstance(got, Summary) and is_diff_doc(got):
             raise TraceInputError(f"{path}: is a diff.json; diff compares two summaries, traces or run folders",
                                   hint="use `profkit report DIFF.json` to render a diff")
-        manifest = doc.get("manifest") if isinstance(doc.get("manifest"), dict) else _manifest_near(path)
-        doc = with_manifest(doc, manifest)
-        windows, note = _windows_of_summary(path, doc)
+        one = _loaded(got, None if _looks_like_trace(path) or not isinstance(got, Summary) else path)
+        manifest = one.doc.manifest if isinstance(one.doc.manifest, dict) else _manifest_near(path)
+        one = _given(one, manifest)
+        windows, note = _windows_of_summary(path, one.doc)
         if windows:
-            return Side(path, _run_label(doc) or _label(path), doc, [with_manifest(w, manifest) for w in windows], manifest)
-        return Side(path, _run_label(doc) or _label(path), doc, [], manifest, note)
+            return Side(path, _run_label(one.doc) or _label(path), one, [_given(w, manifest) for w in windows], manifest)
+        return Side(path, _run_label(one.doc) or _label(path), one, [], manifest, note)
     # repeats: repeat-*/ folders, or the profile windows of one run (window-<i>/, `trace --profile-windows`)
     repeat_dirs = sorted((p for p in path.iterdir() if p.is_dir() and p.name.startswith(("repeat", "window-"))),
                          key=lambda p: (p.name.split("-")[0], int(p.name.split("-")[1]) if p.name.split("-")[-1].isdigit() else 0, p.name))
-    summaries: list[dict[str, Any]] = []
+    summaries: list[Loaded] = []
     for d in repeat_dirs:
         s = d / "summary.json"
-        summaries.append(check_summary(read_json(s), s) if s.is_file() else summarize([d], opts).summary)
+        summaries.append(Loaded(_stored_summary(s), s) if s.is_file() else _loaded(summarize([d], opts).summary, None))
     if not summaries:
         own = path / "summary.json"
         if own.is_file():
-            summaries = [check_summary(read_json(own), own)]
+            summaries = [Loaded(_stored_summary(own), own)]
         else:
             jsons = sorted(p for p in path.glob("*.json") if not _looks_like_trace(p) and p.name not in ("manifest.json", "diff.json"))
             for p in jsons:
                 try:
-                    doc = json.loads(p.read_text())
-                except (OSError, ValueError):
-                    continue
-                if is_summary(doc):
-                    summaries.append(check_summary(doc, p))
+                    doc = read_summary(p)
+                except TraceInputError:
+                    try:  # not JSON, or unreadable: not a summary, passed over; a summary.json that is damaged: said
+                        json.loads(p.read_text())
+                    except (OSError, ValueError):
+                        continue
+                    raise
+                if isinstance(doc, Summary):
+                    summaries.append(Loaded(doc, p))
     if not summaries:
-        summaries = [summarize([path], opts).summary]
-    manifest = summaries[0].get("manifest") if isinstance(summaries[0].get("manifest"), dict) else _manifest_near(path)
-    summaries = [with_manifest(doc, manifest) for doc in summaries]
+        summaries = [_loaded(summarize([path], opts).summary, None)]
+    first = summaries[0].doc
+    manifest = first.manifest if isinstance(first.manifest, dict) else _manifest_near(path)
+    summaries = [_given(x, manifest) for x in summaries]
     return Side(path, _label(path), summaries[0], summaries if len(summaries) > 1 else [], manifest)
+
+
+def _stored_summary(path: Path) -> Summary:
+    """A summary.json that must be one (check_summary's errors otherwise), decoded once."""
+    doc = read_summary(path)
+    return doc if isinstance(doc, Summary) else summary_of(check_summary(doc, path))
 
 
 def load_pair(before: Path, after: Path, opts: SummarizeOptions) -> tuple[Side, Side, CatalogChoice, list[str]]:
     """The two sides of a diff, categorized under one catalog where it can be helped: when none was
-    chosen (opts.catalog picks by kernel names) and the sides picked different ones, both are
-    summarized again under the more specific pick (catalog.more_specific). The sides, the catalog
-    choice they were summarized under, and warnings."""
+    chosen (opts.catalog picks by kernel names) and the sides picked different ones, the side whose
+    ranks did not all pick the more specific one (catalog.more_specific) is summarized again under it;
+    a side that did (or was read from summary files, which no catalog changes) is kept as summarized,
+    the same figures. The sides, the catalog choice they were summarized under, and warnings."""
     from profkit.analysis.catalog import CatalogChoice, load_catalog, more_specific
 
     b, c = load_side(before, opts), load_side(after, opts)
@@ -239,27 +344,35 @@ def load_pair(before: Path, after: Path, opts: SummarizeOptions) -> tuple[Side, 
     if choice.catalog is not None:
         return b, c, choice, []
     # each side picked its catalog by its own kernel names; categories only compare under one catalog
-    picked = {s.summary["ranks"][0].get("catalog") for s in (b, c) if s.summary.get("ranks")}
+    picked = {s.doc.ranks[0].catalog for s in (b, c) if s.doc.ranks}
     name = more_specific(picked) if len(picked) > 1 else None
     if name is None:
         return b, c, choice, []
     choice = CatalogChoice(load_catalog(name), "kernel names")
     opts = replace(opts, catalog=choice)
-    b, c = load_side(before, opts), load_side(after, opts)
-    if {s.summary["ranks"][0].get("catalog") for s in (b, c)} != {choice.name}:
+    b = b if _under(b, name) else load_side(before, opts)
+    c = c if _under(c, name) else load_side(after, opts)
+    if {s.doc.ranks[0].catalog for s in (b, c)} != {choice.name}:
         return b, c, choice, [f"the two sides were categorized with different kernel catalogs; pass --catalog {choice.name} when analyzing them"]
     return b, c, choice, []
+
+
+def _under(side: Side, name: str) -> bool:
+    """Whether summarizing the side again under catalog `name` gives what it holds: each summary it made now
+    (not read from a file) has every rank classified with `name` (picked by its kernel names, the same catalog)."""
+    return all(r.catalog == name for x in (side.first, *side.others) if x.built is not None for r in x.doc.ranks)
 
 
 def align_single_ranks(b: Side, c: Side, rank: int | None) -> tuple[int, list[str]]:
     """Two single-rank sides are compared whatever their ranks (rank 3 of one run against rank 1
     of another): the candidate's rank entry is renumbered to the baseline's, and said. Else --rank
     (default 0) on both."""
-    rb, rc = b.summary.get("ranks") or [], c.summary.get("ranks") or []
-    if rank is None and len(rb) == 1 and len(rc) == 1 and not b.repeats and not c.repeats:
-        want, have = rb[0].get("rank"), rc[0].get("rank")
+    rb, rc = b.doc.ranks, c.doc.ranks
+    if rank is None and len(rb) == 1 and len(rc) == 1 and not b.others and not c.others:
+        want: Any = rb[0].rank  # as written (None where the entry has none)
+        have = rc[0].rank
         if want != have:
-            c.summary = {**c.summary, "ranks": [{**rc[0], "rank": want}]}
+            c.first = replace(c.first, doc=msgspec.structs.replace(c.doc, ranks=[msgspec.structs.replace(rc[0], rank=want)]))
             return want, [f"single-rank sides: rank {want} of the baseline compared with rank {have} of the candidate"]
         return want, []
     return (0 if rank is None else rank), []

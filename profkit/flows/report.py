@@ -14,7 +14,8 @@ import msgspec
 from profkit.analysis.summarize import SummarizeOptions
 from profkit.documents import SweepDoc, SweepStep
 from profkit.errors import TraceInputError
-from profkit.flows.inputs import check_diff, is_diff_doc, load_side, profile_windows_of, read_json
+from profkit.documents import Diff, Summary
+from profkit.flows.inputs import checked_diff, is_diff_doc, load_side, profile_windows_of, read_diff, read_json, read_summary
 
 
 def is_sweep(path: Path) -> bool:
@@ -35,7 +36,7 @@ def _in_sweep(sweep_dir: Path, recorded: str) -> Path:
     return p
 
 
-def read_sweep(sweep_dir: Path) -> tuple[SweepDoc, list[tuple[SweepStep, dict[str, Any] | None]]]:
+def read_sweep(sweep_dir: Path) -> tuple[SweepDoc, list[tuple[SweepStep, Diff | None]]]:
     """sweep.json (decoded once, into documents.SweepDoc) and each of its compared pairs (its `attribution`
     rows, in order) with the pair's diff.json (None where the file is missing: a sweep interrupted while
     attributing)."""
@@ -48,22 +49,22 @@ def read_sweep(sweep_dir: Path) -> tuple[SweepDoc, list[tuple[SweepStep, dict[st
         doc = msgspec.convert(raw, SweepDoc)
     except msgspec.ValidationError as e:
         raise TraceInputError(f"{path}: not a valid sweep.json ({e})", hint="re-run the sweep, or point at its diff.json files") from None
-    steps: list[tuple[SweepStep, dict[str, Any] | None]] = []
+    steps: list[tuple[SweepStep, Diff | None]] = []
     for row in doc.attribution:
         f = _in_sweep(sweep_dir, str(row.diff))
-        steps.append((row, check_diff(read_json(f), f) if f.is_file() else None))
+        steps.append((row, checked_diff(f) if f.is_file() else None))
     return doc, steps
 
 
 def gather(paths: list[Path], opts: SummarizeOptions, window: int | None,
            note: Callable[[str], None] = lambda n: None
-           ) -> tuple[list[dict[str, Any]], list[tuple[str, dict[str, Any]]], list[list[dict[str, Any]]]]:
+           ) -> tuple[list[Diff], list[tuple[str, Summary]], list[list[Summary]]]:
     """The report's diffs, its runs (label, summary; labels made unique (#i) where two runs share one) and
     each run's profile-window summaries (empty for a run of one window, or with --window: the ladder's
     figures are then medians over them, as the diffs' are)."""
-    diffs: list[dict[str, Any]] = []
-    runs: list[tuple[str, dict[str, Any]]] = []
-    windows: list[list[dict[str, Any]]] = []
+    diffs: list[Diff] = []
+    runs: list[tuple[str, Summary]] = []
+    windows: list[list[Summary]] = []
     expanded: list[Path] = []
     named: dict[Path, str] = {}  # a sweep's runs keep the sweep's labels (baseline, +topk_v2, ...)
     for p in paths:
@@ -74,7 +75,7 @@ def gather(paths: list[Path], opts: SummarizeOptions, window: int | None,
                 named[expanded[-1]] = r.label
             diffs += [d for _, d in steps if d is not None]
         elif p.is_dir() and (p / "diff.json").is_file():  # an attribution folder (trace's, or one pair of a sweep)
-            diffs.append(check_diff(read_json(p / "diff.json"), p / "diff.json"))
+            diffs.append(checked_diff(p / "diff.json"))
         else:
             expanded.append(p)
     for p in expanded:
@@ -86,17 +87,22 @@ def gather(paths: list[Path], opts: SummarizeOptions, window: int | None,
                 raise TraceInputError(f"{p}: no profile window {window} (it has {', '.join(w.name + '/' for w in wins) or 'none'})",
                                       hint="pick one of those with --window, or leave --window out")
             p = hit[0]
+        read = None
         if p.is_file() and p.suffix == ".json" and not p.name.endswith(".trace.json"):
-            doc = read_json(p)
-            if is_diff_doc(doc):
-                diffs.append(check_diff(doc, p))
+            d = read_diff(p)
+            if d is not None:
+                diffs.append(d)
                 continue
-        side = load_side(p, opts)
-        if side.repeats:
-            note(f"{p}: {len(side.repeats)} profile windows; this report shows the first (--window i for another; "
+            read = read_summary(p)  # a summary.json: decoded once, here; else its JSON value
+            if not isinstance(read, Summary) and is_diff_doc(read):
+                diffs.append(checked_diff(p))  # check_diff says what is wrong with it
+                continue
+        side = load_side(p, opts, read)
+        if side.others:
+            note(f"{p}: {len(side.others)} profile windows; this report shows the first (--window i for another; "
                  f"diff uses every window for noise)")
-        runs.append((label or side.label, side.summary))
-        windows.append(list(side.repeats))
+        runs.append((label or side.label, side.doc))
+        windows.append(side.docs)
     labels = [label for label, _ in runs]
     if len(set(labels)) != len(labels):
         runs = [(f"{label} #{i + 1}", s) for i, (label, s) in enumerate(runs)]
