@@ -217,7 +217,9 @@ def test_profile_window_two_ranks_aligned(plain_profile):
     assert all(a.device_timeline == "cpu" for a in analyses)
     assert analyses[0].iterations.height == analyses[1].iterations.height == n
     assert x["aligned_iterations"] == n and x["warnings"] == []
-    assert [it["kind"] for it in x["iterations"]][-1] == "verify"
+    # decode steps (verify) in the window; not necessarily last: on a loaded host the second client's request can
+    # arrive after the first's decode began, and its extend step then ends the 5-step window (a CI run, 2026-12-07)
+    assert "verify" in [it["kind"] for it in x["iterations"]]
     for it in x["iterations"]:
         assert it["collectives"]["0"] == it["collectives"]["1"] == PER_ITERATION[it["kind"]], it
     for a in analyses:  # the all-reduce is one comm op, whichever range (attention / moe) holds it
