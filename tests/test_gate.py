@@ -254,3 +254,23 @@ def test_the_trace_still_needs_an_optimization_without_a_fault():
 
 def _paths_in(p: Path) -> list[str]:
     return sorted(str(x.relative_to(p)) for x in p.rglob("*") if x.is_file())
+
+
+def test_a_calibration_no_session_of_which_is_judged_gives_no_mde_apart_either(tmp_path):
+    """Sessions whose own A/A is not judged (unstable windows) give no MDE, and none across sessions either, even when
+    two of their recordings compare stably with each other (a loaded CI run: the recipe's gate used an MDE apart
+    from a calibration that said it was not judged)."""
+    rc = CliRunner().invoke(app, ["diff", str(LOO / "all"), str(LOO / "all"), "--json", str(tmp_path / "aa.json")]).exit_code
+    assert rc == 0
+    from profkit.attribution.gate import calibration_from, run_key
+    from profkit.documents import calibration_doc
+
+    aa = json.loads((tmp_path / "aa.json").read_text())
+    unstable = {**aa, "noise": {**aa["noise"], "available": False, "note": "not judged: unstable"}}
+    key = run_key(aa["manifests"]["baseline"])
+    apart = calibration_doc(calibration_from([unstable, unstable], key, across=[aa]))
+    assert not apart["judged"] and apart["note"].startswith("2 of 2 session(s) not judged")
+    assert apart["metrics"]["gpu_window_us"]["mde_pct"] is None
+    assert all(m["stored_mde_pct"] is None for m in apart["metrics"].values())
+    with_one = calibration_doc(calibration_from([aa, unstable], key, across=[aa]))  # one session judged: both MDEs
+    assert with_one["judged"] and with_one["metrics"]["gpu_window_us"]["stored_mde_pct"] is not None

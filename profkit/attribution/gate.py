@@ -537,7 +537,10 @@ def calibration_from(diff: Diff | Mapping[str, Any] | Sequence[Diff | Mapping[st
     diffs = [diff_of(d) for d in ([diff] if isinstance(diff, (Diff, Mapping)) else diff)]
     judged = [d for d in diffs if d.noise.available]
     metrics = _aa_figures(judged or diffs[:1])
-    cross = _aa_figures([a for a in map(diff_of, across) if a.noise.available])
+    # across sessions only when some session's own A/A is judged: with none, the calibration gives no MDE at all (a
+    # pair of unstable sessions can still compare stably with each other; a CI run's recipe then gated with an MDE
+    # its calibration called not judged)
+    cross = _aa_figures([a for a in map(diff_of, across) if a.noise.available]) if judged else {}
     for k, m in metrics.items():
         c = cross.get(k)
         metrics[k] = msgspec.structs.replace(m, **{f"stored_{f}": getattr(c, f) if c else None for f in _AA})
