@@ -407,6 +407,7 @@ def run_labels(summaries: Iterable[Summary]) -> dict[str, str]:
 # diff.json (attribution/diff.py writes it: compare_summaries)
 
 T = TypeVar("T")
+D = TypeVar("D", bound=msgspec.Struct)
 
 
 class Pair(_Doc, Generic[T]):
@@ -718,14 +719,19 @@ class ThroughputPoint(_Doc):
         return (float(v), None) if isinstance(v, (int, float)) else (None, None)
 
 
-def point_of(raw: Any) -> ThroughputPoint | None:
-    """A throughput point, or None when it is not one (not an object, or figures of another shape)."""
-    if isinstance(raw, ThroughputPoint):
+def typed_or_none(raw: Any, cls: type[D]) -> D | None:
+    """`raw` as the struct `cls` (itself when it is one), or None when it is not one (not an object, or of another shape)."""
+    if isinstance(raw, cls):
         return raw
     try:
-        return msgspec.convert(raw, ThroughputPoint) if isinstance(raw, Mapping) else None
+        return msgspec.convert(raw, cls) if isinstance(raw, Mapping) else None
     except msgspec.ValidationError:
         return None
+
+
+def point_of(raw: Any) -> ThroughputPoint | None:
+    """A throughput point, or None when it is not one (not an object, or figures of another shape)."""
+    return typed_or_none(raw, ThroughputPoint)
 
 
 def throughput_of(manifest: Any) -> list[ThroughputPoint]:

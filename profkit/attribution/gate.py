@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from profkit.attribution.diff import ABS_THRESHOLD_NS, MATERIAL_SHARE
-from profkit.documents import (Calibration, CalibrationMetric, Comparability, Diff, Gate, GateCalibration, GateRow, Health,
+from profkit.documents import (typed_or_none, Calibration, CalibrationMetric, Comparability, Diff, Gate, GateCalibration, GateRow, Health,
                                History, HostLoadCheck, KeyDiff, diff_of)
 
 GATE_SCHEMA_VERSION = 1
@@ -365,12 +365,7 @@ def judge_row(row: Figures, rule: Rule, cal: CalibrationMetric | None, paired: b
 
 def _health(raw: Any) -> Health | None:
     """A diff side's capture health (a plain value in diff.json) typed; None without one (or one of another shape)."""
-    if isinstance(raw, Health):
-        return raw
-    try:
-        return msgspec.convert(raw, Health) if isinstance(raw, Mapping) else None
-    except msgspec.ValidationError:
-        return None
+    return typed_or_none(raw, Health)
 
 
 def decide(diff: Diff | Mapping[str, Any] | None, policy: Policy, *, calibration: Calibration | None = None,
