@@ -162,7 +162,7 @@ def start_replica(tmp_path: Path, replica_python: Path, env: dict[str, str], tp:
     from profkit.capture.server import Server
     from profkit.targets import sglang as sg
 
-    spec = sg.compose({n: True for n in sg.registry("sglang")}, preset=None, model_path="replica-model",
+    spec = sg.compose({n: True for n in sg.registry(sg.TARGET)}, preset=None, model_path="replica-model",
                       extra_args=["--tp", str(tp), *SPEC.split()], server_python=str(replica_python), port=free_port(),
                       caps=sg.gpu_compute_capabilities())  # as profkit composes at run time: no cutedsl without Blackwell
     old = {k: os.environ.get(k) for k in env}

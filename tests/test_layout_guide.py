@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 
 import pytest
@@ -85,11 +86,53 @@ def test_the_guides_engine_is_a_target_found_by_its_name(monkeypatch, tmp_path):
     monkeypatch.setitem(engines.TARGETS, "echo", echo)
     t: Target = engines.target("echo")
     assert t is echo
-    spec = t.compose(Launch(states={"topk_v2": True}, port=31000))
+    spec = t.compose(Launch(states={"cuda_graph": True}, port=31000))
     assert spec.target == "echo" and spec.port == 31000 and spec.argv[-2:] == ["--port", "31000"]
     assert t.validate(spec) == {} and t.dry_run_checks(spec) == [] and t.capabilities() is None
     (tmp_path / "manifest.json").write_text(json.dumps({"target": "echo"}))
     assert manifest_catalog([tmp_path]) == "echo"  # the analysis asks the target, not its name
+
+
+# A fresh interpreter: the guide's engine, registered by its line in engines.TARGETS (the dict that line builds) before
+# the command line is imported, is a --target choice, its table is what `opts` lists, and trace composes with its switches
+_REGISTER = """
+import sys
+from profkit.targets import engines
+ns = {}
+exec(compile(open(sys.argv[1]).read(), "docs/layout.md", "exec"), ns)
+engines.TARGETS["echo"] = ns["TARGET"]
+sys.argv = ["profkit", *sys.argv[2:]]
+from profkit.cli import main
+main()
+"""
+
+
+def _profkit_with_echo(tmp_path, *args: str):
+    import subprocess
+    import sys
+
+    block = tmp_path / "echo.py"
+    block.write_text(_engine_block())
+    return subprocess.run([sys.executable, "-c", _REGISTER, str(block), *args], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}, timeout=120)
+
+
+def test_the_guides_engine_is_a_command_line_target_by_its_line_alone(tmp_path):
+    """A new engine touches its module, its catalog and its line in targets/engines.py: nothing in the registry, the
+    flows or the command line names it (issue 38, "Done when")."""
+    h = _profkit_with_echo(tmp_path, "opts", "--help")
+    assert h.returncode == 0 and "proxy|sglang|vllm|echo" in h.stdout and "sglang, vllm or echo." in " ".join(h.stdout.split()), h.stdout
+    o = _profkit_with_echo(tmp_path, "opts", "--target", "echo")
+    assert o.returncode == 0, o.stderr
+    assert "optimizations for --target echo" in o.stdout and "cuda_graph: CUDA graphs for decode" in o.stdout
+    assert "--disable-cuda-graph" in o.stdout and "requires: cuda_graph (echo drafts only inside its decode graph)" in o.stdout
+    r = _profkit_with_echo(tmp_path, "trace", "--target", "echo", "--opt", "cuda_graph", "--dry-run", "--port", "31000")
+    assert r.returncode == 0, r.stderr
+    assert "python -m echo.server --disable-cuda-graph --port 31000" in r.stdout and "ECHO_SPEC=1" in r.stdout, r.stdout
+    bad = _profkit_with_echo(tmp_path, "trace", "--target", "echo", "--opt", "spec", "--base", "off", "--dry-run")
+    assert bad.returncode == 2 and "spec would be a no-op here: cuda_graph is off in both runs" in bad.stderr, bad.stderr
+    unknown = _profkit_with_echo(tmp_path, "trace", "--target", "echo", "--opt", "topk_v2", "--dry-run")
+    assert unknown.returncode == 2 and "unknown optimization 'topk_v2' for target echo" in unknown.stderr, unknown.stderr
 
 
 def test_an_unregistered_engine_is_refused_with_the_known_names():

@@ -18,6 +18,8 @@ from profkit.errors import UsageError
 from profkit.targets import sglang
 from profkit.targets.registry import opt_states, registry
 
+SGLANG = sglang.TARGET
+
 PY = os.environ.get("PROFKIT_SGLANG_PYTHON") or (sys.executable if importlib.util.find_spec("sglang") else None)
 
 
@@ -41,8 +43,8 @@ def test_every_preset_and_switch_state_parses():
     on the study's six, and bf16_gemm's Hopper spelling (one parser process for all)."""
     from profkit.capture.sweep import sweep_plan
 
-    names = list(registry("sglang"))
-    states = [opt_states("sglang", [o], base=b, candidate=c) for o in names for b in ("off", "on") for c in (False, True)]
+    names = list(registry(SGLANG))
+    states = [opt_states(SGLANG, [o], base=b, candidate=c) for o in names for b in ("off", "on") for c in (False, True)]
     six = ["overlap", "index_share", "topk_v2", "indexer_fusion", "bf16_gemm", "moe_deferred_finalize"]
     states += [st for mode in ("one-at-a-time", "ladder", "leave-one-out") for b in ("on", "off") for _, st, _, _ in sweep_plan("sglang", six, mode, b)]
     specs = [sglang.compose(st, preset=preset, model_path=None, extra_args=["--load-format", "dummy"], server_python=PY, port=30000, caps=caps)
@@ -61,7 +63,7 @@ def test_dry_run_uses_the_parser():
 
 
 def test_parser_rejects_a_bad_flag():
-    spec = sglang.compose({n: True for n in registry("sglang")}, preset="glm52-nvfp4-tp4", model_path=None,
+    spec = sglang.compose({n: True for n in registry(SGLANG)}, preset="glm52-nvfp4-tp4", model_path=None,
                           extra_args=["--no-such-sglang-flag", "1"], server_python=PY, port=30000)
     with pytest.raises(UsageError, match="parser rejects"):
         sglang.validate(spec)
@@ -74,7 +76,7 @@ def test_bf16_gemm_on_hopper_is_auto_and_cutedsl_is_refused_off_sm10x():
     from profkit.errors import TargetError
     from profkit.targets.sglang import flag_value
 
-    allon = {n: True for n in registry("sglang")}
+    allon = {n: True for n in registry(SGLANG)}
     study = sglang.compose(allon, preset="glm52-nvfp4-tp8", model_path=None, extra_args=[], server_python=PY, port=30000)
     assert flag_value(study.argv, "--bf16-gemm-backend") == "cutedsl"
     with pytest.raises(TargetError, match="SM10x"):

@@ -21,6 +21,7 @@ from profkit.targets import sglang
 from profkit.targets.registry import check_comparison, inactive, opt_states, registry
 from profkit.workloads.agentic import Workload
 
+SGLANG = sglang.TARGET
 SIX = ["overlap", "index_share", "topk_v2", "indexer_fusion", "bf16_gemm", "moe_deferred_finalize"]
 SEED = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "000_733062cccf0dc369.txt"
 
@@ -89,19 +90,19 @@ def test_trace_defaults_to_leave_one_out():
     base, cand = r.output.split("# candidate")
     assert "--disable-overlap-schedule" in base and "--disable-overlap-schedule" not in cand
     assert "--cuda-graph-backend-decode disabled" not in r.output  # graphs stay on: the study's "before"
-    assert opt_states("sglang", ["overlap"], base="on", candidate=False) == {n: n != "overlap" for n in registry("sglang")}
+    assert opt_states(SGLANG, ["overlap"], base="on", candidate=False) == {n: n != "overlap" for n in registry(SGLANG)}
 
 
 def test_draft_extend_graph_without_cuda_graph_is_refused():
     """eagle_worker_v2.py _capture_cuda_graphs returns before capturing any draft graph when decode
     graphs are disabled: draft_extend_graph alone from everything off compares two identical runs."""
-    b = opt_states("sglang", ["draft_extend_graph"], base="off", candidate=False)
-    c = opt_states("sglang", ["draft_extend_graph"], base="off", candidate=True)
+    b = opt_states(SGLANG, ["draft_extend_graph"], base="off", candidate=False)
+    c = opt_states(SGLANG, ["draft_extend_graph"], base="off", candidate=True)
     with pytest.raises(UsageError, match="no-op.*cuda_graph"):
-        check_comparison("sglang", b, c, ["draft_extend_graph"])
-    assert check_comparison("sglang", *(opt_states("sglang", ["draft_extend_graph"], base="on", candidate=x) for x in (False, True)),
+        check_comparison(SGLANG, b, c, ["draft_extend_graph"])
+    assert check_comparison(SGLANG, *(opt_states(SGLANG, ["draft_extend_graph"], base="on", candidate=x) for x in (False, True)),
                             ["draft_extend_graph"]) == []
-    assert "draft_extend_graph" in inactive("sglang", c)
+    assert "draft_extend_graph" in inactive(SGLANG, c)
     with pytest.raises(UsageError, match="no-op"):
         check_sweep("sglang", sweep_plan("sglang", ["draft_extend_graph", "cuda_graph"], "ladder", "off"), None)
     check_sweep("sglang", sweep_plan("sglang", ["cuda_graph", "draft_extend_graph"], "ladder", "off"), None)
@@ -111,15 +112,15 @@ def test_draft_extend_graph_without_cuda_graph_is_refused():
 
 
 def test_hardware_no_ops_are_warned_not_refused():
-    b, c = (opt_states("sglang", ["bf16_gemm"], base="on", candidate=x) for x in (False, True))
-    (w,) = check_comparison("sglang", b, c, ["bf16_gemm"], ["9.0"])
+    b, c = (opt_states(SGLANG, ["bf16_gemm"], base="on", candidate=x) for x in (False, True))
+    (w,) = check_comparison(SGLANG, b, c, ["bf16_gemm"], ["9.0"])
     assert "bf16_gemm does nothing on compute capability 9.0" in w and "same configuration" in w
-    assert check_comparison("sglang", b, c, ["bf16_gemm"], ["10.3"]) == []
+    assert check_comparison(SGLANG, b, c, ["bf16_gemm"], ["10.3"]) == []
     assert _compose(c, caps=["9.0"]).argv.count("auto") == 1
 
 
 def test_registry_meanings_follow_0523():
-    reg = registry("sglang")
+    reg = registry(SGLANG)
     assert "synchronous" in reg["overlap"].meaning and "no switch" in reg["overlap"].meaning
     assert reg["draft_extend_graph"].requires == ("cuda_graph",)
     r = CliRunner().invoke(app, ["opts", "--target", "sglang"])
@@ -129,14 +130,14 @@ def test_registry_meanings_follow_0523():
 
 def test_inherited_switch_variables_are_removed():
     """An `export SGLANG_DISABLE_DSA_INDEXER_FUSION=1` left in the shell must not turn the "on" run off."""
-    sp = _compose({n: True for n in registry("sglang")})
+    sp = _compose({n: True for n in registry(SGLANG)})
     assert "SGLANG_DISABLE_DSA_INDEXER_FUSION" in sp.unset and "SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH" in sp.unset
     assert sp.shell().startswith("env -u SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH -u SGLANG_DISABLE_DSA_INDEXER_FUSION ")
 
 
 def test_context_check_names_the_overflowing_turn_and_fit_trims():
     """tokenizer_manager._validate_one_request: input + reserved >= context, or + max_new_tokens > context."""
-    sp = _compose({n: True for n in registry("sglang")})
+    sp = _compose({n: True for n in registry(SGLANG)})
     assert (sp.context_length, sp.reserved_tokens) == (90000, 6)  # managers/utils.py compute_num_reserved_tokens
     old_default = Workload(isl=80_000)
     assert old_default.overflow(90000, 6) == (0, 10, 90426)  # the issue: turns 10-12 overflow

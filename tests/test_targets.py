@@ -12,7 +12,6 @@ from profkit.capture.run import RunConfig, compose
 from profkit.errors import UsageError
 from profkit.targets import proxy, sglang, vllm
 from profkit.targets.engines import TARGETS, target
-from profkit.targets.registry import REGISTRY
 from profkit.targets.target import Launch
 from support import ROOT
 
@@ -20,7 +19,7 @@ from support import ROOT
 def test_every_target_is_named_by_its_line_and_has_a_registry_and_a_catalog():
     assert list(TARGETS) == ["proxy", "sglang", "vllm"]
     for name, t in TARGETS.items():
-        assert t.name == name and name in REGISTRY
+        assert t.name == name and t.optimizations  # its own optimization table (targets/<engine>.py)
         implied = t.catalog({"target": name, "preset": "glm52-nvfp4-tp8"})
         assert implied is not None and (ROOT / "kernels" / f"{implied}.toml").is_file()
     with pytest.raises(UsageError, match="unknown target 'tgi'"):
@@ -44,7 +43,7 @@ def test_the_catalog_a_manifest_implies_is_the_targets(tmp_path: Path, doc: dict
 
 
 def test_the_run_composes_through_the_target():
-    states = {o.name: True for o in REGISTRY["sglang"]}
+    states = {o.name: True for o in sglang.TARGET.optimizations}
     cfg = RunConfig(target="sglang", preset="glm52-nvfp4-tp8", accept_length=5.0)
     spec = compose(cfg, states, 30001)
     assert spec == sglang.TARGET.compose(Launch(states=states, port=30001, preset="glm52-nvfp4-tp8", accept_length=5.0))
@@ -64,6 +63,24 @@ def test_what_each_target_answers_for_the_run(tmp_path: Path):
     assert sglang.TARGET.context_length({"context_length": None, "max_req_input_len": 199}) == 200
     assert vllm.TARGET.context_length({"max_model_len": 4096}) == 4096
     assert proxy.TARGET.context_length({"context_length": 4096}) is None
+
+
+def test_every_target_answers_its_optimizations_and_the_cli_offers_it():
+    """Each target's table is its own (optimizations, gpu_only, hardware name its optimizations), and the
+    --target choices are the registered names, the proxy the default (cli/options.py builds them from engines.py)."""
+    from profkit.cli import options
+    from profkit.targets.registry import check_opts, registry
+
+    for t in TARGETS.values():
+        names = list(registry(t))
+        assert names and len(set(names)) == len(names) and names == [o.name for o in t.optimizations], t.name
+        assert set(t.gpu_only) <= set(names) and set(t.hardware) <= set(names), t.name
+        assert all(set(o.requires) <= set(names) for o in t.optimizations), t.name
+        assert check_opts(t, names[:1] * 2) == names[:1]
+    assert [c.value for c in options.TargetName] == list(TARGETS)
+    assert options.DEFAULT_TARGET.value == "proxy" and str(options.DEFAULT_TARGET) == "proxy"
+    assert options.TARGET.help == "proxy (the built-in engine), sglang or vllm."
+    assert vllm.TARGET.gpu_only and sglang.TARGET.hardware and not proxy.TARGET.gpu_only and not proxy.TARGET.hardware
 
 
 def test_the_capture_calls_the_target_never_its_name():

@@ -15,16 +15,18 @@ from profkit.errors import UsageError
 from profkit.targets import vllm
 from profkit.targets.registry import check_comparison, opt_states, registry
 
+VLLM = vllm.TARGET
+
 
 def _compose(states, caps, extra=()):
     return vllm.compose(states, model_path="m", extra_args=list(extra), server_python="py", port=8000, trace_dir=Path("/t"), caps=caps)
 
 
 def test_leave_one_out_from_vllms_defaults_on_a_cpu():
-    names = list(registry("vllm"))
+    names = list(registry(VLLM))
     assert names == ["spec_decode", "chunked_prefill", "prefix_caching", "compile", "async_scheduling", "cuda_graph"]
-    base = _compose(opt_states("vllm", ["prefix_caching"], base="on", candidate=False), caps=[])
-    cand = _compose(opt_states("vllm", ["prefix_caching"], base="on", candidate=True), caps=[])
+    base = _compose(opt_states(VLLM, ["prefix_caching"], base="on", candidate=False), caps=[])
+    cand = _compose(opt_states(VLLM, ["prefix_caching"], base="on", candidate=True), caps=[])
     assert [a for a in base.argv if a not in cand.argv] == ["--no-enable-prefix-caching"]
     assert cand.argv[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"] and "--speculative-config" in cand.argv
     for sp in (base, cand):  # GPU-only switches are not passed on a CPU, and the note says why
@@ -37,14 +39,14 @@ def test_leave_one_out_from_vllms_defaults_on_a_cpu():
 
 def test_gpu_only_switches_are_refused_on_a_cpu_and_composed_on_a_gpu():
     for name in ("async_scheduling", "cuda_graph"):
-        b = opt_states("vllm", [name], base="on", candidate=False)
-        c = opt_states("vllm", [name], base="on", candidate=True)
+        b = opt_states(VLLM, [name], base="on", candidate=False)
+        c = opt_states(VLLM, [name], base="on", candidate=True)
         with pytest.raises(UsageError, match="cannot be measured on this machine"):
-            check_comparison("vllm", b, c, [name], caps=[])
-        assert check_comparison("vllm", b, c, [name], caps=["9.0"]) == []
-    gpu = _compose(opt_states("vllm", ["async_scheduling"], base="on", candidate=False), caps=["9.0"])
+            check_comparison(VLLM, b, c, [name], caps=[])
+        assert check_comparison(VLLM, b, c, [name], caps=["9.0"]) == []
+    gpu = _compose(opt_states(VLLM, ["async_scheduling"], base="on", candidate=False), caps=["9.0"])
     assert "--no-async-scheduling" in gpu.argv
-    eager = _compose(opt_states("vllm", ["compile"], base="off", candidate=False), caps=["9.0"])
+    eager = _compose(opt_states(VLLM, ["compile"], base="off", candidate=False), caps=["9.0"])
     assert "--enforce-eager" in eager.argv
 
 

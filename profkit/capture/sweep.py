@@ -20,9 +20,10 @@ def sweep_plan(target: str, opts: list[str], mode: str, base: str = "on") -> Pla
     ends at the study's own launch command and leave-one-out removes one thing from it. With
     `base` "off" the unlisted ones are off everywhere (exploration).
     """
+    from profkit.targets.engines import target as target_named
     from profkit.targets.registry import registry
 
-    names = list(registry(target))
+    names = list(registry(target_named(target)))
     rest = base == "on"
     allon = {n: (n in opts) or rest for n in names}
     none = {n: (n not in opts) and rest for n in names}
@@ -52,15 +53,17 @@ def sweep_plan(target: str, opts: list[str], mode: str, base: str = "on") -> Pla
 
 def check_sweep(target: str, plan: Plan, caps: list[str] | None) -> list[str]:
     """Refuse a sweep with a no-op comparison (registry.check_comparison); the warnings of the rest."""
+    from profkit.targets.engines import target as target_named
     from profkit.targets.registry import check_comparison
 
+    engine = target_named(target)
     runs = {label: st for label, st, _, _ in plan}
     warnings: list[str] = []
     for label, states, against, opt in plan:
         if opt is None:
             continue
         before, after = (states, runs["all"]) if against is None else (runs[against], states)
-        for w in check_comparison(target, before, after, [opt], caps):
+        for w in check_comparison(engine, before, after, [opt], caps):
             warnings.append(f"{label}: {w}")
     return warnings
 

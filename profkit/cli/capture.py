@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from profkit.cli import interrupts
 from profkit.cli.common import command, err, option, options_from, out
-from profkit.cli.options import BASE, CATALOG, MARKER, MIN_BUBBLE_US, OUTPUT, TARGET, BaseMode, SweepMode, Target, TargetName
+from profkit.cli.options import BASE, CATALOG, DEFAULT_TARGET, MARKER, MIN_BUBBLE_US, OUTPUT, TARGET, BaseMode, SweepMode, Target, TargetName, either
 from profkit.errors import Interrupted, UsageError
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class RunOptions:
     and how they are analyzed. Help texts are trace's; sweep replaces a few (SWEEP_HELP). Help uses
     rich markup: a literal "[" is written "\\[". """
 
-    target: TargetName = TARGET.field(TargetName.proxy)
+    target: TargetName = TARGET.field(DEFAULT_TARGET)
     base: BaseMode = BASE.field(BaseMode.on)
     preset: Optional[str] = field(default=None, metadata=option("--preset", help="SGLang study preset: glm52-nvfp4-tp4, -tp8, -tep4, -tep8."))
     model_path: Optional[str] = field(default=None, metadata=option("--model-path", help="Override the preset's model path."))
@@ -105,11 +105,7 @@ def _takers(option: str) -> str:
     """The --target values that take an engine's own option ("sglang"; "proxy or sglang")."""
     from profkit.flows.engines import TARGETS
 
-    return _either([t.name for t in TARGETS.values() if option in t.takes])
-
-
-def _either(names: list[str]) -> str:
-    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+    return either([t.name for t in TARGETS.values() if option in t.takes])
 
 
 def _plain(o: RunOptions) -> RunOptions:
@@ -133,7 +129,7 @@ def _config(o: RunOptions) -> RunConfig:
 
     target = o.target
     if target not in TARGETS:
-        raise UsageError(f"--target {target!r}: use {_either(list(TARGETS))}")
+        raise UsageError(f"--target {target!r}: use {either(list(TARGETS))}")
     engine = TARGETS[target]
     if o.preset and "preset" not in engine.takes:
         raise UsageError(f"--preset goes with --target {_takers('preset')}")
@@ -376,7 +372,7 @@ def trace(opt: Annotated[Optional[list[str]], typer.Option("--opt", help="Optimi
     """
     from profkit.flows.outputs import trace_folder, trace_run_ids
     from profkit.flows.trace import attribute, reproduce_command
-    from profkit.flows.engines import check_comparison, check_opts, opt_states
+    from profkit.flows.engines import check_comparison, check_opts, opt_states, target as target_named
 
     o = _plain(options)
     target, base, catalog, reports_dir, capture_only = o.target, o.base, o.catalog, o.reports_dir, o.capture_only
@@ -384,10 +380,11 @@ def trace(opt: Annotated[Optional[list[str]], typer.Option("--opt", help="Optimi
     if not opt and not o.fault:
         raise UsageError("missing --opt: the optimization to attribute", hint="e.g. --opt topk_v2 (see `profkit opts`), or --fault to inject one on the proxy")
     cand_cfg = _faulted(cfg, o)
-    opts = check_opts(target, opt or [])
-    s_base = opt_states(target, opts, base=base, candidate=False)
-    s_cand = opt_states(target, opts, base=base, candidate=True)
-    for w in check_comparison(target, s_base, s_cand, opts, _caps(target)):
+    engine = target_named(target)
+    opts = check_opts(engine, opt or [])
+    s_base = opt_states(engine, opts, base=base, candidate=False)
+    s_cand = opt_states(engine, opts, base=base, candidate=True)
+    for w in check_comparison(engine, s_base, s_cand, opts, engine.capabilities()):
         err.print(f"[yellow]warning:[/] {escape(w)}", soft_wrap=True)
     tag = "+".join(opts + (["fault"] if o.fault else []))
     if o.dry_run:
@@ -436,15 +433,16 @@ def calibrate(
     """
     from profkit.flows.gate import calibration_of
     from profkit.report.gate import calibration_lines, policy_toml
-    from profkit.flows.engines import check_opts, opt_states
+    from profkit.flows.engines import check_opts, opt_states, target as target_named
     from profkit.flows.outputs import (CALIBRATION_JSON, DIFF_JSON, POLICY_TOML, calibrate_folder, calibrate_run_id,
                                        write_json as write_json_atomic, write_text)
 
     o = _plain(options)
     target, base = o.target, o.base
     cfg = _faulted(_config(o), o)
-    off = check_opts(target, without or [])
-    states = {n: (v and n not in off) for n, v in opt_states(target, [], base=base, candidate=True).items()}
+    engine = target_named(target)
+    off = check_opts(engine, without or [])
+    states = {n: (v and n not in off) for n, v in opt_states(engine, [], base=base, candidate=True).items()}
     if o.dry_run:
         _dry_run(cfg, [("A", states), ("A again", states)])
         return
@@ -480,7 +478,7 @@ def calibrate(
 
 
 @command()
-def opts(target: Target = TargetName.proxy) -> None:
+def opts(target: Target = DEFAULT_TARGET) -> None:
     """The optimization registry: each optimization's real on/off switch, what it means in the engine, what it depends on.
 
     Example:
@@ -490,10 +488,10 @@ def opts(target: Target = TargetName.proxy) -> None:
     from profkit.flows.engines import registry
     from profkit.flows.engines import target as target_named
 
-    target = str(target)
-    reg = registry(target)
-    words = target_named(target).opts_words
-    title = f"optimizations for --target {target}" + (f" ({words.note})" if words.note else "")
+    engine = target_named(str(target))
+    reg = registry(engine)
+    words = engine.opts_words
+    title = f"optimizations for --target {engine.name}" + (f" ({words.note})" if words.note else "")
     out.print(f"[bold]{escape(title)}[/]", soft_wrap=True)
 
     def fmt(sw: Any) -> str:
@@ -526,14 +524,14 @@ def sweep(
 
         profkit sweep --opts overlap,topk_v2,indexer_fusion --mode ladder
     """
-    from profkit.flows.engines import check_opts, check_sweep, label_slug, sweep_plan
+    from profkit.flows.engines import check_opts, check_sweep, label_slug, sweep_plan, target as target_named
     from profkit.flows.outputs import SWEEP_FILES, sweep_folder, sweep_run_id, written
     from profkit.flows.sweep import add_run, attribute_sweep, new_sweep, write_sweep
 
     o = _plain(options)
     target, base, mode, reports_dir, capture_only = o.target, o.base, str(mode), o.reports_dir, o.capture_only
     cfg = _config(o)
-    chosen = check_opts(target, [x.strip() for x in opts_.split(",") if x.strip()])
+    chosen = check_opts(target_named(target), [x.strip() for x in opts_.split(",") if x.strip()])
     if not chosen:
         raise UsageError("--opts is empty")
     plan = sweep_plan(target, chosen, mode, base)

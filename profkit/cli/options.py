@@ -12,10 +12,11 @@ import dataclasses
 import re
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
+from profkit.flows.choices import BUILT_IN, TARGET_NAMES
 
 
 class Choice(str, Enum):
@@ -28,10 +29,14 @@ class Choice(str, Enum):
         return format(str(self.value), spec)
 
 
-class TargetName(Choice):
-    proxy = "proxy"
-    sglang = "sglang"
-    vllm = "vllm"
+# The --target choices: every engine registered in targets/engines.py, by its name (a new engine's line there is its
+# choice here too). Typer reads the members at run time; mypy, which cannot list members computed at import time,
+# reads TargetName as the Choice each member is.
+if TYPE_CHECKING:
+    TargetName = Choice
+else:
+    TargetName = Choice("TargetName", {n: n for n in TARGET_NAMES})
+DEFAULT_TARGET = TargetName(BUILT_IN)  # the proxy, which runs anywhere
 
 
 class BaseMode(Choice):
@@ -93,7 +98,12 @@ class Shared:
         return dataclasses.field(default=default, metadata=self.meta())
 
 
-TARGET = Shared(("--target",), "proxy (the built-in engine), sglang or vllm.")
+def either(names: list[str]) -> str:
+    """"a, b or c"."""
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
+TARGET = Shared(("--target",), either([n + " (the built-in engine)" if n == BUILT_IN else n for n in TARGET_NAMES]) + ".")
 BASE = Shared(("--base",), "on (default, the study's regime): all on, baseline = all on minus opts (leave-one-out); "
               "off (exploration): baseline all off, candidate = baseline + opts.")
 MARKER = Shared(("--marker",), "Regex for the CPU span that opens one iteration (default chain: scheduler.run_batch, step\\[...], "

@@ -9,7 +9,7 @@ from pathlib import Path
 from profkit.errors import UsageError
 from profkit.targets import sglang
 from profkit.targets.spec import LaunchSpec
-from profkit.targets.target import Defaults, Launch, OptsWords
+from profkit.targets.target import Capability, Defaults, Launch, Optimization, OptsWords, Switch
 
 
 def _tp(args: list[str]) -> int:
@@ -58,6 +58,25 @@ def fault_args(spec: str) -> list[str]:
     return out
 
 
+# The proxy's switches (--opts) by the names of SGLang's (profkit/proxy/README.md): no flags or environment of
+# their own; compose() names the ones on.
+OPTIMIZATIONS: tuple[Optimization, ...] = (
+    Optimization("overlap", "overlap scheduling without host syncs", on=Switch(), off=Switch(),
+                 kernels="no kernels: removes the per-step D2H read-back and sync"),
+    Optimization("topk_v2", "radix/histogram top-k selection fused with slot translation", on=Switch(), off=Switch(),
+                 kernels="topk: selection instead of a full sort"),
+    Optimization("indexer_fusion", "fused indexer prologue", on=Switch(), off=Switch(),
+                 kernels="indexer prologue: one wk_weights_proj GEMM + fused k/q steps"),
+    Optimization("index_share", "draft steps reuse the top-k of draft step 0", on=Switch(), off=Switch(),
+                 kernels="fewer indexer/top-k ops inside draft"),
+    Optimization("cuda_graph", "decode and draft steps replayed from CUDA graphs (CUDA only)", on=Switch(), off=Switch(),
+                 kernels="no kernels: kernel launches replaced by graph launches"),
+    Optimization("moe_deferred_finalize", "shared-expert add folded into the MoE combine", on=Switch(), off=Switch(),
+                 kernels="moe: one op fewer per layer"),
+)
+
+
+
 class Proxy:
     """profkit's proxy engine as a Target (targets/target.py): it speaks SGLang's HTTP API and profiler protocol."""
 
@@ -67,6 +86,9 @@ class Proxy:
     claims_gpus = False
     reports_versions = True  # /server_info names its torch and device
     takes = frozenset({"fault"})
+    optimizations = OPTIMIZATIONS
+    gpu_only: dict[str, str] = {}
+    hardware: dict[str, Capability] = {}
     # 4K first prompt, a long context for its size: the top-k then selects 64 of 4K+ positions, where a selection beats the
     # full sort on a CPU as on a GPU (at 256 the sort of a 300-score row is cheaper than a selection's extra ops: issue 30)
     defaults = Defaults(isl=4096, turn_tokens=32, output_tokens=32, health_timeout_s=180.0, alternate=True)

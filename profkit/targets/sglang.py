@@ -1,4 +1,4 @@
-"""SGLang 0.5.23 as a target: the study's presets, the registry's switches, validation with SGLang's own parser."""
+"""SGLang 0.5.23 as a target: the study's presets, its optimizations' switches, validation with SGLang's own parser."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from profkit.errors import TargetError, UsageError
-from profkit.http import HTTPFailure, get_json
 from profkit.targets.gpus import gpu_compute_capabilities
-from profkit.targets.registry import HARDWARE, capability_major, inactive, registry
+from profkit.targets.registry import capability_major, inactive, registry
 from profkit.targets.spec import LaunchSpec
-from profkit.targets.target import Defaults, Launch, OptsWords
+from profkit.targets.target import Capability, Defaults, Launch, Optimization, OptsWords, Switch
 
 STUDY_MODEL = "nvidia/GLM-5.2-NVFP4"
 
@@ -53,6 +52,83 @@ STUDY_ENV = {"SGLANG_OPT_USE_TOPK_V2": "1", "SGLANG_ENABLE_MOE_DEFERRED_FINALIZE
 # kill_process_tree waits up to 60 s; plus a margin for uvicorn and the interpreter's exit.
 TEARDOWN_S = 5 + 15 + 60 + 10.0
 
+# SGLang 0.5.23 turns every one of them on by default (sglang-0.5.23.md §0 #2), and the study measured each
+# against the engine with everything else on: "on" is SGLang's default (or the study's own explicit setting), "off"
+# is the switch that removes it.
+OPTIMIZATIONS: tuple[Optimization, ...] = (
+    Optimization(
+        "overlap", "overlap scheduler under Spec V2",
+        on=Switch(), off=Switch(args=("--disable-overlap-schedule",)),
+        kernels="no kernels: the CPU prepares step N+1 while the GPU runs step N; changes idle time between run_batch iterations",
+        meaning="SGLang 0.5.23: --disable-overlap-schedule switches the overlap scheduler off, i.e. Spec V2 runs synchronously "
+                "(EAGLE always uses EAGLEWorkerV2; SGLANG_ENABLE_SPEC_V2 no longer exists). The study's own Spec V2 work "
+                "(seq_lens_cpu made optional for DSA, H2D syncs removed, _apply_cuda_graph_metadata ops fused: #29415, "
+                "#29499) has no switch in 0.5.23: it is always in; measure it by comparing two builds with --server-python",
+        note="not the study's sync removal: that has no switch",
+    ),
+    Optimization(
+        "topk_v2", "TopK-V2 radix-select top-k fused with the page-table transform",
+        on=Switch(env={"SGLANG_OPT_USE_TOPK_V2": "1"}), off=Switch(env={"SGLANG_OPT_USE_TOPK_V2": "0"}),
+        kernels="topk: topk_main_kernel/topk_*_cluster_kernel instead of topk_transform_decode_kernel",
+        meaning="SGLANG_OPT_USE_TOPK_V2 (default 1): 0 selects the legacy sgl-kernel topk_transform_* path",
+        note="on = the study's `export SGLANG_OPT_USE_TOPK_V2=1` (also 0.5.23's default)",
+    ),
+    Optimization(
+        "indexer_fusion", "DSA indexer prologue fusion (12 kernels -> 4)",
+        on=Switch(), off=Switch(env={"SGLANG_DISABLE_DSA_INDEXER_FUSION": "1"}),
+        kernels="indexer prologue: wk_weights_proj GEMM, fused_q_indexer_rope_hadamard_quant, fused_k_indexer_norm_rope_store",
+        meaning="SGLANG_DISABLE_DSA_INDEXER_FUSION (a kill switch, default unset = fused); the fusion also needs "
+                "indexer_rope_interleave: true in the checkpoint config (GLM-5.x sets it). --enable-dsa-fused-indexer is a "
+                "different, AMD-only feature",
+    ),
+    Optimization(
+        "index_share", "IndexShare MTP: draft steps reuse the indexer top-k",
+        on=Switch(), off=Switch(model_override={"index_share_for_mtp_iteration": False}),
+        kernels="fewer paged_mqa_logits/top-k kernels inside the draft range",
+        meaning="no CLI/env switch: the model-config attribute index_share_for_mtp_iteration (GLM-5.2's checkpoint sets it; "
+                "on = the checkpoint's value), honoured only with --speculative-eagle-topk 1; off = "
+                "--json-model-override-args '{\"index_share_for_mtp_iteration\": false}' (applies to the draft config too)",
+    ),
+    Optimization(
+        "draft_extend_graph", "CUDA graph for the DSA draft-extend path",
+        on=Switch(), off=Switch(env={"SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH": "1"}),
+        kernels="no kernels: fewer launches inside draft_extend",
+        meaning="SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH (default unset = captured)",
+        requires=("cuda_graph",),
+        requires_why="eagle_worker_v2.py (_capture_cuda_graphs) returns before capturing any draft graph when decode CUDA graphs are disabled",
+    ),
+    Optimization(
+        "cuda_graph", "CUDA graphs for decode (and prefill)",
+        on=Switch(), off=Switch(args=("--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled")),
+        kernels="no kernels: kernel launches replaced by graph launches",
+        meaning="--cuda-graph-backend-decode/--cuda-graph-backend-prefill (defaults: decode graphs on, breakable prefill graph "
+                "on CUDA); decode disabled also disables the draft and draft-extend graphs",
+    ),
+    Optimization(
+        "bf16_gemm", "CuTe DSL BF16 GEMM backend",
+        on=Switch(args=("--bf16-gemm-backend", "cutedsl")), off=Switch(args=("--bf16-gemm-backend", "torch")),
+        kernels="gemm: TgvGemm CuTe kernels instead of cuBLAS nvjet_* for the BF16 attention projections",
+        meaning="--bf16-gemm-backend: cutedsl needs an SM10x GPU (SGLang raises ValueError elsewhere); auto = cutedsl on "
+                "SM10x, cuBLAS elsewhere; torch = cuBLAS",
+        note="on = the study's --bf16-gemm-backend cutedsl on SM10x (or an unknown GPU); auto on other GPUs, where it is a no-op",
+    ),
+    Optimization(
+        "moe_deferred_finalize", "MoE deferred finalize (shared-expert add folded into finalize)",
+        on=Switch(env={"SGLANG_ENABLE_MOE_DEFERRED_FINALIZE": "1"}), off=Switch(env={"SGLANG_ENABLE_MOE_DEFERRED_FINALIZE": "0"}),
+        kernels="moe: moeFinalizeKernel / moe_finalize_all_reduce_kernel instead of finalizeKernel + add",
+        meaning="SGLANG_ENABLE_MOE_DEFERRED_FINALIZE (default 1); engages only with NVFP4 trtllm-gen MoE on Blackwell "
+                "(Hopper runs NVFP4 through Marlin, where it is a no-op)",
+        note="on = the study's `export SGLANG_ENABLE_MOE_DEFERRED_FINALIZE=1`",
+    ),
+)
+
+# Optimizations that do nothing on GPUs outside these compute-capability majors (SGLang decides at start-up).
+HARDWARE: dict[str, Capability] = {
+    "bf16_gemm": Capability((10,), "--bf16-gemm-backend cutedsl needs SM10x; elsewhere profkit sends auto, which SGLang resolves to cuBLAS"),
+    "moe_deferred_finalize": Capability((10,), "deferred finalize engages only with NVFP4 trtllm-gen MoE on Blackwell (Hopper uses Marlin)"),
+}
+
+
 # Flags the registry owns: the user may not also pass them in --extra-server-args.
 _OWNED = {"--disable-overlap-schedule", "--cuda-graph-backend-decode", "--cuda-graph-backend-prefill", "--bf16-gemm-backend",
           "--disable-cuda-graph", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph", "--host", "--port"}
@@ -61,7 +137,7 @@ _OWNED = {"--disable-overlap-schedule", "--cuda-graph-backend-decode", "--cuda-g
 def owned_env() -> tuple[str, ...]:
     """Every environment variable a registry switch sets: never inherited from the user's shell."""
     names: set[str] = set()
-    for o in registry("sglang").values():
+    for o in OPTIMIZATIONS:
         names |= set(o.on.env) | set(o.off.env)
     return tuple(sorted(names))
 
@@ -130,7 +206,7 @@ def compose(
     without one (where cutedsl makes SGLang raise at start-up, unquant.py:338 "requires SM100/SM103
     (Blackwell)", seen on a CPU machine; auto means cuBLAS or torch there: on and off are the same).
     """
-    reg = registry("sglang")
+    reg = registry(TARGET)
     if preset is not None and preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}", hint=f"choose one of: {', '.join(PRESETS)}")
     world, base = PRESETS[preset] if preset else (1, [])
@@ -154,7 +230,7 @@ def compose(
     args: list[str] = list(base)
     env: dict[str, str] = {}
     notes: list[str] = []
-    off_blackwell = caps is not None and (not caps or any(capability_major(c) not in HARDWARE["bf16_gemm"][0] for c in caps))
+    off_blackwell = caps is not None and (not caps or any(capability_major(c) not in HARDWARE["bf16_gemm"].majors for c in caps))
     for name, on in states.items():
         sw = reg[name].on if on else reg[name].off
         sw_args = sw.args
@@ -172,7 +248,7 @@ def compose(
         argv += ["--model-path", model]
     argv += args + extra + ["--host", host, "--port", str(port)]
     world = _tp(argv) if not preset else world
-    notes += list(inactive("sglang", states, caps).values())
+    notes += list(inactive(TARGET, states, caps).values())
     return LaunchSpec(target="sglang", argv=argv, env=env, host=host, port=port, world_size=world, preset=preset, states=dict(states),
                       notes=notes, unset=tuple(n for n in owned_env() if n not in env),
                       context_length=_int(flag_value(argv, "--context-length")), reserved_tokens=reserved_tokens(argv),
@@ -184,7 +260,7 @@ def check_gpu(spec: LaunchSpec, caps: list[str] | None) -> None:
     (unquant.py: `get_platform().is_sm100`, i.e. compute capability major 10: B200, B300, GB300),
     and without a GPU at all (`caps == []`: SGLang on a CPU machine raises the same ValueError)."""
     if flag_value(spec.argv, "--bf16-gemm-backend") == "cutedsl" and caps is not None:
-        bad = [c for c in caps if capability_major(c) not in HARDWARE["bf16_gemm"][0]]
+        bad = [c for c in caps if capability_major(c) not in HARDWARE["bf16_gemm"].majors]
         if not caps:
             raise TargetError(
                 "--bf16-gemm-backend cutedsl needs an SM10x GPU (B200/B300/GB300); this machine has none (no nvidia-smi)",
@@ -267,6 +343,8 @@ def validate(spec: LaunchSpec, python: str | None = None) -> str | None:
 
 def server_info(base_url: str) -> dict[str, object]:
     """/server_info (the older /get_server_info): the resolved server args, scheduler info and `version`; {} when neither answers."""
+    from profkit.http import HTTPFailure, get_json  # here: the command line reads the engines' names at start-up, urllib is slow to import
+
     for path in ("/server_info", "/get_server_info"):
         try:
             info = get_json(base_url + path, timeout=30)
@@ -291,6 +369,9 @@ class SGLang:
     claims_gpus = True  # --mem-fraction-static: a fixed share of every GPU's memory
     reports_versions = False  # /server_info names neither torch nor the GPU
     takes = frozenset({"preset", "accept_length"})
+    optimizations = OPTIMIZATIONS
+    gpu_only: dict[str, str] = {}
+    hardware = HARDWARE
     # 74K first prompt: the 13 requests average 80K tokens (the study's "mean input ~ 80k tokens/request")
     # and the last one, 86,466 tokens with its output and EAGLE's reserved slots, fits --context-length 90000
     defaults = Defaults(isl=74_000, turn_tokens=800, output_tokens=220, health_timeout_s=3600.0, alternate=False)

@@ -1,17 +1,49 @@
-"""What every engine profkit can launch answers: the `Target` protocol, and `Launch`, what the command
-line asks of one server. The run (capture/run.py) calls a target through this protocol only, never by
-its name; each engine is its module (targets/<engine>.py), its catalog (kernels/<engine>.toml) and a
-line in targets/engines.py.
+"""What every engine profkit can launch answers: the `Target` protocol, `Launch`, what the command
+line asks of one server, and `Optimization`, one row of an engine's optimization table. The run
+(capture/run.py) and the registry's rules (targets/registry.py) call a target through this protocol
+only, never by its name; each engine is its module (targets/<engine>.py: its Target and its
+optimizations), its catalog (kernels/<engine>.toml) and a line in targets/engines.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from profkit.targets.spec import LaunchSpec
+
+
+@dataclass(frozen=True)
+class Switch:
+    """What to add to the server's command line and environment for one state of an optimization."""
+
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    model_override: dict[str, object] = field(default_factory=dict)  # merged into --json-model-override-args
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """One studied optimization of an engine: its real on/off switch and what it depends on."""
+
+    name: str
+    title: str  # the study's name for it
+    on: Switch
+    off: Switch
+    kernels: str  # what it is expected to touch, in words (the catalog holds the categories)
+    note: str = ""
+    meaning: str = ""  # what the switch really does in the engine release profkit targets
+    requires: tuple[str, ...] = ()  # optimizations that must be on for this one to do anything
+    requires_why: str = ""
+
+
+class Capability(NamedTuple):
+    """An optimization that does nothing on GPUs outside these compute-capability majors (warned: the runs still go)."""
+
+    majors: tuple[int, ...]
+    why: str
 
 
 @dataclass(frozen=True)
@@ -85,6 +117,21 @@ class Target(Protocol):
     @property
     def takes(self) -> frozenset[str]:
         """The engine's own options it takes, of "preset", "accept_length" and "fault" (others refuse them)."""
+        ...
+
+    @property
+    def optimizations(self) -> tuple[Optimization, ...]:
+        """Its optimizations, in the order `profkit opts` lists them and a run's states go."""
+        ...
+
+    @property
+    def gpu_only(self) -> Mapping[str, str]:
+        """Its optimizations that do nothing without a GPU, with why (refused on a CPU: the engine would ignore them)."""
+        ...
+
+    @property
+    def hardware(self) -> Mapping[str, Capability]:
+        """Its optimizations that do nothing outside some compute capabilities (warned: the runs still go)."""
         ...
 
     @property

