@@ -151,7 +151,7 @@ def load_ranks(path: Path | TraceFile, *, default_rank: int = 0, cache: bool | N
     return [_make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings, sha)]
 
 
-def _rank_t0(split: Any, k: int, tables: tuple[Any, ...], labelled: dict[str, float]) -> int:
+def _rank_t0(split: Split, k: int, tables: tuple[Any, ...], labelled: dict[str, float]) -> int:
     """Rank k's t0: the earliest timestamp of any of its events (SGLang's labelled pids, noted by the
     decoders), else of its rows."""
     from profkit.ingest.units import us_to_ns

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 import zlib
 from pathlib import Path
-from typing import Any, NoReturn, TypedDict
+from typing import Any, NoReturn, TypedDict, cast
 
 import msgspec
 
@@ -335,9 +335,31 @@ def _int(v: Any) -> int | None:
     return int(f)
 
 
-def _coerce(item: Any) -> Event | None:
-    if not isinstance(item, dict):
+# The args of a raw event that profkit reads: Args' fields, as the JSON names them ("External id" is
+# no identifier: the functional form)
+RawArgs = TypedDict("RawArgs", {"correlation": int, "External id": int, "stream": int, "device": int, "bytes": int | str},
+                    total=False)
+
+
+class RawEvent(TypedDict, total=False):
+    """A trace event as the JSON object the untyped tier reads (the fields of Event, with the types
+    the format gives them); a file reaches that tier because some values are of other types, so
+    _coerce checks each value before it is used."""
+
+    ph: str
+    cat: str
+    name: str
+    ts: float
+    dur: float
+    pid: int | str
+    tid: int | str
+    args: RawArgs
+
+
+def _coerce(obj: object) -> Event | None:
+    if not isinstance(obj, dict):
         return None
+    item = cast(RawEvent, obj)  # its values' types are checked here, one by one
     ph, name, cat = item.get("ph", ""), item.get("name", ""), item.get("cat", "")
     if not isinstance(ph, str):
         return None
