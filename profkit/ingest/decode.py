@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 import zlib
 from pathlib import Path
-from typing import Any, NoReturn, TypedDict, cast
+from typing import Any, NoReturn, TypedDict
 
 import msgspec
 
@@ -356,10 +356,10 @@ class RawEvent(TypedDict, total=False):
     args: RawArgs
 
 
-def _coerce(obj: object) -> Event | None:
-    if not isinstance(obj, dict):
+def _coerce(item: RawEvent) -> Event | None:
+    """An element of traceEvents as an Event, each value's type checked; None for what is not an object."""
+    if not isinstance(item, dict):
         return None
-    item = cast(RawEvent, obj)  # its values' types are checked here, one by one
     ph, name, cat = item.get("ph", ""), item.get("name", ""), item.get("cat", "")
     if not isinstance(ph, str):
         return None
