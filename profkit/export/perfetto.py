@@ -39,7 +39,7 @@ class _Slice:
     ts: int
     end: int
     name: str
-    args: dict[str, Any] = field(default_factory=dict)
+    args: dict[str, str | int | float | bool | None] = field(default_factory=dict)  # debug annotations (None: left out)
     flows: tuple[int, ...] = ()
 
 
@@ -96,7 +96,7 @@ def _events(track_uuid: int, lane: Sequence[_Slice]) -> Iterator[tuple[int, int,
         order += 1
 
 
-def _arg_value(ann: Any, v: Any) -> None:
+def _arg_value(ann: Any, v: str | int | float | bool) -> None:
     if isinstance(v, bool):
         ann.bool_value = v
     elif isinstance(v, int):

@@ -13,6 +13,8 @@ from profkit.ingest.decode import check_readable, decode_events, read_bytes
 from profkit.ingest.identity import TP_RANK, TraceFile, trace_file
 
 if TYPE_CHECKING:
+    from profkit.ingest.decode import TraceMeta
+    from profkit.ingest.processes import Split
     from profkit.ingest.tables import Trace
 
 __all__ = ["Trace", "TraceFile", "load_trace", "load_ranks", "load_traces", "find_trace_files"]
@@ -149,7 +151,7 @@ def load_ranks(path: Path | TraceFile, *, default_rank: int = 0, cache: bool | N
     return [_make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings, sha)]
 
 
-def _rank_t0(split: Any, k: int, tables: tuple[Any, ...], labelled: dict[str, float]) -> int:
+def _rank_t0(split: Split, k: int, tables: tuple[Any, ...], labelled: dict[str, float]) -> int:
     """Rank k's t0: the earliest timestamp of any of its events (SGLang's labelled pids, noted by the
     decoders), else of its rows."""
     from profkit.ingest.units import us_to_ns
@@ -161,11 +163,14 @@ def _rank_t0(split: Any, k: int, tables: tuple[Any, ...], labelled: dict[str, fl
     return min(starts) if starts else 0
 
 
-def _rank_meta(split: Any, k: int, meta: dict[str, Any]) -> dict[str, Any]:
+def _rank_meta(split: Split, k: int, meta: TraceMeta) -> TraceMeta:
     """Rank k's metadata: its rank and the run's world size, its source, and its share of the
     devices (SGLang's merger concatenates each rank file's deviceProperties, in rank order)."""
     n = len(split.names)
-    out = {**meta, "rank": split.ranks[k], "world_size": meta.get("world_size") or n, "source": split.source(k)}
+    out = meta.copy()
+    out["rank"] = split.ranks[k]
+    out["world_size"] = meta.get("world_size") or n
+    out["source"] = split.source(k)
     devices = meta.get("devices") or []
     if n > 1 and devices and len(devices) % n == 0:
         per = len(devices) // n

@@ -21,14 +21,16 @@ import io
 import json
 import os
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypedDict
 
 import polars as pl
 
+from profkit.ingest.decode import TraceMeta
 from profkit.ingest.identity import (  # noqa: F401  (source_key, cache_disabled_by_env: used here and by callers)
-    CACHE_SUFFIX, TraceFile, cache_disabled_by_env, code_fingerprint, estimated_json_bytes, source_key,
+    CACHE_SUFFIX, SourceKey, TraceFile, cache_disabled_by_env, code_fingerprint, estimated_json_bytes, source_key,
 )
 
 CACHE_SCHEMA = 1
@@ -54,34 +56,54 @@ def cache_dir(path: Path) -> Path:
     return path.with_name(path.name + SUFFIX)
 
 
+class FileEntry(TypedDict):
+    """One parquet file of a cache entry, in its manifest.json: what it must be to be read."""
+
+    size: int
+    blake2b: str  # hex, 32 bytes
+    rows: int
+
+
+class Manifest(TypedDict):
+    """The tables cache's manifest.json (keys in this order)."""
+
+    cache_schema: int
+    code: str  # identity.code_fingerprint
+    source: SourceKey
+    sha256: str | None
+    t0_ns: int
+    n_events: int
+    meta: TraceMeta
+    warnings: list[str]
+    files: dict[str, FileEntry]  # by table name (TABLES)
+
+
 @dataclass
 class Cached:
     tables: dict[str, pl.DataFrame]
     t0_ns: int
     n_events: int
-    meta: dict[str, Any]
+    meta: TraceMeta
     warnings: list[str] = field(default_factory=list)
     sha256: str | None = None
 
 
-_PENDING: list[Any] = []
+_PENDING: list[threading.Thread] = []
 
 
-def write_async(path: Path, cached: Cached, *, key: dict[str, Any] | None = None) -> None:
+def write_async(path: Path, cached: Cached, *, key: SourceKey | None = None) -> None:
     """`write` in a background thread (polars writes parquet without holding the GIL), so that
     analysis goes on meanwhile; `wait_pending` (called by `read` and the analysis cache) joins it.
     The thread is not a daemon: the process waits for it before exiting."""
-    import threading
-
     t = threading.Thread(target=write, args=(path, cached), kwargs={"key": key}, name="profkit-cache-write")
     t.start()
     _PENDING.append(t)
 
 
-_DEFERRED: list[Any] = []
+_DEFERRED: list[Callable[[], bool]] = []
 
 
-def write_later(path: Path, cached: Cached, *, key: dict[str, Any] | None = None) -> None:
+def write_later(path: Path, cached: Cached, *, key: SourceKey | None = None) -> None:
     """`write` when `wait_pending` is next called (the analysis cache calls it after the analysis):
     written during the analysis, the parquet encoding would take polars' threads from it."""
     _DEFERRED.append(lambda: write(path, cached, key=key))
@@ -100,10 +122,8 @@ def read(path: Path | TraceFile) -> Cached | None:
     wait_pending()
     d = cache_dir(path.path if isinstance(path, TraceFile) else path)
     try:
-        man = json.loads((d / "manifest.json").read_text())
-        if not isinstance(man, dict) or man.get("cache_schema") != CACHE_SCHEMA or man.get("code") != code_fingerprint():
-            return None
-        if man.get("source") != source_key(path):
+        man: Manifest = json.loads((d / "manifest.json").read_text())  # a key missing or of the wrong type: a miss
+        if man["cache_schema"] != CACHE_SCHEMA or man["code"] != code_fingerprint() or man["source"] != source_key(path):
             return None
         tables: dict[str, pl.DataFrame] = {}
         for name in TABLES:
@@ -116,14 +136,14 @@ def read(path: Path | TraceFile) -> Cached | None:
                 return None
             tables[name] = df
         return Cached(
-            tables=tables, t0_ns=int(man["t0_ns"]), n_events=int(man["n_events"]), meta=dict(man["meta"]),
-            warnings=[str(w) for w in man["warnings"]], sha256=man.get("sha256"),
+            tables=tables, t0_ns=int(man["t0_ns"]), n_events=int(man["n_events"]), meta=man["meta"],
+            warnings=[str(w) for w in man["warnings"]], sha256=man["sha256"],
         )
     except Exception:  # missing, unreadable, corrupt: a miss
         return None
 
 
-def write(path: Path, cached: Cached, *, key: dict[str, Any] | None = None) -> bool:
+def write(path: Path, cached: Cached, *, key: SourceKey | None = None) -> bool:
     """Write the cache next to `path` (atomically: a temporary folder renamed into place).
     Returns False, silently, when it cannot (read-only folder, disk full, ...)."""
     d = cache_dir(path)
@@ -135,7 +155,7 @@ def write(path: Path, cached: Cached, *, key: dict[str, Any] | None = None) -> b
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        files: dict[str, Any] = {}
+        files: dict[str, FileEntry] = {}
         for name in TABLES:
             buf = io.BytesIO()
             cached.tables[name].write_parquet(buf, compression="lz4", statistics=False)
@@ -143,7 +163,7 @@ def write(path: Path, cached: Cached, *, key: dict[str, Any] | None = None) -> b
             (tmp / f"{name}.parquet").write_bytes(data)
             files[name] = {"size": len(data), "blake2b": hashlib.blake2b(data, digest_size=32).hexdigest(),
                            "rows": cached.tables[name].height}
-        man = {
+        man: Manifest = {
             "cache_schema": CACHE_SCHEMA, "code": code_fingerprint(), "source": key, "sha256": cached.sha256,
             "t0_ns": cached.t0_ns, "n_events": cached.n_events, "meta": cached.meta, "warnings": cached.warnings,
             "files": files,
@@ -187,7 +207,7 @@ OPTIONAL_FRAMES = ("device_work",)
 MAX_ANALYSIS_ENTRIES = 4
 
 
-def analysis_key(source: dict[str, Any], options: dict[str, Any]) -> str:
+def analysis_key(source: SourceKey, options: dict[str, Any]) -> str:
     blob = json.dumps({"schema": CACHE_SCHEMA, "source": source, "code": code_fingerprint(), "options": options}, sort_keys=True, default=str)
     return hashlib.blake2b(blob.encode(), digest_size=16).hexdigest()
 
@@ -226,7 +246,7 @@ def write_analysis(path: Path, key: str, frames: dict[str, pl.DataFrame], fields
         adir.mkdir(exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        files: dict[str, Any] = {}
+        files: dict[str, FileEntry] = {}
         for name in (*ANALYSIS_FRAMES, *(n for n in OPTIONAL_FRAMES if frames.get(n) is not None)):
             buf = io.BytesIO()
             frames[name].write_parquet(buf, compression="lz4", statistics=False)

@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from profkit.ingest.categories import foreign_device_warning, table_code
-from profkit.ingest.scan import V_BYTES, V_CORR, V_DEVICE, V_EXT, V_STREAM
+from profkit.ingest.scan import V_BYTES, V_CORR, V_DEVICE, V_EXT, V_STREAM, Rows
 from profkit.ingest.strings import Strings
 from profkit.ingest.tables import CPU_SCHEMA, Tables, _dedupe, by_start, call_columns, gpu_columns
 
@@ -65,7 +65,7 @@ def coded_frame(table: int, cols: dict[str, np.ndarray]) -> pl.DataFrame:
     return pl.DataFrame(series)
 
 
-def frames_of(rows: Any) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+def frames_of(rows: Rows) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """scan.Rows -> the chunk's coded parts of the four tables."""
     return tuple(coded_frame(t, rows.table(t)) for t in range(4))  # type: ignore[return-value]
 

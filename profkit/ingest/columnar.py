@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import io
+import mmap
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Any, cast
 import msgspec
 import polars as pl
 
-from profkit.ingest.decode import Args
+from profkit.ingest.decode import Args, TraceMeta
 from profkit.ingest.identity import TraceFile, trace_file
 from profkit.ingest.reading import CHUNK_BYTES, Cut, NotFast, Reader, decode_chunks, done, falls_back, parse_meta, slot_count
 from profkit.ingest.units import us_to_ns
@@ -188,14 +189,12 @@ def decode_chunk_msgspec_tables(data: Any, strings: Any) -> ChunkTables:
     return split_coded(usable_events(df)), unusable_counts(df), tmin, n
 
 
-_SLOT_FILES: dict[str, Any] = {}
+_SLOT_FILES: dict[str, mmap.mmap] = {}
 
 
 def decode_slot(path: str, offset: int, length: int) -> Any:
     """Worker-process side: decode the chunk at [offset, offset+length) of the shared slot file,
     coded with ids of its own (the worker's texts are sent back for _recode)."""
-    import mmap
-
     from profkit.ingest.strings import Strings
 
     mm = _SLOT_FILES.get(path)
@@ -259,7 +258,7 @@ class TablesLoad:
     unusable: tuple[int, int, int]  # tables.unusable_counts of the whole file
     t0_ns: int
     n_events: int
-    meta: dict[str, Any]
+    meta: TraceMeta
     raw_bytes: int
     strings: Any  # strings.Strings: the texts of the parts' ids
 
@@ -280,7 +279,7 @@ class TablesLoad:
         return finish_coded_ranks(parts, self.strings, warnings)
 
 
-def _load(results: list[ChunkTables], cut: Cut, meta: dict[str, Any], strings: Any) -> TablesLoad:
+def _load(results: list[ChunkTables], cut: Cut, meta: TraceMeta, strings: Any) -> TablesLoad:
     unusable = tuple(sum(r[1][k] for r in results) for k in range(3))
     tmins = [r[2] for r in results if r[2] is not None]
     return TablesLoad(parts=[r[0] for r in results], unusable=unusable, t0_ns=us_to_ns(min(tmins)) if tmins else 0,  # type: ignore[arg-type]

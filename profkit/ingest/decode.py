@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 import zlib
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypedDict
 
 import msgspec
 
@@ -63,14 +63,14 @@ class DeviceProp(msgspec.Struct):
 AMD_PARTS = (("AMD Instinct MI300X", 9, 4, 304, 192), ("AMD Instinct MI325X", 9, 4, 304, 256))
 
 
-def device_name(p: dict[str, Any]) -> str:
+def device_name(p: DeviceProp) -> str:
     """A deviceProperties entry's device: its `name`; when that is empty (vLLM's ROCm traces), the AMD
     Instinct part its GFXIP version, compute units and memory are (AMD_PARTS), else those properties
     in words ("AMD GPU (GFXIP 9.4, 304 CUs, 192 GiB)"); "" when the entry says nothing."""
-    name = str(p.get("name") or "").strip()
+    name = p.name.strip()
     if name:
         return name
-    major, minor, units, mem, warp = (p.get(k) for k in ("computeMajor", "computeMinor", "numSms", "totalGlobalMem", "warpSize"))
+    major, minor, units, mem, warp = p.computeMajor, p.computeMinor, p.numSms, p.totalGlobalMem, p.warpSize
     if not isinstance(mem, int) or not all(isinstance(v, int) and not isinstance(v, bool) for v in (major, minor, units, mem)):
         return ""
     gib = mem / (1 << 30)
@@ -101,26 +101,59 @@ class TraceDoc(DocMeta, kw_only=True):
     traceEvents: list[Event]
 
 
-def trace_meta(doc: Any) -> dict[str, Any]:
-    """The metadata profkit reads from a trace document (a typed DocMeta, or the untyped JSON
-    object): `devices` (deviceProperties' names, in order; device_name), `rank` and `world_size`
-    (distributedInfo's, where integers). The one reader of trace metadata: the decoders' tiers,
-    the chunked path and the run grouping (ingest/runs.py) all use it; what is not of the expected
-    type is left out."""
-    if isinstance(doc, DocMeta):
-        doc = msgspec.to_builtins({"deviceProperties": doc.deviceProperties, "distributedInfo": doc.distributedInfo})
+class TraceMeta(TypedDict, total=False):
+    """A trace's metadata (Trace.meta): what trace_meta reads from the document, and what the loader
+    adds; every key absent when unknown. Stored as it is in the tables cache's manifest.json."""
+
+    devices: list[str]  # deviceProperties' names, in order (device_name); an nsys rank's one device
+    rank: int  # distributedInfo.rank; a rank of a file of several (ingest/processes.py), of an nsys export
+    world_size: int
+    # what the rank was read from when not a Kineto trace of its own (summary.json's rank `source`):
+    # {"merged": form, "process": name} (processes.Split.source) or an nsys export's version, device_id and pid
+    source: dict[str, str | int | None]
+    shapes: bool  # recorded with shapes (`Input Dims`: ingest/shapes.py); absent otherwise
+
+
+def trace_meta(doc: DocMeta) -> TraceMeta:
+    """The metadata profkit reads from a trace document the strict decoders typed: `devices`
+    (deviceProperties' names, in order; device_name), `rank` and `world_size` (distributedInfo's,
+    where integers). The one reader of trace metadata (json_trace_meta reads the untyped JSON
+    object the same way): the decoders' tiers, the chunked path and the run grouping
+    (ingest/runs.py) all use it; what is not of the expected type is left out."""
+    return _meta(doc.deviceProperties or None, doc.distributedInfo)
+
+
+def json_trace_meta(doc: object) -> TraceMeta:
+    """trace_meta of an untyped JSON document (the loose tier, a file's head): entries of the
+    wrong type are left out."""
     if not isinstance(doc, dict):
         return {}
-    meta: dict[str, Any] = {}
     props = doc.get("deviceProperties")
-    if isinstance(props, list) and props:
-        meta["devices"] = [device_name(p) for p in props if isinstance(p, dict)]
+    devices = None
+    if isinstance(props, list):
+        devices = [DeviceProp(name=str(p.get("name") or ""), computeMajor=p.get("computeMajor"), computeMinor=p.get("computeMinor"),
+                              numSms=p.get("numSms"), totalGlobalMem=p.get("totalGlobalMem"), warpSize=p.get("warpSize"))
+                   for p in props if isinstance(p, dict)]
+    meta = _meta(devices if props else None, None)
     dist = doc.get("distributedInfo")
     if isinstance(dist, dict):
-        for k in ("rank", "world_size"):
-            v = dist.get(k)
-            if isinstance(v, int):
-                meta[k] = v
+        rank, world = dist.get("rank"), dist.get("world_size")
+        if isinstance(rank, int):
+            meta["rank"] = rank
+        if isinstance(world, int):
+            meta["world_size"] = world
+    return meta
+
+
+def _meta(props: list[DeviceProp] | None, dist: DistInfo | None) -> TraceMeta:
+    meta: TraceMeta = {}
+    if props is not None:
+        meta["devices"] = [device_name(p) for p in props]
+    if dist is not None:
+        if isinstance(dist.rank, int):
+            meta["rank"] = dist.rank
+        if isinstance(dist.world_size, int):
+            meta["world_size"] = dist.world_size
     return meta
 
 
@@ -214,7 +247,7 @@ def _sniff_not_json(path: Path, data: bytes) -> None:
     raise TraceInputError(f"{path}: {what}", hint=hint)
 
 
-def decode_events(path: Path, data: bytes) -> tuple[list[Event], dict[str, Any], list[str]]:
+def decode_events(path: Path, data: bytes) -> tuple[list[Event], TraceMeta, list[str]]:
     """Typed events, the document's metadata (device names, rank) and warnings."""
     _sniff_not_json(path, data)
     warnings: list[str] = []
@@ -232,7 +265,7 @@ def decode_events(path: Path, data: bytes) -> tuple[list[Event], dict[str, Any],
     try:
         if is_list:
             events = _LAX_LIST.decode(data)
-            meta: dict[str, Any] = {}
+            meta: TraceMeta = {}
         else:
             doc = _LAX.decode(data)
             events, meta = doc.traceEvents, trace_meta(doc)
@@ -248,17 +281,17 @@ def _short(e: Exception) -> str:
     return s if len(s) < 120 else s[:117] + "..."
 
 
-def _decode_loose(path: Path, data: bytes, is_list: bool, warnings: list[str]) -> tuple[list[Event], dict[str, Any], list[str]]:
+def _decode_loose(path: Path, data: bytes, is_list: bool, warnings: list[str]) -> tuple[list[Event], TraceMeta, list[str]]:
     try:
         obj = msgspec.json.decode(data)
     except msgspec.DecodeError as e:
         raise TraceInputError(f"{path}: not valid JSON ({_short(e)}): capture health: unusable", hint="the file is truncated or corrupt") from None
-    meta: dict[str, Any] = {}
+    meta: TraceMeta = {}
     if is_list:
         items = obj
     elif isinstance(obj, dict) and isinstance(obj.get("traceEvents"), list):
         items = obj["traceEvents"]
-        meta = trace_meta(obj)
+        meta = json_trace_meta(obj)
     elif isinstance(obj, dict):
         raise TraceInputError(f"{path}: JSON object without a 'traceEvents' list", hint=_HINT_KINETO)
     else:
@@ -302,7 +335,29 @@ def _int(v: Any) -> int | None:
     return int(f)
 
 
-def _coerce(item: Any) -> Event | None:
+# The args of a raw event that profkit reads: Args' fields, as the JSON names them ("External id" is
+# no identifier: the functional form)
+RawArgs = TypedDict("RawArgs", {"correlation": int, "External id": int, "stream": int, "device": int, "bytes": int | str},
+                    total=False)
+
+
+class RawEvent(TypedDict, total=False):
+    """A trace event as the JSON object the untyped tier reads (the fields of Event, with the types
+    the format gives them); a file reaches that tier because some values are of other types, so
+    _coerce checks each value before it is used."""
+
+    ph: str
+    cat: str
+    name: str
+    ts: float
+    dur: float
+    pid: int | str
+    tid: int | str
+    args: RawArgs
+
+
+def _coerce(item: RawEvent) -> Event | None:
+    """An element of traceEvents as an Event, each value's type checked; None for what is not an object."""
     if not isinstance(item, dict):
         return None
     ph, name, cat = item.get("ph", ""), item.get("name", ""), item.get("cat", "")

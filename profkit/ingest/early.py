@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from profkit.ingest.identity import TraceFile, trace_file
+from profkit.ingest.decode import TraceMeta
 from profkit.ingest.reading import CHUNK_BYTES, Reader, decode_chunks, falls_back, parse_meta, slot_count
 
 
@@ -28,7 +29,7 @@ class EarlyDecode:
     def __init__(self, file: TraceFile, jobs: int, chunk_bytes: int, prepare: Callable[[], None] | None) -> None:
         self.file = file
         self.strings: Any = None  # the file's Strings, made in the thread after `prepare` (it imports numpy)
-        self.result: tuple[list[Any], Any, dict[str, Any]] | None = None  # (per chunk: Rows or raw bytes), cut, meta
+        self.result: tuple[list[Any], Any, TraceMeta] | None = None  # (per chunk: Rows or raw bytes), cut, meta
         self.error: BaseException | None = None
         self.fallback = False  # not fast-path material: the caller's own path decides
         self.taken = False

@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 
 TP_RANK = re.compile(r"-TP-(\d+)")  # a rank file's name: <run>-TP-<rank>.trace.json.gz (SGLang, the proxy)
@@ -18,6 +18,19 @@ TP_RANK = re.compile(r"-TP-(\d+)")  # a rank file's name: <run>-TP-<rank>.trace.
 _MIB = 1 << 20
 SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 CACHE_SUFFIX = ".profkit-cache"  # the cache folder beside a trace: <trace>.profkit-cache/
+
+
+class _SourceKey(TypedDict):
+    size: int
+    mtime_ns: int
+    head_tail_sha256: str  # of the first and last MiB
+
+
+class SourceKey(_SourceKey, total=False):
+    """What identifies a trace file's content in every cache key (TraceFile.source_key): the tables
+    cache's manifest.json `source`, the per-option analysis key, the stored summary's inputs."""
+
+    part: str  # the rank of an Nsight Systems export (TraceFile.part), when one
 
 
 @dataclass(frozen=True)
@@ -87,10 +100,12 @@ class TraceFile:
         """The whole file's SHA-256 when it is held whole (the head/tail hash is then that hash)."""
         return self.head_tail_sha256 if self.held_whole else None
 
-    def source_key(self) -> dict[str, Any]:
+    def source_key(self) -> SourceKey:
         """What identifies the file's content for the caches: size, mtime_ns, the head/tail hash."""
-        key = {"size": self.size, "mtime_ns": self.mtime_ns, "head_tail_sha256": self.head_tail_sha256}
-        return key if self.part is None else {**key, "part": self.part}
+        key = SourceKey(size=self.size, mtime_ns=self.mtime_ns, head_tail_sha256=self.head_tail_sha256)
+        if self.part is not None:
+            key["part"] = self.part
+        return key
 
 
 def trace_file(path: Path | TraceFile) -> TraceFile:
@@ -98,7 +113,7 @@ def trace_file(path: Path | TraceFile) -> TraceFile:
     return path if isinstance(path, TraceFile) else TraceFile.of(path)
 
 
-def source_key(path: Path | TraceFile) -> dict[str, Any]:
+def source_key(path: Path | TraceFile) -> SourceKey:
     """size, mtime_ns and a hash of the first and last MiB of the trace file (TraceFile.source_key;
     a path is read afresh). Raises OSError."""
     return trace_file(path).source_key()

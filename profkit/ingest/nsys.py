@@ -39,10 +39,16 @@ import subprocess
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from profkit.errors import TraceInputError
 from profkit.ingest.identity import TraceFile
+
+if TYPE_CHECKING:
+    from polars import DataType
+
+    from profkit.ingest.decode import TraceMeta
+    from profkit.ingest.tables import Trace
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -178,8 +184,8 @@ class Export:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _version(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"format": "nsys-sqlite"}
+    def _version(self) -> dict[str, str]:
+        out = {"format": "nsys-sqlite"}
         # EXPORT_META_DATA: the same table in exports of schema 2.x (Nsight Systems 2022)
         table = next((t for t in ("META_DATA_EXPORT", "EXPORT_META_DATA") if {"name", "value"} <= self.columns.get(t, set())), None)
         if table is None:
@@ -351,10 +357,10 @@ def parts(f: TraceFile) -> list[tuple[TraceFile, RankKey, int, int, str | None]]
 # the tables in parallel threads, each on its own connection (sqlite3 releases the GIL while
 # SQLite steps). The ranks not asked for yet wait in _READ for their loads (one file at a time).
 
-_READ: dict[tuple, dict[str, Any]] = {}
+_READ: dict[tuple[str, int, int, str], dict[str, Trace]] = {}
 
 
-def load(f: TraceFile) -> Any:
+def load(f: TraceFile) -> Trace:
     """One rank of an nsys export (f.part; None: the first rank, with a warning when the file
     holds more) -> ingest.tables.Trace."""
     ident = (str(Path(f.path).resolve()), f.size, f.mtime_ns, f.head_tail_sha256)
@@ -374,7 +380,7 @@ def load(f: TraceFile) -> Any:
     return trace
 
 
-def read_all(f: TraceFile) -> dict[str, Any]:
+def read_all(f: TraceFile) -> dict[str, Trace]:
     """Every rank of an export: {part: Trace}, in rank order."""
     import polars as pl
     from concurrent.futures import ThreadPoolExecutor
@@ -401,7 +407,7 @@ def read_all(f: TraceFile) -> dict[str, Any]:
         warnings.append(f"{graph_rows} CUDA graph executions are recorded whole ({GRAPH_TRACE}: `nsys profile --cuda-graph-trace=graph`), "
                         "not as their kernels: their GPU time is not in the figures; record with --cuda-graph-trace=node")
     keys = p.ranks or [RankKey(0, None)]
-    out: dict[str, Any] = {}
+    out: dict[str, Trace] = {}
     for rank, key in enumerate(keys):
 
         def mine(df: pl.DataFrame, process: int | None = key.process) -> pl.DataFrame:
@@ -423,7 +429,7 @@ def read_all(f: TraceFile) -> dict[str, Any]:
         w = list(warnings)
         g, c, cpu, ann = finish_tables(g, c, cpu, pl.DataFrame(schema=CPU_SCHEMA), w)
         device = p.name(key)
-        meta: dict[str, Any] = {"rank": rank, "world_size": len(keys), "source": {**version, "device_id": key.device, "pid": key.pid}}
+        meta: TraceMeta = {"rank": rank, "world_size": len(keys), "source": {**version, "device_id": key.device, "pid": key.pid}}
         if device:
             meta["devices"] = [device]
         mine_stacks = {corr: fr for (proc, corr), fr in stacks.items() if key.process is None or proc == key.process}
@@ -448,7 +454,7 @@ _US, _RS = "\x1f", "\x1e"  # the unit and record separators the rows travel with
 CHUNK_ROWIDS = 1 << 17
 
 
-def _frame(ex: Export, pl: Any, sql: str, schema: dict[str, Any]) -> Any:
+def _frame(ex: Export, pl: Any, sql: str, schema: dict[str, type[DataType]]) -> Any:
     """The rows of `sql` ("SELECT e0, e1, ... FROM <table> t ... [WHERE ...]") as a frame of
     `schema`. SQLite itself joins each chunk of rows (by rowid) into one string, fields and rows
     apart by the ASCII unit and record separators, and polars' CSV reader parses it: no Python

@@ -60,7 +60,7 @@ class Split:
         self.pids[pid] = got
         return got
 
-    def source(self, k: int) -> dict[str, str]:
+    def source(self, k: int) -> dict[str, str | int | None]:
         """summary.json's `source` of rank k: the form and the process it was taken from."""
         return {"merged": self.form, "process": self.names[k]}
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import msgspec
 
-from profkit.ingest.decode import DocMeta, trace_meta
+from profkit.ingest.decode import DocMeta, TraceMeta, trace_meta
 
 CHUNK_BYTES = 24 << 20  # raw JSON per decoded chunk
 READ_BYTES = 8 << 20  # decompressed bytes per read
@@ -289,7 +289,7 @@ def _leftmost_end(window: bytes, after: bytes) -> int:
         best = pos
 
 
-def parse_meta(cut: Cut) -> dict[str, Any]:
+def parse_meta(cut: Cut) -> TraceMeta:
     """The metadata of the document around the events (decode.trace_meta), decoded as strictly as
     the tiered decoder's first tier would (else NotFast)."""
     try:

@@ -78,7 +78,7 @@ def read_info(path: Path | TraceFile) -> FileInfo:
     inspected once (identity.TraceFile, kept in `file` for the loader) unless a TraceFile is given."""
     import msgspec
 
-    from profkit.ingest.decode import trace_meta
+    from profkit.ingest.decode import TraceMeta, json_trace_meta
     from profkit.ingest.identity import trace_file
 
     try:
@@ -87,23 +87,23 @@ def read_info(path: Path | TraceFile) -> FileInfo:
         f = None
     path = f.path if f is not None else path.path if isinstance(path, TraceFile) else Path(path)
     head = _json_head(f) if f is not None else b""
-    doc: dict[str, Any] = {}
+    meta: TraceMeta = {}
+    tid: object = None
     i = head.find(b'"traceEvents"')
     prefix = head[:i].strip() if i > 0 else b""
-    if prefix.startswith(b"{"):
+    if prefix.startswith(b"{") and len(prefix) > 1:
         prefix = prefix.rstrip(b",").rstrip()
         try:
-            got = msgspec.json.decode(prefix + b"}") if len(prefix) > 1 else {}
-            doc = got if isinstance(got, dict) else {}
+            doc = msgspec.json.decode(prefix + b"}")  # the untyped JSON head: what is of the wrong type is left out
         except msgspec.DecodeError:
-            doc = {}
-    meta = trace_meta(doc)
+            doc = None
+        if isinstance(doc, dict):
+            meta, tid = json_trace_meta(doc), doc.get("trace_id")
     devices = tuple(sorted({d for d in meta.get("devices", ()) if d}))
     world, rank = meta.get("world_size"), meta.get("rank")
     if rank is None:
         m = TP_RANK.search(path.name)
         rank = int(m.group(1)) if m else None
-    tid = doc.get("trace_id")
     procs = set(_PROCESS.findall(head))
     if f is not None and not f.gzip:
         whole = f.whole

@@ -23,7 +23,10 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # numpy is imported where the arrays are made: loading this module costs no numpy
+    import numpy as np
 
 _SRC = Path(__file__).with_name("_scan.c")
 CFLAGS = ("-O3", "-shared", "-fPIC")  # -O3: ~15% fewer instructions per byte than -O2 (callgrind)
@@ -172,7 +175,7 @@ def _address(data: Any) -> tuple[int, Any]:
 _LOCAL = threading.local()
 
 
-def _buffers(cap: int, s_cap: int) -> dict[str, Any]:
+def _buffers(cap: int, s_cap: int) -> dict[str, np.ndarray]:
     """The scanner's output arrays, reused by each thread from chunk to chunk (fresh arrays cost
     page faults: more system time than the scan itself); the columns built from them are copies."""
     import numpy as np
@@ -192,7 +195,7 @@ def _buffers(cap: int, s_cap: int) -> dict[str, Any]:
     return got
 
 
-def _scan(data: Any) -> tuple[dict[str, Any], int, list[str], _Out] | None:
+def _scan(data: Any) -> tuple[dict[str, np.ndarray], int, list[str], _Out] | None:
     """Run the scanner over a chunk: (its output arrays, event count, the chunk's distinct strings
     by local id, the output struct), or None when the scanner is not there or does not accept the chunk."""
     got = lib()
@@ -233,14 +236,14 @@ class Rows:
     of table t at [start[t], start[t] + count[t]); plus what columnar.decode_chunk_tables returns
     besides the rows."""
 
-    cols: dict[str, Any]
+    cols: dict[str, np.ndarray]
     start: tuple[int, int, int, int]
     count: tuple[int, int, int, int]
     unusable: tuple[int, int, int]
     tmin: float | None
     n_events: int
 
-    def table(self, t: int) -> dict[str, Any]:
+    def table(self, t: int) -> dict[str, np.ndarray]:
         a, b = self.start[t], self.start[t] + self.count[t]
         return {k: v[a:b] for k, v in self.cols.items()}
 
@@ -273,7 +276,7 @@ def scan_chunk_rows(data: Any, strings: Any) -> Rows | None:
     return Rows(cols, tuple(e.start), tuple(e.count), tuple(e.unusable), e.tmin if e.has_tmin else None, n)
 
 
-def _note_labelled(a: dict[str, Any], n: int, texts: list[str], strings: Any) -> None:
+def _note_labelled(a: dict[str, np.ndarray], n: int, texts: list[str], strings: Any) -> None:
     """The earliest timestamp of the chunk's events of each SGLang-labelled pid, noted in `strings`
     (Strings.note_min_ts; ingest/processes.py)."""
     from profkit.ingest.processes import label_of

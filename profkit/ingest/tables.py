@@ -14,7 +14,7 @@ from typing import Any
 import polars as pl
 
 from profkit.apis import canonical_api
-from profkit.ingest.decode import Event
+from profkit.ingest.decode import Event, TraceMeta
 
 from profkit.ingest.categories import CALL_CATS, CPU_CATS, GPU_OP_CATS, canonical_cat, foreign_device_warning
 from profkit.ingest.units import US_LIMIT, us_to_ns
@@ -54,7 +54,7 @@ class Trace:
     gpu_annotations: pl.DataFrame
     t0_ns: int
     n_events: int
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: TraceMeta = field(default_factory=TraceMeta)
     warnings: list[str] = field(default_factory=list)
     sha256: str | None = None  # of the file, when ingest already computed it (the cache does)
     # correlation id -> the frames of the call's backtrace, innermost first (an nsys export recorded
