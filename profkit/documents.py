@@ -424,6 +424,12 @@ class Change(_Doc):
     ratio: float | None = None
 
 
+class IterationsUsed(_Doc):
+    """A side's iterations: how many its rank has, and the indices of the compared ones."""
+    total: int = 0
+    used: list[int] = []
+
+
 class SideInfo(_Doc):
     label: str = "?"
     inputs: list[Any] = []
@@ -432,7 +438,7 @@ class SideInfo(_Doc):
     device_timeline: str | None = None
     catalog: str | None = None
     marker: Any = None
-    iterations: dict[str, Any] = {}
+    iterations: IterationsUsed = msgspec.field(default_factory=IterationsUsed)
     shapes: dict[str, int] = {}
     repeats: int = 0
 
@@ -456,6 +462,30 @@ class DecompositionSide(_Doc):
     backlog_us: Num | None = None
 
 
+class Spreads(_Doc):
+    """The noise each decomposition term is judged against (None: not judged), keyed like the terms."""
+    gpu_window_us: Num | None = None
+    category_us: dict[str, Num | None] = {}
+    overlap_us: Num | None = None
+    idle_us: Num | None = None
+    idle_us_by_cause: dict[str, Num | None] = {}
+    backlog_us: Num | None | UnsetType = UNSET  # UNSET: a diff.json written before the backlog term
+    phase_us: dict[str, Num | None] = {}
+
+
+class WindowChange(_Doc):
+    """One pair of profile windows (window i of each side): each term's exact change and the identity's residual."""
+    window: int = 0
+    gpu_window_us: Num | None = None
+    category_us: dict[str, Num | None] = {}
+    overlap_us: Num | None = None
+    idle_us_by_cause: dict[str, Num | None] = {}
+    backlog_us: Num | None | UnsetType = UNSET  # UNSET: a diff.json written before the backlog term
+    phase_us: dict[str, Num | None] = {}
+    residual_us: Num | None = None
+    exact: bool = True
+
+
 class Decomposition(_Doc):
     unstable: str | None = None
     statistic: str | None = None
@@ -470,10 +500,10 @@ class Decomposition(_Doc):
     idle_us_by_cause: dict[str, Num] = {}
     backlog_us: Num | None | UnsetType = UNSET  # UNSET: a diff.json written before the backlog term
     phase_us: dict[str, Num] = {}
-    spread_us: dict[str, Any] = {}
+    spread_us: Spreads = msgspec.field(default_factory=Spreads)
     residual_us: Num | None = None
     exact: bool | None = None
-    per_window: list[Any] = []
+    per_window: list[WindowChange] = []
     baseline: DecompositionSide = msgspec.field(default_factory=DecompositionSide)
     candidate: DecompositionSide = msgspec.field(default_factory=DecompositionSide)
 
@@ -532,6 +562,27 @@ class OwnTerm(NoiseTerm):
     as_expected: bool | None = None
 
 
+class CategoryChange(_Doc):
+    """A category's change in the expected-effect check: inside the optimization's categories or not, beyond the
+    threshold, flagged."""
+    category: str = ""
+    baseline_us: Num | None = None
+    candidate_us: Num | None = None
+    delta_us: Num | None = None
+    pct: float | None = None
+    inside: bool = False
+    exceeds_threshold: bool = False
+    flagged: bool = False
+    within_noise: bool | None = None
+    expected_growth: bool | UnsetType = UNSET  # (optional key) growth the catalog expects of the optimization's design
+
+
+class NotJudged(_Doc):
+    """Flags withheld: why (the windows disagree on the profiler's slowdown), and the changes that would be flags."""
+    reason: str = ""
+    changes: list[str] = []
+
+
 class ExpectedEffect(_Doc):
     optimization: str = ""
     known: bool = False
@@ -546,9 +597,9 @@ class ExpectedEffect(_Doc):
     against: list[str] = []
     beyond_noise: list[NoiseTerm] = []
     floor_us: Num | None = None
-    changes: list[dict[str, Any]] = []
+    changes: list[CategoryChange] = []
     flags: list[str] = []
-    not_judged: dict[str, Any] | None = None  # flags withheld: {reason, changes} (the windows disagree on the profiler's slowdown)
+    not_judged: NotJudged | None = None  # flags withheld (the windows disagree on the profiler's slowdown)
     grows: list[str] = []  # the categories whose per-step work it grows by design ("*": every one)
     grows_why: str | None = None
     ok: bool | None = None

@@ -28,8 +28,9 @@ import re
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 from profkit import __version__
 from profkit.analysis.shapes import shape_text
@@ -37,11 +38,11 @@ from profkit.attribution import capture_terms
 from profkit.ingest.identity import short_label
 from profkit.errors import NothingToAnalyze, UsageError
 from profkit.attribution.findings import idle_cpu_ops, largest_bubbles
-from profkit.documents import (UNSET, BubbleView, Change, CpuOpTime, Diff, ExpectedEffect, IdleCpuOp, Iteration, KernelEntry, LargeBubble,
-                               Mover, Noise, NoiseMetric, NoiseSide, NoiseTerm, OwnTerm, Pair, Rank, SeriesPoint, Shape as ShapeInfo, SideBySide,
-                               SideInfo, Summary, SyncChange, summary_of)
+from profkit.documents import (UNSET, BubbleView, CategoryChange, Change, CpuOpTime, Diff, ExpectedEffect, IdleCpuOp, Iteration, IterationsUsed,
+                               KernelEntry, LargeBubble, Mover, Noise, NoiseMetric, NoiseSide, NoiseTerm, NotJudged, OwnTerm, Pair, Rank,
+                               SeriesPoint, Shape as ShapeInfo, SideBySide, SideInfo, Summary, SyncChange, UnsetType, summary_of)
 from profkit.terms import CAUSES, COUNT_KEYS, SERIES_FIELDS, TIMING_KEYS, term_label
-from profkit.attribution.windows import Stats, Terms, basis_of, decomposition as window_decomposition, flat_means, judged, unstable_windows, window_statistic, within
+from profkit.attribution.windows import Stat, Stats, Terms, basis_of, decomposition as window_decomposition, flat_means, judged, unstable_windows, window_statistic, within
 
 DIFF_SCHEMA_VERSION = 1
 IDLE_KEYS = (*CAUSES, "short_gaps")
@@ -210,51 +211,58 @@ def _side_by_side(b: float | None, c: float | None) -> SideBySide:
     return SideBySide(baseline=b, candidate=c, delta=delta)
 
 
-def _stat_ratio(m: Mapping[str, Any]) -> Change:
+def _stat_ratio(m: Stat) -> Change:
     """A metric of the statistic (windows.window_statistic) as diff.json's {baseline, candidate, delta, ratio}:
     each side's median over its windows, the median of the per-window change, 1 + delta / baseline."""
-    b, c = m["baseline"], m["candidate"]
-    return Change(baseline=_us(b), candidate=_us(c), delta=_us(m["delta"]), ratio=float((b + m["delta"]) / b) if b else None)
+    b, c = m.baseline, m.candidate
+    return Change(baseline=_us(b), candidate=_us(c), delta=_us(m.delta), ratio=float((b + m.delta) / b) if b else None)
 
 
-def _with_ratio(b: Fraction, c: Fraction) -> dict[str, float | None]:
-    return {"baseline": _us(b), "candidate": _us(c), "delta": _us(c - b), "ratio": float(c / b) if b else None}
+def _with_ratio(b: Fraction, c: Fraction) -> Change:
+    return Change(baseline=_us(b), candidate=_us(c), delta=_us(c - b), ratio=float(c / b) if b else None)
 
 
 # ---------------------------------------------------------------------------------------------
 # kernels
 
 
-def _kernel_table(rank: Rank, shaped: bool = False) -> dict[Any, dict[str, Any]]:
+KernelKey = str | tuple[str, str]  # a normalized name, or (normalized name, shape)
+
+
+@dataclass
+class _KernelSum:
+    """One kernel group of a rank, summed over its kernel entries."""
+    name: str
+    shape: str | UnsetType
+    count: int = 0
+    total_ns: int = 0
+    cats: Counter[str] = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+
+
+def _kernel_table(rank: Rank, shaped: bool = False) -> dict[KernelKey, KernelEntry]:
     """Normalized name -> per-iteration count and µs (over all the rank's iterations), category, examples;
     `shaped` (both sides recorded with shapes): (normalized name, shape) -> the same, with the launching op's
     shape as analysis/shapes.shape_text writes it."""
     n = max(len(rank.iterations), 1)
-    out: dict[Any, dict[str, Any]] = {}
+    sums: dict[KernelKey, _KernelSum] = {}
     for k in rank.kernels:
         raw = str(k.name or "")
         name = normalize_kernel_name(raw)
-        key: Any = name
+        key: KernelKey = name
+        shape: str | UnsetType = UNSET
         if shaped:
-            key = (name, shape_text(k.shape_op, k.shape, k.shape_dtypes))
-        e = out.setdefault(key, {"name": name, "count": 0, "total_ns": 0, "cats": Counter(), "examples": [], **({"shape": key[1]} if shaped else {})})
-        e["count"] += int(k.count or 0)
+            shape = shape_text(k.shape_op, k.shape, k.shape_dtypes)
+            key = (name, shape)
+        e = sums.setdefault(key, _KernelSum(name=name, shape=shape))
+        e.count += int(k.count or 0)
         t = _ns(k.total_us)
-        e["total_ns"] += t
-        e["cats"][k.category or "other"] += t
-        if len(e["examples"]) < 3 and raw != key:
-            e["examples"].append(raw)
-    for e in out.values():
-        e["category"] = e.pop("cats").most_common(1)[0][0]
-        e["count_per_iteration"] = e["count"] / n
-        e["us_per_iteration"] = e["total_ns"] / 1000 / n
-        del e["total_ns"]
-    return out
-
-
-def _kernel_entry(e: Mapping[str, Any]) -> KernelEntry:
-    return KernelEntry(name=e["name"], category=e["category"], count_per_iteration=e["count_per_iteration"],
-                       us_per_iteration=e["us_per_iteration"], examples=list(e["examples"]), shape=e.get("shape", UNSET))
+        e.total_ns += t
+        e.cats[k.category or "other"] += t
+        if len(e.examples) < 3 and raw != key:
+            e.examples.append(raw)
+    return {key: KernelEntry(name=e.name, category=e.cats.most_common(1)[0][0], count_per_iteration=e.count / n,
+                             us_per_iteration=e.total_ns / 1000 / n, examples=e.examples, shape=e.shape) for key, e in sums.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,11 +324,11 @@ def _noise(st: Stats, nb: int, nc: int, unstable: str | None = None, recorded: i
     metrics: dict[str, NoiseMetric] = {}
     for k, m in st.items():
         metrics[k] = NoiseMetric(
-            baseline=NoiseSide(median=_us_or_count(k, m["baseline"]), spread=_us_or_count(k, m["baseline_spread"]), n=nb),
-            candidate=NoiseSide(median=_us_or_count(k, m["candidate"]), spread=_us_or_count(k, m["candidate_spread"]), n=nc),
-            delta=_us_or_count(k, m["delta"]), spread=_us_or_count(k, m["noise"]),
-            per_window=[_us_or_count(k, d) for d in m["per_window"]],
-            within_noise=within(m["delta"], m["noise"]),
+            baseline=NoiseSide(median=_us_or_count(k, m.baseline), spread=_us_or_count(k, m.baseline_spread), n=nb),
+            candidate=NoiseSide(median=_us_or_count(k, m.candidate), spread=_us_or_count(k, m.candidate_spread), n=nc),
+            delta=_us_or_count(k, m.delta), spread=_us_or_count(k, m.noise),
+            per_window=[_us_or_count(k, d) for d in m.per_window],
+            within_noise=within(m.delta, m.noise),
         )
     return Noise(
         available=True,
@@ -390,6 +398,13 @@ def slowdown_disagreement(slowdowns: Sequence[float]) -> str | None:
     return f"the profiler's slowdown varied {min(slowdowns):.1f}–{max(slowdowns):.1f}× between windows"
 
 
+def _catalog_table(catalog: Any, attr: str) -> Mapping[str, Sequence[str]]:
+    """One of the catalog's tables by optimization (its categories, phases, idle causes, the categories it grows); {}
+    where the catalog has none (anything with ``optimizations`` will do)."""
+    table: Mapping[str, Sequence[str]] = getattr(catalog, attr, None) or {}
+    return table
+
+
 def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
                      drift_ns: Fraction = Fraction(0), *, clock: bool = False, unstable: str | None = None,
                      slowdown: str | None = None) -> ExpectedEffect | None:
@@ -400,7 +415,7 @@ def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
     floor for verdicts when the categories are by the clock (`clock`: older summaries), where it moves them."""
     if opt is None:
         return None
-    optimizations: Mapping[str, Sequence[str]] = getattr(catalog, "optimizations", None) or {}
+    optimizations = _catalog_table(catalog, "optimizations")
     cat_name = getattr(catalog, "name", None)
     if opt not in optimizations:
         return ExpectedEffect(
@@ -413,66 +428,68 @@ def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
     # a verdict needs a change beyond the noise that also matters: at least 1 µs and MATERIAL_SHARE of the baseline's
     # GPU window (kernel time by ownership barely varies between a side's windows, so a 2 µs move of a 600 µs category
     # can exceed their spread without changing the iteration), and the backlog's drift where categories are by the clock
-    material = Fraction(st["gpu_window_us"]["baseline"] or 0) * Fraction(MATERIAL_SHARE)
+    material = Fraction(st["gpu_window_us"].baseline or 0) * Fraction(MATERIAL_SHARE)
     floor = max(Fraction(ABS_THRESHOLD_NS), drift_ns if clock else Fraction(0), material)
     get = st.__getitem__
 
     def beyond(key: str) -> bool:
         m = get(key)
-        return use_noise and not within(m["delta"], m["noise"]) and abs(m["delta"]) >= floor
+        return use_noise and not within(m.delta, m.noise) and abs(m.delta) >= floor
 
-    def term(key: str) -> dict[str, Any]:
+    def term(key: str) -> NoiseTerm:
         m = get(key)
-        return {"term": key, "delta_us": _us(m["delta"]), "spread_us": _us(m["noise"]) if use_noise else None,
-                "within_noise": within(m["delta"], m["noise"]) if use_noise else None}
+        return NoiseTerm(term=key, delta_us=float(m.delta / 1000), spread_us=_us(m.noise) if use_noise else None,
+                         within_noise=within(m.delta, m.noise) if use_noise else None)
 
-    grows = set((getattr(catalog, "optimization_grows", None) or {}).get(opt, ()))
-    grows_why = (getattr(catalog, "optimization_grows_why", None) or {}).get(opt) or None
-    changes: list[dict[str, Any]] = []
+    grows = set(_catalog_table(catalog, "optimization_grows").get(opt, ()))
+    why: Mapping[str, str] = getattr(catalog, "optimization_grows_why", None) or {}
+    grows_why = why.get(opt) or None
+    changes: list[CategoryChange] = []
     flags: list[str] = []
     unflagged: list[str] = []
     for cat in sorted(k.split(".", 1)[1] for k in st if k.startswith("category_us.")):
         m = get(f"category_us.{cat}")
-        if m["delta"] == 0:
+        if m.delta == 0:
             continue
         inside = cat in owned
         exceeds = beyond(f"category_us.{cat}")  # not judged (one window a side): never flagged
-        pct = float(m["delta"] / m["baseline"] * 100) if m["baseline"] else None
+        pct = float(m.delta / m.baseline * 100) if m.baseline else None
         # growth the catalog expects of the optimization's own design (a verify step's work per token) is no flag
-        growth = m["delta"] > 0 and ("*" in grows or cat in grows)
+        growth = m.delta > 0 and ("*" in grows or cat in grows)
         candidate_flag = (not inside) and exceeds and not growth
         flagged = candidate_flag and slowdown is None  # windows the profiler slowed 1.7× and 11× apart: not judged
-        changes.append({
-            "category": cat, "baseline_us": _us(m["baseline"]), "candidate_us": _us(m["candidate"]), "delta_us": _us(m["delta"]), "pct": pct,
-            "inside": inside, "exceeds_threshold": exceeds, "flagged": flagged,
-            "within_noise": term(f"category_us.{cat}")["within_noise"],
-            **({"expected_growth": True} if growth and exceeds and not inside else {}),
-        })
+        changes.append(CategoryChange(
+            category=cat, baseline_us=_us(m.baseline), candidate_us=_us(m.candidate), delta_us=_us(m.delta), pct=pct,
+            inside=inside, exceeds_threshold=exceeds, flagged=flagged,
+            within_noise=term(f"category_us.{cat}").within_noise,
+            expected_growth=True if growth and exceeds and not inside else UNSET,
+        ))
         if candidate_flag:
-            how = f"by {pct:+,.1f}%" if pct is not None else f"by {_us(m['delta']):+,.1f} µs (absent in the baseline)"
+            how = f"by {pct:+,.1f}%" if pct is not None else f"by {_us(m.delta):+,.1f} µs (absent in the baseline)"
             (flags if flagged else unflagged).append(
-                f"{opt} changed {cat} time {how}, outside its categories ({_us(m['delta']):+,.1f} µs per iteration)")
-    changes.sort(key=lambda ch: -abs(ch["delta_us"]))
+                f"{opt} changed {cat} time {how}, outside its categories ({_us(m.delta):+,.1f} µs per iteration)")
+    changes.sort(key=lambda ch: -abs(ch.delta_us or 0))
 
     # its own effect first: the catalog's categories, phases and idle causes of the optimization, each expected
     # to shrink, with the verdict (as_expected: True/False beyond the noise, None within it or not judged);
     # then what else moved beyond the noise
-    phases = list((getattr(catalog, "optimization_phases", None) or {}).get(opt, ()))
-    idle_own = list((getattr(catalog, "optimization_idle", None) or {}).get(opt, ()))
+    phases = list(_catalog_table(catalog, "optimization_phases").get(opt, ()))
+    idle_own = list(_catalog_table(catalog, "optimization_idle").get(opt, ()))
 
-    def own_term(key: str) -> dict[str, Any]:
-        m = get(key)
-        return {**term(key), "baseline_us": _us(m["baseline"]), "candidate_us": _us(m["candidate"]), "expected": "decrease",
-                "as_expected": (m["delta"] < 0) if beyond(key) else None}
+    def own_term(key: str) -> OwnTerm:
+        m, t = get(key), term(key)
+        return OwnTerm(term=t.term, delta_us=t.delta_us, spread_us=t.spread_us, within_noise=t.within_noise,
+                       baseline_us=_us(m.baseline), candidate_us=_us(m.candidate), expected="decrease",
+                       as_expected=(m.delta < 0) if beyond(key) else None)
 
     own = ([own_term(f"category_us.{c}") for c in owned] + [own_term(f"phase_us.{p}") for p in phases]
            + [own_term(f"idle_us_by_cause.{k}") for k in idle_own])
-    against = [f"{opt} moved its own {term_label(t['term'])} the wrong way: {t['delta_us']:+,.1f} µs per iteration, "
-               f"expected a decrease (beyond {judged_against((_us(drift_ns) or 0.0) if clock else 0.0)})" for t in own if t["as_expected"] is False]
+    against = [f"{opt} moved its own {term_label(t.term)} the wrong way: {t.delta_us:+,.1f} µs per iteration, "
+               f"expected a decrease (beyond {judged_against((_us(drift_ns) or 0.0) if clock else 0.0)})" for t in own if t.as_expected is False]
     elsewhere = [term(k) for k in sorted(st) if k.startswith("category_us.") and k.split(".", 1)[1] not in owned]
     elsewhere += [term(f"idle_us_by_cause.{k}") for k in IDLE_KEYS if k not in idle_own]
     elsewhere += [term("backlog_us")] if "backlog_us" in st else []
-    beyond_noise = sorted((t for t in elsewhere if beyond(t["term"])), key=lambda t: -abs(t["delta_us"]))
+    beyond_noise = sorted((t for t in elsewhere if beyond(t.term)), key=lambda t: -abs(t.delta_us))
     return ExpectedEffect(
         optimization=opt, known=True, catalog=cat_name, categories=owned, phases=phases, idle=idle_own,
         judged=use_noise,
@@ -480,15 +497,15 @@ def _expected_effect(opt: str | None, catalog: Any, st: Stats, use_noise: bool,
                       f"the noise (spread over profile windows) and the GPU backlog's drift ({_us(drift_ns):,.1f} µs per iteration)")
                   if use_noise else (f"not judged: unstable ({unstable})" if unstable else "not judged: one profile window per side (no noise estimate)"),
         backlog_drift_us=_us(drift_ns),
-        own=[OwnTerm(**t) for t in own], against=against, beyond_noise=[NoiseTerm(**t) for t in beyond_noise], floor_us=_us(floor),
+        own=own, against=against, beyond_noise=beyond_noise, floor_us=_us(floor),
         changes=changes, flags=flags,
         # (optional keys) changes outside its categories that would be flags, not judged because the windows disagree on the
         # profiler's slowdown (the sentence says by how much); growth the catalog expects (grows, grows_why)
-        not_judged={"reason": slowdown, "changes": unflagged} if slowdown and unflagged else None,
+        not_judged=NotJudged(reason=slowdown, changes=unflagged) if slowdown and unflagged else None,
         grows=sorted(grows), grows_why=grows_why if grows else None,
         # None when not judged: no pass, no fail
         # a pass only when judged, nothing against it, and its own effect seen beyond the noise; None: no pass, no fail
-        ok=None if not use_noise else False if (flags or against) else None if unflagged else True if any(t["as_expected"] for t in own) else None,
+        ok=None if not use_noise else False if (flags or against) else None if unflagged else True if any(t.as_expected for t in own) else None,
     )
 
 
@@ -514,7 +531,7 @@ def _side_info(summary: Summary, rank: Rank, its: Sequence[Iteration], label: st
         device_timeline=rank.device_timeline,  # "cpu": a CPU-only run (aten ops stand in for device ops)
         catalog=rank.catalog,
         marker=summary.marker if rank.marker is UNSET else rank.marker,
-        iterations={"total": len(all_its), "used": [i.index for i in its]},
+        iterations=IterationsUsed(total=len(all_its), used=[i.index for i in its]),
         shapes=dict(Counter(shape_label(shape_of(i)) for i in all_its).most_common()),
         repeats=n_repeats,
     )
@@ -567,14 +584,21 @@ def _compared(baseline: Summary, candidate: Summary, rank: int = 0) -> tuple[
 NO_COMMON_SHAPE = "all iterations (no common shape)"
 
 
-def compare_means(baseline: Summary | Mapping[str, Any], candidate: Summary | Mapping[str, Any], *, rank: int = 0) -> dict[str, Any]:
+class Means(NamedTuple):
+    """A diff's headline numbers: the compared shape's label, and the wall and GPU window per iteration as diff.json has
+    them (baseline, candidate, delta, ratio; µs per iteration)."""
+    shape_label: str
+    wall_us: Change
+    gpu_window_us: Change
+
+
+def compare_means(baseline: Summary | Mapping[str, Any], candidate: Summary | Mapping[str, Any], *, rank: int = 0) -> Means:
     """A diff's headline numbers only, from the same iterations and with the same exact means as
-    `compare_summaries`: the compared shape's label, and ``wall_us`` and ``gpu_window_us`` as
-    diff.json has them (baseline, candidate, delta, ratio; µs per iteration)."""
+    `compare_summaries`."""
     _, _, shape, _, ib, ic, _ = _compared(summary_of(baseline), summary_of(candidate), rank)
     mb, mc = flat_means(ib, "clock"), flat_means(ic, "clock")  # the window and wall do not depend on the basis
-    return {"shape_label": shape_label(shape) if shape else NO_COMMON_SHAPE,
-            "wall_us": _with_ratio(mb["wall_us"], mc["wall_us"]), "gpu_window_us": _with_ratio(mb["gpu_window_us"], mc["gpu_window_us"])}
+    return Means(shape_label=shape_label(shape) if shape else NO_COMMON_SHAPE,
+                 wall_us=_with_ratio(mb["wall_us"], mc["wall_us"]), gpu_window_us=_with_ratio(mb["gpu_window_us"], mc["gpu_window_us"]))
 
 
 def compare_summaries(
@@ -641,12 +665,12 @@ def compare_summaries(
     cb, cc = _counts(ib), _counts(ic)
     # one statistic, everywhere (DESIGN.md): each side's median over its windows of the per-iteration median, and the
     # median over paired windows of the per-window change, as the noise verdict beside it judges (window 0 alone before)
-    counts = ({k: SideBySide(baseline=float(st[f"counts.{k}"]["baseline"]), candidate=float(st[f"counts.{k}"]["candidate"]),
-                             delta=float(st[f"counts.{k}"]["delta"])) for k in COUNT_KEYS}
+    counts = ({k: SideBySide(baseline=float(st[f"counts.{k}"].baseline), candidate=float(st[f"counts.{k}"].candidate),
+                             delta=float(st[f"counts.{k}"].delta)) for k in COUNT_KEYS}
               if fb and fc else {k: _side_by_side(cb[k], cc[k]) for k in COUNT_KEYS})
     tb, tc = _timings(ib), _timings(ic)
-    timings = ({k: SideBySide(baseline=_us(st[f"timings.{k}"]["baseline"]), candidate=_us(st[f"timings.{k}"]["candidate"]),
-                              delta=_us(st[f"timings.{k}"]["delta"])) if f"timings.{k}" in st else _side_by_side(tb[k], tc[k]) for k in TIMING_KEYS}
+    timings = ({k: SideBySide(baseline=_us(st[f"timings.{k}"].baseline), candidate=_us(st[f"timings.{k}"].candidate),
+                              delta=_us(st[f"timings.{k}"].delta)) if f"timings.{k}" in st else _side_by_side(tb[k], tc[k]) for k in TIMING_KEYS}
                if fb and fc else {k: _side_by_side(tb[k], tc[k]) for k in TIMING_KEYS})
     sb, sc = _sync_groups(rb, ib), _sync_groups(rc, ic)
     syncs = [
@@ -663,22 +687,24 @@ def compare_summaries(
         warnings.append(f"shapes were recorded for the {'baseline' if sb_ else 'candidate'} only: the kernels are compared by name alone; "
                         "record both with `profkit trace --record-shapes` to compare them by shape")
     kb, kc = _kernel_table(rb, shaped), _kernel_table(rc, shaped)
-    order = lambda e: (-e["us_per_iteration"], e["name"], e.get("shape", ""))  # noqa: E731
+    order = lambda e: (-e.us_per_iteration, e.name, e.shape or "")  # noqa: E731
     added = sorted((kc[k] for k in set(kc) - set(kb)), key=order)
     removed = sorted((kb[k] for k in set(kb) - set(kc)), key=order)
     movers = []
     for k in set(kb) | set(kc):
         b, c = kb.get(k), kc.get(k)
-        bu, cu = (b["us_per_iteration"] if b else 0.0), (c["us_per_iteration"] if c else 0.0)
+        bu, cu = (b.us_per_iteration if b else 0.0), (c.us_per_iteration if c else 0.0)
         if bu == cu:
             continue
+        either = c or b
+        assert either is not None  # k is a key of one side at least
         movers.append(Mover(
-            name=(c or b)["name"], category=(c or b)["category"],  # type: ignore[index]
+            name=either.name, category=either.category,
             baseline_us=bu, candidate_us=cu, delta_us=cu - bu,
-            baseline_count=b["count_per_iteration"] if b else 0.0, candidate_count=c["count_per_iteration"] if c else 0.0,
+            baseline_count=b.count_per_iteration if b else 0.0, candidate_count=c.count_per_iteration if c else 0.0,
             status="added" if b is None else "removed" if c is None else "changed",
-            examples=list((c or b)["examples"]),  # type: ignore[index]
-            shape=k[1] if shaped else UNSET,
+            examples=list(either.examples),
+            shape=either.shape,
         ))
     movers.sort(key=lambda m: (-abs(m.delta_us), m.name, m.shape or ""))
 
@@ -688,7 +714,7 @@ def compare_summaries(
     drift_b, drift_c = _backlog_drift_ns(win_b), _backlog_drift_ns(win_c)
     drift = drift_b + drift_c
     gw = st["gpu_window_us"]
-    if drift > ABS_THRESHOLD_NS and drift * 100 >= min(gw["baseline"], gw["candidate"]):  # 1% of the GPU window
+    if drift > ABS_THRESHOLD_NS and drift * 100 >= min(gw.baseline, gw.candidate):  # 1% of the GPU window
         if basis == "ownership":
             warnings.append(f"the GPU's backlog moved during the compared iterations (GPU-bound, the host ahead): {_us(drift_b):,.1f} µs "
                             f"per iteration on the baseline, {_us(drift_c):,.1f} on the candidate; categories and phases are by "
@@ -728,8 +754,8 @@ def compare_summaries(
         counts=counts,
         timings=timings,
         syncs=syncs,
-        kernels_added=[_kernel_entry(e) for e in added[:MAX_KERNEL_LIST]],
-        kernels_removed=[_kernel_entry(e) for e in removed[:MAX_KERNEL_LIST]],
+        kernels_added=added[:MAX_KERNEL_LIST],
+        kernels_removed=removed[:MAX_KERNEL_LIST],
         kernels_added_total=len(added),
         kernels_removed_total=len(removed),
         top_movers=movers[:TOP_MOVERS],
@@ -766,7 +792,8 @@ def run_manifest(summary: Summary | Mapping[str, Any]) -> Any:
 def _bubble_view(rank: Rank, its: Sequence[Iteration], n: int = 5) -> BubbleView:
     idx = {i.index for i in its}
     return BubbleView(
-        largest=[LargeBubble(**{**b, "cpu_ops": [CpuOpTime(name=nm, us=us) for nm, us in b["cpu_ops"]]}) for b in largest_bubbles(rank, n, idx)],
+        largest=[LargeBubble(iteration=b["iteration"], start_us=b["start_us"], dur_us=b["dur_us"], cause=b["cause"],
+                             cpu_ops=[CpuOpTime(name=nm, us=us) for nm, us in b["cpu_ops"]]) for b in largest_bubbles(rank, n, idx)],
         idle_cpu_ops=[IdleCpuOp(name=nm, idle_us=us) for nm, us in idle_cpu_ops(rank, None, n)],
     )
 

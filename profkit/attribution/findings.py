@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import Any
+from typing import Any, TypedDict
 
-from profkit.documents import Rank
+from profkit.documents import Num, Rank
 
 # The CPU window is "much longer" than the GPU window when the difference is over this share of
 # it and over HOST_GAP_MIN_US: then the host, not the device, set the iteration's length.
@@ -20,12 +20,58 @@ HOST_GAP_SHARE = 0.2
 HOST_GAP_MIN_US = 100.0
 
 
+class BlockingCall(TypedDict):
+    """The host call that blocked longest, as host_gap finds it (`name`: as the trace spells it)."""
+    api: str | None
+    kind: str | None
+    direction: str | None
+    trigger: str | None
+    stack: str | None
+    blocked_us: Num | None
+    iteration: int | None
+    name: str | None
+
+
+class HostGap(TypedDict):
+    """host_gap: the median CPU and GPU windows, their difference, and the call that accounts for it (None: none)."""
+    wall_us: float
+    gpu_window_us: float
+    gap_us: float
+    call: BlockingCall | None
+
+
+class BubbleRow(TypedDict):
+    """One of the longest bubbles: where, how long, why, and its CPU ops [(name, µs or None)]."""
+    iteration: int | None
+    start_us: Num | None
+    dur_us: Num | None
+    cause: str | None
+    cpu_ops: list[tuple[str, Num | None]]
+
+
+class CauseCount(TypedDict):
+    count: int
+    us: Num | None
+
+
+class SyncRow(TypedDict):
+    """A sync group with the innermost user frame of its longest listed sync (None: no stack)."""
+    kind: str | None
+    api: str | None
+    name: str | None
+    direction: str | None
+    trigger: str | None
+    count: int
+    blocked_us: Num
+    frame: str | None
+
+
 def _median(vals: list[Any]) -> float | None:
     vals = [v for v in vals if v is not None]
     return statistics.median(vals) if vals else None
 
 
-def host_gap(rank: Rank) -> dict[str, Any] | None:
+def host_gap(rank: Rank) -> HostGap | None:
     """When the median CPU window (wall_us) is much longer than the median GPU window: the two
     medians and the host call that blocked longest inside the iterations (api, direction,
     trigger, stack, blocked_us, iteration), if one accounts for at least half the difference in
@@ -38,7 +84,7 @@ def host_gap(rank: Rank) -> dict[str, Any] | None:
     gap = wall - gpu
     if gap <= max(HOST_GAP_SHARE * wall, HOST_GAP_MIN_US):
         return None
-    out: dict[str, Any] = {"wall_us": wall, "gpu_window_us": gpu, "gap_us": gap, "call": None}
+    out = HostGap(wall_us=wall, gpu_window_us=gpu, gap_us=gap, call=None)
     by_index = {i.index: i for i in its}
     syncs = sorted(rank.syncs, key=lambda s: -(s.blocked_us or 0.0))
     if syncs:
@@ -46,12 +92,12 @@ def host_gap(rank: Rank) -> dict[str, Any] | None:
         it = by_index.get(s.iteration) if s.iteration is not None else None
         it_gap = ((it.wall_us or 0.0) - (it.gpu_window_us or 0.0)) if it else 0.0
         if (s.blocked_us or 0.0) >= 0.5 * it_gap > 0:
-            out["call"] = {k: getattr(s, k) for k in ("api", "kind", "direction", "trigger", "stack", "blocked_us", "iteration")}
-            out["call"]["name"] = s.name or s.api  # as the trace spells it
+            out["call"] = BlockingCall(api=s.api, kind=s.kind, direction=s.direction, trigger=s.trigger, stack=s.stack,
+                                       blocked_us=s.blocked_us, iteration=s.iteration, name=s.name or s.api)  # as the trace spells it
     return out
 
 
-def largest_bubbles(rank: Rank, n: int = 5, iterations: set[int] | None = None) -> list[dict[str, Any]]:
+def largest_bubbles(rank: Rank, n: int = 5, iterations: set[int] | None = None) -> list[BubbleRow]:
     """The n longest bubbles (of `iterations` only, when given): iteration, start_us, dur_us, cause,
     cpu_ops [(name, µs or None)]."""
     listed = [b for b in rank.bubbles if iterations is None or b.iteration in iterations]
@@ -59,9 +105,8 @@ def largest_bubbles(rank: Rank, n: int = 5, iterations: set[int] | None = None) 
     out = []
     for b in bs:
         names = list(b.cpu_ops)
-        us = list(b.cpu_ops_us or [None] * len(names))
-        out.append({"iteration": b.iteration, "start_us": b.start_us, "dur_us": b.dur_us, "cause": b.cause,
-                    "cpu_ops": list(zip(names, us))})
+        us: list[Num | None] = list(b.cpu_ops_us or [None] * len(names))
+        out.append(BubbleRow(iteration=b.iteration, start_us=b.start_us, dur_us=b.dur_us, cause=b.cause, cpu_ops=list(zip(names, us))))
     return out
 
 
@@ -82,21 +127,21 @@ def idle_cpu_ops(rank: Rank, cause: str | None = None, n: int = 3) -> list[tuple
     return [(k, None) for k, _ in sorted(w.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
 
 
-def bubble_causes(rank: Rank) -> dict[str, dict[str, Any]]:
+def bubble_causes(rank: Rank) -> dict[str, CauseCount]:
     """cause -> {count, us} over every bubble (v1: counted from the listed bubbles, which were all)."""
-    return {c: {"count": v.count, "us": v.us} for c, v in rank.bubbles_by_cause.items()}
+    return {c: CauseCount(count=v.count, us=v.us) for c, v in rank.bubbles_by_cause.items()}
 
 
-def sync_groups(rank: Rank) -> list[dict[str, Any]]:
+def sync_groups(rank: Rank) -> list[SyncRow]:
     """(kind, api, name, direction, trigger) groups with count and blocked µs over every sync (v1:
     grouped from the list, which listed all); plus the innermost user frame of the group's longest
     listed sync. `name` is the call as the trace spells it (`hipMemcpyWithStream`; `api` is its CUDA
     twin, what is counted)."""
-    frames: dict[tuple, tuple[float, str]] = {}
+    frames: dict[tuple[str | None, ...], tuple[float, str | None]] = {}
     for s in rank.syncs:
         k = (s.kind, s.api, s.name or s.api, s.direction, s.trigger)
         if s.stack and (k not in frames or (s.blocked_us or 0.0) > frames[k][0]):
             frames[k] = (s.blocked_us or 0.0, str(s.stack).split(" ← ")[0])
-    return [{"kind": g.kind, "api": g.api, "name": g.name or g.api, "direction": g.direction, "trigger": g.trigger, "count": g.count,
-             "blocked_us": g.blocked_us, "frame": frames.get((g.kind, g.api, g.name or g.api, g.direction, g.trigger), (0.0, None))[1]}
+    return [SyncRow(kind=g.kind, api=g.api, name=g.name or g.api, direction=g.direction, trigger=g.trigger, count=g.count,
+                    blocked_us=g.blocked_us, frame=frames.get((g.kind, g.api, g.name or g.api, g.direction, g.trigger), (0.0, None))[1])
             for g in rank.sync_groups]

@@ -9,14 +9,31 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from profkit.attribution.diff import compare_means
 from profkit.documents import Summary, summary_of, throughput_of
 
 
+class Tokens(TypedDict):
+    """A run's first unprofiled workload point: tokens/s per user and in all (medians over its repeats; None: none)."""
+    tokens_per_s_per_user: float | None
+    tokens_per_s: float | None
+
+
+class LadderStep(Tokens):
+    """One run of the ladder (ladder_steps says what each figure is)."""
+    label: str
+    shape: str
+    wall_us: float
+    gpu_window_us: float
+    wall_delta_vs_first_us: float | None
+    wall_delta_vs_previous_us: float | None
+    windows: int
+
+
 def ladder_steps(runs: Sequence[tuple[str, Summary | Mapping[str, Any]]], *, rank: int = 0,
-                 windows: Sequence[Sequence[Summary | Mapping[str, Any]]] | None = None) -> list[dict[str, Any]]:
+                 windows: Sequence[Sequence[Summary | Mapping[str, Any]]] | None = None) -> list[LadderStep]:
     """One step per run, in order: ``label``; ``shape``, the label of the shape compared with the
     first run; ``wall_us`` and ``gpu_window_us``, the run's means over those iterations (µs per
     iteration); ``wall_delta_vs_first_us`` and ``wall_delta_vs_previous_us`` (None on the first
@@ -29,7 +46,7 @@ def ladder_steps(runs: Sequence[tuple[str, Summary | Mapping[str, Any]]], *, ran
     median over its windows, a change the median over paired windows (window i of each run) of the
     per-window change, so a ladder row and the step's diff show the same numbers. Raises as
     `compare_summaries` does (UsageError without the rank, NothingToAnalyze without iterations to compare)."""
-    steps: list[dict[str, Any]] = []
+    steps: list[LadderStep] = []
     if len(runs) < 2:
         return steps
     typed = [(label, summary_of(s)) for label, s in runs]  # decoded once: each run is compared twice
@@ -39,26 +56,28 @@ def ladder_steps(runs: Sequence[tuple[str, Summary | Mapping[str, Any]]], *, ran
     for i, ((label, s), w) in enumerate(zip(typed, wins)):
         d0 = [compare_means(a, b, rank=rank) for a, b in zip(first, w)]
         dp = d0 if prev is first else [compare_means(a, b, rank=rank) for a, b in zip(prev, w)]
-        steps.append({
-            "label": label, "shape": d0[0]["shape_label"],
-            "wall_us": _median(d["wall_us"]["candidate"] for d in d0),
-            "gpu_window_us": _median(d["gpu_window_us"]["candidate"] for d in d0),
-            "wall_delta_vs_first_us": None if i == 0 else _median(d["wall_us"]["delta"] for d in d0),
-            "wall_delta_vs_previous_us": None if i == 0 else _median(d["wall_us"]["delta"] for d in dp),
-            "windows": len(d0),
-            **_tokens(s),
-        })
+        tokens = _tokens(s)
+        steps.append(LadderStep(
+            label=label, shape=d0[0].shape_label,
+            wall_us=_median(d.wall_us.candidate for d in d0),
+            gpu_window_us=_median(d.gpu_window_us.candidate for d in d0),
+            wall_delta_vs_first_us=None if i == 0 else _median(d.wall_us.delta for d in d0),
+            wall_delta_vs_previous_us=None if i == 0 else _median(d.wall_us.delta for d in dp),
+            windows=len(d0),
+            tokens_per_s_per_user=tokens["tokens_per_s_per_user"], tokens_per_s=tokens["tokens_per_s"],
+        ))
         prev = w
     return steps
 
 
-def _median(values: Iterable[float]) -> float:
-    return statistics.median(list(values))
+def _median(values: Iterable[float | None]) -> float:
+    """The median of figures that compare_means always gives (a side's mean of at least one iteration: never None)."""
+    return statistics.median([v for v in values if v is not None])
 
 
-def _tokens(summary: Summary) -> dict[str, float | None]:
+def _tokens(summary: Summary) -> Tokens:
     """The run's unprofiled tokens/s (its manifest's, or its `run` section's, first workload point)."""
     pts = throughput_of(summary.manifest) or throughput_of(summary.run)
     if not pts:
-        return {"tokens_per_s_per_user": None, "tokens_per_s": None}
-    return {"tokens_per_s_per_user": pts[0].median("tokens_per_s_per_user_p50"), "tokens_per_s": pts[0].median("tokens_per_s")}
+        return Tokens(tokens_per_s_per_user=None, tokens_per_s=None)
+    return Tokens(tokens_per_s_per_user=pts[0].median("tokens_per_s_per_user_p50"), tokens_per_s=pts[0].median("tokens_per_s"))

@@ -25,10 +25,11 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
-from profkit.documents import Change, Decomposition, DecompositionSide, Iteration
+from profkit.documents import Change, Decomposition, DecompositionSide, Iteration, Spreads, WindowChange
 from profkit.terms import CAUSES
 
 IDLE_KEYS = (*CAUSES, "short_gaps")
@@ -43,11 +44,39 @@ class Terms(dict[str, Fraction]):
         return Fraction(0)
 
 
-class Stats(dict[str, dict[str, Any]]):
+@dataclass(frozen=True)
+class Stat:
+    """One term of `window_statistic` (exact ns): each side's median over its windows and its spread (max - min), the
+    median over paired windows of the per-window change and that change's spread, the noise (the largest of the three
+    spreads), and each pair's own change."""
+    baseline: Fraction = Fraction(0)
+    candidate: Fraction = Fraction(0)
+    baseline_spread: Fraction = Fraction(0)
+    candidate_spread: Fraction = Fraction(0)
+    delta_spread: Fraction = Fraction(0)
+    delta: Fraction = Fraction(0)
+    noise: Fraction = Fraction(0)
+    per_window: tuple[Fraction, ...] = ()
+
+
+class Stats(dict[str, Stat]):
     """`window_statistic`'s figures by flat key: a term absent from every window is 0 on both sides."""
 
-    def __missing__(self, key: str) -> dict[str, Any]:
-        return {"delta": Fraction(0), "noise": Fraction(0), "baseline": Fraction(0), "candidate": Fraction(0), "per_window": []}
+    def __missing__(self, key: str) -> Stat:
+        return Stat()
+
+
+class Parts(NamedTuple):
+    """One iteration's terms in integer ns on a basis (`components`)."""
+    window: int
+    busy: int
+    wall: int
+    idle: int
+    overlap: int
+    backlog: int
+    cats: dict[str, int]
+    phases: dict[str, int]
+    idle_by: dict[str, int]
 
 
 def _ns(us: float | int | None) -> int:
@@ -64,7 +93,7 @@ def basis_of(windows: Sequence[Sequence[Iteration]]) -> str:
     return "ownership" if its and all(it.owned_category_us is not None and it.owned_gpu_us is not None for it in its) else "clock"
 
 
-def components(it: Iteration, basis: str) -> dict[str, Any]:
+def components(it: Iteration, basis: str) -> Parts:
     """One iteration's terms in integer ns on `basis`."""
     idle = _ns(it.gpu_idle_us)
     busy = _ns(it.gpu_busy_us)
@@ -81,8 +110,8 @@ def components(it: Iteration, basis: str) -> dict[str, Any]:
         overlap = _ns(it.overlap_us)
         phases = {k: _ns(v) for k, v in it.phase_us.items()}
         backlog = 0
-    return {"window": _ns(it.gpu_window_us), "busy": busy, "wall": _ns(it.wall_us), "idle": idle,
-            "overlap": overlap, "backlog": backlog, "cats": cats, "phases": phases, "idle_by": by_cause}
+    return Parts(window=_ns(it.gpu_window_us), busy=busy, wall=_ns(it.wall_us), idle=idle,
+                 overlap=overlap, backlog=backlog, cats=cats, phases=phases, idle_by=by_cause)
 
 
 def flat_means(its: Sequence[Iteration], basis: str) -> Terms:
@@ -99,14 +128,14 @@ def flat_means(its: Sequence[Iteration], basis: str) -> Terms:
 
     for it in its:
         c = components(it, basis)
-        for k, name in (("window", "gpu_window_us"), ("busy", "gpu_busy_us"), ("wall", "wall_us"), ("idle", "idle_us"),
-                        ("overlap", "overlap_us"), ("backlog", "backlog_us")):
-            add(name, c[k])
-        for k, v in c["cats"].items():
+        for name, v in (("gpu_window_us", c.window), ("gpu_busy_us", c.busy), ("wall_us", c.wall), ("idle_us", c.idle),
+                        ("overlap_us", c.overlap), ("backlog_us", c.backlog)):
+            add(name, v)
+        for k, v in c.cats.items():
             add(f"category_us.{k}", v)
-        for k, v in c["phases"].items():
+        for k, v in c.phases.items():
             add(f"phase_us.{k}", v)
-        for k, v in c["idle_by"].items():
+        for k, v in c.idle_by.items():
             add(f"idle_us_by_cause.{k}", v)
     return Terms({k: Fraction(v, n) for k, v in sums.items()})
 
@@ -137,8 +166,8 @@ def window_statistic(base: Sequence[Terms], cand: Sequence[Terms]) -> Stats:
         sd = max(d) - min(d) if d else Fraction(0)
         # the noise: the larger of either side's spread over its windows and the spread of the per-window changes
         # themselves (a change that one pair of windows shows and another does not is not established)
-        out[k] = {"baseline": _median(bv), "candidate": _median(cv), "baseline_spread": sb, "candidate_spread": sc,
-                  "delta_spread": sd, "delta": _median(d), "noise": max(sb, sc, sd), "per_window": d}
+        out[k] = Stat(baseline=_median(bv), candidate=_median(cv), baseline_spread=sb, candidate_spread=sc,
+                      delta_spread=sd, delta=_median(d), noise=max(sb, sc, sd), per_window=tuple(d))
     return out
 
 
@@ -176,39 +205,43 @@ def decomposition(base: Sequence[Terms], cand: Sequence[Terms], basis: str, *,
     get = st.__getitem__
 
     def by_size(keys: Sequence[str], prefix: str) -> list[str]:
-        return sorted(keys, key=lambda k: (-abs(get(f"{prefix}.{k}")["delta"]), k))
+        return sorted(keys, key=lambda k: (-abs(get(f"{prefix}.{k}").delta), k))
 
     def delta(k: str) -> float:
-        return float(Fraction(get(k)["delta"]) / 1000)  # _us of a figure that is always there
+        return float(Fraction(get(k).delta) / 1000)  # _us of a figure that is always there
 
     def noise(k: str) -> float | None:
-        return _us(get(k)["noise"]) if use_noise else None
+        return _us(get(k).noise) if use_noise else None
 
-    def side(which: str) -> DecompositionSide:
+    def side(base: bool) -> DecompositionSide:
+        def at(k: str) -> float | None:
+            s = get(k)
+            return _us(s.baseline if base else s.candidate)
+
         return DecompositionSide(
-            gpu_window_us=_us(get("gpu_window_us")[which]), gpu_busy_us=_us(get("gpu_busy_us")[which]),
-            category_us={k: _us(get(f"category_us.{k}")[which]) for k in cats},
-            phase_us={k: _us(get(f"phase_us.{k}")[which]) for k in phases},
-            overlap_us=_us(get("overlap_us")[which]), idle_us=_us(get("idle_us")[which]),
-            idle_us_by_cause={k: _us(get(f"idle_us_by_cause.{k}")[which]) for k in idle},
-            backlog_us=_us(get("backlog_us")[which]),
+            gpu_window_us=at("gpu_window_us"), gpu_busy_us=at("gpu_busy_us"),
+            category_us={k: at(f"category_us.{k}") for k in cats},
+            phase_us={k: at(f"phase_us.{k}") for k in phases},
+            overlap_us=at("overlap_us"), idle_us=at("idle_us"),
+            idle_us_by_cause={k: at(f"idle_us_by_cause.{k}") for k in idle},
+            backlog_us=at("backlog_us"),
         )
 
-    per_window = []
+    per_window: list[WindowChange] = []
     worst = Fraction(0)
     for i, (b, c) in enumerate(zip(base, cand)):
         d = Terms({k: c[k] - b[k] for k in st})
         r = residual(d)
         worst = max(worst, abs(r))
-        per_window.append({
-            "window": i, "gpu_window_us": _us(d["gpu_window_us"]),
-            "category_us": {k: _us(d[f"category_us.{k}"]) for k in cats},
-            "overlap_us": _us(d["overlap_us"]),
-            "idle_us_by_cause": {k: _us(d[f"idle_us_by_cause.{k}"]) for k in idle},
-            "backlog_us": _us(d["backlog_us"]),
-            "phase_us": {k: _us(d[f"phase_us.{k}"]) for k in phases},
-            "residual_us": _us(r), "exact": r == 0,
-        })
+        per_window.append(WindowChange(
+            window=i, gpu_window_us=_us(d["gpu_window_us"]),
+            category_us={k: _us(d[f"category_us.{k}"]) for k in cats},
+            overlap_us=_us(d["overlap_us"]),
+            idle_us_by_cause={k: _us(d[f"idle_us_by_cause.{k}"]) for k in idle},
+            backlog_us=_us(d["backlog_us"]),
+            phase_us={k: _us(d[f"phase_us.{k}"]) for k in phases},
+            residual_us=_us(r), exact=r == 0,
+        ))
     n = len(per_window)
     g = get("gpu_window_us")
     return Decomposition(
@@ -221,9 +254,9 @@ def decomposition(base: Sequence[Terms], cand: Sequence[Terms], basis: str, *,
         identity=("per window: delta gpu_window = sum(delta category) - delta overlap + sum(delta idle by cause) + delta backlog"
                   + ("; categories, phases and overlap by ownership, backlog = busy - owned GPU time" if basis == "ownership" else
                      "; categories by the clock (the summaries have no owned_category_us: re-run profkit analyze to split out the backlog)")),
-        gpu_window_us=Change(baseline=_us(g["baseline"]), candidate=_us(g["candidate"]), delta=_us(g["delta"]),
+        gpu_window_us=Change(baseline=_us(g.baseline), candidate=_us(g.candidate), delta=_us(g.delta),
                              # the change's own ratio (1 + delta / baseline), so that ratio and delta say the same
-                             ratio=float((g["baseline"] + g["delta"]) / g["baseline"]) if g["baseline"] else None),
+                             ratio=float((g.baseline + g.delta) / g.baseline) if g.baseline else None),
         category_us={k: delta(f"category_us.{k}") for k in by_size(cats, "category_us")},
         overlap_us=delta("overlap_us"),
         idle_us=delta("idle_us"),
@@ -231,16 +264,16 @@ def decomposition(base: Sequence[Terms], cand: Sequence[Terms], basis: str, *,
         backlog_us=delta("backlog_us"),
         phase_us={k: delta(f"phase_us.{k}") for k in by_size(phases, "phase_us")},
         # the noise each term is judged against (None: not judged), keyed like the terms
-        spread_us={
-            "gpu_window_us": noise("gpu_window_us"),
-            "category_us": {k: noise(f"category_us.{k}") for k in cats},
-            "overlap_us": noise("overlap_us"), "idle_us": noise("idle_us"),
-            "idle_us_by_cause": {k: noise(f"idle_us_by_cause.{k}") for k in idle},
-            "backlog_us": noise("backlog_us"),
-            "phase_us": {k: noise(f"phase_us.{k}") for k in phases},
-        },
-        residual_us=_us(worst), exact=all(p["exact"] for p in per_window),
+        spread_us=Spreads(
+            gpu_window_us=noise("gpu_window_us"),
+            category_us={k: noise(f"category_us.{k}") for k in cats},
+            overlap_us=noise("overlap_us"), idle_us=noise("idle_us"),
+            idle_us_by_cause={k: noise(f"idle_us_by_cause.{k}") for k in idle},
+            backlog_us=noise("backlog_us"),
+            phase_us={k: noise(f"phase_us.{k}") for k in phases},
+        ),
+        residual_us=_us(worst), exact=all(p.exact for p in per_window),
         per_window=per_window,
-        baseline=side("baseline"),
-        candidate=side("candidate"),
+        baseline=side(True),
+        candidate=side(False),
     )

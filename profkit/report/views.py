@@ -285,9 +285,9 @@ def _the_warning(diff: Diff) -> str | None:
     if flags:
         return f"Flag: {flags[0]}" + (f" (and {len(flags) - 1} more)" if len(flags) > 1 else "") + "."
     nj = ee.not_judged if ee is not None and ee.known else None
-    if nj and nj.get("changes"):
-        ch = [str(c) for c in nj["changes"]]
-        return (f"Not judged: {nj.get('reason')}, so no flag on {ch[0].removeprefix(ee.optimization + ' ') if ee else ch[0]}"
+    if nj and nj.changes:
+        ch = nj.changes
+        return (f"Not judged: {nj.reason}, so no flag on {ch[0].removeprefix(ee.optimization + ' ') if ee else ch[0]}"
                 + (f" (and {len(ch) - 1} more)" if len(ch) > 1 else "") + "; profile on a quieter machine.")
     stab = {"baseline": diff.stability.baseline, "candidate": diff.stability.candidate}
     unstable = [side for side, v in stab.items() if v]
@@ -345,10 +345,10 @@ def phase_rows(diff: Diff) -> list[tuple[str, float | None, float | None, float,
 def withheld_text(ee: ExpectedEffect) -> str | None:
     """The expected-effect check's withheld flags in one sentence (the windows disagree on the profiler's slowdown), or None."""
     nj = ee.not_judged
-    if not nj or not nj.get("changes"):
+    if not nj or not nj.changes:
         return None
-    return (f"Expected-effect check outside {ee.optimization}'s categories not judged: {nj.get('reason')}; not flagged: "
-            + "; ".join(str(c) for c in nj["changes"]) + ".")
+    return (f"Expected-effect check outside {ee.optimization}'s categories not judged: {nj.reason}; not flagged: "
+            + "; ".join(nj.changes) + ".")
 
 
 def effect_flags(ee: ExpectedEffect) -> list[str]:
