@@ -165,8 +165,8 @@ def attribute(before: RunResult, after: RunResult, opts: list[str], group_dir: P
     write_json_atomic(group_dir / BEFORE_JSON, before.summary)
     write_json_atomic(group_dir / AFTER_JSON, after.summary)
     diff = compare_summaries(before.summary, after.summary, opt=opts[0] if len(opts) == 1 else None, catalog=cat,
-                             labels=(before.run_id, after.run_id), baseline_repeats=getattr(before, "windows", None) or (),
-                             candidate_repeats=getattr(after, "windows", None) or ())
+                             labels=(before.run_id, after.run_id), baseline_repeats=before.windows,
+                             candidate_repeats=after.windows)
     write_json_atomic(group_dir / DIFF_JSON, diff_doc(diff))
     notes = write_reports(group_dir, diffs=[diff], runs=[(before.run_id, before.summary), (after.run_id, after.summary)],
                           windows=[before.windows, after.windows])
