@@ -18,6 +18,8 @@ from typing import Any
 
 import psutil
 
+from profkit.capture.manifest import HostLoadDoc, HostLoadStep
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -64,14 +66,14 @@ class HostLoad:
     """The run's `host_load` section: one entry per measured step, and their median and maximum."""
 
     def __init__(self) -> None:
-        self.steps: list[dict[str, Any]] = []
+        self.steps: list[HostLoadStep] = []
 
     def measure(self, step: str, a: Sample, b: Sample) -> None:
         v = other_cpus(a, b)
         if v is not None:
             self.steps.append({"step": step, "seconds": round(b.wall_s - a.wall_s, 3), "other_cpus": round(v, 3)})
 
-    def doc(self) -> dict[str, Any]:
+    def doc(self) -> HostLoadDoc:
         vals = [s["other_cpus"] for s in self.steps]
         return {"cpus": os.cpu_count(), "other_cpus_median": round(statistics.median(vals), 3) if vals else None,
                 "other_cpus_max": max(vals) if vals else None, "steps": list(self.steps)}

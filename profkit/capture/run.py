@@ -15,10 +15,10 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, Generator
 
 from profkit.http import HTTPFailure, free_port
-from profkit.capture.manifest import Manifest
+from profkit.capture.manifest import Accept, FailedInPass, Manifest, Overhead, Point, Spread, Warmup
 from profkit.capture.gpu import wait_gpus_free
 from profkit.capture.profile import log_size, start_profile, wait_for_traces
 from profkit.capture import hostload
@@ -31,7 +31,7 @@ from profkit.targets.gpus import gpu_compute_capabilities
 from profkit.targets.spec import LaunchSpec
 from profkit.targets.target import Launch
 from profkit.workloads.agentic import Workload
-from profkit.workloads.driver import DriveResult, RequestRecord, drive
+from profkit.workloads.driver import DriveResult, Metrics, RequestRecord, drive
 
 Progress = Callable[[str], None]
 
@@ -110,7 +110,7 @@ def compose(cfg: RunConfig, states: dict[str, bool], port: int, *, nsys_output: 
     return spec
 
 
-def _spread(values: list[float | None]) -> dict[str, float | None]:
+def _spread(values: list[float | None]) -> Spread:
     vals = [v for v in values if v is not None]
     if not vals:
         return {"median": None, "min": None, "max": None, "spread": None}
@@ -119,9 +119,14 @@ def _spread(values: list[float | None]) -> dict[str, float | None]:
             "spread": (max(vals) - min(vals)) if len(vals) > 1 else None}
 
 
-def summarize_repeats(metrics: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("tokens_per_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user_p50", "ttft_ms_p50", "itl_ms_p50", "cache_hit_rate", "accept_length")
-    return {k: _spread([m.get(k) for m in metrics]) for k in keys}
+def summarize_repeats(metrics: list[Metrics]) -> Point:
+    """Each figure's spread over the repeats (a throughput point's figures)."""
+    return {"tokens_per_s": _spread([m.get("tokens_per_s") for m in metrics]),
+            "tokens_per_s_per_gpu": _spread([m.get("tokens_per_s_per_gpu") for m in metrics]),
+            "tokens_per_s_per_user_p50": _spread([m.get("tokens_per_s_per_user_p50") for m in metrics]),
+            "ttft_ms_p50": _spread([m.get("ttft_ms_p50") for m in metrics]), "itl_ms_p50": _spread([m.get("itl_ms_p50") for m in metrics]),
+            "cache_hit_rate": _spread([m.get("cache_hit_rate") for m in metrics]),
+            "accept_length": _spread([m.get("accept_length") for m in metrics])}
 
 
 def record_one(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None,
@@ -168,7 +173,7 @@ def record_interleaved(jobs: list[tuple[RunConfig, dict[str, bool], str, str]], 
 
 
 def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: str, progress: Progress = lambda s: None,
-              tick: Progress = lambda s: None, made: list[Manifest] | None = None, recorded_with: list[str] | None = None) -> Any:
+              tick: Progress = lambda s: None, made: list[Manifest] | None = None, recorded_with: list[str] | None = None) -> Generator[str, None, Recording]:
     """One run as a generator: it yields after its server is up, after each unprofiled repeat and after
     each profile window (the points where `record_interleaved` lets the next run take its turn), and
     returns the Recording. Its manifest is appended to `made` as soon as it exists. `recorded_with`: the
@@ -200,10 +205,10 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
         early.release()  # a signal that came while the manifest was created: interrupted at "starting"
         manifest.stage("validate")
         checked = target.validate(spec)
-        if not target.reports_versions:
-            checked["versions"] = {"profkit": manifest_version(), **_local_versions(spec)}
         if checked:
-            manifest.update(**checked)
+            manifest.record(checked)
+        if not target.reports_versions:
+            manifest.update(versions={"profkit": manifest_version(), **_local_versions(spec)})
         variants: dict[int, Workload] = {}
         if spec.context_length is not None:
             variants = _fit_workloads(cfg, spec.context_length, spec.reserved_tokens, "the command line's --context-length", manifest)
@@ -223,15 +228,15 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
                 variants = _fit_workloads(cfg, ctx, spec.reserved_tokens, "the server's context length (/server_info)", manifest)
         isls = list(cfg.isl) or [cfg.workload.isl]
         variants = variants or {isl: replace(cfg.workload, isl=isl) if cfg.workload.replay is None else cfg.workload for isl in isls}
-        points: list[dict[str, Any]] = []
+        points: list[Point] = []
         load = hostload.HostLoad()  # what else the machine did meanwhile (capture/hostload.py)
-        primary: list[dict[str, Any]] = []
-        failed: list[dict[str, Any]] = []
+        primary: list[Metrics] = []
+        failed: list[FailedInPass] = []
         for isl in isls:
             for conc in cfg.concurrency:
                 warm = _warm_up(cfg, spec, server, manifest, variants[isl], isl, conc, label, progress) if cfg.warmup else None
                 manifest.stage("workload")
-                reps = []
+                reps: list[Metrics] = []
                 for r in range(cfg.repeat):
                     progress(f"{label}: workload isl={isl} concurrency={conc} repeat {r + 1}/{cfg.repeat}")
                     wl = replace(variants[isl], seed=cfg.workload.seed + 7919 * (r + 1) + isl + 131 * conc)
@@ -245,8 +250,10 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
                     if spec0 is not None:  # vLLM's own spec-decode counters over this repeat
                         reps[-1]["accept_length"] = vllm_profile.accept_length(spec0, vllm_profile.spec_counters(spec.base_url))
                     yield "repeat"
-                points.append({"isl": isl, "concurrency": conc, "repeats": reps, **summarize_repeats(reps),
-                               **({"warmup": warm} if warm is not None else {})})
+                point: Point = {"isl": isl, "concurrency": conc, "repeats": reps, **summarize_repeats(reps)}
+                if warm is not None:
+                    point["warmup"] = warm
+                points.append(point)
                 if isl == isls[0] and conc == cfg.concurrency[0]:
                     primary = reps
                 manifest.update(throughput=points, failed_requests=failed, host_load=load.doc())
@@ -298,9 +305,13 @@ def run_steps(cfg: RunConfig, states: dict[str, bool], run_id: str, *, label: st
         server.stop(grace_s=INTERRUPTED_GRACE_S)
 
 
-def _record_stop(manifest: Manifest, server: Server, **fields: Any) -> None:
-    """The server's pid and how it ended, and any of its processes still running (none, unless a kill failed)."""
-    manifest.update(**fields, server_exit=server.ended, leftover_pids=server.leftovers())
+def _record_stop(manifest: Manifest, server: Server, trace_files: list[str] | None = None) -> None:
+    """The server's pid and how it ended, and any of its processes still running (none, unless a kill failed);
+    `trace_files`: what the run had written, where it ended early."""
+    if trace_files is not None:
+        manifest.update(trace_files=trace_files, server_exit=server.ended, leftover_pids=server.leftovers())
+    else:
+        manifest.update(server_exit=server.ended, leftover_pids=server.leftovers())
 
 
 def _accept_length_warning(cfg: RunConfig, spec: LaunchSpec) -> list[str]:
@@ -341,10 +352,10 @@ def _fit_workloads(cfg: RunConfig, context_length: int, reserved: int, source: s
     return out
 
 
-def _local_versions(spec: LaunchSpec) -> dict[str, Any]:
+def _local_versions(spec: LaunchSpec) -> dict[str, object]:
     """The GPU and the engine's torch, asked of this machine: /server_info reports neither
     (it is the resolved server args, scheduler info, internal states and `version`)."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     try:
         p = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
         names = [x.strip() for x in p.stdout.splitlines() if x.strip()] if p.returncode == 0 else []
@@ -394,9 +405,9 @@ def has_gpu() -> bool:
     return caps != [] or shutil.which("rocm-smi") is not None
 
 
-def _versions(info: dict[str, Any]) -> dict[str, Any]:
+def _versions(info: dict[str, object]) -> dict[str, object]:
     """What /server_info says about versions: SGLang's `version`; the proxy also reports its torch and device."""
-    out = {}
+    out: dict[str, object] = {}
     for k, name in (("version", "engine"), ("torch_version", "torch"), ("device", "gpu")):
         if info.get(k) is not None:
             out[name] = info[k]
@@ -413,7 +424,7 @@ def _check_transport(res: DriveResult, server: Server, what: str) -> DriveResult
 
 
 def _warm_up(cfg: RunConfig, spec: LaunchSpec, server: Server, manifest: Manifest, workload: Workload, isl: int, conc: int,
-             label: str, progress: Callable[[str], None]) -> dict[str, Any]:
+             label: str, progress: Callable[[str], None]) -> Warmup:
     """One unmeasured pass of the point's own shape (its ISL, turns, output tokens and concurrency; other token ids,
     so no prefix is cached for the measured passes): whatever an engine does the first time it meets a shape
     (the proxy captures its CUDA graphs per context bucket and batch size as it meets them; JIT compiles,
@@ -436,15 +447,15 @@ def _check(res: DriveResult, server: Server, what: str) -> DriveResult:
     return res
 
 
-def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trace_dir: Path, primary: list[dict[str, Any]],
+def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trace_dir: Path, primary: list[Metrics],
              manifest: Manifest, workload: Workload, label: str, progress: Progress, tick: Progress,
-             load: hostload.HostLoad | None = None) -> Any:
+             load: hostload.HostLoad | None = None) -> Generator[str, None, tuple[list[Path], Overhead]]:
     """`--profile-windows` windows, each in its own fresh pass (DESIGN.md "Noise": repeated profile windows;
     a short decode would end before a second window could open in the same pass); one window: at the top.
     A generator (yields after each window, see run_steps); returns (files, profiler overhead)."""
     n = 1 if cfg.nsys else max(1, cfg.profile_windows)
     files: list[Path] = []
-    overheads: list[dict[str, Any]] = []
+    overheads: list[Overhead] = []
     for w in range(n):
         out_dir = trace_dir / f"window-{w}" if n > 1 else trace_dir
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -469,9 +480,9 @@ def _capture(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trac
     return files, overheads[0] if n == 1 else {**overheads[0], "windows": overheads}
 
 
-def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trace_dir: Path, primary: list[dict[str, Any]],
+def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: str, trace_dir: Path, primary: list[Metrics],
                     manifest: Manifest, workload: Workload, *, seed: int,
-                    tick: Callable[[int], None] = lambda j: None, opened: Callable[[], None] = lambda: None) -> tuple[list[Path], dict[str, Any]]:
+                    tick: Callable[[int], None] = lambda j: None, opened: Callable[[], None] = lambda: None) -> tuple[list[Path], Overhead]:
     """Drive a fresh pass; once every conversation is inside `profile_turn` and decoding, open the window.
     `tick(j)`: the window's decode step as the stream shows it (chunks since the window opened, the
     most any one conversation got; an estimate: the server does not report its profiler's steps)."""
@@ -576,8 +587,8 @@ def _capture_window(cfg: RunConfig, spec: LaunchSpec, server: Server, run_id: st
     return _after_window(cfg, server, th, result, primary, files, t_start)
 
 
-def _after_window(cfg: RunConfig, server: Server, th: threading.Thread, result: dict[str, DriveResult], primary: list[dict[str, Any]],
-                  files: list[Path], t_start: float, accept: dict[str, Any] | None = None) -> tuple[list[Path], dict[str, Any]]:
+def _after_window(cfg: RunConfig, server: Server, th: threading.Thread, result: dict[str, DriveResult], primary: list[Metrics],
+                  files: list[Path], t_start: float, accept: Accept | None = None) -> tuple[list[Path], Overhead]:
     """Let the capture pass finish; the profiler's overhead from the requests that ran during the window, and the
     window's accepted length (`accept`: vLLM's counters, else the requests' own counts)."""
     t_end = time.perf_counter()
@@ -589,8 +600,8 @@ def _after_window(cfg: RunConfig, server: Server, th: threading.Thread, result: 
     during = [r for r in res.records if r.ok and r.start_s < t_end and r.start_s + r.e2e_s > t_start and r.ttft_s is not None and r.completion_tokens > 1
               and r.e2e_s > r.ttft_s]
     prof_user = statistics.median([(r.completion_tokens - 1) / (r.e2e_s - r.ttft_s) for r in during if r.ttft_s is not None]) if during else None
-    base_user = statistics.median([m["tokens_per_s_per_user_p50"] for m in primary if m.get("tokens_per_s_per_user_p50")] or [0]) or None
-    overhead = {
+    base_user = statistics.median([v for m in primary if (v := m.get("tokens_per_s_per_user_p50"))] or [0]) or None
+    overhead: Overhead = {
         "tokens_per_s_per_user_unprofiled": base_user,
         "tokens_per_s_per_user_profiled": prof_user,
         "slowdown": (base_user / prof_user) if (base_user and prof_user) else None,
@@ -601,7 +612,7 @@ def _after_window(cfg: RunConfig, server: Server, th: threading.Thread, result: 
     return files, overhead
 
 
-def window_accept(during: list[RequestRecord]) -> dict[str, Any] | None:
+def window_accept(during: list[RequestRecord]) -> Accept | None:
     """The accepted length of the tokens decoded in a profile window, from the server's own per-request counts
     (SGLang's and the proxy's final meta_info: completion_tokens and spec_verify_ct, the verify rounds) over the
     requests that were decoding while the window was open. Each request's first token comes from its prefill,

@@ -17,8 +17,9 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
+from profkit.capture.manifest import Accept
 from profkit.http import HTTPFailure, request
 from profkit.errors import TargetError
 
@@ -126,7 +127,7 @@ def spec_counters(base_url: str) -> dict[str, float] | None:
     return parse_spec_counters(data.decode(errors="replace")) if status == 200 else None
 
 
-def window_accept(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any] | None:
+def window_accept(before: dict[str, float] | None, after: dict[str, float] | None) -> Accept | None:
     """The window's accepted length from the counters' change across it: 1 + accepted / drafts (each
     verify step emits its accepted drafts and one token of its own; vLLM's own 'Mean acceptance
     length'), in the manifest's `accept` shape. None without drafts in the window."""

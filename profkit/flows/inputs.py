@@ -118,6 +118,13 @@ DIFF_SCHEMA_READ = 1
 
 
 def check_summary(doc: Any, path: Path) -> dict[str, Any]:
+    """A summary.json this profkit reads, as the JSON value it is (for writers of it), or TraceInputError."""
+    checked_summary(doc, path)
+    return doc
+
+
+def checked_summary(doc: Any, path: Path) -> Summary:
+    """A summary.json's JSON value this profkit reads, decoded once into its Summary, or TraceInputError saying what is wrong."""
     if not is_summary(doc):
         raise TraceInputError(f"{path}: not a profkit summary.json (no 'schema_version' and 'ranks')",
                               hint="write one with `profkit analyze TRACE --json summary.json`, or pass the trace itself")
@@ -129,23 +136,22 @@ def check_summary(doc: Any, path: Path) -> dict[str, Any]:
         if not isinstance(r, dict) or not isinstance(r.get("iterations"), list):
             raise TraceInputError(f"{path}: a rank entry has no 'iterations' list", hint="the file is damaged or not a summary.json")
     try:  # every field where attribution and the renderers read it (profkit/documents.py): a bad one is the file's fault, said here
-        summary_of(doc)
+        return summary_of(doc)
     except msgspec.ValidationError as e:
         raise TraceInputError(f"{path}: not a valid summary.json ({e})",
                               hint="the file is damaged or was not written by profkit: re-run `profkit analyze` on the traces") from None
-    return doc
 
 
-def check_diff(doc: Any, path: Path) -> dict[str, Any]:
-    """A diff.json this profkit reads (schema version 1, every field of the type profkit/documents.py reads), or TraceInputError."""
+def check_diff(doc: Any, path: Path) -> Diff:
+    """A diff.json's JSON value this profkit reads (schema version 1, every field of the type profkit/documents.py reads),
+    decoded once into its Diff; or TraceInputError."""
     if not isinstance(doc, dict) or doc.get("schema_version") != DIFF_SCHEMA_READ:
         v = doc.get("schema_version") if isinstance(doc, dict) else None
         raise TraceInputError(f"{path}: diff.json schema version {v!r}; this profkit reads {DIFF_SCHEMA_READ}", hint="re-run profkit diff")
     try:
-        diff_of(doc)
+        return diff_of(doc)
     except msgspec.ValidationError as e:
         raise TraceInputError(f"{path}: not a valid diff.json ({e})", hint="the file is damaged or was not written by profkit: re-run profkit diff") from None
-    return doc
 
 
 def read_diff(path: Path) -> Diff | None:
@@ -161,7 +167,7 @@ def read_diff(path: Path) -> Diff | None:
 def checked_diff(path: Path) -> Diff:
     """A diff.json this profkit reads, decoded once; or check_diff's TraceInputError."""
     d = read_diff(path)
-    return d if d is not None else diff_of(check_diff(read_json(path), path))
+    return d if d is not None else check_diff(read_json(path), path)
 
 
 def _looks_like_trace(path: Path) -> bool:
@@ -177,7 +183,7 @@ def read_summary(path: Path) -> Summary | Any:
         doc = summary_from_json(text)
     except (msgspec.DecodeError, msgspec.ValidationError):
         raw = _parsed(text, path)
-        return summary_of(check_summary(raw, path)) if is_summary(raw) else raw
+        return checked_summary(raw, path) if is_summary(raw) else raw
     if doc.schema_version > SUMMARY_SCHEMA_READ:
         raise TraceInputError(f"{path}: summary.json schema version {doc.schema_version!r}; this profkit reads versions 1 to 3",
                               hint="upgrade profkit, or re-run `profkit analyze` with this version")
@@ -328,7 +334,7 @@ def load_side(path: Path, opts: SummarizeOptions, read: Any = None) -> Side:
 def _stored_summary(path: Path) -> Summary:
     """A summary.json that must be one (check_summary's errors otherwise), decoded once."""
     doc = read_summary(path)
-    return doc if isinstance(doc, Summary) else summary_of(check_summary(doc, path))
+    return doc if isinstance(doc, Summary) else checked_summary(doc, path)
 
 
 def load_pair(before: Path, after: Path, opts: SummarizeOptions) -> tuple[Side, Side, CatalogChoice, list[str]]:

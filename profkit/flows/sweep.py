@@ -12,8 +12,9 @@ sweep.json is encoded from it."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, TypedDict
 
+from profkit.capture.manifest import Point
 from profkit.capture.sweep import Plan, label_slug
 from profkit.flows.outputs import DIFF_JSON, SWEEP_JSON, write_json
 from profkit.flows.trace import RunResult, attribute, write_reports
@@ -21,7 +22,28 @@ from profkit.flows.trace import RunResult, attribute, write_reports
 if TYPE_CHECKING:
     from profkit.documents import ParetoPoint, SweepDoc, SweepRun
 
-Recorded = dict[str, Any]  # sweep.json while its runs are recorded: a SweepDoc's JSON value (new_sweep, add_run)
+
+
+class RecordedRun(TypedDict):
+    """A SweepRun's fields, in its order."""
+    label: str
+    run_id: str
+    states: dict[str, bool]
+    summary: str
+    throughput: list[Point] | None
+
+
+class Recorded(TypedDict):
+    """sweep.json while its runs are recorded: a SweepDoc's fields in its order (new_sweep, add_run), without `pareto`."""
+    schema_version: int
+    kind: str
+    mode: str
+    base: str
+    target: str
+    optimizations: list[str]
+    runs: list[RecordedRun]
+    attribution: list[object]  # empty until attribute_sweep adds the rows, to the SweepDoc
+    status: str
 
 
 def new_sweep(mode: str, base: str, target: str, optimizations: list[str]) -> Recorded:
@@ -50,13 +72,6 @@ def write_sweep(sweep_dir: Path, doc: Recorded | SweepDoc, status: str | None = 
     write_json(sweep_dir / SWEEP_JSON, sweep_values(doc))
 
 
-def sweep_dict(doc: Recorded | SweepDoc) -> Recorded:
-    """sweep.json's document as JSON values (what the sweep's renderers read)."""
-    if isinstance(doc, dict):
-        return doc
-    from profkit.documents import sweep_values
-
-    return sweep_values(doc)
 
 
 def compared_pairs(plan: Plan, mode: str, sweep_dir: Path) -> list[tuple[str, Optional[str], str, str, Path]]:
@@ -81,7 +96,7 @@ def attribute_sweep(plan: Plan, mode: str, results: dict[str, RunResult], sweep_
     every run and diff: the document, the diffs, and notes for the user."""
     import msgspec
 
-    from profkit.documents import SweepDoc, SweepStep
+    from profkit.documents import SweepDoc, SweepStep, sweep_values
 
     doc = msgspec.convert(recorded, SweepDoc)
     diffs: list[Any] = []  # each a Diff (compare_summaries)
@@ -96,7 +111,7 @@ def attribute_sweep(plan: Plan, mode: str, results: dict[str, RunResult], sweep_
     write_sweep(sweep_dir, doc, "ok")
     notes += write_reports(sweep_dir, diffs=diffs,  # the diffs just written (each pair's diff.json), not read back
                            runs=[(lbl, results[lbl].summary) for lbl, *_ in plan], windows=[results[lbl].windows for lbl, *_ in plan],
-                           sweep=sweep_dict(doc))
+                           sweep=sweep_values(doc))
     return doc, diffs, notes
 
 

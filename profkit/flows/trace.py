@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from profkit.capture.manifest import ManifestDoc
 from profkit.capture.run import Progress, Recording, RunConfig, capture_traces, record_interleaved
 from profkit.errors import Interrupted, ProfkitError
 from profkit.flows.outputs import AFTER_JSON, BEFORE_JSON, DIFF_JSON, REPORT_HTML, REPORT_MD, SUMMARY_JSON
@@ -34,7 +35,7 @@ class RunResult:
     report_dir: Path
     summary_path: Path  # reports/<run_id>/summary.json; --capture-only: the run folder (--nsys: its report)
     summary: dict[str, Any]
-    manifest: dict[str, Any]
+    manifest: ManifestDoc
     windows: list[dict[str, Any]] = field(default_factory=list)  # one summary per profile window (when more than one)
     catalog: CatalogChoice | None = None  # the catalog its summaries were made with (None: not analyzed, --capture-only)
 
@@ -126,7 +127,7 @@ def _by_window(files: list[Path]) -> list[tuple[str | None, list[Path]]]:
     return sorted(groups.items(), key=lambda kv: int(kv[0].split("-")[1]) if kv[0] else -1)
 
 
-def analyze_run(files: list[Path], cfg: RunConfig, manifest: dict[str, Any], catalog: CatalogChoice,
+def analyze_run(files: list[Path], cfg: RunConfig, manifest: ManifestDoc, catalog: CatalogChoice,
                 captures: list[Path] | None = None, window: int = 0) -> dict[str, Any]:
     """One profile window's traces -> its summary.json (analysis/summarize.py, as `analyze` does it),
     with the run's `run` section (labels, switches, throughput, which profile window) added."""
@@ -164,8 +165,8 @@ def attribute(before: RunResult, after: RunResult, opts: list[str], group_dir: P
     write_json_atomic(group_dir / BEFORE_JSON, before.summary)
     write_json_atomic(group_dir / AFTER_JSON, after.summary)
     diff = compare_summaries(before.summary, after.summary, opt=opts[0] if len(opts) == 1 else None, catalog=cat,
-                             labels=(before.run_id, after.run_id), baseline_repeats=getattr(before, "windows", None) or (),
-                             candidate_repeats=getattr(after, "windows", None) or ())
+                             labels=(before.run_id, after.run_id), baseline_repeats=before.windows,
+                             candidate_repeats=after.windows)
     write_json_atomic(group_dir / DIFF_JSON, diff_doc(diff))
     notes = write_reports(group_dir, diffs=[diff], runs=[(before.run_id, before.summary), (after.run_id, after.summary)],
                           windows=[before.windows, after.windows])

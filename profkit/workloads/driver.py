@@ -21,10 +21,74 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypedDict
 
 from profkit.http import HTTPFailure
 from profkit.workloads.agentic import Workload
+
+
+class MetaInfo(TypedDict, total=False):
+    """A request's final meta_info (SGLang's /generate; built from the usage chunk for /v1/completions): the parts read."""
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    spec_verify_ct: int | None
+    finish_reason: Any  # SGLang: {"type": "length" | "abort", ...}; vLLM: a string
+
+
+class Choice(TypedDict, total=False):
+    """One `choices` entry of a /v1/completions chunk."""
+    token_ids: list[int] | None
+    finish_reason: str | None
+
+
+class TokenDetails(TypedDict, total=False):
+    cached_tokens: int | None
+
+
+class Usage(TypedDict, total=False):
+    """The `usage` of vLLM's last /v1/completions chunk (stream_options.include_usage)."""
+    prompt_tokens: int
+    completion_tokens: int
+    prompt_tokens_details: TokenDetails | None
+
+
+class Chunk(TypedDict, total=False):
+    """One streamed JSON chunk: SGLang's /generate (output_ids, meta_info) or vLLM's /v1/completions (choices, usage); either may carry `error`."""
+    error: Any
+    output_ids: list[int] | None
+    meta_info: MetaInfo | None
+    choices: list[Choice] | None
+    usage: Usage | None
+
+
+class FailedRequest(TypedDict):
+    """One failed request as a run manifest lists it (DriveResult.failed_json)."""
+    conversation: int
+    turn: int
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None
+
+
+class Metrics(TypedDict, total=False):
+    """Throughput and latency of one pass (DriveResult.metrics), as a manifest's `repeats` entry holds it; a pass
+    without a successful request has only its three counts."""
+    requests: int
+    failed_requests: int
+    errors: int
+    duration_s: float
+    output_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    cache_hit_rate: float
+    ttft_ms_p50: float | None
+    itl_ms_p50: float | None
+    tokens_per_s_per_user_p50: float | None
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float | None
+    accept_length: float | None  # a vLLM repeat's: its spec-decode counters over the repeat (capture/run.py)
+    e2e_s_p50: float
 
 
 @dataclass
@@ -48,10 +112,10 @@ class RequestRecord:
 class RequestFailed(Exception):
     """The server refused or broke off one request; the message is its own text where it gave one."""
 
-    def __init__(self, message: str, *, completion_tokens: int = 0, meta: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: str, *, completion_tokens: int = 0, meta: MetaInfo | None = None) -> None:
         super().__init__(message)
         self.completion_tokens = completion_tokens
-        self.meta = meta or {}
+        self.meta: MetaInfo = meta or {}
 
 
 @dataclass
@@ -64,11 +128,11 @@ class DriveResult:
     def failed(self) -> list[RequestRecord]:
         return [r for r in self.records if not r.ok]
 
-    def failed_json(self, limit: int = 100) -> list[dict[str, Any]]:
+    def failed_json(self, limit: int = 100) -> list[FailedRequest]:
         return [{"conversation": r.conversation, "turn": r.turn, "prompt_tokens": r.prompt_tokens,
                  "completion_tokens": r.completion_tokens, "error": r.error} for r in self.failed[:limit]]
 
-    def metrics(self, world_size: int = 1, *, gpu: bool = True) -> dict[str, Any]:
+    def metrics(self, world_size: int = 1, *, gpu: bool = True) -> Metrics:
         """Throughput and latency of the successful requests. `gpu` False (the engine ran on a
         CPU): no tokens/s per GPU (None), there is no GPU to divide by."""
         r = [x for x in self.records if x.ok]
@@ -127,7 +191,7 @@ class _Events:
         self.resp = resp
         self.done = False
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Chunk]:
         for raw in self.resp:
             line = raw.strip()
             if not line.startswith(b"data:"):
@@ -136,11 +200,12 @@ class _Events:
             if payload == b"[DONE]":
                 self.done = True
                 return
-            yield json.loads(payload)
+            chunk: Chunk = json.loads(payload)
+            yield chunk
 
 
 def _generate(base_url: str, ids: list[int], max_new: int, timeout: float,
-              on_chunk: Callable[[], None] | None = None) -> tuple[list[int], dict[str, Any], float | None]:
+              on_chunk: Callable[[], None] | None = None) -> tuple[list[int], MetaInfo, float | None]:
     """One /generate call, streamed. Returns output ids, final meta_info and TTFT (s from send).
     `on_chunk` is called once per streamed chunk with output ids (one per decode step the server ran).
 
@@ -151,12 +216,12 @@ def _generate(base_url: str, ids: list[int], max_new: int, timeout: float,
     t0 = time.perf_counter()
     ttft = None
     out: list[int] = []
-    meta: dict[str, Any] = {}
+    meta: MetaInfo = {}
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             ctype = resp.headers.get("Content-Type", "")
             if "text/event-stream" not in ctype:
-                obj = json.loads(resp.read())
+                obj: Chunk = json.loads(resp.read())  # one JSON reply, shaped as one chunk
                 if isinstance(obj, dict) and "error" in obj:
                     raise RequestFailed(_error_text(obj))
                 out, meta = list(obj.get("output_ids") or []), obj.get("meta_info") or {}
@@ -204,7 +269,7 @@ def _generate(base_url: str, ids: list[int], max_new: int, timeout: float,
 
 
 def _completions(base_url: str, model: str, ids: list[int], max_new: int, timeout: float,
-                 on_chunk: Callable[[], None] | None = None) -> tuple[list[int], dict[str, Any], float | None]:
+                 on_chunk: Callable[[], None] | None = None) -> tuple[list[int], MetaInfo, float | None]:
     """One OpenAI-style POST /v1/completions with token ids (vLLM), streamed: the same contract as
     _generate, with meta_info built from the final usage chunk (prompt, completion, cached tokens).
 
@@ -218,8 +283,8 @@ def _completions(base_url: str, model: str, ids: list[int], max_new: int, timeou
     t0 = time.perf_counter()
     ttft = None
     out: list[int] = []
-    usage: dict[str, Any] = {}
-    finish: Any = None
+    usage: Usage = {}
+    finish: str | None = None
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             events = _Events(resp)
@@ -256,7 +321,7 @@ def _completions(base_url: str, model: str, ids: list[int], max_new: int, timeou
     if finish == "abort" or got < max_new:
         raise RequestFailed(f"short reply: {got} of {max_new} tokens (finish_reason {json.dumps(finish)})", completion_tokens=got)
     details = usage.get("prompt_tokens_details") or {}
-    meta = {"prompt_tokens": int(usage.get("prompt_tokens", len(ids))), "completion_tokens": got,
+    meta: MetaInfo = {"prompt_tokens": int(usage.get("prompt_tokens", len(ids))), "completion_tokens": got,
             "cached_tokens": int(details.get("cached_tokens") or 0), "finish_reason": finish}
     return out, meta, ttft
 
@@ -272,7 +337,7 @@ def drive(
     /v1/completions with token ids and `model`: vLLM). `on_chunk(conversation)` is called for every
     streamed chunk (progress of a profile window)."""
     if api == "openai":
-        send: Callable[..., tuple[list[int], dict[str, Any], float | None]] = \
+        send: Callable[..., tuple[list[int], MetaInfo, float | None]] = \
             lambda url, ids, n, t, cb=None: _completions(url, model or "", ids, n, t, cb)
     else:
         send = _generate
