@@ -38,13 +38,11 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, cast
 
-import msgspec
-
 if TYPE_CHECKING:
     import polars as pl
 
 from profkit.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS
-from profkit.documents import Health
+from profkit.documents import Finding, Health
 
 OVERHEAD_LIMIT = 1.5  # profiled / unprofiled time per token at which host-side figures are the profiler's
 STREAM_OVERLAP_TOLERANCE_NS = 50  # CUPTI's device timestamps, converted to µs floats by Kineto, can touch by a few ns
@@ -283,16 +281,16 @@ def _cut_markers(trace: Any, win: pl.DataFrame, stubs_dropped: int) -> dict[str,
 
 # ------------------------------------------------------------------------------------------ verdict
 
-def _finding(check: str, detail: str, *, unusable: bool = False, metrics: tuple[str, ...] | None = None) -> dict[str, Any]:
-    return {"check": check, "status": "unusable" if unusable else "degraded", "metrics": list(metrics if metrics is not None else DOUBTS[check]),
-            "detail": detail}
+def _finding(check: str, detail: str, *, unusable: bool = False, metrics: tuple[str, ...] | None = None) -> Finding:
+    return Finding(check=check, status="unusable" if unusable else "degraded", metrics=list(metrics if metrics is not None else DOUBTS[check]),
+                   detail=detail)
 
 
-def rank_findings(rank: Mapping[str, Any]) -> list[dict[str, Any]]:
+def rank_findings(rank: Mapping[str, Any]) -> list[Finding]:
     """The findings of one rank's `capture` facts."""
     f = rank.get("capture") or {}
     r = rank.get("rank")
-    out: list[dict[str, Any]] = []
+    out: list[Finding] = []
     if f.get("device_records") == "missing":
         out.append(_finding("device_records", f"rank {r}: launch calls but no GPU activity records", unusable=True))
     g = f.get("graph_replays_missing") or {}
@@ -342,7 +340,7 @@ def _its(d: Mapping[str, Any]) -> str:
     return ", ".join(map(str, d.get("iterations") or [])) or "?"
 
 
-def skew_finding(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+def skew_finding(summary: Mapping[str, Any]) -> Finding | None:
     """Profiler start skew between the ranks of one run beyond one iteration (the ranks' median wall)."""
     ranks = [r for r in summary.get("ranks") or [] if (r.get("capture") or {}).get("first_iteration_start_ns") is not None]
     if len(ranks) < 2:
@@ -360,7 +358,7 @@ def skew_finding(summary: Mapping[str, Any]) -> dict[str, Any] | None:
                                        f"iteration ({one:,.1f} µs)")
 
 
-def overhead_finding(overhead: Any, window: int | None = None) -> dict[str, Any] | None:
+def overhead_finding(overhead: Any, window: int | None = None) -> Finding | None:
     """The manifest's profiler_overhead (that window's, where it lists windows) at or beyond OVERHEAD_LIMIT."""
     if not isinstance(overhead, Mapping):
         return None
@@ -380,7 +378,7 @@ def overhead_finding(overhead: Any, window: int | None = None) -> dict[str, Any]
                                          f"(>= {OVERHEAD_LIMIT}x): host-side figures are the profiler's")
 
 
-def assess(summary: Mapping[str, Any], overhead: Any = None, window: int | None = None) -> dict[str, Any]:
+def assess(summary: Mapping[str, Any], overhead: Any = None, window: int | None = None) -> Health:
     """summary.json's `health`: the verdict over every rank's facts, the ranks' start skew and the
     manifest's profiler overhead (`overhead`; else the summary's run section's)."""
     findings = [f for r in summary.get("ranks") or [] for f in rank_findings(r)]
@@ -395,29 +393,26 @@ def assess(summary: Mapping[str, Any], overhead: Any = None, window: int | None 
     if oh:
         findings.append(oh)
     cut = sum(int(((r.get("capture") or {}).get("cut_markers") or {}).get("dropped") or 0) for r in summary.get("ranks") or [])
-    metrics = sorted({m for f in findings for m in f["metrics"]})
-    if any(f["status"] == "unusable" for f in findings):
+    metrics = sorted({m for f in findings for m in f.metrics})
+    if any(f.status == "unusable" for f in findings):
         verdict = "unusable"
     elif findings:
         verdict = "degraded"
     else:
         verdict = "ok"
     checked = any(r.get("capture") for r in summary.get("ranks") or [])
-    return {"verdict": verdict if checked else "unchecked", "metrics": metrics, "findings": findings,
-            "cut_markers_dropped": cut}
+    return Health(verdict=verdict if checked else "unchecked", metrics=metrics, findings=findings, cut_markers_dropped=cut)
 
 
-def worst(healths: list[Any]) -> dict[str, Any] | None:
+def worst(healths: list[Health | None]) -> Health | None:
     """One verdict over several windows: the worst, with every window's doubted metrics and findings."""
-    hs = [msgspec.to_builtins(h) if isinstance(h, Health) else h for h in healths]  # a summary's, decoded (documents.Health)
-    hs = [h for h in hs if isinstance(h, Mapping)]
+    hs = [h for h in healths if h is not None]
     if not hs:
         return None
     order = {"ok": 0, "unchecked": 1, "degraded": 2, "unusable": 3}
-    v = max((h.get("verdict", "unchecked") for h in hs), key=lambda x: order.get(x, 1))
-    return {"verdict": v, "metrics": sorted({m for h in hs for m in h.get("metrics") or []}),
-            "findings": [f for h in hs for f in h.get("findings") or []],
-            "cut_markers_dropped": sum(int(h.get("cut_markers_dropped") or 0) for h in hs)}
+    v = max((h.verdict for h in hs), key=lambda x: order.get(x or "", 1))
+    return Health(verdict=v, metrics=sorted({m for h in hs for m in h.metrics}), findings=[f for h in hs for f in h.findings],
+                  cut_markers_dropped=sum(h.cut_markers_dropped or 0 for h in hs))
 
 
 def manifest_near(files: list[Path]) -> tuple[Any, int | None]:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from profkit.documents import OverlapSlack
 from profkit.apis import GRAPH_LAUNCH_APIS, KERNEL_LAUNCH_APIS, LAUNCH_APIS
 from profkit.analysis.bubbles import find_bubbles
 from profkit.analysis.clock import busy_by_window, by_window, device_union, length_ns, owned_and_spill, tiles
@@ -69,7 +70,7 @@ class RankAnalysis:
     graph_capture: dict[str, Any] | None = None  # analysis/graphs.py: replayed ops mapped to their capture (with a capture profile)
     source: dict[str, Any] | None = None  # what the input was read from when not a Kineto trace (an nsys export: ingest/nsys.py)
     stub_markers: int = 0  # marker spans cut by the profiler's stop, dropped (analysis/iterations.py)
-    overlap_slack: dict[str, Any] | None = None  # analysis/slack.py: every transition N -> N+1 and the rank's statistics
+    overlap_slack: OverlapSlack | None = None  # analysis/slack.py: every transition N -> N+1 and the rank's statistics
     capture: dict[str, Any] = field(default_factory=dict)  # analysis/health.py: the facts capture health is judged on
     speculative: dict[str, Any] | None = None  # analysis/spec.py: the verify iterations' owned GPU time by phase, wall time
     # recorded with shapes: every GPU op of the device (owned or not) with its category, owner, times and work
@@ -307,7 +308,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
 
 def _slack_and_health(trace: Trace, ops: pl.DataFrame, owned: pl.DataFrame, calls: pl.DataFrame, win: pl.DataFrame,
                       windows: pl.DataFrame, syncs: pl.DataFrame, its: Any, device_timeline: str,
-                      device_records: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+                      device_records: str) -> tuple[OverlapSlack | None, dict[str, Any]]:
     """Overlap slack (analysis/slack.py; GPU timelines with launch calls only) and the capture-health facts
     (analysis/health.py; the stubs the iteration finder dropped, when it says)."""
     from profkit.analysis import health, slack

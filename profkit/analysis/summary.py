@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import polars as pl
 
 from profkit import __version__
@@ -213,7 +214,7 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS, peaks: Path | N
         **({"stub_markers": a.stub_markers} if a.stub_markers else {}),
         # issue 31 (new optional keys): every transition's slack and the rank's statistics (analysis/slack.py);
         # the facts capture health is judged on (analysis/health.py)
-        "overlap_slack": a.overlap_slack,
+        "overlap_slack": msgspec.to_builtins(a.overlap_slack),
         "capture": a.capture,
         "speculative": a.speculative,  # analysis/spec.py: per accepted token where the run manifest gives the accept length
         # Added after v1 shipped (a new key; readers must treat it as optional): see analysis/timeline.py.
