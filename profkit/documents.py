@@ -213,6 +213,105 @@ class OverlapSlack(_Doc):
     exposed_us_by_breaker: list[BreakerTotal] = []
 
 
+class ReplaysMissing(_Doc):
+    """Graph launches inside the iterations with no replayed kernel recorded (captures left out)."""
+    count: int = 0
+    graph_launches: int = 0
+    iterations: list[int] = []  # the first few
+
+
+class StartRecordsMissing(_Doc):
+    """Eager launch calls with no device record: those of the first iteration, and those later."""
+    count: int = 0
+    launches_first_iteration: int = 0
+    missing_later: int = 0
+
+
+class DeferredWork(_Doc):
+    """Owned GPU ops that start after the next iteration's GPU window ended."""
+    count: int = 0
+    us: Num = 0.0
+    iterations: list[int] = []
+
+
+class StreamOverlap(_Doc):
+    """Launches overlapping an earlier one on their stream (`ex_launch`: those that may use programmatic dependent launch, apart)."""
+    count: int = 0
+    worst_us: Num = 0.0
+    ex_launch: int = 0
+    streams: list[int] = []
+
+
+class UnderRecordedWorst(_Doc):
+    ops: int = 0
+    pattern_ops: int = 0
+    iteration: int | None = None
+    site: str | None = None
+
+
+class UnderRecorded(_Doc):
+    """Graph replays with fewer ops than the other replays of their graph."""
+    count: int = 0
+    replays: int = 0
+    ops_missing: int = 0
+    iterations: list[int] = []
+    worst: UnderRecordedWorst | None = None
+
+
+class ImpossibleWorst(_Doc):
+    name: str = ""
+    dur_us: Num = 0.0
+    iteration: int | None = None
+    rules: list[str] = []
+
+
+class ImpossibleDurations(_Doc):
+    """GPU ops whose duration the device cannot have, by rule (window, name, overflow)."""
+    count: int = 0
+    us: Num = 0.0
+    longer_than_window: int = 0
+    beyond_name: int = 0
+    overflow: int = 0
+    iterations: list[int] = []
+    worst: ImpossibleWorst | None = None
+
+
+class CaptureOnly(_Doc):
+    flagged: bool = False
+    capture_iterations: int = 0
+    iterations: int = 0
+
+
+class CutMarkers(_Doc):
+    count: int = 0
+    dropped: int = 0
+    kept_as_iteration: int = 0
+
+
+class CaptureFacts(_Doc):
+    """A rank's `capture` (analysis/health.py rank_facts): the facts capture health is judged on. The first four
+    checks only on a GPU timeline with device records and ops; the next three only where they found something."""
+    device_timeline: str | None = None
+    device_records: str | None = None
+    graph_replays_missing: ReplaysMissing | UnsetType = UNSET
+    start_records_missing: StartRecordsMissing | UnsetType = UNSET
+    deferred_work: DeferredWork | UnsetType = UNSET
+    stream_overlap: StreamOverlap | UnsetType = UNSET
+    graph_replays_under_recorded: UnderRecorded | UnsetType = UNSET
+    impossible_durations: ImpossibleDurations | UnsetType = UNSET
+    capture_only: CaptureOnly | UnsetType = UNSET
+    cut_markers: CutMarkers = msgspec.field(default_factory=CutMarkers)
+    first_iteration_start_ns: int | None = None
+
+
+class RankSpec(_Doc):
+    """A rank's `speculative` (analysis/spec.py rank_spec): its verify iterations' mean owned GPU time by phase and mean wall time."""
+    verify_iterations: int = 0
+    owned_phase_us: dict[str, Num] = {}
+    owned_gpu_us: Num = 0.0
+    wall_us: Num = 0.0
+
+
 class Rank(_Doc):
     rank: int | None = None
     device: Any = None
@@ -238,8 +337,8 @@ class Rank(_Doc):
     warnings: list[str] = []
     stub_markers: Any = None
     overlap_slack: OverlapSlack | None = None
-    capture: dict[str, Any] | None = None
-    speculative: dict[str, Any] | None = None
+    capture: CaptureFacts | None = None
+    speculative: RankSpec | None = None
     timeline: Any = None
     floor: dict[str, Any] | None = None  # issue 41: the peaks the floor used and the modeled ops, or `note`: why there is none
 
@@ -307,9 +406,10 @@ class SpecCost(_Doc):
     accept_length: Num | None = None
     accept_source: str | None = None  # window; else where the accepted length came from (the unprofiled passes)
     window: int | None = None
-    phase_us_per_accepted_token: dict[str, Num] | None = None  # these three: only with an accepted length
-    gpu_us_per_accepted_token: Num | None = None
-    wall_us_per_accepted_token: Num | None = None
+    # these three: only with an accepted length (absent, UNSET, without one)
+    phase_us_per_accepted_token: dict[str, Num] | None | UnsetType = UNSET
+    gpu_us_per_accepted_token: Num | None | UnsetType = UNSET
+    wall_us_per_accepted_token: Num | None | UnsetType = UNSET
 
 
 class Versions(_Doc):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from profkit.documents import OverlapSlack
+from profkit.documents import CaptureFacts, OverlapSlack, RankSpec
 from profkit.apis import GRAPH_LAUNCH_APIS, KERNEL_LAUNCH_APIS, LAUNCH_APIS
 from profkit.analysis.bubbles import find_bubbles
 from profkit.analysis.clock import busy_by_window, by_window, device_union, length_ns, owned_and_spill, tiles
@@ -71,8 +71,8 @@ class RankAnalysis:
     source: dict[str, Any] | None = None  # what the input was read from when not a Kineto trace (an nsys export: ingest/nsys.py)
     stub_markers: int = 0  # marker spans cut by the profiler's stop, dropped (analysis/iterations.py)
     overlap_slack: OverlapSlack | None = None  # analysis/slack.py: every transition N -> N+1 and the rank's statistics
-    capture: dict[str, Any] = field(default_factory=dict)  # analysis/health.py: the facts capture health is judged on
-    speculative: dict[str, Any] | None = None  # analysis/spec.py: the verify iterations' owned GPU time by phase, wall time
+    capture: CaptureFacts | None = None  # analysis/health.py: the facts capture health is judged on
+    speculative: RankSpec | None = None  # analysis/spec.py: the verify iterations' owned GPU time by phase, wall time
     # recorded with shapes: every GPU op of the device (owned or not) with its category, owner, times and work
     # (analysis/work.py), what analysis/floor.py turns into each iteration's floor and gap; None without shapes
     device_work: pl.DataFrame | None = None
@@ -308,7 +308,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
 
 def _slack_and_health(trace: Trace, ops: pl.DataFrame, owned: pl.DataFrame, calls: pl.DataFrame, win: pl.DataFrame,
                       windows: pl.DataFrame, syncs: pl.DataFrame, its: Any, device_timeline: str,
-                      device_records: str) -> tuple[OverlapSlack | None, dict[str, Any]]:
+                      device_records: str) -> tuple[OverlapSlack | None, CaptureFacts]:
     """Overlap slack (analysis/slack.py; GPU timelines with launch calls only) and the capture-health facts
     (analysis/health.py; the stubs the iteration finder dropped, when it says)."""
     from profkit.analysis import health, slack

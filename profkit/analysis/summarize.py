@@ -141,7 +141,7 @@ def _health_and_spec(summary: dict[str, Any], files: list[Any]) -> None:
     summary["health"] = msgspec.to_builtins(health.assess(summary, m.get("profiler_overhead") if m else None, window))
     cost = spec.spec_cost(summary, m, window)
     if cost is not None:
-        summary["speculative"] = cost
+        summary["speculative"] = msgspec.to_builtins(cost)
 
 
 def _decode_early(plan: list[Any], cache_on: bool, jobs: int | None) -> Any:

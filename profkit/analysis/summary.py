@@ -215,8 +215,8 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS, peaks: Path | N
         # issue 31 (new optional keys): every transition's slack and the rank's statistics (analysis/slack.py);
         # the facts capture health is judged on (analysis/health.py)
         "overlap_slack": msgspec.to_builtins(a.overlap_slack),
-        "capture": a.capture,
-        "speculative": a.speculative,  # analysis/spec.py: per accepted token where the run manifest gives the accept length
+        "capture": msgspec.to_builtins(a.capture) if a.capture is not None else {},  # {}: not checked
+        "speculative": msgspec.to_builtins(a.speculative),  # analysis/spec.py: per accepted token where the run manifest gives the accept length
         # Added after v1 shipped (a new key; readers must treat it as optional): see analysis/timeline.py.
         "timeline": representative_timeline(a),
         # issue 41 (a new optional key): the peaks the floor used and the modeled ops, or why there is no floor
