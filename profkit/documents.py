@@ -52,6 +52,61 @@ class GapSplit(_Doc):
     overlap_us: Num = 0.0
 
 
+class CategoryWork(_Doc):
+    """One category's own work in an iteration (analysis/floor.py): FLOPs, bytes, the sum of its ops' own floors."""
+    flops: int = 0
+    bytes: int = 0
+    floor_us: Num = 0.0
+
+
+class IterationFloor(_Doc):
+    """An iteration's work, hardware floor and gap split (analysis/floor.py): the last keys of its summary record."""
+    flops: int = 0
+    bytes: int = 0
+    work_by_category: dict[str, CategoryWork] = {}
+    floor_us: Num = 0.0
+    floor_bound: str = "memory"
+    floor_memory_us: Num = 0.0
+    floor_compute_us: Num = 0.0
+    gap_us: GapSplit = msgspec.field(default_factory=GapSplit)
+
+
+class FloorPeaks(_Doc):
+    """The peaks a rank's floor used (analysis/peaks.py Peaks)."""
+    device: str = ""
+    memory_tb_s: Num = 0.0
+    dense_tflop_s: dict[str, Num] = {}
+    source: str = ""
+
+
+class ModeledOp(_Doc):
+    """A modeled launching op of a rank's `floor` by (op, shape, dtypes): its GPU ops' time and work, the rates
+    achieved (where it ran) and their share of the peaks (where known); FLOPs only for gemm and attention."""
+    shape_op: str | None = None
+    shape: str | None = None
+    shape_dtypes: str | None = None
+    kind: str | None = None
+    gpu_ops: int = 0
+    total_us: Num = 0.0
+    bytes: int = 0
+    flops: int | UnsetType = UNSET
+    tb_s: Num | UnsetType = UNSET
+    tflop_s: Num | UnsetType = UNSET
+    memory_share: Num | UnsetType = UNSET
+    compute_share: Num | UnsetType = UNSET
+    bound: str | UnsetType = UNSET
+
+
+class FloorSection(_Doc):
+    """A rank's `floor` (analysis/floor.py rank_floor): the peaks used, or `note`: why there is no floor; the
+    modeled share of the GPU ops and the modeled ops (absent without shapes)."""
+    note: str | UnsetType = UNSET
+    peaks: FloorPeaks | UnsetType = UNSET
+    gpu_ops: int | UnsetType = UNSET
+    modeled_gpu_ops: int | UnsetType = UNSET
+    ops: list[ModeledOp] | UnsetType = UNSET
+
+
 class Iteration(_Doc):
     index: int = 0
     kind: str | None = None

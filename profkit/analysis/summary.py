@@ -220,7 +220,7 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS, peaks: Path | N
         # Added after v1 shipped (a new key; readers must treat it as optional): see analysis/timeline.py.
         "timeline": representative_timeline(a),
         # issue 41 (a new optional key): the peaks the floor used and the modeled ops, or why there is no floor
-        **({"floor": floor} if floor is not None else {}),
+        **({"floor": msgspec.to_builtins(floor)} if floor is not None else {}),
     }
 
 
