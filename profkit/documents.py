@@ -367,6 +367,29 @@ class RankSpec(_Doc):
     wall_us: Num = 0.0
 
 
+class Refused(_Doc):
+    why: str = ""
+    replays: int = 0
+
+
+class GraphCaptureStats(_Doc):
+    """A rank's `graph_capture` (analysis/graphs.py, with capture profiles): the replays mapped to a captured graph,
+    those refused and why, and the GPU time of each."""
+    files: list[str] = []
+    graphs: int = 0
+    replays: int = 0
+    replays_mapped: int = 0
+    replays_refused: int = 0
+    ops: int = 0
+    ops_mapped: int = 0
+    replayed_us: Num = 0.0
+    mapped_us: Num = 0.0
+    unmapped_us: Num = 0.0
+    unmapped_other_us: Num = 0.0
+    refused: list[Refused] = []
+    replays_shape_ambiguous: int | UnsetType = UNSET  # only when some were
+
+
 class Rank(_Doc):
     rank: int | None = None
     device: Any = None
@@ -375,7 +398,7 @@ class Rank(_Doc):
     catalog: str | None = None
     device_timeline: str | None = "gpu"
     device_records: Any = None
-    graph_capture: Any = None
+    graph_capture: GraphCaptureStats | None = None
     source: Any = None
     t0_us: float | None = None
     iterations: list[Iteration] = []

@@ -187,7 +187,7 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS, peaks: Path | N
         "catalog": a.catalog,
         "device_timeline": a.device_timeline,
         "device_records": a.device_records,
-        **({"graph_capture": a.graph_capture} if a.graph_capture is not None else {}),
+        **({"graph_capture": msgspec.to_builtins(a.graph_capture)} if a.graph_capture is not None else {}),
         **({"source": a.source} if a.source is not None else {}),  # an nsys export: its format, schema version, device, pid
         "t0_us": _us(a.t0_ns),
         "iterations": records,
