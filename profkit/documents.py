@@ -8,9 +8,11 @@ cannot be recovered stays None (a v1 rank's `bubble_cpu_ops` has no times; v1 an
 no time by ownership: `owned_category_us` None, which attribution takes as the clock basis).
 
 Unknown keys are ignored and every field has a default, so older and newer files decode. Capture
-health (Health), a rank's overlap slack (OverlapSlack) and the speculative cost (SpecCost) are read
-by field; sections that only travel through (the timeline, the run manifest and `run` section, a
-rank's capture facts and floor) stay plain JSON values. Writing stays where it is: analysis builds summary.json as a dict, and
+health (Health), a rank's overlap slack (OverlapSlack), capture facts (CaptureFacts), graph-capture
+statistics (GraphCaptureStats) and the speculative cost (SpecCost, RankSpec) are read by field; sections
+that only travel through (the timeline, the run manifest and `run` section, a rank's floor: built as
+FloorSection) stay plain JSON values. Writing: analysis builds each of these sections as its struct (an
+optional key that is left out is UNSET) and assembles summary.json as a dict of their plain JSON, and
 attribution builds diff.json as the Diff below (`compare_summaries`), encoded once where it is written (`diff_doc`).
 """
 
