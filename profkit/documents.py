@@ -8,9 +8,11 @@ cannot be recovered stays None (a v1 rank's `bubble_cpu_ops` has no times; v1 an
 no time by ownership: `owned_category_us` None, which attribution takes as the clock basis).
 
 Unknown keys are ignored and every field has a default, so older and newer files decode. Capture
-health (Health), a rank's overlap slack (OverlapSlack) and the speculative cost (SpecCost) are read
-by field; sections that only travel through (the timeline, the run manifest and `run` section, a
-rank's capture facts and floor) stay plain JSON values. Writing stays where it is: analysis builds summary.json as a dict, and
+health (Health), a rank's overlap slack (OverlapSlack), capture facts (CaptureFacts), graph-capture
+statistics (GraphCaptureStats) and the speculative cost (SpecCost, RankSpec) are read by field; sections
+that only travel through (the timeline, the run manifest and `run` section, a rank's floor: built as
+FloorSection) stay plain JSON values. Writing: analysis builds each of these sections as its struct (an
+optional key that is left out is UNSET) and assembles summary.json as a dict of their plain JSON, and
 attribution builds diff.json as the Diff below (`compare_summaries`), encoded once where it is written (`diff_doc`).
 """
 
@@ -50,6 +52,61 @@ class GapSplit(_Doc):
     unmodeled_us: Num = 0.0
     unmodeled_us_by_category: dict[str, Num] = {}
     overlap_us: Num = 0.0
+
+
+class CategoryWork(_Doc):
+    """One category's own work in an iteration (analysis/floor.py): FLOPs, bytes, the sum of its ops' own floors."""
+    flops: int = 0
+    bytes: int = 0
+    floor_us: Num = 0.0
+
+
+class IterationFloor(_Doc):
+    """An iteration's work, hardware floor and gap split (analysis/floor.py): the last keys of its summary record."""
+    flops: int = 0
+    bytes: int = 0
+    work_by_category: dict[str, CategoryWork] = {}
+    floor_us: Num = 0.0
+    floor_bound: str = "memory"
+    floor_memory_us: Num = 0.0
+    floor_compute_us: Num = 0.0
+    gap_us: GapSplit = msgspec.field(default_factory=GapSplit)
+
+
+class FloorPeaks(_Doc):
+    """The peaks a rank's floor used (analysis/peaks.py Peaks)."""
+    device: str = ""
+    memory_tb_s: Num = 0.0
+    dense_tflop_s: dict[str, Num] = {}
+    source: str = ""
+
+
+class ModeledOp(_Doc):
+    """A modeled launching op of a rank's `floor` by (op, shape, dtypes): its GPU ops' time and work, the rates
+    achieved (where it ran) and their share of the peaks (where known); FLOPs only for gemm and attention."""
+    shape_op: str | None = None
+    shape: str | None = None
+    shape_dtypes: str | None = None
+    kind: str | None = None
+    gpu_ops: int = 0
+    total_us: Num = 0.0
+    bytes: int = 0
+    flops: int | UnsetType = UNSET
+    tb_s: Num | UnsetType = UNSET
+    tflop_s: Num | UnsetType = UNSET
+    memory_share: Num | UnsetType = UNSET
+    compute_share: Num | UnsetType = UNSET
+    bound: str | UnsetType = UNSET
+
+
+class FloorSection(_Doc):
+    """A rank's `floor` (analysis/floor.py rank_floor): the peaks used, or `note`: why there is no floor; the
+    modeled share of the GPU ops and the modeled ops (absent without shapes)."""
+    note: str | UnsetType = UNSET
+    peaks: FloorPeaks | UnsetType = UNSET
+    gpu_ops: int | UnsetType = UNSET
+    modeled_gpu_ops: int | UnsetType = UNSET
+    ops: list[ModeledOp] | UnsetType = UNSET
 
 
 class Iteration(_Doc):
@@ -213,6 +270,128 @@ class OverlapSlack(_Doc):
     exposed_us_by_breaker: list[BreakerTotal] = []
 
 
+class ReplaysMissing(_Doc):
+    """Graph launches inside the iterations with no replayed kernel recorded (captures left out)."""
+    count: int = 0
+    graph_launches: int = 0
+    iterations: list[int] = []  # the first few
+
+
+class StartRecordsMissing(_Doc):
+    """Eager launch calls with no device record: those of the first iteration, and those later."""
+    count: int = 0
+    launches_first_iteration: int = 0
+    missing_later: int = 0
+
+
+class DeferredWork(_Doc):
+    """Owned GPU ops that start after the next iteration's GPU window ended."""
+    count: int = 0
+    us: Num = 0.0
+    iterations: list[int] = []
+
+
+class StreamOverlap(_Doc):
+    """Launches overlapping an earlier one on their stream (`ex_launch`: those that may use programmatic dependent launch, apart)."""
+    count: int = 0
+    worst_us: Num = 0.0
+    ex_launch: int = 0
+    streams: list[int] = []
+
+
+class UnderRecordedWorst(_Doc):
+    ops: int = 0
+    pattern_ops: int = 0
+    iteration: int | None = None
+    site: str | None = None
+
+
+class UnderRecorded(_Doc):
+    """Graph replays with fewer ops than the other replays of their graph."""
+    count: int = 0
+    replays: int = 0
+    ops_missing: int = 0
+    iterations: list[int] = []
+    worst: UnderRecordedWorst | None = None
+
+
+class ImpossibleWorst(_Doc):
+    name: str = ""
+    dur_us: Num = 0.0
+    iteration: int | None = None
+    rules: list[str] = []
+
+
+class ImpossibleDurations(_Doc):
+    """GPU ops whose duration the device cannot have, by rule (window, name, overflow)."""
+    count: int = 0
+    us: Num = 0.0
+    longer_than_window: int = 0
+    beyond_name: int = 0
+    overflow: int = 0
+    iterations: list[int] = []
+    worst: ImpossibleWorst | None = None
+
+
+class CaptureOnly(_Doc):
+    flagged: bool = False
+    capture_iterations: int = 0
+    iterations: int = 0
+
+
+class CutMarkers(_Doc):
+    count: int = 0
+    dropped: int = 0
+    kept_as_iteration: int = 0
+
+
+class CaptureFacts(_Doc):
+    """A rank's `capture` (analysis/health.py rank_facts): the facts capture health is judged on. The first four
+    checks only on a GPU timeline with device records and ops; the next three only where they found something."""
+    device_timeline: str | None = None
+    device_records: str | None = None
+    graph_replays_missing: ReplaysMissing | UnsetType = UNSET
+    start_records_missing: StartRecordsMissing | UnsetType = UNSET
+    deferred_work: DeferredWork | UnsetType = UNSET
+    stream_overlap: StreamOverlap | UnsetType = UNSET
+    graph_replays_under_recorded: UnderRecorded | UnsetType = UNSET
+    impossible_durations: ImpossibleDurations | UnsetType = UNSET
+    capture_only: CaptureOnly | UnsetType = UNSET
+    cut_markers: CutMarkers = msgspec.field(default_factory=CutMarkers)
+    first_iteration_start_ns: int | None = None
+
+
+class RankSpec(_Doc):
+    """A rank's `speculative` (analysis/spec.py rank_spec): its verify iterations' mean owned GPU time by phase and mean wall time."""
+    verify_iterations: int = 0
+    owned_phase_us: dict[str, Num] = {}
+    owned_gpu_us: Num = 0.0
+    wall_us: Num = 0.0
+
+
+class Refused(_Doc):
+    why: str = ""
+    replays: int = 0
+
+
+class GraphCaptureStats(_Doc):
+    """A rank's `graph_capture` (analysis/graphs.py, with capture profiles): the replays mapped to a captured graph,
+    those refused and why, and the GPU time of each."""
+    files: list[str] = []
+    graphs: int = 0
+    replays: int = 0
+    replays_mapped: int = 0
+    replays_refused: int = 0
+    ops: int = 0
+    ops_mapped: int = 0
+    replayed_us: Num = 0.0
+    mapped_us: Num = 0.0
+    unmapped_us: Num = 0.0
+    unmapped_other_us: Num = 0.0
+    refused: list[Refused] = []
+    replays_shape_ambiguous: int | UnsetType = UNSET  # only when some were
+
+
 class Rank(_Doc):
     rank: int | None = None
     device: Any = None
@@ -221,7 +400,7 @@ class Rank(_Doc):
     catalog: str | None = None
     device_timeline: str | None = "gpu"
     device_records: Any = None
-    graph_capture: Any = None
+    graph_capture: GraphCaptureStats | None = None
     source: Any = None
     t0_us: float | None = None
     iterations: list[Iteration] = []
@@ -238,8 +417,8 @@ class Rank(_Doc):
     warnings: list[str] = []
     stub_markers: Any = None
     overlap_slack: OverlapSlack | None = None
-    capture: dict[str, Any] | None = None
-    speculative: dict[str, Any] | None = None
+    capture: CaptureFacts | None = None
+    speculative: RankSpec | None = None
     timeline: Any = None
     floor: dict[str, Any] | None = None  # issue 41: the peaks the floor used and the modeled ops, or `note`: why there is none
 
@@ -307,9 +486,10 @@ class SpecCost(_Doc):
     accept_length: Num | None = None
     accept_source: str | None = None  # window; else where the accepted length came from (the unprofiled passes)
     window: int | None = None
-    phase_us_per_accepted_token: dict[str, Num] | None = None  # these three: only with an accepted length
-    gpu_us_per_accepted_token: Num | None = None
-    wall_us_per_accepted_token: Num | None = None
+    # these three: only with an accepted length (absent, UNSET, without one)
+    phase_us_per_accepted_token: dict[str, Num] | None | UnsetType = UNSET
+    gpu_us_per_accepted_token: Num | None | UnsetType = UNSET
+    wall_us_per_accepted_token: Num | None | UnsetType = UNSET
 
 
 class Versions(_Doc):

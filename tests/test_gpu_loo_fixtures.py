@@ -6,7 +6,9 @@ why (found on the data, not tuned away)."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
+import msgspec
 import pytest
 
 from profkit.analysis.summary import build_summary
@@ -188,7 +190,7 @@ def test_public_tracelens_capture_pair_aligns_by_name():
     """The public SGLang MI300X pair: ROCm capture launches carry kernel names; all 544 replayed kernels align."""
     a = analyze_paths([public_trace("tracelens_sglang_qwen3-8b_mi300x_decode_step.json.gz")],
                       captures=[public_trace("tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz")], cache=False)
-    g = a[0].graph_capture
+    g = msgspec.to_builtins(a[0].graph_capture)  # documents.GraphCaptureStats, as summary.json writes it
     assert g["graphs"] == 1 and g["replays_mapped"] == 1 and g["ops_mapped"] == 544 and g["unmapped_us"] == 0
 
 
@@ -197,9 +199,11 @@ def test_capture_count_mismatch_is_refused():
 
     caps = GraphCaptures(graphs=[CapturedGraph("x", 0, None, "draft", 1, ((False, None, "proxy.moe"),) * 3)])
     rows = [(i, 7, "k", "kernel", 1000) for i in range(4)]
-    mapped, st = map_replays(rows, {7: "draft"}, caps, 0)
+    mapped, stats = map_replays(rows, {7: "draft"}, caps, 0)
+    st = asdict(stats)  # graphs.ReplayStats
     assert mapped == {} and st["replays_refused"] == 1
-    mapped, st = map_replays(rows[:3], {7: "draft"}, caps, 0)
+    mapped, stats = map_replays(rows[:3], {7: "draft"}, caps, 0)
+    st = asdict(stats)
     assert mapped == {0: "proxy.moe", 1: "proxy.moe", 2: "proxy.moe"} and st["replays_mapped"] == 1
 
 

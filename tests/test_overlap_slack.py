@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from profkit.analysis.summarize import SummarizeOptions, summarize
@@ -123,7 +124,7 @@ def test_window_accept_length_from_the_manifest_is_preferred(tmp_path):
     m = json.loads((LOO / "all" / "manifest.json").read_text())
     for i, w in enumerate(m["profiler_overhead"]["windows"]):
         w["accept"] = {"accept_length": 2.5 + i / 10, "server_accept_length": 2.6, "completion_tokens": 256, "spec_verify_ct": 102, "requests": 1}
-    c = spec_cost(s, m, 1)
+    c = msgspec.to_builtins(spec_cost(s, m, 1))  # documents.SpecCost, read as summary.json writes it
     assert c["accept_source"] == "window" and c["accept_length"] == 2.6
     assert c["gpu_us_per_accepted_token"] == pytest.approx(sum(c["owned_phase_us"].values()) / 2.6)
     assert c["wall_us_per_accepted_token"] == pytest.approx(c["wall_us"] / 2.6)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from profkit.apis import GRAPH_LAUNCH_APIS, HIP_TWINS, KERNEL_LAUNCH_APIS
+from profkit.documents import UNSET, GraphCaptureStats, Refused
 from profkit.errors import TraceInputError
 from profkit.ingest.units import us_to_ns
 
@@ -287,8 +288,27 @@ def _shape_key(g: CapturedGraph) -> tuple[Any, ...]:
     return tuple(None if x is None else x[:3] for x in (g.shapes or ()))
 
 
+@dataclass
+class ReplayStats:
+    """The replays of one rank against the captured graphs, in ns, as they are counted (finish_stats: in µs)."""
+    graphs: int = 0
+    replays: int = 0
+    replays_mapped: int = 0
+    replays_refused: int = 0
+    ops: int = 0
+    ops_mapped: int = 0
+    replayed_ns: int = 0
+    mapped_ns: int = 0
+    refused: dict[str, int] = field(default_factory=dict)  # why -> replays
+    replays_shape_ambiguous: int = 0
+    shapes: dict[int, Any] = field(default_factory=dict)  # position -> (op, dims, types, start): analysis/shapes.py
+
+    def refuse(self, why: str) -> None:
+        self.refused[why] = self.refused.get(why, 0) + 1
+
+
 def map_replays(rows: list[tuple[int, int, str, str, int]], phases: dict[int, str], captures: GraphCaptures,
-                rank: int, shapes: dict[int, Any] | None = None) -> tuple[dict[int, str | None], dict[str, Any]]:
+                rank: int, shapes: dict[int, Any] | None = None) -> tuple[dict[int, str | None], ReplayStats]:
     """Replayed ops -> their capture-time innermost range.
 
     rows: (position, correlation, name, cat, dur_ns) of every op replayed from a graph launch, in start
@@ -301,8 +321,7 @@ def map_replays(rows: list[tuple[int, int, str, str, int]], phases: dict[int, st
     for r in rows:
         groups.setdefault(r[1], []).append(r)
     mapped: dict[int, str | None] = {}
-    st: dict[str, Any] = {"graphs": len(graphs), "replays": len(groups), "replays_mapped": 0, "replays_refused": 0, "ops": len(rows), "ops_mapped": 0,
-          "replayed_ns": sum(r[4] for r in rows), "mapped_ns": 0, "refused": {}}
+    st = ReplayStats(graphs=len(graphs), replays=len(groups), ops=len(rows), replayed_ns=sum(r[4] for r in rows))
     for corr, ops in groups.items():
         ph = phases.get(corr)
         n = len(ops)
@@ -322,12 +341,14 @@ def map_replays(rows: list[tuple[int, int, str, str, int]], phases: dict[int, st
                     mapped[o[0]] = best.ops[a][2]
                     if shapes is not None and best.shapes and best.shapes[a] is not None:
                         shapes[o[0]] = best.shapes[a]
-                    st["mapped_ns"] += o[4]
+                    st.mapped_ns += o[4]
                     hit += 1
-            st["ops_mapped"] += hit
-            st["replays_mapped" if hit == n else "replays_refused"] += 1
-            if hit != n:
-                st["refused"][f"{ph or '?'}: {n - hit} of {n} ops unmatched by name"] = st["refused"].get(f"{ph or '?'}: {n - hit} of {n} ops unmatched by name", 0) + 1
+            st.ops_mapped += hit
+            if hit == n:
+                st.replays_mapped += 1
+            else:
+                st.replays_refused += 1
+                st.refuse(f"{ph or '?'}: {n - hit} of {n} ops unmatched by name")
             continue
         same = [g for g in pool if len(g.ops) == n]
         same.sort(key=lambda g: (g.phase != ph,))
@@ -340,11 +361,11 @@ def map_replays(rows: list[tuple[int, int, str, str, int]], phases: dict[int, st
             counts = sorted({len(g.ops) for g in pool})
             why = (f"{ph or '?'}: {n} ops replayed, captured graphs hold {', '.join(map(str, counts[:6]))}" if not same
                    else f"{ph or '?'}: copies and kernels in another order than captured")
-            st["refused"][why] = st["refused"].get(why, 0) + 1
-            st["replays_refused"] += 1
+            st.refuse(why)
+            st.replays_refused += 1
             continue
-        st["replays_mapped"] += 1
-        st["ops_mapped"] += n
+        st.replays_mapped += 1
+        st.ops_mapped += n
         # graphs of one step with as many ops are captures of one step function at other shapes (context-width buckets):
         # the same ranges, so the categories hold; but the launch count cannot say which one ran, so where their shapes
         # differ the replay takes none (its work is not modeled) rather than another bucket's
@@ -352,16 +373,16 @@ def map_replays(rows: list[tuple[int, int, str, str, int]], phases: dict[int, st
         if shaped and any(g is not chosen and g.phase == chosen.phase and _shape_key(g) != _shape_key(chosen)
                           and all(g.ops[k][0] == (ops[k][3] != "kernel") for k in range(n)) for g in same):
             shaped = False
-            st["replays_shape_ambiguous"] = st.get("replays_shape_ambiguous", 0) + 1
+            st.replays_shape_ambiguous += 1
         for k, o in enumerate(ops):
             mapped[o[0]] = chosen.ops[k][2]
             if shaped and chosen.shapes[k] is not None:
                 shapes[o[0]] = chosen.shapes[k]  # type: ignore[index]
-            st["mapped_ns"] += o[4]
+            st.mapped_ns += o[4]
     return mapped, st
 
 
-def apply(owned: Any, trace: Any, captures: GraphCaptures, ann: list[str | None]) -> tuple[list[str | None], list[bool], dict[str, Any]]:
+def apply(owned: Any, trace: Any, captures: GraphCaptures, ann: list[str | None]) -> tuple[list[str | None], list[bool], ReplayStats]:
     """rank.py's hook: the annotations of graph-replayed ops from their capture (see the module doc).
 
     owned: the GPU ops frame (launch_api, correlation, ts_ns, name, cat, dur_ns, launch_ts_ns, launch_tid);
@@ -374,8 +395,7 @@ def apply(owned: Any, trace: Any, captures: GraphCaptures, ann: list[str | None]
     pos = is_graph.arg_true().to_list()
     mask = [False] * owned.height
     if not pos:
-        return ann, mask, {"graphs": len(captures.graphs), "replays": 0, "replays_mapped": 0, "replays_refused": 0, "ops": 0, "ops_mapped": 0,
-                           "replayed_ns": 0, "mapped_ns": 0, "refused": {}}
+        return ann, mask, ReplayStats(graphs=len(captures.graphs))
     sub = owned.with_row_index("_pos").filter(is_graph).sort("ts_ns", "_pos")
     ph = op_phases(sub, trace.cpu)
     phases = dict(zip(sub["correlation"].to_list(), ph.to_list()))
@@ -383,7 +403,7 @@ def apply(owned: Any, trace: Any, captures: GraphCaptures, ann: list[str | None]
                     sub["dur_ns"].fill_null(0).to_list()))
     shapes: dict[int, Any] = {}
     m, stats = map_replays(rows, phases, captures, int(getattr(trace, "rank", 0) or 0), shapes)
-    stats["shapes"] = shapes  # position -> (op, dims, types, start): analysis/shapes.py; finish_stats leaves it out
+    stats.shapes = shapes
     out = list(ann)
     for p, a in m.items():
         mask[p] = True
@@ -393,19 +413,19 @@ def apply(owned: Any, trace: Any, captures: GraphCaptures, ann: list[str | None]
     return out, mask, stats
 
 
-def finish_stats(stats: dict[str, Any], classified: Any, mask: list[bool], captures: GraphCaptures) -> dict[str, Any]:
+def finish_stats(stats: ReplayStats, classified: Any, mask: list[bool], captures: GraphCaptures) -> GraphCaptureStats:
     """Add the GPU time of unmapped replayed ops that the name rules left in "other"; µs figures."""
     import polars as pl
 
     df = classified.with_columns(pl.Series("_m", mask, dtype=pl.Boolean))
     rest = df.filter(pl.col("launch_api").is_in(list(GRAPH_LAUNCH_APIS)).fill_null(False) & ~pl.col("_m"))
     other_ns = int(rest.filter(pl.col("category").fill_null("other") == "other")["dur_ns"].sum() or 0)
-    return {
-        "files": [Path(f).name for f in captures.files], "graphs": stats["graphs"], "replays": stats["replays"],
-        "replays_mapped": stats["replays_mapped"], "replays_refused": stats["replays_refused"], "ops": stats["ops"],
-        "ops_mapped": stats["ops_mapped"], "replayed_us": stats["replayed_ns"] / 1000, "mapped_us": stats["mapped_ns"] / 1000,
-        "unmapped_us": (stats["replayed_ns"] - stats["mapped_ns"]) / 1000, "unmapped_other_us": other_ns / 1000,
-        "refused": [{"why": k, "replays": v} for k, v in sorted(stats["refused"].items(), key=lambda kv: -kv[1])],
+    return GraphCaptureStats(
+        files=[Path(f).name for f in captures.files], graphs=stats.graphs, replays=stats.replays,
+        replays_mapped=stats.replays_mapped, replays_refused=stats.replays_refused, ops=stats.ops,
+        ops_mapped=stats.ops_mapped, replayed_us=stats.replayed_ns / 1000, mapped_us=stats.mapped_ns / 1000,
+        unmapped_us=(stats.replayed_ns - stats.mapped_ns) / 1000, unmapped_other_us=other_ns / 1000,
+        refused=[Refused(why=k, replays=v) for k, v in sorted(stats.refused.items(), key=lambda kv: -kv[1])],
         # (a new optional key) replays whose step was captured at several shapes with as many ops: no shapes taken
-        **({"replays_shape_ambiguous": stats["replays_shape_ambiguous"]} if stats.get("replays_shape_ambiguous") else {}),
-    }
+        replays_shape_ambiguous=stats.replays_shape_ambiguous or UNSET,
+    )

@@ -36,15 +36,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, cast
-
-import msgspec
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, cast
 
 if TYPE_CHECKING:
     import polars as pl
 
 from profkit.apis import GRAPH_LAUNCH_APIS, LAUNCH_APIS
-from profkit.documents import Health
+from profkit.documents import (CaptureFacts, CaptureOnly, CutMarkers, DeferredWork, Finding, Health, ImpossibleDurations, ImpossibleWorst,
+                               ReplaysMissing, StartRecordsMissing, StreamOverlap, UnderRecorded, UnderRecordedWorst, typed_or_none)
 
 OVERHEAD_LIMIT = 1.5  # profiled / unprofiled time per token at which host-side figures are the profiler's
 STREAM_OVERLAP_TOLERANCE_NS = 50  # CUPTI's device timestamps, converted to µs floats by Kineto, can touch by a few ns
@@ -84,13 +83,13 @@ DOUBTS: dict[str, tuple[str, ...]] = {
 
 
 def rank_facts(trace: Any, ops: pl.DataFrame, calls: pl.DataFrame, win: pl.DataFrame, windows: pl.DataFrame,
-               device_timeline: str, device_records: str, stubs_dropped: int = 0) -> dict[str, Any]:
-    """The health facts of one rank (JSON-able). `ops`: every GPU op with its owning iteration (null:
+               device_timeline: str, device_records: str, stubs_dropped: int = 0) -> CaptureFacts:
+    """The health facts of one rank. `ops`: every GPU op with its owning iteration (null:
     none); `calls`: the runtime calls with theirs; `win`: the iteration windows (with kinds);
     `windows`: the GPU windows."""
     import polars as pl
 
-    facts: dict[str, Any] = {"device_timeline": device_timeline, "device_records": device_records}
+    facts = CaptureFacts(device_timeline=device_timeline, device_records=device_records)
     if device_timeline == "gpu" and device_records == "present" and ops.height:
         with_ops = ops["correlation"].drop_nulls().unique().implode()
         owned_calls = calls.filter(pl.col("iteration").is_not_null() & pl.col("correlation").is_not_null())
@@ -99,43 +98,43 @@ def rank_facts(trace: Any, ops: pl.DataFrame, calls: pl.DataFrame, win: pl.DataF
         empty = launches.filter(~pl.col("correlation").is_in(with_ops))
         graphs = launches.filter(pl.col("api").is_in(GRAPH_LAUNCH_APIS))
         g_empty = empty.filter(pl.col("api").is_in(GRAPH_LAUNCH_APIS))
-        facts["graph_replays_missing"] = {"count": g_empty.height, "graph_launches": graphs.height,
-                                          "iterations": sorted(set(g_empty["iteration"].to_list()))[:MAX_LISTED]}
+        facts.graph_replays_missing = ReplaysMissing(count=g_empty.height, graph_launches=graphs.height,
+                                                     iterations=sorted(set(g_empty["iteration"].to_list()))[:MAX_LISTED])
         first = win["iteration"].min() if win.height else None
         eager = empty.filter(~pl.col("api").is_in(GRAPH_LAUNCH_APIS))
         first_missing = eager.filter(pl.col("iteration") == first).height if first is not None else 0
-        facts["start_records_missing"] = {
-            "count": first_missing, "launches_first_iteration": launches.filter(pl.col("iteration") == first).height,
-            "missing_later": eager.height - first_missing}
-        facts["deferred_work"] = _deferred(ops, windows)
-        facts["stream_overlap"] = _stream_overlap(ops)
+        facts.start_records_missing = StartRecordsMissing(
+            count=first_missing, launches_first_iteration=launches.filter(pl.col("iteration") == first).height,
+            missing_later=eager.height - first_missing)
+        facts.deferred_work = _deferred(ops, windows)
+        facts.stream_overlap = _stream_overlap(ops)
         # issue 36's checks: in the facts only where they find something (a clean capture's summary is as it was)
         under = _under_recorded(trace, ops, launches.filter(pl.col("api").is_in(GRAPH_LAUNCH_APIS)))
-        if under["count"]:
-            facts["graph_replays_under_recorded"] = under
+        if under.count:
+            facts.graph_replays_under_recorded = under
         odd = _impossible(ops, win, windows, capture_its)
-        if odd["count"]:
-            facts["impossible_durations"] = odd
+        if odd.count:
+            facts.impossible_durations = odd
     only = _capture_only(trace, win)
-    if only["flagged"]:
-        facts["capture_only"] = only
-    facts["cut_markers"] = _cut_markers(trace, win, stubs_dropped)
-    facts["first_iteration_start_ns"] = int(cast(int, win["cpu_start_ns"].min())) if win.height else None
+    if only.flagged:
+        facts.capture_only = only
+    facts.cut_markers = _cut_markers(trace, win, stubs_dropped)
+    facts.first_iteration_start_ns = int(cast(int, win["cpu_start_ns"].min())) if win.height else None
     return facts
 
 
-def _deferred(ops: pl.DataFrame, windows: pl.DataFrame) -> dict[str, Any]:
+def _deferred(ops: pl.DataFrame, windows: pl.DataFrame) -> DeferredWork:
     """Owned ops that start at or after the end of the next iteration's GPU window."""
     import polars as pl
 
     nxt = windows.select((pl.col("iteration") - 1).alias("iteration"), pl.col("gpu_end_ns").alias("next_end_ns"))
     o = ops.filter(pl.col("iteration").is_not_null()).select("iteration", "ts_ns", "dur_ns").join(nxt, on="iteration", how="inner")
     late = o.filter(pl.col("next_end_ns").is_not_null() & (pl.col("ts_ns") >= pl.col("next_end_ns")))
-    return {"count": late.height, "us": int(late["dur_ns"].sum() or 0) / 1000.0,
-            "iterations": sorted(set(late["iteration"].to_list()))[:MAX_LISTED]}
+    return DeferredWork(count=late.height, us=int(late["dur_ns"].sum() or 0) / 1000.0,
+                        iterations=sorted(set(late["iteration"].to_list()))[:MAX_LISTED])
 
 
-def _stream_overlap(ops: pl.DataFrame) -> dict[str, Any]:
+def _stream_overlap(ops: pl.DataFrame) -> StreamOverlap:
     """Launches (one eager op, or a graph replay's ops) on one device stream whose spans overlap: each
     launch's [first start, last end) against the latest end of the launches before it on that stream.
     A kernel launched with cudaLaunchKernelExC / cuLaunchKernelEx may carry programmatic dependent launch
@@ -152,11 +151,11 @@ def _stream_overlap(ops: pl.DataFrame) -> dict[str, Any]:
     ex = over["api"].is_in(list(EX_LAUNCH_APIS)).fill_null(False)
     bad = over.filter(~ex)
     worst = bad.select((pl.col("prev_end") - pl.col("a")).max()).item() if bad.height else 0
-    return {"count": bad.height, "worst_us": int(worst or 0) / 1000.0, "ex_launch": int(ex.sum()),
-            "streams": sorted({int(s) for s in bad["stream"].drop_nulls().to_list()})[:MAX_LISTED]}
+    return StreamOverlap(count=bad.height, worst_us=int(worst or 0) / 1000.0, ex_launch=int(ex.sum()),
+                         streams=sorted({int(s) for s in bad["stream"].drop_nulls().to_list()})[:MAX_LISTED])
 
 
-def _under_recorded(trace: Any, ops: pl.DataFrame, graphs: pl.DataFrame) -> dict[str, Any]:
+def _under_recorded(trace: Any, ops: pl.DataFrame, graphs: pl.DataFrame) -> UnderRecorded:
     """Graph replays (inside the iterations, captures left out) with fewer ops than the other replays of
     their graph. Kineto's JSON carries no graph id, so a graph is known by its launch site (the launching
     thread and the innermost user annotation around the cudaGraphLaunch/hipGraphLaunch: `draft`,
@@ -168,7 +167,7 @@ def _under_recorded(trace: Any, ops: pl.DataFrame, graphs: pl.DataFrame) -> dict
 
     from profkit.analysis.spans import innermost_enclosing
 
-    out: dict[str, Any] = {"count": 0, "replays": 0, "ops_missing": 0, "iterations": [], "worst": None}
+    out = UnderRecorded()
     mine = ops.filter(pl.col("correlation").is_in(graphs["correlation"].implode()))
     if graphs.height < 3 or mine.height == 0:
         return out
@@ -194,23 +193,23 @@ def _under_recorded(trace: Any, ops: pl.DataFrame, graphs: pl.DataFrame) -> dict
             continue
         ref = Counter(dict(top))
         total = sum(ref.values())
-        out["replays"] += len(cs)
+        out.replays += len(cs)
         for c in cs:
             p = pats[c]
             k = sum(p.values())
             if k <= UNDER_RECORDED_SHARE * total and all(v <= ref.get(key, 0) for key, v in p.items()):
                 short.append((k, total, c))
-                out["ops_missing"] += total - k
+                out.ops_missing += total - k
     if short:
         short.sort(key=lambda x: (x[0] / x[1], x[2]))
-        out["count"] = len(short)
-        out["iterations"] = sorted({its[c] for _, _, c in short if its.get(c) is not None})[:MAX_LISTED]
+        out.count = len(short)
+        out.iterations = sorted({its[c] for _, _, c in short if its.get(c) is not None})[:MAX_LISTED]
         k, total, c = short[0]
-        out["worst"] = {"ops": k, "pattern_ops": total, "iteration": its.get(c), "site": site.get(c, (None, None))[1]}
+        out.worst = UnderRecordedWorst(ops=k, pattern_ops=total, iteration=its.get(c), site=site.get(c, (None, None))[1])
     return out
 
 
-def _impossible(ops: pl.DataFrame, win: pl.DataFrame, windows: pl.DataFrame, capture_its: Any) -> dict[str, Any]:
+def _impossible(ops: pl.DataFrame, win: pl.DataFrame, windows: pl.DataFrame, capture_its: Any) -> ImpossibleDurations:
     """GPU ops whose duration cannot be the device's: (window) an op owned by an iteration and longer than
     that iteration's window, the longer of its CPU window and its GPU window (the last iteration's GPU window
     ends with its own last op, so there only the other rules can fire); (name) longer than NAME_RATIO x every
@@ -241,17 +240,17 @@ def _impossible(ops: pl.DataFrame, win: pl.DataFrame, windows: pl.DataFrame, cap
     rows = pl.concat([longer.select("_i", pl.lit("window").alias("rule")), beyond.select("_i", pl.lit("name").alias("rule")),
                       over.select("_i", pl.lit("overflow").alias("rule"))])
     bad = o.filter(pl.col("_i").is_in(rows["_i"].implode()))
-    out: dict[str, Any] = {"count": bad.height, "us": int(bad["dur_ns"].sum() or 0) / 1000.0, "longer_than_window": longer.height,
-                           "beyond_name": beyond.height, "overflow": over.height,
-                           "iterations": sorted({int(i) for i in bad["iteration"].drop_nulls().to_list()})[:MAX_LISTED], "worst": None}
+    out = ImpossibleDurations(count=bad.height, us=int(bad["dur_ns"].sum() or 0) / 1000.0, longer_than_window=longer.height,
+                              beyond_name=beyond.height, overflow=over.height,
+                              iterations=sorted({int(i) for i in bad["iteration"].drop_nulls().to_list()})[:MAX_LISTED])
     if bad.height:
         top = bad.sort("dur_ns", descending=True).row(0, named=True)
         rules = sorted(set(rows.filter(pl.col("_i") == top["_i"])["rule"].to_list()))
-        out["worst"] = {"name": str(top["name"])[:120], "dur_us": int(top["dur_ns"]) / 1000.0, "iteration": top["iteration"], "rules": rules}
+        out.worst = ImpossibleWorst(name=str(top["name"])[:120], dur_us=int(top["dur_ns"]) / 1000.0, iteration=top["iteration"], rules=rules)
     return out
 
 
-def _capture_only(trace: Any, win: pl.DataFrame) -> dict[str, Any]:
+def _capture_only(trace: Any, win: pl.DataFrame) -> CaptureOnly:
     """Every iteration a graph capture (its window holds cudaStreamBeginCapture/hipStreamBeginCapture):
     SGLang's graph-capture profile, not a served step. A trace with no iteration marker counts when it
     has capture calls and not one graph launch."""
@@ -264,10 +263,10 @@ def _capture_only(trace: Any, win: pl.DataFrame) -> dict[str, Any]:
         begins = int(trace.calls["name"].str.contains(r"^(cuda|hip)StreamBeginCapture").sum())
         if begins and not int(trace.calls["api"].is_in(list(GRAPH_LAUNCH_APIS)).sum()):
             cap = 1
-    return {"flagged": bool(n and cap == n), "capture_iterations": cap, "iterations": n}
+    return CaptureOnly(flagged=bool(n and cap == n), capture_iterations=cap, iterations=n)
 
 
-def _cut_markers(trace: Any, win: pl.DataFrame, stubs_dropped: int) -> dict[str, Any]:
+def _cut_markers(trace: Any, win: pl.DataFrame, stubs_dropped: int) -> CutMarkers:
     """Marker spans cut by the profiler's stop: those the iteration finder dropped (when it does),
     plus a last iteration still standing that has no engine step span inside while the others do
     (SGLang 0.5.23's stub run_batch, which the finder keeps unless told otherwise)."""
@@ -278,77 +277,83 @@ def _cut_markers(trace: Any, win: pl.DataFrame, stubs_dropped: int) -> dict[str,
         known = [k for k in kinds[:-1] if k not in ("unknown", None)]
         if kinds[-1] in ("unknown", None) and known and len(known) == len(kinds) - 1:
             kept = 1
-    return {"count": int(stubs_dropped) + kept, "dropped": int(stubs_dropped), "kept_as_iteration": kept}
+    return CutMarkers(count=int(stubs_dropped) + kept, dropped=int(stubs_dropped), kept_as_iteration=kept)
 
 
 # ------------------------------------------------------------------------------------------ verdict
 
-def _finding(check: str, detail: str, *, unusable: bool = False, metrics: tuple[str, ...] | None = None) -> dict[str, Any]:
-    return {"check": check, "status": "unusable" if unusable else "degraded", "metrics": list(metrics if metrics is not None else DOUBTS[check]),
-            "detail": detail}
+def _finding(check: str, detail: str, *, unusable: bool = False, metrics: tuple[str, ...] | None = None) -> Finding:
+    return Finding(check=check, status="unusable" if unusable else "degraded", metrics=list(metrics if metrics is not None else DOUBTS[check]),
+                   detail=detail)
 
 
-def rank_findings(rank: Mapping[str, Any]) -> list[dict[str, Any]]:
+class RankFacts(NamedTuple):
+    """What the verdict reads of one rank of a summary: its number, its capture facts (None: not checked), its median wall time."""
+    rank: int | None
+    facts: CaptureFacts | None
+    wall_us: float | None
+
+
+def rank_facts_of(summary: Mapping[str, Any]) -> list[RankFacts]:
+    """Each rank of summary.json (as written) with its `capture` facts typed."""
+    out = []
+    for r in summary.get("ranks") or []:
+        raw = r.get("capture")
+        out.append(RankFacts(r.get("rank"), typed_or_none(raw, CaptureFacts) if raw else None, (r.get("median") or {}).get("wall_us")))
+    return out
+
+
+def rank_findings(r: int | None, f: CaptureFacts) -> list[Finding]:
     """The findings of one rank's `capture` facts."""
-    f = rank.get("capture") or {}
-    r = rank.get("rank")
-    out: list[dict[str, Any]] = []
-    if f.get("device_records") == "missing":
+    out: list[Finding] = []
+    if f.device_records == "missing":
         out.append(_finding("device_records", f"rank {r}: launch calls but no GPU activity records", unusable=True))
-    g = f.get("graph_replays_missing") or {}
-    if g.get("count"):
-        out.append(_finding("graph_replays_missing", f"rank {r}: {g['count']} of {g['graph_launches']} graph launches have no replayed "
-                                                    f"kernel recorded (iterations {_its(g)})"))
-    s = f.get("start_records_missing") or {}
-    if s.get("count"):
-        out.append(_finding("start_records_missing", f"rank {r}: {s['count']} of the first iteration's {s['launches_first_iteration']} "
+    if g := f.graph_replays_missing:
+        if g.count:
+            out.append(_finding("graph_replays_missing", f"rank {r}: {g.count} of {g.graph_launches} graph launches have no replayed "
+                                                        f"kernel recorded (iterations {_its(g.iterations)})"))
+    if (s := f.start_records_missing) and s.count:
+        out.append(_finding("start_records_missing", f"rank {r}: {s.count} of the first iteration's {s.launches_first_iteration} "
                                                      "launch calls have no device record (the profiler dropped them at its start)"))
-    d = f.get("deferred_work") or {}
-    if d.get("count"):
-        out.append(_finding("deferred_work", f"rank {r}: {d['count']} GPU ops ({d['us']:,.1f} µs) started after the next iteration's "
-                                             f"GPU window ended (owners: iterations {_its(d)})"))
-    o = f.get("stream_overlap") or {}
-    if o.get("count"):
-        out.append(_finding("stream_overlap", f"rank {r}: {o['count']} launches overlap an earlier one on their stream "
-                                              f"(streams {', '.join(map(str, o['streams']))}; up to {o['worst_us']:,.3f} µs)"))
-    u = f.get("graph_replays_under_recorded") or {}
-    if u.get("count"):
-        wst = u.get("worst") or {}
-        out.append(_finding("graph_replays_under_recorded", f"rank {r}: {u['count']} of {u['replays']} graph replays have fewer ops than "
-                                                            f"the other replays of their graph ({u['ops_missing']} ops missing; the worst "
-                                                            f"{wst.get('ops')} of {wst.get('pattern_ops')}, under {wst.get('site')!r}; "
-                                                            f"iterations {_its(u)}): the device's idle time looks inflated"))
-    m = f.get("impossible_durations") or {}
-    if m.get("count"):
-        wst = m.get("worst") or {}
-        why = [f"{m[k]} {label}" for k, label in (("longer_than_window", "longer than their iteration's window"),
-                                                  ("beyond_name", f"over {NAME_RATIO}x every other op of their name"),
-                                                  ("overflow", "ending after the next op on their stream")) if m.get(k)]
-        out.append(_finding("impossible_durations", f"rank {r}: {m['count']} GPU ops ({m['us']:,.1f} µs) have durations the device "
-                                                    f"cannot have ({'; '.join(why)}; the longest {wst.get('name')!r}, "
-                                                    f"{wst.get('dur_us', 0):,.1f} µs)"))
-    k = f.get("capture_only") or {}
-    if k.get("flagged"):
-        out.append(_finding("capture_only", f"rank {r}: all {k['iterations']} iteration(s) capture a CUDA/HIP graph (warm-up, the "
+    if (d := f.deferred_work) and d.count:
+        out.append(_finding("deferred_work", f"rank {r}: {d.count} GPU ops ({d.us:,.1f} µs) started after the next iteration's "
+                                             f"GPU window ended (owners: iterations {_its(d.iterations)})"))
+    if (o := f.stream_overlap) and o.count:
+        out.append(_finding("stream_overlap", f"rank {r}: {o.count} launches overlap an earlier one on their stream "
+                                              f"(streams {', '.join(map(str, o.streams))}; up to {o.worst_us:,.3f} µs)"))
+    if (u := f.graph_replays_under_recorded) and u.count:
+        uw = u.worst
+        out.append(_finding("graph_replays_under_recorded", f"rank {r}: {u.count} of {u.replays} graph replays have fewer ops than "
+                                                            f"the other replays of their graph ({u.ops_missing} ops missing; the worst "
+                                                            f"{uw and uw.ops} of {uw and uw.pattern_ops}, under {uw and uw.site!r}; "
+                                                            f"iterations {_its(u.iterations)}): the device's idle time looks inflated"))
+    if (m := f.impossible_durations) and m.count:
+        mw = m.worst
+        why = [f"{n} {label}" for n, label in ((m.longer_than_window, "longer than their iteration's window"),
+                                               (m.beyond_name, f"over {NAME_RATIO}x every other op of their name"),
+                                               (m.overflow, "ending after the next op on their stream")) if n]
+        out.append(_finding("impossible_durations", f"rank {r}: {m.count} GPU ops ({m.us:,.1f} µs) have durations the device "
+                                                    f"cannot have ({'; '.join(why)}; the longest {mw and mw.name!r}, "
+                                                    f"{mw.dur_us if mw else 0:,.1f} µs)"))
+    if (k := f.capture_only) and k.flagged:
+        out.append(_finding("capture_only", f"rank {r}: all {k.iterations} iteration(s) capture a CUDA/HIP graph (warm-up, the "
                                             "kernels did not run): no steady-state step to measure; profile the served steps"))
-    c = f.get("cut_markers") or {}
-    if c.get("kept_as_iteration"):
+    if f.cut_markers.kept_as_iteration:
         out.append(_finding("cut_markers", f"rank {r}: the last marker span has no engine step span inside (cut by the profiler's "
                                            "stop) and is counted as an iteration"))
     return out
 
 
-def _its(d: Mapping[str, Any]) -> str:
-    return ", ".join(map(str, d.get("iterations") or [])) or "?"
+def _its(iterations: list[int]) -> str:
+    return ", ".join(map(str, iterations)) or "?"
 
 
-def skew_finding(summary: Mapping[str, Any]) -> dict[str, Any] | None:
+def skew_finding(ranks: list[RankFacts]) -> Finding | None:
     """Profiler start skew between the ranks of one run beyond one iteration (the ranks' median wall)."""
-    ranks = [r for r in summary.get("ranks") or [] if (r.get("capture") or {}).get("first_iteration_start_ns") is not None]
-    if len(ranks) < 2:
+    starts = {r.rank: r.facts.first_iteration_start_ns for r in ranks if r.facts is not None and r.facts.first_iteration_start_ns is not None}
+    if len(starts) < 2:
         return None
-    starts = {r["rank"]: r["capture"]["first_iteration_start_ns"] for r in ranks}
-    walls = [w for w in ((r.get("median") or {}).get("wall_us") for r in ranks) if w]
+    walls = [r.wall_us for r in ranks if r.facts is not None and r.facts.first_iteration_start_ns is not None and r.wall_us]
     if not walls:
         return None
     one = max(walls)
@@ -360,7 +365,7 @@ def skew_finding(summary: Mapping[str, Any]) -> dict[str, Any] | None:
                                        f"iteration ({one:,.1f} µs)")
 
 
-def overhead_finding(overhead: Any, window: int | None = None) -> dict[str, Any] | None:
+def overhead_finding(overhead: Any, window: int | None = None) -> Finding | None:
     """The manifest's profiler_overhead (that window's, where it lists windows) at or beyond OVERHEAD_LIMIT."""
     if not isinstance(overhead, Mapping):
         return None
@@ -380,11 +385,12 @@ def overhead_finding(overhead: Any, window: int | None = None) -> dict[str, Any]
                                          f"(>= {OVERHEAD_LIMIT}x): host-side figures are the profiler's")
 
 
-def assess(summary: Mapping[str, Any], overhead: Any = None, window: int | None = None) -> dict[str, Any]:
+def assess(summary: Mapping[str, Any], overhead: Any = None, window: int | None = None) -> Health:
     """summary.json's `health`: the verdict over every rank's facts, the ranks' start skew and the
     manifest's profiler overhead (`overhead`; else the summary's run section's)."""
-    findings = [f for r in summary.get("ranks") or [] for f in rank_findings(r)]
-    sk = skew_finding(summary)
+    ranks = rank_facts_of(summary)
+    findings = [f for r in ranks if r.facts is not None for f in rank_findings(r.rank, r.facts)]
+    sk = skew_finding(ranks)
     if sk:
         findings.append(sk)
     run = got if isinstance(got := summary.get("run"), Mapping) else {}
@@ -394,30 +400,27 @@ def assess(summary: Mapping[str, Any], overhead: Any = None, window: int | None 
     oh = overhead_finding(overhead, window)
     if oh:
         findings.append(oh)
-    cut = sum(int(((r.get("capture") or {}).get("cut_markers") or {}).get("dropped") or 0) for r in summary.get("ranks") or [])
-    metrics = sorted({m for f in findings for m in f["metrics"]})
-    if any(f["status"] == "unusable" for f in findings):
+    cut = sum(r.facts.cut_markers.dropped for r in ranks if r.facts is not None)
+    metrics = sorted({m for f in findings for m in f.metrics})
+    if any(f.status == "unusable" for f in findings):
         verdict = "unusable"
     elif findings:
         verdict = "degraded"
     else:
         verdict = "ok"
-    checked = any(r.get("capture") for r in summary.get("ranks") or [])
-    return {"verdict": verdict if checked else "unchecked", "metrics": metrics, "findings": findings,
-            "cut_markers_dropped": cut}
+    checked = any(r.facts is not None for r in ranks)
+    return Health(verdict=verdict if checked else "unchecked", metrics=metrics, findings=findings, cut_markers_dropped=cut)
 
 
-def worst(healths: list[Any]) -> dict[str, Any] | None:
+def worst(healths: list[Health | None]) -> Health | None:
     """One verdict over several windows: the worst, with every window's doubted metrics and findings."""
-    hs = [msgspec.to_builtins(h) if isinstance(h, Health) else h for h in healths]  # a summary's, decoded (documents.Health)
-    hs = [h for h in hs if isinstance(h, Mapping)]
+    hs = [h for h in healths if h is not None]
     if not hs:
         return None
     order = {"ok": 0, "unchecked": 1, "degraded": 2, "unusable": 3}
-    v = max((h.get("verdict", "unchecked") for h in hs), key=lambda x: order.get(x, 1))
-    return {"verdict": v, "metrics": sorted({m for h in hs for m in h.get("metrics") or []}),
-            "findings": [f for h in hs for f in h.get("findings") or []],
-            "cut_markers_dropped": sum(int(h.get("cut_markers_dropped") or 0) for h in hs)}
+    v = max((h.verdict for h in hs), key=lambda x: order.get(x or "", 1))
+    return Health(verdict=v, metrics=sorted({m for h in hs for m in h.metrics}), findings=[f for h in hs for f in h.findings],
+                  cut_markers_dropped=sum(h.cut_markers_dropped or 0 for h in hs))
 
 
 def manifest_near(files: list[Path]) -> tuple[Any, int | None]:

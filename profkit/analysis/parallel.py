@@ -9,7 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from profkit.analysis.rank import RankAnalysis, analyze_trace
+from profkit.documents import CaptureFacts, GraphCaptureStats, OverlapSlack, RankSpec, typed_or_none
 
 if TYPE_CHECKING:
     from profkit.analysis.catalog import Catalog
@@ -50,9 +53,10 @@ def _cached_analysis(f: Any, default_rank: int, options: dict[str, Any]) -> tupl
         rank=rank if f["rank_from_trace"] else default_rank, device=f["device"], path=path, marker=f["marker"],
         catalog=f["catalog"], t0_ns=int(f["t0_ns"]), warnings=list(f["warnings"]), device_timeline=f["device_timeline"],
         input_sha256=f["input_sha256"], phases=phases, outside={k: int(v) for k, v in f["outside"].items()},
-        device_records=f["device_records"], graph_capture=f.get("graph_capture"), source=f.get("source"),
+        device_records=f["device_records"], graph_capture=typed_or_none(f.get("graph_capture"), GraphCaptureStats), source=f.get("source"),
         stub_markers=int(f.get("stub_markers", 0)), **frames,
-        overlap_slack=f.get("overlap_slack"), capture=f.get("capture") or {}, speculative=f.get("speculative"),
+        overlap_slack=typed_or_none(f.get("overlap_slack"), OverlapSlack), capture=typed_or_none(f.get("capture") or None, CaptureFacts),
+        speculative=typed_or_none(f.get("speculative"), RankSpec),
     )
     # time by ownership: derived from the stored owned ops (their category, phase and times), not stored again
     a.owned_categories, a.owned_phases = owned_by(a.ops, "category"), owned_by(a.ops, "phase")
@@ -71,9 +75,9 @@ def _store_analysis(f: Any, a: RankAnalysis, n_ingest_warnings: int, rank_from_t
         "rank": a.rank, "rank_from_trace": rank_from_trace, "device": a.device, "marker": a.marker, "catalog": a.catalog,
         "t0_ns": a.t0_ns, "warnings": list(a.warnings), "device_timeline": a.device_timeline, "input_sha256": a.input_sha256,
         "n_ingest_warnings": n_ingest_warnings, "outside": dict(a.outside), "device_records": a.device_records,
-        "graph_capture": a.graph_capture, "stub_markers": a.stub_markers,
-        "source": a.source, "overlap_slack": a.overlap_slack, "capture": a.capture,
-        "speculative": a.speculative,
+        "graph_capture": msgspec.to_builtins(a.graph_capture), "stub_markers": a.stub_markers,
+        "source": a.source, "overlap_slack": msgspec.to_builtins(a.overlap_slack),
+        "capture": msgspec.to_builtins(a.capture) if a.capture is not None else {}, "speculative": msgspec.to_builtins(a.speculative),
         # small (iterations x phases): kept with the fields rather than as a frame of its own
         "phases": [list(r) for r in a.phases.select("iteration", "phase", "dur_ns").iter_rows()],
     }

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profkit.documents import FloorPeaks
 from profkit.errors import UsageError
 
 if sys.version_info >= (3, 11):
@@ -32,8 +33,8 @@ class Peaks:
     dense_tflop_s: dict[str, float] = field(default_factory=dict)
     source: str = ""  # "datasheet: <its name>" or "measured: <file>"
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"device": self.name, "memory_tb_s": self.memory_tb_s, "dense_tflop_s": dict(self.dense_tflop_s), "source": self.source}
+    def as_doc(self) -> FloorPeaks:
+        return FloorPeaks(device=self.name, memory_tb_s=self.memory_tb_s, dense_tflop_s=dict(self.dense_tflop_s), source=self.source)
 
 
 def datasheet_path() -> Path:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from profkit.documents import CaptureFacts, GraphCaptureStats, OverlapSlack, RankSpec
 from profkit.apis import GRAPH_LAUNCH_APIS, KERNEL_LAUNCH_APIS, LAUNCH_APIS
 from profkit.analysis.bubbles import find_bubbles
 from profkit.analysis.clock import busy_by_window, by_window, device_union, length_ns, owned_and_spill, tiles
@@ -66,12 +67,12 @@ class RankAnalysis:
     # no_launch_in_trace; plus device_busy_ns, the device's busy union over the whole trace
     outside: dict[str, int] = field(default_factory=dict)
     device_records: str = "present"  # "missing": launch calls but no GPU activity records; "none": CPU-only, or nothing at all
-    graph_capture: dict[str, Any] | None = None  # analysis/graphs.py: replayed ops mapped to their capture (with a capture profile)
+    graph_capture: GraphCaptureStats | None = None  # analysis/graphs.py: replayed ops mapped to their capture (with a capture profile)
     source: dict[str, Any] | None = None  # what the input was read from when not a Kineto trace (an nsys export: ingest/nsys.py)
     stub_markers: int = 0  # marker spans cut by the profiler's stop, dropped (analysis/iterations.py)
-    overlap_slack: dict[str, Any] | None = None  # analysis/slack.py: every transition N -> N+1 and the rank's statistics
-    capture: dict[str, Any] = field(default_factory=dict)  # analysis/health.py: the facts capture health is judged on
-    speculative: dict[str, Any] | None = None  # analysis/spec.py: the verify iterations' owned GPU time by phase, wall time
+    overlap_slack: OverlapSlack | None = None  # analysis/slack.py: every transition N -> N+1 and the rank's statistics
+    capture: CaptureFacts | None = None  # analysis/health.py: the facts capture health is judged on
+    speculative: RankSpec | None = None  # analysis/spec.py: the verify iterations' owned GPU time by phase, wall time
     # recorded with shapes: every GPU op of the device (owned or not) with its category, owner, times and work
     # (analysis/work.py), what analysis/floor.py turns into each iteration's floor and gap; None without shapes
     device_work: pl.DataFrame | None = None
@@ -236,14 +237,14 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
 
         device_work = attach_work(ops).select("ts_ns", "end_ns", "dur_ns", "category", "iteration", "shape_op", "shape", "shape_dtypes",
                                               *WORK_COLUMNS)
-    if gcap is not None and gcap["replays_refused"]:
+    if gcap is not None and gcap.replays_refused:
         warnings.append(
-            f"graph capture: {gcap['replays_refused']} of {gcap['replays']} graph replays match no captured graph "
-            f"({'; '.join(r['why'] for r in gcap['refused'][:3])}); their {gcap['unmapped_us']:,.1f} µs keep the name rules, "
-            f"{gcap['unmapped_other_us']:,.1f} µs of it in \"other\"")
-    if gcap is not None and gcap.get("replays_shape_ambiguous"):
+            f"graph capture: {gcap.replays_refused} of {gcap.replays} graph replays match no captured graph "
+            f"({'; '.join(r.why for r in gcap.refused[:3])}); their {gcap.unmapped_us:,.1f} µs keep the name rules, "
+            f"{gcap.unmapped_other_us:,.1f} µs of it in \"other\"")
+    if gcap is not None and gcap.replays_shape_ambiguous:
         warnings.append(
-            f"graph capture: {gcap['replays_shape_ambiguous']} of {gcap['replays']} graph replays match several captured graphs of "
+            f"graph capture: {gcap.replays_shape_ambiguous} of {gcap.replays} graph replays match several captured graphs of "
             "their step with as many ops but other shapes (context-width buckets): the launch count cannot say which ran, so "
             "their ops take no shapes (no work, they count as unmodeled); give only the captures of the buckets the window ran "
             "(--capture FILE ...) to model them")
@@ -307,7 +308,7 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
 
 def _slack_and_health(trace: Trace, ops: pl.DataFrame, owned: pl.DataFrame, calls: pl.DataFrame, win: pl.DataFrame,
                       windows: pl.DataFrame, syncs: pl.DataFrame, its: Any, device_timeline: str,
-                      device_records: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+                      device_records: str) -> tuple[OverlapSlack | None, CaptureFacts]:
     """Overlap slack (analysis/slack.py; GPU timelines with launch calls only) and the capture-health facts
     (analysis/health.py; the stubs the iteration finder dropped, when it says)."""
     from profkit.analysis import health, slack
@@ -367,7 +368,7 @@ def _digest_meanwhile(path: Path) -> Any:
     return _meanwhile(digest) if Path(path).is_file() else None
 
 
-def _classify(owned: pl.DataFrame, trace: Trace, catalog: Catalog, captures: Any = None) -> tuple[pl.DataFrame, dict | None, dict[int, Any]]:
+def _classify(owned: pl.DataFrame, trace: Trace, catalog: Catalog, captures: Any = None) -> tuple[pl.DataFrame, GraphCaptureStats | None, dict[int, Any]]:
     """The ops with category, owner and annotation (the innermost user annotation around the
     launch, or for graph-replayed ops their capture-time one), the graph-capture statistics
     (None without capture profiles), and the shapes of the graph-replayed ops from their capture
@@ -385,7 +386,7 @@ def _classify(owned: pl.DataFrame, trace: Trace, catalog: Catalog, captures: Any
         ann, mask, gstats = graphs.apply(owned, trace, captures, ann.to_list() if isinstance(ann, pl.Series) else ann)
     owned = owned.with_columns(ann if isinstance(ann, pl.Series) else pl.Series("annotation", ann, dtype=pl.String))
     out = _categorize(catalog, owned)
-    replay_shapes = gstats.pop("shapes", {}) if gstats is not None else {}
+    replay_shapes = gstats.shapes if gstats is not None else {}
     return out, (graphs.finish_stats(gstats, out, mask, captures) if mask is not None and gstats is not None else None), replay_shapes
 
 

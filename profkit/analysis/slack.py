@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from profkit.apis import SYNC_APIS, canonical_api
+from profkit.documents import UNSET, Breaker, BreakerTotal, OverlapSlack, Transition
 from profkit.terms import UNCOVERED, breaker_key
 
 if TYPE_CHECKING:
@@ -51,7 +52,22 @@ def transitions(owned: pl.DataFrame) -> pl.DataFrame:
     return t.select(list(SCHEMA)).cast(pl.Schema(SCHEMA))
 
 
-def broken_by(trace: Any, t: pl.DataFrame, syncs: pl.DataFrame, rows_cache: dict | None = None) -> list[list[dict[str, Any]]]:
+class Piece(NamedTuple):
+    """A piece of an exposed interval, in ns: a sync or blocking copy (`sync`: with its direction and trigger), a CPU op, or host code."""
+    kind: str
+    name: str
+    ns: int
+    sync: bool = False
+    direction: str | None = None
+    trigger: str | None = None
+
+    def breaker(self) -> Breaker:
+        if self.sync:
+            return Breaker(kind=self.kind, name=self.name, direction=self.direction, trigger=self.trigger, us=self.ns / 1000.0)
+        return Breaker(kind=self.kind, name=self.name, direction=UNSET, trigger=UNSET, us=self.ns / 1000.0)
+
+
+def broken_by(trace: Any, t: pl.DataFrame, syncs: pl.DataFrame, rows_cache: dict | None = None) -> list[list[Piece]]:
     """For each transition: what the launching thread did in its exposed interval (empty when none
     was exposed), largest exclusive time first (what no recorded op covers among them, as
     UNCOVERED); the times add up to the exposed time."""
@@ -59,7 +75,7 @@ def broken_by(trace: Any, t: pl.DataFrame, syncs: pl.DataFrame, rows_cache: dict
 
     from profkit.analysis.bubbles import gap_tops
 
-    out: list[list[dict[str, Any]]] = [[] for _ in range(t.height)]
+    out: list[list[Piece]] = [[] for _ in range(t.height)]
     exp = t.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_i")).filter(pl.col("exposed_ns") > 0)
     if exp.height == 0:
         return out
@@ -67,20 +83,20 @@ def broken_by(trace: Any, t: pl.DataFrame, syncs: pl.DataFrame, rows_cache: dict
     names = name_col.str.replace(r" at 0x[0-9a-fA-F]+>", ">").to_list()
     sy = syncs.select("api", "kind", "direction", "trigger", "ts_ns", "end_ns", "tid") if syncs.height else None
     for j, (i, g0, g1, tid, exposed) in enumerate(exp.select("_i", "last_end_ns", "next_launch_ns", "tid", "exposed_ns").iter_rows()):
-        got: list[dict[str, Any]] = []
+        got: list[Piece] = []
         for k, ns in zip(top_id[j].tolist(), top_ns[j].tolist()):
             if k < 0 or ns <= 0:
                 continue
             got.append(_breaker(names[k], int(ns), sy, tid, g0, g1))
-        rest = int(exposed) - sum(b["ns"] for b in got)
+        rest = int(exposed) - sum(b.ns for b in got)
         if rest > 0:
-            got.append({"kind": "host", "name": UNCOVERED, "ns": rest})
-        got.sort(key=lambda b: (-b["ns"], b["name"]))
+            got.append(Piece("host", UNCOVERED, rest))
+        got.sort(key=lambda b: (-b.ns, b.name))
         out[i] = got
     return out
 
 
-def _breaker(name: str, ns: int, syncs: pl.DataFrame | None, tid: str | None, g0: int, g1: int) -> dict[str, Any]:
+def _breaker(name: str, ns: int, syncs: pl.DataFrame | None, tid: str | None, g0: int, g1: int) -> Piece:
     """A named piece of an exposed interval: a sync or blocking copy (found among the rank's syncs:
     same thread, overlapping the interval, same API) with its direction and trigger, else a CPU op."""
     import polars as pl
@@ -91,10 +107,10 @@ def _breaker(name: str, ns: int, syncs: pl.DataFrame | None, tid: str | None, g0
                            & ((pl.col("tid") == tid) if tid is not None else pl.lit(True)))
         if hit.height:
             r = hit.sort("blocked_ns" if "blocked_ns" in hit.columns else "ts_ns", descending=True).row(0, named=True)
-            return {"kind": r["kind"], "name": api, "direction": r["direction"], "trigger": r["trigger"], "ns": ns}
+            return Piece(r["kind"], api, ns, True, r["direction"], r["trigger"])
     if api in SYNC_APIS:
-        return {"kind": "sync", "name": api, "direction": None, "trigger": None, "ns": ns}
-    return {"kind": "cpu", "name": name, "ns": ns}
+        return Piece("sync", api, ns, True)
+    return Piece("cpu", name, ns)
 
 
 def lower_rank(values: list[float], q: float) -> float | None:
@@ -105,7 +121,7 @@ def lower_rank(values: list[float], q: float) -> float | None:
     return v[max(0, math.ceil(q / 100 * len(v)) - 1)]
 
 
-def rank_slack(t: pl.DataFrame, broken: list[list[dict[str, Any]]], iterations: pl.DataFrame | None = None) -> dict[str, Any]:
+def rank_slack(t: pl.DataFrame, broken: list[list[Piece]], iterations: pl.DataFrame | None = None) -> OverlapSlack:
     """summary.json's `overlap_slack` of one rank: every transition and the rank's statistics."""
     kinds: dict[int, str] = {}
     if iterations is not None and iterations.height:
@@ -113,21 +129,21 @@ def rank_slack(t: pl.DataFrame, broken: list[list[dict[str, Any]]], iterations: 
     rows = []
     by: dict[str, float] = {}
     for (a, b, _e, _l, s, x, _tid), br in zip(t.iter_rows(), broken):
-        rows.append({"from": a, "to": b, "kind": kinds.get(b), "slack_us": s / 1000.0, "exposed_host_us": x / 1000.0,
-                     "broken_by": [{k: v for k, v in {**r, "us": r["ns"] / 1000.0}.items() if k != "ns"} for r in br]})
-        for r in br:
-            key = breaker_key(r)
-            by[key] = by.get(key, 0.0) + r["ns"] / 1000.0
-    slacks = [r["slack_us"] for r in rows]
-    exposed = [r for r in rows if r["exposed_host_us"] > 0]
-    return {
-        "transitions": rows,
-        "count": len(rows),
-        "median_us": statistics.median(slacks) if slacks else None,
-        "p10_us": lower_rank(slacks, 10),
-        "p1_us": lower_rank(slacks, 1),
-        "exposed_share": len(exposed) / len(rows) if rows else None,
-        "exposed_us": sum(r["exposed_host_us"] for r in rows),
-        "exposed_us_mean": (sum(r["exposed_host_us"] for r in rows) / len(rows)) if rows else None,
-        "exposed_us_by_breaker": [{"breaker": k, "us": v} for k, v in sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))],
-    }
+        pieces = [p.breaker() for p in br]
+        rows.append(Transition(from_=a, to=b, kind=kinds.get(b), slack_us=s / 1000.0, exposed_host_us=x / 1000.0, broken_by=pieces))
+        for p in pieces:
+            key = breaker_key(p)
+            by[key] = by.get(key, 0.0) + p.us
+    slacks = [r.slack_us for r in rows]
+    exposed = [r for r in rows if r.exposed_host_us > 0]
+    return OverlapSlack(
+        transitions=rows,
+        count=len(rows),
+        median_us=statistics.median(slacks) if slacks else None,
+        p10_us=lower_rank(slacks, 10),
+        p1_us=lower_rank(slacks, 1),
+        exposed_share=len(exposed) / len(rows) if rows else None,
+        exposed_us=sum(r.exposed_host_us for r in rows),
+        exposed_us_mean=(sum(r.exposed_host_us for r in rows) / len(rows)) if rows else None,
+        exposed_us_by_breaker=[BreakerTotal(breaker=k, us=v) for k, v in sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))],
+    )

@@ -19,7 +19,11 @@ profiler's stop cuts it).
 from __future__ import annotations
 
 import statistics
+
+import msgspec
 from typing import TYPE_CHECKING, Any, Mapping, cast
+
+from profkit.documents import UNSET, RankSpec, SpecCost, typed_or_none
 
 if TYPE_CHECKING:
     import polars as pl
@@ -27,7 +31,7 @@ if TYPE_CHECKING:
 PHASES = ("draft", "verify", "draft_extend", "other")
 
 
-def rank_spec(owned: pl.DataFrame, per: pl.DataFrame) -> dict[str, Any] | None:
+def rank_spec(owned: pl.DataFrame, per: pl.DataFrame) -> RankSpec | None:
     """summary.json's per-rank `speculative`: the verify iterations' mean owned GPU time by phase and
     mean wall time (None without verify iterations)."""
     import polars as pl
@@ -45,8 +49,8 @@ def rank_spec(owned: pl.DataFrame, per: pl.DataFrame) -> dict[str, Any] | None:
     for ph, ns in by.iter_rows():
         key = ph if ph in PHASES else "other"
         phase_us[key] += ns / 1000.0 / n
-    return {"verify_iterations": n, "owned_phase_us": phase_us, "owned_gpu_us": sum(phase_us.values()),
-            "wall_us": float(cast(float, its["wall_ns"].mean())) / 1000.0}
+    return RankSpec(verify_iterations=n, owned_phase_us=dict(phase_us), owned_gpu_us=sum(phase_us.values()),
+                    wall_us=float(cast(float, its["wall_ns"].mean())) / 1000.0)
 
 
 def window_accept(manifest: Any, window: int | None) -> tuple[float | None, str | None]:
@@ -69,12 +73,12 @@ def window_accept(manifest: Any, window: int | None) -> tuple[float | None, str 
     return None, None
 
 
-def spec_cost(summary: Mapping[str, Any], manifest: Any = None, window: int | None = None, rank: int = 0) -> dict[str, Any] | None:
+def spec_cost(summary: Mapping[str, Any], manifest: Any = None, window: int | None = None, rank: int = 0) -> SpecCost | None:
     """One window's speculative cost per accepted token on `rank` (None without verify iterations or
-    without an accepted length)."""
+    without an accepted length). `summary`: summary.json as written, its ranks' `speculative` plain or RankSpec."""
     ranks = [r for r in summary.get("ranks") or [] if r.get("rank") == rank] or list(summary.get("ranks") or [])[:1]
-    sp = ranks[0].get("speculative") if ranks else None
-    if not sp:
+    sp = typed_or_none(ranks[0].get("speculative"), RankSpec) if ranks else None
+    if sp is None:
         return None
     run = got if isinstance(got := summary.get("run"), Mapping) else {}
     if manifest is None:
@@ -83,13 +87,12 @@ def spec_cost(summary: Mapping[str, Any], manifest: Any = None, window: int | No
     if window is None:
         window = run.get("window") if isinstance(run.get("window"), int) else None
     acc, source = window_accept(manifest, window)
-    out = {"verify_iterations": sp["verify_iterations"], "owned_phase_us": dict(sp["owned_phase_us"]), "wall_us": sp["wall_us"],
-           "accept_length": acc, "accept_source": source, "window": window}
-    if acc:
-        out["phase_us_per_accepted_token"] = {p: v / acc for p, v in sp["owned_phase_us"].items()}
-        out["gpu_us_per_accepted_token"] = sp["owned_gpu_us"] / acc
-        out["wall_us_per_accepted_token"] = sp["wall_us"] / acc
-    return out
+    return SpecCost(verify_iterations=sp.verify_iterations, owned_phase_us=dict(sp.owned_phase_us), wall_us=sp.wall_us,
+                    accept_length=acc, accept_source=source, window=window,
+                    # per accepted token: only with an accepted length (else absent)
+                    phase_us_per_accepted_token={p: v / acc for p, v in sp.owned_phase_us.items()} if acc else UNSET,
+                    gpu_us_per_accepted_token=sp.owned_gpu_us / acc if acc else UNSET,
+                    wall_us_per_accepted_token=sp.wall_us / acc if acc else UNSET)
 
 
 def side_cost(summaries: list[Mapping[str, Any]], manifest: Any = None, rank: int = 0) -> dict[str, Any] | None:
@@ -104,18 +107,18 @@ def side_cost(summaries: list[Mapping[str, Any]], manifest: Any = None, rank: in
             per.append(c)
     if not per:
         return None
-    priced = [c for c in per if c.get("accept_length")]
+    priced = [c for c in per if c.accept_length]
 
     def med(get: Any) -> dict[str, Any]:
         vals = [get(c) for c in priced]
         return {"median": statistics.median(vals) if vals else None, "spread": (max(vals) - min(vals)) if len(vals) > 1 else None}
 
-    out: dict[str, Any] = {"windows": per, "accept_source": sorted({c["accept_source"] for c in per if c["accept_source"]})}
+    out: dict[str, Any] = {"windows": [msgspec.to_builtins(c) for c in per], "accept_source": sorted({c.accept_source for c in per if c.accept_source})}
     if priced:
-        out["accept_length"] = med(lambda c: c["accept_length"])
-        out["phase_us_per_accepted_token"] = {p: med(lambda c, p=p: c["phase_us_per_accepted_token"][p]) for p in PHASES}
-        out["gpu_us_per_accepted_token"] = med(lambda c: c["gpu_us_per_accepted_token"])
-        out["wall_us_per_accepted_token"] = med(lambda c: c["wall_us_per_accepted_token"])
+        out["accept_length"] = med(lambda c: c.accept_length)
+        out["phase_us_per_accepted_token"] = {p: med(lambda c, p=p: c.phase_us_per_accepted_token[p]) for p in PHASES}
+        out["gpu_us_per_accepted_token"] = med(lambda c: c.gpu_us_per_accepted_token)
+        out["wall_us_per_accepted_token"] = med(lambda c: c.wall_us_per_accepted_token)
     return out
 
 

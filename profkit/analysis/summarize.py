@@ -132,14 +132,16 @@ def _health_and_spec(summary: dict[str, Any], files: list[Any]) -> None:
     of the run manifest beside the inputs, that profile window's in a window-<i>/ folder) and
     `speculative` (analysis/spec.py: rank 0's cost per accepted token, the window's accepted length
     from that manifest; absent without verify iterations)."""
+    import msgspec
+
     from profkit.analysis import health, spec
 
     manifest, window = health.manifest_near(files)
     m = manifest if isinstance(manifest, dict) else None
-    summary["health"] = health.assess(summary, m.get("profiler_overhead") if m else None, window)
+    summary["health"] = msgspec.to_builtins(health.assess(summary, m.get("profiler_overhead") if m else None, window))
     cost = spec.spec_cost(summary, m, window)
     if cost is not None:
-        summary["speculative"] = cost
+        summary["speculative"] = msgspec.to_builtins(cost)
 
 
 def _decode_early(plan: list[Any], cache_on: bool, jobs: int | None) -> Any:

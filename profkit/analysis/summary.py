@@ -15,9 +15,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import polars as pl
 
 from profkit import __version__
+from profkit.documents import BubbleCpuOp, CauseTotal, Outside
 from profkit.terms import CAUSES
 from profkit.analysis.rank import DIRECTIONS, RankAnalysis
 from profkit.analysis.shapes import SHAPE_COLUMNS, has_shapes
@@ -177,7 +179,6 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS, peaks: Path | N
         .sort("total_ns", *keys, descending=[True] + [False] * len(keys)).collect()
         .select(*keys[:2], "count", "total_ns", *keys[2:])
     )
-    o = a.outside or {}
     return {
         "rank": a.rank,
         "device": a.device,
@@ -186,7 +187,7 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS, peaks: Path | N
         "catalog": a.catalog,
         "device_timeline": a.device_timeline,
         "device_records": a.device_records,
-        **({"graph_capture": a.graph_capture} if a.graph_capture is not None else {}),
+        **({"graph_capture": msgspec.to_builtins(a.graph_capture)} if a.graph_capture is not None else {}),
         **({"source": a.source} if a.source is not None else {}),  # an nsys export: its format, schema version, device, pid
         "t0_us": _us(a.t0_ns),
         "iterations": records,
@@ -196,31 +197,36 @@ def rank_summary(a: RankAnalysis, *, max_items: int = MAX_ITEMS, peaks: Path | N
         "sync_groups": sync_groups(sy),
         "bubbles": bubbles,
         "bubbles_total": a.bubbles.height,
-        "bubbles_by_cause": bubbles_by_cause(a.bubbles, a.device_timeline),
-        "bubble_cpu_ops": bubble_cpu_ops(a.bubbles, max_items=max_items),
+        "bubbles_by_cause": msgspec.to_builtins(bubbles_by_cause(a.bubbles, a.device_timeline)),
+        "bubble_cpu_ops": msgspec.to_builtins(bubble_cpu_ops(a.bubbles, max_items=max_items)),
         "kernels": [{"name": n, "category": c, "count": k, "total_us": _us(t), **_shape_keys(rest)} for n, c, k, t, *rest in kernels.iter_rows()],
-        "outside_iterations": {
-            "gpu_ops": int(o.get("gpu_ops", 0)), "gpu_us": _us(o.get("gpu_ns", 0)), "before_first": int(o.get("before_first", 0)),
-            "after_last": int(o.get("after_last", 0)), "no_launch_in_trace": int(o.get("no_launch_in_trace", 0)),
-            "device_busy_us": _us(o.get("device_busy_ns", 0)),
-            # by kind, and the host calls outside every iteration: iterations plus these are the whole trace
-            "gpu_kernels": int(o.get("kernels", 0)), "memcpy": {d: int(o.get(f"memcpy_{d}", 0)) for d in DIRECTIONS},
-            "memset": int(o.get("memset", 0)), "launch_calls": int(o.get("launch_calls", 0)), "syncs": int(o.get("syncs", 0)),
-            "sync_copies": int(o.get("sync_copies", 0)),
-        },
+        "outside_iterations": msgspec.to_builtins(outside_iterations(a.outside)),
         "warnings": list(a.warnings),
         # marker spans cut by the profiler's stop, dropped (a new optional key, only when there were any)
         **({"stub_markers": a.stub_markers} if a.stub_markers else {}),
         # issue 31 (new optional keys): every transition's slack and the rank's statistics (analysis/slack.py);
         # the facts capture health is judged on (analysis/health.py)
-        "overlap_slack": a.overlap_slack,
-        "capture": a.capture,
-        "speculative": a.speculative,  # analysis/spec.py: per accepted token where the run manifest gives the accept length
+        "overlap_slack": msgspec.to_builtins(a.overlap_slack),
+        "capture": msgspec.to_builtins(a.capture) if a.capture is not None else {},  # {}: not checked
+        "speculative": msgspec.to_builtins(a.speculative),  # analysis/spec.py: per accepted token where the run manifest gives the accept length
         # Added after v1 shipped (a new key; readers must treat it as optional): see analysis/timeline.py.
         "timeline": representative_timeline(a),
         # issue 41 (a new optional key): the peaks the floor used and the modeled ops, or why there is no floor
-        **({"floor": floor} if floor is not None else {}),
+        **({"floor": msgspec.to_builtins(floor)} if floor is not None else {}),
     }
+
+
+def outside_iterations(o: dict[str, int]) -> Outside:
+    """GPU work outside every iteration (RankAnalysis.outside, ns) in µs: a missing count is 0."""
+    def n(key: str) -> int:
+        return int(o.get(key, 0))
+
+    return Outside(
+        gpu_ops=n("gpu_ops"), gpu_us=_us(n("gpu_ns")), before_first=n("before_first"), after_last=n("after_last"),
+        no_launch_in_trace=n("no_launch_in_trace"), device_busy_us=_us(n("device_busy_ns")),
+        # by kind, and the host calls outside every iteration: iterations plus these are the whole trace
+        gpu_kernels=n("kernels"), memcpy={d: n(f"memcpy_{d}") for d in DIRECTIONS}, memset=n("memset"), launch_calls=n("launch_calls"),
+        syncs=n("syncs"), sync_copies=n("sync_copies"))
 
 
 def largest_bubbles(bubbles: pl.DataFrame, n: int) -> pl.DataFrame:
@@ -237,15 +243,15 @@ def causes(device_timeline: str) -> tuple[str, ...]:
     return CAUSES if device_timeline == "cpu" else tuple(c for c in CAUSES if c != "python")
 
 
-def bubbles_by_cause(bubbles: pl.DataFrame, device_timeline: str = "gpu") -> dict[str, dict[str, Any]]:
+def bubbles_by_cause(bubbles: pl.DataFrame, device_timeline: str = "gpu") -> dict[str, CauseTotal]:
     """cause -> {count, us}: every bubble of the rank (inside the iterations' GPU windows)."""
-    got: dict[str, dict[str, Any]] = {c: {"count": 0, "us": 0.0} for c in causes(device_timeline)}
+    got = {c: CauseTotal(count=0, us=0.0) for c in causes(device_timeline)}
     for c, n, t in bubbles.group_by("cause").agg(pl.len(), pl.col("dur_ns").sum()).iter_rows():
-        got[c] = {"count": int(n), "us": _us(t)}
+        got[c] = CauseTotal(count=int(n), us=_us(t))
     return got
 
 
-def bubble_cpu_ops(bubbles: pl.DataFrame, *, max_items: int = MAX_ITEMS) -> list[dict[str, Any]]:
+def bubble_cpu_ops(bubbles: pl.DataFrame, *, max_items: int = MAX_ITEMS) -> list[BubbleCpuOp]:
     """The CPU ops the GPU's idle time went to: per (cause, CPU op), the exclusive time of that op
     inside the bubbles (`idle_us`) and how many bubbles it appears in, largest idle time first
     (DESIGN.md: ranked by the idle time they account for, not by how many gaps they appear in)."""
@@ -256,7 +262,7 @@ def bubble_cpu_ops(bubbles: pl.DataFrame, *, max_items: int = MAX_ITEMS) -> list
         .group_by("cause", "cpu_ops").agg(pl.col("cpu_ops_ns").sum().alias("ns"), pl.len().alias("n"))
         .sort("ns", "cause", "cpu_ops", descending=[True, False, False]).head(max_items).collect()
     )
-    return [{"cause": c, "cpu_op": op, "idle_us": _us(ns), "bubbles": int(n)} for c, op, ns, n in x.iter_rows()]
+    return [BubbleCpuOp(cause=c, cpu_op=op, idle_us=_us(ns), bubbles=int(n)) for c, op, ns, n in x.iter_rows()]
 
 
 def _trace_name(name: str | None, api: str | None) -> dict[str, Any]:

@@ -49,8 +49,8 @@ def summary_lines(summary: Summary) -> list[str]:
         if line:
             out.append(line if len(ranks) == 1 else f"rank {r.rank}: {line}")
     sp = summary.speculative
-    if sp is not None and sp.gpu_us_per_accepted_token is not None:
-        per = sp.phase_us_per_accepted_token or {}
+    if sp is not None and isinstance(sp.gpu_us_per_accepted_token, (int, float)):  # absent (UNSET) without an accepted length
+        per = sp.phase_us_per_accepted_token if isinstance(sp.phase_us_per_accepted_token, dict) else {}
         src = "" if sp.accept_source == "window" else f" [accept length from the {sp.accept_source}, not this window]"
         out.append(f"Speculative cost per accepted token (accept length {sp.accept_length:.2f}{src}): GPU "
                    + ", ".join(f"{p} {per[p]:,.1f}" for p in SPEC_PHASES) + f" µs (all {sp.gpu_us_per_accepted_token:,.1f}); "
