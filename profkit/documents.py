@@ -909,6 +909,24 @@ class KeyFacts(_Doc):
     ranks: list[RankDevice] = []
 
 
+class PolicyMetric(_Doc, forbid_unknown_fields=True):
+    """A policy file's `[metric."KEY or GLOB"]` (docs/ci.md; attribution/gate.py policy_from): None where it leaves the
+    default (the direction by the metric, the file's or the built-in threshold)."""
+    direction: str | None = None  # lower: a rise is worse; higher: a fall is worse
+    threshold_pct: float | None = None
+    gate: bool = True  # false: listed, never decides
+
+
+class PolicyDefaults(_Doc):
+    threshold_pct: float | None = None
+
+
+class PolicyFile(_Doc):
+    """A gate's policy file (TOML, parsed): `[defaults]` and its metrics, in the file's order."""
+    defaults: PolicyDefaults = msgspec.field(default_factory=PolicyDefaults)
+    metric: dict[str, PolicyMetric] = {}
+
+
 class StoredBaseline(_Doc, kw_only=True):
     """A stored baseline's baseline.json (flows/gate.py save_baseline): its name, its run's key, where it was saved from
     and when, its profile windows."""

@@ -1,7 +1,8 @@
 """A CI gate's decision (DESIGN.md "A gate for CI"), as data: diff.json in, gate.json out; the A/A
 calibration; a run's comparability key. Pure: a documents.Diff in, a documents.Gate (gate.json) or
-documents.Calibration (calibration.json) out, encoded where written; run manifests read as the plain JSON values
-they are; no files, no wording beyond the one-line reasons a row carries (report/gate.py renders).
+documents.Calibration (calibration.json) out, encoded where written; run manifests (or a summary's `run` section in
+their place) read as documents.Manifest, a summary as the documents.KeyFacts its key needs, a run's key a
+documents.RunKey; no files, no wording beyond the one-line reasons a row carries (report/gate.py renders).
 
 The gate invents no statistic of its own. Every trace row is diff.json's judged statistic
 (attribution/windows.py: the median over paired profile windows of the per-window change, and its
@@ -29,7 +30,7 @@ import msgspec
 
 from profkit.attribution.diff import ABS_THRESHOLD_NS, MATERIAL_SHARE
 from profkit.documents import (Calibration, CalibrationMetric, Comparability, Diff, Gate, GateCalibration, GateRow, Health, History,
-                               HostLoadCheck, KeyDiff, KeyFacts, Manifest, Measure, Pair, RankDevice, RunKey, RunSection, Summary,
+                               HostLoadCheck, KeyDiff, KeyFacts, Manifest, Measure, Pair, PolicyFile, PolicyMetric, RankDevice, RunKey, RunSection, Summary,
                                ThroughputPoint, diff_of, manifest_of, point_of, run_of, typed_or_none)
 
 GATE_SCHEMA_VERSION = 1
@@ -107,23 +108,38 @@ def policy_from(doc: Mapping[str, Any], source: str, threshold_pct: float | None
     extra = set(doc) - known
     if extra:
         raise ValueError(f"unknown table(s) {', '.join(sorted(extra))}: expected [defaults] and [metric.\"KEY\"]")
-    defaults = doc.get("defaults") or {}
-    base_t = float(threshold_pct if threshold_pct is not None else defaults.get("threshold_pct", DEFAULT_THRESHOLD_PCT))
+    try:
+        pf = msgspec.convert(doc, PolicyFile)
+    except msgspec.ValidationError as e:  # a metric that is no table, an unknown key, a value of another type
+        raise ValueError(_policy_error(doc, e)) from None
+    t_file = pf.defaults.threshold_pct
+    base_t = float(threshold_pct if threshold_pct is not None else t_file if t_file is not None else DEFAULT_THRESHOLD_PCT)
     rules: list[Rule] = []
-    for key, m in (doc.get("metric") or {}).items():
-        if not isinstance(m, Mapping):
-            raise ValueError(f"[metric.{key!r}] must be a table")
-        bad = set(m) - {"direction", "threshold_pct", "gate"}
-        if bad:
-            raise ValueError(f"[metric.{key!r}]: unknown key(s) {', '.join(sorted(bad))} (direction, threshold_pct, gate)")
-        d = m.get("direction", "higher" if key.removeprefix("throughput.") == "tokens_per_s_per_user_p50" else "lower")
+    for key, m in pf.metric.items():
+        d = m.direction if m.direction is not None else "higher" if key.removeprefix("throughput.") == "tokens_per_s_per_user_p50" else "lower"
         if d not in ("lower", "higher"):
             raise ValueError(f"[metric.{key!r}] direction {d!r}: use lower (a rise is worse) or higher (a fall is worse)")
-        t = float(m.get("threshold_pct", base_t))
+        t = float(m.threshold_pct if m.threshold_pct is not None else base_t)
         if t < 0:
             raise ValueError(f"[metric.{key!r}] threshold_pct {t}: at least 0")
-        rules.append(Rule(str(key), d, t, bool(m.get("gate", True))))
+        rules.append(Rule(key, d, t, m.gate))
     return Policy((*rules, *default_policy(base_t).rules), source)
+
+
+def _policy_error(doc: Mapping[str, Any], e: msgspec.ValidationError) -> str:
+    """Why a policy file did not convert, naming the metric's entry (msgspec's path does not name a table's key)."""
+    metrics = doc["metric"] if "metric" in doc and isinstance(doc["metric"], Mapping) else {}
+    for key, m in metrics.items():
+        if not isinstance(m, Mapping):
+            return f"[metric.{key!r}] must be a table"
+        bad = set(m) - set(PolicyMetric.__struct_fields__)
+        if bad:
+            return f"[metric.{key!r}]: unknown key(s) {', '.join(sorted(bad))} (direction, threshold_pct, gate)"
+        try:
+            msgspec.convert(m, PolicyMetric)
+        except msgspec.ValidationError as me:
+            return f"[metric.{key!r}]: {me}"
+    return str(e)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,10 +266,10 @@ class Figures:
     the floor a time term must also pass (µs); `not_judged`: why it cannot be (None: it can)."""
 
     metric: str
-    baseline: Any
-    candidate: Any
-    change: Any
-    noise: Any
+    baseline: float | None
+    candidate: float | None
+    change: float | None
+    noise: float | None
     unit: str
     floor: float = 0.0
     not_judged: str | None = None
@@ -290,9 +306,9 @@ def candidate_rows(diff: Diff) -> list[Figures]:
         if gw.baseline is not None:
             rows.append(Figures("gpu_window_us", gw.baseline, gw.candidate, gw.delta, None, "µs", 0.0, why))
         for group in ("category_us", "phase_us", "idle_us_by_cause"):
-            bs: dict[str, Any] = getattr(dec.baseline, group)
-            cs: dict[str, Any] = getattr(dec.candidate, group)
-            deltas: dict[str, Any] = getattr(dec, group)
+            bs: dict[str, float | None] = getattr(dec.baseline, group)
+            cs: dict[str, float | None] = getattr(dec.candidate, group)
+            deltas: dict[str, float] = getattr(dec, group)
             for name, delta in deltas.items():
                 if delta is None:
                     continue
