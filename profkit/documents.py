@@ -19,7 +19,7 @@ attribution builds diff.json as the Diff below (`compare_summaries`), encoded on
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -495,6 +495,7 @@ class SpecCost(_Doc):
 class Versions(_Doc):
     """A run manifest's `versions`: what ran (the GPU's name, or "cpu"; the engine's and torch's versions)."""
     gpu: Any = None
+    engine: str | None = None  # the server's own version (/server_info's `version`): part of a gate's comparability key
 
 
 class RunSection(_Doc):
@@ -518,26 +519,47 @@ class RunSection(_Doc):
     host_load: Any = None
 
 
+class ServerInfo(_Doc):
+    """What a manifest's `server_info` (the server's /server_info, as it answered) says of the model and the device: what
+    a gate's comparability key reads."""
+    model_path: str | None = None
+    model: str | dict[str, Any] | None = None  # a name, or the proxy's model configuration (compared whole)
+    device_name: str | None = None
+
+
+class HostLoadSection(_Doc):
+    """A manifest's `host_load` (capture/hostload.py): the CPUs other processes kept busy while the run recorded (median
+    and maximum over its measured steps) and the machine's CPUs."""
+    cpus: int | None = None
+    other_cpus_median: Num | None = None
+    other_cpus_max: Num | None = None
+
+
 class Manifest(_Doc):
     """A run's manifest.json (capture/manifest.py writes it), typed where read, by manifest_of: the fields the
-    readers of a summary use. The whole document stays a plain value in the summary (`manifest`), since reports
-    list every key of it and diff.json carries it as written. Lenient (Any) where hand-written manifests vary."""
+    readers of a summary and the gate use. The whole document stays a plain value in the summary (`manifest`), since
+    reports list every key of it and diff.json carries it as written (a summary's `run` section stands in for it there,
+    and reads as one). Lenient (Any) where hand-written manifests vary; every field has a default, so a manifest
+    written before a field existed decodes (None: the run does not say)."""
     schema_version: Any = None
-    run_id: Any = None
+    run_id: str | None = None
     label: Any = None
     status: Any = None
-    target: Any = None
-    preset: Any = None
+    target: str | None = None
+    preset: str | None = None
     model: Any = None
-    model_path: Any = None
+    model_path: str | None = None
     optimizations: Any = None
     base: Any = None
     versions: Versions | None = None
     throughput: Any = None
     profiler_overhead: Any = None
     profile: Any = None
-    capture_order: Any = None
-    host_load: Any = None
+    capture_order: str | None = None  # alternating (A B A B) or sequential
+    recorded_with: list[str] | None = None  # the runs whose steps alternated with this one's (None: recorded before it was said)
+    host_load: HostLoadSection | None = None
+    server_info: ServerInfo | None = None
+    workload: dict[str, Any] | None = None  # what drove the server (compared whole, by the gate's key, but `repeat`)
 
 
 def _typed(raw: Any, kind: type[_D]) -> _D | None:
@@ -917,9 +939,10 @@ class Diff(_Doc):
 
 
 class Measure(_Doc):
-    """A figure over repeats: median and spread (max - min)."""
+    """A figure over repeats: median and spread (max - min), and how many repeats (None: the figure does not say)."""
     median: Num | None = None
     spread: Num | None = None
+    n: int | None = None
 
 
 Figure = Measure | Num | str | None  # a figure over repeats, or a single value
@@ -1092,11 +1115,64 @@ def rank_of(rank: Rank | Mapping[str, Any]) -> Rank:
 # gate_doc, calibration_doc)
 
 
+class RunKey(TypedDict, total=False):
+    """A run's comparability key (attribution/gate.run_key, in KEY_FIELDS' order; objects as canonical JSON text): None
+    where the run does not say. A key is written as built and read back as written (gate.json, calibration.json, a
+    stored baseline's baseline.json); a field absent from one read back is unknown, as None is."""
+    target: str | None
+    engine_version: str | None
+    model: str | None
+    preset: str | None
+    workload: str | None
+    gpu: str | None
+    schema: int | None
+
+
+class RankDevice(_Doc):
+    device: str | None = None
+
+
+class KeyFacts(_Doc):
+    """What a run's comparability key reads of a summary.json, typed without converting the rest of it: its schema, its
+    `run` section (which stands in for a manifest) and each rank's device."""
+    schema_version: int | None = None
+    run: RunSection | None = None
+    ranks: list[RankDevice] = []
+
+
+class PolicyMetric(_Doc, forbid_unknown_fields=True):
+    """A policy file's `[metric."KEY or GLOB"]` (docs/ci.md; attribution/gate.py policy_from): None where it leaves the
+    default (the direction by the metric, the file's or the built-in threshold)."""
+    direction: str | None = None  # lower: a rise is worse; higher: a fall is worse
+    threshold_pct: float | None = None
+    gate: bool = True  # false: listed, never decides
+
+
+class PolicyDefaults(_Doc):
+    threshold_pct: float | None = None
+
+
+class PolicyFile(_Doc):
+    """A gate's policy file (TOML, parsed): `[defaults]` and its metrics, in the file's order."""
+    defaults: PolicyDefaults = msgspec.field(default_factory=PolicyDefaults)
+    metric: dict[str, PolicyMetric] = {}
+
+
+class StoredBaseline(_Doc, kw_only=True):
+    """A stored baseline's baseline.json (flows/gate.py save_baseline): its name, its run's key, where it was saved from
+    and when, its profile windows."""
+    name: str
+    key: RunKey
+    source: str = ""
+    saved_at: str = ""
+    windows: int | None = None
+
+
 class KeyDiff(_Doc):
     """A comparability key's field that differs between the sides."""
     field: str = ""
-    baseline: Any = None
-    candidate: Any = None
+    baseline: str | int | None = None
+    candidate: str | int | None = None
 
 
 class Comparability(_Doc):
@@ -1104,8 +1180,8 @@ class Comparability(_Doc):
     comparable: bool = True
     differ: list[KeyDiff] = []
     unknown: list[str] = []
-    baseline: dict[str, Any] = {}
-    candidate: dict[str, Any] = {}
+    baseline: RunKey = {}
+    candidate: RunKey = {}
 
 
 class HostLoadCheck(_Doc):
@@ -1174,8 +1250,8 @@ class Gate(_Doc):
     pairing: str = "paired"  # paired: the sides were recorded together, alternating; apart: not (a stored baseline)
     host_load: HostLoadCheck = msgspec.field(default_factory=HostLoadCheck)  # other processes' CPU use while each side recorded
     shape: str | None = None
-    sides: dict[str, Any] = {}
-    health: dict[str, Any] = {}
+    sides: Pair[str] = msgspec.field(default_factory=Pair)  # each side's label
+    health: Pair[str] = msgspec.field(default_factory=Pair)  # each side's capture health verdict (None: none)
     timeline: str = "gpu"
     rows: list[GateRow] = []
     history: History | None = None
@@ -1213,11 +1289,11 @@ class Calibration(_Doc):
     judged: bool = True  # false: the trace figures' A/A was not judged (unstable windows, one window): no MDE for them
     note: str | None = None
     sessions: int = 1  # A/A sessions recorded one after another (each an alternating pair)
-    key: dict[str, Any] = {}
-    windows: dict[str, Any] = {}
+    key: RunKey = {}
+    windows: dict[str, int] = {}  # the first session's profile windows a side (diff.json's noise.repeats)
     mde: str = ""
-    sides: dict[str, Any] = {}
-    health: dict[str, Any] = {}
+    sides: Pair[str] = msgspec.field(default_factory=Pair)
+    health: Pair[str] = msgspec.field(default_factory=Pair)
     metrics: dict[str, CalibrationMetric] = {}
 
 

@@ -1,7 +1,8 @@
 """A CI gate's decision (DESIGN.md "A gate for CI"), as data: diff.json in, gate.json out; the A/A
 calibration; a run's comparability key. Pure: a documents.Diff in, a documents.Gate (gate.json) or
-documents.Calibration (calibration.json) out, encoded where written; run manifests read as the plain JSON values
-they are; no files, no wording beyond the one-line reasons a row carries (report/gate.py renders).
+documents.Calibration (calibration.json) out, encoded where written; run manifests (or a summary's `run` section in
+their place) read as documents.Manifest, a summary as the documents.KeyFacts its key needs, a run's key a
+documents.RunKey; no files, no wording beyond the one-line reasons a row carries (report/gate.py renders).
 
 The gate invents no statistic of its own. Every trace row is diff.json's judged statistic
 (attribution/windows.py: the median over paired profile windows of the per-window change, and its
@@ -22,14 +23,15 @@ from __future__ import annotations
 import fnmatch
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import msgspec
 
 from profkit.attribution.diff import ABS_THRESHOLD_NS, MATERIAL_SHARE
-from profkit.documents import (typed_or_none, Calibration, CalibrationMetric, Comparability, Diff, Gate, GateCalibration, GateRow, Health,
-                               History, HostLoadCheck, KeyDiff, diff_of)
+from profkit.documents import (Calibration, CalibrationMetric, Comparability, Diff, Gate, GateCalibration, GateRow, Health, History,
+                               HostLoadCheck, KeyDiff, KeyFacts, Manifest, Measure, Pair, PolicyFile, PolicyMetric, RankDevice, RunKey, RunSection, Summary,
+                               ThroughputPoint, diff_of, manifest_of, point_of, run_of, typed_or_none)
 
 GATE_SCHEMA_VERSION = 1
 CALIBRATION_SCHEMA_VERSION = 1
@@ -41,7 +43,8 @@ DEFAULT_THRESHOLD_PCT = 2.0
 
 # The comparability key's fields, in the order they are named (DESIGN.md: target, engine version,
 # model, preset, workload, GPU, profkit's schema).
-KEY_FIELDS = ("target", "engine_version", "model", "preset", "workload", "gpu", "schema")
+KeyField = Literal["target", "engine_version", "model", "preset", "workload", "gpu", "schema"]
+KEY_FIELDS: tuple[KeyField, ...] = ("target", "engine_version", "model", "preset", "workload", "gpu", "schema")
 
 THROUGHPUT = {  # unprofiled figures: the manifest's throughput point key -> better when
     "tokens_per_s_per_user_p50": "higher",
@@ -105,73 +108,97 @@ def policy_from(doc: Mapping[str, Any], source: str, threshold_pct: float | None
     extra = set(doc) - known
     if extra:
         raise ValueError(f"unknown table(s) {', '.join(sorted(extra))}: expected [defaults] and [metric.\"KEY\"]")
-    defaults = doc.get("defaults") or {}
-    base_t = float(threshold_pct if threshold_pct is not None else defaults.get("threshold_pct", DEFAULT_THRESHOLD_PCT))
+    try:
+        pf = msgspec.convert(doc, PolicyFile)
+    except msgspec.ValidationError as e:  # a metric that is no table, an unknown key, a value of another type
+        raise ValueError(_policy_error(doc, e)) from None
+    t_file = pf.defaults.threshold_pct
+    base_t = float(threshold_pct if threshold_pct is not None else t_file if t_file is not None else DEFAULT_THRESHOLD_PCT)
     rules: list[Rule] = []
-    for key, m in (doc.get("metric") or {}).items():
-        if not isinstance(m, Mapping):
-            raise ValueError(f"[metric.{key!r}] must be a table")
-        bad = set(m) - {"direction", "threshold_pct", "gate"}
-        if bad:
-            raise ValueError(f"[metric.{key!r}]: unknown key(s) {', '.join(sorted(bad))} (direction, threshold_pct, gate)")
-        d = m.get("direction", "higher" if key.removeprefix("throughput.") == "tokens_per_s_per_user_p50" else "lower")
+    for key, m in pf.metric.items():
+        d = m.direction if m.direction is not None else "higher" if key.removeprefix("throughput.") == "tokens_per_s_per_user_p50" else "lower"
         if d not in ("lower", "higher"):
             raise ValueError(f"[metric.{key!r}] direction {d!r}: use lower (a rise is worse) or higher (a fall is worse)")
-        t = float(m.get("threshold_pct", base_t))
+        t = float(m.threshold_pct if m.threshold_pct is not None else base_t)
         if t < 0:
             raise ValueError(f"[metric.{key!r}] threshold_pct {t}: at least 0")
-        rules.append(Rule(str(key), d, t, bool(m.get("gate", True))))
+        rules.append(Rule(key, d, t, m.gate))
     return Policy((*rules, *default_policy(base_t).rules), source)
+
+
+def _policy_error(doc: Mapping[str, Any], e: msgspec.ValidationError) -> str:
+    """Why a policy file did not convert, naming the metric's entry (msgspec's path does not name a table's key)."""
+    metrics = doc["metric"] if "metric" in doc and isinstance(doc["metric"], Mapping) else {}
+    for key, m in metrics.items():
+        if not isinstance(m, Mapping):
+            return f"[metric.{key!r}] must be a table"
+        bad = set(m) - set(PolicyMetric.__struct_fields__)
+        if bad:
+            return f"[metric.{key!r}]: unknown key(s) {', '.join(sorted(bad))} (direction, threshold_pct, gate)"
+        try:
+            msgspec.convert(m, PolicyMetric)
+        except msgspec.ValidationError as me:
+            return f"[metric.{key!r}]: {me}"
+    return str(e)
 
 
 # ---------------------------------------------------------------------------------------------
 # comparability
 
 
-def run_key(manifest: Any, summary: Any = None) -> dict[str, Any]:
+def _facts(summary: Summary | Mapping[str, Any] | None) -> KeyFacts | None:
+    """What the key reads of a summary (a Summary, or summary.json as a plain value); None without one (or one of
+    another shape)."""
+    if isinstance(summary, Summary):
+        return KeyFacts(schema_version=summary.schema_version, run=run_of(summary.run),
+                        ranks=[RankDevice(device=r.device) for r in summary.ranks[:1]])
+    return typed_or_none(summary, KeyFacts)
+
+
+def run_key(manifest: Manifest | Mapping[str, Any] | None, summary: Summary | Mapping[str, Any] | None = None) -> RunKey:
     """A run's comparability key from its manifest (or a summary's `run` section): None where the run
     does not say (an unknown field is not compared)."""
-    m: Mapping[str, Any] = manifest if isinstance(manifest, Mapping) else {}
-    run: Mapping[str, Any] = summary["run"] if isinstance(summary, Mapping) and isinstance(summary.get("run"), Mapping) else {}
-    src = m or run
-    versions: Mapping[str, Any] = src["versions"] if isinstance(src.get("versions"), Mapping) else {}
-    info: Mapping[str, Any] = m["server_info"] if isinstance(m.get("server_info"), Mapping) else {}
-    model: Any = m.get("model_path") or info.get("model_path") or info.get("model")
-    wl: Mapping[str, Any] | None = src["workload"] if isinstance(src.get("workload"), Mapping) else None
+    m = manifest_of(manifest) if manifest else None
+    facts = _facts(summary)
+    src: Manifest | RunSection | None = m or (facts.run if facts is not None else None)
+    versions = src.versions if src is not None else None
+    info = m.server_info if m is not None else None
+    model = (m.model_path if m is not None else None) or (info.model_path or info.model if info is not None else None)
+    wl = src.workload if src is not None and isinstance(src.workload, Mapping) else None
     workload = ({k: v for k, v in wl.items() if k not in ("repeat", "expected_cache_hit")} if wl else None)
     # the device's name: the server's (manifest), else the summary's rank 0 ("NVIDIA H200"; None on a CPU run), else the
     # capture's versions.gpu ("cpu"; "cuda:0" names no GPU, so it comes last)
-    ranks = summary.get("ranks") or [] if isinstance(summary, Mapping) else []
-    rank_device = ranks[0].get("device") if ranks and isinstance(ranks[0], Mapping) else None
-    gpu = info.get("device_name") or rank_device or versions.get("gpu")
-    schema = summary.get("schema_version") if isinstance(summary, Mapping) else None
-    return {"target": src.get("target"), "engine_version": versions.get("engine"), "model": _canon(model),
-            "preset": src.get("preset"), "workload": _canon(workload), "gpu": gpu, "schema": schema}
+    rank_device = facts.ranks[0].device if facts is not None and facts.ranks else None
+    gpu = (info.device_name if info is not None else None) or rank_device or (versions.gpu if versions is not None else None)
+    return RunKey(target=src.target if src is not None else None, engine_version=versions.engine if versions is not None else None,
+                  model=_canon(model), preset=src.preset if src is not None else None, workload=_canon(workload), gpu=gpu,
+                  schema=facts.schema_version if facts is not None else None)
 
 
-def _canon(v: Any) -> Any:
+def _canon(v: str | Mapping[str, Any] | None) -> str | None:
     """A key field as one comparable value: objects as compact JSON with sorted keys."""
-    return json.dumps(v, sort_keys=True, separators=(",", ":")) if isinstance(v, (Mapping, list)) else v
+    return json.dumps(v, sort_keys=True, separators=(",", ":")) if isinstance(v, Mapping) else v
 
 
-def key_id(key: Mapping[str, Any]) -> str:
+def key_id(key: RunKey) -> str:
     """A short stable name for a key (a stored baseline's folder)."""
     import hashlib
 
     return hashlib.sha256(json.dumps({k: key.get(k) for k in KEY_FIELDS}, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def compare_keys(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> Comparability:
+def compare_keys(baseline: RunKey, candidate: RunKey) -> Comparability:
     """Which key fields differ (both known and unequal) and which are unknown on a side."""
-    differ, unknown = [], []
+    differ: list[KeyDiff] = []
+    unknown: list[str] = []
     for k in KEY_FIELDS:
-        b, c = baseline.get(k), candidate.get(k)
+        b, c = baseline.get(k), candidate.get(k)  # a key read back may lack a field: unknown
         if b is None or c is None:
             if b != c:
                 unknown.append(k)
         elif b != c:
             differ.append(KeyDiff(field=k, baseline=b, candidate=c))
-    return Comparability(comparable=not differ, differ=differ, unknown=unknown, baseline=dict(baseline), candidate=dict(candidate))
+    return Comparability(comparable=not differ, differ=differ, unknown=unknown, baseline=baseline.copy(), candidate=candidate.copy())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,17 +214,17 @@ LOAD_LIMIT_SHARE = 0.25
 LOAD_LIMIT_MIN_CPUS = 0.5
 
 
-def host_load(manifest: Any) -> tuple[float | None, int | None]:
+def host_load(manifest: Manifest | Mapping[str, Any] | None) -> tuple[float | None, int | None]:
     """(median CPUs other processes kept busy while the run recorded, the machine's CPUs); None where the
     run did not measure it (recorded before profkit did)."""
-    hl = manifest.get("host_load") if isinstance(manifest, Mapping) else None
-    if not isinstance(hl, Mapping) or not isinstance(hl.get("other_cpus_median"), (int, float)):
+    m = manifest_of(manifest)
+    hl = m.host_load if m is not None else None
+    if hl is None or hl.other_cpus_median is None:
         return None, None
-    cpus = hl.get("cpus")
-    return float(hl["other_cpus_median"]), int(cpus) if isinstance(cpus, int) else None
+    return float(hl.other_cpus_median), hl.cpus
 
 
-def compare_load(baseline: Any, candidate: Any) -> HostLoadCheck:
+def compare_load(baseline: Manifest | Mapping[str, Any] | None, candidate: Manifest | Mapping[str, Any] | None) -> HostLoadCheck:
     """Whether the two runs were recorded beside comparable other work (their manifests' host_load)."""
     (b, nb), (c, nc) = host_load(baseline), host_load(candidate)
     cpus = nb or nc
@@ -207,33 +234,29 @@ def compare_load(baseline: Any, candidate: Any) -> HostLoadCheck:
                          comparable=not known or abs((c or 0.0) - (b or 0.0)) <= limit, known=known)
 
 
-def recorded_together(baseline: Any, candidate: Any) -> bool:
+def recorded_together(baseline: Manifest | Mapping[str, Any] | None, candidate: Manifest | Mapping[str, Any] | None) -> bool:
     """True when the two runs were recorded side by side, their steps alternating (one `trace` or one
     calibrate session: the manifests' recorded_with), so that the host's drift landed on both; a stored
     baseline against a later recording is not."""
-    if not (isinstance(baseline, Mapping) and isinstance(candidate, Mapping)):
+    b, c = manifest_of(baseline), manifest_of(candidate)
+    if b is None or c is None:
         return False
-    bw, cw = baseline.get("recorded_with"), candidate.get("recorded_with")
-    if isinstance(bw, list) or isinstance(cw, list):
-        return candidate.get("run_id") in (bw or []) or baseline.get("run_id") in (cw or [])
+    if b.recorded_with is not None or c.recorded_with is not None:
+        return c.run_id in (b.recorded_with or []) or b.run_id in (c.recorded_with or [])
     # recorded before manifests said so: one command's alternating runs share its stamp (YYYYMMDD-HHMMSS-)
-    rb, rc = str(baseline.get("run_id") or ""), str(candidate.get("run_id") or "")
-    return (baseline.get("capture_order") == candidate.get("capture_order") == "alternating" and len(rb) > 16
-            and rb[:16] == rc[:16])
+    rb, rc = b.run_id or "", c.run_id or ""
+    return b.capture_order == c.capture_order == "alternating" and len(rb) > 16 and rb[:16] == rc[:16]
 
 
 # ---------------------------------------------------------------------------------------------
 # rows
 
 
-def _throughput_figure(point: Any, key: str) -> tuple[float | None, float | None, int]:
+def _throughput_figure(point: ThroughputPoint | None, key: str) -> tuple[float | None, float | None, int]:
     """(median, spread, repeats) of a manifest throughput point's figure."""
-    if not isinstance(point, Mapping):
-        return None, None, 0
-    v = point.get(key)
-    if isinstance(v, Mapping):
-        n = v.get("n") or 0
-        return v.get("median"), v.get("spread"), int(n)
+    v = getattr(point, key) if point is not None else None
+    if isinstance(v, Measure):
+        return v.median, v.spread, v.n or 0
     return (float(v), None, 1) if isinstance(v, (int, float)) else (None, None, 0)
 
 
@@ -243,10 +266,10 @@ class Figures:
     the floor a time term must also pass (µs); `not_judged`: why it cannot be (None: it can)."""
 
     metric: str
-    baseline: Any
-    candidate: Any
-    change: Any
-    noise: Any
+    baseline: float | None
+    candidate: float | None
+    change: float | None
+    noise: float | None
     unit: str
     floor: float = 0.0
     not_judged: str | None = None
@@ -255,9 +278,10 @@ class Figures:
 def candidate_rows(diff: Diff) -> list[Figures]:
     """Every metric the diff gives a figure for."""
     rows: list[Figures] = []
+    point_b, point_c = point_of(diff.throughput.baseline), point_of(diff.throughput.candidate)
     for k in THROUGHPUT:
-        b, sb, nb = _throughput_figure(diff.throughput.baseline, k)
-        c, sc, nc = _throughput_figure(diff.throughput.candidate, k)
+        b, sb, nb = _throughput_figure(point_b, k)
+        c, sc, nc = _throughput_figure(point_c, k)
         if b is None or c is None:
             continue
         noise = max(sb, sc) if sb is not None and sc is not None else None
@@ -282,9 +306,9 @@ def candidate_rows(diff: Diff) -> list[Figures]:
         if gw.baseline is not None:
             rows.append(Figures("gpu_window_us", gw.baseline, gw.candidate, gw.delta, None, "µs", 0.0, why))
         for group in ("category_us", "phase_us", "idle_us_by_cause"):
-            bs: dict[str, Any] = getattr(dec.baseline, group)
-            cs: dict[str, Any] = getattr(dec.candidate, group)
-            deltas: dict[str, Any] = getattr(dec, group)
+            bs: dict[str, float | None] = getattr(dec.baseline, group)
+            cs: dict[str, float | None] = getattr(dec.candidate, group)
+            deltas: dict[str, float] = getattr(dec, group)
             for name, delta in deltas.items():
                 if delta is None:
                     continue
@@ -368,6 +392,12 @@ def _health(raw: Any) -> Health | None:
     return typed_or_none(raw, Health)
 
 
+def _verdicts(health: Mapping[str, Health | None]) -> Pair[str]:
+    """Each side's capture health verdict (None: no health)."""
+    b, c = health["baseline"], health["candidate"]
+    return Pair[str](baseline=b.verdict if b is not None else None, candidate=c.verdict if c is not None else None)
+
+
 def decide(diff: Diff | Mapping[str, Any] | None, policy: Policy, *, calibration: Calibration | None = None,
            comparability: Comparability | None = None, inconclusive: str = "fail", paired: bool | None = None) -> Gate:
     """gate.json for a diff: every gated row judged, the decision, why, and the exit code. `paired`: the
@@ -375,7 +405,7 @@ def decide(diff: Diff | Mapping[str, Any] | None, policy: Policy, *, calibration
     never compared (`not_comparable`), no row."""
     d = diff_of(diff) if diff is not None else None
     cal_metrics = calibration.metrics if calibration is not None else {}
-    man_b, man_c = (d.manifests.baseline, d.manifests.candidate) if d is not None else (None, None)
+    man_b, man_c = (manifest_of(d.manifests.baseline), manifest_of(d.manifests.candidate)) if d is not None else (None, None)
     if paired is None:
         paired = recorded_together(man_b, man_c)
     rows = []
@@ -449,8 +479,8 @@ def decide(diff: Diff | Mapping[str, Any] | None, policy: Policy, *, calibration
         pairing="paired" if paired else "apart",
         host_load=load,
         shape=d.shape.label if d is not None else None,
-        sides={s: getattr(d, s).label if d is not None else None for s in ("baseline", "candidate")},
-        health={s: h.verdict if h is not None else None for s, h in health.items()},
+        sides=Pair[str](baseline=d.baseline.label, candidate=d.candidate.label) if d is not None else Pair[str](),
+        health=_verdicts(health),
         timeline="cpu" if d is not None and all(getattr(d, s).device_timeline == "cpu" for s in ("baseline", "candidate")) else "gpu",
         rows=rows,
         history=None,
@@ -467,7 +497,7 @@ def _severity(r: GateRow) -> float:
 def not_comparable(comparability: Comparability, sides: tuple[str, str], policy: Policy, inconclusive: str = "fail") -> Gate:
     """gate.json when the sides were never compared: their keys differ (nothing was diffed)."""
     doc = decide(None, policy, comparability=comparability, inconclusive=inconclusive)
-    doc.sides = {"baseline": sides[0], "candidate": sides[1]}
+    doc.sides = Pair[str](baseline=sides[0], candidate=sides[1])
     return doc
 
 
@@ -516,7 +546,7 @@ def _aa_figures(diffs: Sequence[Diff]) -> dict[str, CalibrationMetric]:
     return out
 
 
-def calibration_from(diff: Diff | Mapping[str, Any] | Sequence[Diff | Mapping[str, Any]], key: Mapping[str, Any], source: str = "",
+def calibration_from(diff: Diff | Mapping[str, Any] | Sequence[Diff | Mapping[str, Any]], key: RunKey, source: str = "",
                      across: Sequence[Diff | Mapping[str, Any]] = ()) -> Calibration:
     """calibration.json from A/A diffs: `diff`, each session's two recordings of one configuration,
     alternating (A against A again); `across`, recordings of different sessions against each other.
@@ -551,12 +581,12 @@ def calibration_from(diff: Diff | Mapping[str, Any] | Sequence[Diff | Mapping[st
         note=(None if not unjudged else f"{len(unjudged)} of {len(diffs)} session(s) not judged ({unjudged[0]})"
               + ("; the MDEs come from the others" if judged else "")),
         sessions=len(diffs),
-        key=dict(key),
+        key=key.copy(),
         windows=dict(first.noise.repeats),
         mde=("MDE = A/A change + A/A spread, each as a share of the A side's median, the worst session's; stored_mde: the same "
              "across sessions (see docs/ci.md)"),
-        sides={s: getattr(first, s).label for s in ("baseline", "candidate")},
-        health={s: h.verdict if h is not None else None for s, h in health.items()},
+        sides=Pair[str](baseline=first.baseline.label, candidate=first.candidate.label),
+        health=_verdicts(health),
         metrics=metrics,
     )
 
@@ -566,14 +596,14 @@ class BaselineEntry:
     """One stored baseline: its name, key, where it came from, when."""
 
     name: str
-    key: dict[str, Any]
+    key: RunKey
     source: str
     saved_at: str
     folder: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    windows: int | None = None  # the profile windows it holds (None: not said)
 
 
-def pick_entry(entries: Sequence[BaselineEntry], name: str, key: Mapping[str, Any]) -> tuple[BaselineEntry | None, Comparability | None]:
+def pick_entry(entries: Sequence[BaselineEntry], name: str, key: RunKey) -> tuple[BaselineEntry | None, Comparability | None]:
     """The entry named `name` whose key matches `key` (no field differs), else None and the
     comparison with the closest entry of that name (fewest differing fields), or None when there is
     no entry of that name."""

@@ -17,7 +17,7 @@ import msgspec
 
 from profkit.attribution.gate import (BaselineEntry, Policy, calibration_from, compare_keys, decide, default_policy, key_id,
                                       not_comparable, pick_entry, policy_from, run_key, with_history)
-from profkit.documents import Calibration, Diff, Gate, diff_of
+from profkit.documents import Calibration, Diff, Gate, RunKey, StoredBaseline, diff_of
 from profkit.errors import TraceInputError, UsageError
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def _manifest_and_summary(path: Path) -> tuple[Any, Any]:
     return man, summary
 
 
-def side_key(path: Path) -> dict[str, Any]:
+def side_key(path: Path) -> RunKey:
     man, summary = _manifest_and_summary(path)
     key = run_key(man, summary)
     if key["schema"] is None and summary is None:
@@ -194,9 +194,9 @@ def list_baselines(folder: Path) -> list[BaselineEntry]:
         return out
     for f in sorted(folder.glob(f"*/*/{ENTRY_FILE}")):
         try:
-            e = json.loads(f.read_text())
-            out.append(BaselineEntry(e["name"], e["key"], e.get("source", ""), e.get("saved_at", ""), str(f.parent)))
-        except (OSError, ValueError, KeyError, TypeError):
+            e = msgspec.json.decode(f.read_bytes(), type=StoredBaseline)
+            out.append(BaselineEntry(e.name, e.key, e.source, e.saved_at, str(f.parent), e.windows))
+        except (OSError, msgspec.DecodeError):  # a ValidationError is a DecodeError
             raise TraceInputError(f"{f}: not a stored baseline's {ENTRY_FILE}", hint="remove its folder and save the baseline again") from None
     return sorted(out, key=lambda e: (e.name, e.saved_at))
 
@@ -222,6 +222,6 @@ def save_baseline(run: Path, name: str, folder: Path, opts: SummarizeOptions) ->
     if side.manifest is not None:
         write_json_atomic(target / "manifest.json", side.manifest)
     saved = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    entry = {"name": name, "key": key, "source": str(run), "saved_at": saved, "windows": len(summaries)}
-    write_json_atomic(target / ENTRY_FILE, entry)
-    return BaselineEntry(name, key, str(run), saved, str(target), {"windows": len(summaries)})
+    entry = StoredBaseline(name=name, key=key, source=str(run), saved_at=saved, windows=len(summaries))
+    write_json_atomic(target / ENTRY_FILE, msgspec.to_builtins(entry))
+    return BaselineEntry(name, key, str(run), saved, str(target), len(summaries))

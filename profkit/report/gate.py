@@ -66,7 +66,7 @@ def _short_reason(doc: Gate) -> str:
     differ = [d.field for d in doc.comparability.differ]
     if differ:
         return f"not comparable: {', '.join(differ)} {'differs' if len(differ) == 1 else 'differ'}"
-    bad = [s for s in ("baseline", "candidate") if doc.health.get(s) == "unusable"]
+    bad = [s for s, v in (("baseline", doc.health.baseline), ("candidate", doc.health.candidate)) if v == "unusable"]
     if bad:
         return f"capture health unusable ({', '.join(bad)})"
     load = doc.host_load
@@ -168,7 +168,7 @@ def markdown(doc: Gate) -> str:
     """gate --md: a PR comment; its first line is `decision_line`."""
     tl = doc.timeline or "gpu"
     lines = [decision_line(doc), ""]
-    lines.append(f"Baseline `{doc.sides.get('baseline')}`, candidate `{doc.sides.get('candidate')}`"
+    lines.append(f"Baseline `{doc.sides.baseline}`, candidate `{doc.sides.candidate}`"
                  + (f", {doc.shape} steps" if doc.shape else "") + f"; policy: {doc.policy}.")
     notes = _notes(doc)
     if notes:
