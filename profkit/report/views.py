@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from profkit.attribution.diff import IDLE_KEYS
+from profkit.attribution.diff import IDLE_KEYS, profiler_slowdowns
 from profkit.terms import UNCOVERED
 from profkit.attribution.findings import host_gap
 from profkit.documents import Diff, ExpectedEffect, OwnTerm, Rank, ThroughputPoint, UnsetType, manifest_of, point_of
@@ -90,7 +90,7 @@ def statistic_note(diff: Diff) -> str:
 def order_note(diff: Diff) -> str:
     """How the two sides were recorded (the manifests' capture_order), as a clause; "" when unknown."""
     ms = diff.manifests
-    orders = {m.get("capture_order") for m in (ms.baseline, ms.candidate) if isinstance(m, Mapping)}
+    orders = {m.capture_order for m in map(manifest_of, (ms.baseline, ms.candidate)) if m is not None}
     if orders == {"alternating"}:
         return "; the sides were recorded side by side, their repeats and profile windows alternating (A B A B)"
     if orders == {"sequential"}:
@@ -311,21 +311,17 @@ def profiler_slowdown(diff: Diff, side: str) -> float | None:
     """How much slower `side` ran inside its profile windows than in its unprofiled passes (tokens/s per user,
     the manifest's profiler_overhead; the median over the windows), or None without a manifest that says."""
     m = diff.manifests.baseline if side == "baseline" else diff.manifests.candidate
-    oh = m.get("profiler_overhead") if isinstance(m, Mapping) else None
-    if not isinstance(oh, Mapping):
-        return None
-    raw = [w.get("slowdown") for w in oh.get("windows") or [oh] if isinstance(w, Mapping)]
-    vals = [float(v) for v in raw if isinstance(v, (int, float))]
+    vals = profiler_slowdowns(m)
     return statistics.median(vals) if vals else None
 
 
 def _exploration(diff: Diff) -> bool:
-    m = diff.manifests.baseline
-    if not isinstance(m, Mapping):
+    m = manifest_of(diff.manifests.baseline)
+    if m is None:
         return False
-    if m.get("base") == "off":
+    if m.base == "off":
         return True
-    states = m.get("optimizations")
+    states = m.optimizations
     return isinstance(states, Mapping) and bool(states) and not any(states.values())
 
 
