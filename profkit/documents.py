@@ -640,6 +640,49 @@ class SeriesPoint(_Doc):
     bubble_count: Num | None = None
 
 
+class GapChange(_Doc):
+    """A figure of the gap to the floor on each side, its change and spread (attribution/floor_gap.py)."""
+    baseline: Num = 0.0
+    candidate: Num = 0.0
+    delta: Num = 0.0
+    spread: Num = 0.0
+
+
+class FloorSide(_Doc):
+    """One side's gap to the floor and its split (means over the compared iterations, the median over windows)."""
+    gpu_window_us: Num = 0.0
+    floor_us: Num = 0.0
+    gap_us: Num = 0.0
+    idle_us: Num = 0.0
+    above_floor_us: Num = 0.0
+    floor_mix_us: Num = 0.0
+    unmodeled_us: Num = 0.0
+    overlap_us: Num = 0.0
+
+
+class ClosedGap(_Doc):
+    """What the optimization closed of the baseline's gap (None where it has no category of its own in the catalog)."""
+    name: str = ""
+    categories: list[str] = []
+    closed_us: Num | None = None
+    own_time_change_us: Num | None = None
+    baseline_gap_us: Num = 0.0
+    spread_us: Num | None = None
+
+
+class FloorGap(_Doc):
+    """diff.json's `floor` (attribution/floor_gap.py gap_change): each side's gap to the floor, its split and change,
+    and what the optimization closed; or only `note`, why a side has no floor. Read by report/floor_view.py."""
+    note: str | None = None
+    statistic: str | None = None
+    baseline: FloorSide | None = None
+    candidate: FloorSide | None = None
+    gap_us: GapChange | None = None
+    terms: dict[str, GapChange] = {}
+    category_gap_us: dict[str, GapChange] = {}
+    optimization: ClosedGap | None = None
+
+
 class Diff(_Doc):
     """diff.json, schema 1 (attribution/diff.py compare_summaries writes it, in this order)."""
     schema_version: int = 1

@@ -194,10 +194,10 @@ def _steps(mode: str, names: Sequence[str], diffs: Sequence[Diff], W: Mapping[st
 def _gaps(names: Sequence[str], diffs: Sequence[Diff]) -> list[str]:
     """Each step's change of the gap to the hardware floor and what its optimization closed (report/floor_view.py), for
     the steps whose runs were recorded with shapes; nothing when none were."""
-    from profkit.report.floor_view import closed_text
+    from profkit.report.floor_view import closed_text, diff_floor
 
     lines = [f"- {md_escape(n)}: {md_escape(closed_text(d) or '', max_len=None)}" for n, d in zip(names, diffs)
-             if isinstance(d.floor, Mapping) and "gap_us" in d.floor]
+             if (f := diff_floor(d)) is not None and f.gap_us is not None]
     return ["#### The gap to the hardware floor", "", *lines, ""] if lines else []
 
 
