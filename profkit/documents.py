@@ -683,6 +683,53 @@ class FloorGap(_Doc):
     optimization: ClosedGap | None = None
 
 
+class SlackSide(_Doc):
+    """A side of diff.json's `overlap_slack` (attribution/capture_terms.py slack_side): each figure's median over the
+    profile windows with its spread, and the first window's transitions (`series`, the slack-per-step strip)."""
+    exposed_us_mean: Measure | None = None
+    exposed_share: Measure | None = None
+    median_us: Measure | None = None
+    p10_us: Measure | None = None
+    transitions: int = 0
+    series: list[Transition] = []
+
+
+class SlackChange(_Doc):
+    delta: Num = 0.0
+    noise: str = ""  # beyond noise, within noise, not judged
+
+
+class SlackDiff(_Doc):
+    """diff.json's `overlap_slack`: each side's, and each figure's change where both sides have it. Read by report/capture_view.py."""
+    baseline: SlackSide | None = None
+    candidate: SlackSide | None = None
+    delta: dict[str, SlackChange] = {}
+
+
+class SpecSide(_Doc):
+    """A side of diff.json's `speculative` (analysis/spec.py side_cost): the median over windows of each per-token figure."""
+    accept_source: list[str] = []
+    accept_length: Measure | None = None
+    phase_us_per_accepted_token: dict[str, Measure] = {}
+    gpu_us_per_accepted_token: Measure | None = None
+    wall_us_per_accepted_token: Measure | None = None
+
+
+class SpecDelta(_Doc):
+    phase_us_per_accepted_token: dict[str, Num | None] = {}
+    gpu_us_per_accepted_token: Num | None = None
+    wall_us_per_accepted_token: Num | None = None
+    accept_length: Num | None = None
+
+
+class SpecDiff(_Doc):
+    """diff.json's `speculative` (analysis/spec.py compare): each side's cost per accepted token and the change. Read by
+    report/capture_view.py."""
+    baseline: SpecSide | None = None
+    candidate: SpecSide | None = None
+    delta: SpecDelta | None = None
+
+
 class Diff(_Doc):
     """diff.json, schema 1 (attribution/diff.py compare_summaries writes it, in this order)."""
     schema_version: int = 1

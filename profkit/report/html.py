@@ -410,9 +410,9 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
 def capture_section(prefix: str, diff: Diff, figs: _Figures, lb: str, lc: str) -> list[Section]:
     """Issue 31: overlap slack per step of each side (the first window's transitions), with the diff's slack and
     speculative-cost lines."""
-    sl = diff.overlap_slack or {}
-    strips = [(lb, capture_view.transitions_of((sl.get("baseline") or {}).get("series") or [])),
-              (lc, capture_view.transitions_of((sl.get("candidate") or {}).get("series") or []))]
+    sl = capture_view.slack_diff(diff)
+    strips = [(lb, sl.baseline.series if sl is not None and sl.baseline is not None else []),
+              (lc, sl.candidate.series if sl is not None and sl.candidate is not None else [])]
     lines = capture_view.diff_lines(diff)
     if not any(t for _, t in strips) and all(x == capture_view.DOUBT_NOTE for x in lines):
         return []  # nothing of its own (a CPU run has no slack): the † note goes with the summary (diff_sections)
