@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from profkit.attribution.diff import IDLE_KEYS, profiler_slowdowns
 from profkit.terms import UNCOVERED
@@ -105,13 +105,26 @@ THROUGHPUT_KEYS = (
 )
 
 
-def throughput_rows(diff: Diff) -> list[dict[str, Any]]:
+class ThroughputRow(TypedDict):
+    """One unprofiled-throughput figure of a diff, side by side (throughput_rows)."""
+    key: str
+    label: str
+    baseline: float | None
+    candidate: float | None
+    change_pct: float | None
+    within_noise: bool | None  # None: no spread to judge by
+    higher_is_better: bool
+    baseline_spread: float | None
+    candidate_spread: float | None
+
+
+def throughput_rows(diff: Diff) -> list[ThroughputRow]:
     """Unprofiled throughput side by side: label, baseline, candidate, change (%), within_noise
     (None without a spread), higher_is_better. Empty when the manifests carry no throughput."""
     if not diff.throughput.baseline and not diff.throughput.candidate:
         return []
     b, c = point_of(diff.throughput.baseline) or ThroughputPoint(), point_of(diff.throughput.candidate) or ThroughputPoint()
-    rows = []
+    rows: list[ThroughputRow] = []
     cpu = diff_timeline(diff) == "cpu"
     for key, label, higher in THROUGHPUT_KEYS:
         if key == "tokens_per_s_per_gpu" and cpu:
@@ -124,8 +137,8 @@ def throughput_rows(diff: Diff) -> list[dict[str, Any]]:
         change = (cv / bv - 1) * 100 if bv and cv is not None else None
         spread = max(x for x in (bs, cs, -1.0) if x is not None)
         within = None if spread < 0 or bv is None or cv is None else (cv == bv or abs(cv - bv) < spread)
-        rows.append({"key": key, "label": label, "baseline": bv, "candidate": cv, "change_pct": change, "within_noise": within,
-                     "higher_is_better": higher, "baseline_spread": bs, "candidate_spread": cs})
+        rows.append(ThroughputRow(key=key, label=label, baseline=bv, candidate=cv, change_pct=change, within_noise=within,
+                                  higher_is_better=higher, baseline_spread=bs, candidate_spread=cs))
     return rows
 
 
