@@ -893,6 +893,96 @@ class SeriesPoint(_Doc):
     bubble_count: Num | None = None
 
 
+class GapChange(_Doc):
+    """A figure of the gap to the floor on each side, its change and spread (attribution/floor_gap.py)."""
+    baseline: Num = 0.0
+    candidate: Num = 0.0
+    delta: Num = 0.0
+    spread: Num = 0.0
+
+
+class FloorSide(_Doc):
+    """One side's gap to the floor and its split (means over the compared iterations, the median over windows)."""
+    gpu_window_us: Num = 0.0
+    floor_us: Num = 0.0
+    gap_us: Num = 0.0
+    idle_us: Num = 0.0
+    above_floor_us: Num = 0.0
+    floor_mix_us: Num = 0.0
+    unmodeled_us: Num = 0.0
+    overlap_us: Num = 0.0
+
+
+class ClosedGap(_Doc):
+    """What the optimization closed of the baseline's gap (None where it has no category of its own in the catalog)."""
+    name: str = ""
+    categories: list[str] = []
+    closed_us: Num | None = None
+    own_time_change_us: Num | None = None
+    baseline_gap_us: Num = 0.0
+    spread_us: Num | None = None
+
+
+class FloorGap(_Doc):
+    """diff.json's `floor` (attribution/floor_gap.py gap_change): each side's gap to the floor, its split and change,
+    and what the optimization closed; or only `note`, why a side has no floor. Read by report/floor_view.py."""
+    note: str | None = None
+    statistic: str | None = None
+    baseline: FloorSide | None = None
+    candidate: FloorSide | None = None
+    gap_us: GapChange | None = None
+    terms: dict[str, GapChange] = {}
+    category_gap_us: dict[str, GapChange] = {}
+    optimization: ClosedGap | None = None
+
+
+class SlackSide(_Doc):
+    """A side of diff.json's `overlap_slack` (attribution/capture_terms.py slack_side): each figure's median over the
+    profile windows with its spread, and the first window's transitions (`series`, the slack-per-step strip)."""
+    exposed_us_mean: Measure | None = None
+    exposed_share: Measure | None = None
+    median_us: Measure | None = None
+    p10_us: Measure | None = None
+    transitions: int = 0
+    series: list[Transition] = []
+
+
+class SlackChange(_Doc):
+    delta: Num = 0.0
+    noise: str = ""  # beyond noise, within noise, not judged
+
+
+class SlackDiff(_Doc):
+    """diff.json's `overlap_slack`: each side's, and each figure's change where both sides have it. Read by report/capture_view.py."""
+    baseline: SlackSide | None = None
+    candidate: SlackSide | None = None
+    delta: dict[str, SlackChange] = {}
+
+
+class SpecSide(_Doc):
+    """A side of diff.json's `speculative` (analysis/spec.py side_cost): the median over windows of each per-token figure."""
+    accept_source: list[str] = []
+    accept_length: Measure | None = None
+    phase_us_per_accepted_token: dict[str, Measure] = {}
+    gpu_us_per_accepted_token: Measure | None = None
+    wall_us_per_accepted_token: Measure | None = None
+
+
+class SpecDelta(_Doc):
+    phase_us_per_accepted_token: dict[str, Num | None] = {}
+    gpu_us_per_accepted_token: Num | None = None
+    wall_us_per_accepted_token: Num | None = None
+    accept_length: Num | None = None
+
+
+class SpecDiff(_Doc):
+    """diff.json's `speculative` (analysis/spec.py compare): each side's cost per accepted token and the change. Read by
+    report/capture_view.py."""
+    baseline: SpecSide | None = None
+    candidate: SpecSide | None = None
+    delta: SpecDelta | None = None
+
+
 class Diff(_Doc):
     """diff.json, schema 1 (attribution/diff.py compare_summaries writes it, in this order)."""
     schema_version: int = 1

@@ -4,11 +4,9 @@ line, the mark on a figure that capture health puts in doubt, and the slack-per-
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import msgspec
-
-from profkit.documents import Diff, OverlapSlack, Summary, Transition
+from profkit.documents import Diff, Measure, OverlapSlack, SlackDiff, SpecDiff, Summary, Transition, typed_or_none
 from profkit.report.health_text import doubted, health_diff_line, health_text, unhealthy
 from profkit.terms import UNCOVERED, breaker_key
 
@@ -68,33 +66,45 @@ def diff_health(diff: Diff) -> str:
     return health_diff_line(diff.health.baseline, diff.health.candidate, slow)
 
 
-def slack_diff_line(d: Mapping[str, Any] | None) -> str | None:
+def _median(m: Measure | None) -> float:
+    """A figure's median over the windows (each side of a change has it)."""
+    if m is None or m.median is None:
+        raise ValueError("a compared figure without its median")
+    return float(m.median)
+
+
+def slack_diff(diff: Diff) -> SlackDiff | None:
+    """The diff's overlap slack typed (None: the diff has none)."""
+    return typed_or_none(diff.overlap_slack, SlackDiff)
+
+
+def slack_diff_line(d: SlackDiff | None) -> str | None:
     """The diff's one line on overlap slack: exposed host time per transition, baseline → candidate."""
-    if not d or not d.get("delta") or "exposed_us_mean" not in d["delta"]:
+    if d is None or "exposed_us_mean" not in d.delta or d.baseline is None or d.candidate is None:
         return None
-    b, c, x = d["baseline"], d["candidate"], d["delta"]
-    e = x["exposed_us_mean"]
-    return (f"Exposed host time per transition {b['exposed_us_mean']['median']:,.1f} → {c['exposed_us_mean']['median']:,.1f} µs "
-            f"({e['delta']:+,.1f}, {e['noise']}); transitions with exposed host time {b['exposed_share']['median'] * 100:.0f}% → "
-            f"{c['exposed_share']['median'] * 100:.0f}%; median slack {b['median_us']['median']:,.1f} → {c['median_us']['median']:,.1f} µs")
+    b, c = d.baseline, d.candidate
+    e = d.delta["exposed_us_mean"]
+    return (f"Exposed host time per transition {_median(b.exposed_us_mean):,.1f} → {_median(c.exposed_us_mean):,.1f} µs "
+            f"({e.delta:+,.1f}, {e.noise}); transitions with exposed host time {_median(b.exposed_share) * 100:.0f}% → "
+            f"{_median(c.exposed_share) * 100:.0f}%; median slack {_median(b.median_us):,.1f} → {_median(c.median_us):,.1f} µs")
 
 
-def spec_line(diff_spec: Mapping[str, Any] | None) -> str | None:
+def spec_line(diff_spec: SpecDiff | None) -> str | None:
     """The diff's one line: `draft GPU µs per accepted token 40.1 → 23.2 (−16.9); ...`."""
-    if not diff_spec or not diff_spec.get("delta"):
+    if diff_spec is None or diff_spec.delta is None or diff_spec.baseline is None or diff_spec.candidate is None:
         return None
-    b, c, d = diff_spec["baseline"], diff_spec["candidate"], diff_spec["delta"]
+    b, c, d = diff_spec.baseline, diff_spec.candidate, diff_spec.delta
 
-    def part(label: str, bv: float, cv: float, dv: float) -> str:
+    def part(label: str, bv: float, cv: float, dv: float | None) -> str:
         return f"{label} {bv:,.1f} → {cv:,.1f} ({dv:+,.1f})"
 
-    pb, pc = b["phase_us_per_accepted_token"], c["phase_us_per_accepted_token"]
-    draft = part("draft GPU µs per accepted token", pb["draft"]["median"], pc["draft"]["median"], d["phase_us_per_accepted_token"]["draft"])
-    gpu = part("all phases", b["gpu_us_per_accepted_token"]["median"], c["gpu_us_per_accepted_token"]["median"], d["gpu_us_per_accepted_token"])
-    wall = part("wall µs per accepted token", b["wall_us_per_accepted_token"]["median"], c["wall_us_per_accepted_token"]["median"],
-                d["wall_us_per_accepted_token"])
-    acc = f"accept length {b['accept_length']['median']:.2f} → {c['accept_length']['median']:.2f}"
-    src = sorted({*b.get("accept_source", []), *c.get("accept_source", [])})
+    pb, pc = b.phase_us_per_accepted_token, c.phase_us_per_accepted_token
+    draft = part("draft GPU µs per accepted token", _median(pb["draft"]), _median(pc["draft"]), d.phase_us_per_accepted_token["draft"])
+    gpu = part("all phases", _median(b.gpu_us_per_accepted_token), _median(c.gpu_us_per_accepted_token), d.gpu_us_per_accepted_token)
+    wall = part("wall µs per accepted token", _median(b.wall_us_per_accepted_token), _median(c.wall_us_per_accepted_token),
+                d.wall_us_per_accepted_token)
+    acc = f"accept length {_median(b.accept_length):.2f} → {_median(c.accept_length):.2f}"
+    src = sorted({*b.accept_source, *c.accept_source})
     note = "" if src == ["window"] else f" [accept length from {' and '.join(src)}]"
     return f"Speculative cost: {draft}; {gpu}; {wall}; {acc}{note}"
 
@@ -102,7 +112,7 @@ def spec_line(diff_spec: Mapping[str, Any] | None) -> str | None:
 def diff_lines(diff: Diff) -> list[str]:
     """A diff's lines after its health line: the change in exposed host time, speculative cost side by side."""
     note = [DOUBT_NOTE] if unhealthy(diff.health.baseline) or unhealthy(diff.health.candidate) else []
-    return [x for x in (slack_diff_line(diff.overlap_slack), spec_line(diff.speculative)) if x] + note
+    return [x for x in (slack_diff_line(slack_diff(diff)), spec_line(typed_or_none(diff.speculative, SpecDiff))) if x] + note
 
 
 def doubted_in_diff(diff: Diff, metric: str) -> bool:
@@ -111,11 +121,6 @@ def doubted_in_diff(diff: Diff, metric: str) -> bool:
 
 def mark(label: str, doubted: bool) -> str:
     return label + DOUBT_MARK if doubted else label
-
-
-def transitions_of(series: Sequence[Mapping[str, Any]] | Sequence[Transition]) -> list[Transition]:
-    """A slack strip's transitions typed: a summary's are; a diff.json's `series` (plain values) is converted."""
-    return [t if isinstance(t, Transition) else msgspec.convert(t, Transition) for t in series]
 
 
 def slack_strip_figure(sides: Sequence[tuple[str, Sequence[Transition]]]) -> go.Figure:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
 
-from profkit.documents import Diff, Iteration, Rank
+from profkit.documents import Diff, FloorGap, GapChange, Iteration, Rank, typed_or_none
 
 GAP_TITLE = "gap to the floor (mean µs per iteration; the terms add up to the gap)"
 
@@ -98,40 +97,45 @@ def gap_headline(rank: Rank, n: int = 3) -> str | None:
     return f"gap {total:,.1f} µs: " + ", ".join(f"{t} {v:,.1f}" for t, v in parts)
 
 
+def diff_floor(diff: Diff) -> FloorGap | None:
+    """The diff's `floor` section typed (None: the diff has none)."""
+    return typed_or_none(diff.floor, FloorGap)
+
+
 def closed_text(diff: Diff) -> str | None:
     """"topk_v2 closed 352.3 of the 2,628.8 µs gap between the step and its floor (topk: time −357.1 µs; …)", or a note."""
-    f = diff.floor
-    if not isinstance(f, Mapping):
+    f = diff_floor(diff)
+    if f is None:
         return None
-    if f.get("note"):
-        return f"floor: {f['note']}"
-    o = f.get("optimization")
-    g = f["gap_us"]
-    gap = f"gap to the floor {g['baseline']:,.1f} → {g['candidate']:,.1f} µs ({g['delta']:+,.1f}) per iteration"
-    if not o:
+    if f.note:
+        return f"floor: {f.note}"
+    o = f.optimization
+    g = f.gap_us or GapChange()
+    gap = f"gap to the floor {g.baseline:,.1f} → {g.candidate:,.1f} µs ({g.delta:+,.1f}) per iteration"
+    if o is None:
         return gap
-    if o.get("closed_us") is None:
-        return f"{gap}; {o['name']} has no category of its own in the catalog: no share of it to name"
-    verb = "closed" if o["closed_us"] >= 0 else "widened it by"
-    amount = f"{abs(o['closed_us']):,.1f} of the {o['baseline_gap_us']:,.1f} µs" if o["closed_us"] >= 0 else f"{abs(o['closed_us']):,.1f} µs of the {o['baseline_gap_us']:,.1f} µs"
-    return (f"{o['name']} {verb} {amount} gap between the step and its floor ({', '.join(o['categories'])}: time "
-            f"{o['own_time_change_us']:+,.1f} µs); {gap}")
+    if o.closed_us is None:
+        return f"{gap}; {o.name} has no category of its own in the catalog: no share of it to name"
+    verb = "closed" if o.closed_us >= 0 else "widened it by"
+    amount = f"{abs(o.closed_us):,.1f} of the {o.baseline_gap_us:,.1f} µs" if o.closed_us >= 0 else f"{abs(o.closed_us):,.1f} µs of the {o.baseline_gap_us:,.1f} µs"
+    return (f"{o.name} {verb} {amount} gap between the step and its floor ({', '.join(o.categories)}: time "
+            f"{o.own_time_change_us:+,.1f} µs); {gap}")
 
 
 def diff_gap_rows(diff: Diff) -> list[tuple[str, float, float, float]]:
     """(term, baseline, candidate, Δ) of the gap's split on each side of a diff."""
-    f = diff.floor
-    if not isinstance(f, Mapping) or f.get("note") or "terms" not in f:
+    f = diff_floor(diff)
+    if f is None or f.note or not f.terms or f.baseline is None or f.candidate is None or f.gap_us is None:
         return []
-    rows = [("floor", f["baseline"]["floor_us"], f["candidate"]["floor_us"], f["candidate"]["floor_us"] - f["baseline"]["floor_us"])]
+    rows = [("floor", f.baseline.floor_us, f.candidate.floor_us, f.candidate.floor_us - f.baseline.floor_us)]
     names = {"idle_us": "idle", "above_floor_us": "above the ops' floors", "floor_mix_us": "floor mix", "unmodeled_us": "unmodeled",
              "overlap_us": "− overlap"}
     for k, label in names.items():
-        t: Any = f["terms"][k]
+        t = f.terms[k]
         sign = -1 if k == "overlap_us" else 1
-        rows.append((label, sign * t["baseline"], sign * t["candidate"], sign * t["delta"]))
-    g = f["gap_us"]
-    rows.append(("gap", g["baseline"], g["candidate"], g["delta"]))
+        rows.append((label, sign * t.baseline, sign * t.candidate, sign * t.delta))
+    g = f.gap_us
+    rows.append(("gap", g.baseline, g.candidate, g.delta))
     return rows
 
 

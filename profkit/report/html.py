@@ -15,7 +15,8 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
-from typing import Any, ClassVar
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, TypedDict
 
 import jinja2
 import msgspec
@@ -106,19 +107,60 @@ def _swing(label: str, series: Sequence[SeriesPoint], window: str) -> str | None
     return f"{label}'s {window} per iteration swings {min(vals):,.1f} – {max(vals):,.1f} µs ({max(vals) / min(vals):.1f}×)"
 
 
-def _section(id: str, title: str, **kw: Any) -> dict[str, Any]:
-    s: dict[str, Any] = {"id": id, "title": title, "headline": None, "bullets": [], "cards": [], "flags": [], "flags_title": "", "ok": None, "health": None,
-                         "notes": [], "figures": [], "tables": [], "details_open": None, "details_close": False}
-    s.update(kw)
-    return s
+class Hover(TypedDict):
+    """A table cell whose whole text is in its hover (the template tells it by `cell is mapping`)."""
+    text: str
+    title: str
+
+
+@dataclass
+class Card:
+    """A headline card: its label, value, second line and colour (good, bad or none)."""
+    label: str
+    value: str
+    sub: str = ""
+    tone: str = ""
+
+
+@dataclass
+class Table:
+    """A table as report.html's `table` macro lays it out. `wide_cols`: columns left out under 1100 px (base.html's .wide),
+    whose text a hover elsewhere in the row keeps."""
+    columns: list[str]
+    rows: list[list[Any]]
+    align: list[str]
+    caption: str | None = None
+    name_cols: list[int] = field(default_factory=list)
+    more: str | None = None
+    collapsed: bool = False
+    wide_cols: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Section:
+    """One section of the page, as report.html reads it (by attribute)."""
+    id: str
+    title: str
+    headline: str | None = None
+    bullets: list[str] = field(default_factory=list)
+    cards: list[Card] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+    flags_title: str = ""
+    ok: str | None = None
+    health: str | None = None
+    notes: list[str] = field(default_factory=list)
+    figures: list[Markup] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    details_open: str | None = None
+    details_close: bool = False
 
 
 def _table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, align: str | None = None, caption: str | None = None,
-           name_cols: Sequence[int] = (), more: str | None = None, collapsed: bool = False, wide_cols: Sequence[int] = ()) -> dict[str, Any]:
+           name_cols: Sequence[int] = (), more: str | None = None, collapsed: bool = False, wide_cols: Sequence[int] = ()) -> Table:
     """`wide_cols`: columns left out under 1100 px (base.html's .wide), whose text a hover elsewhere in the row keeps."""
     al = align or ("l" + "r" * (len(columns) - 1))
-    return {"columns": list(columns), "rows": [list(r) for r in rows], "align": ["r" if a == "r" else "l" for a in al], "caption": caption,
-            "name_cols": list(name_cols), "more": more, "collapsed": collapsed, "wide_cols": list(wide_cols)}
+    return Table(columns=list(columns), rows=[list(r) for r in rows], align=["r" if a == "r" else "l" for a in al], caption=caption,
+                 name_cols=list(name_cols), more=more, collapsed=collapsed, wide_cols=list(wide_cols))
 
 
 def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -135,32 +177,32 @@ def _flatten(obj: Any, prefix: str = "") -> list[tuple[str, str]]:
     return [(prefix, obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False))]
 
 
-def _kname(name: str) -> Any:
+def _kname(name: str) -> str | Hover:
     """A kernel name as C++ (demangled), the name as recorded in its hover; other names as they are."""
     d = demangle(name)
-    return name if d == name else {"text": d, "title": name}
+    return name if d == name else Hover(text=d, title=name)
 
 
-def _kname_full(k: KernelEntry | Mover) -> Any:
+def _kname_full(k: KernelEntry | Mover) -> str | Hover:
     """A kernel's normalized name as C++, its full name (an example, else as recorded) in the hover: the full-name
     column is left out at 900 px (a 300-character template name made each row 15 lines tall)."""
     d = _kname(k.name)
-    text = d["text"] if isinstance(d, dict) else d
+    text = d if isinstance(d, str) else d["text"]
     full = (k.examples or [""])[0] or k.name
-    return text if full == text else {"text": text, "title": full}
+    return text if full == text else Hover(text=text, title=full)
 
 
 KNAME_CHARS = 90  # a run's kernel name in its table, cut in the middle (at 900 px a whole template name made a row 300 px tall)
 
 
-def _knames_cut(names: Sequence[str]) -> list[Any]:
+def _knames_cut(names: Sequence[str]) -> list[str | Hover]:
     """A run's kernels as C++, each cut in the middle to KNAME_CHARS where the names sharing a start still differ
     (three instantiations of one template stay apart, as in the terminal), the whole name and the recorded one in the hover."""
     full = [demangle(n) for n in names]
-    out: list[Any] = []
+    out: list[str | Hover] = []
     for raw, f, c in zip(names, full, cut_names(full, KNAME_CHARS)):
         hover = f + (f"\n{raw}" if raw != f else "")
-        out.append(c if c == hover else {"text": c, "title": hover})
+        out.append(c if c == hover else Hover(text=c, title=hover))
     return out
 
 
@@ -169,7 +211,7 @@ def _example(k: KernelEntry | Mover, max_len: int = 160) -> str:  # the whole na
     return ex if len(ex) <= max_len else ex[: max_len - 1] + "…"
 
 
-def _manifest_table(label: str, manifest: Any) -> dict[str, Any] | None:
+def _manifest_table(label: str, manifest: Any) -> Table | None:
     if not manifest:
         return None
     rows = _flatten(manifest)
@@ -194,7 +236,7 @@ def _sub(*parts: str) -> str:
     return " · ".join(p.strip() for p in parts if p and p.strip())
 
 
-def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline: bool = True, single: bool = False) -> list[dict[str, Any]]:
+def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline: bool = True, single: bool = False) -> list[Section]:
     """The sections of one diff. `timeline`: draw the representative iterations and list the manifests (a
     sweep's step leaves them to the page's per-configuration timeline and manifests, which show every run once); `single`: the page holds this diff alone (its
     h1 names the two sides, so the first h2 does not again)."""
@@ -205,53 +247,53 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
     W = words(tl)
     dec = diff.decomposition
     cards = [
-        {"label": f"{t['label']} (unprofiled)", "value": f"{num(t['baseline'], RATE)} → {num(t['candidate'], RATE)}",
-         "sub": pct(t["change_pct"], missing="") + {None: " · not judged", True: " · within noise", False: " · beyond noise"}[t["within_noise"]],
-         # a colour only for a change judged beyond noise (one repeat a side: not judged, no colour)
-         "tone": "" if t["change_pct"] is None or t["within_noise"] is not False else ("good" if (t["change_pct"] > 0) == t["higher_is_better"] else "bad")}
+        Card(label=f"{t['label']} (unprofiled)", value=f"{num(t['baseline'], RATE)} → {num(t['candidate'], RATE)}",
+             sub=pct(t["change_pct"], missing="") + {None: " · not judged", True: " · within noise", False: " · beyond noise"}[t["within_noise"]],
+             # a colour only for a change judged beyond noise (one repeat a side: not judged, no colour)
+             tone="" if t["change_pct"] is None or t["within_noise"] is not False else ("good" if (t["change_pct"] > 0) == t["higher_is_better"] else "bad"))
         for t in throughput_rows(diff) if t["key"] in ("tokens_per_s_per_user_p50", "tokens_per_s_per_gpu")
     ] + [
-        {"label": "wall µs per iteration", "value": f"{num(w.baseline)} → {num(w.candidate)}",
-         "sub": _sub(f"{num(w.delta, sign=True)} µs {ratio_pct(w.ratio, missing='')}", noise_verdict(diff, "wall_us")), "tone": _tone(diff, "wall_us", w.delta)},
-        {"label": f"{W['window']} µs", "value": f"{num(g.baseline)} → {num(g.candidate)}",
-         "sub": _sub(f"{num(g.delta, sign=True)} µs {ratio_pct(g.ratio, missing='')}", noise_verdict(diff, "gpu_window_us")), "tone": _tone(diff, "gpu_window_us", g.delta)},
+        Card(label="wall µs per iteration", value=f"{num(w.baseline)} → {num(w.candidate)}",
+             sub=_sub(f"{num(w.delta, sign=True)} µs {ratio_pct(w.ratio, missing='')}", noise_verdict(diff, "wall_us")), tone=_tone(diff, "wall_us", w.delta)),
+        Card(label=f"{W['window']} µs", value=f"{num(g.baseline)} → {num(g.candidate)}",
+             sub=_sub(f"{num(g.delta, sign=True)} µs {ratio_pct(g.ratio, missing='')}", noise_verdict(diff, "gpu_window_us")), tone=_tone(diff, "gpu_window_us", g.delta)),
     ]
     for key, label in ((f.key, f.label) for f in PER_ITERATION if f.card):
         if tl == "cpu" and key in GPU_ONLY_COUNTS:
             continue  # a CPU-only run has none (the banner says so): no "kernel launches 0 → 0" card
         x = diff.counts[key]
-        cards.append({"label": f"{label} per iteration (median)", "value": f"{num(x.baseline, COUNT)} → {num(x.candidate, COUNT)}",
-                      "sub": num(x.delta, COUNT, sign=True) if x.delta else "no change", "tone": ""})
+        cards.append(Card(label=f"{label} per iteration (median)", value=f"{num(x.baseline, COUNT)} → {num(x.candidate, COUNT)}",
+                          sub=num(x.delta, COUNT, sign=True) if x.delta else "no change"))
     if not dec.exact or dec.residual_us:  # an exact decomposition's 0.000 tells a reader nothing: shown only when not
-        cards.append({"label": "residual", "value": f"{num(dec.residual_us, RESIDUAL)} µs", "sub": "exact" if dec.exact else "inexact", "tone": ""})
+        cards.append(Card(label="residual", value=f"{num(dec.residual_us, RESIDUAL)} µs", sub="exact" if dec.exact else "inexact"))
     first, *bullets = headline_lines(diff)  # one line, then at most three bullets: the same words as the terminal and Markdown
-    head = _section(f"{prefix}-summary", "Summary" if single else f"{b.label} → {c.label}",
+    head = Section(f"{prefix}-summary", "Summary" if single else f"{b.label} → {c.label}",
                     headline=first, cards=cards)
-    head["health"] = capture_view.diff_health(diff)  # its own line above the headline, as in the terminal and Markdown
-    head["bullets"] = bullets
+    head.health = capture_view.diff_health(diff)  # its own line above the headline, as in the terminal and Markdown
+    head.bullets = bullets
     ee = diff.expected_effect
     if ee and ee.known:
         if effect_flags(ee):
-            head["flags"] = effect_flags(ee)
+            head.flags = effect_flags(ee)
             what = [x for x, on in (("its own effect went the wrong way", ee.against),
                                     (f"changes outside {ee.optimization}'s categories ({', '.join(ee.categories) or 'none'})", ee.flags)) if on]
-            head["flags_title"] = f"Expected-effect check: {'; '.join(what)}, threshold {ee.threshold}"
+            head.flags_title = f"Expected-effect check: {'; '.join(what)}, threshold {ee.threshold}"
         elif ee.ok:  # judged, nothing against it: the only case with a pass box
-            head["ok"] = f"Expected-effect check passed: {ee.optimization} changed nothing outside its categories ({', '.join(ee.categories) or 'none'}) beyond {ee.threshold}."
+            head.ok = f"Expected-effect check passed: {ee.optimization} changed nothing outside its categories ({', '.join(ee.categories) or 'none'}) beyond {ee.threshold}."
         elif withheld_text(ee):
-            head["notes"].append(withheld_text(ee) or "")
+            head.notes.append(withheld_text(ee) or "")
         else:
-            head["notes"].append(f"Expected-effect check {ee.threshold}.")
+            head.notes.append(f"Expected-effect check {ee.threshold}.")
     elif ee:
-        head["notes"].append(ee.note)
+        head.notes.append(ee.note)
     noise = diff.noise
-    head["notes"].append(
+    head.notes.append(
         f"Noise: {noise.repeats['baseline']} baseline and {noise.repeats['candidate']} candidate profile windows; changes smaller than the spread are marked “within noise”."
         if noise.available else f"Noise: {noise.note}."
     )
-    head["notes"].append(f"Compared {diff.shape.label} iterations: {diff.shape.iterations['baseline']} baseline, "
+    head.notes.append(f"Compared {diff.shape.label} iterations: {diff.shape.iterations['baseline']} baseline, "
                          f"{diff.shape.iterations['candidate']} candidate (each rank's last iteration left out). Rank {diff.rank}.")
-    head["notes"] += [f"warning: {x}" for x in diff.warnings]
+    head.notes += [f"warning: {x}" for x in diff.warnings]
 
     out = [head]
     # issue 40 point 5: the verdict and cards (head), then the waterfall and the timeline, then the per-iteration plot, the tables;
@@ -268,7 +310,7 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
         rows.append([label, num(bv), num(cv), num(delta, sign=True), noise_verdict(diff, metric)])
     rows.append([W["window"], num(g.baseline), num(g.candidate), num(g.delta, sign=True), noise_verdict(diff, "gpu_window_us")])
     rows.append(["residual (worst window)", "", "", num(dec.residual_us, RESIDUAL), "exact" if dec.exact else "inexact"])
-    out.append(_section(
+    out.append(Section(
         f"{prefix}-decomposition", f"Where the {W['window']} went (µs per iteration)", notes=[statistic_note(diff)],
         figures=[figs.div(F.waterfall_figure(diff, window=W["window"]))],
         tables=[_table(["term", "baseline", "candidate", "Δ µs", "noise"], rows, align="lrrrl")],
@@ -277,14 +319,14 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
     sides = [(lb, diff.timelines.baseline), (lc, diff.timelines.candidate)]
     cats = sorted(set(dec.baseline.category_us) | set(dec.candidate.category_us))
     colors = F.category_colors(cats + [c for _, t in sides if t for c in t["ops"]["category"]])
-    s = _section(f"{prefix}-timeline", "Timeline of a representative iteration")
+    s = Section(f"{prefix}-timeline", "Timeline of a representative iteration")
     if not timeline:
         pass
     elif any(t for _, t in sides):
-        s["figures"].append(figs.div(F.timeline_figure(sides, colors=colors, window=W["window"])))
+        s.figures.append(figs.div(F.timeline_figure(sides, colors=colors, window=W["window"])))
         out.append(s)
     else:
-        s["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
+        s.notes.append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
         out.append(s)
 
     sb, sc = diff.series.baseline or [], diff.series.candidate or []
@@ -295,16 +337,16 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
         note = ([f"warning: unstable: {'; '.join(swing)} over the compared iterations; "
                  f"{'their means say' if len(swing) > 1 else 'its mean says'} little, and a change may be that swing (the plot below)"]
                 if swing else [])
-        out.append(_section(f"{prefix}-windows", f"{W['window']} per iteration, each side", notes=note,
+        out.append(Section(f"{prefix}-windows", f"{W['window']} per iteration, each side", notes=note,
                             figures=[figs.div(F.gpu_window_figure([(lb, sb), (lc, sc)], window=W["window"]))]))
     ph = phase_rows(diff)
     if ph:  # the same change by phase (issue 19: where in the iteration, apart from what kind of kernel)
-        out.append(_section(
+        out.append(Section(
             f"{prefix}-phases", f"The same change by phase ({W['device']} time, µs per iteration)",
             tables=[_table(["phase", "baseline", "candidate", "Δ µs", "noise"],
                            [[k, num(bv), num(cv), num(d, sign=True), noise_verdict(diff, m)] for k, bv, cv, d, m in ph], align="lrrrl")],
         ))
-    out.append(_section(
+    out.append(Section(
         f"{prefix}-categories", "Time by category and bubbles by cause",
         figures=[figs.div(F.category_figure([(lb, dec.baseline.category_us), (lc, dec.candidate.category_us)], device=W["device"])),
                  figs.div(F.bubbles_figure([(lb, dec.baseline.idle_us_by_cause), (lc, dec.candidate.idle_us_by_cause)], device=W["device"]))],
@@ -314,8 +356,8 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
 
     gap = diff_gap_rows(diff)
     if gap:  # issue 41: the gap to the hardware floor on each side, and what the optimization closed of it
-        out.append(_section(f"{prefix}-floor", "The gap to the hardware floor (µs per iteration)", notes=[closed_text(diff)],
-                            tables=[_table(["term", "baseline", "candidate", "Δ µs"], [[k, num(b), num(c), num(d, sign=True)] for k, b, c, d in gap])]))
+        out.append(Section(f"{prefix}-floor", "The gap to the hardware floor (µs per iteration)", notes=[closed_text(diff) or ""],
+                           tables=[_table(["term", "baseline", "candidate", "Δ µs"], [[k, num(b), num(c), num(d, sign=True)] for k, b, c, d in gap])]))
 
     labels = {k: count_label(k, tl) for k in COUNT_KEYS}
     crow = [[lab, num(diff.counts[k].baseline, COUNT), num(diff.counts[k].candidate, COUNT), num(diff.counts[k].delta, COUNT, sign=True),
@@ -334,7 +376,7 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
     figs_l = []
     if sb or sc:
         figs_l.append(figs.div(F.per_iteration_figure([(lb, sb), (lc, sc)], cpu=tl == "cpu")))
-    out.append(_section(f"{prefix}-counts", "Bubbles and timings per iteration" if tl == "cpu" else "Launches and syncs per iteration",
+    out.append(Section(f"{prefix}-counts", "Bubbles and timings per iteration" if tl == "cpu" else "Launches and syncs per iteration",
                         figures=figs_l, tables=tables))
 
     movers = diff.top_movers
@@ -350,10 +392,10 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
                                    for k in ks[:MAX_ROWS]],
                                   align="llrrl", caption=f"{total} {W['kernel']}(s) {change}", name_cols=(0, 4), collapsed=True, wide_cols=(4,),
                                   more=f"{total - min(len(ks), MAX_ROWS)} more not shown" if total > min(len(ks), MAX_ROWS) else None))
-    out.append(_section(f"{prefix}-kernels", f"Top {W['kernels_plain']}", tables=ktables))
+    out.append(Section(f"{prefix}-kernels", f"Top {W['kernels_plain']}", tables=ktables))
     slack = capture_section(prefix, diff, figs, lb, lc)
     if not slack and capture_view.DOUBT_NOTE in capture_view.diff_lines(diff):
-        head["notes"].append(capture_view.DOUBT_NOTE)
+        head.notes.append(capture_view.DOUBT_NOTE)
     out += slack
     curves = _curve_section(f"{prefix}-throughput", [(lb, throughput_of(diff.manifests.baseline)),
                                                        (lc, throughput_of(diff.manifests.candidate))], figs)
@@ -361,21 +403,21 @@ def diff_sections(diff: Diff, figs: _Figures, *, prefix: str = "diff", timeline:
         out.append(curves)
     man = [t for t in (_manifest_table(lb, diff.manifests.baseline), _manifest_table(lc, diff.manifests.candidate)) if t]
     if man and timeline:  # a sweep's step: its runs' manifests are at the end of the page, once
-        out.append(_section(f"{prefix}-manifests", "Run manifests", tables=man))
+        out.append(Section(f"{prefix}-manifests", "Run manifests", tables=man))
     return out
 
 
-def capture_section(prefix: str, diff: Diff, figs: _Figures, lb: str, lc: str) -> list[dict[str, Any]]:
+def capture_section(prefix: str, diff: Diff, figs: _Figures, lb: str, lc: str) -> list[Section]:
     """Issue 31: overlap slack per step of each side (the first window's transitions), with the diff's slack and
     speculative-cost lines."""
-    sl = diff.overlap_slack or {}
-    strips = [(lb, capture_view.transitions_of((sl.get("baseline") or {}).get("series") or [])),
-              (lc, capture_view.transitions_of((sl.get("candidate") or {}).get("series") or []))]
+    sl = capture_view.slack_diff(diff)
+    strips = [(lb, sl.baseline.series if sl is not None and sl.baseline is not None else []),
+              (lc, sl.candidate.series if sl is not None and sl.candidate is not None else [])]
     lines = capture_view.diff_lines(diff)
     if not any(t for _, t in strips) and all(x == capture_view.DOUBT_NOTE for x in lines):
         return []  # nothing of its own (a CPU run has no slack): the † note goes with the summary (diff_sections)
     figures = [figs.div(capture_view.slack_strip_figure(strips))] if any(t for _, t in strips) else []
-    return [_section(f"{prefix}-slack", "Overlap slack per step and speculative cost", notes=lines, figures=figures)]
+    return [Section(f"{prefix}-slack", "Overlap slack per step and speculative cost", notes=lines, figures=figures)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -393,10 +435,10 @@ def _series(its: Sequence[Iteration]) -> list[SeriesPoint]:
 
 
 def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[str, Any]] | None, figs: _Figures,
-                 *, timelines: int | None = None) -> list[dict[str, Any]]:
+                 *, timelines: int | None = None) -> list[Section]:
     """The sections of one run, or of a sweep's runs (the ladder first). `timelines`: at most that many runs
     (the first and the last) in the per-configuration timeline, to keep a long sweep's page under MAX_BYTES."""
-    out: list[dict[str, Any]] = []
+    out: list[Section] = []
     cpu_page = bool(runs) and all(rank_timeline(_rank0(s)) == "cpu" for _, s in runs)  # no launches or syncs to plot
     if len(runs) >= 2:
         if ladder is None or len(ladder) != len(runs):
@@ -416,7 +458,7 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
                 "Δ vs first", f"{LW['window']} µs"]
         ccols = ["configuration", LW["kernels"], *([] if cpu else ["kernel launches", "graph launches", "syncs"]), "bubble µs"]
         # two tables, not one of 13 columns: the ladder holds at 900 px
-        out.append(_section(
+        out.append(Section(
             "ladder", "Ladder", notes=["Each row against the previous one and against the first (mean µs per iteration, iterations of the shape both share"
                                        + (f"; the median over {nw} profile windows, a change the median over paired windows of the per-window change, "
                                           "as in each step's diff)" if (nw := min(st["windows"] for st in ladder)) > 1 else ")")
@@ -432,13 +474,13 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
         m = r.median
         its = r.iterations
         W = words(rank_timeline(r))
-        cards = [{"label": lab, "value": num(getattr(m, k), d), "sub": "median per iteration", "tone": ""} for k, lab, d in (
+        cards = [Card(label=lab, value=num(getattr(m, k), d), sub="median per iteration") for k, lab, d in (
             ("wall_us", "wall µs", US), ("gpu_window_us", f"{W['window']} µs", US), ("gpu_busy_us", f"{W['busy']} µs", US), ("gpu_idle_us", f"{W['idle']} µs", US),
             ("gpu_kernels", W["kernels"], COUNT), ("kernel_launches", "kernel launches", COUNT), ("graph_launches", "graph launches", COUNT), ("syncs", "host syncs", COUNT),
             ("bubble_count", "bubbles", COUNT))]
         swing = _instability(label, [SeriesPoint(gpu_window_us=i.gpu_window_us) for i in its[:-1]], W["window"])
         notes = [capture_view.summary_health(s), *capture_view.summary_lines(s)]  # issue 31: capture health first
-        cards = [{**c, "label": capture_view.mark(c["label"], s.health is not None and s.health.doubts(k))}
+        cards = [replace(c, label=capture_view.mark(c.label, s.health is not None and s.health.doubts(k)))
                  for c, k in zip(cards, ("wall_us", "gpu_window_us", "gpu_busy_us", "gpu_idle_us", "gpu_kernels", "kernel_launches",
                                          "graph_launches", "syncs", "bubble_count"))]
         marker = None if r.marker is UNSET else r.marker
@@ -452,25 +494,25 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
                          [[num(b["dur_us"]), b["cause"], str(b["iteration"]), cpu_ops_text(b["cpu_ops"])] for b in big],
                          align="rlrl", caption=f"largest bubbles: {label} (of {r.bubbles_total if r.bubbles_total is not None else len(r.bubbles)})",
                          name_cols=(3,))] if big else []
-        out.append(_section(f"run-{i}", label if len(runs) > 1 else "Summary", cards=cards, notes=notes, tables=tables))  # one run: the h1 names it
+        out.append(Section(f"run-{i}", label if len(runs) > 1 else "Summary", cards=cards, notes=notes, tables=tables))  # one run: the h1 names it
     W = words("cpu" if runs and all(rank_timeline(_rank0(s)) == "cpu" for _, s in runs) else "gpu")
-    out.append(_section("runs-windows", f"{W['window']} per iteration", figures=[figs.div(F.gpu_window_figure(
+    out.append(Section("runs-windows", f"{W['window']} per iteration", figures=[figs.div(F.gpu_window_figure(
         [(label, _series(_rank0(s).iterations)) for label, s in runs], window=W["window"]))]))
     sides = [(label, _rank0(s).timeline) for label, s in runs]
-    sec = _section("runs-timeline", "Timeline of a representative iteration" + (" per configuration" if len(runs) > 1 else ""))
+    sec = Section("runs-timeline", "Timeline of a representative iteration" + (" per configuration" if len(runs) > 1 else ""))
     if timelines is not None and len(sides) > timelines:
-        sec["notes"].append(f"The first and the last of the {len(sides)} configurations only, to keep this page under 2 MB: "
+        sec.notes.append(f"The first and the last of the {len(sides)} configurations only, to keep this page under 2 MB: "
                           "each run's own report (profkit report RUN) has its timeline.")
         sides = [sides[0], sides[-1]]
     if any(t for _, t in sides):
-        sec["figures"].append(figs.div(F.timeline_figure(sides, window=W["window"])))
+        sec.figures.append(figs.div(F.timeline_figure(sides, window=W["window"])))
     else:
-        sec["notes"].append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
+        sec.notes.append("No timeline in these summaries (written by an older profkit): re-run `profkit analyze` to get one.")
     out.append(sec)
     strips = [(label, sl.transitions if (sl := _rank0(s).overlap_slack) is not None else []) for label, s in runs]
     if any(t for _, t in strips):
-        out.append(_section("runs-slack", "Overlap slack per step", figures=[figs.div(capture_view.slack_strip_figure(strips))]))
-    out.append(_section("runs-categories", "Time by category and bubbles by cause (medians per iteration)", figures=[
+        out.append(Section("runs-slack", "Overlap slack per step", figures=[figs.div(capture_view.slack_strip_figure(strips))]))
+    out.append(Section("runs-categories", "Time by category and bubbles by cause (medians per iteration)", figures=[
         figs.div(F.category_figure([(label, _rank0(s).median.category_us) for label, s in runs], device=W["device"])),
         figs.div(F.bubbles_figure([(label, _bubbles_by_cause(_rank0(s))) for label, s in runs], device=W["device"])),
     ]))
@@ -478,12 +520,12 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
 
     floors = [(label, _rank0(s)) for label, s in runs if floor_line(_rank0(s))]
     if floors:  # issue 41: each run's floor, the gap's split and its modeled ops
-        out.append(_section("runs-floor", "The hardware floor and the gap", notes=[f"{label}: {floor_line(r)}" for label, r in floors],
+        out.append(Section("runs-floor", "The hardware floor and the gap", notes=[f"{label}: {floor_line(r)}" for label, r in floors],
                             tables=[t for label, r in floors for t in (
                                 _table(["term", "µs"], [[k, num(v)] for k, v in gap_rows(r)], caption=f"gap to the floor: {label} (mean per iteration)"),
                                 _table(list(OPS_COLUMNS), [list(x) for x in op_rows(r, 12)], align="lrrrrrl", caption=f"modeled ops: {label}",
                                        name_cols=(0,), collapsed=True))]))
-    out.append(_section("runs-counts", "Bubbles per iteration" if cpu_page else "Launches and syncs per iteration", figures=[
+    out.append(Section("runs-counts", "Bubbles per iteration" if cpu_page else "Launches and syncs per iteration", figures=[
         figs.div(F.per_iteration_figure([(label, _series(_rank0(s).iterations)) for label, s in runs], cpu=cpu_page))]))
     tables = []
     for label, s in runs:
@@ -502,32 +544,32 @@ def run_sections(runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[s
                                  [[g["kind"], g["name"], g["direction"], str(g["trigger"]), num((g["count"] or 0) / n, RATE),
                                    num((g["blocked_us"] or 0.0) / n)] for g in sy][:MAX_ROWS],
                                  align="llllrr", caption=f"host syncs and blocking copies: {label}", name_cols=(3,)))
-    out.append(_section("runs-kernels", "Top kernels and syncs", tables=tables))
+    out.append(Section("runs-kernels", "Top kernels and syncs", tables=tables))
     curves = _curve_section("runs-throughput", [(label, throughput_of(s.manifest)) for label, s in runs], figs)
     if curves:
         out.append(curves)
     man = [t for t in (_manifest_table(label, s.manifest) for label, s in runs) if t]
     if man:
-        out.append(_section("runs-manifests", "Run manifests", tables=man))
+        out.append(Section("runs-manifests", "Run manifests", tables=man))
     return out
 
 
-def _curve_section(id: str, sides: list[tuple[str, list[ThroughputPoint]]], figs: _Figures) -> dict[str, Any] | None:
+def _curve_section(id: str, sides: list[tuple[str, list[ThroughputPoint]]], figs: _Figures) -> Section | None:
     """Pareto (over concurrency) and input-length curves from the manifests' throughput points."""
     conc, isl = F.curve_kinds([pts for _, pts in sides])
     if not (conc or isl):
         return None
-    s = _section(id, "Unprofiled throughput curves")
+    s = Section(id, "Unprofiled throughput curves")
     if conc:
-        s["figures"].append(figs.div(F.pareto_figure(sides)))
+        s.figures.append(figs.div(F.pareto_figure(sides)))
     if isl:
-        s["figures"].append(figs.div(F.input_length_figure(sides)))
+        s.figures.append(figs.div(F.input_length_figure(sides)))
     return s
 
 
-def _bubbles_by_cause(r: Rank) -> dict[str, Any]:
+def _bubbles_by_cause(r: Rank) -> dict[str, float | None]:
     m = r.median
-    by: dict[str, Any] = dict(m.bubble_us_by_cause)
+    by: dict[str, float | None] = dict(m.bubble_us_by_cause)
     if m.gpu_idle_us is not None and m.bubble_us is not None:
         by["short_gaps"] = max(m.gpu_idle_us - m.bubble_us, 0.0)
     return {k: by.get(k, 0.0) for k in IDLE_KEYS if k != "python" or k in by}
@@ -559,7 +601,7 @@ class HtmlRenderer(Renderer):
 def _page(diffs: Sequence[Diff], runs: Sequence[tuple[str, Summary]], ladder: Sequence[Mapping[str, Any]] | None,
           *, cdn: bool, title: str | None, timelines: int | None = None) -> str:
     figs = _Figures(cdn=cdn)
-    sections: list[dict[str, Any]] = []
+    sections: list[Section] = []
     # a sweep leads with its ladder, each compared step collapsed below it; one compared pair (`profkit trace`) leads with its diff
     sweep = len(runs) >= 2 and len(diffs) != 1
     demangle_many([m.name for d in diffs for m in d.top_movers] + [k.name for d in diffs for k in (*d.kernels_added, *d.kernels_removed)]
@@ -572,7 +614,7 @@ def _page(diffs: Sequence[Diff], runs: Sequence[tuple[str, Summary]], ladder: Se
         sections.append(rest.pop(0))
         # the ladder's unstable runs, as the terminal lists them under its table (the page said it only inside the steps)
         steps = [(config.get(d.candidate.label) or d.candidate.label, d.baseline.label, d.candidate.label, d) for d in diffs]
-        sections[-1]["notes"] += [f"warning: unstable: {x}" for x in unstable_runs(steps, config)]
+        sections[-1].notes += [f"warning: unstable: {x}" for x in unstable_runs(steps, config)]
     for i, d in enumerate(diffs):
         ds = diff_sections(d, figs, prefix=f"diff{i}" if len(diffs) > 1 else "diff", timeline=not runs, single=len(diffs) == 1)
         if sweep:
@@ -582,9 +624,9 @@ def _page(diffs: Sequence[Diff], runs: Sequence[tuple[str, Summary]], ladder: Se
             common = os.path.commonprefix([lb, lc])
             cut = common.rfind("-") + 1
             lb, lc = config.get(lb) or lb[cut:] or lb, config.get(lc) or lc[cut:] or lc
-            ds[0]["details_open"] = f"step {i + 1} of {len(diffs)}: {lb} → {lc}" + (
+            ds[0].details_open = f"step {i + 1} of {len(diffs)}: {lb} → {lc}" + (
                 f" ({d.optimization})" if d.optimization else "") + ": " + (headline_lines(d) or [""])[0]
-            ds[-1]["details_close"] = True
+            ds[-1].details_close = True
         sections += ds
     if runs and not sweep:
         rest = run_sections(runs, ladder, figs, timelines=timelines)
@@ -609,7 +651,7 @@ def _page(diffs: Sequence[Diff], runs: Sequence[tuple[str, Summary]], ladder: Se
     page_banner = banner("mixed" if "mixed" in tls or len(tls) > 1 else (tls.pop() if tls else "gpu"))
     return _env().get_template("report.html").render(
         title=title, subtitle=None, profkit_version=__version__, sections=sections, banner=page_banner,
-        nav=[{"id": s["id"], "title": s["title"]} for s in sections if s["id"].endswith(("summary", "ladder")) and not s["details_open"]],
+        nav=[{"id": s.id, "title": s.title} for s in sections if s.id.endswith(("summary", "ladder")) and not s.details_open],
         footer="times are µs per iteration; every term and count of a diff is the median over its paired profile windows of the per-window change",
         data=data,
     )

@@ -17,7 +17,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from profkit import __version__
-from profkit.documents import Diff, Rank, Summary
+import msgspec
+
+from profkit.documents import Diff, Rank, SweepDoc, Summary
 from profkit.report import capture_view
 from profkit.report.base import Renderer, Report
 from profkit.report.markdown import DEFAULT_MAX_CHARS, _table, md_escape
@@ -48,11 +50,12 @@ class SweepMarkdownRenderer(Renderer):
     def render(self, report: Report) -> str:
         if report.sweep is None:
             raise ValueError("the sweep Markdown renderer renders a sweep: pass Report(sweep=sweep.json's document, ...)")
-        if len(report.diffs) != len(report.sweep.get("attribution") or []):
-            raise ValueError(f"the sweep has {len(report.sweep.get('attribution') or [])} compared steps and the report {len(report.diffs)} diffs")
-        text = render_sweep(report.sweep, report.diff_docs, report.run_docs, report.ladder)
+        sweep = sweep_of(report.sweep)
+        if len(report.diffs) != len(sweep.attribution):
+            raise ValueError(f"the sweep has {len(sweep.attribution)} compared steps and the report {len(report.diffs)} diffs")
+        text = render_sweep(sweep, report.diff_docs, report.run_docs, report.ladder)
         if len(text) > self.max_chars:
-            text = render_sweep(report.sweep, report.diff_docs, report.run_docs, report.ladder, details=False)
+            text = render_sweep(sweep, report.diff_docs, report.run_docs, report.ladder, details=False)
         return text if len(text) <= self.max_chars else text[: self.max_chars - 80] + "\n\n… (comment cut to fit GitHub's size limit; see sweep.json)\n"
 
 
@@ -104,33 +107,44 @@ def first_line(mode: str, diffs: Sequence[Diff]) -> str:
     return next((x for x in tries if len(x) <= FIRST_LINE_MAX), tries[-1])
 
 
-def render_sweep(sweep: Mapping[str, Any], diffs: Sequence[Diff], runs: Sequence[tuple[str, Summary]],
+def sweep_of(doc: SweepDoc | Mapping[str, Any]) -> SweepDoc:
+    """sweep.json's document (its JSON value, as flows/sweep.py writes it) as the SweepDoc it is; a SweepDoc as is."""
+    return doc if isinstance(doc, SweepDoc) else msgspec.convert(doc, SweepDoc)
+
+
+def _named(config: Mapping[str, str], run_id: str | None, default: str) -> str:
+    """A run by its configuration's name, else `default` (the diff's own label)."""
+    return config.get(run_id, default) if run_id is not None else default
+
+
+def render_sweep(doc: SweepDoc | Mapping[str, Any], diffs: Sequence[Diff], runs: Sequence[tuple[str, Summary]],
                  ladder: Sequence[Mapping[str, Any]] | None, *, details: bool = True) -> str:
     """The comment. `diffs`: the diff of each of sweep.json's `attribution` rows, in order; `runs` and `ladder`:
     the sweep's runs and their ladder (attribution.ladder_steps, as the HTML report draws it)."""
-    mode = str(sweep.get("mode") or "sweep")
-    rows = list(sweep.get("attribution") or [])
-    config = {r.get("run_id"): str(r.get("label")) for r in sweep.get("runs") or []}  # a run by its configuration's name
-    names = [f"{config.get(row.get('baseline'), d.baseline.label)} → {config.get(row.get('candidate'), d.candidate.label)}"
+    sweep = sweep_of(doc)
+    mode = sweep.mode or "sweep"
+    rows = sweep.attribution
+    config = {r.run_id: r.label for r in sweep.runs}  # a run by its configuration's name
+    names = [f"{_named(config, row.baseline, d.baseline.label)} → {_named(config, row.candidate, d.candidate.label)}"
              for row, d in zip(rows, diffs)]
     cpu = bool(diffs) and all(diff_timeline(d) == "cpu" for d in diffs)
     W = words("cpu" if cpu else "gpu")
     out = [first_line(mode, diffs), ""]
-    out += [f"### profkit sweep: {md_escape(mode)}, {md_escape(sweep.get('target') or '')}, {len(runs) or len(sweep.get('runs') or [])} runs, "
+    out += [f"### profkit sweep: {md_escape(mode)}, {md_escape(sweep.target)}, {len(runs) or len(sweep.runs)} runs, "
             f"{len(diffs)} compared steps", ""]
     out += _health(names, diffs)
     out += _steps(mode, names, diffs, W)
     out += _gaps(names, diffs)
     out += _ladder(runs, ladder)
     out += _flags(names, diffs)
-    unstable = unstable_runs([(n, row.get("baseline") or d.baseline.label, row.get("candidate") or d.candidate.label, d)
+    unstable = unstable_runs([(n, row.baseline or d.baseline.label, row.candidate or d.candidate.label, d)
                               for n, row, d in zip(names, rows, diffs)], config)
     if unstable:
         out += ["#### Unstable runs", "", *(f"- {md_escape(u, max_len=400)}" for u in unstable), ""]
     if details:
         out += _details(names, diffs)
     stat = {d.decomposition.statistic for d in diffs if d.decomposition.statistic}
-    out.append(f"<sub>profkit {md_escape(__version__)} · sweep.json schema {md_escape(sweep.get('schema_version'))} · "
+    out.append(f"<sub>profkit {md_escape(__version__)} · sweep.json schema {md_escape(sweep.schema_version)} · "
                f"each figure: {md_escape('; '.join(sorted(stat)) or 'mean')} · the whole report: report.html in the sweep's folder</sub>")
     return "\n".join(out) + "\n"
 
@@ -180,10 +194,10 @@ def _steps(mode: str, names: Sequence[str], diffs: Sequence[Diff], W: Mapping[st
 def _gaps(names: Sequence[str], diffs: Sequence[Diff]) -> list[str]:
     """Each step's change of the gap to the hardware floor and what its optimization closed (report/floor_view.py), for
     the steps whose runs were recorded with shapes; nothing when none were."""
-    from profkit.report.floor_view import closed_text
+    from profkit.report.floor_view import closed_text, diff_floor
 
     lines = [f"- {md_escape(n)}: {md_escape(closed_text(d) or '', max_len=None)}" for n, d in zip(names, diffs)
-             if isinstance(d.floor, Mapping) and "gap_us" in d.floor]
+             if (f := diff_floor(d)) is not None and f.gap_us is not None]
     return ["#### The gap to the hardware floor", "", *lines, ""] if lines else []
 
 

@@ -11,7 +11,7 @@ import msgspec
 from rich.console import Console
 from rich.markup import escape
 
-from profkit.documents import Diff, SweepDoc, diff_of
+from profkit.documents import Change, Decomposition, Diff, SweepDoc, diff_of, typed_or_none
 
 
 def show_sweep(out: Console, doc: SweepDoc | Mapping[str, Any], diffs: Sequence[Any]) -> None:
@@ -33,13 +33,13 @@ def show_sweep(out: Console, doc: SweepDoc | Mapping[str, Any], diffs: Sequence[
     flags: list[str] = []
     for k, row in enumerate(sweep.attribution):
         tp = row.tokens_per_s_per_user
-        w = row.gpu_window_us or {}
-        dec = row.decomposition or {}
-        cats = dec.get("category_us") or {}
-        top = max(cats.items(), key=lambda kv: abs(kv[1]), default=None)
+        # diff.json's figures as the row carries them (flows/sweep.attribution_row), typed; none: "-"
+        w = typed_or_none(row.gpu_window_us, Change) if row.gpu_window_us else None
+        dec = typed_or_none(row.decomposition, Decomposition) if row.decomposition else None
+        top = max(dec.category_us.items(), key=lambda kv: abs(kv[1]), default=None) if dec is not None else None
         c = row.counts
         rows.append((row.label, f"{tp.baseline:,.0f} → {tp.candidate:,.0f}" if tp.baseline and tp.candidate else "-",
-                     f"{w.get('delta', 0):+,.0f}" if w else "-", f"{dec.get('idle_us', 0):+,.0f}" if dec else "-", delta(c.get("gpu_kernels")),
+                     f"{w.delta if w.delta is not None else 0:+,.0f}" if w is not None else "-", f"{dec.idle_us if dec.idle_us is not None else 0:+,.0f}" if dec is not None else "-", delta(c.get("gpu_kernels")),
                      *([] if cpu else [delta(c.get("kernel_launches")), delta(c.get("syncs"))]),
                      own_effect(typed[k] if k < len(typed) else None), f"{top[0]} {top[1]:+,.0f}" if top else "-"))
         flags += [f"{row.label}: {f}" for f in row.flags]

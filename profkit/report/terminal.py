@@ -234,12 +234,13 @@ def _diff(diff: Diff, console: Console, *, top: int) -> None:
 
 def _diff_floor(diff: Diff, console: Console) -> None:
     """What the optimization closed of the gap to the floor, and the gap's split on each side (report/floor_view.py)."""
-    from profkit.report.floor_view import closed_text, diff_gap_rows
+    from profkit.report.floor_view import closed_text, diff_floor, diff_gap_rows
 
     text = closed_text(diff)
-    if text is None:
+    f = diff_floor(diff)
+    if text is None or f is None:
         return
-    if diff.floor and diff.floor.get("note"):
+    if f.note:
         console.print(f"[dim]{escape(text)}[/]")
         return
     console.print(f"[bold]{escape(text)}[/]")

@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
-from profkit.attribution.diff import IDLE_KEYS
+from profkit.attribution.diff import IDLE_KEYS, profiler_slowdowns
 from profkit.terms import UNCOVERED
 from profkit.attribution.findings import host_gap
 from profkit.documents import Diff, ExpectedEffect, OwnTerm, Rank, ThroughputPoint, UnsetType, manifest_of, point_of
@@ -90,7 +90,7 @@ def statistic_note(diff: Diff) -> str:
 def order_note(diff: Diff) -> str:
     """How the two sides were recorded (the manifests' capture_order), as a clause; "" when unknown."""
     ms = diff.manifests
-    orders = {m.get("capture_order") for m in (ms.baseline, ms.candidate) if isinstance(m, Mapping)}
+    orders = {m.capture_order for m in map(manifest_of, (ms.baseline, ms.candidate)) if m is not None}
     if orders == {"alternating"}:
         return "; the sides were recorded side by side, their repeats and profile windows alternating (A B A B)"
     if orders == {"sequential"}:
@@ -105,13 +105,26 @@ THROUGHPUT_KEYS = (
 )
 
 
-def throughput_rows(diff: Diff) -> list[dict[str, Any]]:
+class ThroughputRow(TypedDict):
+    """One unprofiled-throughput figure of a diff, side by side (throughput_rows)."""
+    key: str
+    label: str
+    baseline: float | None
+    candidate: float | None
+    change_pct: float | None
+    within_noise: bool | None  # None: no spread to judge by
+    higher_is_better: bool
+    baseline_spread: float | None
+    candidate_spread: float | None
+
+
+def throughput_rows(diff: Diff) -> list[ThroughputRow]:
     """Unprofiled throughput side by side: label, baseline, candidate, change (%), within_noise
     (None without a spread), higher_is_better. Empty when the manifests carry no throughput."""
     if not diff.throughput.baseline and not diff.throughput.candidate:
         return []
     b, c = point_of(diff.throughput.baseline) or ThroughputPoint(), point_of(diff.throughput.candidate) or ThroughputPoint()
-    rows = []
+    rows: list[ThroughputRow] = []
     cpu = diff_timeline(diff) == "cpu"
     for key, label, higher in THROUGHPUT_KEYS:
         if key == "tokens_per_s_per_gpu" and cpu:
@@ -124,8 +137,8 @@ def throughput_rows(diff: Diff) -> list[dict[str, Any]]:
         change = (cv / bv - 1) * 100 if bv and cv is not None else None
         spread = max(x for x in (bs, cs, -1.0) if x is not None)
         within = None if spread < 0 or bv is None or cv is None else (cv == bv or abs(cv - bv) < spread)
-        rows.append({"key": key, "label": label, "baseline": bv, "candidate": cv, "change_pct": change, "within_noise": within,
-                     "higher_is_better": higher, "baseline_spread": bs, "candidate_spread": cs})
+        rows.append(ThroughputRow(key=key, label=label, baseline=bv, candidate=cv, change_pct=change, within_noise=within,
+                                  higher_is_better=higher, baseline_spread=bs, candidate_spread=cs))
     return rows
 
 
@@ -311,21 +324,17 @@ def profiler_slowdown(diff: Diff, side: str) -> float | None:
     """How much slower `side` ran inside its profile windows than in its unprofiled passes (tokens/s per user,
     the manifest's profiler_overhead; the median over the windows), or None without a manifest that says."""
     m = diff.manifests.baseline if side == "baseline" else diff.manifests.candidate
-    oh = m.get("profiler_overhead") if isinstance(m, Mapping) else None
-    if not isinstance(oh, Mapping):
-        return None
-    raw = [w.get("slowdown") for w in oh.get("windows") or [oh] if isinstance(w, Mapping)]
-    vals = [float(v) for v in raw if isinstance(v, (int, float))]
+    vals = profiler_slowdowns(m)
     return statistics.median(vals) if vals else None
 
 
 def _exploration(diff: Diff) -> bool:
-    m = diff.manifests.baseline
-    if not isinstance(m, Mapping):
+    m = manifest_of(diff.manifests.baseline)
+    if m is None:
         return False
-    if m.get("base") == "off":
+    if m.base == "off":
         return True
-    states = m.get("optimizations")
+    states = m.optimizations
     return isinstance(states, Mapping) and bool(states) and not any(states.values())
 
 
