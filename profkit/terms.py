@@ -21,8 +21,9 @@ CAUSES = ("sync", "launch", "iteration_boundary", "gpu_wait", "python")
 class PerIteration(NamedTuple):
     """A per-iteration figure, declared once: summary.json's iteration field (``memcpy_d2h`` is memcpy["d2h"]) and
     diff.json's key under `counts` or `timings`. The diff (attribution/diff.py), its renderers (terminal, HTML,
-    Markdown, the figures) and diff.json's `series` iterate PER_ITERATION, so a new count is one line here plus
-    its computation (analysis/rank.py, analysis/summary.py) and its field on documents.Iteration."""
+    Markdown, the figures), a single run's table (RUN_TABLE), the Perfetto export's iteration slices and diff.json's
+    `series` iterate PER_ITERATION, so a new count is one line here (and its key in RUN_TABLE to be in a run's table)
+    plus its computation (analysis/rank.py, analysis/summary.py) and its field on documents.Iteration."""
     key: str
     unit: str  # "count" or "µs"
     label: str  # in words, as a diff's tables say it (a GPU timeline's; report/vocab.py words gpu_kernels per timeline)
@@ -32,23 +33,31 @@ class PerIteration(NamedTuple):
     panel: int | None = None  # the per-iteration figure's panel: 1 launches, 2 syncs and bubbles; None: not drawn
     card: bool = False  # a headline card of the HTML diff
     md_label: str | None = None  # a timing's label in the Markdown diff; None: not in its table
+    run_label: str | None = None  # its words in a single run's "per iteration" table (None: `label`); RUN_TABLE orders that table
+    perfetto: str | None = None  # the iteration slice of a Perfetto export that carries it as an argument: "cpu" or "gpu" (None: neither)
 
 
 PER_ITERATION = (
-    PerIteration("gpu_kernels", "count", "GPU kernels", "count", series=True),
-    PerIteration("kernel_launches", "count", "kernel launches", "count", gpu_only=True, series=True, panel=1, card=True),
-    PerIteration("graph_launches", "count", "graph launches", "count", gpu_only=True, series=True, panel=1),
-    PerIteration("syncs", "count", "host syncs", "count", gpu_only=True, series=True, panel=2, card=True),
-    PerIteration("sync_copies", "count", "blocking copies", "count", gpu_only=True, series=True, panel=2),
+    PerIteration("gpu_kernels", "count", "GPU kernels", "count", series=True, perfetto="gpu"),
+    PerIteration("kernel_launches", "count", "kernel launches", "count", gpu_only=True, series=True, panel=1, card=True, perfetto="cpu"),
+    PerIteration("graph_launches", "count", "graph launches", "count", gpu_only=True, series=True, panel=1, perfetto="cpu"),
+    PerIteration("syncs", "count", "host syncs", "count", gpu_only=True, series=True, panel=2, card=True, run_label="syncs", perfetto="cpu"),
+    PerIteration("sync_copies", "count", "blocking copies", "count", gpu_only=True, series=True, panel=2, run_label="sync copies",
+                 perfetto="cpu"),
     PerIteration("memcpy_d2h", "count", "D2H copies", "count", gpu_only=True),
     PerIteration("memcpy_h2d", "count", "H2D copies", "count", gpu_only=True),
-    PerIteration("bubble_count", "count", "bubbles", "count", series=True, panel=2, card=True),
+    PerIteration("bubble_count", "count", "bubbles", "count", series=True, panel=2, card=True, perfetto="gpu"),
     PerIteration("launch_us", "µs", "launch host µs", "timing", md_label="launch host µs"),
     PerIteration("launch_latency_us_p50", "µs", "launch latency p50 µs", "timing"),
     PerIteration("sync_us", "µs", "sync µs", "timing", md_label="sync blocked µs"),
     PerIteration("sync_copy_us", "µs", "sync copy µs", "timing"),
-    PerIteration("bubble_us", "µs", "bubble µs", "timing", md_label="bubble µs"),
+    PerIteration("bubble_us", "µs", "bubble µs", "timing", md_label="bubble µs", perfetto="gpu"),
 )
+# a single run's "per iteration" table (report/terminal.py), after its window rows: these figures, in this order (the
+# memcpy counts follow, by direction)
+RUN_TABLE = ("gpu_kernels", "kernel_launches", "graph_launches", "launch_us", "launch_latency_us_p50", "syncs", "sync_us",
+             "sync_copies", "bubble_count", "bubble_us")
+RUN_ROWS = tuple(next(f for f in PER_ITERATION if f.key == k) for k in RUN_TABLE)
 COUNT_KEYS = tuple(f.key for f in PER_ITERATION if f.kind == "count")
 TIMING_KEYS = tuple(f.key for f in PER_ITERATION if f.kind == "timing")
 # diff.json's `series`: each iteration's wall and window, then the counts drawn per iteration

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 import io
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ import polars as pl
 from profkit.analysis.rank import RankAnalysis
 from profkit.errors import UsageError
 from profkit.ingest import Trace
+from profkit.terms import PER_ITERATION
 
 SEQUENCE_ID = 0x50F7  # one writer sequence for the whole file
 # Flow ids: the correlation id, offset so that ids from several ranks never collide.
@@ -183,6 +184,13 @@ def _rows(df: pl.DataFrame, cols: Sequence[str]) -> Iterator[dict[str, Any]]:
     yield from df.select([c for c in cols if c in df.columns]).iter_rows(named=True)
 
 
+def _figures(row: Mapping[str, Any], slice_: str) -> dict[str, int | float]:
+    """The per-iteration figures an iteration slice carries (terms.PER_ITERATION's `perfetto`), from the per-iteration
+    table's row: counts as they are, a µs figure from its nanosecond column."""
+    return {f.key: row[f.key] if f.unit == "count" else row[f.key.removesuffix("_us") + "_ns"] / 1000
+            for f in PER_ITERATION if f.perfetto == slice_}
+
+
 def build_perfetto(pairs: Sequence[tuple[Trace, RankAnalysis]]) -> bytes:
     """The Perfetto trace (protobuf bytes) of one or more ranks with profkit's findings."""
     b = _Builder()
@@ -195,14 +203,12 @@ def build_perfetto(pairs: Sequence[tuple[Trace, RankAnalysis]]) -> bytes:
         for r in its.iter_rows(named=True):
             shape = r["kind"] + (f" bs={r['batch_size']}" if r["batch_size"] is not None else "")
             cpu_sl.append(_Slice(r["cpu_start_ns"], r["cpu_end_ns"], f"iteration {r['iteration']} ({shape})", {
-                "iteration": r["iteration"], "wall_us": r["wall_ns"] / 1000, "kernel_launches": r["kernel_launches"],
-                "graph_launches": r["graph_launches"], "syncs": r["syncs"], "sync_copies": r["sync_copies"],
+                "iteration": r["iteration"], "wall_us": r["wall_ns"] / 1000, **_figures(r, "cpu"),
             }))
             if r["gpu_start_ns"] is not None and r["gpu_end_ns"] is not None:
                 gpu_sl.append(_Slice(r["gpu_start_ns"], r["gpu_end_ns"], f"iteration {r['iteration']} GPU window", {
                     "iteration": r["iteration"], "gpu_window_us": r["gpu_window_ns"] / 1000, "gpu_busy_us": r["gpu_busy_ns"] / 1000,
-                    "gpu_idle_us": r["gpu_idle_ns"] / 1000, "overlap_us": r["overlap_ns"] / 1000, "gpu_kernels": r["gpu_kernels"],
-                    "bubble_count": r["bubble_count"], "bubble_us": r["bubble_ns"] / 1000,
+                    "gpu_idle_us": r["gpu_idle_ns"] / 1000, "overlap_us": r["overlap_ns"] / 1000, **_figures(r, "gpu"),
                 }))
         b.lane_tracks("iterations (CPU window)", root.uuid, cpu_sl, rank=1)
         b.lane_tracks("iterations (GPU window)", root.uuid, gpu_sl, rank=2)

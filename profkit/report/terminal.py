@@ -27,7 +27,7 @@ from profkit.report.views import (
     row_metric, statistic_note, withheld_text,
     throughput_rows,
 )
-from profkit.terms import shape_text
+from profkit.terms import RUN_ROWS, PerIteration, shape_text
 from profkit.report.vocab import GPU_ONLY_COUNTS, banner, count_label, diff_timeline, words
 
 SHAPE_WIDTH = 120  # the narrowest console whose kernels table shows the shape column beside the names
@@ -35,6 +35,13 @@ SHAPE_CELL = 44  # a shape longer than this is cut in the middle (the whole one 
 PY_FRAME = re.compile(r"\.py\(\d+\): ")  # a Python frame as Kineto names it (analysis/syncs.py's user frames)
 
 _num = partial(num, missing=HYPHEN)  # the terminal writes a missing number as "-"
+
+
+def _run_label(f: PerIteration, dev: str) -> str:
+    """A per-iteration figure's row in a single run's table (a CPU-op timeline's "kernels" are its top-level aten ops)."""
+    if f.key == "gpu_kernels" and dev != "GPU":
+        return "top-level aten ops"
+    return f.run_label or f.label
 
 
 class TerminalRenderer(Renderer):
@@ -111,10 +118,8 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
         dev = "CPU-op" if r.device_timeline == "cpu" else "GPU"
         rows = (
             ("wall µs", "wall_us", US), (f"{dev} window µs", "gpu_window_us", US), (f"{dev} busy µs", "gpu_busy_us", US),
-            (f"{dev} idle µs", "gpu_idle_us", US), ("overlap µs", "overlap_us", US), ("GPU kernels" if dev == "GPU" else "top-level aten ops", "gpu_kernels", COUNT),
-            ("kernel launches", "kernel_launches", COUNT), ("graph launches", "graph_launches", COUNT), ("launch host µs", "launch_us", US),
-            ("launch latency p50 µs", "launch_latency_us_p50", US), ("syncs", "syncs", COUNT), ("sync µs", "sync_us", US),
-            ("sync copies", "sync_copies", COUNT), ("bubbles", "bubble_count", COUNT), ("bubble µs", "bubble_us", US),
+            (f"{dev} idle µs", "gpu_idle_us", US), ("overlap µs", "overlap_us", US),
+            *((_run_label(f, dev), f.key, COUNT if f.unit == "count" else US) for f in RUN_ROWS),
         )
         for label, key, d in rows:
             vals = [v for i in its if (v := getattr(i, key)) is not None]
