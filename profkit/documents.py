@@ -392,6 +392,13 @@ class GraphCaptureStats(_Doc):
     replays_shape_ambiguous: int | UnsetType = UNSET  # only when some were
 
 
+class RankSource(_Doc):
+    """A rank's `source`, where it was not read from a Kineto trace of its own: a file of several ranks (ingest/processes.py:
+    its form, and the process the rank was taken from), or an nsys export (its format, version, device and pid: not read)."""
+    merged: str | None = None  # the merged file's form (SGLang's merger, TraceLens' TraceFuse)
+    process: str | int | None = None
+
+
 class Rank(_Doc):
     rank: int | None = None
     device: Any = None
@@ -401,7 +408,7 @@ class Rank(_Doc):
     device_timeline: str | None = "gpu"
     device_records: Any = None
     graph_capture: GraphCaptureStats | None = None
-    source: Any = None
+    source: RankSource | None = None
     t0_us: float | None = None
     iterations: list[Iteration] = []
     median: Iteration = msgspec.field(default_factory=Iteration)  # the median over iterations of every figure (none: no iterations)
@@ -509,8 +516,8 @@ class RunSection(_Doc):
     optimizations: Any = None
     base: str | None = None
     command: Any = None
-    throughput: Any = None
-    profiler_overhead: Any = None  # {slowdown, windows: [{slowdown, accept, ...}]}: analysis/health.py, spec.py read it
+    throughput: list[ThroughputPoint] | None = None  # the manifest's, as Manifest
+    profiler_overhead: Overhead | None = None  # the manifest's; analysis/health.py, spec.py read it (with each window's accept)
     versions: Versions | None = None
     workload: Any = None
     window: int | None = None  # which profile window this summary is
@@ -535,6 +542,28 @@ class HostLoadSection(_Doc):
     other_cpus_max: Num | None = None
 
 
+class ProfileRequest(_Doc):
+    """A manifest's `profile` (capture/manifest.py ManifestDoc): what the profile request asked of the engine."""
+    num_steps: int | None = None
+    windows: int | None = None  # profile windows recorded (None: one, or a run from before windows were said)
+
+
+class Overhead(_Doc):
+    """A manifest's `profiler_overhead` (capture/run.py): how much slower the profiled window ran than the unprofiled
+    passes (tokens/s per user): the first window's at the top, and every window's under `windows` when several."""
+    tokens_per_s_per_user_unprofiled: Num | None = None
+    tokens_per_s_per_user_profiled: Num | None = None
+    slowdown: Num | None = None
+    window_s: Num | None = None
+    requests_in_window: int | None = None
+    note: str | None = None  # --nsys: not measured
+    windows: list[Overhead] | None = None  # None: one window (or a run from before windows were listed)
+
+    def slowdowns(self) -> list[float]:
+        """Each profile window's slowdown (this one's where it lists no windows); those that say none left out."""
+        return [float(w.slowdown) for w in self.windows or [self] if w.slowdown is not None and w.slowdown > 0]
+
+
 class Manifest(_Doc):
     """A run's manifest.json (capture/manifest.py writes it), typed where read, by manifest_of: the fields the
     readers of a summary and the gate use. The whole document stays a plain value in the summary (`manifest`), since
@@ -552,9 +581,9 @@ class Manifest(_Doc):
     optimizations: Any = None
     base: Any = None
     versions: Versions | None = None
-    throughput: Any = None
-    profiler_overhead: Any = None
-    profile: Any = None
+    throughput: list[ThroughputPoint] | None = None  # the unprofiled workload points
+    profiler_overhead: Overhead | None = None
+    profile: ProfileRequest | None = None
     capture_order: str | None = None  # alternating (A B A B) or sequential
     recorded_with: list[str] | None = None  # the runs whose steps alternated with this one's (None: recorded before it was said)
     host_load: HostLoadSection | None = None
@@ -581,10 +610,18 @@ def manifest_of(raw: Any) -> Manifest | None:
     return _typed(raw, Manifest)
 
 
+class InputFile(_Doc):
+    """One of a summary's `inputs` (analysis/summary.py): a trace file it was analyzed from. diff.json's sides carry them
+    as written (a key the summary lacks stays absent: UNSET)."""
+    path: str | UnsetType = UNSET
+    sha256: str | None | UnsetType = UNSET
+    rank: int | None | UnsetType = UNSET
+
+
 class Summary(_Doc):
     schema_version: int = 1
     profkit_version: str | None = None
-    inputs: list[Any] = []
+    inputs: list[InputFile] = []
     marker: Any = None
     ranks: list[Rank] = []
     health: Health | None = None
@@ -634,7 +671,7 @@ class IterationsUsed(_Doc):
 
 class SideInfo(_Doc):
     label: str = "?"
-    inputs: list[Any] = []
+    inputs: list[InputFile] = []
     rank: int | None = None
     device: Any = None
     device_timeline: str | None = None
@@ -1080,8 +1117,8 @@ def point_of(raw: Any) -> ThroughputPoint | None:
 
 def throughput_of(manifest: Any) -> list[ThroughputPoint]:
     """A run manifest's unprofiled workload points, typed ([] without any)."""
-    pts = manifest.get("throughput") if isinstance(manifest, Mapping) else None
-    return [p for p in map(point_of, pts) if p is not None] if isinstance(pts, list) else []
+    m = manifest_of(manifest)
+    return (m.throughput or []) if m is not None else []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from profkit.errors import NothingToAnalyze, UsageError
 from profkit.attribution.findings import idle_cpu_ops, largest_bubbles
 from profkit.documents import (UNSET, BubbleView, CategoryChange, Change, CpuOpTime, Diff, ExpectedEffect, IdleCpuOp, Iteration, IterationsUsed,
                                KernelEntry, LargeBubble, Mover, Noise, NoiseMetric, NoiseSide, NoiseTerm, NotJudged, OwnTerm, Pair, Rank,
-                               SeriesPoint, Shape as ShapeInfo, SideBySide, SideInfo, Summary, SyncChange, UnsetType, summary_of)
+                               SeriesPoint, Shape as ShapeInfo, SideBySide, SideInfo, Summary, SyncChange, UnsetType, manifest_of, summary_of)
 from profkit.terms import CAUSES, COUNT_KEYS, SERIES_FIELDS, TIMING_KEYS, term_label
 from profkit.attribution.windows import Stat, Stats, Terms, basis_of, decomposition as window_decomposition, flat_means, judged, unstable_windows, window_statistic, within
 
@@ -380,12 +380,9 @@ def profiler_slowdowns(*manifests: Any) -> list[float]:
     """Every profile window's profiler slowdown (profiled / unprofiled time per token: the manifests'
     profiler_overhead, per window where it lists them), over the given run manifests."""
     out: list[float] = []
-    for m in manifests:
-        oh = m.get("profiler_overhead") if isinstance(m, Mapping) else None
-        if isinstance(oh, Mapping):
-            got = oh.get("windows")
-            ws: list[Any] = got if isinstance(got, list) and got else [oh]
-            out += [float(v) for w in ws if isinstance(w, Mapping) and isinstance(v := w.get("slowdown"), (int, float)) and v > 0]
+    for m in map(manifest_of, manifests):
+        if m is not None and m.profiler_overhead is not None:
+            out += m.profiler_overhead.slowdowns()
     return out
 
 
@@ -522,7 +519,7 @@ def _side_info(summary: Summary, rank: Rank, its: Sequence[Iteration], label: st
     all_its = rank.iterations
     inputs = summary.inputs
     if label is None:
-        label = short_label(str(inputs[0].get("path"))) if inputs and isinstance(inputs[0], Mapping) else "?"
+        label = short_label(str(None if inputs[0].path is UNSET else inputs[0].path)) if inputs else "?"
     return SideInfo(
         label=label,
         inputs=inputs,
@@ -781,11 +778,11 @@ def compare_summaries(
     )
 
 
-def run_manifest(summary: Summary | Mapping[str, Any]) -> Any:
-    """The run's manifest: the summary's `manifest` (its manifest.json, added on loading), else the
-    `run` section that `profkit trace` writes into every summary (run id, switches, throughput, ...),
+def run_manifest(summary: Summary) -> Any:
+    """The run's manifest as written (diff.json carries it so): the summary's `manifest` (its manifest.json, added on
+    loading), else the `run` section that `profkit trace` writes into every summary (run id, switches, throughput, ...),
     so that the summaries alone give the same diff as the run folders."""
-    m, r = (summary.manifest, summary.run) if isinstance(summary, Summary) else (summary.get("manifest"), summary.get("run"))
+    m, r = summary.manifest, summary.run
     return m if isinstance(m, Mapping) else r if isinstance(r, Mapping) else None
 
 
@@ -798,15 +795,12 @@ def _bubble_view(rank: Rank, its: Sequence[Iteration], n: int = 5) -> BubbleView
     )
 
 
-def throughput_points(manifest: Any) -> list[dict[str, Any]]:
-    """The manifest's unprofiled workload points ({isl, concurrency, <metric>: {median, spread, ...}}), or []."""
-    pts = manifest.get("throughput") if isinstance(manifest, Mapping) else None
-    return [p for p in pts if isinstance(p, dict)] if isinstance(pts, list) else []
-
-
 def _first_point(manifest: Any) -> dict[str, Any] | None:
-    pts = throughput_points(manifest)
-    return dict(pts[0]) if pts else None
+    """The manifest's first unprofiled workload point as written ({isl, concurrency, repeats, <metric>: {median, min, max,
+    n, spread}, warmup}: diff.json carries it whole, so it stays the manifest's JSON; documents.throughput_of reads it)."""
+    pts = manifest.get("throughput") if isinstance(manifest, Mapping) else None
+    got = [p for p in pts if isinstance(p, dict)] if isinstance(pts, list) else []
+    return dict(got[0]) if got else None
 
 
 def _series(rank: Rank, used: Sequence[Iteration]) -> list[SeriesPoint]:

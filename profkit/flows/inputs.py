@@ -245,9 +245,8 @@ def _run_label(summary: Summary) -> str | None:
 def _windows_expected(doc: Summary) -> int:
     """How many profile windows the summary's run had (its `run` section's profiler_overhead lists one per window)."""
     run = run_of(doc.run)
-    oh = run.profiler_overhead if run is not None and isinstance(run.profiler_overhead, dict) else {}
-    ws = oh.get("windows")
-    return len(ws) if isinstance(ws, list) else 1
+    ws = run.profiler_overhead.windows if run is not None and run.profiler_overhead is not None else None
+    return len(ws) if ws is not None else 1
 
 
 def _windows_of_summary(path: Path, doc: Summary) -> tuple[list[Loaded], str | None]:

@@ -99,8 +99,8 @@ def _ranks(summary: Summary, console: Console, *, top: int, warnings: bool = Tru
         kinds = Counter(shape_label(shape_of(i)) for i in its)
         # the trace's path whole on its line (the terminal wraps it, and a copy joins it back: rich folded it with a newline
         # inside, '…/20261202-022808-proxy' then '-baseon-topk_v2-after-TP-0.trace.json.gz', in a run folder's windows)
-        src = r.source if isinstance(r.source, dict) else {}
-        whose = f" ({src['process']} of the merged file)" if src.get("merged") and src.get("process") else ""  # ingest/processes.py
+        src = r.source
+        whose = f" ({src.process} of the merged file)" if src is not None and src.merged and src.process else ""  # ingest/processes.py
         console.print(f"[bold]rank {r.rank}[/] {escape(device_text(r, summary.manifest))}  [dim]{escape(str(r.path) + whose)}[/]", soft_wrap=True)
         console.print(f"  {counted(len(its), 'iteration')} ({escape(', '.join(f'{n}× {k}' for k, n in kinds.most_common()))}); marker [cyan]{escape(str(r.marker))}[/]; "
                       f"catalog {escape(str(r.catalog))}")

@@ -192,13 +192,11 @@ def own_verdict(diff: Diff, t: OwnTerm) -> str:
 def recorded_windows(diff: Diff) -> int:
     """How many profile windows the sides' runs recorded (their manifests), the fewer of the two; 1 when unknown."""
     got = []
-    for m in (diff.manifests.baseline, diff.manifests.candidate):
-        prof = m.get("profile") if isinstance(m, Mapping) else None
-        oh = m.get("profiler_overhead") if isinstance(m, Mapping) else None
-        n = prof.get("windows") if isinstance(prof, Mapping) else None
-        if not isinstance(n, int) and isinstance(oh, Mapping) and isinstance(oh.get("windows"), list):
-            n = len(oh["windows"])
-        got.append(n if isinstance(n, int) else 1)
+    for m in map(manifest_of, (diff.manifests.baseline, diff.manifests.candidate)):
+        n = m.profile.windows if m is not None and m.profile is not None else None
+        if n is None and m is not None and m.profiler_overhead is not None and m.profiler_overhead.windows is not None:
+            n = len(m.profiler_overhead.windows)
+        got.append(n if n is not None else 1)
     return min(got)
 
 
