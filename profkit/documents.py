@@ -55,9 +55,10 @@ class GapSplit(_Doc):
 
 
 class CategoryWork(_Doc):
-    """One category's own work in an iteration (analysis/floor.py): FLOPs, bytes, the sum of its ops' own floors."""
-    flops: int = 0
-    bytes: int = 0
+    """One category's own work in an iteration (analysis/floor.py): FLOPs, bytes, the sum of its ops' own floors (in a
+    rank's `median`, the medians: FLOPs and bytes may be halves)."""
+    flops: Num = 0
+    bytes: Num = 0
     floor_us: Num = 0.0
 
 
@@ -147,7 +148,7 @@ class Iteration(_Doc):
     # gpu_window_us - floor_us (analysis/floor.py); absent (None) otherwise, never 0
     flops: Num | None = None
     bytes: Num | None = None
-    work_by_category: dict[str, dict[str, Num]] | None = None
+    work_by_category: dict[str, CategoryWork] | None = None
     floor_us: Num | None = None
     floor_bound: str | None = None
     floor_memory_us: Num | None = None
@@ -427,7 +428,7 @@ class Rank(_Doc):
     capture: CaptureFacts | None = None
     speculative: RankSpec | None = None
     timeline: Any = None
-    floor: dict[str, Any] | None = None  # issue 41: the peaks the floor used and the modeled ops, or `note`: why there is none
+    floor: FloorSection | None = None  # issue 41: the peaks the floor used and the modeled ops, or `note`: why there is none
 
 
 class Straggler(_Doc):

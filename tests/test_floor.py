@@ -174,3 +174,19 @@ def test_a_bad_peaks_file_is_a_usage_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "profkit", "analyze", str(CASES["hf_bs1"][0]), "--peaks", str(bad)], capture_output=True,
                        text=True, cwd=ROOT, env=ENV)
     assert r.returncode == 2 and "--peaks" in r.stderr
+
+
+def test_a_rank_floor_decodes_typed_and_reads_as_before():
+    """A rank's `floor` (the note form, with modeled ops but no peaks) and an iteration's `work_by_category` decode as
+    their structs: the note and the op rows read as the dicts did; a median's halves (FLOPs of an even count) decode."""
+    from profkit.documents import CategoryWork, FloorSection, ModeledOp, UNSET, rank_of
+    from profkit.report.floor_view import floor_note, op_rows
+
+    op = {"shape_op": "aten::mm", "shape": "[[1,2],[2,3]]", "shape_dtypes": '["c10::BFloat16","c10::BFloat16"]', "kind": "gemm",
+          "gpu_ops": 4, "total_us": 12.5, "bytes": 1000, "flops": 2000, "tb_s": 0.08, "tflop_s": 0.16}
+    rank = rank_of({"bubbles_by_cause": {}, "sync_groups": [], "floor": {"note": "no peaks known", "gpu_ops": 9, "modeled_gpu_ops": 4, "ops": [op]},
+                    "median": {"work_by_category": {"gemm": {"flops": 2.5, "bytes": 3, "floor_us": 0.125}}}})
+    assert isinstance(rank.floor, FloorSection) and rank.floor.peaks is UNSET and rank.floor.ops == [ModeledOp(**op)]
+    assert rank.median.work_by_category == {"gemm": CategoryWork(flops=2.5, bytes=3, floor_us=0.125)}
+    assert floor_note(rank) == "floor: no peaks known"
+    assert op_rows(rank) == [("aten::mm [1,2]x[2,3] bf16", "4", "12.5", "0.16", "0.080", "–", "–")]

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from profkit.documents import Iteration
+from profkit.documents import FloorSection, Iteration
 
 TERMS = ("idle_us", "above_floor_us", "floor_mix_us", "unmodeled_us", "overlap_us")
 
@@ -40,7 +40,7 @@ def _window_means(its: Sequence[Iteration], owned: Sequence[str]) -> dict[str, f
     cats = sorted({c for it in its for c in (it.owned_category_us or it.category_us or {})} | {c for it in its for c in (it.work_by_category or {})})
     for c in cats:
         time = _mean([float((it.owned_category_us if it.owned_category_us is not None else it.category_us).get(c) or 0) for it in its])
-        fl = _mean([float(((it.work_by_category or {}).get(c) or {}).get("floor_us") or 0) for it in its])
+        fl = _mean([float(it.work_by_category[c].floor_us) if it.work_by_category and c in it.work_by_category else 0.0 for it in its])
         out[f"category_time_us.{c}"] = time
         out[f"category_gap_us.{c}"] = time - fl
     out["own_time_us"] = sum(out.get(f"category_time_us.{c}", 0.0) for c in owned)
@@ -111,15 +111,15 @@ def _has_floor(windows: Sequence[Sequence[Iteration]]) -> bool:
 
 
 def gap_change(wb: Sequence[Sequence[Iteration]], wc: Sequence[Sequence[Iteration]], *, opt: str | None, catalog: Any,
-               floor_notes: tuple[Any, Any] = (None, None)) -> FloorGap | FloorNote | None:
+               floor_notes: tuple[FloorSection | None, FloorSection | None] = (None, None)) -> FloorGap | FloorNote | None:
     """diff.json's `floor` section from each side's profile windows (their compared iterations); None when neither side
     has a floor or a note (a summary written before issue 41)."""
     hb, hc = _has_floor(wb), _has_floor(wc)
     if not (hb and hc):
-        if not (hb or hc) and not any(floor_notes):
+        if not (hb or hc) and all(n is None for n in floor_notes):
             return None
         missing = [side for side, has in (("baseline", hb), ("candidate", hc)) if not has]
-        why = next((n.get("note") for n in floor_notes if isinstance(n, Mapping) and n.get("note")), None)
+        why = next((n.note for n in floor_notes if n is not None and isinstance(n.note, str) and n.note), None)
         return FloorNote(note=f"no floor for the {' and '.join(missing)}: " + (why or "its summary has no floor figures (re-run `profkit analyze` "
                                                                                  "on traces recorded with `profkit trace --record-shapes`)"))
     optimizations: Mapping[str, Sequence[str]] = getattr(catalog, "optimizations", None) or {}

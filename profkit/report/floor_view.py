@@ -7,9 +7,8 @@ exactly in each iteration, so their means do too; medians would not)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
 
-from profkit.documents import Diff, FloorGap, GapChange, Iteration, Rank, typed_or_none
+from profkit.documents import Diff, FloorGap, FloorPeaks, GapChange, Iteration, ModeledOp, Rank, UnsetType, typed_or_none
 
 GAP_TITLE = "gap to the floor (mean µs per iteration; the terms add up to the gap)"
 
@@ -32,9 +31,9 @@ def _mean(vals: list[float]) -> float:
 def floor_note(rank: Rank) -> str | None:
     """Why a rank has no floor (one line), None when it has one or says nothing (a summary written before issue 41)."""
     f = rank.floor
-    if not isinstance(f, Mapping) or not f.get("note"):
+    if f is None or not f.note:
         return None
-    return f"floor: {f['note']}"
+    return f"floor: {f.note}"
 
 
 def floor_line(rank: Rank) -> str | None:
@@ -46,8 +45,8 @@ def floor_line(rank: Rank) -> str | None:
     busy = _mean([float(it.gpu_busy_us or 0) for it in its])
     fl = _mean([float(it.floor_us or 0) for it in its])
     bound = Counter(it.floor_bound for it in its).most_common(1)[0][0]
-    peaks = (rank.floor or {}).get("peaks") or {}
-    src = f"; peaks: {peaks.get('device')}, {peaks.get('source')}" if peaks else ""
+    peaks = rank.floor.peaks if rank.floor is not None else None
+    src = f"; peaks: {peaks.device}, {peaks.source}" if isinstance(peaks, FloorPeaks) else ""
     ratio = f": {busy / fl:,.1f}× busy, {win / fl:,.0f}× window" if fl > 0 else ""
     # the floor covers the ops with a work model only: how much of the GPU time that is
     gs = [it.gap_us for it in its if it.gap_us is not None]
@@ -148,11 +147,12 @@ def op_rows(rank: Rank, n: int = 8) -> list[tuple[str, ...]]:
     from profkit.terms import shape_text
     from profkit.report.numbers import num
 
-    f = rank.floor if isinstance(rank.floor, Mapping) else {}
+    ops: list[ModeledOp] = (rank.floor.ops or []) if rank.floor is not None else []
     out: list[tuple[str, ...]] = []
-    for o in (f.get("ops") or [])[:n]:
-        share = max(o.get("memory_share") or 0.0, o.get("compute_share") or 0.0)
-        out.append((shape_text(o.get("shape_op"), o.get("shape"), o.get("shape_dtypes")), str(o.get("gpu_ops", "")), num(o.get("total_us")),
-                    f"{o['tflop_s']:,.2f}" if "tflop_s" in o else "–", f"{o['tb_s']:,.3f}" if "tb_s" in o else "–",
-                    f"{100 * share:.1f}%" if ("memory_share" in o or "compute_share" in o) else "–", str(o.get("bound", "–"))))
+    for o in ops[:n]:
+        share = max(o.memory_share or 0.0, o.compute_share or 0.0)
+        shared = not (isinstance(o.memory_share, UnsetType) and isinstance(o.compute_share, UnsetType))
+        out.append((shape_text(o.shape_op, o.shape, o.shape_dtypes), str(o.gpu_ops), num(o.total_us),
+                    f"{o.tflop_s:,.2f}" if not isinstance(o.tflop_s, UnsetType) else "–", f"{o.tb_s:,.3f}" if not isinstance(o.tb_s, UnsetType) else "–",
+                    f"{100 * share:.1f}%" if shared else "–", o.bound if isinstance(o.bound, str) else "–"))
     return out
