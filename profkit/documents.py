@@ -9,11 +9,13 @@ no time by ownership: `owned_category_us` None, which attribution takes as the c
 
 Unknown keys are ignored and every field has a default, so older and newer files decode. Capture
 health (Health), a rank's overlap slack (OverlapSlack), capture facts (CaptureFacts), graph-capture
-statistics (GraphCaptureStats) and the speculative cost (SpecCost, RankSpec) are read by field; sections
-that only travel through (the timeline, the run manifest and `run` section, a rank's floor: built as
-FloorSection) stay plain JSON values. Writing: analysis builds each of these sections as its struct (an
-optional key that is left out is UNSET) and assembles summary.json as a dict of their plain JSON, and
-attribution builds diff.json as the Diff below (`compare_summaries`), encoded once where it is written (`diff_doc`).
+statistics (GraphCaptureStats), the speculative cost (SpecCost, RankSpec), a rank's floor (FloorSection)
+and its source (RankSource) are read by field; the run manifest and a summary's `run` section stay the
+plain JSON they were written as (reports list every key) and are typed where read (`manifest_of`, `run_of`);
+the representative timeline only travels through, as plain JSON. Writing: analysis builds each section as its
+struct (an optional key that is left out is UNSET) and assembles summary.json as a dict of their plain JSON,
+and attribution builds diff.json as the Diff below (`compare_summaries`), encoded once where it is written
+(`diff_doc`).
 """
 
 from __future__ import annotations
