@@ -594,23 +594,24 @@ class Manifest(_Doc):
     workload: dict[str, Any] | None = None  # what drove the server (compared whole, by the gate's key, but `repeat`)
 
 
-def _typed(raw: Any, kind: type[_D]) -> _D | None:
-    if isinstance(raw, kind):
+def typed_or_none(raw: Any, cls: type[_D]) -> _D | None:
+    """`raw` as the struct `cls` (itself when it is one), or None when it is not one (not an object, or of another shape)."""
+    if isinstance(raw, cls):
         return raw
     try:
-        return msgspec.convert(raw, kind) if isinstance(raw, Mapping) else None
+        return msgspec.convert(raw, cls) if isinstance(raw, Mapping) else None
     except msgspec.ValidationError:
         return None
 
 
 def run_of(raw: Any) -> RunSection | None:
     """A summary's `run` section typed; None without one (or one of another shape)."""
-    return _typed(raw, RunSection)
+    return typed_or_none(raw, RunSection)
 
 
 def manifest_of(raw: Any) -> Manifest | None:
     """A run manifest typed; None without one (or one of another shape)."""
-    return _typed(raw, Manifest)
+    return typed_or_none(raw, Manifest)
 
 
 class InputFile(_Doc):
@@ -649,7 +650,6 @@ def run_labels(summaries: Iterable[Summary]) -> dict[str, str]:
 # diff.json (attribution/diff.py writes it: compare_summaries)
 
 T = TypeVar("T")
-D = TypeVar("D", bound=msgspec.Struct)
 
 
 class Pair(_Doc, Generic[T]):
@@ -1101,16 +1101,6 @@ class ThroughputPoint(_Doc):
         if isinstance(v, Measure):
             return v.median, v.spread
         return (float(v), None) if isinstance(v, (int, float)) else (None, None)
-
-
-def typed_or_none(raw: Any, cls: type[D]) -> D | None:
-    """`raw` as the struct `cls` (itself when it is one), or None when it is not one (not an object, or of another shape)."""
-    if isinstance(raw, cls):
-        return raw
-    try:
-        return msgspec.convert(raw, cls) if isinstance(raw, Mapping) else None
-    except msgspec.ValidationError:
-        return None
 
 
 def point_of(raw: Any) -> ThroughputPoint | None:
