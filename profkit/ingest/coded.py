@@ -158,7 +158,7 @@ def _concat(parts: list[tuple[pl.DataFrame, ...]], strings: Strings, warnings: l
     foreign = foreign_device_warning(strings.texts)
     if foreign:
         warnings.append(foreign)
-    tables = [pl.concat([p[k] for p in parts], how="vertical", rechunk=True) for k in range(4)]
+    tables = [pl.concat([p[k] for p in parts], how="vertical", rechunk=False) for k in range(4)]
     parts.clear()
     return tables
 

@@ -292,6 +292,7 @@ def _from_early(decode: Any) -> TablesLoad | None:
     from profkit.ingest.coded import frames_of
 
     got, cut, meta = decode.result
+    decode.result = None  # the rows are the parts' now: the handle, which lives through the analysis, keeps none of them
     results = []
     try:
         for item in got:
