@@ -36,7 +36,7 @@ def _finished(got, strings: Strings):
     unusable counts, min ts, event count)."""
     parts, unusable, tmin, n = got
     w: list[str] = []
-    return (finish_coded([parts], strings, w), w), unusable, tmin, n
+    return (finish_coded([parts], strings, w)[0], w), unusable, tmin, n
 
 
 def _msgspec(chunk: bytes):

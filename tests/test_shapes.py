@@ -117,3 +117,81 @@ def test_both_decoders_note_a_file_with_shapes(trace, has):
         assert scan.scan_chunk_rows(chunk, s) is not None
         assert s.shapes is has
     assert bool(load_trace(trace).meta.get("shapes")) is has
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_decode_keeps_the_rows_the_second_pass_reads(case):
+    """A file the C scanner reads whole keeps its CPU ops' shapes (Trace.cpu_shapes): the very frame
+    ingest/shapes.cpu_op_shapes reads from the file again, row for row and in file order."""
+    from profkit.ingest import load_trace, scan
+    from profkit.ingest.shapes import cpu_op_shapes
+
+    if scan.lib() is None:
+        pytest.skip("no C compiler here: the decode keeps no shapes, cpu_op_shapes reads them")
+    trace = load_trace(CASES[case][0])
+    assert trace.cpu_shapes is not None and trace.cpu_shapes.height > 0
+    assert trace.cpu_shapes.equals(cpu_op_shapes(trace.path))
+    assert list(trace.cpu.columns) == ["name", "cat", "ts_ns", "dur_ns", "end_ns", "pid", "tid", "external_id"]
+
+
+def _odd_events() -> list[dict]:
+    """cpu_op events with what the scanner must read as msgspec does: spaces in the arrays, a repeated
+    args (the last one counts), Input Dims null or a string, an escape inside Input type, a second
+    repeat of the key, no Input type; other categories with Input Dims; events without shapes."""
+    ev = []
+    for i in range(40):
+        ev.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 3}", "pid": 7, "tid": 9, "ts": 100.0 + 10 * i, "dur": 5.5,
+                   "args": {"External id": i, "Input Dims": [[1, i % 4], []], "Input type": ["float", "c10::\"Half\""]}})
+    ev.append({"ph": "X", "cat": "cpu_op", "name": "twice", "pid": 7, "tid": 9, "ts": 600, "dur": 1,
+               "args": {"Input Dims": [[9]]}, "dup": 1})
+    ev.append({"ph": "X", "cat": "cpu_op", "name": "null_dims", "pid": 7, "tid": 9, "ts": 601, "dur": 1,
+               "args": {"Input Dims": None, "Input type": "not a list"}})
+    ev.append({"ph": "X", "cat": "user_annotation", "name": "step", "pid": 7, "tid": 9, "ts": 90, "dur": 900,
+               "args": {"Input Dims": [[5, 5]]}})
+    for i in range(40):  # a stretch without any Input Dims (its chunks have none)
+        ev.append({"ph": "X", "cat": "cpu_op", "name": "plain", "pid": 7, "tid": "9", "ts": 700 + i, "dur": 0.5, "args": {"Sequence number": i}})
+    ev.append({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 120, "dur": 3, "args": {"correlation": 1}})
+    return ev
+
+
+def _write(tmp_path: Path, events: list[dict], text_of=json.dumps) -> Path:
+    import gzip
+
+    p = tmp_path / "odd.pt.trace.json.gz"
+    p.write_bytes(gzip.compress(text_of({"traceEvents": events}).encode()))
+    return p
+
+
+def _repeat_args(text: str) -> str:
+    # the "twice" event: a first args object, then the one that counts (msgspec keeps the last)
+    return text.replace('"args": {"Input Dims": [[9]]}, "dup": 1', '"args": {"Input Dims": [[8, 8]], "Input type": ["x"]}, "args": {"Input Dims": [[9]]}')
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 20, 2048])
+def test_the_kept_rows_equal_the_second_pass_on_odd_args(tmp_path, chunk_bytes):
+    """Odd args, in one chunk and cut into many (some without any Input Dims): the kept frame equals
+    cpu_op_shapes' on the same file; a cpu_op without args (which cpu_op_shapes leaves out and a table
+    row cannot tell apart) sends the file to the second pass."""
+    from profkit.ingest import scan
+    from profkit.ingest.columnar import load_tables_fast
+    from profkit.ingest.shapes import cpu_op_shapes
+
+    if scan.lib() is None:
+        pytest.skip("no C compiler here: the decode keeps no shapes")
+    path = _write(tmp_path, _odd_events(), lambda d: _repeat_args(json.dumps(d)))
+    got = load_tables_fast(path, chunk_bytes=chunk_bytes)
+    assert got is not None
+    got.tables([])
+    want = cpu_op_shapes(path)
+    assert got.cpu_shapes is not None and got.cpu_shapes.equals(want)
+    twice = want.filter(pl.col("name") == "twice").row(0, named=True)
+    assert (twice["input_dims"], twice["input_type"]) == ("[[9]]", None)
+    assert want.filter(pl.col("name") == "null_dims").select("input_dims", "input_type").row(0) == (None, None)
+    assert want.filter(pl.col("name") == "aten::op1")["input_type"][0] == '["float","c10::\\"Half\\""]'
+
+    no_args = _odd_events() + [{"ph": "X", "cat": "cpu_op", "name": "bare", "pid": 7, "tid": 9, "ts": 990, "dur": 1}]
+    path = _write(tmp_path, no_args)
+    got = load_tables_fast(path, chunk_bytes=chunk_bytes)
+    assert got is not None
+    got.tables([])
+    assert got.cpu_shapes is None and "bare" not in cpu_op_shapes(path)["name"].to_list()

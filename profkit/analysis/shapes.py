@@ -37,7 +37,7 @@ def attach_shapes(ops: pl.DataFrame, trace: Any, replayed: dict[int, tuple[str, 
     import polars as pl
 
     from profkit.analysis.spans import innermost_enclosing
-    from profkit.ingest.shapes import cpu_op_shapes
+    from profkit.ingest.shapes import trace_shapes
 
     n = ops.height
     op: list[str | None] = [None] * n
@@ -45,7 +45,7 @@ def attach_shapes(ops: pl.DataFrame, trace: Any, replayed: dict[int, tuple[str, 
     types: list[str | None] = [None] * n
     start: list[int | None] = [None] * n
     if trace.meta.get("shapes") and n:
-        cpu = cpu_op_shapes(trace.path)
+        cpu = trace_shapes(trace)
         pids = set(trace.cpu["pid"].unique().to_list()) if trace.cpu.height else set()
         if pids and cpu["pid"].is_in(list(pids)).any():  # a file of several ranks: this rank's ops only
             cpu = cpu.filter(pl.col("pid").is_in(list(pids)))

@@ -125,7 +125,7 @@ def load_ranks(path: Path | TraceFile, *, default_rank: int = 0, cache: bool | N
             return [_make_trace(path, default_rank, t["gpu_ops"], t["calls"], t["cpu"], t["gpu_annotations"], hit.t0_ns,
                                 hit.n_events, hit.meta, list(hit.warnings), hit.sha256)]
         key = f.source_key()
-    split, ranks, t0, n_events, meta, labelled = _ingest(f, jobs=jobs, executor=executor, early=early)
+    split, ranks, t0, n_events, meta, labelled, shapes = _ingest(f, jobs=jobs, executor=executor, early=early)
     if n_events == 0:
         raise TraceInputError(f"{path}: the trace has no events (empty 'traceEvents')", hint="the profiler window captured nothing; profile while the server is busy")
     sha = f.sha256  # known for files of up to 2 MiB (read whole when inspected)
@@ -148,7 +148,9 @@ def load_ranks(path: Path | TraceFile, *, default_rank: int = 0, cache: bool | N
             tables={"gpu_ops": gpu_ops, "calls": calls, "cpu": cpu, "gpu_annotations": ann}, t0_ns=t0, n_events=n_events,
             meta=meta, warnings=list(warnings), sha256=sha,
         ), key=key)
-    return [_make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings, sha)]
+    trace = _make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings, sha)
+    trace.cpu_shapes = shapes
+    return [trace]
 
 
 def _rank_t0(split: Split, k: int, tables: tuple[Any, ...], labelled: dict[str, float]) -> int:
@@ -181,7 +183,8 @@ def _rank_meta(split: Split, k: int, meta: TraceMeta) -> TraceMeta:
 def _ingest(f: TraceFile, *, jobs: int = 1, executor: Any = None, early: Any = None):
     """Decode one file: the chunked fast path when it applies, else the tiered decoder (same tables).
     Returns (Split or None, per rank (its four tables, its warnings), t0, event count, metadata, the
-    earliest timestamp of each SGLang-labelled pid)."""
+    earliest timestamp of each SGLang-labelled pid, the CPU ops' shapes where the decode kept them:
+    ingest/shapes.py)."""
     from profkit.ingest.columnar import load_tables_fast
     from profkit.ingest.tables import add_unusable_warnings
 
@@ -195,7 +198,7 @@ def _ingest(f: TraceFile, *, jobs: int = 1, executor: Any = None, early: Any = N
         add_unusable_warnings(fast.unusable, warnings)
         split, ranks = fast.ranks(warnings)
         meta = {**fast.meta, "shapes": True} if fast.strings.shapes else fast.meta  # ingest/shapes.py
-        return split, ranks, fast.t0_ns, fast.n_events, meta, fast.strings.labelled_min_ts
+        return split, ranks, fast.t0_ns, fast.n_events, meta, fast.strings.labelled_min_ts, fast.cpu_shapes
     from profkit.ingest.tables import events_frame, split_tables_ranks
 
     data = read_bytes(f)
@@ -214,7 +217,7 @@ def _ingest(f: TraceFile, *, jobs: int = 1, executor: Any = None, early: Any = N
         labelled = min_ts_by_label([str(e.pid) for e in events], [e.ts for e in events])
     del events
     split, ranks = split_tables_ranks(df, warnings)
-    return split, ranks, t0, n_events, meta, labelled
+    return split, ranks, t0, n_events, meta, labelled, None
 
 
 def _make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings, sha256) -> Trace:

@@ -19,7 +19,7 @@
 enum { E_SYNTAX = -1, E_TYPE = -2, E_CAP = -3, E_NUMBER = -4, E_PHASE = -5 };
 
 /* validity bits per event */
-enum { V_TS = 1, V_DUR = 2, V_CORR = 4, V_EXT = 8, V_STREAM = 16, V_DEVICE = 32, V_BYTES = 64 };
+enum { V_TS = 1, V_DUR = 2, V_CORR = 4, V_EXT = 8, V_STREAM = 16, V_DEVICE = 32, V_BYTES = 64, V_ARGS = 128 /* an args object */ };
 
 typedef struct {
     /* per-event outputs (capacity cap) */
@@ -37,6 +37,9 @@ typedef struct {
     int32_t *slots; /* hash table of string ids, -1 = empty; size power of two */
     int64_t n_slots;
     int64_t shapes; /* set when an args object holds "Input Dims" (record_shapes): ingest/shapes.py reads them */
+    /* per event: the string id of the raw JSON text of its args' "Input Dims" and "Input type" (interned with
+     * esc = 2: a JSON value, not a string's content), -1 where absent */
+    int32_t *dims, *types;
 } Out;
 
 static const char *PHASES = "BEiIbnesStTpFfPNODMVvRcC()X";
@@ -407,9 +410,21 @@ static inline int key_is(const char *s, int64_t n, const char *lit, int64_t ln) 
 }
 
 /* args object: the typed fields; returns position after '}' */
-static const char *read_args(Out *o, int64_t k, const char *p, const char *e, int *err) {
+/* the raw JSON text of the value at p, interned (esc = 2): the position after it, NULL on an error */
+static inline const char *read_raw(Out *o, const char *base, const char *p, const char *e, int32_t *id, int *err) {
+    const char *q = skip_value(p, e);
+    if (!q) { *err = E_SYNTAX; return NULL; }
+    int32_t got = intern(o, base, p, q - p, 2);
+    if (got < 0) { *err = got; return NULL; }
+    *id = got;
+    return q;
+}
+
+static const char *read_args(Out *o, const char *base, int64_t k, const char *p, const char *e, int *err) {
     p++; /* '{' */
     o->valid[k] &= (uint8_t)(V_TS | V_DUR); /* a repeated "args" replaces the earlier one, as in msgspec */
+    o->valid[k] |= V_ARGS;
+    o->dims[k] = o->types[k] = -1;
     p = ws(p, e);
     if (p < e && *p == '}') return p + 1;
     for (;;) {
@@ -454,9 +469,15 @@ static const char *read_args(Out *o, int64_t k, const char *p, const char *e, in
                 if (!(p = read_int_field(p, e, &o->nbytes[k], &o->valid[k], V_BYTES, err))) return NULL;
             }
         } else {
-            if (n == 10 && !o->shapes && key_is(s, n, "Input Dims", 10)) o->shapes = 1;
-            p = skip_value(p, e);
-            if (!p) { *err = E_SYNTAX; return NULL; }
+            if (n == 10 && key_is(s, n, "Input Dims", 10)) {
+                o->shapes = 1;
+                if (!(p = read_raw(o, base, p, e, &o->dims[k], err))) return NULL;
+            } else if (n == 10 && key_is(s, n, "Input type", 10)) {
+                if (!(p = read_raw(o, base, p, e, &o->types[k], err))) return NULL;
+            } else {
+                p = skip_value(p, e);
+                if (!p) { *err = E_SYNTAX; return NULL; }
+            }
         }
         p = ws(p, e);
         if (p >= e) { *err = E_SYNTAX; return NULL; }
@@ -518,6 +539,7 @@ int64_t profkit_scan(const char *buf, int64_t len, Out *o) {
         o->cat[k] = 0;
         o->pid[k] = 1;
         o->tid[k] = 1;
+        o->dims[k] = o->types[k] = -1;
         o->valid[k] = 0;
         int have_args_null = 0;
         p = ws(p + 1, e);
@@ -562,7 +584,7 @@ int64_t profkit_scan(const char *buf, int64_t len, Out *o) {
                 } else if (key == K_ARGS) {
                     if (*p == '{') {
                         have_args_null = 0;
-                        p = read_args(o, k, p, e, &err);
+                        p = read_args(o, buf, k, p, e, &err);
                     } else if (is_null(p, e)) {
                         have_args_null = 1;
                         o->valid[k] &= (uint8_t)(V_TS | V_DUR);
@@ -609,6 +631,11 @@ typedef struct {
     int64_t unusable[3]; /* 'X' events without a timestamp; without a duration (with one); with a negative duration */
     double tmin;         /* the earliest timestamp of any event (has_tmin: there is one) */
     int64_t has_tmin;
+    /* the CPU rows' "Input Dims" and "Input type" (file ids of their raw JSON text, UINT32_MAX where absent);
+     * NULL: not wanted (the chunk has no "Input Dims") */
+    uint32_t *dims, *types;
+    uint32_t cpu_op; /* the file id of "cpu_op" */
+    int64_t cpu_op_without_args; /* CPU rows of category cpu_op with no args object (ingest/shapes.py reads those apart) */
 } Emit;
 
 /* µs -> ns as tables.normalize_events computes it: the whole µs times 1000 in integers, plus the
@@ -642,6 +669,7 @@ int64_t profkit_emit(const Out *o, int64_t n, Emit *e) {
     for (int t = 0; t < 4; t++) e->count[t] = 0;
     for (int u = 0; u < 3; u++) e->unusable[u] = 0;
     e->has_tmin = 0;
+    e->cpu_op_without_args = 0;
     for (int64_t k = 0; k < n; k++) {
         if ((o->valid[k] & V_TS) && (!e->has_tmin || o->ts[k] < e->tmin)) { e->tmin = o->ts[k]; e->has_tmin = 1; }
         if (o->ph[k] != X) continue;
@@ -668,6 +696,13 @@ int64_t profkit_emit(const Out *o, int64_t n, Emit *e) {
         e->device[r] = o->device[k];
         e->nbytes[r] = o->nbytes[k];
         e->valid[r] = o->valid[k];
+        if (t == 2) {
+            if (e->dims) {
+                e->dims[r] = o->dims[k] >= 0 ? e->gid[o->dims[k]] : UINT32_MAX;
+                e->types[r] = o->types[k] >= 0 ? e->gid[o->types[k]] : UINT32_MAX;
+            }
+            if (e->cat[r] == e->cpu_op && !(o->valid[k] & V_ARGS)) e->cpu_op_without_args++;
+        }
     }
     return at;
 }

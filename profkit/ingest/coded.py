@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from profkit.ingest.categories import foreign_device_warning, table_code
-from profkit.ingest.scan import V_BYTES, V_CORR, V_DEVICE, V_EXT, V_STREAM, Rows
+from profkit.ingest.scan import NO_TEXT, V_BYTES, V_CORR, V_DEVICE, V_EXT, V_STREAM, Rows
 from profkit.ingest.strings import Strings
 from profkit.ingest.tables import CPU_SCHEMA, Tables, _dedupe, by_start, call_columns, gpu_columns
 
@@ -28,6 +28,9 @@ GPU_CODED = ["name", "cat", "ts_ns", "dur_ns", "end_ns", "device", "stream", "co
 CALLS_CODED = ["name", "ts_ns", "dur_ns", "end_ns", "pid", "tid", "correlation", "external_id"]
 CPU_CODED = list(CPU_SCHEMA)
 STRING_COLS = ("name", "cat", "pid", "tid")
+# the CPU part's ids of its rows' `Input Dims` and `Input type` text, in the parts of chunks that have them
+# (ingest/shapes.py's rows come from these: the file is not read again); dropped from the table itself
+SHAPE_IDS = ("_dims", "_types")
 
 
 def encode(df: pl.DataFrame, strings: Strings) -> pl.DataFrame:
@@ -62,6 +65,9 @@ def coded_frame(table: int, cols: dict[str, np.ndarray]) -> pl.DataFrame:
         else:
             key, bit = _NULLABLE[c]
             series.append(pl.Series(c, np.ma.masked_array(cols[key], (valid & bit) == 0)))
+    if table == 2 and "dims" in cols:
+        for c, key in zip(SHAPE_IDS, ("dims", "types")):
+            series.append(pl.Series(c, np.ma.masked_array(cols[key], cols[key] == NO_TEXT)))
     return pl.DataFrame(series)
 
 
@@ -91,8 +97,9 @@ def _decoded(df: pl.DataFrame, strings: pl.Series) -> pl.DataFrame:
 
 
 def finish_coded(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,
-                 warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """The chunks' coded parts, in file order -> the four tables (as tables.finish_tables gives them).
+                 warnings: list[str]) -> tuple[tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame], pl.DataFrame | None]:
+    """The chunks' coded parts, in file order -> the four tables (as tables.finish_tables gives them),
+    and the CPU ops' shapes (ingest/shapes.py: None where the parts cannot give them).
 
     `parts` is emptied as it is used: each step's input is dropped as soon as its output exists, so
     the next step's allocations reuse that memory instead of touching new pages (on a VM, first
@@ -101,15 +108,19 @@ def finish_coded(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,
 
 
 def finish_coded_ranks(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,
-                       warnings: list[str]) -> tuple[Any, list[tuple[Tables, list[str]]]]:
+                       warnings: list[str]) -> tuple[Any, list[tuple[Tables, list[str]]], pl.DataFrame | None]:
     """finish_coded, for a file that may hold several ranks (ingest/processes.py): (the Split, or
     None for a file of one rank; per rank, its four tables and its warnings, which begin with
     `warnings`). Each rank's rows are de-duplicated and sorted on their own, with their pids as the
-    rank's own file wrote them, as if its file had been read alone."""
+    rank's own file wrote them, as if its file had been read alone. Third, the CPU ops' shapes of a
+    file of one rank (ingest/shapes.py; None for several ranks: each reads them from its file)."""
     tables = _concat(parts, strings, warnings)
     split = _coded_split(tables, strings)
     if split is None:
-        return None, [(_finish(tables, strings, warnings), warnings)]
+        got, shapes = _finish(tables, strings, warnings)
+        return None, [(got, warnings)], shapes
+    if SHAPE_IDS[0] in tables[2].columns:
+        tables[2] = tables[2].drop(SHAPE_IDS)
     n = len(split.names)
     rank_of = np.full(len(strings.texts), -1, np.int32)
     new_id = np.arange(len(strings.texts), dtype=np.uint32)
@@ -130,8 +141,8 @@ def finish_coded_ranks(parts: list[tuple[pl.DataFrame, ...]], strings: Strings,
         if lost:
             w.append(f"left out {lost} events whose pid names no rank of this merged file")
         mine = [m.filter(pl.col("_rank") == k).drop("_rank") for m in marked]
-        out.append((_finish(mine, strings, w), w))
-    return split, out
+        out.append((_finish(mine, strings, w)[0], w))
+    return split, out, None
 
 
 def _coded_split(tables: list[pl.DataFrame], strings: Strings) -> Any:
@@ -158,15 +169,31 @@ def _concat(parts: list[tuple[pl.DataFrame, ...]], strings: Strings, warnings: l
     foreign = foreign_device_warning(strings.texts)
     if foreign:
         warnings.append(foreign)
-    tables = [pl.concat([p[k] for p in parts], how="vertical", rechunk=False) for k in range(4)]
+    tables = [_stack([p[k] for p in parts]) for k in range(4)]
     parts.clear()
     return tables
 
 
+def _stack(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """One table's parts, end to end (no copy: the sort that finishes the table makes it contiguous);
+    the parts of chunks without shapes get null SHAPE_IDS when others have them."""
+    if any(SHAPE_IDS[0] in f.columns for f in frames) and not all(SHAPE_IDS[0] in f.columns for f in frames):
+        frames = [f if SHAPE_IDS[0] in f.columns else f.with_columns(pl.lit(None, pl.UInt32).alias(c) for c in SHAPE_IDS) for f in frames]
+    return pl.concat(frames, how="vertical", rechunk=False)
+
+
 def _finish(tables: list[pl.DataFrame], strings: Strings,
-            warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """Four coded tables -> the four tables (`tables` emptied as they are used)."""
+            warnings: list[str]) -> tuple[tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame], pl.DataFrame | None]:
+    """Four coded tables -> the four tables (`tables` emptied as they are used), and the CPU ops'
+    shapes (ingest/shapes.shape_rows) where every chunk gave its rows' (else None)."""
     s = strings.series()
+    shapes = None
+    if SHAPE_IDS[0] in tables[2].columns:
+        from profkit.ingest.shapes import shape_rows
+
+        if strings.shapes and not strings.shape_rows_missing:
+            shapes = shape_rows(tables[2], SHAPE_IDS, s, int(strings.ids(["cpu_op"])[0]))
+        tables[2] = tables[2].drop(SHAPE_IDS)
     # GPU ops and runtime calls are few next to the CPU events: their strings go in first, for the
     # derived columns (stream and device from tid and pid, memcpy direction, api) and de-duplication
     gpu = by_start(_dedupe(gpu_columns(_decoded(tables[0], s)), "GPU op", ["name", "ts_ns", "dur_ns", "stream", "correlation"], warnings))
@@ -178,7 +205,7 @@ def _finish(tables: list[pl.DataFrame], strings: Strings,
         tables[k] = None  # type: ignore[call-overload]
         out.append(_decoded(ordered, s))
         del ordered
-    return tuple(out)  # type: ignore[return-value]
+    return tuple(out), shapes  # type: ignore[return-value]
 
 
 def scan_chunk_tables(data: Any, strings: Any) -> tuple[tuple[Any, ...], tuple[int, int, int], float | None, int] | None:

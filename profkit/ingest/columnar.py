@@ -185,6 +185,8 @@ def decode_chunk_msgspec_tables(data: Any, strings: Any) -> ChunkTables:
     from profkit.ingest.tables import normalize_events, unusable_counts, usable_events
 
     df, tmin, n = decode_chunk_msgspec(data, strings)
+    if strings is not None:
+        strings.shape_rows_missing = True  # its rows' `Input Dims` are not kept: ingest/shapes.py reads the file
     df = encode(normalize_events(df), strings)
     return split_coded(usable_events(df)), unusable_counts(df), tmin, n
 
@@ -211,19 +213,21 @@ def decode_slot(path: str, offset: int, length: int) -> Any:
         finally:
             view.release()
     # Arrow IPC bytes, not pickled frames: several times cheaper to send back
-    return tuple(_to_ipc(df) for df in parts), counts, tmin, n, strings.texts, strings.labelled_min_ts, strings.shapes
+    return (tuple(_to_ipc(df) for df in parts), counts, tmin, n, strings.texts, strings.labelled_min_ts, strings.shapes,
+            strings.shape_rows_missing)
 
 
 def _recode(got: Any, strings: Any) -> ChunkTables:
     """A worker's decode_slot result -> decode_chunk_tables' with ids into this file's `strings`."""
-    from profkit.ingest.coded import STRING_COLS
+    from profkit.ingest.coded import SHAPE_IDS, STRING_COLS
 
-    ipc, counts, tmin, n, texts, labelled, shapes = got
+    ipc, counts, tmin, n, texts, labelled, shapes, missing = got
     strings.note_min_ts(labelled)
     strings.shapes = strings.shapes or shapes
+    strings.shape_rows_missing = strings.shape_rows_missing or missing
     ids = pl.Series(strings.ids(texts))
     parts = tuple(
-        df.with_columns(pl.lit(ids).gather(pl.col(c)).alias(c) for c in STRING_COLS if c in df.columns)
+        df.with_columns(pl.lit(ids).gather(pl.col(c)).alias(c) for c in STRING_COLS + SHAPE_IDS if c in df.columns)
         for df in (_from_ipc(b) for b in ipc)
     )
     return parts, counts, tmin, n
@@ -261,6 +265,8 @@ class TablesLoad:
     meta: TraceMeta
     raw_bytes: int
     strings: Any  # strings.Strings: the texts of the parts' ids
+    # the CPU ops' shapes (ingest/shapes.py), set by `tables` or `ranks` where the parts gave them; None: read from the file
+    cpu_shapes: pl.DataFrame | None = None
 
     def tables(self, warnings: list[str]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame]:
         """The four tables (as tables.finish_tables gives them for the whole file's rows),
@@ -268,7 +274,8 @@ class TablesLoad:
         from profkit.ingest.coded import finish_coded
 
         parts, self.parts = self.parts, []  # finish_coded drops each part once it is copied
-        return finish_coded(parts, self.strings, warnings)
+        got, self.cpu_shapes = finish_coded(parts, self.strings, warnings)
+        return got
 
     def ranks(self, warnings: list[str]) -> tuple[Any, list[tuple[Any, list[str]]]]:
         """The four tables of each rank the file holds (coded.finish_coded_ranks: (Split or None,
@@ -276,7 +283,8 @@ class TablesLoad:
         from profkit.ingest.coded import finish_coded_ranks
 
         parts, self.parts = self.parts, []
-        return finish_coded_ranks(parts, self.strings, warnings)
+        split, ranks, self.cpu_shapes = finish_coded_ranks(parts, self.strings, warnings)
+        return split, ranks
 
 
 def _load(results: list[ChunkTables], cut: Cut, meta: TraceMeta, strings: Any) -> TablesLoad:

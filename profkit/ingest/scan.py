@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # numpy is imported where the arrays are made: loading this m
 _SRC = Path(__file__).with_name("_scan.c")
 CFLAGS = ("-O3", "-shared", "-fPIC")  # -O3: ~15% fewer instructions per byte than -O2 (callgrind)
 X_PHASE = 26  # index of 'X' in the scanner's PHASES
-V_TS, V_DUR, V_CORR, V_EXT, V_STREAM, V_DEVICE, V_BYTES = 1, 2, 4, 8, 16, 32, 64
+V_TS, V_DUR, V_CORR, V_EXT, V_STREAM, V_DEVICE, V_BYTES, V_ARGS = 1, 2, 4, 8, 16, 32, 64, 128
+NO_TEXT = 0xFFFFFFFF  # profkit_emit's id where a row has no `Input Dims` / `Input type`
 
 
 class _Out(ctypes.Structure):
@@ -42,6 +43,7 @@ class _Out(ctypes.Structure):
         ("valid", ctypes.c_void_p), ("cap", ctypes.c_int64),
         ("s_off", ctypes.c_void_p), ("s_len", ctypes.c_void_p), ("s_esc", ctypes.c_void_p), ("s_cap", ctypes.c_int64),
         ("s_n", ctypes.c_int64), ("slots", ctypes.c_void_p), ("n_slots", ctypes.c_int64), ("shapes", ctypes.c_int64),
+        ("dims", ctypes.c_void_p), ("types", ctypes.c_void_p),
     ]
 
 
@@ -98,6 +100,7 @@ class _Emit(ctypes.Structure):
         ("ext", ctypes.c_void_p), ("stream", ctypes.c_void_p), ("device", ctypes.c_void_p), ("nbytes", ctypes.c_void_p),
         ("valid", ctypes.c_void_p), ("start", ctypes.c_int64 * 4), ("count", ctypes.c_int64 * 4),
         ("unusable", ctypes.c_int64 * 3), ("tmin", ctypes.c_double), ("has_tmin", ctypes.c_int64),
+        ("dims", ctypes.c_void_p), ("types", ctypes.c_void_p), ("cpu_op", ctypes.c_uint32), ("cpu_op_without_args", ctypes.c_int64),
     ]
 
 
@@ -189,6 +192,7 @@ def _buffers(cap: int, s_cap: int) -> dict[str, np.ndarray]:
             "stream": np.empty(cap, np.int64), "device": np.empty(cap, np.int64), "nbytes": np.empty(cap, np.int64),
             "valid": np.empty(cap, np.uint8), "s_off": np.empty(s_cap, np.int64), "s_len": np.empty(s_cap, np.int32),
             "s_esc": np.empty(s_cap, np.uint8), "slots": np.empty(2 * s_cap, np.int32),
+            "dims": np.empty(cap, np.int32), "types": np.empty(cap, np.int32),
         }
         _LOCAL.arrays = got
     got["slots"][: 2 * s_cap] = -1
@@ -223,7 +227,8 @@ def _scan(data: Any) -> tuple[dict[str, np.ndarray], int, list[str], _Out] | Non
     try:
         for off, ln, esc in zip(a["s_off"][2: out.s_n].tolist(), a["s_len"][2: out.s_n].tolist(), a["s_esc"][2: out.s_n].tolist()):
             raw = bytes(view[off: off + ln])
-            texts.append(json.loads(b'"' + raw + b'"') if esc else raw.decode("utf-8"))
+            # esc 1: a string's content with escapes; 2: the raw JSON text of a value (`Input Dims`), kept as it is written
+            texts.append(json.loads(b'"' + raw + b'"') if esc == 1 else raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return None  # invalid UTF-8 or escape: msgspec's verdict
     return a, int(n), texts, out
@@ -271,8 +276,13 @@ def scan_chunk_rows(data: Any, strings: Any) -> Rows | None:
     cols = {k: np.empty(n, np.uint32) for k in ("name", "cat", "pid", "tid")}
     cols.update({k: np.empty(n, np.int64) for k in ("ts", "dur", "end", "corr", "ext", "stream", "device", "nbytes")})
     cols["valid"] = np.empty(n, np.uint8)
-    e = _Emit(gid=gid.ctypes.data, canon=canon.ctypes.data, table=table.ctypes.data, **{k: v.ctypes.data for k, v in cols.items()})
+    if out.shapes:  # the CPU rows' `Input Dims` and `Input type` (ingest/shapes.py): only in chunks that have them
+        cols["dims"], cols["types"] = np.empty(n, np.uint32), np.empty(n, np.uint32)
+    e = _Emit(gid=gid.ctypes.data, canon=canon.ctypes.data, table=table.ctypes.data, cpu_op=int(strings.ids(["cpu_op"])[0]),
+              **{k: v.ctypes.data for k, v in cols.items()})
     lib().emit(ctypes.byref(out), n, ctypes.byref(e))
+    if e.cpu_op_without_args:
+        strings.shape_rows_missing = True  # ingest/shapes.py's rows need the args of every cpu_op: read them apart
     return Rows(cols, tuple(e.start), tuple(e.count), tuple(e.unusable), e.tmin if e.has_tmin else None, n)
 
 

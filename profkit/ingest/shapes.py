@@ -1,21 +1,20 @@
-"""The shapes of a trace's CPU ops (`Input Dims` / `Input type`, written by `record_shapes=True`), read
-in a light second pass over the file, only for a file that has them.
+"""The shapes of a trace's CPU ops (`Input Dims` / `Input type`, written by `record_shapes=True`): one
+row per complete `cpu_op` event with an args object, in file order (SHAPES_SCHEMA; `trace_shapes`).
 
-Ingest's decoders (the C scanner and msgspec's) only note that a file holds `Input Dims`
-(`Trace.meta["shapes"]`); they do not carry the shapes in the tables, so traces without shapes
-decode exactly as fast as before. Where a view needs the shapes (the kernels table and the diff's
-movers, by the op that launched each GPU op: analysis/shapes.py), this module decodes the file once
-more, keeping only the CPU ops' name, thread, times and the two arrays as their compact JSON text.
-The file is small next to the tables when it was recorded with shapes (the profiler's own overhead
-keeps such captures short).
+The tables carry no shapes: traces without them decode as they always did, and their tables, cache
+and outputs stay byte-identical. Where a view needs them (the kernels table and the diff's movers, by
+the op that launched each GPU op: analysis/shapes.py), they come from one of two places:
 
-Why a second pass and not two more interned columns in the scanner's tables: traces without shapes
-must not slow down or change (their tables, cache and outputs stay byte-identical), and the pass is
-cheap where it runs. Measured 2026-12-04 on the shared 2-core VM (load 3.5-4.2): bench_ingest's dense
-256 MB file (no shapes), uncached `analyze`, 5 runs each: 1.45 s median before, 1.46 s after (parse
-0.58 / 0.57 s: noise); the msgspec path (PROFKIT_NO_SCANNER=1) on a 16 MB proxy trace 0.105 s before,
-0.106-0.107 s after. This pass: 2-84 ms on the TraceLens traces recorded with shapes (up to 8,004
-CPU ops); `analyze` of the 0.8 MB gpt-oss-120b B200 trace 0.74-0.86 s before, 0.83-1.06 s after.
+- the decode itself (`Trace.cpu_shapes`, built by `shape_rows`): the C scanner keeps, for the CPU
+  rows of a chunk that holds `Input Dims`, the ids of the raw JSON text of the two arrays (interned
+  like the names: a trace repeats few shapes), and coded.py's finish turns them into this module's
+  rows before the table is sorted. Only a file read whole by the scanner, of one rank, whose every
+  cpu_op has args (`Strings.shape_rows_missing` unset);
+- else a second, lighter decode of the file (`cpu_op_shapes`): a chunk msgspec decoded, a file of
+  several ranks, the tables cache. Both give the same frame; tests/test_shapes.py compares them.
+
+The second pass alone took 5.9 s and 3.9 GB at its peak for bench_ingest's 1 GB SGLang trace
+(recorded with shapes), which the first reads at the scanner's speed.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ _DEC = msgspec.json.Decoder(_Doc)
 _DEC_LIST = msgspec.json.Decoder(list[_Ev])
 
 
-def _compact(raw: msgspec.Raw, memo: dict[bytes, str | None]) -> str | None:
+def _compact(raw: msgspec.Raw | bytes, memo: dict[bytes, str | None]) -> str | None:
     """The raw JSON text of an array, compact (no spaces outside strings); None when it is absent or not an array."""
     b = bytes(raw)
     if not b:
@@ -109,3 +108,25 @@ def cpu_op_shapes(path: Path) -> pl.DataFrame:
         rows["input_dims"].append(_compact(e.args.dims, memo))
         rows["input_type"].append(_compact(e.args.types, memo))
     return pl.DataFrame(rows, schema=SHAPES_SCHEMA)
+
+
+def trace_shapes(trace: Any) -> pl.DataFrame:
+    """The CPU ops' shapes of a trace recorded with them: those its decode kept, else read from its file."""
+    got = getattr(trace, "cpu_shapes", None)
+    return got if got is not None else cpu_op_shapes(trace.path)
+
+
+def shape_rows(cpu: pl.DataFrame, ids: tuple[str, str], texts: pl.Series, cpu_op: int) -> pl.DataFrame:
+    """cpu_op_shapes' frame from the coded CPU table of a whole file, in file order (ingest/coded.py:
+    string columns as ids into `texts`, `cpu_op` the id of "cpu_op"; `ids`: the columns of the ids of
+    each row's raw `Input Dims` and `Input type` text, null where absent). Its rows are the usable
+    complete events of category cpu_op, which are those cpu_op_shapes keeps when each has args."""
+    rows = cpu.filter(pl.col("cat") == cpu_op)
+    memo: dict[bytes, str | None] = {}
+    out = [pl.lit(texts).gather(pl.col(c)).alias(c) for c in ("name", "pid", "tid")]
+    for col, name in zip(ids, ("input_dims", "input_type")):
+        distinct = rows[col].drop_nulls().unique()
+        compact = [_compact(t.encode(), memo) for t in texts.gather(distinct).to_list()]
+        out.append(pl.col(col).replace_strict(distinct, pl.Series(compact, dtype=pl.String), default=None, return_dtype=pl.String)
+                   .alias(name))
+    return rows.select(*out[:3], "ts_ns", "end_ns", *out[3:])

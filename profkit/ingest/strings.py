@@ -23,6 +23,9 @@ class Strings:
         self.labelled_min_ts: dict[str, float] = {}
         # some CPU op carries `Input Dims` (recorded with record_shapes): ingest/shapes.py reads them
         self.shapes = False
+        # the chunks' CPU rows lack some of what ingest/shapes.py needs (a chunk decoded by msgspec, a
+        # cpu_op without args): its rows are read from the file again, not from the tables' `_dims`
+        self.shape_rows_missing = False
 
     def ids(self, texts: list[str]) -> np.ndarray:
         """The ids of `texts` (new ones added), as a uint32 array."""

@@ -60,6 +60,9 @@ class Trace:
     # correlation id -> the frames of the call's backtrace, innermost first (an nsys export recorded
     # with CUDA backtraces: ingest/nsys.call_stacks); empty for Kineto traces
     call_stacks: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    # the CPU ops' shapes (ingest/shapes.SHAPES_SCHEMA) where the decode kept them (a file recorded with
+    # shapes, read by the C scanner); None: ingest/shapes.cpu_op_shapes reads them from the file when needed
+    cpu_shapes: pl.DataFrame | None = None
 
 
 _DIRECTION = re.compile(r"\b(HtoD|DtoH|DtoD|PtoP|HtoH)\b")
