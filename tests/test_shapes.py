@@ -195,3 +195,27 @@ def test_the_kept_rows_equal_the_second_pass_on_odd_args(tmp_path, chunk_bytes):
     assert got is not None
     got.tables([])
     assert got.cpu_shapes is None and "bare" not in cpu_op_shapes(path)["name"].to_list()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_native_sweep_finds_the_op_the_python_sweep_finds(seed):
+    """spans.innermost_at (scan.point_owner per thread) against spans.innermost_enclosing on random
+    spans that nest, overlap, tie in start and end, and repeat; points at span edges included."""
+    import random
+
+    from profkit.analysis.spans import innermost_at, innermost_enclosing
+    from profkit.ingest import scan
+
+    if scan.lib() is None:
+        pytest.skip("no C compiler here: innermost_enclosing alone is used")
+    rnd = random.Random(seed)
+    spans = []
+    for _ in range(300):
+        ts = rnd.randrange(0, 200)
+        spans.append((str(rnd.randrange(3)), ts, ts + rnd.choice([0, 1, 5, 20, 80])))
+    spans += spans[:20]  # exact repeats: the later row wins
+    sp = pl.DataFrame(spans, schema={"tid": pl.String, "ts_ns": pl.Int64, "end_ns": pl.Int64}, orient="row")
+    pts = [rnd.choice([s[1], s[2], rnd.randrange(-5, 300)]) for s in spans[:150]]
+    tids = [rnd.choice(["0", "1", "2", "9", None]) for _ in pts]
+    p = pl.DataFrame({"ts_ns": pts, "end_ns": pts, "tid": tids}, schema={"ts_ns": pl.Int64, "end_ns": pl.Int64, "tid": pl.String})
+    assert innermost_at(p, sp) == innermost_enclosing(p, sp)

@@ -36,7 +36,7 @@ def attach_shapes(ops: pl.DataFrame, trace: Any, replayed: dict[int, tuple[str, 
     `replayed`: the graph-replayed rows' capture-time (op, dims, types, start ns) (graphs.apply)."""
     import polars as pl
 
-    from profkit.analysis.spans import innermost_enclosing
+    from profkit.analysis.spans import innermost_at, innermost_enclosing
     from profkit.ingest.shapes import trace_shapes
 
     n = ops.height
@@ -46,8 +46,8 @@ def attach_shapes(ops: pl.DataFrame, trace: Any, replayed: dict[int, tuple[str, 
     start: list[int | None] = [None] * n
     if trace.meta.get("shapes") and n:
         cpu = trace_shapes(trace)
-        pids = set(trace.cpu["pid"].unique().to_list()) if trace.cpu.height else set()
-        if pids and cpu["pid"].is_in(list(pids)).any():  # a file of several ranks: this rank's ops only
+        pids = set(trace.cpu["pid"].unique().to_list()) if trace.cpu.height and getattr(trace, "cpu_shapes", None) is None else set()
+        if pids and cpu["pid"].is_in(list(pids)).any():  # read from a file of several ranks: this rank's ops only
             cpu = cpu.filter(pl.col("pid").is_in(list(pids)))
         eager = (ops["launch_ts_ns"].is_not_null() & ops["launch_tid"].is_not_null()
                  & ~ops["launch_api"].is_in(list(GRAPH_LAUNCH_APIS)).fill_null(False))
@@ -55,10 +55,12 @@ def attach_shapes(ops: pl.DataFrame, trace: Any, replayed: dict[int, tuple[str, 
         if pos and cpu.height:
             pts = ops.filter(eager).select(pl.col("launch_ts_ns").alias("ts_ns"), pl.col("launch_ts_ns").alias("end_ns"),
                                            pl.col("launch_tid").cast(pl.String).alias("tid"))
-            names, d, t, s = (cpu[c].to_list() for c in ("name", "input_dims", "input_type", "ts_ns"))
-            for p, i in zip(pos, innermost_enclosing(pts, cpu)):
-                if i is not None:
-                    op[p], dims[p], types[p], start[p] = names[i], d[i], t[i], s[i]
+            owner = innermost_at(pts, cpu)  # launches have no length: the native sweep, else the Python one
+            hit = [(p, i) for p, i in zip(pos, owner if owner is not None else innermost_enclosing(pts, cpu)) if i is not None]
+            if hit:  # the rows of the ops found, not every CPU op's
+                got = cpu.select("name", "input_dims", "input_type", "ts_ns")[pl.Series([i for _, i in hit], dtype=pl.Int64)]
+                for (p, _), row in zip(hit, got.iter_rows()):
+                    op[p], dims[p], types[p], start[p] = row
     for p, (o, d_, t_, s_) in replayed.items():
         op[p], dims[p], types[p], start[p] = o, d_, t_, s_
     return ops.with_columns(pl.Series("shape_op", op, dtype=pl.String), pl.Series("shape", dims, dtype=pl.String),

@@ -181,3 +181,31 @@ class MaxTree:
             last = pl.min_horizontal(pl.col("node") * self.FAN + self.FAN, (pl.col("hi") - 1) // d + 1)
             cur = cur.with_columns(pl.int_ranges(first, last, dtype=pl.Int64).alias("node"))
         return cur.select("q", pl.col("node").alias("row"))
+
+
+def innermost_at(points: pl.DataFrame, spans: pl.DataFrame) -> list[int | None] | None:
+    """innermost_enclosing for points of no length (ts_ns == end_ns, as a launch's start): the same
+    answer (the covering span latest in (ts, -end, row) order), found by the native library in one
+    pass per thread (scan.point_owner); None without the library (then innermost_enclosing)."""
+    import numpy as np
+
+    from profkit.ingest import scan
+
+    if scan.lib() is None:
+        return None
+    out = np.full(points.height, -1, np.int64)
+    pts = points.select(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_i"), "ts_ns", "tid").filter(
+        pl.col("ts_ns").is_not_null() & pl.col("tid").is_not_null())
+    if pts.height and spans.height:
+        sp = spans.select(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_r"), "ts_ns", "end_ns", "tid").filter(
+            pl.col("ts_ns").is_not_null() & pl.col("end_ns").is_not_null() & pl.col("tid").is_in(pts["tid"].unique().implode()))
+        by_tid = sp.sort("ts_ns", "end_ns", "_r", descending=[False, True, False]).partition_by("tid", as_dict=True, include_key=False)
+        for (tid,), mine in pts.group_by("tid"):
+            s = by_tid.get((tid,))
+            if s is None:
+                continue
+            mine = mine.sort("ts_ns")
+            at = scan.point_owner(s["ts_ns"].to_numpy(), s["end_ns"].to_numpy(), mine["ts_ns"].to_numpy())
+            rows = s["_r"].to_numpy()
+            out[mine["_i"].to_numpy()] = np.where(at >= 0, rows[np.maximum(at, 0)], -1)
+    return [None if x < 0 else x for x in out.tolist()]
