@@ -206,6 +206,8 @@ def innermost_at(points: pl.DataFrame, spans: pl.DataFrame) -> list[int | None] 
                 continue
             mine = mine.sort("ts_ns")
             at = scan.point_owner(s["ts_ns"].to_numpy(), s["end_ns"].to_numpy(), mine["ts_ns"].to_numpy())
+            if at is None:
+                return None
             rows = s["_r"].to_numpy()
             out[mine["_i"].to_numpy()] = np.where(at >= 0, rows[np.maximum(at, 0)], -1)
     return [None if x < 0 else x for x in out.tolist()]
