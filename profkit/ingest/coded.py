@@ -205,7 +205,30 @@ def _finish(tables: list[pl.DataFrame], strings: Strings,
         tables[k] = None  # type: ignore[call-overload]
         out.append(_decoded(ordered, s))
         del ordered
+    give_back_freed_memory()  # the chunks' rows, freed by now: no longer counted in the process's memory
     return tuple(out), shapes  # type: ignore[return-value]
+
+
+def give_back_freed_memory() -> None:
+    """Return the C heap's free memory to the system (glibc's malloc_trim; elsewhere nothing). The
+    chunks' row arrays are numpy's, allocated with malloc: once glibc has freed one large block it
+    raises its mmap threshold (up to 32 MB), so the later arrays come from its heaps and stay mapped
+    after they are freed, hundreds of MB of a large trace's peak memory for the rest of the run."""
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+        import ctypes.util
+        import sys
+
+        try:
+            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim if sys.platform.startswith("linux") else False
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
 
 
 def scan_chunk_tables(data: Any, strings: Any) -> tuple[tuple[Any, ...], tuple[int, int, int], float | None, int] | None:
