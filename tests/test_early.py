@@ -134,3 +134,62 @@ def test_a_decode_of_another_file_is_not_taken() -> None:
     _same(got, load_tables_fast(other, chunk_bytes=SMALL_CHUNKS))
     handle.stop()
     handle.wait()
+
+
+def test_the_cli_begins_the_decode_ahead_and_analyze_takes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """flows/ahead.py (what `profkit analyze BIG` runs before the CLI's imports) begins the decode; the
+    command takes that very decode, and says the same as without it."""
+    import profkit.ingest as ingest
+    from profkit.flows.ahead import decode_ahead
+
+    path = tmp_path / "t.json.gz"
+    shutil.copy(public_trace("tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"), path)
+    runner = CliRunner()
+    r = runner.invoke(app, ["analyze", str(path), "--no-cache", "--json", str(tmp_path / "plain.json")])
+    assert r.exit_code == 0, r.output
+    monkeypatch.setattr(ingest, "PARALLEL_MIN_BYTES", 0)
+    args = ["analyze", str(path), "--no-cache", "--json", str(tmp_path / "ahead.json")]
+    decode_ahead(["profkit", *args])
+    began = early._AHEAD
+    assert began is not None and not began.taken
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert began.taken and early._AHEAD is None
+    assert json.loads((tmp_path / "ahead.json").read_text()) == json.loads((tmp_path / "plain.json").read_text())
+
+
+@pytest.mark.parametrize("case", ["list-markers", "jobs", "two files", "folder", "cached", "other command", "small"])
+def test_the_decode_begins_ahead_only_in_the_plain_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """Anything but `analyze` of one large trace, no --jobs, no folder, no tables cache to read: nothing begins."""
+    import profkit.ingest as ingest
+    from profkit.flows.ahead import decode_ahead
+
+    path = tmp_path / "t.json.gz"
+    shutil.copy(public_trace("tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"), path)
+    if case != "small":
+        monkeypatch.setattr(ingest, "PARALLEL_MIN_BYTES", 0)
+    args = {"list-markers": ["analyze", str(path), "--list-markers"], "jobs": ["analyze", str(path), "--jobs", "1"],
+            "two files": ["analyze", str(path), str(path)], "folder": ["analyze", str(path), "--tables", str(tmp_path)],
+            "cached": ["analyze", str(path)], "other command": ["diff", str(path), str(path)], "small": ["analyze", str(path)]}[case]
+    if case == "cached":
+        (tmp_path / ("t.json.gz" + ingest.cache.CACHE_SUFFIX)).mkdir()
+    decode_ahead(["profkit", *args])
+    assert early._AHEAD is None
+
+
+def test_a_decode_begun_ahead_for_other_jobs_stops() -> None:
+    """`start` for the same file with other jobs (analyze --jobs, read after the decode began) stops the one
+    begun ahead and begins its own; drop_ahead stops one nobody asked for."""
+    path = public_trace("tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz")
+    f = __import__("profkit.ingest.identity", fromlist=["trace_file"]).trace_file(path)
+    early.ahead(f, jobs=2)
+    began = early._AHEAD
+    mine = early.start(path, jobs=1)
+    assert began is not None and mine is not None and mine is not began and began._stop
+    mine.stop()
+    early.ahead(f, jobs=2)
+    began = early._AHEAD
+    early.drop_ahead()
+    assert began is not None and began._stop and early._AHEAD is None
+    began.wait()
+    mine.wait()

@@ -11,13 +11,13 @@ Nothing here prints or exits; errors are profkit.errors exceptions.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from profkit.analysis.catalog import CatalogChoice
 from profkit.errors import UsageError
+from profkit.ingest.early import numpy_without_blas_threads
 
 if TYPE_CHECKING:
     from profkit.ingest.runs import RunPlan
@@ -103,7 +103,7 @@ def summarize_runs(paths: Sequence[Path], options: SummarizeOptions | None = Non
 
     try:
         if early is None:
-            _numpy_without_blas_threads()
+            numpy_without_blas_threads()
         runs = analyze_runs(paths, marker=o.marker, min_bubble_us=o.min_bubble_us, catalog=o.catalog.catalog, cache=None if o.cache else False,
                             jobs=o.jobs, captures=captures or None, runs=plan, early=early)
     finally:
@@ -145,6 +145,16 @@ def _health_and_spec(summary: dict[str, Any], files: list[Any]) -> None:
 
 
 def _decode_early(plan: list[Any], cache_on: bool, jobs: int | None) -> Any:
+    """_begin_early's handle; where it begins nothing, a decode the CLI began ahead stops (ingest/early.py)."""
+    from profkit.ingest import early
+
+    got = _begin_early(plan, cache_on, jobs)
+    if got is None:
+        early.drop_ahead()
+    return got
+
+
+def _begin_early(plan: list[Any], cache_on: bool, jobs: int | None) -> Any:
     """One large trace to decode (not cached yet): start decoding it now, in threads, while polars
     and the analysis are imported (about half a second on two cores). The handle
     (ingest/early.py's EarlyDecode) goes to analyze_runs, whose loader takes it; None when nothing
@@ -160,22 +170,4 @@ def _decode_early(plan: list[Any], cache_on: bool, jobs: int | None) -> Any:
     if cache_on and f.path.with_name(f.path.name + CACHE_SUFFIX).exists():
         return None  # likely read from the cache: nothing to decode
     # the chunk threads analyze_runs gives one large file: the cores (or --jobs)
-    return early.start(f, jobs=default_jobs(1) if jobs is None else max(1, jobs), prepare=_numpy_without_blas_threads)
-
-
-def _numpy_without_blas_threads() -> None:
-    """Import numpy with one OpenBLAS thread: profkit does no linear algebra, and OpenBLAS's idle
-    threads otherwise spin on the cores the decoding needs. The environment is left as it was."""
-    if "numpy" in sys.modules:
-        return
-    import os
-
-    before = os.environ.get("OPENBLAS_NUM_THREADS")
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    try:
-        import numpy  # noqa: F401
-    finally:
-        if before is None:
-            del os.environ["OPENBLAS_NUM_THREADS"]
-        else:
-            os.environ["OPENBLAS_NUM_THREADS"] = before
+    return early.start(f, jobs=default_jobs(1) if jobs is None else max(1, jobs), prepare=numpy_without_blas_threads)

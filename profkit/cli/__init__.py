@@ -14,10 +14,17 @@ Importing this package registers every command on `app`; `main` is the console s
 
 from __future__ import annotations
 
-from profkit.cli import analyze as _analyze  # noqa: F401  (registers analyze)
-from profkit.cli import capture as _capture  # noqa: F401  (registers trace, sweep, opts)
-from profkit.cli import report as _report  # noqa: F401  (registers diff, report, export-perfetto)
-from profkit.cli import gate as _gate  # noqa: F401  (registers gate, baseline save|list)
-from profkit.cli.common import app, err, main, out
+import sys
+
+from profkit.flows.ahead import decode_ahead
+
+# `profkit analyze BIG_TRACE`: its decode begins now, beside the imports below (flows/ahead.py)
+decode_ahead(sys.argv)
+
+from profkit.cli import analyze as _analyze  # noqa: E402, F401  (registers analyze)
+from profkit.cli import capture as _capture  # noqa: E402, F401  (registers trace, sweep, opts)
+from profkit.cli import report as _report  # noqa: E402, F401  (registers diff, report, export-perfetto)
+from profkit.cli import gate as _gate  # noqa: E402, F401  (registers gate, baseline save|list)
+from profkit.cli.common import app, err, main, out  # noqa: E402
 
 __all__ = ["app", "err", "main", "out"]

@@ -107,7 +107,9 @@ class _AfterPolars(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != "polars":
             return None
-        sys.meta_path.remove(self)
+        # a new list, not remove(): a thread importing meanwhile (the early decode's numpy) iterates
+        # the old one, and removing from it under that loop skips the next finder (numpy not found)
+        sys.meta_path = [f for f in sys.meta_path if f is not self]
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec

@@ -48,6 +48,20 @@ def analyze(paths: list[Path], *, window: Optional[int] = None, marker: Optional
             before_runs: Say = _quiet) -> Analysis:
     """`profkit analyze` (see the module doc). `before_runs` gets the line naming the runs one input held
     (inputs of several unrelated runs), before any of them is written."""
+    from profkit.ingest import early
+
+    try:
+        return _analyze(paths, window=window, marker=marker, min_bubble_us=min_bubble_us, catalog=catalog, json_out=json_out,
+                        timeline=timeline, tables=tables, cache=cache, jobs=jobs, captures=captures, peaks=peaks,
+                        list_markers=list_markers, note=note, wrote=wrote, stdout=stdout, before_runs=before_runs)
+    finally:
+        early.drop_ahead()  # a decode the CLI began ahead (flows/ahead.py) that nothing took stops here
+
+
+def _analyze(paths: list[Path], *, window: Optional[int], marker: Optional[str], min_bubble_us: float, catalog: Optional[str],
+             json_out: Optional[str], timeline: Optional[Path], tables: Optional[Path], cache: bool, jobs: Optional[int],
+             captures: Optional[list[Path]], peaks: Optional[Path], list_markers: bool, note: Say, wrote: Say, stdout: Say,
+             before_runs: Say) -> Analysis:
     from profkit.analysis.catalog import choose_catalog
     from profkit.analysis.summarize import SummarizeOptions, summarize_runs
     from profkit.flows.inputs import analysis_inputs

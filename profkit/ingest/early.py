@@ -14,6 +14,7 @@ nobody took (the trace came from a cache, an error came first) does not run on.
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -28,6 +29,7 @@ class EarlyDecode:
 
     def __init__(self, file: TraceFile, jobs: int, chunk_bytes: int, prepare: Callable[[], None] | None) -> None:
         self.file = file
+        self.jobs, self.chunk_bytes = jobs, chunk_bytes
         self.strings: Any = None  # the file's Strings, made in the thread after `prepare` (it imports numpy)
         self.result: tuple[list[Any], Any, TraceMeta] | None = None  # (per chunk: Rows or raw bytes), cut, meta
         self.error: BaseException | None = None
@@ -108,15 +110,67 @@ def start(file: Path | TraceFile, *, jobs: int, chunk_bytes: int = CHUNK_BYTES,
           prepare: Callable[[], None] | None = None) -> EarlyDecode | None:
     """Start decoding `file` in a thread, with `jobs` chunk threads: the handle to pass to its
     loader, or None where nothing starts (no C scanner, or the file cannot be read: its loader
-    says what is wrong). `prepare` runs in the thread first."""
+    says what is wrong). `prepare` runs in the thread first. The decode `ahead` began is this
+    one when it is of the same file (path, size and mtime) with the same jobs; else it stops."""
+    global _AHEAD
     from profkit.ingest.scan import lib
 
-    if lib() is None:
-        return None
+    began, _AHEAD = _AHEAD, None
     try:
         f = trace_file(file)
     except OSError:
+        f = None
+    if began is not None:
+        if f is not None and _same(began.file, f) and (began.jobs, began.chunk_bytes) == (jobs, chunk_bytes):
+            began.file = f  # as the loader will name it (`take` compares)
+            return began
+        began.stop()
+    if lib() is None or f is None:
         return None
     if f.sqlite:
         return None  # an Nsight Systems export: ingest/nsys.py reads it, not the JSON decoder
     return EarlyDecode(f, jobs, chunk_bytes, prepare)
+
+
+_AHEAD: EarlyDecode | None = None  # the decode `ahead` began, until `start` takes it or `drop_ahead` stops it
+
+
+def ahead(file: TraceFile, *, jobs: int, prepare: Callable[[], None] | None = None) -> None:
+    """Begin decoding `file` before anyone asks for it (the CLI, before it imports its commands: see
+    flows/ahead.py); `start` gives it to the first caller that asks for the same file and jobs."""
+    global _AHEAD
+    drop_ahead()
+    _AHEAD = start(file, jobs=jobs, prepare=prepare)
+
+
+def drop_ahead() -> None:
+    """Stop the decode `ahead` began, unless `start` has given it out (then nothing happens)."""
+    global _AHEAD
+    began, _AHEAD = _AHEAD, None
+    if began is not None:
+        began.stop()
+
+
+def _same(a: TraceFile, b: TraceFile) -> bool:
+    try:
+        return (a.size, a.mtime_ns) == (b.size, b.mtime_ns) and a.path.resolve() == b.path.resolve()
+    except OSError:
+        return False
+
+
+def numpy_without_blas_threads() -> None:
+    """Import numpy with one OpenBLAS thread: profkit does no linear algebra, and OpenBLAS's idle
+    threads otherwise spin on the cores the decoding needs. The environment is left as it was."""
+    if "numpy" in sys.modules:
+        return
+    import os
+
+    before = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        if before is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = before
