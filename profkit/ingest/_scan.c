@@ -683,25 +683,35 @@ int64_t profkit_emit(const Out *o, int64_t n, Emit *e) {
         int t = usable_row(o, e, k, &ts, &dur, NULL);
         if (t < 0) continue;
         int64_t r = cursor[t]++;
+        uint32_t cat = e->canon[o->cat[k]];
         e->name[r] = e->gid[o->name[k]];
-        e->cat[r] = e->canon[o->cat[k]];
         e->pid[r] = e->gid[o->pid[k] & ~0x40000000];
         e->tid[r] = e->gid[o->tid[k] & ~0x40000000];
         e->ts[r] = ts;
         e->dur[r] = dur;
         e->end[r] = (int64_t)((uint64_t)ts + (uint64_t)dur); /* wraps like polars' addition */
-        e->corr[r] = o->corr[k];
-        e->ext[r] = o->ext[k];
-        e->stream[r] = o->stream[k];
-        e->device[r] = o->device[k];
-        e->nbytes[r] = o->nbytes[k];
         e->valid[r] = o->valid[k];
+        /* only the columns of the row's table (coded.py's GPU_CODED, CALLS_CODED, CPU_CODED): the rest of
+         * the rows' arrays is never written, so its pages are never touched (each is a page fault) */
+        if (t == 0) {
+            e->cat[r] = cat;
+            e->corr[r] = o->corr[k];
+            e->stream[r] = o->stream[k];
+            e->device[r] = o->device[k];
+            e->nbytes[r] = o->nbytes[k];
+        } else if (t == 1) {
+            e->corr[r] = o->corr[k];
+            e->ext[r] = o->ext[k];
+        } else {
+            e->cat[r] = cat;
+            e->ext[r] = o->ext[k];
+        }
         if (t == 2) {
             if (e->dims) {
                 e->dims[r] = o->dims[k] >= 0 ? e->gid[o->dims[k]] : UINT32_MAX;
                 e->types[r] = o->types[k] >= 0 ? e->gid[o->types[k]] : UINT32_MAX;
             }
-            if (e->cat[r] == e->cpu_op && !(o->valid[k] & V_ARGS)) e->cpu_op_without_args++;
+            if (cat == e->cpu_op && !(o->valid[k] & V_ARGS)) e->cpu_op_without_args++;
         }
     }
     return at;

@@ -239,7 +239,8 @@ class Rows:
     """A chunk's rows of the four tables as the scanner's second pass writes them: one array per
     column (name, cat, pid, tid, ts, dur, end, corr, ext, stream, device, nbytes, valid), the rows
     of table t at [start[t], start[t] + count[t]); plus what columnar.decode_chunk_tables returns
-    besides the rows."""
+    besides the rows. A table's rows hold only its own columns (coded.py's GPU_CODED, CALLS_CODED,
+    CPU_CODED): the others are left unwritten there (e.g. `corr` of a CPU row is garbage)."""
 
     cols: dict[str, np.ndarray]
     start: tuple[int, int, int, int]
