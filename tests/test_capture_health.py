@@ -311,3 +311,28 @@ def test_capture_only_trace(tmp_path):
 def test_public_sglang_capture_trace_is_capture_only():
     s = health_of(PUBLIC / "tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz")
     assert s["health"]["verdict"] == "degraded" and checks(s) == {"capture_only"}, s["health"]
+
+
+def test_stream_checks_in_ingest_order_and_in_any_other():
+    """The stream checks take the ops by start time, as ingest leaves them, without sorting them; in any other
+    order they sort them: the same facts either way (two streams, a graph replay's three ops, an overlap, an
+    overflow, an op far beyond its name)."""
+    import polars as pl
+
+    from profkit.analysis.health import _impossible, _stream_overlap
+
+    # (stream, correlation, ts, end, name): stream 7 eager, stream 8 one replay (correlation 10) then eager ops
+    rows = [(7, 1, 0, 1_000, "a"), (8, 10, 0, 500, "g"), (8, 10, 500, 800, "g"), (8, 10, 800, 900, "g"), (7, 2, 1_000, 2_000, "b"),
+            (7, 3, 1_500, 2_500, "b"), (8, 11, 1_000, 1_010, "k"), (8, 12, 2_000, 2_010, "k"), (7, 4, 3_000, 9_000, "c"),
+            (7, 5, 3_500, 4_000, "c"), (8, 13, 4_000, 5_004_000, "k")]
+    ops = pl.DataFrame([{"name": n, "ts_ns": t, "dur_ns": e - t, "end_ns": e, "device": 0, "stream": s, "correlation": c,
+                         "iteration": 0, "launch_api": "cudaLaunchKernel"} for s, c, t, e, n in rows])
+    win = pl.DataFrame({"iteration": [0], "cpu_start_ns": [0], "cpu_end_ns": [10**10], "kind": ["decode"]})
+    windows = pl.DataFrame({"iteration": [0], "gpu_start_ns": [0], "gpu_end_ns": [5_004_000]})
+    no_capture = pl.Series([], dtype=pl.Int64).implode()
+    overlap, odd = _stream_overlap(ops), _impossible(ops, win, windows, no_capture)
+    assert (overlap.count, overlap.streams) == (2, [7])  # correlation 3 over 2, 5 over 4
+    assert (odd.overflow, odd.beyond_name, odd.count) == (1, 1, 2) and odd.worst is not None and odd.worst.name == "k"
+    for other in (ops.reverse(), ops.sort("stream", "ts_ns", descending=True), ops.sample(fraction=1.0, shuffle=True, seed=3)):
+        assert _stream_overlap(other) == overlap
+        assert _impossible(other, win, windows, no_capture) == odd

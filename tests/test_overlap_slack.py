@@ -175,3 +175,22 @@ def test_vllm_window_accept_length_from_its_spec_counters():
     assert got["accept_length"] == pytest.approx(1 + 90 / 40) and got["spec_verify_ct"] == 40 and got["draft_tokens"] == 120
     assert window_accept(before, before) is None  # no verify step inside the window
     assert parse_spec_counters("# HELP vllm:num_requests_running x\nvllm:num_requests_running 1\n") is None  # not speculative
+
+
+def test_sync_finder_finds_the_latest_sync_overlapping_a_gap():
+    """broken_by's lookup of the sync behind a piece of exposed time: same API, same thread (any, without
+    one), overlapping the gap; of several, the one that starts last."""
+    import polars as pl
+
+    from profkit.analysis.slack import SyncFinder
+
+    syncs = pl.DataFrame({"api": ["cudaStreamSynchronize", "cudaStreamSynchronize", "cudaMemcpyAsync", "cudaStreamSynchronize"],
+                          "kind": ["sync", "sync", "sync_copy", "sync"], "direction": [None, None, "d2h", None],
+                          "trigger": ["a", "b", "c", "d"], "ts_ns": [0, 50, 60, 70], "end_ns": [200, 90, 100, 80], "tid": ["1", "1", "1", "2"]})
+    find = SyncFinder(syncs)
+    assert find.latest("cudaStreamSynchronize", "1", 100, 300) == ("sync", None, "a")  # the one still running at 100
+    assert find.latest("cudaStreamSynchronize", "1", 60, 300) == ("sync", None, "b")  # both overlap: the later start
+    assert find.latest("cudaStreamSynchronize", None, 60, 300) == ("sync", None, "d")  # any thread
+    assert find.latest("cudaStreamSynchronize", "2", 80, 300) is None  # ended as the gap began
+    assert find.latest("cudaMemcpyAsync", "1", 0, 61) == ("sync_copy", "d2h", "c")
+    assert find.latest("cudaMemcpyAsync", "1", 0, 60) is None  # starts as the gap ends

@@ -92,7 +92,8 @@ def rank_facts(trace: Any, ops: pl.DataFrame, calls: pl.DataFrame, win: pl.DataF
     facts = CaptureFacts(device_timeline=device_timeline, device_records=device_records)
     if device_timeline == "gpu" and device_records == "present" and ops.height:
         with_ops = ops["correlation"].drop_nulls().unique().implode()
-        owned_calls = calls.filter(pl.col("iteration").is_not_null() & pl.col("correlation").is_not_null())
+        owned_calls = calls.select("api", "iteration", "correlation", "ts_ns", "end_ns", "tid").filter(
+            pl.col("iteration").is_not_null() & pl.col("correlation").is_not_null())
         capture_its = win.filter(pl.col("kind") == "graph_capture")["iteration"].implode()
         launches = owned_calls.filter(pl.col("api").is_in(LAUNCH_APIS) & ~pl.col("iteration").is_in(capture_its))
         empty = launches.filter(~pl.col("correlation").is_in(with_ops))
@@ -128,7 +129,7 @@ def _deferred(ops: pl.DataFrame, windows: pl.DataFrame) -> DeferredWork:
     import polars as pl
 
     nxt = windows.select((pl.col("iteration") - 1).alias("iteration"), pl.col("gpu_end_ns").alias("next_end_ns"))
-    o = ops.filter(pl.col("iteration").is_not_null()).select("iteration", "ts_ns", "dur_ns").join(nxt, on="iteration", how="inner")
+    o = ops.select("iteration", "ts_ns", "dur_ns").filter(pl.col("iteration").is_not_null()).join(nxt, on="iteration", how="inner")
     late = o.filter(pl.col("next_end_ns").is_not_null() & (pl.col("ts_ns") >= pl.col("next_end_ns")))
     return DeferredWork(count=late.height, us=int(late["dur_ns"].sum() or 0) / 1000.0,
                         iterations=sorted(set(late["iteration"].to_list()))[:MAX_LISTED])
@@ -142,17 +143,51 @@ def _stream_overlap(ops: pl.DataFrame) -> StreamOverlap:
     trace has 74 such), so those overlaps are counted apart (`ex_launch`) and doubt nothing."""
     import polars as pl
 
-    spans = (ops.filter(pl.col("correlation").is_not_null())
-             .group_by("device", "stream", "correlation").agg(pl.col("ts_ns").min().alias("a"), pl.col("end_ns").max().alias("b"),
-                                                              pl.col("launch_api").first().alias("api"))
-             .sort("device", "stream", "a", "b"))
-    spans = spans.with_columns(pl.col("b").cum_max().shift(1).over("device", "stream").alias("prev_end"))
-    over = spans.filter(pl.col("prev_end").is_not_null() & (pl.col("prev_end") - pl.col("a") > STREAM_OVERLAP_TOLERANCE_NS))
+    o = ops.select("device", "stream", "correlation", "ts_ns", "end_ns", "launch_api").filter(pl.col("correlation").is_not_null())
+    # ingest leaves the ops by start time, so each stream's launches, in the order of their first op, are in (a, b)
+    # order unless two start together: sorted only where they are not (ties as the sort leaves them)
+    spans = _spans(o)
+    streams = _by_stream(spans)
+    if not all(_in_order(s, "a", "b") for s in streams):
+        streams = _by_stream(spans.sort("device", "stream", "a", "b"))
+    over = pl.concat([s.with_columns(pl.col("b").cum_max().shift(1).alias("prev_end")).filter(
+        pl.col("prev_end").is_not_null() & (pl.col("prev_end") - pl.col("a") > STREAM_OVERLAP_TOLERANCE_NS)) for s in streams])
     ex = over["api"].is_in(list(EX_LAUNCH_APIS)).fill_null(False)
     bad = over.filter(~ex)
     worst = bad.select((pl.col("prev_end") - pl.col("a")).max()).item() if bad.height else 0
     return StreamOverlap(count=bad.height, worst_us=int(worst or 0) / 1000.0, ex_launch=int(ex.sum()),
                          streams=sorted({int(s) for s in bad["stream"].drop_nulls().to_list()})[:MAX_LISTED])
+
+
+def _spans(o: pl.DataFrame) -> pl.DataFrame:
+    """Each launch's span on each device stream of the ops `o`: (device, stream, correlation, a, b, api), in the
+    order of their first ops."""
+    import polars as pl
+
+    if o["correlation"].n_unique() == o.height:  # eager: one op per launch
+        return o.select("device", "stream", "correlation", pl.col("ts_ns").alias("a"), pl.col("end_ns").alias("b"), pl.col("launch_api").alias("api"))
+    return (o.group_by("device", "stream", "correlation", maintain_order=True)
+            .agg(pl.col("ts_ns").min().alias("a"), pl.col("end_ns").max().alias("b"), pl.col("launch_api").first().alias("api")))
+
+
+def _by_stream(frame: pl.DataFrame) -> list[pl.DataFrame]:
+    """The rows of each (device, stream) of frame, in their order (one stream: frame itself)."""
+    if frame.height == 0 or all(frame[c].null_count() == 0 and frame[c].min() == frame[c].max() for c in ("device", "stream")):
+        return [frame]
+    return frame.partition_by("device", "stream", maintain_order=True)
+
+
+def _in_order(frame: pl.DataFrame, a: str, b: str) -> bool:
+    """Whether the rows of frame are strictly in (a, b) order as they come (then a sort by (a, b) leaves them
+    in this order whatever it does with ties)."""
+    import polars as pl
+
+    if frame.height < 2:
+        return True
+    if frame[a].null_count() or frame[b].null_count():
+        return False  # a sort puts them first, in an order of its own
+    na, nb = pl.col(a).shift(-1), pl.col(b).shift(-1)
+    return bool(frame.select((na.is_null() | (na > pl.col(a)) | ((na == pl.col(a)) & (nb > pl.col(b)))).all()).item())
 
 
 def _under_recorded(trace: Any, ops: pl.DataFrame, graphs: pl.DataFrame) -> UnderRecorded:
@@ -221,25 +256,46 @@ def _impossible(ops: pl.DataFrame, win: pl.DataFrame, windows: pl.DataFrame, cap
     import polars as pl
 
     comm = pl.col("name").str.contains(COMM) | (pl.col("category").fill_null("") == "comm" if "category" in ops.columns else pl.lit(False))
-    o = ops.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_i"), comm.alias("_comm"))
+    named = ops.select("name", *(["category"] if "category" in ops.columns else []))
+
+    def not_comm(rows: pl.DataFrame) -> pl.DataFrame:
+        """Those of rows (ops by `_i`) that are no communication: only their names are matched (the few that a
+        rule picks, not every op's)."""
+        return rows.filter(named[rows["_i"]].select(~comm).to_series())
+
+    at = pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_i")  # each op by its row
+    o = ops.select(at, "iteration", "dur_ns", "device", "stream", "ts_ns", "end_ns", "launch_api")
     w = win.select("iteration", (pl.col("cpu_end_ns") - pl.col("cpu_start_ns")).alias("wall"))
     w = w.join(windows.select("iteration", (pl.col("gpu_end_ns") - pl.col("gpu_start_ns")).alias("gw")), on="iteration", how="left")
     w = w.select("iteration", pl.max_horizontal("wall", pl.col("gw").fill_null(0)).alias("window_ns"))
-    owned = o.filter(pl.col("iteration").is_not_null() & ~pl.col("iteration").is_in(capture_its) & ~pl.col("_comm"))
-    longer = owned.join(w, on="iteration", how="inner").filter(pl.col("dur_ns") > pl.col("window_ns"))
-    ranked = o.filter(~pl.col("_comm")).with_columns(
-        pl.col("dur_ns").rank("ordinal", descending=True).over("name").alias("_r"), pl.len().over("name").alias("_n"))
-    second = ranked.filter(pl.col("_r") == 2).select("name", pl.col("dur_ns").alias("_second"))
-    beyond = ranked.filter((pl.col("_r") == 1) & (pl.col("_n") > NAME_PEERS)).join(second, on="name").filter(
-        (pl.col("dur_ns") > NAME_RATIO * pl.col("_second")) & (pl.col("dur_ns") >= NAME_FLOOR_NS))
-    seq = o.filter(pl.col("stream").is_not_null()).sort("device", "stream", "ts_ns", "end_ns").with_columns(
-        pl.col("end_ns").shift(-1).over("device", "stream").alias("_next_end"),
-        pl.col("launch_api").shift(-1).over("device", "stream").alias("_next_api"))
-    over = seq.filter(pl.col("_next_end").is_not_null() & (pl.col("end_ns") > pl.col("_next_end"))
-                      & ~pl.col("_next_api").is_in(list(EX_LAUNCH_APIS)).fill_null(False))
+    owned = o.filter(pl.col("iteration").is_not_null() & ~pl.col("iteration").is_in(capture_its))
+    longer = not_comm(owned.join(w, on="iteration", how="inner").filter(pl.col("dur_ns") > pl.col("window_ns")))
+    # only an op at least NAME_FLOOR_NS long can be beyond its name: the names of those are ranked, no other
+    big = not_comm(o.filter(pl.col("dur_ns") >= NAME_FLOOR_NS))
+    beyond = big.clear()
+    if big.height:
+        tops = named[big["_i"]]["name"].unique()
+        lens = tops.str.len_bytes().unique()  # lengths first: a cheap test that leaves most ops out before the names are hashed
+        peers = ops.select(at, "dur_ns", *named.columns).filter(
+            pl.col("name").str.len_bytes().is_in(lens.implode())).filter(pl.col("name").is_in(tops.implode()))
+        ranked = peers.filter(~comm).with_columns(
+            pl.col("dur_ns").rank("ordinal", descending=True).over("name").alias("_r"), pl.len().over("name").alias("_n"))
+        second = ranked.filter(pl.col("_r") == 2).select("name", pl.col("dur_ns").alias("_second"))
+        beyond = ranked.filter((pl.col("_r") == 1) & (pl.col("_n") > NAME_PEERS)).join(second, on="name").filter(
+            (pl.col("dur_ns") > NAME_RATIO * pl.col("_second")) & (pl.col("dur_ns") >= NAME_FLOOR_NS))
+    # the ops one after the other on each stream: ingest leaves them by start time, sorted only where that is not
+    # (ts, end) order (ties as the sort leaves them)
+    seq = o.filter(pl.col("stream").is_not_null())
+    streams = _by_stream(seq)
+    if not all(_in_order(s, "ts_ns", "end_ns") for s in streams):
+        streams = _by_stream(seq.sort("device", "stream", "ts_ns", "end_ns"))
+    over = pl.concat([s.with_columns(pl.col("end_ns").shift(-1).alias("_next_end"), pl.col("launch_api").shift(-1).alias("_next_api")).filter(
+        pl.col("_next_end").is_not_null() & (pl.col("end_ns") > pl.col("_next_end"))
+        & ~pl.col("_next_api").is_in(list(EX_LAUNCH_APIS)).fill_null(False)) for s in streams])
     rows = pl.concat([longer.select("_i", pl.lit("window").alias("rule")), beyond.select("_i", pl.lit("name").alias("rule")),
                       over.select("_i", pl.lit("overflow").alias("rule"))])
-    bad = o.filter(pl.col("_i").is_in(rows["_i"].implode()))
+    hit = rows["_i"].unique().sort()
+    bad = ops.select("name", "dur_ns", "iteration")[hit].with_columns(hit.alias("_i"))
     out = ImpossibleDurations(count=bad.height, us=int(bad["dur_ns"].sum() or 0) / 1000.0, longer_than_window=longer.height,
                               beyond_name=beyond.height, overflow=over.height,
                               iterations=sorted({int(i) for i in bad["iteration"].drop_nulls().to_list()})[:MAX_LISTED])

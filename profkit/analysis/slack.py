@@ -18,6 +18,8 @@ cpu) or one without runtime calls has none (their "launch" is the op itself).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import statistics
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -36,7 +38,8 @@ def transitions(owned: pl.DataFrame) -> pl.DataFrame:
 
     SCHEMA = {"from_iteration": pl.Int64, "to_iteration": pl.Int64, "last_end_ns": pl.Int64, "next_launch_ns": pl.Int64,
               "slack_ns": pl.Int64, "exposed_ns": pl.Int64, "tid": pl.String}
-    ops = owned.filter(pl.col("iteration").is_not_null() & pl.col("launch_ts_ns").is_not_null())
+    ops = owned.select("iteration", "ts_ns", "end_ns", "launch_ts_ns", "launch_tid").filter(
+        pl.col("iteration").is_not_null() & pl.col("launch_ts_ns").is_not_null())
     if ops.height == 0:
         return pl.DataFrame(schema=SCHEMA)
     last = ops.group_by("iteration").agg(pl.col("end_ns").max().alias("last_end_ns"))
@@ -81,13 +84,13 @@ def broken_by(trace: Any, t: pl.DataFrame, syncs: pl.DataFrame, rows_cache: dict
         return out
     top_id, top_ns, name_col = gap_tops(trace, exp["last_end_ns"], exp["next_launch_ns"], exp["tid"], rows_cache)
     names = name_col.str.replace(r" at 0x[0-9a-fA-F]+>", ">").to_list()
-    sy = syncs.select("api", "kind", "direction", "trigger", "ts_ns", "end_ns", "tid") if syncs.height else None
+    found = SyncFinder(syncs) if syncs.height else None
     for j, (i, g0, g1, tid, exposed) in enumerate(exp.select("_i", "last_end_ns", "next_launch_ns", "tid", "exposed_ns").iter_rows()):
         got: list[Piece] = []
         for k, ns in zip(top_id[j].tolist(), top_ns[j].tolist()):
             if k < 0 or ns <= 0:
                 continue
-            got.append(_breaker(names[k], int(ns), sy, tid, g0, g1))
+            got.append(_breaker(names[k], int(ns), found, tid, g0, g1))
         rest = int(exposed) - sum(b.ns for b in got)
         if rest > 0:
             got.append(Piece("host", UNCOVERED, rest))
@@ -96,21 +99,66 @@ def broken_by(trace: Any, t: pl.DataFrame, syncs: pl.DataFrame, rows_cache: dict
     return out
 
 
-def _breaker(name: str, ns: int, syncs: pl.DataFrame | None, tid: str | None, g0: int, g1: int) -> Piece:
+def _breaker(name: str, ns: int, syncs: SyncFinder | None, tid: str | None, g0: int, g1: int) -> Piece:
     """A named piece of an exposed interval: a sync or blocking copy (found among the rank's syncs:
     same thread, overlapping the interval, same API) with its direction and trigger, else a CPU op."""
-    import polars as pl
-
     api = canonical_api(name)
     if syncs is not None:
-        hit = syncs.filter((pl.col("api") == api) & (pl.col("ts_ns") < g1) & (pl.col("end_ns") > g0)
-                           & ((pl.col("tid") == tid) if tid is not None else pl.lit(True)))
-        if hit.height:
-            r = hit.sort("blocked_ns" if "blocked_ns" in hit.columns else "ts_ns", descending=True).row(0, named=True)
-            return Piece(r["kind"], api, ns, True, r["direction"], r["trigger"])
+        r = syncs.latest(api, tid, g0, g1)
+        if r is not None:
+            kind, direction, trigger = r
+            return Piece(kind, api, ns, True, direction, trigger)
     if api in SYNC_APIS:
         return Piece("sync", api, ns, True)
     return Piece("cpu", name, ns)
+
+
+class SyncFinder:
+    """The rank's syncs by API and thread, each by start time, for the syncs that overlap an interval:
+    a bisection and a short walk back (while the latest end so far reaches into the interval) rather
+    than a pass over every sync."""
+
+    def __init__(self, syncs: pl.DataFrame):
+        self.frame = syncs.select("api", "kind", "direction", "trigger", "ts_ns", "end_ns", "tid")
+        api, ts, end, tid, *what = (self.frame[c].to_list() for c in ("api", "ts_ns", "end_ns", "tid", "kind", "direction", "trigger"))
+        self.what = list(zip(*what))  # each sync's (kind, direction, trigger)
+        by: dict[tuple[Any, Any], list[tuple[int, int, int]]] = {}
+        for i, (a, t, e, th) in enumerate(zip(api, ts, end, tid)):
+            if a is not None and t is not None and e is not None:
+                by.setdefault((a, th), []).append((t, e, i))
+                by.setdefault((a, _ANY), []).append((t, e, i))
+        self.by: dict[tuple[Any, Any], tuple[list[int], list[int], list[int], list[int]]] = {}
+        for key, got in by.items():
+            got.sort(key=lambda x: x[0])
+            reach = list(itertools.accumulate((e for _, e, _ in got), max))
+            self.by[key] = ([t for t, _, _ in got], [e for _, e, _ in got], reach, [i for _, _, i in got])
+
+    def latest(self, api: str, tid: str | None, g0: int, g1: int) -> tuple[str, str | None, str | None] | None:
+        """The sync of `api` on thread `tid` (None: any) overlapping [g0, g1) that starts last: its kind,
+        direction and trigger (None when none does)."""
+        got = self.by.get((api, _ANY if tid is None else tid))
+        if got is None or g0 is None or g1 is None:
+            return None
+        ts, end, reach, row = got
+        j = bisect.bisect_left(ts, g1) - 1  # the syncs from j down start before g1
+        while j >= 0 and reach[j] > g0 and end[j] <= g0:
+            j -= 1
+        if j < 0 or end[j] <= g0:
+            return None
+        last = j
+        while j > 0 and ts[j - 1] == ts[last]:
+            j -= 1
+            if end[j] > g0:  # two overlapping syncs start last together: the one a sort puts first, as ever
+                import polars as pl
+
+                hit = self.frame.filter((pl.col("api") == api) & (pl.col("ts_ns") < g1) & (pl.col("end_ns") > g0)
+                                        & ((pl.col("tid") == tid) if tid is not None else pl.lit(True)))
+                r = hit.sort("ts_ns", descending=True).row(0, named=True)
+                return r["kind"], r["direction"], r["trigger"]
+        return self.what[row[last]]
+
+
+_ANY = object()  # SyncFinder's key for the syncs of every thread
 
 
 def lower_rank(values: list[float], q: float) -> float | None:
