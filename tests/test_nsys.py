@@ -609,7 +609,7 @@ def test_export_ranks_cached_and_read_back(tmp_path, monkeypatch, _cache_small):
     pcache.wait_pending()
     _same_traces(again, load_traces([two], cache=False))
     assert len(again) == 3 and not stale.exists()  # a new rank (device 1 of pid 100); the old folder's summaries gone
-    assert json.loads((pcache.cache_dir(two) / "export.json").read_text())["size"] == two.stat().st_size
+    assert json.loads((pcache.cache_dir(two) / "export.json").read_text())["source"]["size"] == two.stat().st_size
 
 
 def test_export_analyzed_twice_reads_the_stored_summary(tmp_path, monkeypatch, _cache_small):

@@ -16,8 +16,8 @@ pickled: the tables are parquet, the rest is JSON.
 An Nsight Systems export holds several ranks, each an input of its own (TraceFile.part): each rank's
 tables are an entry of the same kind in `parts/<part>/` of the export's folder, its source key
 naming the rank, its manifest holding the rank's call stacks too. `export.json` names the version
-of the export the folder is for: a rank written for another version replaces the folder whole
-(summaries and analyses with it), as a Kineto trace's tables do.
+of the export (and of the code) the folder is for: a rank written for another replaces the folder
+whole (summaries and analyses with it), as a Kineto trace's tables do.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def cache_dir(path: Path) -> Path:
 
 
 PARTS = "parts"  # an export's folder: one entry per rank
-EXPORT = "export.json"  # an export's folder: the source key (without part) of the version it is for
+EXPORT = "export.json"  # an export's folder: the version it is for (source key without part, code fingerprint, CACHE_SCHEMA)
 
 
 def entry_dir(path: Path | TraceFile) -> Path:
@@ -228,10 +228,11 @@ _FOLDER_LOCK = threading.Lock()  # the ranks of one export are written by thread
 
 
 def _export_folder(path: Path, key: SourceKey) -> Path:
-    """The parts/ folder of the export at `path`, for the version `key` names (without its part):
-    a folder for another version (or for none) is replaced by a new one first (atomically)."""
+    """The parts/ folder of the export at `path`, for the version `key` names (without its part) and
+    this code: a folder for another (or for none) is replaced by a new one first (atomically), as a
+    Kineto trace's folder is when its tables are written."""
     base = cache_dir(path)
-    version = {k: v for k, v in key.items() if k != "part"}
+    version = {"cache_schema": CACHE_SCHEMA, "code": code_fingerprint(), "source": {k: v for k, v in key.items() if k != "part"}}
     with _FOLDER_LOCK:
         try:
             if json.loads((base / EXPORT).read_text()) == version and (base / PARTS).is_dir():
