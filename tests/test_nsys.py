@@ -516,3 +516,119 @@ def test_ranks_follow_devices_and_processes(tmp_path, one_process):
     assert [r["iterations"][0]["kernel_launches"] for r in ranks] == [3, 1]
     assert [r["iterations"][0]["syncs"] for r in ranks] == [1, 0]  # the sync: the thread that launched onto device 0 (pid 100)
     _plain_equal(s, plain.figures(str(tmp_path / "two.sqlite")), "two devices")
+
+
+# --- reading: texts, SQLite builds --------------------------------------------------------------
+
+
+def _tables(path: Path) -> dict:
+    from profkit.ingest import load_traces
+
+    return {(t.rank, name): getattr(t, name) for t in load_traces([path], cache=False) for name in ("gpu_ops", "calls", "cpu")}
+
+
+def test_texts_holding_the_row_separators(tmp_path):
+    """The reader moves texts out of SQLite apart by the ASCII record separator: a text that holds it
+    or the unit separator is read with spaces for them (the rest of its chunk as it is), emit_nvtx's
+    decoration cut after that; an empty text is an empty name."""
+    p = make_export(tmp_path / "capture.sqlite", steps=6)
+    con = sqlite3.connect(p)
+    ids = [r[0] for r in con.execute("SELECT rowid FROM NVTX_EVENTS ORDER BY rowid")]
+    texts = ["a\x1eb, seq = 3", "c\x1fd", "aten::mm\x1f, op_id = 4", "ü\x1e", "", "e, sizes = [[2]], seq = 1"]
+    con.executemany("UPDATE NVTX_EVENTS SET text = ? WHERE rowid = ?", list(zip(texts, ids)))
+    con.commit()
+    con.close()
+    cpu = _tables(p)[(0, "cpu")].sort("ts_ns")
+    assert cpu["name"].to_list() == ["a b", "c d", "aten::mm ", "ü ", "", "e"]
+    assert cpu["cat"].to_list() == ["user_annotation"] * 2 + ["cpu_op"] + ["user_annotation"] * 3
+
+
+def test_tables_the_same_without_sqlites_json_functions(monkeypatch, tmp_path):
+    """Integers leave SQLite as JSON arrays; a build without the JSON functions (SQLite before 3.38
+    without JSON1) joins them as text instead: the same tables."""
+    from profkit.ingest import nsys
+
+    paths = [make_export(tmp_path / "traced.sqlite", backtraces=True), _two_device_export(tmp_path / "two.sqlite", one_process=True)]
+    paths += [NSYS / n for n in FILES if (NSYS / n).is_file()]
+    for p in paths:
+        monkeypatch.setattr(nsys, "_JSON", [True])
+        a = _tables(p)
+        monkeypatch.setattr(nsys, "_JSON", [False])
+        b = _tables(p)
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k].equals(b[k]), (p.name, k)
+
+
+# --- the cache: an export's ranks, its summary ---------------------------------------------------
+
+
+@pytest.fixture
+def _cache_small(monkeypatch):
+    from profkit.analysis import summary_cache
+    from profkit.ingest import cache as pcache
+
+    monkeypatch.setattr(pcache, "MIN_BYTES", 0)
+    monkeypatch.setattr(summary_cache, "_MIN_BYTES", 0)
+    monkeypatch.delenv("PROFKIT_NO_CACHE", raising=False)
+
+
+def _same_traces(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for name in ("gpu_ops", "calls", "cpu", "gpu_annotations"):
+            assert getattr(x, name).schema == getattr(y, name).schema and getattr(x, name).equals(getattr(y, name)), name
+        for name in ("path", "rank", "device", "t0_ns", "n_events", "meta", "warnings", "sha256", "call_stacks"):
+            assert getattr(x, name) == getattr(y, name), name
+
+
+def test_export_ranks_cached_and_read_back(tmp_path, monkeypatch, _cache_small):
+    """Each rank of an export is a tables-cache entry of its own (parts/<part>/ in the export's
+    folder, its call stacks with it): read back, the export is not read for its tables and they are
+    the same; a changed export is read again and its folder replaced whole (summaries with it)."""
+    from profkit.ingest import cache as pcache
+    from profkit.ingest import load_traces, nsys
+
+    two = _two_device_export(tmp_path / "two.sqlite", one_process=False)
+    traced = make_export(tmp_path / "traced.sqlite", backtraces=True)
+    first = {p: load_traces([p], cache=True) for p in (two, traced)}
+    pcache.wait_pending()
+    assert sorted(d.name for d in (pcache.cache_dir(two) / "parts").iterdir()) == ["device=0_pid=100", "device=0_pid=200"]
+    assert first[traced][0].call_stacks  # recorded with backtraces: the syncs' stacks
+    with monkeypatch.context() as m:
+        m.setattr(nsys, "read_all", lambda f: pytest.fail(f"{f.path.name} read again"))
+        for p, traces in first.items():
+            _same_traces(traces, load_traces([p], cache=True))
+    stale = pcache.cache_dir(two) / "summary"
+    stale.mkdir()
+    con = sqlite3.connect(two)
+    con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (10, 20, 1, 1, 7, 999, ?, 2, 3, NULL, NULL)", ((1 << 48) | (100 << 24),))
+    con.commit()
+    con.close()
+    again = load_traces([two], cache=True)
+    pcache.wait_pending()
+    _same_traces(again, load_traces([two], cache=False))
+    assert len(again) == 3 and not stale.exists()  # a new rank (device 1 of pid 100); the old folder's summaries gone
+    assert json.loads((pcache.cache_dir(two) / "export.json").read_text())["source"]["size"] == two.stat().st_size
+
+
+def test_export_analyzed_twice_reads_the_stored_summary(tmp_path, monkeypatch, _cache_small):
+    """`analyze` of an export a second time: the stored summary (in the export's folder), nothing
+    analyzed; the same bytes as the first run and as a run with no cache."""
+    from profkit.analysis import parallel
+    from profkit.ingest import cache as pcache
+
+    p = _two_device_export(tmp_path / "two.sqlite", one_process=True)
+
+    def analyze(i: int, *extra: str) -> bytes:
+        out = tmp_path / f"{i}.json"
+        r = runner.invoke(app, ["analyze", str(p), *extra, "--json", str(out)])
+        assert r.exit_code == 0, r.output
+        return out.read_bytes()
+
+    first = analyze(0)
+    assert len(list((pcache.cache_dir(p) / "summary").glob("*.json"))) == 1
+    with monkeypatch.context() as m:
+        m.setattr(parallel, "analyze_runs", lambda *a, **k: pytest.fail("analyzed again"))
+        assert analyze(1) == first
+    assert analyze(2, "--no-cache") == first

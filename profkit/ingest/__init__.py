@@ -112,10 +112,6 @@ def load_ranks(path: Path | TraceFile, *, default_rank: int = 0, cache: bool | N
 
     f = check_readable(path)  # missing, unreadable or empty: one line naming the file, before any fast path
     path = f.path
-    if f.sqlite:  # an Nsight Systems export (ingest/nsys.py): one rank of it, never cached
-        from profkit.ingest.nsys import load
-
-        return [load(f)]
     use_cache = ((not _cache.cache_disabled_by_env()) if cache is None else cache) and _cache.worth_caching(f)
     key = None
     if use_cache:
@@ -123,8 +119,19 @@ def load_ranks(path: Path | TraceFile, *, default_rank: int = 0, cache: bool | N
         if hit is not None:
             t = hit.tables
             return [_make_trace(path, default_rank, t["gpu_ops"], t["calls"], t["cpu"], t["gpu_annotations"], hit.t0_ns,
-                                hit.n_events, hit.meta, list(hit.warnings), hit.sha256)]
+                                hit.n_events, hit.meta, list(hit.warnings), hit.sha256, hit.call_stacks)]
         key = f.source_key()
+    if f.sqlite:  # an Nsight Systems export (ingest/nsys.py): one rank of it (f.part), cached as that rank
+        from profkit.ingest.nsys import load
+
+        got = load(f)
+        if use_cache:
+            (_cache.write_later if defer_cache_write else _cache.write_async)(path, _cache.Cached(
+                tables={"gpu_ops": got.gpu_ops, "calls": got.calls, "cpu": got.cpu, "gpu_annotations": got.gpu_annotations},
+                t0_ns=got.t0_ns, n_events=got.n_events, meta=got.meta, warnings=list(got.warnings), sha256=got.sha256,
+                call_stacks=got.call_stacks,
+            ), key=key)
+        return [got]
     split, ranks, t0, n_events, meta, labelled, shapes = _ingest(f, jobs=jobs, executor=executor, early=early)
     if n_events == 0:
         raise TraceInputError(f"{path}: the trace has no events (empty 'traceEvents')", hint="the profiler window captured nothing; profile while the server is busy")
@@ -220,7 +227,7 @@ def _ingest(f: TraceFile, *, jobs: int = 1, executor: Any = None, early: Any = N
     return split, ranks, t0, n_events, meta, labelled, None
 
 
-def _make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings, sha256) -> Trace:
+def _make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta, warnings, sha256, call_stacks=None) -> Trace:
     from profkit.ingest.tables import Trace
 
     rank = meta.get("rank")
@@ -231,7 +238,7 @@ def _make_trace(path, default_rank, gpu_ops, calls, cpu, ann, t0, n_events, meta
     device = devices[0] if devices else None
     return Trace(
         path=path, rank=rank, device=device, gpu_ops=gpu_ops, calls=calls, cpu=cpu, gpu_annotations=ann,
-        t0_ns=t0, n_events=n_events, meta=meta, warnings=warnings, sha256=sha256,
+        t0_ns=t0, n_events=n_events, meta=meta, warnings=warnings, sha256=sha256, call_stacks=call_stacks or {},
     )
 
 

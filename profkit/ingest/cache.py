@@ -12,6 +12,12 @@ decoding the JSON. The cache is used only when everything matches:
 Anything else (missing, stale, corrupt, unreadable) is a miss: the trace is decoded again and the
 cache rewritten, with no error. A folder that is not writable means no cache, silently. Nothing is
 pickled: the tables are parquet, the rest is JSON.
+
+An Nsight Systems export holds several ranks, each an input of its own (TraceFile.part): each rank's
+tables are an entry of the same kind in `parts/<part>/` of the export's folder, its source key
+naming the rank, its manifest holding the rank's call stacks too. `export.json` names the version
+of the export (and of the code) the folder is for: a rank written for another replaces the folder
+whole (summaries and analyses with it), as a Kineto trace's tables do.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import threading
 from dataclasses import dataclass, field
@@ -44,8 +51,8 @@ MIN_BYTES = 16 << 20
 
 
 def worth_caching(path: Path | TraceFile) -> bool:
-    if isinstance(path, TraceFile) and (path.sqlite or path.part is not None):
-        return False  # an Nsight Systems export: read rank by rank, never cached (docs/nsys.md)
+    if isinstance(path, TraceFile) and path.sqlite and path.part is None:
+        return False  # an Nsight Systems export read as one input (its first rank, with a warning): not cached
     try:
         return estimated_json_bytes(path) >= MIN_BYTES
     except OSError:
@@ -56,6 +63,23 @@ def cache_dir(path: Path) -> Path:
     return path.with_name(path.name + SUFFIX)
 
 
+PARTS = "parts"  # an export's folder: one entry per rank
+EXPORT = "export.json"  # an export's folder: the version it is for (source key without part, code fingerprint, CACHE_SCHEMA)
+
+
+def entry_dir(path: Path | TraceFile) -> Path:
+    """Where the tables of `path` are: its folder, or for one rank of an Nsight Systems export
+    (TraceFile.part), parts/<part>/ in the export's folder."""
+    if isinstance(path, TraceFile):
+        return cache_dir(path.path) if path.part is None else cache_dir(path.path) / PARTS / _slug(path.part)
+    return cache_dir(path)
+
+
+def _slug(part: str) -> str:
+    """A rank's name as a folder name: "device=1 pid=4242" -> "device=1_pid=4242"."""
+    return re.sub(r"[^A-Za-z0-9=.-]+", "_", part)
+
+
 class FileEntry(TypedDict):
     """One parquet file of a cache entry, in its manifest.json: what it must be to be read."""
 
@@ -64,9 +88,7 @@ class FileEntry(TypedDict):
     rows: int
 
 
-class Manifest(TypedDict):
-    """The tables cache's manifest.json (keys in this order)."""
-
+class _Manifest(TypedDict):
     cache_schema: int
     code: str  # identity.code_fingerprint
     source: SourceKey
@@ -78,6 +100,12 @@ class Manifest(TypedDict):
     files: dict[str, FileEntry]  # by table name (TABLES)
 
 
+class Manifest(_Manifest, total=False):
+    """The tables cache's manifest.json (keys in this order)."""
+
+    call_stacks: list[tuple[int, list[str]]]  # an export's rank recorded with CUDA backtraces (Trace.call_stacks)
+
+
 @dataclass
 class Cached:
     tables: dict[str, pl.DataFrame]
@@ -86,6 +114,7 @@ class Cached:
     meta: TraceMeta
     warnings: list[str] = field(default_factory=list)
     sha256: str | None = None
+    call_stacks: dict[int, tuple[str, ...]] = field(default_factory=dict)  # Trace.call_stacks (an export's rank)
 
 
 _PENDING: list[threading.Thread] = []
@@ -120,7 +149,7 @@ def read(path: Path | TraceFile) -> Cached | None:
     """The cached ingest of `path`, or None (a miss) when anything does not match. A TraceFile's
     identity is taken as it is (the file is not read again)."""
     wait_pending()
-    d = cache_dir(path.path if isinstance(path, TraceFile) else path)
+    d = entry_dir(path)
     try:
         man: Manifest = json.loads((d / "manifest.json").read_text())  # a key missing or of the wrong type: a miss
         if man["cache_schema"] != CACHE_SCHEMA or man["code"] != code_fingerprint() or man["source"] != source_key(path):
@@ -138,20 +167,25 @@ def read(path: Path | TraceFile) -> Cached | None:
         return Cached(
             tables=tables, t0_ns=int(man["t0_ns"]), n_events=int(man["n_events"]), meta=man["meta"],
             warnings=[str(w) for w in man["warnings"]], sha256=man["sha256"],
+            call_stacks={int(c): tuple(str(x) for x in fr) for c, fr in man.get("call_stacks", [])},
         )
     except Exception:  # missing, unreadable, corrupt: a miss
         return None
 
 
 def write(path: Path, cached: Cached, *, key: SourceKey | None = None) -> bool:
-    """Write the cache next to `path` (atomically: a temporary folder renamed into place).
+    """Write the cache next to `path` (atomically: a temporary folder renamed into place); `key`
+    naming a rank of an export (its `part`): that rank's entry in the export's folder.
     Returns False, silently, when it cannot (read-only folder, disk full, ...)."""
-    d = cache_dir(path)
-    tmp = d.with_name(f".{d.name[:-len(SUFFIX)]}.{os.getpid()}.tmp{SUFFIX}")
-    if d.exists() and not d.is_dir():
+    part = key.get("part") if key else None
+    base = cache_dir(path)
+    if base.exists() and not base.is_dir():
         return False  # something else has that name: leave it alone
+    tmp: Path | None = None
     try:
         key = key or source_key(path)
+        d = base if part is None else _export_folder(path, key) / _slug(part)
+        tmp = d.with_name(f".{d.name.removesuffix(SUFFIX)}.{os.getpid()}.tmp{SUFFIX}")
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
@@ -168,20 +202,54 @@ def write(path: Path, cached: Cached, *, key: SourceKey | None = None) -> bool:
             "t0_ns": cached.t0_ns, "n_events": cached.n_events, "meta": cached.meta, "warnings": cached.warnings,
             "files": files,
         }
+        if cached.call_stacks:
+            man["call_stacks"] = [(c, list(fr)) for c, fr in cached.call_stacks.items()]
         (tmp / "manifest.json").write_text(json.dumps(man))
-        if key != source_key(path):  # the trace changed while we read it: do not keep tables for it
+        now = source_key(path)
+        if part is not None:
+            now["part"] = part
+        if key != now:  # the trace changed while we read it: do not keep tables for it
             shutil.rmtree(tmp, ignore_errors=True)
             return False
         if d.exists():
-            old = d.with_name(f".{d.name[:-len(SUFFIX)]}.{os.getpid()}.old{SUFFIX}")
+            old = d.with_name(f".{d.name.removesuffix(SUFFIX)}.{os.getpid()}.old{SUFFIX}")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(d, old)
             shutil.rmtree(old, ignore_errors=True)
         os.replace(tmp, d)
         return True
     except Exception:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         return False
+
+
+_FOLDER_LOCK = threading.Lock()  # the ranks of one export are written by threads of their own (write_async)
+
+
+def _export_folder(path: Path, key: SourceKey) -> Path:
+    """The parts/ folder of the export at `path`, for the version `key` names (without its part) and
+    this code: a folder for another (or for none) is replaced by a new one first (atomically), as a
+    Kineto trace's folder is when its tables are written."""
+    base = cache_dir(path)
+    version = {"cache_schema": CACHE_SCHEMA, "code": code_fingerprint(), "source": {k: v for k, v in key.items() if k != "part"}}
+    with _FOLDER_LOCK:
+        try:
+            if json.loads((base / EXPORT).read_text()) == version and (base / PARTS).is_dir():
+                return base / PARTS
+        except (OSError, ValueError):
+            pass
+        new = base.with_name(f".{base.name.removesuffix(SUFFIX)}.{os.getpid()}.new{SUFFIX}")
+        shutil.rmtree(new, ignore_errors=True)
+        (new / PARTS).mkdir(parents=True)
+        (new / EXPORT).write_text(json.dumps(version))
+        if base.exists():
+            old = base.with_name(f".{base.name.removesuffix(SUFFIX)}.{os.getpid()}.old{SUFFIX}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(base, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(new, base)
+    return base / PARTS
 
 
 def file_sha256(path: Path) -> str:
@@ -204,7 +272,7 @@ def file_sha256(path: Path) -> str:
 ANALYSIS_FRAMES = ("iterations", "categories", "launch_calls", "ops", "bubbles", "syncs")
 # stored when the analysis has them: every GPU op's work, for a trace recorded with shapes (analysis/rank.py device_work)
 OPTIONAL_FRAMES = ("device_work",)
-MAX_ANALYSIS_ENTRIES = 4
+MAX_ANALYSIS_ENTRIES = 4  # per rank: an export's folder keeps as many for each of its ranks (parts/)
 
 
 def analysis_key(source: SourceKey, options: dict[str, Any]) -> str:
@@ -257,7 +325,8 @@ def write_analysis(path: Path, key: str, frames: dict[str, pl.DataFrame], fields
         shutil.rmtree(d, ignore_errors=True)
         os.replace(tmp, d)
         entries = sorted((p for p in adir.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.stat().st_mtime_ns)
-        for old in entries[:-MAX_ANALYSIS_ENTRIES]:
+        ranks = sum(1 for p in (base / PARTS).iterdir() if p.is_dir() and not p.name.startswith(".")) if (base / PARTS).is_dir() else 1
+        for old in entries[:-MAX_ANALYSIS_ENTRIES * max(1, ranks)]:
             shutil.rmtree(old, ignore_errors=True)
         return True
     except Exception:
