@@ -46,7 +46,7 @@ def find_bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: 
         return pl.DataFrame(schema=schema)
     gaps = gaps.join_asof(w.select("iteration", "gpu_start_ns", "first_op_ns"), left_on="g0", right_on="gpu_start_ns", strategy="backward")
 
-    main_tid = calls.filter(pl.col("api").is_in(LAUNCH_APIS))["tid"].mode().to_list() if calls.height else []
+    main_tid = _main_thread(calls)
     default_tid = main_tid[0] if main_tid else None
     gaps = gaps.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_g"))
     synced = _sync_gaps(gaps, syncs)
@@ -70,17 +70,40 @@ def find_bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: 
     )
 
 
+def _main_thread(calls: pl.DataFrame) -> list[Any]:
+    """The thread(s) that made the most launch calls (the modes)."""
+    if calls.height == 0:
+        return []
+    tid = calls["tid"]
+    if not tid.null_count() and tid.min() == tid.max():  # one thread made every call
+        return [tid[0]] if calls["api"].is_in(LAUNCH_APIS).any() else []
+    return calls.select("api", "tid").filter(pl.col("api").is_in(LAUNCH_APIS))["tid"].mode().to_list()
+
+
 def _as_lists(top_id: np.ndarray, top_ns: np.ndarray, names: pl.Series) -> tuple[pl.Series, pl.Series]:
     """gap_tops' arrays -> per gap the list of its CPU ops' names and the list of their times."""
+    import numpy as np
+
     n, top = top_id.shape
     flat = pl.DataFrame({"k": top_id.reshape(-1), "ns": top_ns.reshape(-1)})
     k = pl.col("k")
     flat = flat.select(
         (pl.lit(names, dtype=pl.String).gather(k.clip(lower_bound=0)) if len(names) else pl.lit("")).alias("cpu_ops"), "ns")
-    count = pl.lit(pl.Series((top_id >= 0).sum(axis=1)))  # a gap's names come first, then -1
-    lists = [pl.select(pl.lit(flat[c].reshape((n, top)).arr.to_list()).list.head(count)).to_series().alias(c)
+    count = np.zeros(n, dtype=np.int64)  # a gap's names come first, then -1
+    for r in range(top):
+        count += top_id[:, r] >= 0
+    lists = [pl.select(pl.lit(flat[c].reshape((n, top)).arr.to_list()).list.head(pl.lit(pl.Series(count)))).to_series().alias(c)
              for c in ("cpu_ops", "ns")]
     return lists[0], lists[1].alias("cpu_ops_ns")
+
+
+def by_thread(frame: pl.DataFrame, tid: str, *, maintain_order: bool = False) -> Any:
+    """frame.group_by(tid) (keys as tuples), without hashing every row's thread when they are all one
+    (the common case: one thread launches everything)."""
+    t = frame[tid]
+    if len(t) and not t.null_count() and t.min() == t.max():
+        return [((t[0],), frame)]
+    return frame.group_by(tid, maintain_order=maintain_order)
 
 
 def _sync_gaps(gaps: pl.DataFrame, syncs: pl.DataFrame) -> pl.Series:
@@ -90,14 +113,15 @@ def _sync_gaps(gaps: pl.DataFrame, syncs: pl.DataFrame) -> pl.Series:
     found = [pl.Series("_g", [], dtype=pl.Int64)]
     if syncs.height == 0:
         return found[0]
-    for tid, frame in gaps.select("_g", "g0", "g1", "launch_tid").group_by("launch_tid"):
+    for tid, frame in by_thread(gaps.select("_g", "g0", "g1", "launch_tid"), "launch_tid"):
         key = tid[0]
         b = (syncs if key is None else syncs.filter(pl.col("tid") == key)).select("ts_ns", "end_ns").sort("end_ns", "ts_ns")
         if b.height == 0:
             continue
         k0 = b["end_ns"].search_sorted(frame["g0"] - SYNC_SLACK_NS, side="left").cast(pl.Int64)
         k1 = b["end_ns"].search_sorted(frame["g1"], side="right").cast(pl.Int64)
-        pairs = frame.select("_g", "g0", pl.int_ranges(k0, k1, dtype=pl.Int64).alias("k")).explode("k").drop_nulls("k")
+        some = k1 > k0  # the gaps with a call ending in their window (few): one row per (gap, call)
+        pairs = frame.filter(some).select("_g", "g0", pl.int_ranges(k0.filter(some), k1.filter(some), dtype=pl.Int64).alias("k")).explode("k")
         if pairs.height:
             found.append(pairs.filter(b["ts_ns"].gather(pairs["k"]) <= pairs["g0"])["_g"].unique())
     return pl.concat(found).unique()
@@ -123,32 +147,61 @@ def gap_tops(trace: Trace, g0s: pl.Series, g1s: pl.Series, tids: pl.Series,
     n = len(g0s)
     top_id = np.full((n, GAP_TOP), -1, dtype=np.int64)
     top_ns = np.zeros((n, GAP_TOP), dtype=np.int64)
-    all_names = [pl.Series("name", [], dtype=pl.String)]
-    offset = 0
+    names = pl.Series("name", [], dtype=pl.String)
     gaps = pl.DataFrame({"_g": pl.int_range(0, n, dtype=pl.Int64, eager=True), "g0": g0s, "g1": g1s, "tid": tids})
-    for (t,), mine in gaps.filter(pl.col("tid").is_not_null()).sort("g0").group_by("tid", maintain_order=True):
-        streams = []
-        for f in (trace.cpu, trace.calls):
-            ts, end, rows = thread_rows(f, t, cache=rows_cache)
-            streams.append((ts, end, (f["name"] if rows is None else f["name"].gather(rows)).fill_null("")))
+    for (t,), mine in by_thread(gaps.filter(pl.col("tid").is_not_null()).sort("g0"), "tid", maintain_order=True):
         # name ids in the names' order: ties in time are broken by the name, as in (ts, -end, name)
-        names = pl.concat([nm.unique() for _, _, nm in streams]).unique().sort()
-        if len(names) == 0:
+        names, ids = name_ids(trace, rows_cache)
+        streams = []
+        for f, fid in zip((trace.cpu, trace.calls), ids):
+            ts, end, rows = thread_rows(f, t, cache=rows_cache)
+            streams.append((ts, end, fid if rows is None else fid.gather(rows)))
+        if len(streams[0][0]) + len(streams[1][0]) == 0:
             continue
-        enum = pl.Enum(names)  # its codes are the positions in names
-        streams = [(ts, end, nm.cast(enum).to_physical().cast(pl.Int32)) for ts, end, nm in streams]
         g0, g1 = mine["g0"], mine["g1"]  # disjoint, in order
         a, b = [(ts.to_numpy(), end.to_numpy(), i.to_numpy()) for ts, end, i in streams]  # the CPU events, the calls
         got = scan.gap_exclusive(a, b, g0.to_numpy(),
                                  g1.to_numpy(), GAP_TOP)
         if got is None:
             got = _sweep_overlapping(streams, g0, g1)
-        at = mine["_g"].to_numpy()
-        top_id[at] = np.where(got[0] >= 0, got[0].astype(np.int64) + offset, -1)
-        top_ns[at] = got[1]
-        all_names.append(names)
-        offset += len(names)
-    return top_id, top_ns, pl.concat(all_names)
+        at = mine["_g"]
+        if len(at) == n and at.is_sorted():  # every gap, in order (one thread): no scattering
+            top_id[:], top_ns[:] = got
+        else:
+            top_id[at.to_numpy()], top_ns[at.to_numpy()] = got
+    return top_id, top_ns, names
+
+
+def name_ids(trace: Trace, cache: dict | None = None) -> tuple[pl.Series, tuple[pl.Series, pl.Series]]:
+    """Every name of trace.cpu and trace.calls (a null read as ""), sorted, and the name of each
+    event of the two as an Int32 position in it: ids that compare as the names do. Each name is
+    hashed once (a dictionary code), the rest is integer work. `cache`: as thread_rows' (kept
+    while trace lives), so that the bubbles and the slack work them out once."""
+    import threading
+
+    if cache is None:
+        return _name_ids(trace)
+    key = ("name_ids", id(trace.cpu), id(trace.calls))
+    with cache.setdefault("name_ids_lock", threading.Lock()):  # a second thread waits for the first's
+        if key not in cache:
+            cache[key] = _name_ids(trace)
+        return cache[key]
+
+
+def _name_ids(trace: Trace) -> tuple[pl.Series, tuple[pl.Series, pl.Series]]:
+    import numpy as np
+
+    columns = (trace.cpu["name"].fill_null(""), trace.calls["name"].fill_null(""))
+    codes = [f.cast(pl.Categorical).to_physical() for f in columns]  # one code per distinct name of each column
+    firsts = [c.arg_unique() for c in codes]
+    names = pl.concat([f.gather(first) for f, first in zip(columns, firsts)]).unique().sort()
+    ids = []
+    for f, c, first in zip(columns, codes, firsts):
+        # a column's codes -> the positions of their names in `names`
+        table = np.zeros(int(c.max() or 0) + 1, dtype=np.int32)
+        table[c.gather(first).to_numpy()] = names.search_sorted(f.gather(first)).to_numpy()
+        ids.append(pl.Series(table[c.to_numpy()]))
+    return names, (ids[0], ids[1])
 
 
 def _sweep_overlapping(streams: list[tuple[pl.Series, pl.Series, pl.Series]], g0: pl.Series,

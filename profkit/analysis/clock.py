@@ -50,29 +50,47 @@ def tiles(windows: pl.DataFrame) -> pl.DataFrame:
 def by_window(iv: pl.DataFrame, w: pl.DataFrame, keys: tuple[str, ...] = ()) -> pl.DataFrame:
     """Intervals (a, b, *keys) split at the window edges `w` (from `tiles`): the time inside each
     window, summed per (iteration, *keys) as dur_ns. Time outside every window is left out."""
-    schema: dict[str, Any] = {"iteration": pl.Int64, **{k: iv.schema[k] for k in keys}, "dur_ns": pl.Int64}
+    return by_windows(iv, w, keys)[0]
+
+
+def by_windows(iv: pl.DataFrame, w: pl.DataFrame, *keysets: tuple[str, ...]) -> list[pl.DataFrame]:
+    """by_window(iv, w, keys) for each of `keysets`, the intervals split at the window edges once
+    and the sums found together (polars runs them in parallel)."""
+    schemas: list[dict[str, Any]] = [{"iteration": pl.Int64, **{k: iv.schema[k] for k in keys}, "dur_ns": pl.Int64} for keys in keysets]
     if w.height == 0 or iv.height == 0:
-        return pl.DataFrame(schema=schema)
+        return [pl.DataFrame(schema=s) for s in schemas]
     starts, ends = w["gpu_start_ns"], w["gpu_end_ns"]
     lo, hi = cast(int, starts.min()), cast(int, ends.max())
-    x = iv.select(pl.col("a").clip(lo, hi), pl.col("b").clip(lo, hi), *keys).filter(pl.col("b") > pl.col("a"))
+    keys_used = list(dict.fromkeys(k for keys in keysets for k in keys))
+    x = iv.select(pl.col("a").clip(lo, hi), pl.col("b").clip(lo, hi), *keys_used).filter(pl.col("b") > pl.col("a"))
     if x.height == 0:
-        return pl.DataFrame(schema=schema)
+        return [pl.DataFrame(schema=s) for s in schemas]
     # first window holding a (the last starting at or before it) .. last window starting before b
     i0 = (starts.search_sorted(x["a"], side="right").cast(pl.Int64) - 1).clip(lower_bound=0)
     i1 = (starts.search_sorted(x["b"], side="left").cast(pl.Int64) - 1).clip(lower_bound=0)
-    # most intervals lie in one window: only those crossing an edge are split, one row per window
-    x = x.with_columns(i0.alias("_k"), pl.max_horizontal(i0, i1).alias("_i1"))
-    cross = pl.col("_k") != pl.col("_i1")
-    split = x.filter(cross).with_columns(pl.int_ranges("_k", pl.col("_i1") + 1, dtype=pl.Int64).alias("_k")).explode("_k")
-    x = pl.concat([x.filter(~cross), split]).drop("_i1")
-    k = x["_k"]
-    x = x.with_columns(
-        w["iteration"].gather(k).alias("iteration"),
-        (pl.min_horizontal(pl.col("b"), ends.gather(k)) - pl.max_horizontal(pl.col("a"), starts.gather(k))).alias("dur_ns"),
+    x = x.with_columns(i0.alias("_k"))
+    cross = i1 > i0
+    # most intervals lie in one window: when each window ends where the next starts (as tiles'
+    # do), all of such an interval is inside its window; only those crossing an edge are split,
+    # one row per window
+    if ends.head(-1).equals(starts.tail(-1)):
+        inside = x.filter(~cross).select("_k", *keys_used, (pl.col("b") - pl.col("a")).alias("dur_ns"))
+        split = x.filter(cross).with_columns(i1.filter(cross).alias("_i1"))
+    else:
+        inside = x.clear().select("_k", *keys_used, pl.lit(0, pl.Int64).alias("dur_ns"))
+        split = x.with_columns(pl.max_horizontal(i0, i1).alias("_i1"))
+    split = split.with_columns(pl.int_ranges("_k", pl.col("_i1") + 1, dtype=pl.Int64).alias("_k")).explode("_k")
+    k = split["_k"]
+    split = split.select(
+        "_k", *keys_used, (pl.min_horizontal(pl.col("b"), ends.gather(k)) - pl.max_horizontal(pl.col("a"), starts.gather(k))).alias("dur_ns"),
     ).filter(pl.col("dur_ns") > 0)
-    # lazy: the streaming engine groups by a string key several times faster; sorted by the whole key after
-    return x.lazy().group_by("iteration", *keys).agg(pl.col("dur_ns").sum()).sort("iteration", *keys).select(list(schema)).collect()
+    pieces = pl.concat([inside, split]).lazy()
+    # summed per window (`_k`, one per iteration), then named by iteration and sorted by the whole key
+    its = w.lazy().select(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_k"), "iteration")
+    return pl.collect_all([
+        pieces.group_by("_k", *keys).agg(pl.col("dur_ns").sum()).join(its, on="_k").sort("iteration", *keys).select(list(s))
+        for keys, s in zip(keysets, schemas)
+    ])
 
 
 def device_union(ops: pl.DataFrame) -> pl.DataFrame:

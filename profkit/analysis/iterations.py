@@ -65,9 +65,8 @@ def _marker_candidates(cpu: pl.DataFrame) -> pl.DataFrame:
 
 
 def _markers(cpu: pl.DataFrame, regex: str, names: pl.Series | None = None) -> pl.DataFrame:
-    return cpu.filter(pl.col("cat").is_in(_MARKER_CATS) & _name_matches(cpu, regex, names)).sort(
-        "ts_ns", "end_ns"
-    )
+    """The marker spans among `cpu` (_marker_candidates' rows: of the marker categories already) whose name matches."""
+    return cpu.filter(_name_matches(cpu, regex, names)).sort("ts_ns", "end_ns")
 
 
 def _name_matches(frame: pl.DataFrame, regex: str, names: pl.Series | None = None) -> pl.Expr:
@@ -248,11 +247,9 @@ def _kinds(cpu: pl.DataFrame, marker_names: list[str], starts: list[int], ends: 
            names: pl.Series | None = None) -> tuple[list[str], list[int | None], list[str | None]]:
     """Kind, batch size and step fields (JSON of the step span's `key=value` fields but bs, e.g.
     toks, ext, dec and the roofline g_*/c_* values; None when it has none) per window: from the
-    marker itself or the step span inside it that gives the window its kind (`names`: cpu's distinct
-    names, when the caller has them)."""
-    steps = cpu.filter(
-        pl.col("cat").is_in(_MARKER_CATS) & _name_matches(cpu, STEP_PREFIX + "|^execute_", names)
-    ).select("ts_ns", "name")
+    marker itself or the step span inside it that gives the window its kind (`cpu`: _marker_candidates'
+    rows; `names`: their distinct names, when the caller has them)."""
+    steps = cpu.filter(_name_matches(cpu, STEP_PREFIX + "|^execute_", names)).select("ts_ns", "name")
     step_ts = steps["ts_ns"].to_list()
     step_names = steps["name"].to_list()
     kinds: list[str] = []
@@ -285,7 +282,7 @@ def _unrecognized_steps(cpu: pl.DataFrame, names: pl.Series) -> list[str]:
     if not odd:
         return []
     counts: dict[str, int] = {}
-    rows = cpu.filter(pl.col("cat").is_in(_MARKER_CATS) & pl.col("name").is_in(odd))["name"].to_list()
+    rows = cpu.filter(pl.col("name").is_in(odd))["name"].to_list()  # cpu: _marker_candidates' rows
     for n in rows:
         counts[step_form(n)] = counts.get(step_form(n), 0) + 1
     if not counts:

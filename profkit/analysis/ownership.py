@@ -37,10 +37,21 @@ def own_calls(calls: pl.DataFrame, win: pl.DataFrame) -> pl.DataFrame:
 
 
 def own_ops(gpu_ops: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+    """gpu_ops (in time order) with their launch call's iteration, launch_api, launch_ts_ns and
+    launch_tid (the first call of their correlation id; null without one)."""
     launches = calls.select(
         "correlation", "iteration", pl.col("api").alias("launch_api"), pl.col("ts_ns").alias("launch_ts_ns"), pl.col("tid").alias("launch_tid"),
     ).filter(pl.col("correlation").is_not_null())
-    if launches["correlation"].n_unique() < launches.height:  # counting them is much cheaper than de-duplicating
+    corr = launches["correlation"]
+    if launches.height and corr.is_sorted():
+        # the calls in correlation order, as ingest leaves them: a binary search finds each op's
+        # first call of its id, and only the four launch columns are gathered (a join would hash
+        # both sides and copy every column of the ops)
+        k = corr.search_sorted(gpu_ops["correlation"], side="left")
+        hit = (k < launches.height) & (corr.gather(k.clip(upper_bound=launches.height - 1)) == gpu_ops["correlation"]).fill_null(False)
+        got = launches.drop("correlation").gather(pl.select(pl.when(pl.lit(hit)).then(pl.lit(k))).to_series())
+        return by_time(gpu_ops.hstack(got.get_columns()))
+    if corr.n_unique() < launches.height:  # counting them is much cheaper than de-duplicating
         launches = launches.unique(subset="correlation", keep="first", maintain_order=True)
     return by_time(gpu_ops.join(launches, on="correlation", how="left"))
 

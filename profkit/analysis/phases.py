@@ -45,13 +45,17 @@ _RULES: tuple[tuple[str, str], ...] = (
 def op_phases(ops: pl.DataFrame, cpu: pl.DataFrame) -> pl.Series:
     """The phase of each op (a String Series, ops' order) from the spans around its launch
     (ops' launch_ts_ns / launch_tid; an op without a launch call is `other`)."""
-    ann = cpu.filter(pl.col("cat") == "user_annotation").select("name", "ts_ns", "end_ns", "tid")
+    ann = cpu.select("name", "ts_ns", "end_ns", "tid", "cat").filter(pl.col("cat") == "user_annotation").drop("cat")
     pts = ops.select(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_i"), pl.col("launch_ts_ns").alias("t"),
                      pl.col("launch_tid").cast(pl.String).alias("tid"))
-    phase = pl.repeat("other", ops.height, dtype=pl.String, eager=True).alias("phase")
     if ann.height == 0 or ops.height == 0:
-        return phase
+        return pl.repeat("other", ops.height, dtype=pl.String, eager=True).alias("phase")
     pts = pts.filter(pl.col("t").is_not_null() & pl.col("tid").is_not_null()).sort("t")
+    # launches on one thread (the common case): matched by time alone, to that thread's spans
+    one_tid = pts["tid"][0] if pts.height and pts["tid"].n_unique() == 1 else None
+    by = None if one_tid is not None else "tid"
+    if one_tid is not None:
+        pts = pts.drop("tid")
     # vLLM's step spans: the phase is the step's kind, read from the numbers in the name (which a
     # regex cannot compare), once per distinct name
     vllm: dict[str, list[str]] = {}
@@ -59,19 +63,23 @@ def op_phases(ops: pl.DataFrame, cpu: pl.DataFrame) -> pl.Series:
         ph = _VLLM_PHASE.get(parse_kind(n)[0] or "")
         if ph:
             vllm.setdefault(ph, []).append(n)
-    for name, regex in _RULES:
+    code = pl.repeat(len(_RULES), ops.height, dtype=pl.UInt8, eager=True)  # a rule's position; len(_RULES): other
+    for r, (name, regex) in enumerate(_RULES):
         spans = (
             ann.filter(pl.col("name").str.contains(regex) | pl.col("name").is_in(vllm.get(name, [])))
             .select(pl.col("ts_ns").alias("t"), "end_ns", pl.col("tid").cast(pl.String))
             .sort("t")
         )
+        if one_tid is not None:
+            spans = spans.filter(pl.col("tid") == one_tid).drop("tid")
         if spans.height == 0 or pts.height == 0:
             continue
         # spans of one phase do not nest on a thread: the latest one starting at or before the
         # launch encloses it when it has not ended yet
-        hit = pts.join_asof(spans, on="t", by="tid", strategy="backward", check_sortedness=False).filter(pl.col("end_ns") >= pl.col("t"))
-        if hit.height == 0:
+        joined = pts.join_asof(spans, on="t", by=by, strategy="backward", check_sortedness=False)
+        hit = (joined["end_ns"] >= joined["t"]).fill_null(False)
+        if not hit.any():
             continue
-        phase.scatter(hit["_i"], name)  # the ops a rule takes are not offered to the later ones
-        pts = pts.filter(~pl.col("_i").is_in(hit["_i"].implode()))
-    return phase
+        code.scatter(pts["_i"].filter(hit), r)  # the ops a rule takes are not offered to the later ones
+        pts = pts.filter(~hit)
+    return pl.Series("phase", [name for name, _ in _RULES] + ["other"], dtype=pl.String).gather(code)

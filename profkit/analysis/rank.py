@@ -24,7 +24,7 @@ import polars as pl
 from profkit.documents import CaptureFacts, GraphCaptureStats, OverlapSlack, RankSpec
 from profkit.apis import GRAPH_LAUNCH_APIS, KERNEL_LAUNCH_APIS, LAUNCH_APIS
 from profkit.analysis.bubbles import find_bubbles
-from profkit.analysis.clock import busy_by_window, by_window, device_union, length_ns, owned_and_spill, tiles
+from profkit.analysis.clock import busy_by_window, by_windows, device_union, length_ns, owned_and_spill, tiles
 from profkit.analysis.iterations import WHOLE_TRACE, find_iterations
 from profkit.analysis.owned import owned_by
 from profkit.analysis.ownership import gpu_windows, outside_work, own_calls, own_ops
@@ -219,14 +219,18 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     pre_owned = ops.filter(pl.col("iteration").is_not_null())
     windows = gpu_windows(win, pre_owned)
     # the host side (syncs, then the bubbles that need them) reads the ops' times, ownership and
-    # copies, not their categories: found in a thread while the categories, phases and the clock's
+    # copies, not their categories: found in threads while the categories, phases and the clock's
     # figures are worked out here (polars releases the GIL; one core is often idle otherwise)
     min_ns = int(round(min_bubble_us * 1000))
-    host_side = _meanwhile(_syncs_and_bubbles, trace, calls, ops, windows, min_ns)
+    rows_cache: dict = {}  # spans.thread_rows of trace.cpu / trace.calls, shared by the syncs, bubbles and slack
+    syncs_of = _meanwhile(find_syncs, trace, calls, ops, rows_cache)
+    bubbles_of = _meanwhile(lambda: find_bubbles(trace, ops, calls, windows, syncs_of(), min_ns, rows_cache))
     phase_of = _meanwhile(op_phases, ops, trace.cpu)  # from the launches' spans: the categories are not needed either
+    names = name_codes(ops["name"]) if ops.height else None  # the names' codes, for the catalog's choice and its rules
     if catalog is None:
-        catalog = auto_catalog(pre_owned["name"].unique().to_list() if ops.height else [])
-    ops, gcap, replay_shapes = _classify(ops, trace, catalog, captures)
+        catalog = auto_catalog(pre_owned["name"].gather(names.filter(ops["iteration"].is_not_null()).arg_unique()).to_list()
+                               if names is not None else [])
+    ops, gcap, replay_shapes = _classify(ops, trace, catalog, captures, names)
     if trace.meta.get("shapes") or replay_shapes:  # recorded with shapes: each op's launching CPU op and its shapes
         from profkit.analysis.shapes import attach_shapes
 
@@ -249,19 +253,20 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
             "their ops take no shapes (no work, they count as unmodeled); give only the captures of the buckets the window ran "
             "(--capture FILE ...) to model them")
     ops = ops.with_columns(phase_of())  # _classify keeps the rows and their order
-    owned = ops.filter(pl.col("iteration").is_not_null())
-    owned = owned.join(windows.select("iteration", "gpu_start_ns", "gpu_end_ns"), on="iteration", how="left")
+    owned = _with_window(ops.filter(pl.col("iteration").is_not_null()), windows)
+    # the capture-health facts and the overlap slack, in threads from here (the slack once the syncs are found)
+    capture_of = _meanwhile(_health, trace, ops, calls, win, windows, its, device_timeline, device_records)
+    slack_of = _meanwhile(_slack, trace, owned, win, syncs_of, rows_cache) if device_timeline == "gpu" and owned.height else None
     w = tiles(windows)
     union = device_union(ops)  # once: busy per window, and the whole trace's busy time below
     busy = busy_by_window(union, w)
     clocked = ops.select(pl.col("ts_ns").alias("a"), pl.col("end_ns").alias("b"), pl.col("category").fill_null("other"), "phase")
-    categories = by_window(clocked, w, ("category",))
-    phases = by_window(clocked, w, ("phase",))
+    categories, phases = by_windows(clocked, w, ("category",), ("phase",))
     spill = owned_and_spill(owned)
     outside = outside_work(ops, win, length_ns(union))
-    syncs, bubbles = host_side()
+    syncs, bubbles = syncs_of(), bubbles_of()
     # host calls outside every iteration: with the ops above, iterations plus outside are the whole trace
-    outside["launch_calls"] = calls.filter(pl.col("iteration").is_null() & pl.col("api").is_in(LAUNCH_APIS)).height
+    outside["launch_calls"] = int(calls.select((pl.col("iteration").is_null() & pl.col("api").is_in(LAUNCH_APIS)).sum()).item())
     loose = syncs.filter(pl.col("iteration").is_null())
     outside["syncs"], outside["sync_copies"] = int((loose["kind"] == "sync").sum()), int((loose["kind"] == "sync_copy").sum())
     if device_timeline == "cpu":
@@ -269,7 +274,6 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         # true of every gap: it was Python (or the scheduler's code) between ops, not a launch
         bubbles = bubbles.with_columns(
             pl.when(pl.col("cause").is_in(["launch", "gpu_wait"])).then(pl.lit("python")).otherwise(pl.col("cause")).alias("cause"))
-    overlap_slack, capture = _slack_and_health(trace, ops, owned, calls, win, windows, syncs, its, device_timeline, device_records)
     if device_timeline == "gpu_by_time":
         device_timeline = "gpu"
 
@@ -278,11 +282,13 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
 
     speculative = rank_spec(owned, per) if device_timeline == "gpu" else None
     launch_calls = (
-        calls.filter(pl.col("iteration").is_not_null() & pl.col("api").is_in(LAUNCH_APIS))
+        calls.lazy().filter(pl.col("iteration").is_not_null() & pl.col("api").is_in(LAUNCH_APIS))
         .group_by("iteration", "api")
         .agg(pl.len().cast(pl.Int64).alias("n"), pl.col("dur_ns").sum())
-        .sort("iteration", "api")
+        .sort("iteration", "api").collect()
     )
+    owned_categories, owned_phases = owned_by(owned, "category"), owned_by(owned, "phase")
+    overlap_slack, capture = slack_of() if slack_of else None, capture_of()
     if owned.height == 0 and device_records == "present":
         warnings.append("no GPU ops launched inside the iterations (a CPU-only trace?): GPU figures are 0")
     share = outside["gpu_ns"] / outside["device_busy_ns"] if outside["device_busy_ns"] else 0.0
@@ -299,34 +305,38 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
         rank=trace.rank, device=trace.device, path=trace.path, marker=its.marker, catalog=getattr(catalog, "name", str(catalog)),
         t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls,
         ops=owned, bubbles=bubbles, syncs=syncs, phases=phases, warnings=warnings,
-        owned_categories=owned_by(owned, "category"), owned_phases=owned_by(owned, "phase"),
+        owned_categories=owned_categories, owned_phases=owned_phases,
         device_timeline=device_timeline, input_sha256=getattr(trace, "sha256", None) or (wait_digest() if wait_digest else None), outside=outside,
         device_records=device_records, graph_capture=gcap, source=trace.meta.get("source"), stub_markers=its.stub_markers,
         overlap_slack=overlap_slack, capture=capture, speculative=speculative, device_work=device_work,
     )
 
 
-def _slack_and_health(trace: Trace, ops: pl.DataFrame, owned: pl.DataFrame, calls: pl.DataFrame, win: pl.DataFrame,
-                      windows: pl.DataFrame, syncs: pl.DataFrame, its: Any, device_timeline: str,
-                      device_records: str) -> tuple[OverlapSlack | None, CaptureFacts]:
-    """Overlap slack (analysis/slack.py; GPU timelines with launch calls only) and the capture-health facts
-    (analysis/health.py; the stubs the iteration finder dropped, when it says)."""
-    from profkit.analysis import health, slack
-
-    s = None
-    if device_timeline == "gpu" and owned.height:
-        t = slack.transitions(owned)
-        s = slack.rank_slack(t, slack.broken_by(trace, t, syncs), win)
-    facts = health.rank_facts(trace, ops, calls, win, windows, "gpu" if device_timeline == "gpu_by_time" else device_timeline,
-                              device_records, int(getattr(its, "stub_markers", 0) or 0))
-    return s, facts
+def _with_window(owned: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """The owned ops with their iteration's gpu_start_ns and gpu_end_ns (a join on the iteration; a
+    gather when the windows are iterations 0, 1, ... in order, as gpu_windows makes them)."""
+    cols = windows.select("iteration", "gpu_start_ns", "gpu_end_ns")
+    if cols["iteration"].equals(pl.int_range(0, cols.height, dtype=pl.Int64, eager=True).alias("iteration")):
+        at = owned["iteration"]
+        return owned.with_columns(cols["gpu_start_ns"].gather(at), cols["gpu_end_ns"].gather(at))
+    return owned.join(cols, on="iteration", how="left")
 
 
-def _syncs_and_bubbles(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, windows: pl.DataFrame,
-                       min_ns: int) -> tuple[pl.DataFrame, pl.DataFrame]:
-    rows_cache: dict = {}  # spans.thread_rows of trace.cpu / trace.calls, shared by the two
-    syncs = find_syncs(trace, calls, ops, rows_cache)
-    return syncs, find_bubbles(trace, ops, calls, windows, syncs, min_ns, rows_cache)
+def _slack(trace: Trace, owned: pl.DataFrame, win: pl.DataFrame, syncs_of: Any, rows_cache: dict) -> OverlapSlack:
+    """Overlap slack (analysis/slack.py; GPU timelines with launch calls only). `syncs_of`: waits for the syncs and returns them."""
+    from profkit.analysis import slack
+
+    t = slack.transitions(owned)
+    return slack.rank_slack(t, slack.broken_by(trace, t, syncs_of(), rows_cache), win)
+
+
+def _health(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, win: pl.DataFrame, windows: pl.DataFrame, its: Any,
+            device_timeline: str, device_records: str) -> CaptureFacts:
+    """The capture-health facts (analysis/health.py; the stubs the iteration finder dropped, when it says)."""
+    from profkit.analysis import health
+
+    return health.rank_facts(trace, ops, calls, win, windows, "gpu" if device_timeline == "gpu_by_time" else device_timeline,
+                             device_records, int(getattr(its, "stub_markers", 0) or 0))
 
 
 def _meanwhile(fn: Any, *args: Any) -> Any:
@@ -368,11 +378,13 @@ def _digest_meanwhile(path: Path) -> Any:
     return _meanwhile(digest) if Path(path).is_file() else None
 
 
-def _classify(owned: pl.DataFrame, trace: Trace, catalog: Catalog, captures: Any = None) -> tuple[pl.DataFrame, GraphCaptureStats | None, dict[int, Any]]:
+def _classify(owned: pl.DataFrame, trace: Trace, catalog: Catalog, captures: Any = None,
+              names: pl.Series | None = None) -> tuple[pl.DataFrame, GraphCaptureStats | None, dict[int, Any]]:
     """The ops with category, owner and annotation (the innermost user annotation around the
     launch, or for graph-replayed ops their capture-time one), the graph-capture statistics
     (None without capture profiles), and the shapes of the graph-replayed ops from their capture
-    ({row: (op, Input Dims, Input type)}; analysis/shapes.py)."""
+    ({row: (op, Input Dims, Input type)}; analysis/shapes.py). `names`: name_codes of the ops' names,
+    when the caller has them."""
     if owned.height == 0:
         return owned.with_columns(pl.lit(None, pl.String).alias("category"), pl.lit(None, pl.String).alias("owner"),
                                   pl.lit(None, pl.String).alias("annotation")), None, {}
@@ -385,20 +397,39 @@ def _classify(owned: pl.DataFrame, trace: Trace, catalog: Catalog, captures: Any
 
         ann, mask, gstats = graphs.apply(owned, trace, captures, ann.to_list() if isinstance(ann, pl.Series) else ann)
     owned = owned.with_columns(ann if isinstance(ann, pl.Series) else pl.Series("annotation", ann, dtype=pl.String))
-    out = _categorize(catalog, owned)
+    out = _categorize(catalog, owned, names)
     replay_shapes = gstats.shapes if gstats is not None else {}
     return out, (graphs.finish_stats(gstats, out, mask, captures) if mask is not None and gstats is not None else None), replay_shapes
 
 
-def _categorize(catalog: Catalog, ops: pl.DataFrame) -> pl.DataFrame:
-    """catalog.classify_frame(ops), the rules run on the distinct (name, cat, annotation) alone:
-    finding them and joining the result back run in the streaming engine (lazy), which hashes
-    strings several times faster than the eager unique and join."""
-    keys = ops.lazy().select(pl.col("name").cast(pl.String).fill_null(""), pl.col("cat").cast(pl.String).fill_null(""),
-                             pl.col("annotation").cast(pl.String))
-    lookup = catalog.classify_frame(keys.unique().collect())
-    got = keys.join(lookup.lazy(), on=["name", "cat", "annotation"], how="left", nulls_equal=True, maintain_order="left").collect()
-    return ops.with_columns(got["category"], got["owner"])
+def _categorize(catalog: Catalog, ops: pl.DataFrame, names: pl.Series | None = None) -> pl.DataFrame:
+    """catalog.classify_frame(ops), the rules run on one op of each distinct (name, cat, annotation):
+    each op's key is made of the three's dictionary codes (`names`: name_codes(ops["name"]), when
+    the caller has them), so each long name is hashed once and the rest is integer work."""
+    key = (name_codes(ops["name"]) if names is None else names) * (1 << 32) + name_codes(ops["cat"])
+    ann = ops["annotation"]
+    if ann.null_count() < len(ann):
+        codes = ann.cast(pl.String).cast(pl.Categorical).to_physical().cast(pl.UInt64)
+        key = _distinct(key)[0].cast(pl.UInt64) * (1 << 33) + (codes + 1).fill_null(0)
+    which, rows = _distinct(key)
+    lookup = catalog.classify_frame(ops.select("name", "cat", "annotation")[rows])
+    return ops.with_columns(lookup["category"].gather(which), lookup["owner"].gather(which))
+
+
+def name_codes(names: pl.Series) -> pl.Series:
+    """A UInt64 code per string of the column, equal for equal strings, so that strings are compared
+    by one hash each: its code in the column's dictionary (a Categorical's, numbered from 0 in the
+    column alone), a null 2**32 - 1 (more distinct strings than that do not fit a UInt32 code)."""
+    codes = names.cast(pl.String).cast(pl.Categorical).to_physical().cast(pl.UInt64)
+    return codes.fill_null((1 << 32) - 1) if codes.null_count() else codes
+
+
+def _distinct(key: pl.Series) -> tuple[pl.Series, pl.Series]:
+    """(which, rows): for each row, the position of its key among the distinct keys, and the first row of
+    each distinct key."""
+    rows = key.arg_unique()
+    rows = rows.gather(key.gather(rows).arg_sort())  # in key order, so that a binary search finds each row's
+    return key.gather(rows).search_sorted(key), rows
 
 
 def _launch_annotations(ops: pl.DataFrame, spans: pl.DataFrame) -> pl.Series:
@@ -442,38 +473,41 @@ def _per_iteration(win, windows, busy, categories, spill, owned, calls, syncs, b
         pl.col("gpu_busy_ns").fill_null(0),
         (pl.col("cpu_end_ns") - pl.col("cpu_start_ns")).alias("wall_ns"),
     ).with_columns((pl.col("gpu_window_ns") - pl.col("gpu_busy_ns")).alias("gpu_idle_ns"))
-    it = it.join(categories.group_by("iteration").agg(pl.col("dur_ns").sum().alias("category_sum_ns")), on="iteration", how="left")
 
-    o = owned.group_by("iteration").agg(
-        (pl.col("cat") == "kernel").sum().cast(pl.Int64).alias("gpu_kernels"),
-        *[((pl.col("cat") == "gpu_memcpy") & (pl.col("direction") == d)).sum().cast(pl.Int64).alias(f"memcpy_{d}") for d in DIRECTIONS],
-        (pl.col("cat") == "gpu_memset").sum().cast(pl.Int64).alias("memset"),
-    )
     # a launch's latency: from the call to the first of its ops (a graph launch has many)
     launched = owned.select("iteration", "correlation", "ts_ns", "launch_ts_ns", "launch_api").filter(pl.col("launch_api").is_in(LAUNCH_APIS))
     if launched["correlation"].n_unique() == launched.height:  # one op per launch (eager): no grouping needed
-        per_launch = launched.select("iteration", (pl.col("ts_ns") - pl.col("launch_ts_ns")).alias("lat"))
+        per_launch = launched.lazy().select("iteration", (pl.col("ts_ns") - pl.col("launch_ts_ns")).alias("lat"))
     else:
-        per_launch = launched.group_by("iteration", "correlation").agg((pl.col("ts_ns").min() - pl.col("launch_ts_ns").first()).alias("lat"))
-    lat = per_launch.group_by("iteration").agg(pl.col("lat").median().alias("launch_latency_ns_p50"))
-    owned_calls = calls.filter(pl.col("iteration").is_not_null())
-    cl = owned_calls.group_by("iteration").agg(
-        pl.col("api").is_in(KERNEL_LAUNCH_APIS).sum().cast(pl.Int64).alias("kernel_launches"),
-        pl.col("api").is_in(GRAPH_LAUNCH_APIS).sum().cast(pl.Int64).alias("graph_launches"),
-        pl.col("dur_ns").filter(pl.col("api").is_in(LAUNCH_APIS)).sum().alias("launch_ns"),
-    )
-    sy = syncs.filter(pl.col("iteration").is_not_null()).group_by("iteration").agg(
-        (pl.col("kind") == "sync").sum().cast(pl.Int64).alias("syncs"),
-        pl.col("blocked_ns").filter(pl.col("kind") == "sync").sum().alias("sync_ns"),
-        (pl.col("kind") == "sync_copy").sum().cast(pl.Int64).alias("sync_copies"),
-        pl.col("blocked_ns").filter(pl.col("kind") == "sync_copy").sum().alias("sync_copy_ns"),
-    )
-    bb = bubbles.filter(pl.col("iteration").is_not_null()).group_by("iteration").agg(
-        pl.len().cast(pl.Int64).alias("bubble_count"),
-        pl.col("dur_ns").sum().alias("bubble_ns"),
-        *[pl.col("dur_ns").filter(pl.col("cause") == c).sum().alias(f"bubble_{c}_ns") for c in CAUSES],
-    )
-    for f in (o, lat, cl, sy, bb):
+        per_launch = launched.lazy().group_by("iteration", "correlation").agg(
+            (pl.col("ts_ns").min() - pl.col("launch_ts_ns").first()).alias("lat"))
+    # per iteration, together (lazy: each reads only the columns it needs, and polars runs them in parallel)
+    sums = pl.collect_all([
+        categories.lazy().group_by("iteration").agg(pl.col("dur_ns").sum().alias("category_sum_ns")),
+        owned.lazy().group_by("iteration").agg(
+            (pl.col("cat") == "kernel").sum().cast(pl.Int64).alias("gpu_kernels"),
+            *[((pl.col("cat") == "gpu_memcpy") & (pl.col("direction") == d)).sum().cast(pl.Int64).alias(f"memcpy_{d}") for d in DIRECTIONS],
+            (pl.col("cat") == "gpu_memset").sum().cast(pl.Int64).alias("memset"),
+        ),
+        per_launch.group_by("iteration").agg(pl.col("lat").median().alias("launch_latency_ns_p50")),
+        calls.lazy().filter(pl.col("iteration").is_not_null()).group_by("iteration").agg(
+            pl.col("api").is_in(KERNEL_LAUNCH_APIS).sum().cast(pl.Int64).alias("kernel_launches"),
+            pl.col("api").is_in(GRAPH_LAUNCH_APIS).sum().cast(pl.Int64).alias("graph_launches"),
+            pl.col("dur_ns").filter(pl.col("api").is_in(LAUNCH_APIS)).sum().alias("launch_ns"),
+        ),
+        syncs.lazy().filter(pl.col("iteration").is_not_null()).group_by("iteration").agg(
+            (pl.col("kind") == "sync").sum().cast(pl.Int64).alias("syncs"),
+            pl.col("blocked_ns").filter(pl.col("kind") == "sync").sum().alias("sync_ns"),
+            (pl.col("kind") == "sync_copy").sum().cast(pl.Int64).alias("sync_copies"),
+            pl.col("blocked_ns").filter(pl.col("kind") == "sync_copy").sum().alias("sync_copy_ns"),
+        ),
+        bubbles.lazy().filter(pl.col("iteration").is_not_null()).group_by("iteration").agg(
+            pl.len().cast(pl.Int64).alias("bubble_count"),
+            pl.col("dur_ns").sum().alias("bubble_ns"),
+            *[pl.col("dur_ns").filter(pl.col("cause") == c).sum().alias(f"bubble_{c}_ns") for c in CAUSES],
+        ),
+    ])
+    for f in sums:
         it = it.join(f, on="iteration", how="left")
     ints = [
         "category_sum_ns", "gpu_kernels", *[f"memcpy_{d}" for d in DIRECTIONS], "memset", "kernel_launches", "graph_launches",

@@ -57,11 +57,13 @@ def find_syncs(trace: Trace, calls: pl.DataFrame, ops: pl.DataFrame, rows_cache:
     is the call's CUDA spelling (what is counted, apis.canonical_api), `name` the trace's own
     (`hipMemcpyWithStream` on a ROCm trace)."""
     op_info = (
-        ops.filter(pl.col("cat") == "gpu_memcpy")
+        ops.select("cat", "correlation", "direction", "pageable").filter(pl.col("cat") == "gpu_memcpy")
         .unique(subset="correlation", keep="first")
         .select("correlation", pl.col("direction").alias("op_direction"), "pageable")
     )
-    c = calls.join(op_info, on="correlation", how="left")
+    # the syncs and copies alone (a few of the calls) take their copy's direction
+    c = calls.filter(pl.col("api").is_in(SYNC_APIS | ASYNC_COPY_APIS | BLOCKING_COPY_APIS)).join(
+        op_info, on="correlation", how="left", maintain_order="left")
     copies = c.filter(pl.col("api").is_in(ASYNC_COPY_APIS | BLOCKING_COPY_APIS))
     blocking = c.filter(
         pl.col("api").is_in(SYNC_APIS)
