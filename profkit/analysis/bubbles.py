@@ -4,6 +4,7 @@ the launching thread with the most exclusive time inside it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -21,8 +22,11 @@ SYNC_SLACK_NS = 2_000
 GAP_TOP = 3  # CPU ops kept per gap
 
 
-def find_bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.DataFrame, syncs: pl.DataFrame,
-             min_ns: int, rows_cache: dict | None = None) -> pl.DataFrame:
+def find_bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: pl.DataFrame,
+                 syncs: pl.DataFrame | Callable[[], pl.DataFrame], min_ns: int, rows_cache: dict | None = None) -> pl.DataFrame:
+    """The bubbles of one rank (the module's docstring). `syncs`: find_syncs' frame, or a function
+    that waits for it and returns it (the gaps and their CPU ops need no syncs: they are read last,
+    for the causes); `rows_cache`: as spans.thread_rows'."""
     schema: dict[str, Any] = {"iteration": pl.Int64, "start_ns": pl.Int64, "dur_ns": pl.Int64, "cause": pl.String, "cpu_ops": pl.List(pl.String),
               "cpu_ops_ns": pl.List(pl.Int64)}
     w = windows.filter(pl.col("gpu_start_ns").is_not_null()).sort("gpu_start_ns")
@@ -49,7 +53,13 @@ def find_bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: 
     main_tid = _main_thread(calls)
     default_tid = main_tid[0] if main_tid else None
     gaps = gaps.with_columns(pl.int_range(0, pl.len(), dtype=pl.Int64).alias("_g"))
-    synced = _sync_gaps(gaps, syncs)
+    tids = gaps["launch_tid"].fill_null(default_tid) if default_tid is not None else gaps["launch_tid"]
+    top_id, top_ns, names = gap_tops(trace, gaps["g0"], gaps["g1"], tids, rows_cache)
+    # a built-in's frame names its object's address ("<built-in method x of y object at 0x7f…>"):
+    # dropped, so one function is one name across bubbles and runs
+    names = names.str.replace(r" at 0x[0-9a-fA-F]+>", ">")
+    cpu_ops, cpu_ops_ns = _as_lists(top_id, top_ns, names)
+    synced = _sync_gaps(gaps, syncs if isinstance(syncs, pl.DataFrame) else syncs())
     firsts = windows.filter(pl.col("first_op_ns").is_not_null())["first_op_ns"].implode()
     cause = (
         pl.when(pl.col("_g").is_in(synced.implode())).then(pl.lit("sync"))
@@ -58,12 +68,6 @@ def find_bubbles(trace: Trace, ops: pl.DataFrame, calls: pl.DataFrame, windows: 
         .when(pl.col("launch_ts_ns").is_not_null() & (pl.col("launch_ts_ns") > pl.col("g0"))).then(pl.lit("launch"))
         .otherwise(pl.lit("gpu_wait"))
     )
-    tids = gaps["launch_tid"].fill_null(default_tid) if default_tid is not None else gaps["launch_tid"]
-    top_id, top_ns, names = gap_tops(trace, gaps["g0"], gaps["g1"], tids, rows_cache)
-    # a built-in's frame names its object's address ("<built-in method x of y object at 0x7f…>"):
-    # dropped, so one function is one name across bubbles and runs
-    names = names.str.replace(r" at 0x[0-9a-fA-F]+>", ">")
-    cpu_ops, cpu_ops_ns = _as_lists(top_id, top_ns, names)
     return gaps.with_columns(cpu_ops, cpu_ops_ns).select(
         "iteration", pl.col("g0").alias("start_ns"), (pl.col("g1") - pl.col("g0")).alias("dur_ns"), cause.alias("cause"),
         "cpu_ops", "cpu_ops_ns",
@@ -85,13 +89,20 @@ def _as_lists(top_id: np.ndarray, top_ns: np.ndarray, names: pl.Series) -> tuple
     import numpy as np
 
     n, top = top_id.shape
+    count = np.zeros(n, dtype=np.int64)  # a gap's names come first, then -1
+    for r in range(top):
+        count += top_id[:, r] >= 0
+    if n and count.min() > 0:
+        # every gap has one at least: the names found, grouped by gap (in order, so the groups are runs)
+        found = top_id.reshape(-1) >= 0
+        flat = pl.DataFrame({"_g": pl.Series(np.repeat(np.arange(n), top)[found]).set_sorted(),
+                             "cpu_ops": names.gather(top_id.reshape(-1)[found]), "cpu_ops_ns": top_ns.reshape(-1)[found]})
+        got = flat.group_by("_g", maintain_order=True).agg("cpu_ops", "cpu_ops_ns")
+        return got["cpu_ops"], got["cpu_ops_ns"]
     flat = pl.DataFrame({"k": top_id.reshape(-1), "ns": top_ns.reshape(-1)})
     k = pl.col("k")
     flat = flat.select(
         (pl.lit(names, dtype=pl.String).gather(k.clip(lower_bound=0)) if len(names) else pl.lit("")).alias("cpu_ops"), "ns")
-    count = np.zeros(n, dtype=np.int64)  # a gap's names come first, then -1
-    for r in range(top):
-        count += top_id[:, r] >= 0
     lists = [pl.select(pl.lit(flat[c].reshape((n, top)).arr.to_list()).list.head(pl.lit(pl.Series(count)))).to_series().alias(c)
              for c in ("cpu_ops", "ns")]
     return lists[0], lists[1].alias("cpu_ops_ns")

@@ -23,7 +23,7 @@ import polars as pl
 
 from profkit.documents import CaptureFacts, GraphCaptureStats, OverlapSlack, RankSpec
 from profkit.apis import GRAPH_LAUNCH_APIS, KERNEL_LAUNCH_APIS, LAUNCH_APIS
-from profkit.analysis.bubbles import find_bubbles
+from profkit.analysis.bubbles import find_bubbles, name_ids
 from profkit.analysis.clock import busy_by_window, by_windows, device_union, length_ns, owned_and_spill, tiles
 from profkit.analysis.iterations import WHOLE_TRACE, find_iterations
 from profkit.analysis.owned import owned_by
@@ -181,6 +181,9 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
 
     warnings = list(trace.warnings)
     wait_digest = _digest_meanwhile(trace.path) if digest and getattr(trace, "sha256", None) is None else None
+    rows_cache: dict = {}  # spans.thread_rows and bubbles.name_ids of trace.cpu / trace.calls, shared by the syncs, bubbles and slack
+    if trace.gpu_ops.height and trace.calls.height:  # the bubbles' names, found while the iterations are (a core is idle)
+        _meanwhile(name_ids, trace, rows_cache)
     its = find_iterations(trace, marker=marker)
     warnings.extend(its.warnings)
     win = its.frame
@@ -222,9 +225,8 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     # copies, not their categories: found in threads while the categories, phases and the clock's
     # figures are worked out here (polars releases the GIL; one core is often idle otherwise)
     min_ns = int(round(min_bubble_us * 1000))
-    rows_cache: dict = {}  # spans.thread_rows of trace.cpu / trace.calls, shared by the syncs, bubbles and slack
     syncs_of = _meanwhile(find_syncs, trace, calls, ops, rows_cache)
-    bubbles_of = _meanwhile(lambda: find_bubbles(trace, ops, calls, windows, syncs_of(), min_ns, rows_cache))
+    bubbles_of = _meanwhile(find_bubbles, trace, ops, calls, windows, syncs_of, min_ns, rows_cache)  # the syncs read last
     phase_of = _meanwhile(op_phases, ops, trace.cpu)  # from the launches' spans: the categories are not needed either
     names = name_codes(ops["name"]) if ops.height else None  # the names' codes, for the catalog's choice and its rules
     if catalog is None:
