@@ -52,7 +52,7 @@ def op_phases(ops: pl.DataFrame, cpu: pl.DataFrame) -> pl.Series:
         return pl.repeat("other", ops.height, dtype=pl.String, eager=True).alias("phase")
     pts = pts.filter(pl.col("t").is_not_null() & pl.col("tid").is_not_null()).sort("t")
     # launches on one thread (the common case): matched by time alone, to that thread's spans
-    one_tid = pts["tid"][0] if pts.height and pts["tid"].n_unique() == 1 else None
+    one_tid = pts["tid"][0] if pts.height and pts["tid"].min() == pts["tid"].max() else None
     by = None if one_tid is not None else "tid"
     if one_tid is not None:
         pts = pts.drop("tid")
