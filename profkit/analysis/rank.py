@@ -182,8 +182,8 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
     warnings = list(trace.warnings)
     wait_digest = _digest_meanwhile(trace.path) if digest and getattr(trace, "sha256", None) is None else None
     rows_cache: dict = {}  # spans.thread_rows and bubbles.name_ids of trace.cpu / trace.calls, shared by the syncs, bubbles and slack
-    if trace.gpu_ops.height and trace.calls.height:  # the bubbles' names, found while the iterations are (a core is idle)
-        _meanwhile(name_ids, trace, rows_cache)
+    # the bubbles' names, found while the iterations are (a core is idle there)
+    names_found = _meanwhile(name_ids, trace, rows_cache) if trace.gpu_ops.height and trace.calls.height else None
     its = find_iterations(trace, marker=marker)
     warnings.extend(its.warnings)
     win = its.frame
@@ -303,6 +303,8 @@ def analyze_trace(trace: Trace, *, marker: str | None = None, min_bubble_us: flo
             f"outside every iteration: {', '.join(parts)}; their time inside a GPU window is counted there by the clock, "
             "their counts in no iteration (see outside_iterations)"
         )
+    if names_found is not None:
+        names_found()  # done by now (the bubbles and slack waited for it), unless there was no gap: nothing left running
     return RankAnalysis(
         rank=trace.rank, device=trace.device, path=trace.path, marker=its.marker, catalog=getattr(catalog, "name", str(catalog)),
         t0_ns=trace.t0_ns, iterations=per, categories=categories, launch_calls=launch_calls,
