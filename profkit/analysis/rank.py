@@ -477,41 +477,38 @@ def _per_iteration(win, windows, busy, categories, spill, owned, calls, syncs, b
         pl.col("gpu_busy_ns").fill_null(0),
         (pl.col("cpu_end_ns") - pl.col("cpu_start_ns")).alias("wall_ns"),
     ).with_columns((pl.col("gpu_window_ns") - pl.col("gpu_busy_ns")).alias("gpu_idle_ns"))
+    it = it.join(categories.group_by("iteration").agg(pl.col("dur_ns").sum().alias("category_sum_ns")), on="iteration", how="left")
 
+    o = owned.group_by("iteration").agg(
+        (pl.col("cat") == "kernel").sum().cast(pl.Int64).alias("gpu_kernels"),
+        *[((pl.col("cat") == "gpu_memcpy") & (pl.col("direction") == d)).sum().cast(pl.Int64).alias(f"memcpy_{d}") for d in DIRECTIONS],
+        (pl.col("cat") == "gpu_memset").sum().cast(pl.Int64).alias("memset"),
+    )
     # a launch's latency: from the call to the first of its ops (a graph launch has many)
     launched = owned.select("iteration", "correlation", "ts_ns", "launch_ts_ns", "launch_api").filter(pl.col("launch_api").is_in(LAUNCH_APIS))
     if launched["correlation"].n_unique() == launched.height:  # one op per launch (eager): no grouping needed
-        per_launch = launched.lazy().select("iteration", (pl.col("ts_ns") - pl.col("launch_ts_ns")).alias("lat"))
+        per_launch = launched.select("iteration", (pl.col("ts_ns") - pl.col("launch_ts_ns")).alias("lat"))
     else:
-        per_launch = launched.lazy().group_by("iteration", "correlation").agg(
-            (pl.col("ts_ns").min() - pl.col("launch_ts_ns").first()).alias("lat"))
-    # per iteration, together (lazy: each reads only the columns it needs, and polars runs them in parallel)
-    sums = pl.collect_all([
-        categories.lazy().group_by("iteration").agg(pl.col("dur_ns").sum().alias("category_sum_ns")),
-        owned.lazy().group_by("iteration").agg(
-            (pl.col("cat") == "kernel").sum().cast(pl.Int64).alias("gpu_kernels"),
-            *[((pl.col("cat") == "gpu_memcpy") & (pl.col("direction") == d)).sum().cast(pl.Int64).alias(f"memcpy_{d}") for d in DIRECTIONS],
-            (pl.col("cat") == "gpu_memset").sum().cast(pl.Int64).alias("memset"),
-        ),
-        per_launch.group_by("iteration").agg(pl.col("lat").median().alias("launch_latency_ns_p50")),
-        calls.lazy().filter(pl.col("iteration").is_not_null()).group_by("iteration").agg(
-            pl.col("api").is_in(KERNEL_LAUNCH_APIS).sum().cast(pl.Int64).alias("kernel_launches"),
-            pl.col("api").is_in(GRAPH_LAUNCH_APIS).sum().cast(pl.Int64).alias("graph_launches"),
-            pl.col("dur_ns").filter(pl.col("api").is_in(LAUNCH_APIS)).sum().alias("launch_ns"),
-        ),
-        syncs.lazy().filter(pl.col("iteration").is_not_null()).group_by("iteration").agg(
-            (pl.col("kind") == "sync").sum().cast(pl.Int64).alias("syncs"),
-            pl.col("blocked_ns").filter(pl.col("kind") == "sync").sum().alias("sync_ns"),
-            (pl.col("kind") == "sync_copy").sum().cast(pl.Int64).alias("sync_copies"),
-            pl.col("blocked_ns").filter(pl.col("kind") == "sync_copy").sum().alias("sync_copy_ns"),
-        ),
-        bubbles.lazy().filter(pl.col("iteration").is_not_null()).group_by("iteration").agg(
-            pl.len().cast(pl.Int64).alias("bubble_count"),
-            pl.col("dur_ns").sum().alias("bubble_ns"),
-            *[pl.col("dur_ns").filter(pl.col("cause") == c).sum().alias(f"bubble_{c}_ns") for c in CAUSES],
-        ),
-    ])
-    for f in sums:
+        per_launch = launched.group_by("iteration", "correlation").agg((pl.col("ts_ns").min() - pl.col("launch_ts_ns").first()).alias("lat"))
+    lat = per_launch.group_by("iteration").agg(pl.col("lat").median().alias("launch_latency_ns_p50"))
+    owned_calls = calls.filter(pl.col("iteration").is_not_null())
+    cl = owned_calls.group_by("iteration").agg(
+        pl.col("api").is_in(KERNEL_LAUNCH_APIS).sum().cast(pl.Int64).alias("kernel_launches"),
+        pl.col("api").is_in(GRAPH_LAUNCH_APIS).sum().cast(pl.Int64).alias("graph_launches"),
+        pl.col("dur_ns").filter(pl.col("api").is_in(LAUNCH_APIS)).sum().alias("launch_ns"),
+    )
+    sy = syncs.filter(pl.col("iteration").is_not_null()).group_by("iteration").agg(
+        (pl.col("kind") == "sync").sum().cast(pl.Int64).alias("syncs"),
+        pl.col("blocked_ns").filter(pl.col("kind") == "sync").sum().alias("sync_ns"),
+        (pl.col("kind") == "sync_copy").sum().cast(pl.Int64).alias("sync_copies"),
+        pl.col("blocked_ns").filter(pl.col("kind") == "sync_copy").sum().alias("sync_copy_ns"),
+    )
+    bb = bubbles.filter(pl.col("iteration").is_not_null()).group_by("iteration").agg(
+        pl.len().cast(pl.Int64).alias("bubble_count"),
+        pl.col("dur_ns").sum().alias("bubble_ns"),
+        *[pl.col("dur_ns").filter(pl.col("cause") == c).sum().alias(f"bubble_{c}_ns") for c in CAUSES],
+    )
+    for f in (o, lat, cl, sy, bb):
         it = it.join(f, on="iteration", how="left")
     ints = [
         "category_sum_ns", "gpu_kernels", *[f"memcpy_{d}" for d in DIRECTIONS], "memset", "kernel_launches", "graph_launches",
