@@ -193,3 +193,20 @@ def test_a_decode_begun_ahead_for_other_jobs_stops() -> None:
     assert began is not None and began._stop and early._AHEAD is None
     began.wait()
     mine.wait()
+
+
+def test_the_decode_begins_ahead_only_in_profkits_own_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program that imports profkit.cli with `analyze` among its own arguments begins nothing; the console
+    script and `python -m profkit` (whose argv[0] is profkit/__main__.py) do."""
+    import profkit.ingest as ingest
+    from profkit.flows.ahead import decode_ahead
+
+    path = tmp_path / "t.json.gz"
+    shutil.copy(public_trace("tracelens_sglang_qwen3-8b_mi300x_graph_capture_bs32.json.gz"), path)
+    monkeypatch.setattr(ingest, "PARALLEL_MIN_BYTES", 0)
+    decode_ahead(["myscript.py", "analyze", str(path), "--no-cache"])
+    assert early._AHEAD is None
+    for argv0 in ("/venv/bin/profkit", str(Path(ingest.__file__).parent.parent / "__main__.py")):
+        decode_ahead([argv0, "analyze", str(path), "--no-cache"])
+        assert early._AHEAD is not None
+        early.drop_ahead()

@@ -20,8 +20,9 @@ _SKIP = ("--list-markers", "--help", "-h", "--jobs")
 
 
 def decode_ahead(argv: list[str]) -> None:
-    """Begin the decode of `profkit analyze`'s one large trace in `argv` (sys.argv), where the plain case holds."""
-    if argv[1:2] != ["analyze"]:
+    """Begin the decode of `profkit analyze`'s one large trace in `argv` (sys.argv), where the plain case holds:
+    only in profkit's own process (the console script, or `python -m profkit`), not in a program that imports it."""
+    if argv[1:2] != ["analyze"] or Path(argv[0]).name not in ("profkit", "profkit.exe", "__main__.py"):
         return
     args = argv[2:]
     if any(a in _SKIP or a.startswith("--jobs=") for a in args):
