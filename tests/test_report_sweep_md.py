@@ -244,3 +244,32 @@ def test_the_first_line_fits_80_columns_whatever_the_sweep(ladder_sweep):
             statuses = [_status(d) for d in many]
             for what in set(statuses):
                 assert f"{statuses.count(what)} " in line, (what, line)
+
+
+def test_a_ladder_step_with_an_empty_profile_window_shows_its_diffs_figures(tmp_path):
+    """A loaded CI run once recorded a profile window without one step of the compared shape: the diff leaves such a
+    window out of its statistic, and the ladder's "Δ vs previous" must be that diff's (it took the median over every
+    pair, the empty one included). Real H200 window summaries; the candidate's window 1 relabelled to share no shape."""
+    import copy
+
+    from profkit.attribution import ladder_steps
+    from profkit.attribution.diff import compare_summaries
+
+    def summary(folder: Path) -> dict:
+        out = tmp_path / f"{folder.parent.name}-{folder.name}.json"
+        r = runner.invoke(app, ["analyze", str(folder), "--no-cache", "--json", str(out)])
+        assert r.exit_code == 0, r.output
+        return json.loads(out.read_text())
+
+    loo = DATA / "gpu_loo"
+    a = [summary(loo / "all-topk_v2" / f"window-{i}") for i in (0, 1)]
+    b = [summary(loo / "all" / f"window-{i}") for i in (0, 1)]
+    odd = copy.deepcopy(b[1])
+    for it in odd["ranks"][0]["iterations"]:
+        it["kind"], it["batch_size"] = "extend", 999  # no shape the other run has
+    b = [b[0], odd]
+    steps = ladder_steps([("before", a[0]), ("after", b[0])], windows=[a, b])
+    d = compare_summaries(a[0], b[0], baseline_repeats=a, candidate_repeats=b)
+    assert steps[1]["wall_delta_vs_previous_us"] == d.wall_us.delta == steps[1]["wall_delta_vs_first_us"]
+    assert steps[1]["wall_us"] == d.wall_us.candidate and steps[1]["shape"] == d.shape.label
+    assert any("hold no iterations of the compared shape" in w for w in d.warnings)

@@ -7,11 +7,10 @@ same two runs agree to the bit; only the headline numbers are computed.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
-from profkit.attribution.diff import compare_means
+from profkit.attribution.diff import compare_summaries
 from profkit.documents import Summary, summary_of, throughput_of
 
 
@@ -51,28 +50,31 @@ def ladder_steps(runs: Sequence[tuple[str, Summary | Mapping[str, Any]]], *, ran
         return steps
     typed = [(label, summary_of(s)) for label, s in runs]  # decoded once: each run is compared twice
     given = list(windows) if windows is not None else [()] * len(typed)
-    wins = [[summary_of(w) for w in ws] or [s] for (_, s), ws in zip(typed, given)]
-    first = prev = wins[0]
+    wins = [[summary_of(w) for w in ws] for ws in given]
+    first = prev = 0
     for i, ((label, s), w) in enumerate(zip(typed, wins)):
-        d0 = [compare_means(a, b, rank=rank) for a, b in zip(first, w)]
-        dp = d0 if prev is first else [compare_means(a, b, rank=rank) for a, b in zip(prev, w)]
+        # each figure is the step's diff's own (compare_summaries: the shape from the first windows that share one,
+        # windows without it left out, the median over the rest): a loaded run's empty profile window once made
+        # the ladder's median over every pair disagree with the diff's
+        d0 = _diff(typed[first][1], wins[first], s, w, rank)
+        dp = d0 if prev == first else _diff(typed[prev][1], wins[prev], s, w, rank)
         tokens = _tokens(s)
         steps.append(LadderStep(
-            label=label, shape=d0[0].shape_label,
-            wall_us=_median(d.wall_us.candidate for d in d0),
-            gpu_window_us=_median(d.gpu_window_us.candidate for d in d0),
-            wall_delta_vs_first_us=None if i == 0 else _median(d.wall_us.delta for d in d0),
-            wall_delta_vs_previous_us=None if i == 0 else _median(d.wall_us.delta for d in dp),
-            windows=len(d0),
+            label=label, shape=d0.shape.label,
+            wall_us=float(d0.wall_us.candidate or 0.0),
+            gpu_window_us=float(d0.gpu_window_us.candidate or 0.0),
+            wall_delta_vs_first_us=None if i == 0 else d0.wall_us.delta,
+            wall_delta_vs_previous_us=None if i == 0 else dp.wall_us.delta,
+            windows=min(len(wins[first]) or 1, len(w) or 1),
             tokens_per_s_per_user=tokens["tokens_per_s_per_user"], tokens_per_s=tokens["tokens_per_s"],
         ))
-        prev = w
+        prev = i
     return steps
 
 
-def _median(values: Iterable[float | None]) -> float:
-    """The median of figures that compare_means always gives (a side's mean of at least one iteration: never None)."""
-    return statistics.median([v for v in values if v is not None])
+def _diff(base: Summary, base_windows: Sequence[Summary], cand: Summary, cand_windows: Sequence[Summary], rank: int) -> Any:
+    """compare_summaries of two runs with their profile windows (none: the run's summary alone)."""
+    return compare_summaries(base, cand, baseline_repeats=base_windows, candidate_repeats=cand_windows, rank=rank)
 
 
 def _tokens(summary: Summary) -> Tokens:
