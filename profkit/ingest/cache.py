@@ -211,17 +211,22 @@ def write(path: Path, cached: Cached, *, key: SourceKey | None = None) -> bool:
         if key != now:  # the trace changed while we read it: do not keep tables for it
             shutil.rmtree(tmp, ignore_errors=True)
             return False
-        if d.exists():
-            old = d.with_name(f".{d.name.removesuffix(SUFFIX)}.{os.getpid()}.old{SUFFIX}")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(d, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, d)
+        _swap_in(tmp, d)
         return True
     except Exception:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         return False
+
+
+def _swap_in(new: Path, dest: Path) -> None:
+    """`new` in place of the cache folder `dest`: the old one moved aside (atomically) and removed."""
+    if dest.exists():
+        old = dest.with_name(f".{dest.name.removesuffix(SUFFIX)}.{os.getpid()}.old{SUFFIX}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dest, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(new, dest)
 
 
 _FOLDER_LOCK = threading.Lock()  # the ranks of one export are written by threads of their own (write_async)
@@ -243,12 +248,7 @@ def _export_folder(path: Path, key: SourceKey) -> Path:
         shutil.rmtree(new, ignore_errors=True)
         (new / PARTS).mkdir(parents=True)
         (new / EXPORT).write_text(json.dumps(version))
-        if base.exists():
-            old = base.with_name(f".{base.name.removesuffix(SUFFIX)}.{os.getpid()}.old{SUFFIX}")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(base, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(new, base)
+        _swap_in(new, base)
     return base / PARTS
 
 
